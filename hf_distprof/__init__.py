@@ -1,0 +1,36 @@
+"""hf_distprof: profiling callbacks and trace analysis for distributed Hugging Face Trainer runs.
+
+The Trainer-facing names are resolved lazily (PEP 562) so that ``hf-distprof analyze`` and the
+``hf_distprof.analysis`` package never pay for importing transformers.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_LAZY: dict[str, str] = {
+    "ProfilingArguments": "hf_distprof.config",
+    "add_profiling_args": "hf_distprof.config",
+    "build_callbacks": "hf_distprof.config",
+    "ProfilerCallback": "hf_distprof.callbacks.profiler",
+    "MemoryLoggerCallback": "hf_distprof.callbacks.memory",
+    "SimpleGPUMemoryCallback": "hf_distprof.callbacks.memory",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+if TYPE_CHECKING:
+    from hf_distprof.callbacks.memory import MemoryLoggerCallback, SimpleGPUMemoryCallback
+    from hf_distprof.callbacks.profiler import ProfilerCallback
+    from hf_distprof.config import ProfilingArguments, add_profiling_args, build_callbacks
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hf_distprof' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

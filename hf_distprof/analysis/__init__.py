@@ -1,0 +1,1 @@
+"""Trace analysis: trace I/O -> parsed events -> pure analyzers -> report. Never imports transformers."""

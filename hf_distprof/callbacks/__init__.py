@@ -1,0 +1,1 @@
+"""One TrainerCallback per module. ``hf_distprof.config.build_callbacks`` constructs only the enabled ones."""

@@ -1,0 +1,1 @@
+"""The ``hf-distprof`` command line: one module per subcommand."""

@@ -1,0 +1,58 @@
+"""Entry point of the ``hf-distprof`` console script.
+
+Every subcommand lives in its own module under ``hf_distprof.cli`` and exposes two functions:
+``add_parser(subparsers)``, which registers its sub-parser, and ``run(args) -> int``, which does the
+work and returns the exit status. ``SUBCOMMANDS`` lists them in the order ``--help`` shows them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from hf_distprof import __version__
+
+# Module names under hf_distprof.cli; each one registers itself on the sub-parser.
+SUBCOMMANDS: tuple[str, ...] = ("flags",)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the top-level parser with every available subcommand registered.
+
+    Returns:
+        The parser; each sub-parser sets ``func`` to its module's ``run``.
+    """
+    parser = argparse.ArgumentParser(
+        prog="hf-distprof",
+        description="Profile distributed Hugging Face Trainer runs and analyse their traces.",
+    )
+    parser.add_argument("--version", action="version", version=f"hf-distprof {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMANDS:
+        module = importlib.import_module(f"hf_distprof.cli.{name}")
+        sub = module.add_parser(subparsers)
+        sub.set_defaults(func=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``hf-distprof``.
+
+    Args:
+        argv: Arguments without the program name; ``sys.argv[1:]`` when None.
+
+    Returns:
+        The process exit status.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "func", None) is None:
+        parser.print_help()
+        return 2
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
