@@ -1,0 +1,267 @@
+"""The profiling flags: one dataclass, the single source of truth for the CLI, ``--help`` and the docs.
+
+``ProfilingArguments`` works with ``transformers.HfArgumentParser`` (both ``--enable-profiling`` and
+``--enable_profiling``); ``add_profiling_args`` adds the same flags to a plain ``argparse`` parser;
+``build_callbacks`` turns the parsed flags into the enabled ``TrainerCallback`` objects.
+
+Validation happens in the argparse ``type`` of each field, so a bad value fails while the command line
+is parsed: exit status 2, the flag's name and the valid range, no traceback. ``__post_init__`` runs the
+same checks for code that builds ``ProfilingArguments`` directly, raising ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import TrainerCallback
+
+    # For type checkers the validated types are what they hold; at run time they validate.
+    NonNegativeInt = int
+    PositiveInt = int
+    RankList = str
+else:
+
+    class NonNegativeInt(int):
+        """An ``int`` that is >= 0; its constructor is the argparse ``type`` of counting flags."""
+
+        def __new__(cls, value: Any) -> NonNegativeInt:
+            number = _parse_int(value)
+            if number < 0:
+                raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value!r}")
+            return super().__new__(cls, number)
+
+    class PositiveInt(int):
+        """An ``int`` that is >= 1."""
+
+        def __new__(cls, value: Any) -> PositiveInt:
+            number = _parse_int(value)
+            if number < 1:
+                raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value!r}")
+            return super().__new__(cls, number)
+
+    class RankList(str):
+        """``all``, or a comma-separated list of distinct ranks >= 0 such as ``0,3``."""
+
+        def __new__(cls, value: Any) -> RankList:
+            text = str(value).strip().lower()
+            if text != "all":
+                parts = [p.strip() for p in text.split(",")]
+                if not parts or any(not p.isdigit() for p in parts):
+                    raise argparse.ArgumentTypeError(
+                        f"must be 'all' or a comma-separated list of ranks >= 0 such as '0,3', got {value!r}"
+                    )
+                text = ",".join(str(r) for r in sorted({int(p) for p in parts}))
+            return super().__new__(cls, text)
+
+
+def _parse_int(value: Any) -> int:
+    if isinstance(value, bool):
+        raise argparse.ArgumentTypeError(f"must be an integer, got {value!r}")
+    if isinstance(value, int):
+        return value
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {value!r}") from None
+
+
+def parse_rank_list(spec: str) -> frozenset[int] | None:
+    """Ranks named by a ``--profile-ranks`` value; None means all ranks."""
+    spec = RankList(spec)
+    return None if spec == "all" else frozenset(int(r) for r in spec.split(","))
+
+
+def _help(text: str) -> dict[str, Any]:
+    return {"help": text}
+
+
+@dataclass
+class ProfilingArguments:
+    """Flags of the hf_distprof callbacks. Every field is a ``--flag-name`` on the command line."""
+
+    enable_profiling: bool = field(
+        default=False,
+        metadata=_help("Record a torch.profiler trace per rank over the scheduled window of optimizer steps."),
+    )
+    enable_memory_logging: bool = field(
+        default=False,
+        metadata=_help(
+            "Log memory every --memory-log-steps optimizer steps (GPU: allocated/reserved/peak; CPU: process RSS) "
+            "to TensorBoard (tags memory/...) and to memory_rank{R}.jsonl."
+        ),
+    )
+    profiler_output_dir: str = field(
+        default="./profiler_traces",
+        metadata=_help("Folder for traces and logs; each run writes into its own sub-folder <run-name>/."),
+    )
+    profiler_run_name: str | None = field(
+        default=None,
+        metadata=_help(
+            "Name of this run's sub-folder (default: start time YYYYmmdd-HHMMSS); a name already taken gets "
+            "a -1, -2, ... suffix, so no run overwrites another."
+        ),
+    )
+    profiler_skip_first: NonNegativeInt = field(
+        default=0, metadata=_help("Optimizer steps ignored before the first wait phase.")
+    )
+    profiler_wait_steps: NonNegativeInt = field(
+        default=5, metadata=_help("Steps of each cycle spent idle before warmup (covers compile/alloc warm-up).")
+    )
+    profiler_warmup_steps: NonNegativeInt = field(
+        default=2, metadata=_help("Steps traced but discarded before the active steps (profiler overhead settles).")
+    )
+    profiler_active_steps: PositiveInt = field(
+        default=3, metadata=_help("Steps recorded into each trace.")
+    )
+    profiler_repeat: NonNegativeInt = field(
+        default=1, metadata=_help("Number of wait/warmup/active cycles; 0 repeats until training ends.")
+    )
+    profile_ranks: RankList = field(
+        default="all",
+        metadata=_help("Ranks that profile: 'all' or a comma-separated list such as '0,3'. Others build no profiler."),
+    )
+    profiler_record_shapes: bool = field(
+        default=True, metadata=_help("Record operator input shapes (needed for shape grouping in summaries).")
+    )
+    profiler_profile_memory: bool = field(
+        default=False, metadata=_help("Record tensor allocations in the trace (adds [memory] events and overhead).")
+    )
+    profiler_with_stack: bool = field(
+        default=False, metadata=_help("Record Python/C++ stacks per op; makes traces about 3x larger.")
+    )
+    profiler_with_flops: bool = field(
+        default=False, metadata=_help("Estimate FLOPs of matmul/conv ops in the trace.")
+    )
+    memory_log_steps: PositiveInt = field(
+        default=10, metadata=_help("Log memory every N optimizer steps (the only steps with a cross-rank gather).")
+    )
+
+    def __post_init__(self) -> None:
+        # Same checks as the argparse types, for code that builds the dataclass directly.
+        for f in dataclasses.fields(self):
+            kind = _field_types()[f.name]
+            if kind in _VALIDATED:
+                try:
+                    setattr(self, f.name, kind(getattr(self, f.name)))
+                except argparse.ArgumentTypeError as err:
+                    raise ValueError(f"{flag_name(f.name)}: {err}") from None
+
+    @property
+    def profile_rank_set(self) -> frozenset[int] | None:
+        """The ranks named by ``--profile-ranks``; None means every rank."""
+        return parse_rank_list(self.profile_ranks)
+
+    @property
+    def any_enabled(self) -> bool:
+        """Whether any callback is switched on."""
+        return self.enable_profiling or self.enable_memory_logging
+
+    @classmethod
+    def from_namespace(cls, namespace: argparse.Namespace) -> ProfilingArguments:
+        """Build from a namespace filled by a parser that had ``add_profiling_args`` applied."""
+        return cls(**{f.name: getattr(namespace, f.name) for f in dataclasses.fields(cls)})
+
+
+_VALIDATED: tuple[type, ...] = (NonNegativeInt, PositiveInt, RankList)
+
+
+def _field_types() -> dict[str, Any]:
+    hints = typing.get_type_hints(ProfilingArguments)
+    out: dict[str, Any] = {}
+    for name, hint in hints.items():
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        out[name] = args[0] if args else hint
+    return out
+
+
+def flag_name(field_name: str) -> str:
+    """``profiler_wait_steps`` -> ``--profiler-wait-steps``."""
+    return "--" + field_name.replace("_", "-")
+
+
+def _str_to_bool(value: str | bool) -> bool:
+    if isinstance(value, bool):
+        return value
+    lowered = value.lower()
+    if lowered in ("yes", "true", "t", "y", "1"):
+        return True
+    if lowered in ("no", "false", "f", "n", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"must be a boolean (true/false), got {value!r}")
+
+
+def add_profiling_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """Add every ``ProfilingArguments`` flag to a plain argparse parser.
+
+    Both spellings are accepted (``--enable-profiling`` and ``--enable_profiling``), booleans take an
+    optional value (``--enable-profiling`` or ``--enable-profiling false``), exactly as with
+    ``HfArgumentParser``. Read the result back with ``ProfilingArguments.from_namespace``.
+
+    Args:
+        parser: The parser to extend.
+
+    Returns:
+        The argument group holding the flags.
+    """
+    group = parser.add_argument_group("hf_distprof profiling")
+    types = _field_types()
+    for f in dataclasses.fields(ProfilingArguments):
+        names = [flag_name(f.name), f"--{f.name}"]
+        kind = types[f.name]
+        kwargs: dict[str, Any] = {"dest": f.name, "default": f.default, "help": f.metadata["help"]}
+        if kind is bool:
+            kwargs.update(type=_str_to_bool, nargs="?", const=True, metavar="BOOL")
+        else:
+            kwargs["type"] = kind
+        group.add_argument(*names, **kwargs)
+    return group
+
+
+def _valid_range(kind: Any) -> str:
+    return {
+        bool: "true/false",
+        NonNegativeInt: "integer >= 0",
+        PositiveInt: "integer >= 1",
+        RankList: "`all` or ranks like `0,3`",
+        str: "path" ,
+    }.get(kind, "string")
+
+
+def flags_markdown() -> str:
+    """The flag table in Markdown, as printed by ``hf-distprof flags`` and embedded in the guide."""
+    types = _field_types()
+    rows = ["| flag | default | valid values | description |", "|---|---|---|---|"]
+    for f in dataclasses.fields(ProfilingArguments):
+        default = "(start time)" if f.default is None else f.default
+        kind = types[f.name]
+        valid = "any name" if f.name == "profiler_run_name" else _valid_range(kind)
+        rows.append(f"| `{flag_name(f.name)}` | `{default}` | {valid} | {f.metadata['help']} |")
+    return "\n".join(rows) + "\n"
+
+
+def build_callbacks(args: ProfilingArguments) -> list[TrainerCallback]:
+    """Construct the callbacks the flags switch on; ``[]`` when everything is off.
+
+    A disabled callback is never constructed, so it costs nothing.
+
+    Args:
+        args: The parsed flags.
+
+    Returns:
+        The callbacks to pass to ``Trainer(callbacks=...)``.
+    """
+    callbacks: list[TrainerCallback] = []
+    if args.enable_profiling:
+        from hf_distprof.callbacks.profiler import ProfilerCallback
+
+        callbacks.append(ProfilerCallback(args))
+    if args.enable_memory_logging:
+        from hf_distprof.callbacks.memory import MemoryLoggerCallback
+
+        callbacks.append(MemoryLoggerCallback(args))
+    return callbacks

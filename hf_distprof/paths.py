@@ -1,0 +1,111 @@
+"""Collision-free output names and atomic writes.
+
+Layout of one run (all ranks of a run share ``<output_dir>/<run_name>/``)::
+
+    <output_dir>/<run_name>/rank{R}_{host}_step{first}-{last}.pt.trace.json.gz
+    <output_dir>/<run_name>/rank{R}_{host}_step{first}-{last}_summary.txt
+    <output_dir>/<run_name>/memory_rank{R}.jsonl
+
+``run_name`` defaults to the start time (``YYYYmmdd-HHMMSS``); rank 0 picks it, appending ``-1``, ``-2``
+... when the folder already exists, and broadcasts it, so a new run never writes into an earlier run's
+folder and every rank of one run writes into the same one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from hf_distprof import dist
+
+TRACE_SUFFIX = ".pt.trace.json.gz"
+TRACE_NAME = "rank{rank}_{host}_step{first}-{last}" + TRACE_SUFFIX
+SUMMARY_NAME = "rank{rank}_{host}_step{first}-{last}_summary.txt"
+MEMORY_LOG_NAME = "memory_rank{rank}.jsonl"
+
+# (output_dir, run_name, id(owner)) -> (owner, run folder): every callback of one train() call agrees on the
+# folder and the broadcast happens once. The owner (the Trainer's per-train() TrainerState) is kept alive in
+# the value so its id is never reused by a later train() call in the same process.
+_RUN_DIRS: dict[tuple[str, str | None, int], tuple[object, Path]] = {}
+
+
+def _claim_new_run_dir(output_dir: Path, run_name: str) -> Path:
+    """Create ``output_dir/run_name`` (or ``run_name-N``) that did not exist before."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    for attempt in range(10_000):
+        candidate = output_dir / (run_name if attempt == 0 else f"{run_name}-{attempt}")
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        return candidate
+    raise RuntimeError(f"could not find a free run folder for {run_name!r} in {output_dir}")
+
+
+def resolve_run_dir(
+    output_dir: str | os.PathLike[str], run_name: str | None = None, owner: object = None
+) -> Path:
+    """Return this run's output folder, creating it; identical on every rank of the run.
+
+    Must be called by every rank at the same point (it broadcasts once from rank 0), at train start.
+
+    Args:
+        output_dir: The ``--profiler-output-dir`` folder.
+        run_name: A fixed run name; the start time when None.
+        owner: What one run is (callbacks pass the Trainer's ``state``, new for every ``train()`` call);
+            calls with the same owner get the same folder.
+
+    Returns:
+        The run folder, which exists on return.
+    """
+    key = (os.fspath(output_dir), run_name, id(owner))
+    if key in _RUN_DIRS:
+        return _RUN_DIRS[key][1]
+    root = Path(output_dir).expanduser().absolute()
+    chosen: str | None = None
+    if dist.get_rank() == 0:
+        chosen = _claim_new_run_dir(root, run_name or time.strftime("%Y%m%d-%H%M%S")).name
+    chosen = dist.broadcast_object(chosen)
+    run_dir = root / str(chosen)
+    # Other ranks may be on other hosts with a node-local output folder: create it there too.
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _RUN_DIRS[key] = (owner, run_dir)
+    return run_dir
+
+
+def trace_file_name(rank: int, host: str, first_step: int, last_step: int) -> str:
+    """File name of one rank's trace for one profiled window of optimizer steps (inclusive)."""
+    return TRACE_NAME.format(rank=rank, host=host, first=first_step, last=last_step)
+
+
+def summary_file_name(rank: int, host: str, first_step: int, last_step: int) -> str:
+    """File name of the text summary written next to a trace."""
+    return SUMMARY_NAME.format(rank=rank, host=host, first=first_step, last=last_step)
+
+
+@contextlib.contextmanager
+def atomic_path(final: Path, suffix: str = "") -> Iterator[Path]:
+    """Yield a temporary path in ``final``'s folder; rename it onto ``final`` only on success.
+
+    A reader never sees a half-written file under the final name. ``suffix`` lets writers that choose
+    their format from the extension (``export_chrome_trace`` gzips ``*.gz``) see the right one.
+    """
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=f".tmp{suffix}", dir=final.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        os.replace(tmp, final)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def atomic_write_text(final: Path, text: str) -> None:
+    """Write ``text`` to ``final`` atomically (temp file in the same folder, then rename)."""
+    with atomic_path(final) as tmp:
+        tmp.write_text(text, encoding="utf-8")
