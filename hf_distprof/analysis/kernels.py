@@ -1,0 +1,88 @@
+"""Names of GPU kernels and CPU collectives -> what they are (pure string functions).
+
+The kernel categories reproduce Holistic Trace Analysis 0.5.0 (``hta/utils/utils.py``) exactly, so that the
+temporal breakdown and overlap numbers agree with it: COMMUNICATION is ``^nccl.*Kernel`` (which covers
+both ``ncclKernel_*`` and the newer ``ncclDevKernel_*``), MEMORY is ``^Memcpy|^Memset|^dma``, COMPUTATION
+is everything that matches none of NCCL, Memcpy, Memset or Sync, and the rest is OTHER.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+COMPUTATION = "computation"
+COMMUNICATION = "communication"
+MEMORY = "memory"
+OTHER = "other"
+CATEGORIES = (COMPUTATION, COMMUNICATION, MEMORY, OTHER)
+
+_COMM_RE = re.compile(r"^nccl.*Kernel")
+_MEMORY_RE = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")
+# Same (odd) grouping as HTA: "^nccl.*Kernel" | ".*Memcpy" | "^Memset" | ".*Sync".
+_NOT_COMPUTE_RE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
+# ncclKernel_AllReduce_RING_LL_Sum_float(...), ncclDevKernel_AllGather_RING_LL(...), ncclDevKernel_SendRecv(...)
+_NCCL_KIND_RE = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
+_CAMEL_RE = re.compile(r"(?<!^)(?=[A-Z])")
+# c10d::allreduce_, c10d::_allgather_base_, c10d::_reduce_scatter_base_, c10d::alltoall_base_ ...
+_C10D_KINDS = {
+    "allreduce": "all_reduce",
+    "allreduce_coalesced": "all_reduce",
+    "allgather": "all_gather",
+    "allgather_base": "all_gather",
+    "allgather_into_tensor_coalesced": "all_gather",
+    "reduce_scatter": "reduce_scatter",
+    "reduce_scatter_base": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "alltoall": "all_to_all",
+    "alltoall_base": "all_to_all",
+    "broadcast": "broadcast",
+    "reduce": "reduce",
+    "gather": "gather",
+    "scatter": "scatter",
+    "barrier": "barrier",
+    "send": "send",
+    "recv": "recv",
+    "recv_any_source": "recv",
+}
+
+
+@lru_cache(maxsize=65536)
+def kernel_category(name: str) -> str:
+    """HTA's kernel type of a GPU event name: computation, communication, memory or other."""
+    if _COMM_RE.match(name):
+        return COMMUNICATION
+    if _MEMORY_RE.match(name):
+        return MEMORY
+    if not _NOT_COMPUTE_RE.match(name):
+        return COMPUTATION
+    return OTHER
+
+
+@lru_cache(maxsize=4096)
+def nccl_kind(name: str) -> str:
+    """Collective kind of an NCCL kernel in snake case (``all_reduce``, ``send_recv`` ...), else ``""``."""
+    match = _NCCL_KIND_RE.match(name)
+    if not match:
+        return ""
+    return _CAMEL_RE.sub("_", match.group(1)).lower()
+
+
+@lru_cache(maxsize=4096)
+def c10d_kind(name: str) -> str:
+    """Collective kind of a ``c10d::*`` CPU op (``c10d::_allgather_base_`` -> ``all_gather``), else ``""``."""
+    if not name.startswith("c10d::"):
+        return ""
+    core = name[len("c10d::") :].strip("_")
+    return _C10D_KINDS.get(core, core)
+
+
+def gloo_kind(name: str) -> str:
+    """Collective kind of a ``gloo:*`` span (``gloo:all_reduce`` -> ``all_reduce``)."""
+    return name.split(":", 1)[1] if name.startswith("gloo:") else ""
+
+
+def short_kernel_name(name: str) -> str:
+    """A kernel name without its argument list, for tables (``void f<T>(int)`` -> ``void f<T>``)."""
+    cut = name.find("(")
+    return name[:cut] if cut > 0 else name

@@ -1,0 +1,302 @@
+"""Result and option dataclasses of the analysis. Plain data: every result serialises to JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+
+@dataclass
+class AnalysisOptions:
+    """Thresholds and knobs of ``analyze_paths``; each one is a ``hf-distprof analyze`` option."""
+
+    comm_bound_pct: float = 30.0
+    """Exposed communication above this % of step time is a communication-bound finding."""
+    imbalance_pct: float = 10.0
+    """Load imbalance (max busy time / mean busy time - 1) above this % is a finding."""
+    straggler_pct: float = 5.0
+    """A rank arriving at collectives later than its peers by more than this % of step time is a straggler."""
+    straggler_min_us: float = 1000.0
+    """... and by more than this many microseconds (absolute floor against scheduler noise)."""
+    step_outlier_pct: float = 10.0
+    """A rank whose mean step time exceeds the median rank's by more than this % is a step-time outlier."""
+    low_util_pct: float = 80.0
+    """GPU busy below this % of the step's GPU span is a low-utilisation finding (GPU traces only)."""
+    data_loading_pct: float = 10.0
+    """Data loading above this % of step time is a data-loading-bound finding."""
+    tiny_kernel_us: float = 10.0
+    """Kernels shorter than this count as tiny for the launch-bound check."""
+    launch_bound_tiny_pct: float = 50.0
+    """Launch-bound when at least this % of kernels are tiny and the GPU idles >= (100 - low_util_pct) %."""
+    top_kernels: int = 10
+    """How many kernels per category each rank lists."""
+    workers: int = 0
+    """Processes parsing ranks in parallel; 0 means min(files, CPU cores)."""
+    progress: bool | None = None
+    """Show a progress bar; None shows one when there are 8 files or more and stderr is a terminal."""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("progress",):
+                continue
+            if isinstance(value, (int, float)) and (value < 0 or math.isnan(value)):
+                raise ValueError(f"AnalysisOptions.{f.name} must be >= 0, got {value!r}")
+        for name in ("comm_bound_pct", "imbalance_pct", "low_util_pct", "data_loading_pct",
+                     "launch_bound_tiny_pct"):
+            if getattr(self, name) > 100 and name != "imbalance_pct":
+                raise ValueError(f"AnalysisOptions.{name} is a percentage in [0, 100], got {getattr(self, name)}")
+
+
+@dataclass
+class GpuBreakdown:
+    """HTA's temporal breakdown and communication/computation overlap over one set of GPU events.
+
+    ``kernel_time_us`` is HTA's "kernel time": from the start of the first GPU event to the end of the
+    last. ``idle`` is the part of it with no GPU event running, ``compute`` the union of computation
+    kernels, ``non_compute`` the rest (communication, memory and other kernels not under computation).
+    """
+
+    kernel_time_us: float
+    idle_us: float
+    compute_us: float
+    non_compute_us: float
+    idle_pct: float
+    compute_pct: float
+    non_compute_pct: float
+    comm_us: float
+    """Union of communication kernels."""
+    comm_comp_overlap_pct: float | None
+    """HTA's overlap: % of communication time during which computation also runs (None: no comm)."""
+    exposed_comm_us: float
+    """Communication time with no computation running: what the step pays for communication."""
+    exposed_comm_pct: float
+    memory_us: float
+    n_kernels: int
+    n_tiny_kernels: int
+    category_overlap_us: dict[str, float] = field(default_factory=dict)
+    """Exclusive time per combination of running categories, HTA's ``kernel_type`` table."""
+
+
+@dataclass
+class CpuBreakdown:
+    """The main (training-loop) thread's time in one step, split into exclusive categories.
+
+    ``compute``: inside CPU ops or annotations; ``communication``: enqueueing collectives (``c10d::*``)
+    plus idle time while a collective of this rank is in flight (the thread waits on it);
+    ``data_loading``: inside ``enumerate(DataLoader)``; ``other``: idle time with no collective in flight.
+    """
+
+    duration_us: float
+    compute_us: float
+    communication_us: float
+    data_loading_us: float
+    other_us: float
+    comm_busy_us: float
+    """Union of the collectives' own spans (``gloo:*`` on worker threads, NCCL kernels on GPU)."""
+    comm_backward_overlap_pct: float | None
+    """% of ``comm_busy_us`` that overlaps backward ops on the main thread (None: no collective)."""
+
+    def pct(self, value: float) -> float:
+        """``value`` as a percentage of the step."""
+        return 100.0 * value / self.duration_us if self.duration_us > 0 else 0.0
+
+
+@dataclass
+class StepResult:
+    """One rank's one ``ProfilerStep#N``."""
+
+    step: int
+    start_us: float
+    duration_us: float
+    cpu: CpuBreakdown
+    gpu: GpuBreakdown | None
+    n_collectives: int
+
+
+@dataclass
+class KernelStat:
+    """Aggregate of one kernel name on one rank (all steps)."""
+
+    name: str
+    category: str
+    kind: str
+    count: int
+    total_us: float
+    min_us: float
+    max_us: float
+
+    @property
+    def mean_us(self) -> float:
+        """Mean duration."""
+        return self.total_us / self.count if self.count else 0.0
+
+
+@dataclass
+class Collective:
+    """One collective as it ran on one rank: its own time span (GPU kernel or gloo span)."""
+
+    step: int
+    kind: str
+    index: int  # k-th collective of this kind in the step, the key that matches it across ranks
+    start_us: float
+    end_us: float
+
+
+@dataclass
+class RankResult:
+    """Everything measured on one rank."""
+
+    rank: int
+    path: str
+    device: str  # "gpu" when the trace holds GPU events, else "cpu"
+    backend: str | None
+    world_size: int | None
+    host: str | None
+    n_events: int
+    steps: list[StepResult]
+    gpu_total: GpuBreakdown | None
+    """HTA-compatible aggregate: all GPU events, or those launched before the last step when >1 step."""
+    kernel_categories_us: dict[str, float]
+    kernel_categories_count: dict[str, int]
+    top_kernels: list[KernelStat]
+    collectives: list[Collective]
+
+    @property
+    def mean_step_us(self) -> float:
+        """Mean CPU wall time of the profiled steps."""
+        return sum(s.duration_us for s in self.steps) / len(self.steps)
+
+    @property
+    def exposed_comm_pct(self) -> float:
+        """Exposed communication as % of step time: GPU un-overlapped comm, or CPU time waiting on it."""
+        if self.device == "gpu":
+            return _mean([s.gpu.exposed_comm_pct for s in self.steps if s.gpu is not None])
+        return _mean([s.cpu.pct(s.cpu.communication_us) for s in self.steps])
+
+    @property
+    def busy_us(self) -> float:
+        """Mean per-step work that is not waiting on communication (compute kernels on GPU)."""
+        if self.device == "gpu":
+            return _mean([s.gpu.compute_us for s in self.steps if s.gpu is not None])
+        return _mean([s.duration_us - s.cpu.communication_us for s in self.steps])
+
+    @property
+    def comm_wait_us(self) -> float:
+        """Mean per-step communication the rank pays for (exposed on GPU, waited on CPU)."""
+        if self.device == "gpu":
+            return _mean([s.gpu.exposed_comm_us for s in self.steps if s.gpu is not None])
+        return _mean([s.cpu.communication_us for s in self.steps])
+
+
+@dataclass
+class RankSkew:
+    """One rank as seen against its peers."""
+
+    rank: int
+    mean_step_us: float
+    busy_us: float
+    comm_wait_us: float
+    lateness_us: float | None
+    """Median over matched collectives of how much later this rank started them than the earliest rank."""
+    clock_offset_us: float
+
+
+@dataclass
+class StepSpread:
+    """Step duration across ranks for one step number."""
+
+    step: int
+    min_us: float
+    max_us: float
+    spread_pct: float  # (max - min) / median
+
+
+@dataclass
+class Straggler:
+    """A rank that holds the others back, with the numbers that say so."""
+
+    rank: int
+    reason: str  # "late_collectives" or "slow_steps"
+    evidence: str
+    lateness_us: float | None
+    step_excess_pct: float | None
+
+
+@dataclass
+class CrossRankResult:
+    """Comparison of the ranks."""
+
+    ranks: list[int]
+    per_rank: list[RankSkew]
+    step_spread: list[StepSpread]
+    imbalance_pct: float
+    """Load imbalance of busy time: max / mean - 1, in %."""
+    matched_collectives: int
+    stragglers: list[Straggler]
+
+
+@dataclass
+class Finding:
+    """One diagnosis, with the measured numbers that triggered it and what to do."""
+
+    kind: str
+    severity: float  # rough % of step time at stake; findings are sorted by it
+    title: str
+    ranks: list[int]
+    evidence: str
+    recommendation: str
+    numbers: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class FileError:
+    """A file that could not be analysed."""
+
+    path: str
+    reason: str
+
+
+@dataclass
+class AnalysisResult:
+    """The result of ``analyze_paths``: per-rank results, the cross-rank view, findings, bad files."""
+
+    ranks: list[RankResult]
+    cross_rank: CrossRankResult | None
+    findings: list[Finding]
+    errors: list[FileError]
+    options: AnalysisOptions
+
+    @property
+    def exposed_comm_pct(self) -> float:
+        """Headline: exposed communication as % of step time, mean over ranks."""
+        return _mean([r.exposed_comm_pct for r in self.ranks])
+
+    @property
+    def imbalance_pct(self) -> float:
+        """Headline: load imbalance across ranks in % (0 with a single rank)."""
+        return self.cross_rank.imbalance_pct if self.cross_rank is not None else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict, with the headline numbers and per-rank derived values included."""
+        out = dataclasses.asdict(self)
+        out["exposed_comm_pct"] = self.exposed_comm_pct
+        out["imbalance_pct"] = self.imbalance_pct
+        for rank_out, rank in zip(out["ranks"], self.ranks):
+            rank_out["mean_step_us"] = rank.mean_step_us
+            rank_out["exposed_comm_pct"] = rank.exposed_comm_pct
+            rank_out["busy_us"] = rank.busy_us
+            rank_out.pop("collectives")  # matched in cross_rank; too long to be useful in the output
+        return out
+
+    def to_json(self) -> bytes:
+        """The result as indented JSON bytes."""
+        return orjson.dumps(self.to_dict(), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0

@@ -1,0 +1,295 @@
+"""Trace file I/O: finding trace files, naming their rank, and reading their events in bounded chunks.
+
+A Kineto trace is one JSON object whose ``traceEvents`` array holds nearly all of the bytes. Parsing the
+whole file at once costs several times its size in Python objects (the reason HTA needs ~2.5x the trace
+size in RAM); here the file is decompressed in blocks and the array is cut into runs of whole events that
+``orjson`` parses one run at a time, so the peak memory is one block's worth of events whatever the file
+size. Everything outside the array (``distributedInfo``, ``baseTimeNanoseconds`` ...) is the metadata.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import zlib
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+# How many decompressed bytes are parsed per chunk: large enough that orjson's per-call cost vanishes,
+# small enough that one chunk's Python objects (~10x its bytes) stay well under 100 MB.
+CHUNK_BYTES = 4 << 20
+TRACE_SUFFIXES = (".json", ".json.gz")
+# rank3_host_step4-5.pt.trace.json.gz (this project), worker3_step_12...json (HTA, PARAM), rank-3.json.gz
+_RANK_IN_NAME = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
+_EVENTS_KEY = b'"traceEvents"'
+
+
+class TraceReadError(ValueError):
+    """A trace file that cannot be analysed; the message names the file and what is wrong with it."""
+
+    def __init__(self, path: str | os.PathLike[str], reason: str) -> None:
+        self.path = os.fspath(path)
+        self.reason = reason
+        super().__init__(f"{self.path}: {reason}")
+
+
+def discover_trace_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
+    """Expand folders into the trace files they hold (recursively), keeping explicit files as given.
+
+    Hidden files (the temporary names of a trace being written atomically) are skipped in folders.
+
+    Args:
+        paths: Folders and/or ``.json`` / ``.json.gz`` files.
+
+    Returns:
+        The trace files, sorted within each folder, without duplicates.
+
+    Raises:
+        FileNotFoundError: A path does not exist, or a folder holds no trace file.
+    """
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            inside = sorted(
+                p
+                for p in path.rglob("*")
+                if p.is_file() and p.name.endswith(TRACE_SUFFIXES) and not p.name.startswith(".")
+            )
+            if not inside:
+                raise FileNotFoundError(f"{path}: no trace file (*.json, *.json.gz) in this folder")
+            found.extend(inside)
+        elif path.is_file():
+            found.append(path)
+        else:
+            raise FileNotFoundError(f"{path}: no such file or folder")
+    unique: dict[Path, None] = dict.fromkeys(p.resolve() for p in found)
+    return list(unique)
+
+
+def rank_from_file_name(path: str | os.PathLike[str]) -> int | None:
+    """Return the rank written in a file name (``rank3_...``, ``worker3_...``, ``rank-3.json``), or None."""
+    match = _RANK_IN_NAME.search(Path(path).name)
+    return int(match.group(1)) if match else None
+
+
+def _decompressed_blocks(path: Path) -> Iterator[bytes]:
+    """Yield the file's bytes in blocks, gunzipping when the file starts with the gzip magic."""
+    with open(path, "rb") as fh:
+        head = fh.read(2)
+        fh.seek(0)
+        if head != b"\x1f\x8b":
+            while block := fh.read(CHUNK_BYTES):
+                yield block
+            return
+        # wbits=47: gzip or zlib header, so the gzip magic check above is the only sniffing needed.
+        inflater = zlib.decompressobj(wbits=47)
+        while True:
+            data = inflater.unconsumed_tail or fh.read(CHUNK_BYTES // 8)
+            if not data:
+                break
+            try:
+                # max_length bounds each output block even for highly compressible traces.
+                out = inflater.decompress(data, CHUNK_BYTES)
+            except zlib.error as exc:
+                raise TraceReadError(path, f"corrupt gzip data ({exc})") from None
+            if out:
+                yield out
+            # A gzip file may hold several members (``cat a.gz b.gz``); continue into the next one.
+            if inflater.eof and inflater.unused_data:
+                rest = inflater.unused_data
+                inflater = zlib.decompressobj(wbits=47)
+                out = inflater.decompress(rest, CHUNK_BYTES)
+                if out:
+                    yield out
+        if not inflater.eof:
+            raise TraceReadError(path, "truncated gzip file (the stream ends before its end marker)")
+
+
+def _parse_run(path: Path, run: bytes) -> list[Any]:
+    """Parse ``run`` (comma-separated whole events) as a JSON array."""
+    try:
+        events = orjson.loads(b"[" + run + b"]")
+    except orjson.JSONDecodeError as exc:
+        raise TraceReadError(path, f"invalid JSON in traceEvents ({exc})") from None
+    return events  # type: ignore[no-any-return]
+
+
+class _ChunkedTrace:
+    """State of one streaming read: metadata bytes around the array, and the unparsed tail of events."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.head = bytearray()  # bytes before the events array (metadata), until the array is found
+        self.in_array = False
+        self.after_array = bytearray()  # bytes after the array (more metadata), once it is closed
+        self.pending = bytearray()  # events bytes not parsed yet
+        self.done = False
+
+    def feed(self, block: bytes) -> list[Any]:
+        """Consume one decompressed block; return the events completed by it."""
+        if self.done:
+            self.after_array += block
+            return []
+        if not self.in_array:
+            self.head += block
+            key = self.head.find(_EVENTS_KEY)
+            if key < 0:
+                return []
+            bracket = self.head.find(b"[", key)
+            if bracket < 0:
+                return []
+            self.pending = self.head[bracket + 1 :]
+            del self.head[key:]
+            self.in_array = True
+            return self._drain(final=False)
+        self.pending += block
+        return self._drain(final=False)
+
+    def _drain(self, final: bool) -> list[Any]:
+        """Parse the longest prefix of ``pending`` that is a run of whole events."""
+        buf = self.pending
+        if not final and len(buf) < CHUNK_BYTES:
+            return []
+        # Candidate cut points are "}" "," "{" with optional whitespace between; one inside a string or a
+        # nested object makes the prefix invalid JSON, in which case the previous candidate is tried.
+        end = len(buf)
+        last_error: orjson.JSONDecodeError | None = None
+        for _ in range(64):
+            cut = buf.rfind(b"}", 0, end)
+            if cut < 0:
+                break
+            nxt = _skip_ws(buf, cut + 1)
+            if nxt < len(buf) and buf[nxt] == 0x2C:  # ","
+                after = _skip_ws(buf, nxt + 1)
+                if after < len(buf) and buf[after] == 0x7B:  # "{"
+                    try:
+                        events = orjson.loads(b"[" + bytes(buf[: cut + 1]) + b"]")
+                    except orjson.JSONDecodeError as exc:
+                        last_error = exc
+                        end = cut
+                        continue
+                    del buf[: nxt + 1]
+                    return events  # type: ignore[no-any-return]
+            end = cut
+        # No valid run although the buffer holds several chunks' worth of bytes: the events are not
+        # valid JSON. Failing now, rather than at end of file, keeps a corrupt file from costing O(n^2).
+        if last_error is not None and len(buf) > 3 * CHUNK_BYTES:
+            raise TraceReadError(self.path, f"invalid JSON in traceEvents ({last_error})")
+        return []  # no complete event yet: wait for more bytes
+
+    def finish(self) -> tuple[dict[str, Any], list[Any]]:
+        """Parse what is left at end of file; return (metadata, last events)."""
+        if not self.in_array:
+            return self._metadata_only(), []
+        buf = self.pending
+        close = _closing_bracket(buf)
+        if close < 0:
+            raise TraceReadError(self.path, "truncated JSON: the traceEvents array is never closed")
+        events = _parse_run(self.path, bytes(buf[:close])) if buf[:close].strip() else []
+        tail = bytes(buf[close + 1 :]) + bytes(self.after_array)
+        meta = self._metadata(tail)
+        return meta, events
+
+    def _metadata_only(self) -> dict[str, Any]:
+        if not self.head.strip():
+            raise TraceReadError(self.path, "empty file")
+        try:
+            doc = orjson.loads(bytes(self.head))
+        except orjson.JSONDecodeError as exc:
+            raise TraceReadError(self.path, f"invalid JSON ({exc})") from None
+        if not isinstance(doc, dict):
+            raise TraceReadError(self.path, "not a trace: top level is not a JSON object")
+        raise TraceReadError(self.path, "not a trace: no traceEvents array")
+
+    def _metadata(self, tail: bytes) -> dict[str, Any]:
+        # Re-assemble the document without the events: head + "[]" + what followed the array.
+        doc_bytes = bytes(self.head) + b'"traceEvents": []' + tail
+        try:
+            doc = orjson.loads(doc_bytes)
+        except orjson.JSONDecodeError as exc:
+            raise TraceReadError(self.path, f"invalid JSON outside traceEvents ({exc})") from None
+        if not isinstance(doc, dict):
+            raise TraceReadError(self.path, "not a trace: top level is not a JSON object")
+        doc.pop("traceEvents", None)
+        return doc
+
+
+def _skip_ws(buf: bytearray, i: int) -> int:
+    n = len(buf)
+    while i < n and buf[i] in b" \t\r\n":
+        i += 1
+    return i
+
+
+def _closing_bracket(buf: bytearray) -> int:
+    """Index of the "]" closing the events array in the final bytes, or -1."""
+    # After the last event the array closes; anything after it is metadata whose keys ("}" and "]"
+    # included) can be arbitrary, so find the last event's "}" followed by "]" scanning backwards
+    # from the end, verifying by parsing in finish().
+    end = len(buf)
+    for _ in range(64):
+        close = buf.rfind(b"]", 0, end)
+        if close < 0:
+            return -1
+        before = bytes(buf[:close]).rstrip()
+        if not before or before.endswith(b"}"):
+            try:
+                orjson.loads(b"[" + before + b"]")
+            except orjson.JSONDecodeError:
+                end = close
+                continue
+            return close
+        end = close
+    return -1
+
+
+def iter_trace_events(path: str | os.PathLike[str], meta_out: dict[str, Any]) -> Iterator[list[Any]]:
+    """Yield a trace's events in chunks of whole events, reading the file once with bounded memory.
+
+    Args:
+        path: A ``.json`` or ``.json.gz`` Kineto/Chrome trace.
+        meta_out: Filled, once the file is read to the end, with the trace's top-level keys other than
+            ``traceEvents`` (``distributedInfo``, ``baseTimeNanoseconds`` ...).
+
+    Yields:
+        Lists of event dicts, in file order.
+
+    Raises:
+        TraceReadError: The file is empty, truncated, not gzip/JSON, or not a trace object.
+    """
+    path = Path(path)
+    state = _ChunkedTrace(path)
+    try:
+        for block in _decompressed_blocks(path):
+            events = state.feed(block)
+            if events:
+                yield events
+    except OSError as exc:
+        raise TraceReadError(path, f"cannot read ({exc.strerror or exc})") from None
+    meta, events = state.finish()
+    if events:
+        yield events
+    meta_out.update(meta)
+
+
+def trace_rank(path: str | os.PathLike[str], meta: dict[str, Any]) -> int:
+    """The rank of a trace: ``distributedInfo.rank``, else the number in the file name.
+
+    Raises:
+        TraceReadError: Neither gives a rank.
+    """
+    info = meta.get("distributedInfo")
+    if isinstance(info, dict) and isinstance(info.get("rank"), int):
+        return int(info["rank"])
+    rank = rank_from_file_name(path)
+    if rank is None:
+        raise TraceReadError(
+            path,
+            "cannot tell the rank: no distributedInfo.rank in the trace and no rank in the file name "
+            "(name it like rank3_... or worker3_...)",
+        )
+    return rank

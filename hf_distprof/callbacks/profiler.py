@@ -1,0 +1,254 @@
+"""``ProfilerCallback``: one torch.profiler trace per rank over a schedule of optimizer steps."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import threading
+import warnings
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from hf_distprof import dist, paths
+from hf_distprof.callbacks._common import warn_if_not_data_parallel
+from hf_distprof.config import ProfilingArguments
+
+logger = dist.get_logger(__name__)
+
+SUMMARY_ROWS = 25
+
+
+def supported_activities() -> list[ProfilerActivity]:
+    """CPU always; CUDA when this build supports it and a device is present (asking for more only warns)."""
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available() and ProfilerActivity.CUDA in torch.profiler.supported_activities():
+        activities.append(ProfilerActivity.CUDA)
+    return activities
+
+
+def first_active_step(args: ProfilingArguments) -> int:
+    """The 1-based optimizer step at which the first active (recorded) step happens."""
+    return args.profiler_skip_first + args.profiler_wait_steps + args.profiler_warmup_steps + 1
+
+
+def schedule_warning(args: ProfilingArguments, max_steps: int) -> str | None:
+    """Why the schedule will not record a full window within ``max_steps``; None when it will.
+
+    Args:
+        args: The profiling flags.
+        max_steps: Optimizer steps the Trainer will run (``state.max_steps``).
+
+    Returns:
+        A message for the user, or None.
+    """
+    first = first_active_step(args)
+    last = first + args.profiler_active_steps - 1
+    cycle = (
+        f"--profiler-skip-first {args.profiler_skip_first} + --profiler-wait-steps {args.profiler_wait_steps} "
+        f"+ --profiler-warmup-steps {args.profiler_warmup_steps}"
+    )
+    if max_steps < first:
+        return (
+            f"the profiler will record nothing: training runs {max_steps} optimizer steps but the first active "
+            f"step is step {first} ({cycle} + 1). Lower those flags or raise --max-steps; the schedule is left "
+            "as given."
+        )
+    if max_steps < last:
+        return (
+            f"the profiler window is cut short: it records steps {first}-{last} but training stops at step "
+            f"{max_steps}; the trace will hold steps {first}-{max_steps} only."
+        )
+    return None
+
+
+class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
+    """Drives ``torch.profiler`` over optimizer steps and writes one gzipped Kineto trace per rank.
+
+    The profiler starts at ``on_train_begin``, steps once per optimizer step (``on_step_end``, so
+    gradient accumulation does not shrink the window) and stops at ``on_train_end``. Profiler step
+    numbers are aligned with ``state.global_step``: ``ProfilerStep#4`` in the trace is optimizer step 4.
+    Ranks not in ``--profile-ranks`` build no profiler. An export that fails becomes one warning and
+    training goes on; an exception or SIGTERM stops the profiler and flushes what was recorded.
+
+    Args:
+        args: The profiling flags.
+    """
+
+    def __init__(self, args: ProfilingArguments) -> None:
+        self.args = args
+        self.prof: profile | None = None
+        self.run_dir: Path | None = None
+        self.written: list[Path] = []
+        self._failed_exports = 0
+        self._lock = threading.Lock()
+        self._previous_sigterm: Any = None
+        self._offset = 0  # global_step when training (re)started
+        self._last_step = 0  # last optimizer step that completed
+
+    # ---- Trainer hooks -------------------------------------------------------------------------
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        # Every rank takes part in agreeing on the run folder, profiled or not (it is a broadcast).
+        warn_if_not_data_parallel(args)
+        self.run_dir = paths.resolve_run_dir(self.args.profiler_output_dir, self.args.profiler_run_name, state)
+        rank = dist.get_rank()
+        ranks = self.args.profile_rank_set
+        if ranks is not None:
+            world = dist.get_world_size()
+            missing = sorted(r for r in ranks if r >= world)
+            if missing and rank == 0:
+                logger.warning(f"--profile-ranks names ranks {missing} but the world size is {world}")
+            if rank not in ranks:
+                return
+        message = schedule_warning(self.args, state.max_steps)
+        if message is not None:
+            logger.warning(message)
+        a = self.args
+        base = schedule(
+            skip_first=a.profiler_skip_first,
+            wait=a.profiler_wait_steps,
+            warmup=a.profiler_warmup_steps,
+            active=a.profiler_active_steps,
+            repeat=a.profiler_repeat,
+        )
+        # Profiler step numbers follow the Trainer's 1-based global_step (also when resuming from a
+        # checkpoint), so ProfilerStep#N in the trace is optimizer step N; the schedule is shifted to match.
+        self._offset = state.global_step
+        offset = self._offset
+        self.prof = profile(
+            activities=supported_activities(),
+            schedule=lambda step: base(step - offset - 1) if step > offset else ProfilerAction.NONE,
+            on_trace_ready=self._export,
+            record_shapes=a.profiler_record_shapes,
+            profile_memory=a.profiler_profile_memory,
+            with_stack=a.profiler_with_stack,
+            with_flops=a.profiler_with_flops,
+        )
+        self.prof.step_num = offset
+        self._last_step = offset
+        self.prof.start()
+        self.prof.step()  # now recording ProfilerStep#<offset+1>, the first step of this run
+        self._install_exit_handlers()
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if self.prof is None:
+            return
+        self._last_step = state.global_step
+        if state.global_step >= state.max_steps:
+            # Close right after the last real step so the trace holds no step that never ran.
+            self.close()
+        else:
+            self.prof.step()
+
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self.close()
+        if self.written:
+            logger.info("profiler wrote: " + ", ".join(str(p) for p in self.written))
+
+    # ---- stopping ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop the profiler, exporting a window that was still being recorded. Safe to call twice."""
+        with self._lock:
+            prof, self.prof = self.prof, None
+        if prof is None:
+            return
+        self._remove_exit_handlers()
+        recording = prof.current_action == ProfilerAction.RECORD
+        try:
+            with warnings.catch_warnings():
+                # torch warns "Incorrect schedule: RECORD followed by NONE" when stopped mid-window.
+                warnings.simplefilter("ignore", UserWarning)
+                prof.stop()
+        except Exception as err:  # noqa: BLE001 - never let profiling break training
+            logger.warning(f"stopping the profiler failed: {err!r}")
+            return
+        # torch exports on stop only when the window was complete (RECORD_AND_SAVE); a window cut short
+        # by the end of training, an exception or SIGTERM is exported here with the steps it has.
+        if recording:
+            self._export(prof)
+
+    def _install_exit_handlers(self) -> None:
+        atexit.register(self.close)
+        if threading.current_thread() is threading.main_thread():
+            self._previous_sigterm = signal.getsignal(signal.SIGTERM)
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _remove_exit_handlers(self) -> None:
+        atexit.unregister(self.close)
+        if self._previous_sigterm is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._previous_sigterm)
+            self._previous_sigterm = None
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        previous = self._previous_sigterm
+        self.close()
+        if callable(previous):
+            previous(signum, frame)
+        else:
+            # Default disposition: die of SIGTERM as if we had never been here.
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    # ---- export --------------------------------------------------------------------------------
+
+    def _export(self, prof: profile) -> None:
+        """``on_trace_ready``: write the trace and its summary atomically; failures only warn."""
+        assert self.run_dir is not None
+        last = self._last_step
+        first = last - self._recorded_steps(last) + 1
+        rank, host = dist.get_rank(), dist.get_hostname()
+        trace = self.run_dir / paths.trace_file_name(rank, host, first, last)
+        try:
+            with paths.atomic_path(trace, suffix=".json.gz") as tmp:
+                prof.export_chrome_trace(str(tmp))
+        except Exception as err:  # noqa: BLE001 - an export failure must not stop training
+            self._failed_exports += 1
+            logger.warning(f"could not write profiler trace {trace}: {err!r}; training goes on")
+            return
+        self.written.append(trace)
+        summary = self.run_dir / paths.summary_file_name(rank, host, first, last)
+        try:
+            paths.atomic_write_text(summary, self._summary_text(prof, first, last))
+        except Exception as err:  # noqa: BLE001
+            logger.warning(f"could not write profiler summary {summary}: {err!r}")
+            return
+        self.written.append(summary)
+
+    def _recorded_steps(self, last_step: int) -> int:
+        """Active steps in the window ending at ``last_step`` (fewer when training stopped mid-window)."""
+        a = self.args
+        # Position of the step inside its wait/warmup/active cycle.
+        since_start = last_step - self._offset - a.profiler_skip_first - 1
+        cycle = a.profiler_wait_steps + a.profiler_warmup_steps + a.profiler_active_steps
+        position = since_start % cycle
+        return max(1, position - a.profiler_wait_steps - a.profiler_warmup_steps + 1)
+
+    def _summary_text(self, prof: profile, first: int, last: int) -> str:
+        header = (
+            f"hf_distprof profiler summary: rank {dist.get_rank()} of {dist.get_world_size()}, "
+            f"host {dist.get_hostname()}, optimizer steps {first}-{last}\n"
+        )
+        try:
+            averages = prof.key_averages()
+            parts = [header, f"\nTop {SUMMARY_ROWS} operators by self CPU time\n"]
+            parts.append(averages.table(sort_by="self_cpu_time_total", row_limit=SUMMARY_ROWS))
+            if ProfilerActivity.CUDA in supported_activities():
+                parts.append(f"\n\nTop {SUMMARY_ROWS} operators by self device time\n")
+                parts.append(averages.table(sort_by="self_device_time_total", row_limit=SUMMARY_ROWS))
+        except Exception as err:  # noqa: BLE001 - key_averages() can fail on stack records (see FACTS)
+            warnings.warn(f"profiler summary unavailable: {err!r}", stacklevel=2)
+            return header + f"\n(operator table unavailable: {err!r})\n"
+        return "".join(parts) + "\n"

@@ -1,0 +1,56 @@
+"""One TensorBoard writer per log folder, shared by the callbacks of a process (rank 0 only)."""
+
+from __future__ import annotations
+
+import atexit
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hf_distprof import dist
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
+
+_WRITERS: dict[Path, SummaryWriter] = {}
+
+
+def tensorboard_dir(output_dir: str | None, run_dir: Path) -> Path:
+    """Where our scalars go: the Trainer's TensorBoard folder when it is fixed by ``TENSORBOARD_LOGGING_DIR``.
+
+    Without that variable transformers picks ``<output_dir>/runs/<date>_<host>`` itself at train start,
+    a name we cannot know for sure, so ours go beside it as ``<output_dir>/runs/hf_distprof_<run>``:
+    ``tensorboard --logdir <output_dir>/runs`` shows both. ``train_modernBERT.py`` sets the variable, so
+    there loss and memory share one run.
+
+    Args:
+        output_dir: ``TrainingArguments.output_dir``.
+        run_dir: This run's profiler folder (its name names the TensorBoard run).
+    """
+    env = os.environ.get("TENSORBOARD_LOGGING_DIR")
+    if env:
+        return Path(env).expanduser()
+    return Path(output_dir or ".") / "runs" / f"hf_distprof_{run_dir.name}"
+
+
+def get_writer(log_dir: Path) -> SummaryWriter | None:
+    """The shared writer for ``log_dir`` on rank 0; None on every other rank (only rank 0 writes)."""
+    if dist.get_rank() != 0:
+        return None
+    log_dir = log_dir.absolute()
+    writer = _WRITERS.get(log_dir)
+    if writer is None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(log_dir=str(log_dir))
+        _WRITERS[log_dir] = writer
+        if len(_WRITERS) == 1:
+            atexit.register(close_writers)
+    return writer
+
+
+def close_writers() -> None:
+    """Flush and close every shared writer."""
+    for writer in _WRITERS.values():
+        writer.close()
+    _WRITERS.clear()

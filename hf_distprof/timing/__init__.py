@@ -1,0 +1,11 @@
+"""Step timing: clocks, the per-step phase recorder, the cross-rank report and the comm-overhead probe.
+
+Layers, bottom up:
+
+* ``clock``: where a timestamp comes from (``time.perf_counter`` on CPU, CUDA events on GPU);
+* ``recorder``: turns Trainer/model hook calls into one ``StepTiming`` per optimizer step;
+* ``report``: pure functions over per-rank numbers (imbalance, slowest rank, warnings, table, JSON);
+* ``comm_overhead``: the ``no_sync`` A/B measurement run once before training.
+
+Nothing here imports transformers; ``hf_distprof.callbacks.step_timer`` wires it to the Trainer.
+"""

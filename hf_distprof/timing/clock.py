@@ -1,0 +1,106 @@
+"""Timestamps for phase boundaries that never block the step.
+
+A clock hands out opaque *marks* and later turns pairs of marks into seconds. On CPU a mark is a
+``time.perf_counter()`` float and reading it costs nothing. On GPU a mark is a CUDA event recorded on
+the current stream: recording is asynchronous, so the step never waits for the device, and the events
+are only read (``elapsed_time``, after one ``synchronize`` of the newest event) on logging steps.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+Mark = Any  # a float (CPU) or a torch.cuda.Event (GPU); only the clock that made it can read it
+
+
+class Clock(Protocol):
+    """Source of phase-boundary marks."""
+
+    #: Whether a mark is so cheap that it may be taken on every gradient hook call.
+    cheap_marks: bool
+
+    def mark(self) -> Mark:
+        """Take a timestamp now (on GPU: in stream order)."""
+        ...
+
+    def elapsed(self, start: Mark, end: Mark) -> float:
+        """Seconds from ``start`` to ``end``; only called after ``wait`` on a later mark."""
+        ...
+
+    def wait(self, mark: Mark) -> None:
+        """Block until ``mark`` can be read (a no-op on CPU). Called on logging steps only."""
+        ...
+
+    def release(self, marks: list[Mark]) -> None:
+        """Give read marks back for reuse."""
+        ...
+
+
+class CpuClock:
+    """``time.perf_counter`` marks: the host timeline, which is the step timeline on CPU."""
+
+    cheap_marks = True
+
+    def mark(self) -> float:
+        """Take a timestamp now."""
+        return time.perf_counter()
+
+    def elapsed(self, start: float, end: float) -> float:
+        """Seconds between two marks."""
+        return end - start
+
+    def wait(self, mark: float) -> None:
+        """Nothing to wait for on the host."""
+
+    def release(self, marks: list[Mark]) -> None:
+        """Floats need no recycling."""
+
+
+class CudaEventClock:
+    """CUDA-event marks on the current stream, pooled so that steady-state steps allocate nothing.
+
+    Args:
+        device: The CUDA device whose current stream is timed.
+        event_factory: Builds one timing event; tests pass a fake. Defaults to
+            ``torch.cuda.Event(enable_timing=True)``.
+    """
+
+    # Recording an event is a driver call of a few microseconds: fine per phase, too much per parameter.
+    cheap_marks = False
+
+    def __init__(self, device: Any = None, event_factory: Any = None) -> None:
+        if event_factory is None:
+            import torch
+
+            def event_factory() -> Any:
+                return torch.cuda.Event(enable_timing=True)
+
+        self._device = device
+        self._factory = event_factory
+        self._pool: list[Any] = []
+
+    def mark(self) -> Any:
+        """Record an event on the current stream; returns at once."""
+        event = self._pool.pop() if self._pool else self._factory()
+        event.record()
+        return event
+
+    def elapsed(self, start: Any, end: Any) -> float:
+        """Seconds of device time between two recorded (and completed) events."""
+        return float(start.elapsed_time(end)) / 1000.0
+
+    def wait(self, mark: Any) -> None:
+        """Block until ``mark`` and every earlier event on the stream have completed."""
+        mark.synchronize()
+
+    def release(self, marks: list[Any]) -> None:
+        """Return events to the pool."""
+        self._pool.extend(m for m in marks if m is not None)
+
+
+def default_clock(device: Any) -> Clock:
+    """The clock for ``device``: CUDA events on a CUDA device, ``perf_counter`` otherwise."""
+    if getattr(device, "type", str(device)) == "cuda":
+        return CudaEventClock(device)
+    return CpuClock()

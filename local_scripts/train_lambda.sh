@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Launch python_scripts/train_modernBERT.py with `accelerate launch`; every argument is passed through.
+#
+#   NPROC=2 ./local_scripts/train_lambda.sh --enable-profiling --max-steps 50
+#
+# Environment (all optional):
+#   NPROC        processes on this node (default: number of visible GPUs, else 2 CPU processes on gloo)
+#   NNODES       number of nodes (default 1); with NODE_RANK, MASTER_ADDR, MASTER_PORT for multi-node
+#   NODE_RANK    this node's rank (default 0)
+#   MASTER_ADDR  address of node 0 (default 127.0.0.1)
+#   MASTER_PORT  rendezvous port (default 29500)
+#   MIXED_PRECISION  no | fp16 | bf16 (default no)
+#   TRAIN_SCRIPT training entry point (default python_scripts/train_modernBERT.py)
+set -euo pipefail
+
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+gpu_count() {
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | grep -c . || true
+  else
+    echo 0
+  fi
+}
+
+GPUS=$(gpu_count)
+if [[ "${GPUS:-0}" -gt 0 ]]; then DEFAULT_NPROC=$GPUS; else DEFAULT_NPROC=2; fi
+NPROC=${NPROC:-$DEFAULT_NPROC}
+NNODES=${NNODES:-1}
+NODE_RANK=${NODE_RANK:-0}
+MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
+MASTER_PORT=${MASTER_PORT:-29500}
+MIXED_PRECISION=${MIXED_PRECISION:-no}
+TRAIN_SCRIPT=${TRAIN_SCRIPT:-$REPO_ROOT/python_scripts/train_modernBERT.py}
+
+if ! [[ "$NPROC" =~ ^[1-9][0-9]*$ ]]; then
+  echo "train_lambda.sh: NPROC must be a positive integer, got '$NPROC'" >&2
+  exit 2
+fi
+
+TOTAL=$((NPROC * NNODES))
+LAUNCH_ARGS=(
+  --num_processes "$TOTAL"
+  --num_machines "$NNODES"
+  --machine_rank "$NODE_RANK"
+  --main_process_ip "$MASTER_ADDR"
+  --main_process_port "$MASTER_PORT"
+  --mixed_precision "$MIXED_PRECISION"
+  --dynamo_backend no
+)
+# --multi_gpu is accelerate's switch for any multi-process run; without GPUs it runs MULTI_CPU on gloo.
+# (--cpu with several processes would start only ONE.)
+if [[ "$TOTAL" -gt 1 ]]; then
+  LAUNCH_ARGS=(--multi_gpu "${LAUNCH_ARGS[@]}")
+fi
+if [[ "${GPUS:-0}" -eq 0 ]]; then
+  echo "train_lambda.sh: no GPU found; running $NPROC CPU process(es) per node on gloo" >&2
+fi
+
+exec accelerate launch "${LAUNCH_ARGS[@]}" "$TRAIN_SCRIPT" "$@"

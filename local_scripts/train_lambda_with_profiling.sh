@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The 50-step profiling demo: train_lambda.sh with profiling and memory logging on, then where to look.
+#
+#   ./local_scripts/train_lambda_with_profiling.sh                  # 50 steps, traces in ./profiler_traces
+#   OUTPUT_DIR=/shared/prof ./local_scripts/train_lambda_with_profiling.sh --profile-ranks 0,1
+#
+# Environment (all optional; NPROC, NNODES, ... are train_lambda.sh's):
+#   MAX_STEPS    optimizer steps (default 50)
+#   OUTPUT_DIR   --profiler-output-dir (default ./profiler_traces)
+#   TRAIN_OUTPUT --output-dir of the Trainer: TensorBoard runs, tokenizer (default ./outputs/modernbert)
+# Extra arguments are passed through and win over the defaults above.
+set -euo pipefail
+
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+MAX_STEPS=${MAX_STEPS:-50}
+OUTPUT_DIR=${OUTPUT_DIR:-./profiler_traces}
+TRAIN_OUTPUT=${TRAIN_OUTPUT:-./outputs/modernbert}
+
+"$REPO_ROOT/local_scripts/train_lambda.sh" \
+  --max-steps "$MAX_STEPS" \
+  --output-dir "$TRAIN_OUTPUT" \
+  --enable-profiling \
+  --enable-memory-logging \
+  --profiler-output-dir "$OUTPUT_DIR" \
+  --profiler-wait-steps 5 \
+  --profiler-warmup-steps 2 \
+  --profiler-active-steps 3 \
+  --memory-log-steps 5 \
+  --logging-steps 5 \
+  "$@"
+
+LATEST=$(ls -1dt "$OUTPUT_DIR"/*/ 2>/dev/null | head -n 1 || true)
+echo
+echo "Profiling run finished."
+echo "  traces and summaries : ${LATEST:-$OUTPUT_DIR}"
+echo "  TensorBoard (loss, memory/...): tensorboard --logdir $TRAIN_OUTPUT/runs"
+echo "  trace viewer          : open https://ui.perfetto.dev and load a ${LATEST:-$OUTPUT_DIR}rank*.pt.trace.json.gz"
+echo "  operator summaries    : less ${LATEST:-$OUTPUT_DIR}rank0_*_summary.txt"

@@ -1,0 +1,248 @@
+#!/usr/bin/env python
+"""Masked-LM training of ModernBERT with the Hugging Face Trainer, profiled by hf_distprof.
+
+Launch it through ``local_scripts/train_lambda.sh`` (accelerate) or ``torchrun``; it also runs as a plain
+single process. With no model or data flags it runs offline: a tiny ModernBERT built from its config, a
+WordPiece tokenizer trained in seconds on the docstrings of this Python's standard library (text that is
+on every machine with Python), and a ``datasets.Dataset`` of that text. ``--model-name-or-path`` and
+``--dataset-name`` / ``--train-file`` switch to a real model and data.
+
+    NPROC=2 ./local_scripts/train_lambda.sh --enable-profiling --enable-memory-logging --max-steps 50
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import logging
+import os
+import socket
+import sys
+import sysconfig
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from datasets import Dataset, load_dataset
+from transformers import (
+    AutoModelForMaskedLM,
+    AutoTokenizer,
+    DataCollatorForLanguageModeling,
+    HfArgumentParser,
+    ModernBertConfig,
+    ModernBertForMaskedLM,
+    PreTrainedTokenizerFast,
+    Trainer,
+    TrainingArguments,
+    set_seed,
+)
+
+from hf_distprof import ProfilingArguments, build_callbacks
+
+logger = logging.getLogger("train_modernBERT")
+
+# Test-only: "<rank>:<seconds>" makes that rank sleep in its data collator every batch (a slow rank).
+SLOW_RANK_ENV = "HF_DISTPROF_SIMULATE_SLOW_RANK"
+SPECIAL_TOKENS = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
+                  "mask_token": "[MASK]"}
+
+
+@dataclass
+class ModelDataArguments:
+    """What to train on. Leave everything unset for the offline tiny-model demo."""
+
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "A pretrained model (hub id or folder); default: tiny ModernBERT from config."}
+    )
+    dataset_name: str | None = field(default=None, metadata={"help": "A datasets hub name or local dataset script."})
+    dataset_config_name: str | None = field(default=None, metadata={"help": "Config of --dataset-name."})
+    train_file: str | None = field(default=None, metadata={"help": "A local .txt, .json/.jsonl or .csv file."})
+    text_column: str = field(default="text", metadata={"help": "Column holding the text."})
+    max_seq_length: int = field(default=128, metadata={"help": "Tokens per training sequence."})
+    mlm_probability: float = field(default=0.3, metadata={"help": "Fraction of tokens masked (ModernBERT: 0.3)."})
+    tiny_hidden_size: int = field(default=128, metadata={"help": "Hidden size of the tiny default model."})
+    tiny_num_layers: int = field(default=4, metadata={"help": "Encoder layers of the tiny default model."})
+    tiny_vocab_size: int = field(default=8192, metadata={"help": "Vocabulary of the locally trained tokenizer."})
+
+
+def stdlib_docstrings(min_chars: int = 40) -> list[str]:
+    """Docstrings of the standard library's top-level modules, parsed (never imported) with ``ast``."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    texts: list[str] = []
+    for path in sorted(root.glob("*.py")):
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, OSError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node)
+                if doc and len(doc) >= min_chars:
+                    texts.append(doc)
+    if sum(map(len, texts)) < 100_000:
+        raise RuntimeError(
+            f"too little text in the Python standard library at {root} to train the demo tokenizer; "
+            "pass --train-file with your own text"
+        )
+    return texts
+
+
+def train_tiny_tokenizer(texts: list[str], vocab_size: int, save_dir: Path) -> PreTrainedTokenizerFast:
+    """Train a BERT-style WordPiece tokenizer on ``texts`` and save it to ``save_dir``."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials))
+    cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)]
+    )
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, **SPECIAL_TOKENS)
+    tokenizer.save_pretrained(str(save_dir))
+    return tokenizer
+
+
+def load_text(data: ModelDataArguments) -> Dataset:
+    """The training text as a one-column ``datasets.Dataset``."""
+    if data.dataset_name:
+        ds = load_dataset(data.dataset_name, data.dataset_config_name, split="train")
+    elif data.train_file:
+        ext = Path(data.train_file).suffix.lstrip(".")
+        builder = {"txt": "text", "jsonl": "json"}.get(ext, ext)
+        ds = load_dataset(builder, data_files={"train": data.train_file}, split="train")
+    else:
+        return Dataset.from_dict({"text": stdlib_docstrings()})
+    if data.text_column not in ds.column_names:
+        raise ValueError(f"--text-column {data.text_column!r} is not in the data; columns: {ds.column_names}")
+    return ds.select_columns([data.text_column]).rename_column(data.text_column, "text")
+
+
+def tokenize_into_blocks(ds: Dataset, tokenizer: Any, block: int) -> Dataset:
+    """Tokenize, concatenate and cut into ``block``-token sequences (no padding, as run_mlm does)."""
+
+    def tokenize(batch: dict[str, list[str]]) -> dict[str, Any]:
+        return tokenizer(batch["text"], return_special_tokens_mask=True)
+
+    def group(batch: dict[str, list[list[int]]]) -> dict[str, list[list[int]]]:
+        joined = {k: list(itertools.chain.from_iterable(v)) for k, v in batch.items()}
+        total = (len(joined["input_ids"]) // block) * block
+        return {k: [v[i : i + block] for i in range(0, total, block)] for k, v in joined.items()}
+
+    tokens = ds.map(tokenize, batched=True, remove_columns=ds.column_names, desc="tokenize")
+    return tokens.map(group, batched=True, desc=f"group into {block}-token blocks")
+
+
+class SlowRankCollator:
+    """Wraps a collator so that one rank sleeps per batch: a deliberately slow rank for tests and demos."""
+
+    def __init__(self, inner: Any, seconds: float) -> None:
+        self.inner, self.seconds = inner, seconds
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+        time.sleep(self.seconds)
+        return self.inner(features)
+
+
+def main() -> None:
+    parser = HfArgumentParser((ModelDataArguments, ProfilingArguments, TrainingArguments))
+    # Demo defaults; every one of them can be overridden on the command line.
+    parser.set_defaults(
+        output_dir="./outputs/modernbert", max_steps=50, per_device_train_batch_size=8, learning_rate=5e-4,
+        logging_steps=5, report_to=["tensorboard"], save_strategy="no", ddp_find_unused_parameters=False,
+        dataloader_num_workers=0, seed=42,
+        # Without use_cpu on a machine with no GPU, TrainingArguments sees DistributedType.NO under
+        # `accelerate launch --multi_gpu` and every rank trains alone (no DDP, no gradient all-reduce).
+        use_cpu=not torch.cuda.is_available(),
+    )
+    data_args, prof_args, training_args = parser.parse_args_into_dataclasses()
+    # Touching .device sets up the process group; before that process_index and world_size read 0 and 1.
+    _ = training_args.device
+    rank = training_args.process_index
+    logging.basicConfig(
+        format=f"%(asctime)s [RANK {rank}] %(name)s: %(message)s",
+        level=logging.INFO if training_args.should_log else logging.WARNING,
+    )
+    set_seed(training_args.seed)
+    output_dir = Path(training_args.output_dir)
+    # Fix the Trainer's TensorBoard folder up front so our memory scalars land in the same run as the loss.
+    tb_dir = os.environ.setdefault(
+        "TENSORBOARD_LOGGING_DIR", str(output_dir / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}_{socket.gethostname()}")
+    )
+
+    with training_args.main_process_first(desc="tokenizer and dataset"):
+        text = load_text(data_args)
+        if data_args.model_name_or_path:
+            tokenizer = AutoTokenizer.from_pretrained(data_args.model_name_or_path)
+        else:
+            tok_dir = output_dir / "tiny_tokenizer"
+            if (tok_dir / "tokenizer.json").exists():
+                tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tok_dir))
+            else:
+                tokenizer = train_tiny_tokenizer(list(text["text"]), data_args.tiny_vocab_size, tok_dir)
+        train_ds = tokenize_into_blocks(text, tokenizer, data_args.max_seq_length)
+
+    if data_args.model_name_or_path:
+        model = AutoModelForMaskedLM.from_pretrained(data_args.model_name_or_path)
+    else:
+        config = ModernBertConfig(
+            vocab_size=len(tokenizer), hidden_size=data_args.tiny_hidden_size,
+            num_hidden_layers=data_args.tiny_num_layers, num_attention_heads=4,
+            intermediate_size=2 * data_args.tiny_hidden_size, max_position_embeddings=data_args.max_seq_length,
+            pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.cls_token_id,
+            eos_token_id=tokenizer.sep_token_id, cls_token_id=tokenizer.cls_token_id,
+            sep_token_id=tokenizer.sep_token_id,
+        )
+        model = ModernBertForMaskedLM(config)
+    logger.info(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters")
+
+    collator: Any = DataCollatorForLanguageModeling(tokenizer, mlm_probability=data_args.mlm_probability)
+    slow = os.environ.get(SLOW_RANK_ENV)
+    if slow and int(slow.split(":")[0]) == rank:
+        collator = SlowRankCollator(collator, float(slow.split(":")[1]))
+
+    callbacks = build_callbacks(prof_args)
+    trainer = Trainer(
+        model=model, args=training_args, train_dataset=train_ds, data_collator=collator,
+        processing_class=tokenizer, callbacks=callbacks,
+    )
+    trainer.train()
+
+    if training_args.process_index == 0:
+        run_dirs = {str(cb.run_dir) for cb in callbacks if getattr(cb, "run_dir", None) is not None}
+        print_where_to_look(prof_args, sorted(run_dirs), tb_dir)
+
+
+def print_where_to_look(prof_args: ProfilingArguments, run_dirs: list[str], tb_dir: str) -> None:
+    """Tell the user where the run's outputs are and the exact commands that open them."""
+    lines = ["", "=" * 78, "hf_distprof: training finished"]
+    for run_dir in run_dirs:
+        traces = sorted(Path(run_dir).glob("*.pt.trace.json.gz"))
+        lines.append(f"  run folder: {run_dir}  ({len(traces)} trace(s))")
+        lines += [f"    {t.name}" for t in traces]
+    lines.append(f"  TensorBoard scalars (loss, memory/...): {tb_dir}")
+    lines.append("")
+    lines.append("View them:")
+    lines.append(f"  tensorboard --logdir {Path(tb_dir).parent}          # scalars")
+    if prof_args.enable_profiling and run_dirs:
+        lines.append(f"  open https://ui.perfetto.dev and drag in a trace from {run_dirs[0]}")
+        lines.append(f"  pip install torch-tb-profiler && tensorboard --logdir {Path(run_dirs[0]).parent}")
+        lines.append(f"  hf-distprof analyze {run_dirs[0]}               # where the step time goes")
+    lines.append("=" * 78)
+    print("\n".join(lines), flush=True)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    finally:
+        # Without this a multi-rank run occasionally dies with SIGABRT at exit.
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    sys.exit(0)
