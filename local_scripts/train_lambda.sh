@@ -11,6 +11,7 @@
 #   MASTER_PORT  rendezvous port (default 29500)
 #   MIXED_PRECISION  no | fp16 | bf16 (default no)
 #   TRAIN_SCRIPT training entry point (default python_scripts/train_modernBERT.py)
+#   SKIP_PREFLIGHT=1  skip the flag check that runs once before launching
 set -euo pipefail
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -55,6 +56,13 @@ if [[ "$TOTAL" -gt 1 ]]; then
 fi
 if [[ "${GPUS:-0}" -eq 0 ]]; then
   echo "train_lambda.sh: no GPU found; running $NPROC CPU process(es) per node on gloo" >&2
+fi
+
+# Pre-flight: a bad flag fails here, once, with exit status 2 and the flag's name, instead of in every
+# rank behind the launcher's traceback. Only our own script knows HF_DISTPROF_PARSE_ONLY; SKIP_PREFLIGHT=1
+# skips the check (it costs one interpreter start and the transformers import, a few seconds).
+if [[ "${SKIP_PREFLIGHT:-0}" != "1" && "$TRAIN_SCRIPT" -ef "$REPO_ROOT/python_scripts/train_modernBERT.py" ]]; then
+  HF_DISTPROF_PARSE_ONLY=1 python "$TRAIN_SCRIPT" "$@"
 fi
 
 exec accelerate launch "${LAUNCH_ARGS[@]}" "$TRAIN_SCRIPT" "$@"

@@ -46,6 +46,8 @@ logger = logging.getLogger("train_modernBERT")
 
 # Test-only: "<rank>:<seconds>" makes that rank sleep in its data collator every batch (a slow rank).
 SLOW_RANK_ENV = "HF_DISTPROF_SIMULATE_SLOW_RANK"
+# Set by train_lambda.sh for its pre-flight check: parse the flags, then exit before any work.
+PARSE_ONLY_ENV = "HF_DISTPROF_PARSE_ONLY"
 SPECIAL_TOKENS = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
                   "mask_token": "[MASK]"}
 
@@ -150,7 +152,8 @@ class SlowRankCollator:
         return self.inner(features)
 
 
-def main() -> None:
+def build_parser() -> HfArgumentParser:
+    """The script's flags: model/data, hf_distprof profiling, and the Trainer's own."""
     parser = HfArgumentParser((ModelDataArguments, ProfilingArguments, TrainingArguments))
     # Demo defaults; every one of them can be overridden on the command line.
     parser.set_defaults(
@@ -161,7 +164,23 @@ def main() -> None:
         # `accelerate launch --multi_gpu` and every rank trains alone (no DDP, no gradient all-reduce).
         use_cpu=not torch.cuda.is_available(),
     )
-    data_args, prof_args, training_args = parser.parse_args_into_dataclasses()
+    return parser
+
+
+def parse_args(parser: HfArgumentParser) -> tuple[ModelDataArguments, ProfilingArguments, TrainingArguments]:
+    """Parse the command line; any invalid value exits with status 2 and the flag's name, no traceback."""
+    try:
+        return parser.parse_args_into_dataclasses()  # type: ignore[return-value]
+    except ValueError as err:
+        # Cross-field checks in the dataclasses' __post_init__ raise ValueError: report them like argparse.
+        parser.error(str(err))
+
+
+def main() -> None:
+    parser = build_parser()
+    data_args, prof_args, training_args = parse_args(parser)
+    if os.environ.get(PARSE_ONLY_ENV) == "1":
+        return  # the launcher's pre-flight check: the flags are valid
     # Touching .device sets up the process group; before that process_index and world_size read 0 and 1.
     _ = training_args.device
     rank = training_args.process_index

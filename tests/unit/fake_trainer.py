@@ -1,0 +1,52 @@
+"""Drive callbacks through the Trainer's hook sequence with a tiny real model, without a Trainer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+
+def training_args(tmp_path: Path) -> TrainingArguments:
+    return TrainingArguments(output_dir=str(tmp_path / "trainer_out"), use_cpu=True, report_to=[])
+
+
+def run(
+    callbacks: Sequence[TrainerCallback],
+    max_steps: int,
+    tmp_path: Path,
+    stop_after: int | None = None,
+    end: bool = True,
+) -> TrainerState:
+    """Call the hooks for ``max_steps`` optimizer steps of a small model (real ops for the profiler).
+
+    Args:
+        stop_after: Stop calling hooks after this step, as if training died there.
+        end: Whether to call ``on_train_end``.
+    """
+    args = training_args(tmp_path)
+    state = TrainerState()
+    state.max_steps = max_steps
+    control = TrainerControl()
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for cb in callbacks:
+        cb.on_train_begin(args, state, control, model=model)
+    for step in range(1, max_steps + 1):
+        for cb in callbacks:
+            cb.on_step_begin(args, state, control, model=model)
+        loss = model(torch.randn(16, 32)).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        state.global_step = step
+        for cb in callbacks:
+            cb.on_step_end(args, state, control, model=model)
+        if stop_after is not None and step >= stop_after:
+            return state
+    if end:
+        for cb in callbacks:
+            cb.on_train_end(args, state, control, model=model)
+    return state

@@ -1,0 +1,184 @@
+"""ProfilerCallback on CPU, in-process: window names, step events, cut-short windows, failures."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from hf_distprof import ProfilerCallback, ProfilingArguments, dist
+from hf_distprof.callbacks.profiler import schedule_warning
+
+from ..conftest import REPO_ROOT
+from . import fake_trainer
+
+HOST = dist.get_hostname()
+
+
+def prof_args(tmp_path: Path, **kw) -> ProfilingArguments:
+    return ProfilingArguments(enable_profiling=True, profiler_output_dir=str(tmp_path / "traces"),
+                              profiler_record_shapes=False, **kw)
+
+
+def profiler_steps(trace: Path) -> list[str]:
+    with gzip.open(trace, "rt") as fh:
+        events = json.load(fh)["traceEvents"]
+    return sorted(e["name"] for e in events if e.get("name", "").startswith("ProfilerStep#"))
+
+
+def files(run_dir: Path) -> list[str]:
+    return sorted(p.name for p in run_dir.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("schedule", "max_steps", "windows"),
+    [
+        (dict(profiler_wait_steps=1, profiler_warmup_steps=1, profiler_active_steps=2), 6, [(3, 4)]),
+        (dict(profiler_skip_first=2, profiler_wait_steps=0, profiler_warmup_steps=1, profiler_active_steps=1), 6,
+         [(4, 4)]),
+        (dict(profiler_wait_steps=1, profiler_warmup_steps=0, profiler_active_steps=1, profiler_repeat=2), 10,
+         [(2, 2), (4, 4)]),
+        # repeat 0 = until the end; the third window (8-9) is cut short by the end of training at step 8.
+        (dict(profiler_wait_steps=1, profiler_warmup_steps=0, profiler_active_steps=2, profiler_repeat=0), 8,
+         [(2, 3), (5, 6), (8, 8)]),
+    ],
+    ids=["one-window", "skip-first", "repeat-2", "repeat-until-end"],
+)
+def test_each_window_writes_one_trace_and_summary_named_by_its_steps(tmp_path, schedule, max_steps, windows):
+    cb = ProfilerCallback(prof_args(tmp_path, **schedule))
+    fake_trainer.run([cb], max_steps, tmp_path)
+    expected = []
+    for first, last in windows:
+        expected += [f"rank0_{HOST}_step{first}-{last}.pt.trace.json.gz", f"rank0_{HOST}_step{first}-{last}_summary.txt"]
+    assert cb.run_dir is not None
+    assert files(cb.run_dir) == sorted(expected)
+    for first, last in windows:
+        trace = cb.run_dir / f"rank0_{HOST}_step{first}-{last}.pt.trace.json.gz"
+        # ProfilerStep numbers are the Trainer's global steps; each recorded step appears exactly once.
+        assert profiler_steps(trace) == sorted(f"ProfilerStep#{s}" for s in range(first, last + 1))
+    summary = (cb.run_dir / f"rank0_{HOST}_step{windows[0][0]}-{windows[0][1]}_summary.txt").read_text()
+    assert "Top 25 operators by self CPU time" in summary
+    assert "aten::addmm" in summary
+
+
+def test_run_folders_never_collide(tmp_path):
+    a, b = ProfilerCallback(prof_args(tmp_path, profiler_wait_steps=0, profiler_warmup_steps=0,
+                                      profiler_active_steps=1, profiler_run_name="exp")), None
+    fake_trainer.run([a], 2, tmp_path)
+    b = ProfilerCallback(prof_args(tmp_path, profiler_wait_steps=0, profiler_warmup_steps=0,
+                                   profiler_active_steps=1, profiler_run_name="exp"))
+    fake_trainer.run([b], 2, tmp_path)
+    assert a.run_dir is not None and b.run_dir is not None
+    assert (a.run_dir.name, b.run_dir.name) == ("exp", "exp-1")
+    assert files(a.run_dir) == files(b.run_dir) == [f"rank0_{HOST}_step1-1.pt.trace.json.gz",
+                                                    f"rank0_{HOST}_step1-1_summary.txt"]
+
+
+def test_close_mid_window_flushes_the_recorded_steps(tmp_path):
+    cb = ProfilerCallback(prof_args(tmp_path, profiler_wait_steps=1, profiler_warmup_steps=1, profiler_active_steps=3))
+    fake_trainer.run([cb], 10, tmp_path, stop_after=4)  # steps 3-5 are active; training "dies" after step 4
+    cb.close()  # what the atexit hook and the SIGTERM handler call
+    assert cb.run_dir is not None
+    trace = cb.run_dir / f"rank0_{HOST}_step3-4.pt.trace.json.gz"
+    assert files(cb.run_dir) == [trace.name, f"rank0_{HOST}_step3-4_summary.txt"]
+    # Step 5 had begun when training died: its partial record is kept too.
+    assert profiler_steps(trace) == ["ProfilerStep#3", "ProfilerStep#4", "ProfilerStep#5"]
+    cb.close()  # idempotent
+
+
+def test_closing_before_the_window_writes_nothing(tmp_path):
+    cb = ProfilerCallback(prof_args(tmp_path, profiler_wait_steps=5))
+    fake_trainer.run([cb], 3, tmp_path)
+    assert cb.run_dir is not None and files(cb.run_dir) == []
+
+
+def test_ranks_outside_profile_ranks_build_no_profiler(tmp_path):
+    cb = ProfilerCallback(prof_args(tmp_path, profile_ranks="1,2", profiler_wait_steps=0, profiler_warmup_steps=0))
+    fake_trainer.run([cb], 4, tmp_path, end=False)
+    assert cb.prof is None
+    assert cb.run_dir is not None and files(cb.run_dir) == []
+
+
+def test_a_failed_export_is_one_warning_and_training_goes_on(tmp_path, caplog):
+    cb = ProfilerCallback(prof_args(tmp_path, profiler_wait_steps=1, profiler_warmup_steps=0,
+                                    profiler_active_steps=1, profiler_repeat=2))
+    args = fake_trainer.training_args(tmp_path)
+    state = fake_trainer.TrainerState()
+    state.max_steps = 5
+    cb.on_train_begin(args, state, fake_trainer.TrainerControl())
+    assert cb.run_dir is not None
+    shutil.rmtree(cb.run_dir)  # the folder vanishes (unmounted, cleaned up): nowhere to write
+    cb.run_dir.write_text("not a folder")
+    with caplog.at_level(logging.WARNING):
+        for step in range(1, 6):
+            state.global_step = step
+            cb.on_step_end(args, state, fake_trainer.TrainerControl())
+    warnings = [r.getMessage() for r in caplog.records if "could not write profiler trace" in r.getMessage()]
+    # Two windows (steps 2 and 4), two failed exports, one warning each, no exception.
+    assert len(warnings) == 2
+    assert "training goes on" in warnings[0] and f"rank0_{HOST}_step2-2" in warnings[0]
+    assert cb._failed_exports == 2 and cb.written == []
+
+
+def test_schedule_warning_texts():
+    args = ProfilingArguments()  # first active step = 0 + 5 + 2 + 1 = 8
+    assert schedule_warning(args, 10) is None
+    nothing = schedule_warning(args, 7)
+    assert nothing is not None and "record nothing" in nothing and "first active step is step 8" in nothing
+    cut = schedule_warning(args, 9)
+    assert cut is not None and "steps 8-10" in cut and "steps 8-9 only" in cut
+
+
+def test_schedule_that_never_reaches_active_warns_once_and_keeps_the_schedule(tmp_path, caplog):
+    cb = ProfilerCallback(prof_args(tmp_path))
+    with caplog.at_level(logging.WARNING):
+        fake_trainer.run([cb], 3, tmp_path)
+    hits = [r for r in caplog.records if "record nothing" in r.getMessage()]
+    assert len(hits) == 1
+    assert cb.args.profiler_wait_steps == 5 and cb.args.profiler_warmup_steps == 2
+
+
+CRASH_SCRIPT = textwrap.dedent(
+    """
+    import os, signal, sys
+    from pathlib import Path
+    sys.path.insert(0, {tests!r})
+    from unit import fake_trainer
+    from hf_distprof import ProfilerCallback, ProfilingArguments
+
+    out = Path(sys.argv[1])
+    cb = ProfilerCallback(ProfilingArguments(enable_profiling=True, profiler_output_dir=str(out),
+                          profiler_run_name="run", profiler_wait_steps=1, profiler_warmup_steps=1,
+                          profiler_active_steps=5, profiler_record_shapes=False))
+    fake_trainer.run([cb], 20, out, stop_after=4)
+    if sys.argv[2] == "sigterm":
+        os.kill(os.getpid(), signal.SIGTERM)
+    raise RuntimeError("boom in step 5")
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["sigterm", "exception"])
+def test_sigterm_or_exception_mid_window_flushes_the_trace(tmp_path, how):
+    script = tmp_path / "crash.py"
+    script.write_text(CRASH_SCRIPT.format(tests=str(REPO_ROOT / "tests")))
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "out"), how], capture_output=True,
+                          text=True, env=env, timeout=120)
+    if how == "sigterm":
+        assert proc.returncode == -signal.SIGTERM, proc.stderr
+    else:
+        assert proc.returncode == 1 and "boom in step 5" in proc.stderr
+    run_dir = tmp_path / "out" / "run"
+    assert files(run_dir) == [f"rank0_{HOST}_step3-4.pt.trace.json.gz", f"rank0_{HOST}_step3-4_summary.txt"]
+    assert profiler_steps(run_dir / f"rank0_{HOST}_step3-4.pt.trace.json.gz")[:2] == ["ProfilerStep#3",
+                                                                                      "ProfilerStep#4"]
