@@ -1,1 +1,44 @@
-"""Trace analysis: trace I/O -> parsed events -> pure analyzers -> report. Never imports transformers."""
+"""Trace analysis: trace I/O -> parsed events -> pure analyzers -> report. Never imports transformers.
+
+Public API::
+
+    from hf_distprof.analysis import AnalysisOptions, analyze_paths, format_findings
+
+    result = analyze_paths(["runs/20260101-120000"], AnalysisOptions(comm_bound_pct=25))
+    print(format_findings(result))
+    result.exposed_comm_pct, result.imbalance_pct   # headline numbers
+    result.to_dict()                                  # JSON-ready
+"""
+
+from __future__ import annotations
+
+from hf_distprof.analysis.api import analyze_paths
+from hf_distprof.analysis.model import (
+    AnalysisOptions,
+    AnalysisResult,
+    CpuBreakdown,
+    CrossRankResult,
+    FileError,
+    Finding,
+    GpuBreakdown,
+    RankResult,
+    StepResult,
+)
+from hf_distprof.analysis.text import format_findings, format_summary
+from hf_distprof.analysis.trace_io import TraceReadError
+
+__all__ = [
+    "AnalysisOptions",
+    "AnalysisResult",
+    "CpuBreakdown",
+    "CrossRankResult",
+    "FileError",
+    "Finding",
+    "GpuBreakdown",
+    "RankResult",
+    "StepResult",
+    "TraceReadError",
+    "analyze_paths",
+    "format_findings",
+    "format_summary",
+]

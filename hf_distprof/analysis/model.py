@@ -18,12 +18,13 @@ class AnalysisOptions:
     """Exposed communication above this % of step time is a communication-bound finding."""
     imbalance_pct: float = 10.0
     """Load imbalance (max busy time / mean busy time - 1) above this % is a finding."""
-    straggler_pct: float = 5.0
+    straggler_pct: float = 10.0
     """A rank arriving at collectives later than its peers by more than this % of step time is a straggler."""
     straggler_min_us: float = 1000.0
     """... and by more than this many microseconds (absolute floor against scheduler noise)."""
     step_outlier_pct: float = 10.0
-    """A rank whose mean step time exceeds the median rank's by more than this % is a step-time outlier."""
+    """A rank whose mean step time exceeds the median rank's by more than this % (and by more than 3 scaled
+    median absolute deviations of the ranks' step times) is a step-time outlier."""
     low_util_pct: float = 80.0
     """GPU busy below this % of the step's GPU span is a low-utilisation finding (GPU traces only)."""
     data_loading_pct: float = 10.0
@@ -180,10 +181,14 @@ class RankResult:
 
     @property
     def busy_us(self) -> float:
-        """Mean per-step work that is not waiting on communication (compute kernels on GPU)."""
+        """Mean per-step work: compute kernels on GPU; compute plus data loading on the CPU main thread.
+
+        Untraced gaps ("other") are left out: on a loaded host they are mostly the thread being
+        descheduled, and counting them made clean runs look imbalanced.
+        """
         if self.device == "gpu":
             return _mean([s.gpu.compute_us for s in self.steps if s.gpu is not None])
-        return _mean([s.duration_us - s.cpu.communication_us for s in self.steps])
+        return _mean([s.cpu.compute_us + s.cpu.data_loading_us for s in self.steps])
 
     @property
     def comm_wait_us(self) -> float:

@@ -186,9 +186,12 @@ class _ChunkedTrace:
         if not self.in_array:
             return self._metadata_only(), []
         buf = self.pending
+        # A whole document ends with the "}" of its top-level object; anything else was cut short.
+        if not (bytes(buf[-64:]) + bytes(self.after_array[-64:])).rstrip().endswith(b"}"):
+            raise TraceReadError(self.path, "truncated JSON: the file ends in the middle of the traceEvents array")
         close = _closing_bracket(buf)
         if close < 0:
-            raise TraceReadError(self.path, "truncated JSON: the traceEvents array is never closed")
+            raise TraceReadError(self.path, "invalid JSON in traceEvents (no valid end of the array found)")
         events = _parse_run(self.path, bytes(buf[:close])) if buf[:close].strip() else []
         tail = bytes(buf[close + 1 :]) + bytes(self.after_array)
         meta = self._metadata(tail)

@@ -1,0 +1,148 @@
+"""Front end of the analysis: files -> parallel per-rank parse and analysis -> cross-rank view -> findings."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+
+from hf_distprof.analysis.cross_rank import cross_rank
+from hf_distprof.analysis.diagnosis import diagnose
+from hf_distprof.analysis.events import parse_trace
+from hf_distprof.analysis.model import AnalysisOptions, AnalysisResult, FileError, KernelStat, RankResult
+from hf_distprof.analysis.rank import analyze_rank
+from hf_distprof.analysis.trace_io import TraceReadError, discover_trace_files
+
+PROGRESS_MIN_FILES = 8
+
+
+def analyze_file(path: str, options: AnalysisOptions) -> RankResult | FileError:
+    """Parse and analyse one trace file; a bad file becomes a :class:`FileError` naming it.
+
+    Runs in a worker process, so it returns the small result rather than the parsed events.
+    """
+    try:
+        return analyze_rank(parse_trace(path), options)
+    except TraceReadError as exc:
+        return FileError(path=exc.path, reason=exc.reason)
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        # A JSON document shaped like a trace but with malformed events (an "X" event without "ts" ...).
+        return FileError(path=str(path), reason=f"malformed trace event ({type(exc).__name__}: {exc})")
+
+
+def _run_all(files: list[str], options: AnalysisOptions) -> list[RankResult | FileError]:
+    workers = options.workers or min(len(files), os.cpu_count() or 1)
+    show = options.progress
+    if show is None:
+        show = len(files) >= PROGRESS_MIN_FILES and sys.stderr.isatty()
+    bar = None
+    if show:
+        from tqdm import tqdm  # imported only when a bar is shown
+
+        bar = tqdm(total=len(files), desc="analysing traces", unit="file", file=sys.stderr)
+    results: list[RankResult | FileError] = []
+    try:
+        if workers <= 1 or len(files) == 1:
+            for path in files:
+                results.append(analyze_file(path, options))
+                if bar is not None:
+                    bar.update(1)
+        else:
+            # spawn, not fork: the caller may be a training process with live threads (fork is unsafe),
+            # and the workers only import this light package.
+            ctx = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+                futures = [pool.submit(analyze_file, path, options) for path in files]
+                for future in as_completed(futures):
+                    results.append(future.result())
+                    if bar is not None:
+                        bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    return results
+
+
+def analyze_paths(
+    paths: Iterable[str | os.PathLike[str]] | str | os.PathLike[str], options: AnalysisOptions | None = None
+) -> AnalysisResult:
+    """Analyse the traces of a distributed run, one file per rank (any number of ranks).
+
+    Args:
+        paths: Folders (searched recursively for ``*.json`` / ``*.json.gz``) and/or trace files.
+        options: Thresholds and parallelism; defaults when None.
+
+    Returns:
+        The result; ``result.errors`` lists files that could not be analysed (the others still are).
+
+    Raises:
+        FileNotFoundError: A path does not exist, or a folder holds no trace.
+    """
+    options = options or AnalysisOptions()
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    files = [str(p) for p in discover_trace_files(paths)]
+    outcomes = _run_all(files, options)
+    errors = [o for o in outcomes if isinstance(o, FileError)]
+    ranks = _one_result_per_rank([o for o in outcomes if isinstance(o, RankResult)], errors)
+    cross = cross_rank(ranks, options) if len(ranks) > 1 else None
+    findings = diagnose(ranks, cross, options)
+    errors.sort(key=lambda e: e.path)
+    return AnalysisResult(ranks=ranks, cross_rank=cross, findings=findings, errors=errors, options=options)
+
+
+def _one_result_per_rank(results: list[RankResult], errors: list[FileError]) -> list[RankResult]:
+    """Combine several profiling windows of the same rank; reject files that repeat a rank's steps."""
+    by_rank: dict[int, RankResult] = {}
+    for res in sorted(results, key=lambda r: (r.rank, r.steps[0].start_us, r.path)):
+        prev = by_rank.get(res.rank)
+        if prev is None:
+            by_rank[res.rank] = res
+            continue
+        clash = {s.step for s in prev.steps} & {s.step for s in res.steps}
+        if clash:
+            errors.append(
+                FileError(
+                    res.path,
+                    f"rank {res.rank} with step(s) {sorted(clash)} was already read from {prev.path}; "
+                    "pass the traces of one run only",
+                )
+            )
+            continue
+        by_rank[res.rank] = _combine(prev, res)
+    return [by_rank[k] for k in sorted(by_rank)]
+
+
+def _combine(a: RankResult, b: RankResult) -> RankResult:
+    """One rank's two profiling windows as one result (HTA's aggregate is per window, so it is dropped)."""
+    kernels: dict[str, KernelStat] = {}
+    for k in a.top_kernels + b.top_kernels:
+        prev = kernels.get(k.name)
+        if prev is None:
+            kernels[k.name] = KernelStat(k.name, k.category, k.kind, k.count, k.total_us, k.min_us, k.max_us)
+        else:
+            prev.count += k.count
+            prev.total_us += k.total_us
+            prev.min_us = min(prev.min_us, k.min_us)
+            prev.max_us = max(prev.max_us, k.max_us)
+    return RankResult(
+        rank=a.rank,
+        path=f"{a.path}, {b.path}",
+        device="gpu" if "gpu" in (a.device, b.device) else "cpu",
+        backend=a.backend or b.backend,
+        world_size=a.world_size or b.world_size,
+        host=a.host or b.host,
+        n_events=a.n_events + b.n_events,
+        steps=sorted(a.steps + b.steps, key=lambda s: s.start_us),
+        gpu_total=None,
+        kernel_categories_us=_add(a.kernel_categories_us, b.kernel_categories_us),
+        kernel_categories_count=_add(a.kernel_categories_count, b.kernel_categories_count),
+        top_kernels=sorted(kernels.values(), key=lambda k: (k.category, -k.total_us)),
+        collectives=a.collectives + b.collectives,
+    )
+
+
+def _add(a: dict, b: dict) -> dict:  # type: ignore[type-arg]
+    return {k: a.get(k, 0) + b.get(k, 0) for k in {**a, **b}}

@@ -1,0 +1,158 @@
+"""Cross-rank analyzer (pure): clock offsets, step spread, load imbalance and stragglers.
+
+Ranks on different hosts have different clocks, so timestamps are not compared raw. A collective ends at
+(nearly) the same moment on every rank, because nobody finishes before the last rank has contributed;
+the offset of each rank's clock to rank ``ranks[0]`` is the median, over matched collectives, of the
+difference of their end times. After that alignment, a rank that starts its collectives late is the one
+its peers wait for: the straggler. (In DDP the fast ranks are the ones that wait, inside the collective,
+so "the rank that waits the most" is the wrong answer.)
+"""
+
+from __future__ import annotations
+
+from statistics import median
+
+from hf_distprof.analysis.model import (
+    AnalysisOptions,
+    Collective,
+    CrossRankResult,
+    RankResult,
+    RankSkew,
+    StepSpread,
+    Straggler,
+)
+
+CollectiveKey = tuple[int, str, int]
+
+
+def match_collectives(ranks: list[RankResult]) -> dict[CollectiveKey, dict[int, Collective]]:
+    """Collectives present on every rank, keyed by (step, kind, k-th of that kind in the step)."""
+    per_rank = [{(c.step, c.kind, c.index): c for c in r.collectives} for r in ranks]
+    if not per_rank:
+        return {}
+    common = set(per_rank[0]).intersection(*per_rank[1:])
+    return {key: {r.rank: table[key] for r, table in zip(ranks, per_rank)} for key in sorted(common)}
+
+
+def clock_offsets(ranks: list[RankResult], matched: dict[CollectiveKey, dict[int, Collective]]) -> dict[int, float]:
+    """Offset (us) to subtract from each rank's timestamps to put it on the first rank's clock.
+
+    Args:
+        ranks: The ranks.
+        matched: Output of :func:`match_collectives`.
+
+    Returns:
+        rank -> offset; all zero when no collective is matched.
+    """
+    if not ranks:
+        return {}
+    ref = ranks[0].rank
+    offsets: dict[int, float] = {}
+    for r in ranks:
+        diffs = [m[r.rank].end_us - m[ref].end_us for m in matched.values()]
+        offsets[r.rank] = median(diffs) if diffs else 0.0
+    return offsets
+
+
+def cross_rank(ranks: list[RankResult], options: AnalysisOptions) -> CrossRankResult:
+    """Compare ranks: step spread, imbalance of busy time, collective lateness, stragglers.
+
+    Args:
+        ranks: Per-rank results, sorted by rank.
+        options: Straggler and outlier thresholds.
+
+    Returns:
+        The cross-rank view.
+    """
+    matched = match_collectives(ranks)
+    offsets = clock_offsets(ranks, matched)
+    lateness: dict[int, list[float]] = {r.rank: [] for r in ranks}
+    for per_rank in matched.values():
+        aligned = {rank: c.start_us - offsets[rank] for rank, c in per_rank.items()}
+        first = min(aligned.values())
+        for rank, start in aligned.items():
+            lateness[rank].append(start - first)
+    per_rank = [
+        RankSkew(
+            rank=r.rank,
+            mean_step_us=r.mean_step_us,
+            busy_us=r.busy_us,
+            comm_wait_us=r.comm_wait_us,
+            lateness_us=median(lateness[r.rank]) if lateness[r.rank] else None,
+            clock_offset_us=offsets.get(r.rank, 0.0),
+        )
+        for r in ranks
+    ]
+    busy = [p.busy_us for p in per_rank]
+    mean_busy = sum(busy) / len(busy) if busy else 0.0
+    imbalance = 100.0 * (max(busy) / mean_busy - 1.0) if mean_busy > 0 and len(busy) > 1 else 0.0
+    return CrossRankResult(
+        ranks=[r.rank for r in ranks],
+        per_rank=per_rank,
+        step_spread=_step_spread(ranks),
+        imbalance_pct=imbalance,
+        matched_collectives=len(matched),
+        stragglers=_stragglers(per_rank, len(matched), options) if len(ranks) > 1 else [],
+    )
+
+
+def _step_spread(ranks: list[RankResult]) -> list[StepSpread]:
+    durations: dict[int, list[float]] = {}
+    for r in ranks:
+        for s in r.steps:
+            durations.setdefault(s.step, []).append(s.duration_us)
+    out = []
+    for step in sorted(durations):
+        values = durations[step]
+        mid = median(values)
+        out.append(
+            StepSpread(step, min(values), max(values), 100.0 * (max(values) - min(values)) / mid if mid else 0.0)
+        )
+    return out
+
+
+def _stragglers(per_rank: list[RankSkew], n_matched: int, options: AnalysisOptions) -> list[Straggler]:
+    step_us = median(p.mean_step_us for p in per_rank)
+    threshold = max(options.straggler_min_us, options.straggler_pct / 100.0 * step_us)
+    out: list[Straggler] = []
+    waits = {p.rank: p.comm_wait_us for p in per_rank}
+    for p in sorted(per_rank, key=lambda p: -(p.lateness_us or 0.0)):
+        if p.lateness_us is None or p.lateness_us <= threshold:
+            continue
+        peers = [w for rank, w in waits.items() if rank != p.rank]
+        peer_wait = sum(peers) / len(peers) if peers else 0.0
+        out.append(
+            Straggler(
+                rank=p.rank,
+                reason="late_collectives",
+                evidence=(
+                    f"rank {p.rank} starts its collectives {p.lateness_us / 1e3:.2f} ms after the earliest "
+                    f"rank (median of {n_matched} matched collectives, {100 * p.lateness_us / step_us:.1f}% "
+                    f"of the {step_us / 1e3:.2f} ms step); it waits {p.comm_wait_us / 1e3:.2f} ms per step on "
+                    f"communication while its peers wait {peer_wait / 1e3:.2f} ms"
+                ),
+                lateness_us=p.lateness_us,
+                step_excess_pct=None,
+            )
+        )
+    late = {s.rank for s in out}
+    # Robust outlier test: a rank must stand out from the spread of all ranks (3 scaled MADs), not
+    # only exceed the median, or half the ranks of a noisy but healthy run would be "stragglers".
+    mad = 1.4826 * median(abs(p.mean_step_us - step_us) for p in per_rank)
+    for p in per_rank:
+        excess = 100.0 * (p.mean_step_us / step_us - 1.0) if step_us else 0.0
+        robust = p.mean_step_us - step_us > 3.0 * mad
+        if excess > options.step_outlier_pct and robust and p.rank not in late:
+            out.append(
+                Straggler(
+                    rank=p.rank,
+                    reason="slow_steps",
+                    evidence=(
+                        f"rank {p.rank}'s steps take {p.mean_step_us / 1e3:.2f} ms, {excess:.1f}% more than "
+                        f"the median rank's {step_us / 1e3:.2f} ms"
+                    ),
+                    lateness_us=p.lateness_us,
+                    step_excess_pct=excess,
+                )
+            )
+    return out

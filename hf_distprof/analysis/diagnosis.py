@@ -1,0 +1,213 @@
+"""Diagnosis (pure): measured numbers -> ranked findings, each with its evidence and a recommendation.
+
+Every check compares a number to a threshold from :class:`AnalysisOptions`; a finding's ``severity`` is a
+rough share of step time at stake, so that the list reads most-costly first.
+"""
+
+from __future__ import annotations
+
+from hf_distprof.analysis.model import AnalysisOptions, CrossRankResult, Finding, RankResult
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def diagnose(ranks: list[RankResult], cross: CrossRankResult | None, options: AnalysisOptions) -> list[Finding]:
+    """Ranked findings for the analysed ranks.
+
+    Args:
+        ranks: Per-rank results.
+        cross: The cross-rank view (None for a single rank).
+        options: The thresholds.
+
+    Returns:
+        Findings sorted by decreasing severity; empty for a healthy trace.
+    """
+    findings: list[Finding] = []
+    findings += _comm_bound(ranks, options)
+    if cross is not None:
+        findings += _stragglers(cross)
+        findings += _imbalance(cross, options)
+    findings += _low_utilisation(ranks, options)
+    findings += _launch_bound(ranks, options)
+    findings += _data_loading(ranks, options)
+    findings.sort(key=lambda f: -f.severity)
+    return findings
+
+
+def _comm_bound(ranks: list[RankResult], options: AnalysisOptions) -> list[Finding]:
+    hit = [r for r in ranks if r.exposed_comm_pct > options.comm_bound_pct]
+    if not hit:
+        return []
+    worst = max(hit, key=lambda r: r.exposed_comm_pct)
+    mean = _mean([r.exposed_comm_pct for r in ranks])
+    gpu = worst.device == "gpu"
+    overlap = [s.gpu.comm_comp_overlap_pct for s in worst.steps if s.gpu and s.gpu.comm_comp_overlap_pct is not None]
+    what = "communication kernels run with no computation" if gpu else "the training thread waits on collectives"
+    return [
+        Finding(
+            kind="communication_bound",
+            severity=mean,
+            title="Communication-bound",
+            ranks=[r.rank for r in hit],
+            evidence=(
+                f"{what} for {mean:.1f}% of step time on average (rank {worst.rank}: "
+                f"{worst.exposed_comm_pct:.1f}%; threshold {options.comm_bound_pct:g}%)"
+                + (f"; only {_mean(overlap):.1f}% of communication overlaps computation" if overlap else "")
+            ),
+            recommendation=(
+                "Overlap communication with compute: larger DDP buckets (bucket_cap_mb) or gradient "
+                "accumulation to all-reduce less often, FSDP prefetching, fewer/larger collectives; if one "
+                "rank is late (see straggler findings) the wait is its fault, not the network's."
+            ),
+            numbers={"exposed_comm_pct": mean, "worst_rank_exposed_comm_pct": worst.exposed_comm_pct},
+        )
+    ]
+
+
+def _stragglers(cross: CrossRankResult) -> list[Finding]:
+    out = []
+    step = _mean([p.mean_step_us for p in cross.per_rank])
+    for s in cross.stragglers:
+        if s.reason == "late_collectives" and s.lateness_us is not None:
+            severity = 100.0 * s.lateness_us / step if step else 0.0
+            rec = (
+                f"Look at what rank {s.rank} does before its first collective that its peers do not: "
+                "uneven data (sequence lengths, batch sizes), extra work on that rank (logging, eval, "
+                "checkpointing), a slower device or a busy host. Open the merged trace (hf-distprof merge) "
+                "and compare the forward/backward of that rank with a peer."
+            )
+        else:
+            severity = s.step_excess_pct or 0.0
+            rec = "Compare this rank's step with a peer's in the merged trace; check its host and device."
+        out.append(
+            Finding(
+                kind="straggler",
+                severity=severity,
+                title=f"Straggler: rank {s.rank}",
+                ranks=[s.rank],
+                evidence=s.evidence,
+                recommendation=rec,
+                numbers={
+                    k: v
+                    for k, v in (("lateness_us", s.lateness_us), ("step_excess_pct", s.step_excess_pct))
+                    if v is not None
+                },
+            )
+        )
+    return out
+
+
+def _imbalance(cross: CrossRankResult, options: AnalysisOptions) -> list[Finding]:
+    if cross.imbalance_pct <= options.imbalance_pct:
+        return []
+    busiest = max(cross.per_rank, key=lambda p: p.busy_us)
+    idlest = min(cross.per_rank, key=lambda p: p.busy_us)
+    mean = _mean([p.busy_us for p in cross.per_rank])
+    step = _mean([p.mean_step_us for p in cross.per_rank])
+    return [
+        Finding(
+            kind="imbalance",
+            severity=100.0 * (busiest.busy_us - mean) / step if step else 0.0,
+            title="Load imbalance across ranks",
+            ranks=[busiest.rank],
+            evidence=(
+                f"busy time (GPU: compute kernels; CPU: compute + data loading) differs by {cross.imbalance_pct:.1f}% "
+                f"(max/mean - 1; threshold {options.imbalance_pct:g}%): rank {busiest.rank} "
+                f"{busiest.busy_us / 1e3:.2f} ms vs rank {idlest.rank} {idlest.busy_us / 1e3:.2f} ms per step"
+            ),
+            recommendation=(
+                "Give every rank the same amount of work: pack or bucket sequences by length, drop uneven "
+                "last batches, shard evenly; the other ranks idle in collectives until the busiest finishes."
+            ),
+            numbers={"imbalance_pct": cross.imbalance_pct, "max_busy_us": busiest.busy_us, "mean_busy_us": mean},
+        )
+    ]
+
+
+def _low_utilisation(ranks: list[RankResult], options: AnalysisOptions) -> list[Finding]:
+    util = {r.rank: 100.0 - _mean([s.gpu.idle_pct for s in r.steps if s.gpu]) for r in ranks if r.device == "gpu"}
+    low = {rank: u for rank, u in util.items() if u < options.low_util_pct}
+    if not low:
+        return []
+    mean = _mean(list(low.values()))
+    return [
+        Finding(
+            kind="low_utilisation",
+            severity=100.0 - mean,
+            title="Low GPU utilisation",
+            ranks=sorted(low),
+            evidence=(
+                f"the GPU is busy for {mean:.1f}% of its step span on {len(low)} of {len(util)} ranks "
+                f"(lowest: rank {min(low, key=low.__getitem__)} at {min(low.values()):.1f}%; threshold "
+                f"{options.low_util_pct:g}%)"
+            ),
+            recommendation=(
+                "The GPU waits for the host: look for CPU work, synchronisations (.item(), .cpu(), printing "
+                "tensors) and data loading between kernels; increase the batch size or use CUDA graphs."
+            ),
+            numbers={"gpu_busy_pct": mean},
+        )
+    ]
+
+
+def _launch_bound(ranks: list[RankResult], options: AnalysisOptions) -> list[Finding]:
+    hit = []
+    for r in ranks:
+        gpu = [s.gpu for s in r.steps if s.gpu]
+        n = sum(g.n_kernels for g in gpu)
+        if not n:
+            continue
+        tiny = 100.0 * sum(g.n_tiny_kernels for g in gpu) / n
+        idle = _mean([g.idle_pct for g in gpu])
+        if tiny >= options.launch_bound_tiny_pct and idle >= 100.0 - options.low_util_pct:
+            hit.append((r.rank, tiny, idle, n / len(gpu)))
+    if not hit:
+        return []
+    tiny = _mean([h[1] for h in hit])
+    idle = _mean([h[2] for h in hit])
+    per_step = _mean([h[3] for h in hit])
+    return [
+        Finding(
+            kind="launch_bound",
+            severity=idle / 2,
+            title="Launch-bound: many tiny kernels",
+            ranks=[h[0] for h in hit],
+            evidence=(
+                f"{tiny:.0f}% of the {per_step:.0f} kernels per step run under {options.tiny_kernel_us:g} us "
+                f"while the GPU idles {idle:.1f}% of the step"
+            ),
+            recommendation=(
+                "Fuse small ops (torch.compile, fused optimizers foreach=True/fused=True, fused layer norms), "
+                "use CUDA graphs, or raise the batch size so each kernel does more work."
+            ),
+            numbers={"tiny_kernel_pct": tiny, "gpu_idle_pct": idle, "kernels_per_step": per_step},
+        )
+    ]
+
+
+def _data_loading(ranks: list[RankResult], options: AnalysisOptions) -> list[Finding]:
+    share = {r.rank: _mean([s.cpu.pct(s.cpu.data_loading_us) for s in r.steps]) for r in ranks}
+    hit = {rank: v for rank, v in share.items() if v > options.data_loading_pct}
+    if not hit:
+        return []
+    mean = _mean(list(hit.values()))
+    return [
+        Finding(
+            kind="data_loading_bound",
+            severity=mean,
+            title="Data-loading bound",
+            ranks=sorted(hit),
+            evidence=(
+                f"fetching the next batch takes {mean:.1f}% of step time on {len(hit)} of {len(share)} ranks "
+                f"(threshold {options.data_loading_pct:g}%)"
+            ),
+            recommendation=(
+                "Load data ahead of the step: DataLoader num_workers > 0, pin_memory=True, "
+                "persistent_workers=True, prefetch_factor; pre-tokenise the dataset instead of tokenising "
+                "in __getitem__."
+            ),
+            numbers={"data_loading_pct": mean},
+        )
+    ]

@@ -1,0 +1,95 @@
+"""Plain-text rendering of an :class:`AnalysisResult`: the terminal summary and the findings list."""
+
+from __future__ import annotations
+
+from hf_distprof.analysis.model import AnalysisResult, RankResult
+
+
+def _ms(us: float) -> str:
+    return f"{us / 1e3:.2f}"
+
+
+def format_findings(result: AnalysisResult) -> str:
+    """The ranked findings as text (what the end-of-training hook prints).
+
+    Args:
+        result: An analysis result.
+
+    Returns:
+        One numbered paragraph per finding, or a one-line all-clear.
+    """
+    lines = [
+        f"Headline: exposed communication {result.exposed_comm_pct:.1f}% of step time, "
+        f"load imbalance {result.imbalance_pct:.1f}% ({len(result.ranks)} rank(s))"
+    ]
+    if not result.findings:
+        lines.append("No finding: no threshold crossed.")
+    for i, f in enumerate(result.findings, 1):
+        lines.append(f"{i}. {f.title} (ranks {', '.join(map(str, f.ranks))})")
+        lines.append(f"   Evidence: {f.evidence}")
+        lines.append(f"   Try: {f.recommendation}")
+    for err in result.errors:
+        lines.append(f"Skipped {err.path}: {err.reason}")
+    return "\n".join(lines)
+
+
+def _rank_rows(rank: RankResult) -> list[str]:
+    rows = []
+    for s in rank.steps:
+        c = s.cpu
+        row = (
+            f"{rank.rank:>4} {s.step:>6} {_ms(s.duration_us):>9} "
+            f"{c.pct(c.compute_us):>7.1f} {c.pct(c.communication_us):>7.1f} {c.pct(c.data_loading_us):>7.1f} "
+            f"{c.pct(c.other_us):>7.1f}"
+        )
+        if s.gpu is not None:
+            g = s.gpu
+            overlap = "-" if g.comm_comp_overlap_pct is None else f"{g.comm_comp_overlap_pct:.1f}"
+            row += (
+                f" | {g.idle_pct:>6.1f} {g.compute_pct:>7.1f} {g.non_compute_pct:>7.1f} "
+                f"{g.exposed_comm_pct:>7.1f} {overlap:>7}"
+            )
+        else:
+            overlap = "-" if c.comm_backward_overlap_pct is None else f"{c.comm_backward_overlap_pct:.1f}"
+            row += f" | {_ms(c.comm_busy_us):>9} {overlap:>9}"
+        rows.append(row)
+    return rows
+
+
+def format_summary(result: AnalysisResult) -> str:
+    """The terminal summary: per-rank per-step table, cross-rank view, findings.
+
+    Args:
+        result: An analysis result.
+
+    Returns:
+        Multi-line text.
+    """
+    out: list[str] = []
+    gpu = any(r.device == "gpu" for r in result.ranks)
+    out.append(f"Analysed {len(result.ranks)} rank(s), {len(result.errors)} file(s) skipped.")
+    if result.ranks:
+        head = f"{'rank':>4} {'step':>6} {'step ms':>9} {'cpu%':>7} {'comm%':>7} {'data%':>7} {'other%':>7}"
+        head += (
+            f" | {'idle%':>6} {'comp%':>7} {'nonc%':>7} {'expC%':>7} {'ovlp%':>7}"
+            if gpu
+            else f" | {'gloo ms':>9} {'bwd ovl%':>9}"
+        )
+        out += ["", "Per rank and step (main thread: compute / communication / data loading / other"
+                + ("; GPU: HTA idle / compute / non-compute, exposed comm, comm-comp overlap)" if gpu
+                   else "; gloo: collective time, % of it under backward)"), head, "-" * len(head)]
+        for rank in result.ranks:
+            out += _rank_rows(rank)
+    cross = result.cross_rank
+    if cross is not None:
+        out += ["", f"Across ranks ({cross.matched_collectives} collectives matched):"]
+        out.append(f"{'rank':>4} {'step ms':>9} {'busy ms':>9} {'comm wait ms':>13} {'late ms':>8}")
+        for p in cross.per_rank:
+            late = "-" if p.lateness_us is None else _ms(p.lateness_us)
+            out.append(
+                f"{p.rank:>4} {_ms(p.mean_step_us):>9} {_ms(p.busy_us):>9} {_ms(p.comm_wait_us):>13} {late:>8}"
+            )
+        spread = max((s.spread_pct for s in cross.step_spread), default=0.0)
+        out.append(f"load imbalance {cross.imbalance_pct:.1f}%, largest step-duration spread {spread:.1f}%")
+    out += ["", format_findings(result)]
+    return "\n".join(out)
