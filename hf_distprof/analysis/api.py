@@ -141,6 +141,7 @@ def _combine(a: RankResult, b: RankResult) -> RankResult:
         kernel_categories_count=_add(a.kernel_categories_count, b.kernel_categories_count),
         top_kernels=sorted(kernels.values(), key=lambda k: (k.category, -k.total_us)),
         collectives=a.collectives + b.collectives,
+        base_time_ns=a.base_time_ns,
     )
 
 

@@ -12,44 +12,125 @@ import orjson
 
 @dataclass
 class AnalysisOptions:
-    """Thresholds and knobs of ``analyze_paths``; each one is a ``hf-distprof analyze`` option."""
+    """Thresholds and knobs of ``analyze_paths``.
 
-    comm_bound_pct: float = 30.0
-    """Exposed communication above this % of step time is a communication-bound finding."""
-    imbalance_pct: float = 10.0
-    """Load imbalance (max busy time / mean busy time - 1) above this % is a finding."""
-    straggler_pct: float = 10.0
-    """A rank arriving at collectives later than its peers by more than this % of step time is a straggler."""
-    straggler_min_us: float = 1000.0
-    """... and by more than this many microseconds (absolute floor against scheduler noise)."""
-    step_outlier_pct: float = 10.0
-    """A rank whose mean step time exceeds the median rank's by more than this % (and by more than 3 scaled
-    median absolute deviations of the ranks' step times) is a step-time outlier."""
-    low_util_pct: float = 80.0
-    """GPU busy below this % of the step's GPU span is a low-utilisation finding (GPU traces only)."""
-    data_loading_pct: float = 10.0
-    """Data loading above this % of step time is a data-loading-bound finding."""
-    tiny_kernel_us: float = 10.0
-    """Kernels shorter than this count as tiny for the launch-bound check."""
-    launch_bound_tiny_pct: float = 50.0
-    """Launch-bound when at least this % of kernels are tiny and the GPU idles >= (100 - low_util_pct) %."""
-    top_kernels: int = 10
-    """How many kernels per category each rank lists."""
-    workers: int = 0
-    """Processes parsing ranks in parallel; 0 means min(files, CPU cores)."""
-    progress: bool | None = None
-    """Show a progress bar; None shows one when there are 8 files or more and stderr is a terminal."""
+    Each field is also a ``hf-distprof analyze`` option (``comm_bound_pct`` -> ``--comm-bound-pct``), with
+    the ``help`` in its metadata as the option's help, so the CLI and this class cannot disagree.
+    """
+
+    comm_bound_pct: float = field(
+        default=30.0,
+        metadata={
+            "help": (
+                "Exposed communication above this % of step time is a communication-bound finding."
+            )
+        },
+    )
+    imbalance_pct: float = field(
+        default=10.0,
+        metadata={
+            "help": (
+                "Load imbalance (max busy time / mean busy time - 1) above this % is a finding."
+            )
+        },
+    )
+    straggler_pct: float = field(
+        default=10.0,
+        metadata={
+            "help": (
+                "A rank arriving at collectives later than its peers by more than this % of step time "
+                "is a straggler."
+            )
+        },
+    )
+    straggler_min_us: float = field(
+        default=1000.0,
+        metadata={
+            "help": (
+                "... and by more than this many microseconds (absolute floor against scheduler "
+                "noise)."
+            )
+        },
+    )
+    step_outlier_pct: float = field(
+        default=10.0,
+        metadata={
+            "help": (
+                "A rank whose mean step time exceeds the median rank's by more than this % (and by "
+                "more than 3 scaled median absolute deviations of the ranks' step times) is a "
+                "step-time outlier."
+            )
+        },
+    )
+    low_util_pct: float = field(
+        default=80.0,
+        metadata={
+            "help": (
+                "GPU busy below this % of the step's GPU span is a low-utilisation finding (GPU "
+                "traces only)."
+            )
+        },
+    )
+    data_loading_pct: float = field(
+        default=10.0,
+        metadata={
+            "help": (
+                "Data loading above this % of step time is a data-loading-bound finding."
+            )
+        },
+    )
+    tiny_kernel_us: float = field(
+        default=10.0,
+        metadata={
+            "help": (
+                "Kernels shorter than this count as tiny for the launch-bound check."
+            )
+        },
+    )
+    launch_bound_tiny_pct: float = field(
+        default=50.0,
+        metadata={
+            "help": (
+                "Launch-bound when at least this % of kernels are tiny and the GPU idles >= (100 - "
+                "low_util_pct) %."
+            )
+        },
+    )
+    top_kernels: int = field(
+        default=10,
+        metadata={
+            "help": (
+                "How many kernels per category each rank lists."
+            )
+        },
+    )
+    workers: int = field(
+        default=0,
+        metadata={
+            "help": (
+                "Processes parsing ranks in parallel; 0 means min(files, CPU cores)."
+            )
+        },
+    )
+    progress: bool | None = field(
+        default=None,
+        metadata={
+            "help": (
+                "Show a progress bar; None shows one when there are 8 files or more and stderr is a "
+                "terminal."
+            )
+        },
+    )
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name in ("progress",):
+            if isinstance(value, bool) or value is None:
                 continue
             if isinstance(value, (int, float)) and (value < 0 or math.isnan(value)):
                 raise ValueError(f"AnalysisOptions.{f.name} must be >= 0, got {value!r}")
-        for name in ("comm_bound_pct", "imbalance_pct", "low_util_pct", "data_loading_pct",
-                     "launch_bound_tiny_pct"):
-            if getattr(self, name) > 100 and name != "imbalance_pct":
+        for name in ("comm_bound_pct", "low_util_pct", "data_loading_pct", "launch_bound_tiny_pct"):
+            if getattr(self, name) > 100:
                 raise ValueError(f"AnalysisOptions.{name} is a percentage in [0, 100], got {getattr(self, name)}")
 
 
@@ -166,6 +247,8 @@ class RankResult:
     kernel_categories_count: dict[str, int]
     top_kernels: list[KernelStat]
     collectives: list[Collective]
+    base_time_ns: int = 0
+    """The trace's ``baseTimeNanoseconds`` (newer Kineto): its timestamps count from there."""
 
     @property
     def mean_step_us(self) -> float:

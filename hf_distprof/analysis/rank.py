@@ -128,6 +128,7 @@ def analyze_rank(trace: ParsedTrace, options: AnalysisOptions) -> RankResult:
         kernel_categories_count=cat_n,
         top_kernels=top,
         collectives=collectives,
+        base_time_ns=trace.base_time_ns,
     )
 
 

@@ -4,6 +4,7 @@ Run from the repository root::
 
     python tests/data/make_gloo_traces.py            # every scenario
     python tests/data/make_gloo_traces.py slow_rank1 # one scenario
+    GLOO_TRACES_OUT=/tmp/x python tests/data/make_gloo_traces.py slow_rank1  # elsewhere (integration test)
 
 Each scenario trains a tiny MLP under DDP on 2 gloo ranks (spawned with torch.multiprocessing) and
 records steps with ``torch.profiler`` (schedule wait=1, warmup=1, active=2, so two ``ProfilerStep#N``
@@ -33,6 +34,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset
 
 HERE = Path(__file__).resolve().parent
+OUT = Path(os.environ.get("GLOO_TRACES_OUT", HERE))
 SCENARIOS = ("clean", "slow_rank1", "slow_data")
 SLOW_MS = 30
 WORLD_SIZE = 2
@@ -87,7 +89,7 @@ def _worker(rank: int, scenario: str, port: int) -> None:
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         # The batch is large enough that compute, not the gradient all-reduce, dominates a clean step.
         loader = DataLoader(RandomBatches(8, slow_data), batch_size=None)
-        out_dir = HERE / scenario
+        out_dir = OUT / scenario
         out_dir.mkdir(exist_ok=True)
         out = out_dir / f"rank-{rank}.json.gz"
         schedule = torch.profiler.schedule(wait=1, warmup=1, active=2, repeat=1)
@@ -120,8 +122,8 @@ def main(argv: list[str]) -> None:
             raise SystemExit(f"unknown scenario {scenario!r}; valid: {', '.join(SCENARIOS)}")
         mp.spawn(_worker, args=(scenario, _free_port()), nprocs=WORLD_SIZE, join=True)
         for rank in range(WORLD_SIZE):
-            path = HERE / scenario / f"rank-{rank}.json.gz"
-            print(f"{path.relative_to(HERE.parent.parent)}: {path.stat().st_size / 1e3:.0f} kB")
+            path = OUT / scenario / f"rank-{rank}.json.gz"
+            print(f"{path}: {path.stat().st_size / 1e3:.0f} kB")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,163 @@
+"""Report writer: an :class:`AnalysisResult` -> a folder with Markdown, self-contained HTML, PNGs, JSON."""
+
+from __future__ import annotations
+
+import base64
+import html
+import os
+from pathlib import Path
+
+from hf_distprof.analysis.model import AnalysisResult
+from hf_distprof.analysis.text import format_summary
+
+REPORT_MD = "report.md"
+REPORT_HTML = "report.html"
+RESULT_JSON = "analysis.json"
+BREAKDOWN_PNG = "breakdown.png"
+STEPS_PNG = "step_durations.png"
+
+
+def _breakdown_plot(result: AnalysisResult, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: the report is written on headless hosts too
+    import matplotlib.pyplot as plt
+
+    gpu = any(r.device == "gpu" for r in result.ranks)
+    labels = [f"r{r.rank}" for r in result.ranks]
+    if gpu:
+        parts = {
+            "compute": [_mean([s.gpu.compute_pct for s in r.steps if s.gpu]) for r in result.ranks],
+            "exposed comm": [_mean([s.gpu.exposed_comm_pct for s in r.steps if s.gpu]) for r in result.ranks],
+            "other non-compute": [
+                _mean([s.gpu.non_compute_pct - s.gpu.exposed_comm_pct for s in r.steps if s.gpu])
+                for r in result.ranks
+            ],
+            "idle": [_mean([s.gpu.idle_pct for s in r.steps if s.gpu]) for r in result.ranks],
+        }
+        title = "GPU time per rank (% of step GPU span, HTA definitions)"
+    else:
+        parts = {
+            name: [_mean([s.cpu.pct(getattr(s.cpu, attr)) for s in r.steps]) for r in result.ranks]
+            for name, attr in (("compute", "compute_us"), ("communication", "communication_us"),
+                               ("data loading", "data_loading_us"), ("other", "other_us"))
+        }
+        title = "Main thread time per rank (% of step)"
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.6 * len(labels) + 3), 4))
+    bottom = [0.0] * len(labels)
+    for name, values in parts.items():
+        ax.bar(labels, values, bottom=bottom, label=name)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set_ylabel("% of step")
+    ax.set_ylim(0, 100)
+    ax.set_title(title)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def _steps_plot(result: AnalysisResult, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in result.ranks:
+        ax.plot([s.step for s in r.steps], [s.duration_us / 1e3 for s in r.steps], marker="o", label=f"rank {r.rank}")
+    ax.set_xlabel("profiler step")
+    ax.set_ylabel("step duration (ms)")
+    ax.set_title("Step duration per rank")
+    if len(result.ranks) <= 16:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def _markdown(result: AnalysisResult) -> str:
+    lines = [
+        "# hf-distprof trace analysis",
+        "",
+        f"**Exposed communication:** {result.exposed_comm_pct:.1f}% of step time  ",
+        f"**Load imbalance:** {result.imbalance_pct:.1f}%  ",
+        f"**Ranks analysed:** {len(result.ranks)}; files skipped: {len(result.errors)}",
+        "",
+        "## Findings",
+        "",
+    ]
+    if not result.findings:
+        lines.append("No finding: no threshold crossed.")
+    for i, f in enumerate(result.findings, 1):
+        lines += [f"{i}. **{f.title}** (ranks {', '.join(map(str, f.ranks))})", f"   - Evidence: {f.evidence}",
+                  f"   - Recommendation: {f.recommendation}"]
+    if result.errors:
+        lines += ["", "## Skipped files", ""] + [f"- `{e.path}`: {e.reason}" for e in result.errors]
+    lines += ["", "## Plots", "", f"![per-rank breakdown]({BREAKDOWN_PNG})", "", f"![step durations]({STEPS_PNG})",
+              "", "## Details", "", "```", format_summary(result), "```", ""]
+    return "\n".join(lines)
+
+
+def _html(markdown_text: str, images: dict[str, Path]) -> str:
+    # A minimal Markdown-to-HTML pass for the few constructs _markdown emits, so no extra dependency.
+    body: list[str] = []
+    in_pre = False
+    for line in markdown_text.splitlines():
+        if line.startswith("```"):
+            body.append("</pre>" if in_pre else "<pre>")
+            in_pre = not in_pre
+            continue
+        if in_pre:
+            body.append(html.escape(line))
+            continue
+        if line.startswith("!["):
+            name = line[line.index("(") + 1 : line.rindex(")")]
+            data = base64.b64encode(images[name].read_bytes()).decode()
+            body.append(f'<p><img alt="{html.escape(name)}" src="data:image/png;base64,{data}"></p>')
+        elif line.startswith("# "):
+            body.append(f"<h1>{html.escape(line[2:])}</h1>")
+        elif line.startswith("## "):
+            body.append(f"<h2>{html.escape(line[3:])}</h2>")
+        elif line.strip():
+            text = html.escape(line.strip())
+            for marker, tag in (("**", "b"), ("`", "code")):
+                while text.count(marker) >= 2:
+                    text = text.replace(marker, f"<{tag}>", 1).replace(marker, f"</{tag}>", 1)
+            body.append(f"<p>{text}</p>")
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>hf-distprof trace analysis</title>"
+        "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}pre{background:#f4f4f4;"
+        "padding:1em;overflow-x:auto;font-size:12px}img{max-width:100%}</style></head><body>"
+        + "\n".join(body)
+        + "</body></html>"
+    )
+
+
+def write_report(result: AnalysisResult, out_dir: str | os.PathLike[str]) -> Path:
+    """Write ``report.md``, a self-contained ``report.html`` (PNGs inlined), the PNGs and ``analysis.json``.
+
+    Args:
+        result: The analysis to report.
+        out_dir: Folder to write into (created if needed).
+
+    Returns:
+        The path of ``report.html``.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    images = {BREAKDOWN_PNG: out / BREAKDOWN_PNG, STEPS_PNG: out / STEPS_PNG}
+    if result.ranks:
+        _breakdown_plot(result, images[BREAKDOWN_PNG])
+        _steps_plot(result, images[STEPS_PNG])
+    md = _markdown(result)
+    if not result.ranks:
+        md = md.replace(f"![per-rank breakdown]({BREAKDOWN_PNG})", "").replace(f"![step durations]({STEPS_PNG})", "")
+    (out / REPORT_MD).write_text(md, encoding="utf-8")
+    (out / REPORT_HTML).write_text(_html(md, images), encoding="utf-8")
+    (out / RESULT_JSON).write_bytes(result.to_json())
+    return out / REPORT_HTML

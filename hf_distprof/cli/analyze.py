@@ -1,0 +1,90 @@
+"""``hf-distprof analyze``: per-rank traces -> breakdowns, stragglers and ranked findings."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from typing import Any
+
+from hf_distprof.analysis.model import AnalysisOptions
+
+# Options that are not thresholds get their own flags below.
+_NOT_THRESHOLDS = ("workers", "progress")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``analyze`` on the ``hf-distprof`` sub-parsers.
+
+    Args:
+        subparsers: The object returned by ``ArgumentParser.add_subparsers``.
+
+    Returns:
+        The sub-parser.
+    """
+    parser = subparsers.add_parser(
+        "analyze",
+        help="analyse per-rank profiler traces (GPU/NCCL or CPU/gloo)",
+        description=(
+            "Analyse the Kineto traces of a distributed run (one file per rank, .json or .json.gz): "
+            "per-step time breakdowns, communication overlap, stragglers, load imbalance and ranked "
+            "findings. Exit status 0 when at least one trace was analysed."
+        ),
+    )
+    parser.add_argument("paths", nargs="+", help="trace files and/or folders holding them")
+    parser.add_argument("--json", action="store_true", help="print the full result as JSON instead of text")
+    parser.add_argument("--report", metavar="DIR", help="also write report.md/report.html/PNGs/analysis.json to DIR")
+    parser.add_argument("--workers", type=int, default=0, help="parallel processes (0: one per core)")
+    parser.add_argument(
+        "--progress", action=argparse.BooleanOptionalAction, default=None,
+        help="progress bar (default: shown for 8+ files on a terminal)",
+    )
+    thresholds = parser.add_argument_group("thresholds")
+    for f in dataclasses.fields(AnalysisOptions):
+        if f.name in _NOT_THRESHOLDS:
+            continue
+        thresholds.add_argument(
+            _flag(f.name), type=type(f.default), default=f.default, metavar="N",
+            help=f"{f.metadata['help']} (default: {f.default})",
+        )
+    return parser
+
+
+def options_from_args(args: argparse.Namespace) -> AnalysisOptions:
+    """Build :class:`AnalysisOptions` from parsed arguments (one field per flag)."""
+    return AnalysisOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(AnalysisOptions)})
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the analysis and print it.
+
+    Returns:
+        0 when at least one rank was analysed, 1 when none could be, 2 on bad options or paths.
+    """
+    from hf_distprof.analysis import analyze_paths, format_summary
+
+    try:
+        options = options_from_args(args)
+        result = analyze_paths(args.paths, options)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"hf-distprof analyze: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        sys.stdout.write(result.to_json().decode() + "\n")
+    else:
+        print(format_summary(result))
+    for err in result.errors:
+        print(f"hf-distprof analyze: skipped {err.path}: {err.reason}", file=sys.stderr)
+    if args.report:
+        from hf_distprof.analysis.report import write_report
+
+        path = write_report(result, args.report)
+        print(f"report written to {path}", file=sys.stderr)
+    if not result.ranks:
+        print("hf-distprof analyze: error: no trace could be analysed", file=sys.stderr)
+        return 1
+    return 0

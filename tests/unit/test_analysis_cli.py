@@ -1,0 +1,87 @@
+"""``hf-distprof analyze`` / ``merge`` front ends, the report folder, and the merged trace."""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+from pathlib import Path
+
+import orjson
+import pytest
+
+from hf_distprof.analysis import AnalysisOptions, analyze_paths
+from hf_distprof.analysis.merge import merge_traces
+from hf_distprof.analysis.report import BREAKDOWN_PNG, REPORT_HTML, REPORT_MD, RESULT_JSON, STEPS_PNG
+from hf_distprof.cli.main import build_parser, main
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def test_subcommands_registered_and_thresholds_are_flags() -> None:
+    parser = build_parser()
+    args = parser.parse_args(["analyze", "x", "--comm-bound-pct", "25", "--straggler-min-us", "10"])
+    assert args.comm_bound_pct == 25.0 and args.straggler_min_us == 10.0 and args.imbalance_pct == 10.0
+    assert parser.parse_args(["merge", "x"]).align == "collectives"
+
+
+def test_analyze_json_and_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["analyze", str(DATA / "slow_rank1"), "--json", "--workers", "1", "--report", str(tmp_path / "rep")])
+    assert rc == 0
+    data = orjson.loads(capsys.readouterr().out)
+    assert data["findings"][0]["kind"] == "straggler" and data["findings"][0]["ranks"] == [1]
+    for name in (REPORT_MD, REPORT_HTML, RESULT_JSON, BREAKDOWN_PNG, STEPS_PNG):
+        assert (tmp_path / "rep" / name).stat().st_size > 0
+    assert (tmp_path / "rep" / BREAKDOWN_PNG).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    html = (tmp_path / "rep" / REPORT_HTML).read_text()
+    assert "data:image/png;base64," in html and "Straggler: rank 1" in html
+    assert "Straggler: rank 1" in (tmp_path / "rep" / REPORT_MD).read_text()
+
+
+def test_analyze_text_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["analyze", str(DATA / "clean"), "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "Analysed 2 rank(s), 0 file(s) skipped." in out and "No finding" in out
+
+
+def test_exit_status_nonzero_only_when_nothing_analysed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "rank0.json").write_bytes(b"")
+    assert main(["analyze", str(tmp_path), "--workers", "1"]) == 1
+    assert "rank0.json: empty file" in capsys.readouterr().err
+    shutil.copy(DATA / "clean" / "rank-1.json.gz", tmp_path / "rank1.json.gz")
+    assert main(["analyze", str(tmp_path), "--workers", "1"]) == 0
+    assert main(["analyze", str(tmp_path / "missing")]) == 2
+
+
+def test_parallel_workers_give_the_same_result() -> None:
+    serial = analyze_paths([DATA / "slow_rank1"], AnalysisOptions(workers=1)).to_dict()
+    parallel = analyze_paths([DATA / "slow_rank1"], AnalysisOptions(workers=2)).to_dict()
+    assert serial.pop("options")["workers"] == 1 and parallel.pop("options")["workers"] == 2
+    assert serial == parallel
+
+
+def test_merge_one_process_per_rank_with_aligned_clocks(tmp_path: Path) -> None:
+    out = tmp_path / "merged.json.gz"
+    res = merge_traces([DATA / "slow_rank1"], out, options=AnalysisOptions(workers=1))
+    assert res.align == "collectives" and res.matched_collectives == 4 and res.ranks == [0, 1]
+    merged = orjson.loads(gzip.decompress(out.read_bytes()))["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in merged if e.get("name") == "process_name"}
+    assert names == {0: "rank 0", 1: "rank 1"}
+    for rank in (0, 1):
+        src = orjson.loads(gzip.decompress((DATA / "slow_rank1" / f"rank-{rank}.json.gz").read_bytes()))["traceEvents"]
+        src_x = sorted(e["ts"] for e in src if e.get("ph") == "X")
+        out_x = sorted(e["ts"] for e in merged if e.get("ph") == "X" and e["pid"] == rank)
+        assert len(out_x) == len(src_x)
+        assert out_x == pytest.approx([t + res.shifts_us[rank] for t in src_x])
+    # After alignment the matched collectives end together on both ranks (median within 0.1 ms; a single
+    # one may not, since a descheduled gloo thread finishes late, which is why the median is used).
+    ends = {
+        rank: sorted(e["ts"] + e["dur"] for e in merged if e.get("ph") == "X" and e["pid"] == rank
+                     and e["name"].startswith("gloo:"))
+        for rank in (0, 1)
+    }
+    diffs = sorted(abs(a - b) for a, b in zip(ends[0], ends[1]))
+    assert len(diffs) == 4 and (diffs[1] + diffs[2]) / 2 < 100
+    none = merge_traces([DATA / "slow_rank1"], tmp_path / "n.json.gz", align="none", options=AnalysisOptions(workers=1))
+    assert none.align == "none" and none.shifts_us == {0: 0.0, 1: 0.0}  # same host, same baseTimeNanoseconds
+    with pytest.raises(ValueError, match="align must be one of"):
+        merge_traces([DATA / "slow_rank1"], tmp_path / "x.json.gz", align="bogus")
