@@ -19,6 +19,7 @@ _LAZY: dict[str, str] = {
     "ProfilerCallback": "hf_distprof.callbacks.profiler",
     "MemoryLoggerCallback": "hf_distprof.callbacks.memory",
     "SimpleGPUMemoryCallback": "hf_distprof.callbacks.memory",
+    "StepTimerCallback": "hf_distprof.callbacks.step_timer",
 }
 
 __all__ = ["__version__", *_LAZY]
@@ -26,6 +27,7 @@ __all__ = ["__version__", *_LAZY]
 if TYPE_CHECKING:
     from hf_distprof.callbacks.memory import MemoryLoggerCallback, SimpleGPUMemoryCallback
     from hf_distprof.callbacks.profiler import ProfilerCallback
+    from hf_distprof.callbacks.step_timer import StepTimerCallback
     from hf_distprof.config import ProfilingArguments, add_profiling_args, build_callbacks
 
 

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     NonNegativeInt = int
     PositiveInt = int
     RankList = str
+    NonNegativeFloat = float
+    PositiveFloat = float
 else:
 
     class NonNegativeInt(int):
@@ -58,6 +60,24 @@ else:
                 text = ",".join(str(r) for r in sorted({int(p) for p in parts}))
             return super().__new__(cls, text)
 
+    class NonNegativeFloat(float):
+        """A finite ``float`` that is >= 0 (thresholds in percent)."""
+
+        def __new__(cls, value: Any) -> NonNegativeFloat:
+            number = _parse_float(value)
+            if number < 0:
+                raise argparse.ArgumentTypeError(f"must be a number >= 0, got {value!r}")
+            return super().__new__(cls, number)
+
+    class PositiveFloat(float):
+        """A finite ``float`` that is > 0."""
+
+        def __new__(cls, value: Any) -> PositiveFloat:
+            number = _parse_float(value)
+            if number <= 0:
+                raise argparse.ArgumentTypeError(f"must be a number > 0, got {value!r}")
+            return super().__new__(cls, number)
+
 
 def _parse_int(value: Any) -> int:
     if isinstance(value, bool):
@@ -68,6 +88,18 @@ def _parse_int(value: Any) -> int:
         return int(str(value).strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be an integer, got {value!r}") from None
+
+
+def _parse_float(value: Any) -> float:
+    if isinstance(value, bool):
+        raise argparse.ArgumentTypeError(f"must be a number, got {value!r}")
+    try:
+        number = float(str(value).strip()) if not isinstance(value, (int, float)) else float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {value!r}") from None
+    if number != number or number in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {value!r}")
+    return number
 
 
 def parse_rank_list(spec: str) -> frozenset[int] | None:
@@ -140,16 +172,61 @@ class ProfilingArguments:
     memory_log_steps: PositiveInt = field(
         default=10, metadata=_help("Log memory every N optimizer steps (the only steps with a cross-rank gather).")
     )
+    enable_step_timing: bool | None = field(
+        default=None,
+        metadata={
+            **_help(
+                "Time every optimizer step per rank (data, forward, backward incl. gradient sync, optimizer), log "
+                "throughput and cross-rank imbalance on logging steps, write timing_rank{R}.jsonl and "
+                "timing_summary.json. Default: on when --enable-profiling or --measure-comm-overhead is on."
+            ),
+            # HfArgumentParser gives a `bool | None` field no optional value; a bare flag must mean true.
+            "nargs": "?",
+            "const": True,
+        },
+    )
+    imbalance_threshold_pct: NonNegativeFloat = field(
+        default=10.0,
+        metadata=_help(
+            "Warn when the ranks' pre-sync time (data + forward + backward compute) differs by more than this "
+            "percentage of its mean: (max - min) / mean."
+        ),
+    )
+    memory_imbalance_threshold_pct: NonNegativeFloat = field(
+        default=20.0,
+        metadata=_help("Warn when the ranks' peak memory differs by more than this percentage of its mean."),
+    )
+    measure_comm_overhead: NonNegativeInt = field(
+        default=0,
+        metadata=_help(
+            "Before training, time N forward+backward passes on a real batch without gradient sync, then N with "
+            "it, and report the communication overhead; model and optimizer state are left unchanged. 0 = off."
+        ),
+    )
+    peak_tflops: PositiveFloat | None = field(
+        default=None,
+        metadata=_help(
+            "Peak TFLOPs of one device, for MFU. Default: a built-in table of common GPUs (dense BF16); on CPU "
+            "or an unknown GPU MFU is not reported without this flag."
+        ),
+    )
 
     def __post_init__(self) -> None:
         # Same checks as the argparse types, for code that builds the dataclass directly.
         for f in dataclasses.fields(self):
             kind = _field_types()[f.name]
-            if kind in _VALIDATED:
+            if kind in _VALIDATED and getattr(self, f.name) is not None:
                 try:
                     setattr(self, f.name, kind(getattr(self, f.name)))
                 except argparse.ArgumentTypeError as err:
                     raise ValueError(f"{flag_name(f.name)}: {err}") from None
+        if self.enable_step_timing is None:
+            self.enable_step_timing = bool(self.enable_profiling or self.measure_comm_overhead > 0)
+        elif not self.enable_step_timing and self.measure_comm_overhead > 0:
+            raise ValueError(
+                f"--measure-comm-overhead {self.measure_comm_overhead} needs step timing, but "
+                "--enable-step-timing is false: drop one of the two"
+            )
 
     @property
     def profile_rank_set(self) -> frozenset[int] | None:
@@ -159,7 +236,7 @@ class ProfilingArguments:
     @property
     def any_enabled(self) -> bool:
         """Whether any callback is switched on."""
-        return self.enable_profiling or self.enable_memory_logging
+        return self.enable_profiling or self.enable_memory_logging or bool(self.enable_step_timing)
 
     @classmethod
     def from_namespace(cls, namespace: argparse.Namespace) -> ProfilingArguments:
@@ -167,7 +244,7 @@ class ProfilingArguments:
         return cls(**{f.name: getattr(namespace, f.name) for f in dataclasses.fields(cls)})
 
 
-_VALIDATED: tuple[type, ...] = (NonNegativeInt, PositiveInt, RankList)
+_VALIDATED: tuple[type, ...] = (NonNegativeInt, PositiveInt, RankList, NonNegativeFloat, PositiveFloat)
 
 
 def _field_types() -> dict[str, Any]:
@@ -228,8 +305,18 @@ def _valid_range(kind: Any) -> str:
         NonNegativeInt: "integer >= 0",
         PositiveInt: "integer >= 1",
         RankList: "`all` or ranks like `0,3`",
+        NonNegativeFloat: "number >= 0",
+        PositiveFloat: "number > 0",
         str: "path" ,
     }.get(kind, "string")
+
+
+# How the table shows defaults that are resolved at run time (the dataclass holds None for them).
+_DEFAULT_TEXT: dict[str, str] = {
+    "profiler_run_name": "(start time)",
+    "enable_step_timing": "(= --enable-profiling)",
+    "peak_tflops": "(GPU table)",
+}
 
 
 def flags_markdown() -> str:
@@ -237,7 +324,7 @@ def flags_markdown() -> str:
     types = _field_types()
     rows = ["| flag | default | valid values | description |", "|---|---|---|---|"]
     for f in dataclasses.fields(ProfilingArguments):
-        default = "(start time)" if f.default is None else f.default
+        default = _DEFAULT_TEXT.get(f.name, f.default)
         kind = types[f.name]
         valid = "any name" if f.name == "profiler_run_name" else _valid_range(kind)
         rows.append(f"| `{flag_name(f.name)}` | `{default}` | {valid} | {f.metadata['help']} |")
@@ -264,4 +351,8 @@ def build_callbacks(args: ProfilingArguments) -> list[TrainerCallback]:
         from hf_distprof.callbacks.memory import MemoryLoggerCallback
 
         callbacks.append(MemoryLoggerCallback(args))
+    if args.enable_step_timing:
+        from hf_distprof.callbacks.step_timer import StepTimerCallback
+
+        callbacks.append(StepTimerCallback(args))
     return callbacks

@@ -1,0 +1,354 @@
+"""``StepTimerCallback``: where each optimizer step's time goes, per rank, and which rank holds the others back.
+
+Per optimizer step and rank it records data wait, forward, backward (with the gradient sync), optimizer
+and the whole step (``hf_distprof.timing.recorder``), from model hooks and the Trainer's step hooks.
+Between logging steps it only takes clock marks: no device sync, no collective, no ``.item()``. On each
+logging step (``on_log``) it resolves the marks, appends ``timing_rank{R}.jsonl``, and does one small
+all-gather of every rank's means and peak memory; rank 0 writes TensorBoard scalars (``timing/``,
+``throughput/``) and warns about imbalance. At train end rank 0 writes ``timing_summary.json`` and prints
+a table. With ``--measure-comm-overhead N`` it first runs the ``no_sync`` A/B
+(``hf_distprof.timing.comm_overhead``) on a real batch.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from hf_distprof import dist, paths, tensorboard
+from hf_distprof.callbacks._common import warn_if_not_data_parallel
+from hf_distprof.config import ProfilingArguments
+from hf_distprof.timing import comm_overhead
+from hf_distprof.timing.clock import default_clock
+from hf_distprof.timing.instrument import ModelHooks, instrument_loader, peak_memory_bytes, sample_batch
+from hf_distprof.timing.recorder import StepRecorder, StepTiming
+from hf_distprof.timing.report import (
+    CrossRankReport,
+    PhaseTotals,
+    RankSummary,
+    cross_rank_report,
+    format_table,
+    peak_tflops_for_device,
+)
+
+logger = dist.get_logger(__name__)
+
+TIMING_LOG_NAME = "timing_rank{rank}.jsonl"
+TIMING_SUMMARY_NAME = "timing_summary.json"
+# The first optimizer step of a train() call pays one-off costs (allocator warm-up, DDP bucket rebuild):
+# it goes to the jsonl but not into the means, so it cannot fake an imbalance.
+WARMUP_STEPS = 1
+# Unresolved steps kept at most; past this they are resolved locally (on GPU: one wait per this many steps).
+MAX_PENDING_STEPS = 1000
+_PER_RANK = ("data_s", "data_load_s", "forward_s", "backward_s", "backward_compute_s", "optimizer_s", "step_s",
+             "pre_sync_s", "wait_s")
+
+
+def custom_scalars_layout() -> dict[str, dict[str, list[Any]]]:
+    """TensorBoard custom-scalars layout: one chart per phase with a line per rank."""
+    timing = {f"{key} per rank": ["Multiline", [rf"^timing/{key}/rank\d+$"]] for key in _PER_RANK}
+    timing["imbalance % (pre-sync time, step time, peak memory)"] = [
+        "Multiline", [r"^timing/(imbalance_pct|step_imbalance_pct|memory_imbalance_pct)$"]]
+    timing["step_s mean/min/max"] = ["Multiline", [r"^timing/step_s/(mean|min|max)$"]]
+    throughput = {
+        "samples/s per rank": ["Multiline", [r"^throughput/samples_per_s/rank\d+$"]],
+        "tokens/s per rank": ["Multiline", [r"^throughput/tokens_per_s/rank\d+$"]],
+        "all ranks": ["Multiline", [r"^throughput/(samples_per_s|tokens_per_s|mfu_pct)$"]],
+    }
+    return {"hf_distprof timing": timing, "hf_distprof throughput": throughput}
+
+
+class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
+    """Times every optimizer step per rank and reports cross-rank imbalance on logging steps.
+
+    Args:
+        args: The profiling flags (thresholds, ``--measure-comm-overhead``, ``--peak-tflops``, output folder).
+    """
+
+    def __init__(self, args: ProfilingArguments) -> None:
+        self.args = args
+        self.run_dir: Path | None = None
+        self.comm: dict[str, Any] | None = None
+        self.summary: dict[str, Any] | None = None
+        self._recorder: StepRecorder | None = None
+        self._hooks: ModelHooks | None = None
+        self._undo_loader: Any = None
+        self._jsonl: IO[str] | None = None
+        self._writer: Any = None
+        self._device = torch.device("cpu")
+        self._peak_tflops: float | None = None
+        self._first_step = 1
+        self._interval = PhaseTotals()
+        self._run = PhaseTotals()
+        self._warmup = PhaseTotals()
+        self._gathered_step = 0
+        self._flos_logged = 0.0
+        self._flos_begin = 0.0
+        self._warned: set[tuple[str, int]] = set()
+        self._failed = False
+
+    # ---- setup and teardown -------------------------------------------------------------------
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        warn_if_not_data_parallel(args)
+        self.run_dir = paths.resolve_run_dir(self.args.profiler_output_dir, self.args.profiler_run_name, state)
+        model = kwargs.get("model")
+        loader = kwargs.get("train_dataloader")
+        params = list(model.parameters()) if model is not None else []
+        self._device = params[0].device if params else torch.device("cpu")
+        if self.args.measure_comm_overhead > 0 and model is not None and loader is not None:
+            self.comm = self._measure_comm(model, loader, args.per_device_train_batch_size)
+
+        recorder = StepRecorder(default_clock(self._device))
+        self._undo_loader = instrument_loader(loader, recorder.add_load_time) if loader is not None else None
+        recorder.loader_timed = self._undo_loader is not None
+        if model is not None:
+            self._hooks = ModelHooks(model, recorder)
+        self._recorder = recorder
+        self._peak_tflops = self.args.peak_tflops
+        if self._peak_tflops is None and self._device.type == "cuda":
+            self._peak_tflops = peak_tflops_for_device(torch.cuda.get_device_name(self._device))
+        self._first_step = state.global_step + 1
+        self._gathered_step = state.global_step
+        self._flos_logged = self._flos_begin = float(state.total_flos)
+        self._interval, self._run, self._warmup = PhaseTotals(), PhaseTotals(), PhaseTotals()
+
+        path = self.run_dir / TIMING_LOG_NAME.format(rank=dist.get_rank())
+        try:
+            self._jsonl = open(path, "a", encoding="utf-8")
+        except OSError as err:
+            logger.warning(f"cannot write {path}: {err!r}; step timing goes to the logs only")
+        self._writer = tensorboard.get_writer(tensorboard.tensorboard_dir(args.output_dir, self.run_dir))
+        if self._writer is not None:
+            self._writer.add_custom_scalars(custom_scalars_layout())
+        recorder.boundary()
+
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if self._recorder is None:
+            return
+        payload = self._guarded(self._final_payload)
+        gathered = dist.all_gather_object(payload)  # the end-of-run gather; every rank reaches it
+        if dist.get_rank() == 0 and all(g is not None for g in gathered):
+            self._guarded(self._write_summary, gathered, state)
+        if self._hooks is not None:
+            self._hooks.remove()
+        if self._undo_loader is not None:
+            self._undo_loader()
+        if self._jsonl is not None:
+            self._jsonl.close()
+            self._jsonl = None
+        if self._writer is not None:
+            self._writer.flush()
+        self._recorder = None
+
+    # ---- the step: marks only -----------------------------------------------------------------
+
+    def on_epoch_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+        if self._recorder is not None:
+            self._recorder.boundary()
+
+    def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+        if self._recorder is not None:
+            self._recorder.step_begin()
+
+    def on_substep_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+        if self._recorder is not None:
+            self._recorder.micro_end()
+
+    def on_pre_optimizer_step(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        if self._recorder is not None:
+            self._recorder.optimizer_begin()
+
+    def on_optimizer_step(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        if self._recorder is not None:
+            self._recorder.optimizer_end()
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+        if self._recorder is None:
+            return
+        self._recorder.step_end(state.global_step)
+        if self._recorder.pending_steps >= MAX_PENDING_STEPS:
+            self._guarded(self._drain)  # local only: bounded memory when logging is rare or off
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+        if self._recorder is not None:
+            self._recorder.boundary()  # checkpoint time is not the next step's data wait
+
+    def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+        if self._recorder is not None:
+            self._recorder.boundary()
+
+    # ---- logging steps: resolve, one gather, publish ------------------------------------------
+
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+        if self._recorder is None:
+            return
+        # global_step is the same on every rank, so every rank takes the same branch (and the gather).
+        if state.global_step > self._gathered_step:
+            payload = self._guarded(self._interval_payload)
+            gathered = dist.all_gather_object(payload)
+            self._gathered_step = state.global_step
+            if dist.get_rank() == 0 and all(g is not None for g in gathered):
+                self._guarded(self._publish_interval, gathered, state)
+        self._recorder.boundary()  # logging time is not the next step's data wait
+
+    def _drain(self) -> None:
+        """Resolve finished steps into the running totals and the jsonl file (no collective)."""
+        assert self._recorder is not None
+        timings = self._recorder.resolve()
+        for timing in timings:
+            self._add(timing)
+        if self._jsonl is not None and timings:
+            self._jsonl.write("".join(json.dumps(t.to_json()) + "\n" for t in timings))
+            self._jsonl.flush()
+
+    def _add(self, timing: StepTiming) -> None:
+        if timing.step < self._first_step + WARMUP_STEPS:
+            self._warmup.add(timing)
+            return
+        self._interval.add(timing)
+        self._run.add(timing)
+
+    def _summaries(self, totals: PhaseTotals) -> dict[str, Any] | None:
+        if totals.steps == 0:
+            return None
+        summary = totals.to_rank_summary(dist.get_rank(), dist.get_hostname(), peak_memory_bytes(self._device))
+        return summary.__dict__.copy()
+
+    def _interval_payload(self) -> dict[str, Any]:
+        self._drain()
+        payload = {"interval": self._summaries(self._interval), "run": self._summaries(self._run)}
+        self._interval = PhaseTotals()
+        return payload
+
+    def _final_payload(self) -> dict[str, Any]:
+        self._drain()
+        # A run of WARMUP_STEPS steps or fewer has nothing else to report: use what there is.
+        return {"run": self._summaries(self._run if self._run.steps else self._warmup)}
+
+    def _report(self, summaries: list[Any], flops: float | None) -> CrossRankReport | None:
+        if any(s is None for s in summaries):
+            return None
+        return cross_rank_report(
+            [RankSummary.from_dict(s) for s in summaries],
+            self.args.imbalance_threshold_pct,
+            self.args.memory_imbalance_threshold_pct,
+            flops=flops,
+            peak_tflops=self._peak_tflops,
+        )
+
+    def _publish_interval(self, gathered: list[dict[str, Any]], state: TrainerState) -> None:
+        flops = float(state.total_flos) - self._flos_logged
+        interval = self._report([g["interval"] for g in gathered], flops if flops > 0 else None)
+        if flops > 0:
+            self._flos_logged = float(state.total_flos)
+        if interval is not None and self._writer is not None:
+            self._write_scalars(interval, state.global_step)
+        # Warnings come from the run so far, not one noisy window; each (kind, rank) is said once live.
+        run = self._report([g["run"] for g in gathered], None)
+        for warning in run.warnings if run is not None else []:
+            kind = "memory" if warning.startswith("Peak memory") else "time"
+            rank = run.max_memory_rank if kind == "memory" else run.slowest_rank  # type: ignore[union-attr]
+            if (kind, rank or 0) not in self._warned:
+                self._warned.add((kind, rank or 0))
+                logger.warning(f"step {state.global_step}: {warning}")
+
+    def _write_scalars(self, report: CrossRankReport, step: int) -> None:
+        w = self._writer
+        for r in report.ranks:
+            for key in _PER_RANK:
+                value = getattr(r, key)
+                if value is not None:
+                    w.add_scalar(f"timing/{key}/rank{r.rank}", value, step)
+            w.add_scalar(f"throughput/samples_per_s/rank{r.rank}", r.samples_per_s, step)
+            w.add_scalar(f"throughput/tokens_per_s/rank{r.rank}", r.tokens_per_s, step)
+        w.add_scalar("timing/step_s/mean", report.step_mean_s, step)
+        w.add_scalar("timing/step_s/min", report.step_min_s, step)
+        w.add_scalar("timing/step_s/max", report.step_max_s, step)
+        w.add_scalar("timing/imbalance_pct", report.imbalance_pct, step)
+        w.add_scalar("timing/step_imbalance_pct", report.step_imbalance_pct, step)
+        w.add_scalar("timing/slowest_rank", report.slowest_rank, step)
+        if report.memory_imbalance_pct is not None:
+            w.add_scalar("timing/memory_imbalance_pct", report.memory_imbalance_pct, step)
+        w.add_scalar("throughput/samples_per_s", report.samples_per_s, step)
+        w.add_scalar("throughput/tokens_per_s", report.tokens_per_s, step)
+        if report.mfu_pct is not None:
+            w.add_scalar("throughput/mfu_pct", report.mfu_pct, step)
+
+    def _write_summary(self, gathered: list[dict[str, Any]], state: TrainerState) -> None:
+        assert self.run_dir is not None
+        runs = [g["run"] for g in gathered]
+        counted = min(r["steps"] for r in runs) if all(runs) else 0
+        all_steps = counted + (WARMUP_STEPS if self._run.steps else 0)
+        # The Trainer counts FLOPs for every step; scale to the steps in the means (equal work per step).
+        flops = (float(state.total_flos) - self._flos_begin) * counted / all_steps if all_steps else None
+        report = self._report(runs, flops)
+        if report is None:
+            return
+        summary: dict[str, Any] = {
+            "world_size": len(gathered),
+            "steps_in_means": counted,
+            "warmup_steps_excluded": WARMUP_STEPS if self._run.steps else 0,
+            "last_step": state.global_step,
+            "imbalance_basis": "pre_sync_s",
+            **report.to_json(),
+            "per_rank": report.to_json()["ranks"],
+            "peak_tflops": self._peak_tflops,
+            "comm_overhead": self.comm,
+            "files": sorted(TIMING_LOG_NAME.format(rank=r) for r in range(len(gathered))),
+        }
+        del summary["ranks"]
+        self.summary = summary
+        paths.atomic_write_text(self.run_dir / TIMING_SUMMARY_NAME, json.dumps(summary, indent=2) + "\n")
+        print(format_table(report, self.comm, title=f"hf_distprof step timing ({self.run_dir})"), flush=True)
+        for warning in report.warnings:
+            logger.warning(warning)
+
+    # ---- comm overhead, before training -------------------------------------------------------
+
+    def _measure_comm(self, model: Any, loader: Any, batch_size: int) -> dict[str, Any] | None:
+        if dist.get_world_size() < 2 or not dist.is_distributed():
+            logger.warning("--measure-comm-overhead needs at least 2 ranks in a process group; skipped")
+            return None
+        batch = None
+        try:
+            with comm_overhead.preserved_rng():
+                batch = comm_overhead.to_device(sample_batch(loader, batch_size, dist.get_rank()), self._device)
+            comm_overhead.sync_switch(model)
+        except Exception as err:  # a probe that cannot run must not stop training
+            logger.warning(f"--measure-comm-overhead skipped: {err}")
+        # Agree before the first collective of the probe: either every rank runs it or none does.
+        if not all(dist.all_gather_object(batch is not None)):
+            return None
+        result = comm_overhead.measure_comm_overhead(model, batch, self.args.measure_comm_overhead)
+        combined = comm_overhead.summarize_ranks(dist.all_gather_object(result.to_json()))
+        if dist.get_rank() == 0:
+            print(
+                f"hf_distprof comm overhead ({combined['method']}, {combined['passes']} passes per mode, median "
+                f"of ranks): compute {combined['compute_s']:.4f}s, with sync {combined['with_sync_s']:.4f}s, "
+                f"communication {combined['comm_s']:.4f}s = {combined['overhead_pct']:.1f}% of forward+backward",
+                flush=True,
+            )
+        return combined
+
+    def _guarded(self, fn: Any, *args: Any) -> Any:
+        """Run local reporting work; a failure becomes one warning and training goes on."""
+        try:
+            return fn(*args)
+        except Exception as err:
+            if not self._failed:
+                self._failed = True
+                logger.warning(f"step timing: {fn.__name__} failed ({err!r}); training continues")
+            return None

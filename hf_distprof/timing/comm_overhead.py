@@ -1,0 +1,255 @@
+"""Communication overhead, measured: forward+backward with gradient sync off, then on (an A/B).
+
+Run once before training on a real batch. ``passes`` forward+backward passes run with gradient sync
+disabled (DDP ``no_sync``; FSDP2 ``set_requires_gradient_sync(False)``), then ``passes`` with sync. The
+gradients are dropped after every pass and the optimizer is never stepped. Parameters, gradients,
+buffers, the RNG states and the module's train/eval mode are restored afterwards, bit for bit, so the
+training that follows is exactly the one that would have run without the measurement.
+
+Every rank must call ``measure_comm_overhead`` at the same point: the synced passes are collectives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import random
+import statistics
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.distributed
+from torch import nn
+
+from hf_distprof import dist
+
+
+@dataclass
+class CommOverhead:
+    """Result of the A/B on one rank.
+
+    Attributes:
+        passes: Timed passes per mode.
+        method: How sync was switched off (``ddp.no_sync`` or ``fsdp2.set_requires_gradient_sync``).
+        compute_s: Forward+backward without gradient sync (the least disturbed of the passes).
+        with_sync_s: Forward+backward with gradient sync (the least disturbed of the passes).
+        comm_s: ``with_sync_s - compute_s``: the communication the backward does not hide.
+        overhead_pct: ``comm_s / with_sync_s``: the share of a synced forward+backward spent on it.
+        no_sync_passes_s: Every timed pass without sync.
+        sync_passes_s: Every timed pass with sync.
+    """
+
+    passes: int
+    method: str
+    compute_s: float
+    with_sync_s: float
+    comm_s: float
+    overhead_pct: float
+    no_sync_passes_s: list[float]
+    sync_passes_s: list[float]
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return asdict(self)
+
+
+def find_ddp_wrapper(model: nn.Module) -> nn.Module | None:
+    """The ``DistributedDataParallel`` that wraps ``model``, if one exists in this process.
+
+    Trainer callbacks receive the unwrapped model; the wrapper's ``no_sync`` is what switches DDP's
+    gradient all-reduce off. It is found by a one-time scan of live objects (only when the user asks
+    for the measurement), which works for any Trainer subclass without access to the Trainer.
+    """
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if isinstance(model, DDP):
+        return model
+    for obj in gc.get_objects():
+        if isinstance(obj, DDP) and obj.module is model:
+            return obj
+    return None
+
+
+def sync_switch(model: nn.Module) -> tuple[str, Callable[[], contextlib.AbstractContextManager[Any]], nn.Module]:
+    """How to run a pass without gradient sync for ``model``.
+
+    Args:
+        model: The (unwrapped) model the Trainer trains.
+
+    Returns:
+        ``(method name, factory of a no-sync context, module to call)``.
+
+    Raises:
+        ValueError: When the model is neither wrapped in DDP nor an FSDP2 module.
+    """
+    ddp = find_ddp_wrapper(model)
+    if ddp is not None:
+        return "ddp.no_sync", ddp.no_sync, ddp
+    if hasattr(model, "set_requires_gradient_sync"):
+
+        @contextlib.contextmanager
+        def fsdp_no_sync() -> Iterator[None]:
+            model.set_requires_gradient_sync(False)  # type: ignore[operator]
+            try:
+                yield
+            finally:
+                model.set_requires_gradient_sync(True)  # type: ignore[operator]
+
+        return "fsdp2.set_requires_gradient_sync", fsdp_no_sync, model
+    raise ValueError(
+        f"cannot switch gradient sync off for {type(model).__name__}: it is neither wrapped in "
+        "DistributedDataParallel nor an FSDP2 (fully_shard) module"
+    )
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """Move every tensor of a (nested) batch to ``device``."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, Mapping):
+        return type(batch)({k: to_device(v, device) for k, v in batch.items()})  # type: ignore[call-arg]
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch
+
+
+def _loss_of(output: Any) -> torch.Tensor:
+    """The loss of a model output; the mean of its first float tensor when it has none.
+
+    The gradient volume, hence the communication, does not depend on which scalar is differentiated.
+    """
+    loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    values = output.values() if isinstance(output, Mapping) else output
+    if isinstance(values, torch.Tensor):
+        return values.float().mean()
+    for value in values:
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return value.float().mean()
+    raise ValueError(f"the model output {type(output).__name__} holds no floating-point tensor to backward")
+
+
+@contextlib.contextmanager
+def preserved_rng() -> Iterator[None]:
+    """Restore the torch (CPU and CUDA), Python and NumPy RNG states on exit.
+
+    The probe's batch (an MLM collator draws its mask) and dropout draw random numbers; without this the
+    training that follows would see a different random stream than it would have without the probe.
+    """
+    cpu_rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    py_rng = random.getstate()
+    np_rng: Any = None
+    with contextlib.suppress(ImportError):
+        import numpy as np
+
+        np_rng = np.random.get_state()
+    try:
+        yield
+    finally:
+        torch.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+        random.setstate(py_rng)
+        if np_rng is not None:
+            import numpy as np
+
+            np.random.set_state(np_rng)
+
+
+@contextlib.contextmanager
+def preserved_state(model: nn.Module) -> Iterator[None]:
+    """Restore gradients, buffers, RNG states and train/eval mode of ``model`` on exit, bit for bit.
+
+    Gradient tensors keep their identity (DDP may hold bucket views of them); their values are copied back.
+    Parameters are not snapshotted: nothing in a forward+backward writes them.
+    """
+    grads = [(p, p.grad, None if p.grad is None else p.grad.detach().clone()) for p in model.parameters()]
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    training = model.training
+    try:
+        with preserved_rng():
+            yield
+    finally:
+        with torch.no_grad():
+            for param, grad, values in grads:
+                param.grad = grad
+                if grad is not None and values is not None:
+                    grad.copy_(values)
+            for buf, values in buffers:
+                buf.copy_(values)
+        model.train(training)
+
+
+def _timed_pass(call: nn.Module, batch: Any, params: list[nn.Parameter], device: torch.device) -> float:
+    for p in params:
+        p.grad = None
+    if dist.is_distributed():
+        # Every rank starts together, so a synced pass measures communication, not start-time skew.
+        torch.distributed.barrier()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    _loss_of(call(**batch) if isinstance(batch, Mapping) else call(batch)).backward()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+def measure_comm_overhead(model: nn.Module, batch: Any, passes: int) -> CommOverhead:
+    """Time ``passes`` forward+backward passes without gradient sync, then ``passes`` with it.
+
+    One untimed pass of each mode runs first: DDP's first iterations rebuild buckets (with a broadcast)
+    and the allocator warms up. The reported figures are the fastest pass of each mode, the one least
+    disturbed by other processes; all passes are in the result too.
+
+    Args:
+        model: The unwrapped model the Trainer trains (its DDP wrapper is found), or an FSDP2 module.
+        batch: A real batch, already on the model's device.
+        passes: Timed passes per mode, >= 1.
+
+    Returns:
+        This rank's result.
+
+    Raises:
+        ValueError: When ``passes`` < 1 or gradient sync cannot be switched off for this model.
+    """
+    if passes < 1:
+        raise ValueError(f"passes must be >= 1, got {passes}")
+    method, no_sync, call = sync_switch(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    device = params[0].device if params else torch.device("cpu")
+    with preserved_state(model):
+        model.train()
+        _timed_pass(call, batch, params, device)  # warm-up, synced
+        with no_sync():
+            _timed_pass(call, batch, params, device)  # warm-up, no sync
+            no_sync_times = [_timed_pass(call, batch, params, device) for _ in range(passes)]
+        # The synced passes come last so that DDP ends in its normal state: nothing left unreduced.
+        sync_times = [_timed_pass(call, batch, params, device) for _ in range(passes)]
+    compute, synced = min(no_sync_times), min(sync_times)
+    comm = synced - compute
+    return CommOverhead(
+        passes=passes,
+        method=method,
+        compute_s=compute,
+        with_sync_s=synced,
+        comm_s=comm,
+        overhead_pct=comm / synced * 100.0 if synced > 0 else 0.0,
+        no_sync_passes_s=no_sync_times,
+        sync_passes_s=sync_times,
+    )
+
+
+def summarize_ranks(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Combine every rank's ``CommOverhead.to_json()`` into the run's figure (medians over ranks)."""
+    keys = ("compute_s", "with_sync_s", "comm_s", "overhead_pct")
+    out: dict[str, Any] = {k: statistics.median(r[k] for r in results) for k in keys}
+    out["passes"] = results[0]["passes"]
+    out["method"] = results[0]["method"]
+    out["per_rank"] = results
+    return out

@@ -1,0 +1,281 @@
+"""Turn hook calls into one ``StepTiming`` per optimizer step, without blocking the step.
+
+The callback calls the recorder at each phase boundary of an optimizer step:
+
+``boundary`` (end of the previous step, or of logging/saving after it) -> ``step_begin`` ->
+per micro-batch [``forward_begin`` -> ``forward_end`` -> ``grad_ready``... -> ``micro_end``] ->
+``optimizer_begin`` (closes the last micro-batch) -> ``optimizer_end`` -> ``step_end``.
+
+Each call only takes a clock mark. Marks are turned into seconds by ``resolve``, which the callback
+calls on logging steps only: on GPU that is the one place where the host waits for the device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from hf_distprof.timing.clock import Clock, Mark
+
+
+@dataclass
+class StepTiming:
+    """Phase durations of one optimizer step on one rank, in seconds, summed over micro-batches.
+
+    Attributes:
+        step: The optimizer step (``state.global_step`` after the step, so the first is 1).
+        data_s: From the end of the previous step (or of the logging/saving after it) to this step's
+            start: fetching the batches, plus the Trainer's cross-rank token count, which waits for
+            the slowest rank's loader.
+        forward_s: Time inside the model's forward. None when the forward hooks did not fire.
+        backward_s: From the end of forward to the end of backward, including the DDP/FSDP gradient
+            sync and gradient clipping on the last micro-batch.
+        optimizer_s: ``optimizer.step()``.
+        step_s: The whole step, from where ``data_s`` starts to the step's end.
+        data_load_s: Host seconds spent inside the data loader's ``next()``; None when the loader could
+            not be instrumented. Unlike ``data_s`` it holds no cross-rank wait.
+        backward_compute_s: From the end of forward to the last parameter gradient being ready: the
+            backward computation without the wait for the final gradient all-reduce. None when
+            gradient hooks did not fire on every micro-batch (FSDP2, a changing graph on GPU).
+        micro_batches: Forward passes in the step (the gradient accumulation steps).
+        samples: Samples in the step on this rank.
+        tokens: Tokens in the step on this rank (non-padding ones when an attention mask was given).
+    """
+
+    step: int
+    data_s: float
+    forward_s: float | None
+    backward_s: float
+    optimizer_s: float
+    step_s: float
+    data_load_s: float | None = None
+    backward_compute_s: float | None = None
+    micro_batches: int = 0
+    samples: int = 0
+    tokens: int = 0
+
+    @property
+    def pre_sync_s(self) -> float:
+        """Time this rank spends on its own work before the gradient sync can complete.
+
+        Data loading + forward + the compute part of backward. Under DDP every rank's ``step_s`` is the
+        same, because the fast ranks wait inside the sync for the slow one; this sum is what differs.
+        """
+        data = self.data_load_s if self.data_load_s is not None else self.data_s
+        return data + (self.forward_s or 0.0) + (self.backward_compute_s or 0.0)
+
+    @property
+    def wait_s(self) -> float:
+        """Step time not spent on this rank's own work: mostly waiting in collectives for slower ranks."""
+        return max(0.0, self.step_s - self.pre_sync_s - self.optimizer_s)
+
+    def to_json(self) -> dict[str, Any]:
+        """One ``timing_rank{R}.jsonl`` line: the fixed keys first, then the derived ones."""
+        out = dataclasses.asdict(self)
+        out["pre_sync_s"] = self.pre_sync_s
+        out["wait_s"] = self.wait_s
+        return out
+
+
+@dataclass
+class _Micro:
+    fwd_begin: Mark = None
+    fwd_end: Mark = None
+    grad: Mark = None
+    bwd_end: Mark = None
+
+
+@dataclass
+class _Marks:
+    prev_end: Mark
+    begin: Mark
+    load_s: float | None
+    micros: list[_Micro] = field(default_factory=list)
+    pre_opt: Mark = None
+    opt: Mark = None
+    end: Mark = None
+    step: int = 0
+    samples: int = 0
+    tokens: list[Any] = field(default_factory=list)  # ints, or 0-d device tensors read on resolve
+
+    def all_marks(self) -> list[Mark]:
+        marks = [self.prev_end, self.begin, self.pre_opt, self.opt, self.end]
+        for m in self.micros:
+            marks += [m.fwd_begin, m.fwd_end, m.grad, m.bwd_end]
+        return marks
+
+
+class StepRecorder:
+    """Collects phase marks per optimizer step; ``resolve`` turns finished steps into ``StepTiming``.
+
+    Args:
+        clock: Where marks come from.
+        loader_timed: Whether ``add_load_time`` is fed by an instrumented data loader; when False,
+            ``StepTiming.data_load_s`` is None.
+    """
+
+    def __init__(self, clock: Clock, loader_timed: bool = False) -> None:
+        self.clock = clock
+        self.loader_timed = loader_timed
+        self._prev_end: Mark = None
+        self._load_s = 0.0
+        self._current: _Marks | None = None
+        self._pending: list[_Marks] = []
+        self._grad_calls = 0
+        # Gradient hook calls per backward, learned on the first micro-batch: on GPU only the call that
+        # completes the count records an event (one event per parameter would cost more than the step).
+        self._grad_expected: int | None = None
+
+    @property
+    def in_step(self) -> bool:
+        """Whether an optimizer step is open (hooks outside a step, e.g. evaluation, are ignored)."""
+        return self._current is not None
+
+    @property
+    def pending_steps(self) -> int:
+        """Finished steps not yet resolved."""
+        return len(self._pending)
+
+    def boundary(self) -> None:
+        """Mark where the next step's data wait starts (end of a step, of logging, of saving...)."""
+        old = self._prev_end
+        self._prev_end = self.clock.mark()
+        if old is not None:
+            self.clock.release([old])
+
+    def add_load_time(self, seconds: float) -> None:
+        """Add host seconds spent inside the data loader; they count towards the next step."""
+        self._load_s += seconds
+
+    def step_begin(self) -> None:
+        """Start an optimizer step."""
+        if self._current is not None:  # a step that never ended (exception, skipped hook): drop it
+            self.clock.release(self._current.all_marks())
+        load = self._load_s if self.loader_timed else None
+        self._load_s = 0.0
+        self._current = _Marks(prev_end=self._prev_end, begin=self.clock.mark(), load_s=load)
+        self._prev_end = None
+
+    def forward_begin(self, samples: int = 0, tokens: Any = 0) -> None:
+        """The model's forward starts; ``tokens`` may be an int or a 0-d tensor (read on resolve)."""
+        cur = self._current
+        if cur is None:
+            return
+        mark = self.clock.mark()
+        if cur.micros and cur.micros[-1].bwd_end is None:
+            self._close_micro(cur.micros[-1], mark)
+        cur.micros.append(_Micro(fwd_begin=mark))
+        cur.samples += samples
+        cur.tokens.append(tokens)
+        self._grad_calls = 0
+
+    def forward_end(self) -> None:
+        """The model's forward returned."""
+        cur = self._current
+        if cur is not None and cur.micros and cur.micros[-1].fwd_end is None:
+            cur.micros[-1].fwd_end = self.clock.mark()
+
+    def grad_ready(self) -> None:
+        """One parameter's gradient was accumulated (called from a gradient hook)."""
+        cur = self._current
+        if cur is None or not cur.micros:
+            return
+        self._grad_calls += 1
+        if self.clock.cheap_marks or self._grad_calls == self._grad_expected:
+            micro = cur.micros[-1]
+            if micro.grad is not None:
+                self.clock.release([micro.grad])
+            micro.grad = self.clock.mark()
+
+    def micro_end(self) -> None:
+        """A non-final micro-batch's backward finished (``on_substep_end``)."""
+        cur = self._current
+        if cur is not None and cur.micros and cur.micros[-1].bwd_end is None:
+            self._close_micro(cur.micros[-1], self.clock.mark())
+
+    def optimizer_begin(self) -> None:
+        """``on_pre_optimizer_step``: closes the last micro-batch's backward."""
+        cur = self._current
+        if cur is None:
+            return
+        cur.pre_opt = self.clock.mark()
+        if cur.micros and cur.micros[-1].bwd_end is None:
+            self._close_micro(cur.micros[-1], cur.pre_opt)
+
+    def optimizer_end(self) -> None:
+        """``on_optimizer_step``."""
+        if self._current is not None:
+            self._current.opt = self.clock.mark()
+
+    def step_end(self, step: int) -> None:
+        """``on_step_end``: the step is finished and queued for ``resolve``."""
+        cur = self._current
+        if cur is None:
+            return
+        cur.end = self.clock.mark()
+        cur.step = step
+        self._pending.append(cur)
+        self._current = None
+        self.boundary()
+
+    def _close_micro(self, micro: _Micro, mark: Mark) -> None:
+        micro.bwd_end = mark
+        if not self.clock.cheap_marks and self._grad_calls != self._grad_expected:
+            # The count changed (first backward, or the graph changed): any event taken is not the last.
+            if micro.grad is not None:
+                self.clock.release([micro.grad])
+                micro.grad = None
+            self._grad_expected = self._grad_calls or None
+        elif self._grad_calls == 0:
+            micro.grad = None
+
+    def resolve(self) -> list[StepTiming]:
+        """Turn every finished step into seconds; on GPU this waits for the newest event.
+
+        Returns:
+            The finished steps since the last call, oldest first.
+        """
+        if not self._pending:
+            return []
+        pending, self._pending = self._pending, []
+        self.clock.wait(pending[-1].end)
+        out = [self._durations(m) for m in pending]
+        for m in pending:
+            self.clock.release(list({id(x): x for x in m.all_marks() if x is not None}.values()))
+        return out
+
+    def _durations(self, m: _Marks) -> StepTiming:
+        el = self.clock.elapsed
+        start = m.prev_end if m.prev_end is not None else m.begin
+        forward = backward = compute = 0.0
+        complete_fwd = bool(m.micros)
+        complete_grad = bool(m.micros)
+        for micro in m.micros:
+            if micro.fwd_begin is None or micro.fwd_end is None:
+                complete_fwd = False
+                continue
+            forward += el(micro.fwd_begin, micro.fwd_end)
+            if micro.bwd_end is not None:
+                backward += el(micro.fwd_end, micro.bwd_end)
+            if micro.grad is not None:
+                compute += el(micro.fwd_end, micro.grad)
+            else:
+                complete_grad = False
+        bwd_stop = m.pre_opt if m.pre_opt is not None else m.end
+        if not complete_fwd:
+            # Without forward marks forward and backward cannot be told apart: all of it is "backward".
+            backward = el(m.begin, bwd_stop)
+        return StepTiming(
+            step=m.step,
+            data_s=el(start, m.begin) if m.prev_end is not None else 0.0,
+            forward_s=forward if complete_fwd else None,
+            backward_s=backward,
+            optimizer_s=el(m.pre_opt, m.opt) if m.pre_opt is not None and m.opt is not None else 0.0,
+            step_s=el(start, m.end),
+            data_load_s=m.load_s,
+            backward_compute_s=compute if complete_fwd and complete_grad else None,
+            micro_batches=len(m.micros),
+            samples=m.samples,
+            tokens=sum(int(t) for t in m.tokens),
+        )

@@ -1,0 +1,342 @@
+"""Pure maths over per-rank step timings: means, cross-rank imbalance, the slowest rank, warnings, the table.
+
+No I/O and no distributed calls: the callback gathers ``RankSummary`` dicts from every rank and hands
+them to ``cross_rank_report``; the results are plain dataclasses that serialise to JSON.
+
+Why the slow rank is found from ``pre_sync_s`` and not ``step_s``: under DDP the gradient all-reduce
+ends at the same moment on every rank, so every rank's step lasts as long as the slowest one's; the
+fast ranks spend the difference waiting inside the collective. What differs between ranks is the time
+each spends on its own work before that sync (data loading + forward + the compute part of backward).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hf_distprof.timing.recorder import StepTiming
+
+# Mean phases carried per rank; the optional ones are None when not measured on some step.
+PHASES: tuple[str, ...] = ("data_s", "forward_s", "backward_s", "optimizer_s", "step_s")
+OPTIONAL_PHASES: tuple[str, ...] = ("data_load_s", "backward_compute_s")
+DERIVED: tuple[str, ...] = ("pre_sync_s", "wait_s")
+
+# Dense BF16/FP16 tensor-core peak TFLOPs per device, from the vendors' datasheets (no sparsity).
+# Matched in order against torch.cuda.get_device_name(): more specific names first.
+GPU_PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
+    ("H100 PCIe", 756.0),
+    ("H100", 989.0),
+    ("H200", 989.0),
+    ("GH200", 989.0),
+    ("B200", 2250.0),
+    ("A100", 312.0),
+    ("L40S", 362.0),
+    ("L40", 181.0),
+    ("L4", 121.0),
+    ("A10", 125.0),
+    ("V100", 125.0),
+    ("T4", 65.0),
+)
+
+
+def peak_tflops_for_device(device_name: str) -> float | None:
+    """Built-in peak dense BF16/FP16 TFLOPs for a GPU name, or None when it is not in the table."""
+    for key, tflops in GPU_PEAK_TFLOPS:
+        if key == "A10" and ("A100" in device_name or "A10G" in device_name):
+            continue  # "A10" is a prefix of other parts with other peaks
+        if key in device_name:
+            return tflops
+    return None
+
+
+@dataclass
+class PhaseTotals:
+    """Running sums of ``StepTiming`` fields, so that long runs keep no per-step history in memory."""
+
+    steps: int = 0
+    sums: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    samples: int = 0
+    tokens: int = 0
+
+    def add(self, timing: StepTiming) -> None:
+        """Add one step."""
+        self.steps += 1
+        self.samples += timing.samples
+        self.tokens += timing.tokens
+        for key in (*PHASES, *OPTIONAL_PHASES, *DERIVED):
+            value = getattr(timing, key)
+            if value is not None:
+                self.sums[key] = self.sums.get(key, 0.0) + float(value)
+                self.counts[key] = self.counts.get(key, 0) + 1
+
+    def mean(self, key: str) -> float | None:
+        """Mean over the steps where ``key`` was measured; None if it never was on every step."""
+        count = self.counts.get(key, 0)
+        if count == 0 or count < self.steps:
+            return None
+        return self.sums[key] / count
+
+    def to_rank_summary(self, rank: int, host: str = "", peak_memory_bytes: int | None = None) -> RankSummary:
+        """Per-step means of this rank, ready to be gathered."""
+        total = self.sums.get("step_s", 0.0)
+        means = {key: self.mean(key) for key in (*PHASES, *OPTIONAL_PHASES, *DERIVED)}
+        return RankSummary(
+            rank=rank,
+            host=host,
+            steps=self.steps,
+            total_s=total,
+            samples=self.samples,
+            tokens=self.tokens,
+            samples_per_s=self.samples / total if total > 0 else 0.0,
+            tokens_per_s=self.tokens / total if total > 0 else 0.0,
+            peak_memory_bytes=peak_memory_bytes,
+            **means,
+        )
+
+
+@dataclass
+class RankSummary:
+    """One rank's per-step means (seconds) and throughput over a window of steps."""
+
+    rank: int
+    host: str
+    steps: int
+    total_s: float
+    samples: int
+    tokens: int
+    samples_per_s: float
+    tokens_per_s: float
+    peak_memory_bytes: int | None
+    data_s: float | None = None
+    forward_s: float | None = None
+    backward_s: float | None = None
+    optimizer_s: float | None = None
+    step_s: float | None = None
+    data_load_s: float | None = None
+    backward_compute_s: float | None = None
+    pre_sync_s: float | None = None
+    wait_s: float | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RankSummary:
+        """Inverse of ``dataclasses.asdict``; unknown keys are ignored."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass
+class CrossRankReport:
+    """The cross-rank view of one window of steps."""
+
+    ranks: list[RankSummary]
+    step_mean_s: float
+    step_min_s: float
+    step_max_s: float
+    step_imbalance_pct: float
+    imbalance_pct: float
+    slowest_rank: int
+    fastest_rank: int
+    slowest_phase: str
+    memory_imbalance_pct: float | None
+    max_memory_rank: int | None
+    samples_per_s: float
+    tokens_per_s: float
+    mfu_pct: float | None
+    time_threshold_pct: float
+    memory_threshold_pct: float
+    warnings: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return dataclasses.asdict(self)
+
+
+def imbalance_pct(values: Sequence[float]) -> float:
+    """``(max - min) / mean`` in percent; 0 for fewer than two values or a zero mean."""
+    if len(values) < 2:
+        return 0.0
+    mean = sum(values) / len(values)
+    return 0.0 if mean <= 0 else (max(values) - min(values)) / mean * 100.0
+
+
+_PHASE_ADVICE = {
+    "data": (
+        "its input pipeline is the bottleneck: raise --dataloader_num_workers, set --dataloader_pin_memory, "
+        "pre-tokenize the dataset instead of tokenizing in the collator, and check that host for CPU or "
+        "disk contention"
+    ),
+    "forward": (
+        "its forward compute is slower: check for uneven sequence lengths across ranks (pad to a fixed "
+        "length or use --group_by_length), a slower or throttled device (nvidia-smi -q -d PERFORMANCE,CLOCK), "
+        "or other processes sharing that device or host"
+    ),
+    "backward": (
+        "its backward compute is slower: check for uneven sequence lengths across ranks (pad to a fixed "
+        "length or use --group_by_length), a slower or throttled device (nvidia-smi -q -d PERFORMANCE,CLOCK), "
+        "or other processes sharing that device or host"
+    ),
+}
+
+
+def _phase_components(rank: RankSummary) -> dict[str, float]:
+    data = rank.data_load_s if rank.data_load_s is not None else rank.data_s
+    return {"data": data or 0.0, "forward": rank.forward_s or 0.0, "backward": rank.backward_compute_s or 0.0}
+
+
+def _slowest_phase(ranks: Sequence[RankSummary], slow: RankSummary) -> tuple[str, float]:
+    """The pre-sync component where ``slow`` exceeds the other ranks' mean the most, and by how much."""
+    others = [r for r in ranks if r.rank != slow.rank] or [slow]
+    mine = _phase_components(slow)
+    excess = {
+        name: mine[name] - sum(_phase_components(o)[name] for o in others) / len(others) for name in mine
+    }
+    name = max(excess, key=lambda k: excess[k])
+    return name, excess[name]
+
+
+def format_bytes(n: float | None) -> str:
+    """``1536`` -> ``1.5 KiB``."""
+    if n is None:
+        return "n/a"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def cross_rank_report(
+    ranks: Sequence[RankSummary],
+    time_threshold_pct: float = 10.0,
+    memory_threshold_pct: float = 20.0,
+    flops: float | None = None,
+    peak_tflops: float | None = None,
+) -> CrossRankReport:
+    """Compare the ranks of one window of steps.
+
+    Args:
+        ranks: One summary per rank with at least one step each.
+        time_threshold_pct: Warn when the pre-sync time imbalance exceeds this.
+        memory_threshold_pct: Warn when the peak memory imbalance exceeds this.
+        flops: FLOPs of all ranks together over the window (the Trainer's count), for MFU.
+        peak_tflops: Peak TFLOPs of one device; MFU is None without it.
+
+    Returns:
+        The report, with warnings (and recommendations) for the thresholds crossed.
+
+    Raises:
+        ValueError: When ``ranks`` is empty or a rank has no steps.
+    """
+    if not ranks or any(r.steps == 0 or r.step_s is None or r.pre_sync_s is None for r in ranks):
+        raise ValueError(f"cross_rank_report needs every rank to have timed steps, got {list(ranks)!r}")
+    ranks = sorted(ranks, key=lambda r: r.rank)
+    steps = [float(r.step_s or 0.0) for r in ranks]
+    pre = [float(r.pre_sync_s or 0.0) for r in ranks]
+    slow = ranks[max(range(len(ranks)), key=lambda i: pre[i])]
+    fast = ranks[min(range(len(ranks)), key=lambda i: pre[i])]
+    phase, excess = _slowest_phase(ranks, slow)
+    imbalance = imbalance_pct(pre)
+
+    mems = [r.peak_memory_bytes for r in ranks]
+    mem_imbalance: float | None = None
+    max_mem_rank: int | None = None
+    if len(ranks) > 1 and all(m is not None for m in mems):
+        mem_imbalance = imbalance_pct([float(m or 0) for m in mems])
+        max_mem_rank = max(ranks, key=lambda r: r.peak_memory_bytes or 0).rank
+
+    mfu: float | None = None
+    mean_total = sum(r.total_s for r in ranks) / len(ranks)
+    if flops and peak_tflops and mean_total > 0:
+        mfu = flops / (len(ranks) * mean_total * peak_tflops * 1e12) * 100.0
+
+    warnings: list[str] = []
+    if len(ranks) > 1 and imbalance > time_threshold_pct:
+        mean_pre = sum(pre) / len(pre)
+        warnings.append(
+            f"Step time imbalance {imbalance:.1f}% > {time_threshold_pct:g}%: rank {slow.rank} is the slowest. "
+            f"Its own work before the gradient sync (data + forward + backward compute) takes "
+            f"{slow.pre_sync_s:.4f}s per step vs {mean_pre:.4f}s on average, and the other ranks wait for it "
+            f"in the collectives. Most of the difference is in {phase} (+{excess:.4f}s per step): rank "
+            f"{slow.rank}: {_PHASE_ADVICE[phase]}."
+        )
+    if mem_imbalance is not None and mem_imbalance > memory_threshold_pct:
+        low = min(ranks, key=lambda r: r.peak_memory_bytes or 0)
+        high = next(r for r in ranks if r.rank == max_mem_rank)
+        warnings.append(
+            f"Peak memory imbalance {mem_imbalance:.1f}% > {memory_threshold_pct:g}%: rank {max_mem_rank} peaks "
+            f"at {format_bytes(high.peak_memory_bytes)} vs {format_bytes(low.peak_memory_bytes)} on rank "
+            f"{low.rank}. Look for work only that rank does (logging, evaluation, checkpoint saving on rank 0), "
+            "uneven batch shapes (variable-length padding: pad to a fixed length or use --group_by_length), or "
+            "tensors kept alive on one rank; sharding optimizer state and gradients (FSDP) also evens it out."
+        )
+    return CrossRankReport(
+        ranks=list(ranks),
+        step_mean_s=sum(steps) / len(steps),
+        step_min_s=min(steps),
+        step_max_s=max(steps),
+        step_imbalance_pct=imbalance_pct(steps),
+        imbalance_pct=imbalance,
+        slowest_rank=slow.rank,
+        fastest_rank=fast.rank,
+        slowest_phase=phase,
+        memory_imbalance_pct=mem_imbalance,
+        max_memory_rank=max_mem_rank,
+        samples_per_s=sum(r.samples_per_s for r in ranks),
+        tokens_per_s=sum(r.tokens_per_s for r in ranks),
+        mfu_pct=mfu,
+        time_threshold_pct=time_threshold_pct,
+        memory_threshold_pct=memory_threshold_pct,
+        warnings=warnings,
+    )
+
+
+def _cell(value: float | None, width: int, fmt: str = ".4f") -> str:
+    return ("n/a" if value is None else format(value, fmt)).rjust(width)
+
+
+def format_table(report: CrossRankReport, comm: dict[str, Any] | None = None, title: str = "") -> str:
+    """The human-readable table rank 0 prints at the end of training.
+
+    Args:
+        report: The run's cross-rank report.
+        comm: The comm-overhead result (``CommOverhead.to_json()``), when it was measured.
+        title: A first line.
+
+    Returns:
+        Multi-line text.
+    """
+    cols = ("data", "load", "forward", "backward", "(compute)", "optim", "step", "pre-sync", "wait")
+    keys = ("data_s", "data_load_s", "forward_s", "backward_s", "backward_compute_s", "optimizer_s", "step_s",
+            "pre_sync_s", "wait_s")
+    lines = [title] if title else []
+    lines.append("seconds per optimizer step (means); pre-sync = load + forward + backward compute")
+    lines.append("rank " + "".join(c.rjust(10) for c in cols) + "  samples/s   tokens/s   peak mem")
+    for r in report.ranks:
+        row = f"{r.rank:<5}" + "".join(_cell(getattr(r, k), 10) for k in keys)
+        row += f"{r.samples_per_s:11.1f}{r.tokens_per_s:11.0f}{format_bytes(r.peak_memory_bytes):>11}"
+        if len(report.ranks) > 1 and r.rank == report.slowest_rank:
+            row += "  <- slowest"
+        lines.append(row)
+    lines.append(
+        f"step time mean/min/max: {report.step_mean_s:.4f} / {report.step_min_s:.4f} / {report.step_max_s:.4f} s; "
+        f"imbalance (pre-sync): {report.imbalance_pct:.1f}% (threshold {report.time_threshold_pct:g}%), "
+        f"slowest rank {report.slowest_rank} ({report.slowest_phase})"
+    )
+    mem = "n/a" if report.memory_imbalance_pct is None else f"{report.memory_imbalance_pct:.1f}%"
+    lines.append(f"peak memory imbalance: {mem} (threshold {report.memory_threshold_pct:g}%)")
+    mfu = "n/a (no --peak-tflops and no known GPU)" if report.mfu_pct is None else f"{report.mfu_pct:.1f}%"
+    lines.append(
+        f"throughput (all ranks): {report.samples_per_s:.1f} samples/s, {report.tokens_per_s:.0f} tokens/s; MFU {mfu}"
+    )
+    if comm:
+        lines.append(
+            f"comm overhead ({comm['passes']} passes per mode): compute {comm['compute_s']:.4f}s, "
+            f"with sync {comm['with_sync_s']:.4f}s, communication {comm['comm_s']:.4f}s = "
+            f"{comm['overhead_pct']:.1f}% of the step's forward+backward"
+        )
+    if report.warnings:
+        lines.append(f"{len(report.warnings)} warning(s) follow in the log.")
+    return "\n".join(lines)
