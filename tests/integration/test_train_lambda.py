@@ -1,0 +1,112 @@
+"""The main job end to end: 2 CPU ranks through train_lambda.sh write one trace per rank and memory scalars."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from hf_distprof import dist
+
+from .launch import train_lambda
+
+pytestmark = pytest.mark.integration
+
+HOST = dist.get_hostname()
+ARGS = ("--enable-profiling", "--enable-memory-logging", "--max-steps", "12", "--profiler-wait-steps", "2",
+        "--profiler-warmup-steps", "1", "--profiler-active-steps", "2", "--memory-log-steps", "4",
+        "--profiler-output-dir", "OUT", "--logging-steps", "4")
+EXPECTED_RUN_FILES = sorted(
+    [f"rank{r}_{HOST}_step4-5.pt.trace.json.gz" for r in (0, 1)]
+    + [f"rank{r}_{HOST}_step4-5_summary.txt" for r in (0, 1)]
+    + [f"memory_rank{r}.jsonl" for r in (0, 1)]
+)
+
+
+def digest(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    """Two identical runs into the same folders; the tree is snapshotted between them."""
+    work = tmp_path_factory.mktemp("job")
+    first = train_lambda(work, *ARGS)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-6000:]
+    snapshot = digest(work / "OUT")
+    run_dirs_first = sorted(p.name for p in (work / "OUT").iterdir())
+    second = train_lambda(work, *ARGS)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-6000:]
+    return work, first, run_dirs_first, snapshot
+
+
+def test_one_trace_per_rank_with_the_expected_names(two_runs):
+    work, _, run_dirs_first, _ = two_runs
+    assert len(run_dirs_first) == 1
+    run_dir = work / "OUT" / run_dirs_first[0]
+    assert sorted(p.name for p in run_dir.iterdir()) == EXPECTED_RUN_FILES
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_trace_is_gzip_json_with_active_steps_and_collectives(two_runs, rank):
+    work, _, run_dirs_first, _ = two_runs
+    trace = work / "OUT" / run_dirs_first[0] / f"rank{rank}_{HOST}_step4-5.pt.trace.json.gz"
+    with gzip.open(trace, "rt") as fh:
+        data = json.load(fh)
+    assert data["distributedInfo"]["rank"] == rank and data["distributedInfo"]["world_size"] == 2
+    events = data["traceEvents"]
+    steps = sorted(e["name"] for e in events if e.get("name", "").startswith("ProfilerStep#"))
+    assert steps == ["ProfilerStep#4", "ProfilerStep#5"]
+    # DDP's gradient all-reduce: gloo spans on worker threads and the c10d op that enqueued them.
+    assert sum(e.get("name") == "gloo:all_reduce" for e in events) >= 2
+    assert sum(e.get("name") == "c10d::allreduce_" for e in events) >= 2
+
+
+def test_memory_jsonl_per_rank(two_runs):
+    work, _, run_dirs_first, _ = two_runs
+    for rank in (0, 1):
+        lines = (work / "OUT" / run_dirs_first[0] / f"memory_rank{rank}.jsonl").read_text().splitlines()
+        rows = [json.loads(line) for line in lines]
+        assert [(r["step"], r["rank"]) for r in rows] == [(4, rank), (8, rank), (12, rank)]
+
+
+def test_tensorboard_holds_memory_scalars_of_both_ranks(two_runs):
+    work, first, _, _ = two_runs
+    tb_dir = re.search(r"TensorBoard scalars \(loss, memory/\.\.\.\): (\S+)", first.stdout)
+    assert tb_dir, first.stdout[-2000:]
+    acc = EventAccumulator(str(work / tb_dir.group(1)))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"memory/rss_mb/rank0", "memory/rss_mb/rank1", "memory/rss_mb/max"} <= tags
+    assert "train/loss" in tags  # the Trainer's own scalars share the run
+    assert [e.step for e in acc.Scalars("memory/rss_mb/rank1")] == [4, 8, 12]
+
+
+def test_rank0_tells_the_user_where_to_look(two_runs):
+    work, first, run_dirs_first, _ = two_runs
+    assert first.stdout.count("hf_distprof: training finished") == 1
+    assert f"run folder: {work / 'OUT' / run_dirs_first[0]}  (2 trace(s))" in first.stdout
+    assert "tensorboard --logdir" in first.stdout and "ui.perfetto.dev" in first.stdout
+
+
+def test_second_run_adds_files_and_overwrites_none(two_runs):
+    work, _, run_dirs_first, snapshot = two_runs
+    runs = sorted(p.name for p in (work / "OUT").iterdir())
+    assert len(runs) == 2 and run_dirs_first[0] in runs
+    after = digest(work / "OUT")
+    assert {k: after[k] for k in snapshot} == snapshot  # every earlier file is still there, byte for byte
+    new_run = work / "OUT" / next(r for r in runs if r not in run_dirs_first)
+    assert sorted(p.name for p in new_run.iterdir()) == EXPECTED_RUN_FILES
+
+
+def test_bad_flag_through_the_launcher_exits_2_before_launching(tmp_path):
+    proc = train_lambda(tmp_path, "--memory-log-steps", "0")
+    assert proc.returncode == 2
+    assert "--memory-log-steps: must be an integer >= 1, got '0'" in proc.stderr
+    assert "Traceback" not in proc.stderr and "ChildFailedError" not in proc.stderr
