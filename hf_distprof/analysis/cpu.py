@@ -10,6 +10,8 @@ collective runs), compute (inside any other op or annotation) and other (gaps wi
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 from hf_distprof.analysis import intervals as iv
 from hf_distprof.analysis.events import STEP_PREFIX, Span
 from hf_distprof.analysis.model import CpuBreakdown
@@ -19,16 +21,17 @@ BACKWARD_PREFIXES = ("autograd::engine::evaluate_function",)
 
 
 def cpu_breakdown(
-    ops: list[Span], comm: list[iv.Interval], start: float, end: float
+    ops: list[Span], comm: list[iv.Interval], start: float, end: float, op_starts: list[float] | None = None
 ) -> CpuBreakdown:
     """Split one step of the main thread into compute / communication / data loading / other.
 
     Args:
-        ops: The main thread's CPU ops and annotations (sorted by start); spans outside the step are
-            ignored.
+        ops: The main thread's CPU ops and annotations (sorted by start); only those that start within
+            the step count (an op belongs to the step that issued it).
         comm: Disjoint intervals during which this rank has a collective in flight.
         start: Step start (us).
         end: Step end (us).
+        op_starts: ``[op[0] for op in ops]``, to find the step's ops by bisection (computed when None).
 
     Returns:
         The breakdown; its categories add up to the step duration.
@@ -37,8 +40,11 @@ def cpu_breakdown(
     enqueue: list[iv.Interval] = []
     busy: list[iv.Interval] = []
     backward: list[iv.Interval] = []
-    for s, e, name in ops:
-        if e <= start or s >= end or name.startswith(STEP_PREFIX):
+    if op_starts is None:
+        op_starts = [op[0] for op in ops]
+    lo, hi = bisect_left(op_starts, start), bisect_left(op_starts, end)
+    for s, e, name in ops[lo:hi]:
+        if name.startswith(STEP_PREFIX):
             continue
         span = (max(s, start), min(e, end))
         if name.startswith(DATA_LOADING_PREFIX):

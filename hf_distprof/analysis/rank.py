@@ -106,9 +106,10 @@ def analyze_rank(trace: ParsedTrace, options: AnalysisOptions) -> RankResult:
         in_flight = iv.merge((c.start_us, c.end_us) for c in collectives)
     else:
         in_flight = iv.merge((s, e) for s, e, _ in trace.comm_spans)
+    op_starts = [op[0] for op in trace.main_ops]
     steps = []
     for step, indices in zip(trace.steps, gpu_steps):
-        steps.append(_step_result(trace, step, indices, in_flight, collectives, options))
+        steps.append(_step_result(trace, step, indices, in_flight, collectives, options, op_starts))
     selected = hta_selection(trace)
     starts = [gpu.start[i] for i in selected]
     ends = [gpu.end[i] for i in selected]
@@ -139,6 +140,7 @@ def _step_result(
     in_flight: list[iv.Interval],
     collectives: list[Collective],
     options: AnalysisOptions,
+    op_starts: list[float],
 ) -> StepResult:
     gpu = trace.gpu
     breakdown = gpu_breakdown(
@@ -151,7 +153,7 @@ def _step_result(
         step=step.number,
         start_us=step.start,
         duration_us=step.duration,
-        cpu=cpu_breakdown(trace.main_ops, in_flight, step.start, step.end),
+        cpu=cpu_breakdown(trace.main_ops, in_flight, step.start, step.end, op_starts),
         gpu=breakdown,
         n_collectives=sum(1 for c in collectives if c.step == step.number),
     )

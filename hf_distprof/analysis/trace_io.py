@@ -109,15 +109,6 @@ def _decompressed_blocks(path: Path) -> Iterator[bytes]:
             raise TraceReadError(path, "truncated gzip file (the stream ends before its end marker)")
 
 
-def _parse_run(path: Path, run: bytes) -> list[Any]:
-    """Parse ``run`` (comma-separated whole events) as a JSON array."""
-    try:
-        events = orjson.loads(b"[" + run + b"]")
-    except orjson.JSONDecodeError as exc:
-        raise TraceReadError(path, f"invalid JSON in traceEvents ({exc})") from None
-    return events  # type: ignore[no-any-return]
-
-
 class _ChunkedTrace:
     """State of one streaming read: metadata bytes around the array, and the unparsed tail of events."""
 
@@ -125,15 +116,10 @@ class _ChunkedTrace:
         self.path = path
         self.head = bytearray()  # bytes before the events array (metadata), until the array is found
         self.in_array = False
-        self.after_array = bytearray()  # bytes after the array (more metadata), once it is closed
         self.pending = bytearray()  # events bytes not parsed yet
-        self.done = False
 
     def feed(self, block: bytes) -> list[Any]:
         """Consume one decompressed block; return the events completed by it."""
-        if self.done:
-            self.after_array += block
-            return []
         if not self.in_array:
             self.head += block
             key = self.head.find(_EVENTS_KEY)
@@ -187,13 +173,12 @@ class _ChunkedTrace:
             return self._metadata_only(), []
         buf = self.pending
         # A whole document ends with the "}" of its top-level object; anything else was cut short.
-        if not (bytes(buf[-64:]) + bytes(self.after_array[-64:])).rstrip().endswith(b"}"):
+        if not bytes(buf[-64:]).rstrip().endswith(b"}"):
             raise TraceReadError(self.path, "truncated JSON: the file ends in the middle of the traceEvents array")
-        close = _closing_bracket(buf)
+        close, events = _closing_bracket(buf)
         if close < 0:
             raise TraceReadError(self.path, "invalid JSON in traceEvents (no valid end of the array found)")
-        events = _parse_run(self.path, bytes(buf[:close])) if buf[:close].strip() else []
-        tail = bytes(buf[close + 1 :]) + bytes(self.after_array)
+        tail = bytes(buf[close + 1 :])
         meta = self._metadata(tail)
         return meta, events
 
@@ -228,26 +213,28 @@ def _skip_ws(buf: bytearray, i: int) -> int:
     return i
 
 
-def _closing_bracket(buf: bytearray) -> int:
-    """Index of the "]" closing the events array in the final bytes, or -1."""
-    # After the last event the array closes; anything after it is metadata whose keys ("}" and "]"
-    # included) can be arbitrary, so find the last event's "}" followed by "]" scanning backwards
-    # from the end, verifying by parsing in finish().
+def _closing_bracket(buf: bytearray) -> tuple[int, list[Any]]:
+    """Index of the "]" closing the events array in the final bytes, and the events before it.
+
+    Returns (-1, []) when no "]" closes a valid run of events.
+    """
+    # Metadata after the array may hold "]" too, so try the last "]" preceded by an event's "}" (or
+    # by nothing: an empty array), verifying by parsing; keep the parsed events to not parse twice.
     end = len(buf)
     for _ in range(64):
         close = buf.rfind(b"]", 0, end)
         if close < 0:
-            return -1
+            return -1, []
         before = bytes(buf[:close]).rstrip()
-        if not before or before.endswith(b"}"):
+        if not before.strip():
+            return close, []
+        if before.endswith(b"}"):
             try:
-                orjson.loads(b"[" + before + b"]")
+                return close, orjson.loads(b"[" + before + b"]")
             except orjson.JSONDecodeError:
-                end = close
-                continue
-            return close
+                pass
         end = close
-    return -1
+    return -1, []
 
 
 def iter_trace_events(path: str | os.PathLike[str], meta_out: dict[str, Any]) -> Iterator[list[Any]]:

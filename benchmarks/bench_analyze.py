@@ -1,0 +1,190 @@
+"""Benchmark ``hf-distprof analyze`` against Holistic Trace Analysis 0.5.0 and a bare JSON parse.
+
+Run from the repository root (HTA is in the ``bench`` extra: ``pip install holistictraceanalysis==0.5.0``)::
+
+    python benchmarks/bench_analyze.py                      # tiles to >= 50 MB per rank
+    python benchmarks/bench_analyze.py --mb-per-rank 10     # quicker
+
+What it does, side by side in one run:
+
+1. Tiles the shared 8-rank DLRM traces (``../shared/traces/dlrm_8gpu_v100``) in time into a temp folder:
+   copy k of a rank's step is shifted by k step spans, renamed ``ProfilerStep#(10+k)``, and its
+   correlation ids offset, until each rank's JSON is at least ``--mb-per-rank`` MB (written gzipped).
+2. Runs three contenders, each in a fresh subprocess whose whole process tree's RSS is sampled every
+   20 ms: HTA (load + temporal breakdown + comm/comp overlap + kernel breakdown), ours
+   (``analyze_paths`` with the same number of worker processes), and a bare parse (gunzip + ``orjson.loads``
+   of every file on the same number of processes, discarding the result).
+3. Checks that HTA's and our per-rank temporal breakdown and overlap agree within 0.5 pp, and prints
+   wall time, peak RSS of the process tree, and the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import orjson
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+DLRM = REPO / ".." / "shared" / "traces" / "dlrm_8gpu_v100"
+
+
+def tile(src: Path, dst: Path, min_bytes: int) -> int:
+    """Write ``src`` tiled in time into ``dst`` until its JSON is >= ``min_bytes``; return the JSON size."""
+    doc = orjson.loads(gzip.decompress(src.read_bytes()))
+    events = doc["traceEvents"]
+    timed = [e for e in events if e.get("ph") != "M" and isinstance(e.get("ts"), (int, float))]
+    start = min(e["ts"] for e in timed)
+    span = max(e["ts"] + e.get("dur", 0) for e in timed) - start + 1000
+    max_corr = max(
+        (e.get("args", {}).get("correlation", 0) for e in timed if isinstance(e.get("args"), dict)), default=0
+    ) + 1
+    meta = [e for e in events if e.get("ph") == "M"]
+    # Indented like Kineto's own output; HTA also needs it, since it finds the rank with the regex
+    # '"rank":\s+(\d+)', which a compact dump does not match.
+    one = len(orjson.dumps(events, option=orjson.OPT_INDENT_2))
+    copies = max(1, -(-min_bytes // one))
+    out: list[dict] = list(meta)
+    for k in range(copies):
+        for e in timed:
+            e2 = dict(e)
+            e2["ts"] = e["ts"] + k * span
+            args = e.get("args")
+            if isinstance(args, dict):
+                args = dict(args)
+                for key in ("correlation", "External id"):
+                    if isinstance(args.get(key), int):
+                        args[key] += k * max_corr
+                e2["args"] = args
+            if e2.get("ph") in ("s", "f") and isinstance(e2.get("id"), int):
+                e2["id"] += k * max_corr
+            if str(e2.get("name", "")).startswith("ProfilerStep#"):
+                e2["name"] = f"ProfilerStep#{10 + k}"
+            out.append(e2)
+    doc["traceEvents"] = out
+    raw = orjson.dumps(doc, option=orjson.OPT_INDENT_2)
+    dst.write_bytes(gzip.compress(raw, compresslevel=1))
+    return len(raw)
+
+
+HTA_CODE = """
+import sys, json
+from hta.trace_analysis import TraceAnalysis
+ta = TraceAnalysis(trace_dir=sys.argv[1])
+tb = ta.get_temporal_breakdown(visualize=False)
+ov = ta.get_comm_comp_overlap(visualize=False)
+kt, kb = ta.get_gpu_kernel_breakdown(visualize=False)
+out = {int(r): {"idle_pct": float(i), "compute_pct": float(c), "non_compute_pct": float(n)}
+       for r, i, c, n in zip(tb["rank"], tb["idle_time_pctg"], tb["compute_time_pctg"], tb["non_compute_time_pctg"])}
+for r, o in zip(ov["rank"], ov["comp_comm_overlap_pctg"]):
+    out[int(r)]["overlap_pct"] = float(o)
+json.dump(out, open(sys.argv[2], "w"))
+"""
+
+OURS_CODE = """
+import sys, json
+from hf_distprof.analysis import AnalysisOptions, analyze_paths
+if __name__ == "__main__":  # the worker processes are spawned and re-import this script
+    res = analyze_paths([sys.argv[1]], AnalysisOptions(workers=int(sys.argv[3]), progress=False))
+    assert not res.errors, res.errors
+    out = {r.rank: {"idle_pct": r.gpu_total.idle_pct, "compute_pct": r.gpu_total.compute_pct,
+                    "non_compute_pct": r.gpu_total.non_compute_pct,
+                    "overlap_pct": r.gpu_total.comm_comp_overlap_pct}
+           for r in res.ranks}
+    json.dump(out, open(sys.argv[2], "w"))
+"""
+
+BARE_CODE = """
+import sys, gzip, glob, orjson
+from concurrent.futures import ProcessPoolExecutor
+def parse(p):
+    return len(orjson.loads(gzip.decompress(open(p, "rb").read()))["traceEvents"])
+if __name__ == "__main__":
+    files = sorted(glob.glob(sys.argv[1] + "/*.json.gz"))
+    with ProcessPoolExecutor(int(sys.argv[3])) as pool:
+        n = sum(pool.map(parse, files))
+    open(sys.argv[2], "w").write(str(n))
+"""
+
+
+def measure(code: str, trace_dir: Path, out: Path, workers: int) -> tuple[float, float]:
+    """Run ``code`` in a subprocess; return (wall seconds, peak RSS of its process tree in MB)."""
+    script = out.with_name(f"run_{out.stem}.py")  # not "hta.py": that would shadow the hta package
+    script.write_text(textwrap.dedent(code))
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(trace_dir), str(out), str(workers)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    root = psutil.Process(proc.pid)
+    peak = 0
+    # stderr goes to a pipe read only at the end; HTA logs a lot, so drain it in a thread to never block.
+    import threading
+
+    err_chunks: list[bytes] = []
+    reader = threading.Thread(target=lambda: err_chunks.append(proc.stderr.read()), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    while proc.poll() is None:
+        try:
+            tree = [root, *root.children(recursive=True)]
+            peak = max(peak, sum(p.memory_info().rss for p in tree if p.is_running()))
+        except psutil.Error:
+            pass
+        time.sleep(0.02)
+    wall = time.perf_counter() - t0
+    reader.join()
+    if proc.returncode != 0:
+        tail = b"".join(err_chunks).decode(errors="replace")[-2000:]
+        raise RuntimeError(f"{script.name} failed with exit status {proc.returncode}:\n{tail}")
+    return wall, peak / 2**20
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--mb-per-rank", type=float, default=50.0)
+    parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
+    parser.add_argument("--skip-hta", action="store_true")
+    args = parser.parse_args()
+    if not DLRM.is_dir():
+        raise SystemExit(f"reference traces not found at {DLRM.resolve()}")
+    with tempfile.TemporaryDirectory(prefix="bench_analyze_") as tmp_name:
+        tmp = Path(tmp_name)
+        traces = tmp / "traces"
+        traces.mkdir()
+        total = 0
+        for src in sorted(DLRM.glob("*.json.gz")):
+            total += tile(src, traces / src.name, int(args.mb_per_rank * 1e6))
+        gz = sum(p.stat().st_size for p in traces.iterdir())
+        print(f"tiled set: {len(list(traces.iterdir()))} ranks, {total / 1e6:.0f} MB JSON ({gz / 1e6:.0f} MB gzipped)")
+        rows = {}
+        rows["bare orjson parse"] = measure(BARE_CODE, traces, tmp / "bare.txt", args.workers)
+        rows["hf-distprof analyze"] = measure(OURS_CODE, traces, tmp / "ours.json", args.workers)
+        if not args.skip_hta:
+            rows["HTA 0.5.0"] = measure(HTA_CODE, traces, tmp / "hta.json", args.workers)
+        for name, (wall, rss) in rows.items():
+            print(f"{name:<22} {wall:7.2f} s  {rss:8.0f} MB peak RSS (process tree)")
+        ours_wall, ours_rss = rows["hf-distprof analyze"]
+        print(f"ours / bare parse: {ours_wall / rows['bare orjson parse'][0]:.2f}x time")
+        if not args.skip_hta:
+            hta_wall, hta_rss = rows["HTA 0.5.0"]
+            print(f"HTA / ours: {hta_wall / ours_wall:.1f}x time, {hta_rss / ours_rss:.1f}x peak RSS")
+            ours = json.loads((tmp / "ours.json").read_text())
+            hta = json.loads((tmp / "hta.json").read_text())
+            worst = max(abs(ours[r][k] - hta[r][k]) for r in hta for k in hta[r])
+            print(f"largest per-rank difference to HTA (idle/compute/non-compute/overlap %): {worst:.3f} pp")
+            if worst > 0.5:
+                raise SystemExit("MISMATCH: numbers differ from HTA by more than 0.5 pp")
+
+
+if __name__ == "__main__":
+    main()
