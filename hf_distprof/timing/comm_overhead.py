@@ -68,7 +68,8 @@ def find_ddp_wrapper(model: nn.Module) -> nn.Module | None:
     if isinstance(model, DDP):
         return model
     for obj in gc.get_objects():
-        if isinstance(obj, DDP) and obj.module is model:
+        # type(), not isinstance(): isinstance reads obj.__class__, which some deprecated torch objects warn on.
+        if issubclass(type(obj), DDP) and obj.module is model:
             return obj
     return None
 

@@ -1,0 +1,116 @@
+"""StepTimerCallback inside a real (single-process, CPU) Trainer: files, scalars, and no work off logging steps."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from transformers import ModernBertConfig, ModernBertForMaskedLM, Trainer, TrainingArguments
+
+from hf_distprof import ProfilingArguments, StepTimerCallback, dist
+from hf_distprof.timing.recorder import StepRecorder
+
+SEQ = 8
+
+
+def dataset(n: int = 32) -> list[dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for i in range(n):
+        ids = torch.randint(5, 60, (SEQ,), generator=g)
+        mask = torch.ones(SEQ, dtype=torch.long)
+        mask[SEQ - i % 3 :] = 0  # i % 3 padding positions at the end
+        rows.append({"input_ids": ids, "attention_mask": mask, "labels": ids.clone()})
+    return rows
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        yield _train(tmp_path_factory.mktemp("step_timer"), monkeypatch)
+
+
+def _train(tmp_path, monkeypatch):
+    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
+    gathers: list[int] = []
+    resolves: list[int] = []
+    real_gather, real_resolve = dist.all_gather_object, StepRecorder.resolve
+
+    def counting_gather(obj):
+        gathers.append(trainer.state.global_step)
+        return real_gather(obj)
+
+    def counting_resolve(self):
+        resolves.append(self.pending_steps)
+        return real_resolve(self)
+
+    monkeypatch.setattr(dist, "all_gather_object", counting_gather)
+    monkeypatch.setattr(StepRecorder, "resolve", counting_resolve)
+    torch.manual_seed(0)
+    config = ModernBertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                              intermediate_size=64, max_position_embeddings=SEQ, pad_token_id=0)
+    model = ModernBertForMaskedLM(config)
+    prof = ProfilingArguments(enable_step_timing=True, profiler_output_dir=str(tmp_path / "prof"),
+                              profiler_run_name="run", peak_tflops=1.0)
+    callback = StepTimerCallback(prof)
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, max_steps=6, logging_steps=3,
+                             per_device_train_batch_size=2, gradient_accumulation_steps=2, report_to="none",
+                             save_strategy="no", disable_tqdm=True)
+    trainer = Trainer(model=model, args=args, train_dataset=dataset(), callbacks=[callback])
+    trainer.train()
+    return callback, trainer, gathers, resolves, tmp_path
+
+
+def test_per_step_lines_and_summary(trained):
+    callback, _, _, _, tmp_path = trained
+    run_dir = tmp_path / "prof" / "run"
+    assert callback.run_dir == run_dir
+    assert sorted(p.name for p in run_dir.iterdir()) == ["timing_rank0.jsonl", "timing_summary.json"]
+    lines = [json.loads(line) for line in (run_dir / "timing_rank0.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2, 3, 4, 5, 6]
+    for line in lines:
+        assert {"step", "data_s", "forward_s", "backward_s", "optimizer_s", "step_s"} <= set(line)
+        assert line["micro_batches"] == 2 and line["samples"] == 4
+        assert line["forward_s"] is not None and line["backward_compute_s"] is not None
+        assert line["data_load_s"] is not None  # the Trainer's loader was instrumented
+        assert line["step_s"] >= line["forward_s"] + line["backward_s"] + line["optimizer_s"]
+    # Non-padding tokens: 4 rows of 8, 7 or 6 real tokens per step; 11 of the 32 rows have no padding,
+    # so 24 rows can never all be full.
+    assert all(4 * 6 <= line["tokens"] <= 4 * SEQ for line in lines)
+    assert sum(line["tokens"] for line in lines) < 6 * 4 * SEQ
+
+    summary = json.loads((run_dir / "timing_summary.json").read_text())
+    assert summary["world_size"] == 1 and summary["steps_in_means"] == 5 and summary["warmup_steps_excluded"] == 1
+    assert summary["slowest_rank"] == 0 and summary["warnings"] == [] and summary["comm_overhead"] is None
+    (rank0,) = summary["per_rank"]
+    assert rank0["steps"] == 5 and rank0["samples"] == 20 and rank0["samples_per_s"] > 0
+    assert summary["mfu_pct"] is not None and summary["mfu_pct"] > 0  # --peak-tflops given: MFU even on CPU
+    assert summary["imbalance_basis"] == "pre_sync_s"
+
+
+def test_one_gather_per_logging_step_and_resolution_only_there(trained):
+    _, _, gathers, resolves, _ = trained
+    assert gathers == [3, 6, 6]  # on_log at steps 3 and 6, then the end-of-run gather; none in between
+    assert [n for n in resolves if n] == [3, 3]  # marks were turned into seconds on logging steps only
+
+
+def test_hooks_and_loader_are_restored(trained):
+    _, trainer, _, _, _ = trained
+    model = trainer.model
+    assert not model._forward_pre_hooks and not model._forward_hooks
+    assert all(not p._post_accumulate_grad_hooks for p in model.parameters() if p.requires_grad)
+
+
+def test_tensorboard_scalars_and_layout(trained):
+    _, _, _, _, tmp_path = trained
+    (tb_dir,) = (tmp_path / "out" / "runs").iterdir()
+    assert tb_dir.name == "hf_distprof_run"
+    events = EventAccumulator(str(tb_dir))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"timing/step_s/rank0", "timing/forward_s/rank0", "timing/imbalance_pct", "timing/step_s/mean",
+            "throughput/samples_per_s", "throughput/tokens_per_s/rank0", "throughput/mfu_pct"} <= tags
+    assert [e.step for e in events.Scalars("timing/step_s/rank0")] == [3, 6]
+    assert "custom_scalars__config__" in events.Tags()["tensors"]

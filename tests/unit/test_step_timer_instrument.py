@@ -1,0 +1,144 @@
+"""Where the step timer attaches: input counting, model hooks, the timed data loader, the probe's batch."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, IterableDataset
+
+from hf_distprof.timing import instrument
+from hf_distprof.timing.clock import CpuClock
+from hf_distprof.timing.instrument import (
+    ModelHooks,
+    batch_size_and_tokens,
+    instrument_loader,
+    peak_memory_bytes,
+    sample_batch,
+)
+from hf_distprof.timing.recorder import StepRecorder
+
+
+def test_tokens_are_non_padding_when_a_mask_is_given():
+    ids = torch.ones(3, 5, dtype=torch.long)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]])
+    samples, tokens = batch_size_and_tokens((), {"input_ids": ids, "attention_mask": mask})
+    assert samples == 3 and isinstance(tokens, torch.Tensor) and int(tokens) == 9
+    assert batch_size_and_tokens((), {"input_ids": ids}) == (3, 15)
+    assert batch_size_and_tokens((ids,), {}) == (3, 15)
+    # A 4-D mask (some collators) does not match the inputs: count every position.
+    assert batch_size_and_tokens((), {"input_ids": ids, "attention_mask": torch.ones(3, 1, 5, 5)}) == (3, 15)
+    assert batch_size_and_tokens((), {"inputs_embeds": torch.zeros(2, 7, 4)}) == (2, 14)
+    assert batch_size_and_tokens((), {"pixel_values": torch.zeros(2, 3)}) == (0, 0)
+
+
+class TinyLM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(11, 8)
+        self.out = nn.Linear(8, 11)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> dict:
+        logits = self.out(self.emb(input_ids))
+        return {"loss": logits.float().logsumexp(-1).mean(), "logits": logits}
+
+
+def test_model_hooks_feed_the_recorder_inside_steps_only():
+    model = TinyLM()
+    rec = StepRecorder(CpuClock())
+    hooks = ModelHooks(model, rec)
+    batch = {"input_ids": torch.randint(0, 11, (4, 6)), "attention_mask": torch.ones(4, 6, dtype=torch.long)}
+    batch["attention_mask"][0, 3:] = 0
+
+    model(**batch)["loss"].backward()  # outside a step (evaluation, the probe): ignored
+    assert rec.resolve() == []
+
+    rec.boundary()
+    rec.step_begin()
+    model(**batch)["loss"].backward()
+    rec.optimizer_begin()
+    rec.optimizer_end()
+    rec.step_end(1)
+    (s,) = rec.resolve()
+    assert s.samples == 4 and s.tokens == 21 and s.micro_batches == 1
+    assert s.forward_s is not None and s.backward_compute_s is not None
+    assert s.backward_compute_s <= s.backward_s  # the last gradient is ready before backward returns
+
+    hooks.remove()
+    rec.step_begin()
+    model(**batch)["loss"].backward()
+    rec.optimizer_begin()
+    rec.step_end(2)
+    (s2,) = rec.resolve()
+    assert s2.micro_batches == 0 and s2.forward_s is None
+
+
+class FakeTime:
+    """perf_counter that only moves when the collator says so."""
+
+    now = 0.0
+
+    @classmethod
+    def perf_counter(cls) -> float:
+        return cls.now
+
+
+def slow_collate(items: list[int]) -> torch.Tensor:
+    FakeTime.now += 0.25 * len(items)
+    return torch.tensor(items)
+
+
+def test_instrumented_loader_reports_each_next_and_undoes_cleanly(monkeypatch):
+    monkeypatch.setattr(instrument, "time", types.SimpleNamespace(perf_counter=FakeTime.perf_counter))
+    loader = DataLoader(list(range(10)), batch_size=2, collate_fn=slow_collate)
+    seen: list[float] = []
+    undo = instrument_loader(loader, seen.append)
+    assert undo is not None
+    assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
+    assert seen == [0.5] * 5 + [0.0]  # five batches, then the StopIteration
+    assert instrument_loader(loader, seen.append) is None  # never stacked twice
+    undo()
+    assert "_get_iterator" not in vars(loader)
+    list(loader)
+    assert len(seen) == 6
+
+
+def test_instrumented_loader_sees_through_accelerate_shards(monkeypatch):
+    from accelerate.data_loader import DataLoaderShard
+
+    monkeypatch.setattr(instrument, "time", types.SimpleNamespace(perf_counter=FakeTime.perf_counter))
+    shard = DataLoaderShard(list(range(6)), batch_size=3, collate_fn=slow_collate)
+    seen: list[float] = []
+    undo = instrument_loader(shard, seen.append)
+    assert undo is not None and len(list(shard)) == 2
+    assert sum(seen) == pytest.approx(1.5)
+    undo()
+
+
+def test_non_dataloaders_are_left_alone():
+    assert instrument_loader([1, 2, 3], lambda s: None) is None
+
+
+def test_sample_batch_uses_the_collator_on_a_per_rank_slice_without_iterating():
+    loader = DataLoader(list(range(100, 110)), batch_size=3, collate_fn=lambda xs: torch.tensor(xs))
+    loader._get_iterator = None  # type: ignore[method-assign]  # iterating would fail the test
+    assert sample_batch(loader, 3, rank=0).tolist() == [100, 101, 102]
+    assert sample_batch(loader, 3, rank=1).tolist() == [103, 104, 105]
+    assert sample_batch(loader, 3, rank=3).tolist() == [101, 102, 103]  # wraps inside the dataset
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        return iter(range(5, 9))
+
+
+def test_sample_batch_of_an_iterable_dataset_is_its_first_batch():
+    assert sample_batch(DataLoader(Stream(), batch_size=2), 2, rank=1).tolist() == [5, 6]
+
+
+def test_peak_memory_is_the_process_peak_rss_on_cpu():
+    import psutil
+
+    assert peak_memory_bytes(torch.device("cpu")) >= psutil.Process().memory_info().rss * 0.5

@@ -1,0 +1,240 @@
+"""StepRecorder: exact phase sums from scripted timelines, on the CPU clock and on a fake CUDA-event clock."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_distprof.timing.clock import CpuClock, CudaEventClock, default_clock
+from hf_distprof.timing.recorder import StepRecorder
+
+
+class Timeline:
+    """A hand-driven clock: ``now`` only moves when the test says so."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class FakeCpuClock:
+    cheap_marks = True
+
+    def __init__(self, timeline: Timeline) -> None:
+        self.t = timeline
+
+    def mark(self) -> float:
+        return self.t.now
+
+    def elapsed(self, start: float, end: float) -> float:
+        return end - start
+
+    def wait(self, mark: float) -> None:
+        pass
+
+    def release(self, marks: list[float]) -> None:
+        pass
+
+
+class FakeEvent:
+    """Mimics torch.cuda.Event: record() captures the timeline; reading before synchronize() is an error."""
+
+    created = 0
+
+    def __init__(self, timeline: Timeline, log: dict[str, int]) -> None:
+        FakeEvent.created += 1
+        self.t, self.log = timeline, log
+        self.time: float | None = None
+        self.synced = False
+
+    def record(self) -> None:
+        self.log["record"] += 1
+        self.time, self.synced = self.t.now, False
+
+    def synchronize(self) -> None:
+        self.log["sync"] += 1
+        self.synced = True
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        assert self.time is not None and end.time is not None, "reading an event never recorded"
+        assert self.log["sync"] > 0, "elapsed_time before any synchronize: would block the host on a GPU"
+        self.log["read"] += 1
+        return (end.time - self.time) * 1000.0  # milliseconds, like CUDA
+
+
+def fake_cuda_clock(timeline: Timeline) -> tuple[CudaEventClock, dict[str, int]]:
+    log = {"record": 0, "sync": 0, "read": 0}
+    return CudaEventClock(event_factory=lambda: FakeEvent(timeline, log)), log
+
+
+def run_step(rec: StepRecorder, t: Timeline, step: int, micro: int = 2, params: int = 3,
+             data: float = 0.5, fwd: float = 1.0, compute: float = 2.0, sync: float = 0.25,
+             opt: float = 0.125, tokens: object = 16) -> None:
+    """One optimizer step: data, then ``micro`` x (forward, backward with ``params`` grad hooks), optimizer."""
+    t.advance(data)
+    rec.step_begin()
+    for i in range(micro):
+        rec.forward_begin(samples=4, tokens=tokens)
+        t.advance(fwd)
+        rec.forward_end()
+        for _ in range(params):
+            t.advance(compute / params)
+            rec.grad_ready()
+        t.advance(sync)  # the gradient all-reduce (only really on the last micro-batch, here on every one)
+        if i < micro - 1:
+            rec.micro_end()
+    rec.optimizer_begin()
+    t.advance(opt)
+    rec.optimizer_end()
+    rec.step_end(step)
+
+
+def test_cpu_phases_are_exact_sums_over_micro_batches():
+    t = Timeline()
+    rec = StepRecorder(FakeCpuClock(t), loader_timed=True)
+    rec.boundary()
+    rec.add_load_time(0.375)
+    run_step(rec, t, step=1, tokens=torch.tensor(13))
+    (s,) = rec.resolve()
+    assert s.step == 1 and s.micro_batches == 2 and s.samples == 8 and s.tokens == 26
+    assert s.data_s == pytest.approx(0.5)
+    assert s.data_load_s == pytest.approx(0.375)
+    assert s.forward_s == pytest.approx(2 * 1.0)
+    assert s.backward_s == pytest.approx(2 * (2.0 + 0.25))
+    assert s.backward_compute_s == pytest.approx(2 * 2.0)
+    assert s.optimizer_s == pytest.approx(0.125)
+    assert s.step_s == pytest.approx(0.5 + 2 * 3.25 + 0.125)
+    assert s.pre_sync_s == pytest.approx(0.375 + 2.0 + 4.0)
+    assert s.wait_s == pytest.approx(s.step_s - s.pre_sync_s - s.optimizer_s)
+    assert set(s.to_json()) >= {"step", "data_s", "forward_s", "backward_s", "optimizer_s", "step_s"}
+    assert rec.resolve() == []  # each step is reported once
+
+
+def test_boundary_after_logging_excludes_logging_time_from_the_next_data_wait():
+    t = Timeline()
+    rec = StepRecorder(FakeCpuClock(t))
+    rec.boundary()
+    run_step(rec, t, step=1, data=0.5)
+    t.advance(7.0)  # on_log: gather, TensorBoard writes...
+    rec.boundary()
+    run_step(rec, t, step=2, data=0.25)
+    first, second = rec.resolve()
+    assert first.data_s == pytest.approx(0.5)
+    assert second.data_s == pytest.approx(0.25)
+    assert second.data_load_s is None and second.pre_sync_s == pytest.approx(0.25 + 2.0 + 4.0)
+
+
+def test_calls_outside_a_step_are_ignored():
+    t = Timeline()
+    rec = StepRecorder(FakeCpuClock(t))
+    rec.forward_begin(samples=4, tokens=4)  # evaluation or the comm-overhead probe
+    rec.forward_end()
+    rec.grad_ready()
+    rec.micro_end()
+    rec.optimizer_begin()
+    rec.optimizer_end()
+    rec.step_end(3)
+    assert not rec.in_step and rec.pending_steps == 0 and rec.resolve() == []
+
+
+def test_without_forward_hooks_forward_is_unknown_and_backward_covers_both():
+    t = Timeline()
+    rec = StepRecorder(FakeCpuClock(t))
+    rec.boundary()
+    t.advance(1.0)
+    rec.step_begin()
+    t.advance(3.0)
+    rec.optimizer_begin()
+    t.advance(0.5)
+    rec.optimizer_end()
+    rec.step_end(1)
+    (s,) = rec.resolve()
+    assert s.forward_s is None and s.backward_compute_s is None
+    assert s.backward_s == pytest.approx(3.0) and s.step_s == pytest.approx(4.5)
+
+
+def test_cuda_path_records_events_and_reads_them_only_on_resolve():
+    t = Timeline()
+    clock, log = fake_cuda_clock(t)
+    rec = StepRecorder(clock)
+    rec.boundary()
+    for step in (1, 2, 3):
+        run_step(rec, t, step=step, params=4)
+        # Between logging steps: events recorded, never waited on nor read (no host-device sync).
+        assert log["sync"] == 0 and log["read"] == 0
+    records_in_3_steps = log["record"]
+    first, second, third = rec.resolve()
+    assert log["sync"] == 1  # one wait per logging step, on the newest event
+    # The first backward only learns the gradient-hook count (4): no per-parameter events on GPU.
+    assert first.backward_compute_s is None
+    assert second.backward_compute_s == pytest.approx(2 * 2.0)
+    assert third.forward_s == pytest.approx(2.0) and third.step_s == pytest.approx(0.5 + 2 * 3.25 + 0.125)
+    # begin, 2x(fwd begin, fwd end, one grad event, bwd end), pre_opt shares the last bwd end, opt, end,
+    # next boundary: far fewer than one event per gradient hook call (8 per step).
+    assert records_in_3_steps <= 3 * (2 + 2 * 4 + 3)
+
+
+def test_cuda_events_are_pooled_across_logging_windows():
+    t = Timeline()
+    clock, _ = fake_cuda_clock(t)
+    rec = StepRecorder(clock)
+    rec.boundary()
+    FakeEvent.created = 0
+    for window in range(5):
+        for step in range(3):
+            run_step(rec, t, step=window * 3 + step + 1)
+        rec.resolve()
+        rec.boundary()
+        if window == 1:
+            created_after_two_windows = FakeEvent.created
+    assert FakeEvent.created == created_after_two_windows  # steady state allocates no new events
+
+
+def test_cuda_path_drops_backward_compute_when_the_graph_changes():
+    t = Timeline()
+    clock, _ = fake_cuda_clock(t)
+    rec = StepRecorder(clock)
+    rec.boundary()
+    run_step(rec, t, step=1, micro=1, params=4)  # learns 4
+    run_step(rec, t, step=2, micro=1, params=4)
+    run_step(rec, t, step=3, micro=1, params=6)  # two more parameters got gradients: the 4th was not last
+    run_step(rec, t, step=4, micro=1, params=6)  # learned 6
+    s1, s2, s3, s4 = rec.resolve()
+    assert s1.backward_compute_s is None and s3.backward_compute_s is None
+    assert s2.backward_compute_s == pytest.approx(2.0) and s4.backward_compute_s == pytest.approx(2.0)
+
+
+def test_cuda_event_clock_converts_milliseconds_and_recycles():
+    t = Timeline()
+    clock, log = fake_cuda_clock(t)
+    a = clock.mark()
+    t.advance(0.25)
+    b = clock.mark()
+    clock.wait(b)
+    assert clock.elapsed(a, b) == pytest.approx(0.25)
+    clock.release([a, b])
+    assert {id(clock.mark()), id(clock.mark())} == {id(a), id(b)}
+    assert log["record"] == 4
+
+
+def test_default_clock_is_perf_counter_on_cpu():
+    assert isinstance(default_clock(torch.device("cpu")), CpuClock)
+    assert isinstance(default_clock(torch.device("cuda", 0)), CudaEventClock)  # construction needs no GPU
+
+
+@pytest.mark.gpu
+def test_real_cuda_events_time_a_step():
+    t_rec = StepRecorder(default_clock(torch.device("cuda", 0)))
+    x = torch.randn(2048, 2048, device="cuda")
+    t_rec.boundary()
+    t_rec.step_begin()
+    t_rec.forward_begin(samples=1, tokens=torch.ones(4, device="cuda").sum())
+    y = x @ x
+    t_rec.forward_end()
+    t_rec.optimizer_begin()
+    t_rec.optimizer_end()
+    t_rec.step_end(1)
+    (s,) = t_rec.resolve()
+    assert y.shape == x.shape and s.forward_s is not None and s.forward_s > 0 and s.tokens == 4

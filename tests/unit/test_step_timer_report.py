@@ -1,0 +1,124 @@
+"""Cross-rank maths: the slow rank comes from pre-sync time, thresholds, MFU, the GPU table, the table."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hf_distprof.timing.recorder import StepTiming
+from hf_distprof.timing.report import (
+    PhaseTotals,
+    RankSummary,
+    cross_rank_report,
+    format_table,
+    imbalance_pct,
+    peak_tflops_for_device,
+)
+
+
+def ddp_rank(rank: int, load: float, fwd: float = 0.1, compute: float = 0.2, step: float = 1.0,
+             mem: int | None = 1000, samples: int = 80) -> RankSummary:
+    """A rank under DDP: every rank's step lasts as long as the slowest; the rest of it is waiting."""
+    totals = PhaseTotals()
+    for i in range(10):
+        totals.add(StepTiming(step=i + 2, data_s=0.3, forward_s=fwd, backward_s=step - 0.3 - fwd - 0.05,
+                              optimizer_s=0.05, step_s=step, data_load_s=load, backward_compute_s=compute,
+                              micro_batches=1, samples=samples // 10, tokens=samples * 128 // 10))
+    return totals.to_rank_summary(rank, "host", mem)
+
+
+def test_imbalance_pct():
+    assert imbalance_pct([1.0, 1.0, 1.0]) == 0.0
+    assert imbalance_pct([1.0, 3.0]) == pytest.approx(100.0)
+    assert imbalance_pct([2.0]) == 0.0 and imbalance_pct([0.0, 0.0]) == 0.0
+
+
+def test_phase_totals_means_and_unmeasured_phases():
+    totals = PhaseTotals()
+    totals.add(StepTiming(step=1, data_s=1.0, forward_s=2.0, backward_s=3.0, optimizer_s=0.5, step_s=6.5,
+                          samples=2, tokens=10))
+    totals.add(StepTiming(step=2, data_s=3.0, forward_s=None, backward_s=5.0, optimizer_s=0.5, step_s=8.5,
+                          samples=2, tokens=10))
+    assert totals.mean("data_s") == 2.0 and totals.mean("step_s") == 7.5
+    assert totals.mean("forward_s") is None  # missing on one step: no mean over a subset
+    assert totals.mean("data_load_s") is None
+    summary = totals.to_rank_summary(3, "h", None)
+    assert summary.samples_per_s == pytest.approx(4 / 15.0) and summary.tokens_per_s == pytest.approx(20 / 15.0)
+
+
+@pytest.mark.parametrize("slow", [0, 1, 3])
+def test_the_slow_rank_is_found_from_pre_sync_time_although_all_steps_are_equal(slow):
+    ranks = [ddp_rank(r, load=0.4 if r == slow else 0.01) for r in range(4)]
+    report = cross_rank_report(ranks, time_threshold_pct=10, memory_threshold_pct=20)
+    assert report.step_imbalance_pct == 0.0  # total step time cannot tell
+    assert report.slowest_rank == slow and report.slowest_phase == "data"
+    mean = (0.4 + 3 * 0.01) / 4 + 0.3
+    assert report.imbalance_pct == pytest.approx((0.39) / mean * 100)
+    (warning,) = report.warnings
+    assert f"rank {slow} is the slowest" in warning and "dataloader_num_workers" in warning
+    json.dumps(report.to_json())
+
+
+def test_compute_slow_rank_gets_compute_advice():
+    ranks = [ddp_rank(0, 0.01), ddp_rank(1, 0.01, compute=0.5)]
+    report = cross_rank_report(ranks)
+    assert report.slowest_rank == 1 and report.slowest_phase == "backward"
+    assert "group_by_length" in report.warnings[0]
+
+
+def test_below_thresholds_no_warning():
+    ranks = [ddp_rank(0, 0.010), ddp_rank(1, 0.030, mem=1150)]
+    report = cross_rank_report(ranks, time_threshold_pct=10, memory_threshold_pct=20)
+    assert report.imbalance_pct < 10 and report.memory_imbalance_pct == pytest.approx(150 / 1075 * 100)
+    assert report.warnings == []
+
+
+def test_memory_imbalance_warning_names_the_rank():
+    ranks = [ddp_rank(0, 0.01, mem=2000), ddp_rank(1, 0.01, mem=1000)]
+    report = cross_rank_report(ranks, memory_threshold_pct=20)
+    assert report.max_memory_rank == 0 and report.memory_imbalance_pct == pytest.approx(1000 / 1500 * 100)
+    (warning,) = report.warnings
+    assert warning.startswith("Peak memory imbalance") and "rank 0 peaks" in warning
+
+
+def test_single_rank_never_warns_about_imbalance():
+    report = cross_rank_report([ddp_rank(0, 0.5, mem=10)])
+    assert report.warnings == [] and report.memory_imbalance_pct is None
+
+
+def test_mfu_only_with_a_peak():
+    ranks = [ddp_rank(0, 0.01), ddp_rank(1, 0.01)]  # 10 steps of 1 s each per rank
+    assert cross_rank_report(ranks, flops=4e12).mfu_pct is None
+    # 4e12 FLOPs over 2 devices x 10 s at 1 TFLOPs peak = 20 %.
+    assert cross_rank_report(ranks, flops=4e12, peak_tflops=1.0).mfu_pct == pytest.approx(20.0)
+
+
+@pytest.mark.parametrize(
+    ("name", "peak"),
+    [("NVIDIA A100-SXM4-80GB", 312.0), ("NVIDIA A10", 125.0), ("NVIDIA A10G", None),
+     ("NVIDIA H100 PCIe", 756.0), ("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA L40S", 362.0),
+     ("NVIDIA L4", 121.0), ("Tesla T4", 65.0), ("Some CPU", None)],
+)
+def test_gpu_peak_table(name, peak):
+    assert peak_tflops_for_device(name) == peak
+
+
+def test_empty_input_is_rejected():
+    with pytest.raises(ValueError, match="timed steps"):
+        cross_rank_report([])
+
+
+def test_table_marks_the_slowest_rank_and_prints_comm_overhead():
+    report = cross_rank_report([ddp_rank(0, 0.01), ddp_rank(1, 0.4)])
+    comm = {"passes": 3, "compute_s": 0.3, "with_sync_s": 0.4, "comm_s": 0.1, "overhead_pct": 25.0}
+    lines = format_table(report, comm).splitlines()
+    rows = {line.split()[0]: line for line in lines if line.split()[0].isdigit() and "warning" not in line}
+    assert rows["1"].endswith("<- slowest") and not rows["0"].endswith("<- slowest")
+    assert any("25.0%" in line and "communication 0.1000s" in line for line in lines)
+    assert "MFU n/a" in "\n".join(lines)
+
+
+def test_rank_summary_round_trips_through_a_dict():
+    summary = ddp_rank(2, 0.1)
+    assert RankSummary.from_dict({**summary.__dict__, "extra": 1}) == summary
