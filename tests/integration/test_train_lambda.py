@@ -25,6 +25,9 @@ EXPECTED_RUN_FILES = sorted(
     [f"rank{r}_{HOST}_step4-5.pt.trace.json.gz" for r in (0, 1)]
     + [f"rank{r}_{HOST}_step4-5_summary.txt" for r in (0, 1)]
     + [f"memory_rank{r}.jsonl" for r in (0, 1)]
+    # --enable-profiling switches step timing on by default
+    + [f"timing_rank{r}.jsonl" for r in (0, 1)]
+    + ["timing_summary.json"]
 )
 
 
