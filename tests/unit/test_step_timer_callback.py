@@ -50,7 +50,8 @@ def _train(tmp_path, monkeypatch):
     monkeypatch.setattr(StepRecorder, "resolve", counting_resolve)
     torch.manual_seed(0)
     config = ModernBertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                              intermediate_size=64, max_position_embeddings=SEQ, pad_token_id=0)
+                              intermediate_size=64, max_position_embeddings=SEQ, pad_token_id=0,
+                              bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)
     model = ModernBertForMaskedLM(config)
     prof = ProfilingArguments(enable_step_timing=True, profiler_output_dir=str(tmp_path / "prof"),
                               profiler_run_name="run", peak_tflops=1.0)

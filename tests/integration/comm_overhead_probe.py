@@ -1,0 +1,80 @@
+"""2-rank DDP check of the comm-overhead probe: run with ``torchrun --nproc_per_node=2 ... OUT_DIR``.
+
+Builds a tiny ModernBERT from its config, wraps it in DDP (gloo), takes one AdamW step and leaves
+gradients in place (non-empty optimizer state, gradients mid-accumulation), then runs
+``measure_comm_overhead`` on the *unwrapped* model as the callback does. Each rank writes
+``rank{R}.json``: the result and whether parameters, gradients, buffers, optimizer state and RNG are
+bit-identical before and after.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from transformers import ModernBertConfig, ModernBertForMaskedLM
+
+from hf_distprof.timing.comm_overhead import measure_comm_overhead
+
+
+def main(out_dir: Path) -> None:
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    config = ModernBertConfig(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                              intermediate_size=128, max_position_embeddings=64, pad_token_id=0,
+                              bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)
+    model = ModernBertForMaskedLM(config)
+    ddp = DDP(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    torch.manual_seed(rank + 1)
+    ids = torch.randint(5, 512, (4, 64))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+    ddp(**batch).loss.backward()
+    opt.step()
+    ddp(**batch).loss.backward()  # gradients present when the probe starts
+
+    params = [p.detach().clone() for p in model.parameters()]
+    grad_objects = [p.grad for p in model.parameters()]
+    grads = [None if g is None else g.clone() for g in grad_objects]
+    buffers = [b.clone() for b in model.buffers()]
+    opt_state = copy.deepcopy(opt.state_dict())
+    rng = torch.get_rng_state()
+
+    result = measure_comm_overhead(model, batch, passes=3)
+
+    after = opt.state_dict()
+    checks = {
+        "params": all(torch.equal(a, p) for a, p in zip(params, model.parameters())),
+        "grads": all(p.grad is g and (g is None or torch.equal(a, g))
+                     for a, g, p in zip(grads, grad_objects, model.parameters())),
+        "grads_present": sum(g is not None for g in grad_objects),
+        "buffers": all(torch.equal(a, b) for a, b in zip(buffers, model.buffers())),
+        "optimizer": after["param_groups"] == opt_state["param_groups"] and all(
+            torch.equal(v, after["state"][k][name]) for k, s in opt_state["state"].items() for name, v in s.items()
+        ),
+        "optimizer_entries": len(opt_state["state"]),
+        "rng": torch.equal(torch.get_rng_state(), rng),
+    }
+    # The model still trains in sync after the probe: one more DDP step leaves the ranks' weights equal.
+    opt.zero_grad()
+    ddp(**batch).loss.backward()
+    opt.step()
+    flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+    gathered = [torch.zeros_like(flat) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, flat)
+    checks["ranks_in_sync_after"] = all(torch.equal(gathered[0], g) for g in gathered)
+    (out_dir / f"rank{rank}.json").write_text(json.dumps({"result": result.to_json(), "checks": checks}))
+
+
+if __name__ == "__main__":
+    try:
+        main(Path(sys.argv[1]))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
