@@ -121,7 +121,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
 
         path = self.run_dir / TIMING_LOG_NAME.format(rank=dist.get_rank())
         try:
-            self._jsonl = open(path, "a", encoding="utf-8")
+            self._jsonl = open(path, "a", encoding="utf-8")  # noqa: SIM115  # open for the whole run
         except OSError as err:
             logger.warning(f"cannot write {path}: {err!r}; step timing goes to the logs only")
         self._writer = tensorboard.get_writer(tensorboard.tensorboard_dir(args.output_dir, self.run_dir))
@@ -327,7 +327,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             with comm_overhead.preserved_rng():
                 batch = comm_overhead.to_device(sample_batch(loader, batch_size, dist.get_rank()), self._device)
             comm_overhead.sync_switch(model)
-        except Exception as err:  # a probe that cannot run must not stop training
+        except Exception as err:  # noqa: BLE001  # a probe that cannot run must not stop training
             logger.warning(f"--measure-comm-overhead skipped: {err}")
         # Agree before the first collective of the probe: either every rank runs it or none does.
         if not all(dist.all_gather_object(batch is not None)):
@@ -347,7 +347,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         """Run local reporting work; a failure becomes one warning and training goes on."""
         try:
             return fn(*args)
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001  # profiling never crashes training
             if not self._failed:
                 self._failed = True
                 logger.warning(f"step timing: {fn.__name__} failed ({err!r}); training continues")

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from hf_distprof import dist
 
@@ -56,20 +57,18 @@ class CommOverhead:
         return asdict(self)
 
 
-def find_ddp_wrapper(model: nn.Module) -> nn.Module | None:
+def find_ddp_wrapper(model: nn.Module) -> DistributedDataParallel | None:
     """The ``DistributedDataParallel`` that wraps ``model``, if one exists in this process.
 
     Trainer callbacks receive the unwrapped model; the wrapper's ``no_sync`` is what switches DDP's
     gradient all-reduce off. It is found by a one-time scan of live objects (only when the user asks
     for the measurement), which works for any Trainer subclass without access to the Trainer.
     """
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    if isinstance(model, DDP):
+    if isinstance(model, DistributedDataParallel):
         return model
     for obj in gc.get_objects():
         # type(), not isinstance(): isinstance reads obj.__class__, which some deprecated torch objects warn on.
-        if issubclass(type(obj), DDP) and obj.module is model:
+        if issubclass(type(obj), DistributedDataParallel) and obj.module is model:
             return obj
     return None
 

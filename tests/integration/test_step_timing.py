@@ -107,7 +107,7 @@ def test_comm_probe_leaves_ddp_state_bit_identical(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
            f"--master_port={free_port()}", str(REPO_ROOT / "tests" / "integration" / "comm_overhead_probe.py"),
            str(tmp_path)]
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, check=False, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-5000:]
     for rank in (0, 1):
         out = json.loads((tmp_path / f"rank{rank}.json").read_text())
