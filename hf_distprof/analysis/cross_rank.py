@@ -34,7 +34,9 @@ def match_collectives(ranks: list[RankResult]) -> dict[CollectiveKey, dict[int, 
     return {key: {r.rank: table[key] for r, table in zip(ranks, per_rank)} for key in sorted(common)}
 
 
-def clock_offsets(ranks: list[RankResult], matched: dict[CollectiveKey, dict[int, Collective]]) -> dict[int, float]:
+def clock_offsets(
+    ranks: list[RankResult], matched: dict[CollectiveKey, dict[int, Collective]]
+) -> dict[int, float]:
     """Offset (us) to subtract from each rank's timestamps to put it on the first rank's clock.
 
     Args:
@@ -67,8 +69,8 @@ def cross_rank(ranks: list[RankResult], options: AnalysisOptions) -> CrossRankRe
     matched = match_collectives(ranks)
     offsets = clock_offsets(ranks, matched)
     lateness: dict[int, list[float]] = {r.rank: [] for r in ranks}
-    for per_rank in matched.values():
-        aligned = {rank: c.start_us - offsets[rank] for rank, c in per_rank.items()}
+    for same in matched.values():
+        aligned = {rank: c.start_us - offsets[rank] for rank, c in same.items()}
         first = min(aligned.values())
         for rank, start in aligned.items():
             lateness[rank].append(start - first)
@@ -106,7 +108,9 @@ def _step_spread(ranks: list[RankResult]) -> list[StepSpread]:
         values = durations[step]
         mid = median(values)
         out.append(
-            StepSpread(step, min(values), max(values), 100.0 * (max(values) - min(values)) / mid if mid else 0.0)
+            StepSpread(
+                step, min(values), max(values), 100.0 * (max(values) - min(values)) / mid if mid else 0.0
+            )
         )
     return out
 

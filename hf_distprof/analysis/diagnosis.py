@@ -13,7 +13,9 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def diagnose(ranks: list[RankResult], cross: CrossRankResult | None, options: AnalysisOptions) -> list[Finding]:
+def diagnose(
+    ranks: list[RankResult], cross: CrossRankResult | None, options: AnalysisOptions
+) -> list[Finding]:
     """Ranked findings for the analysed ranks.
 
     Args:
@@ -43,8 +45,12 @@ def _comm_bound(ranks: list[RankResult], options: AnalysisOptions) -> list[Findi
     worst = max(hit, key=lambda r: r.exposed_comm_pct)
     mean = _mean([r.exposed_comm_pct for r in ranks])
     gpu = worst.device == "gpu"
-    overlap = [s.gpu.comm_comp_overlap_pct for s in worst.steps if s.gpu and s.gpu.comm_comp_overlap_pct is not None]
-    what = "communication kernels run with no computation" if gpu else "the training thread waits on collectives"
+    overlap = [
+        s.gpu.comm_comp_overlap_pct for s in worst.steps if s.gpu and s.gpu.comm_comp_overlap_pct is not None
+    ]
+    what = (
+        "communication kernels run with no computation" if gpu else "the training thread waits on collectives"
+    )
     return [
         Finding(
             kind="communication_bound",
@@ -121,13 +127,19 @@ def _imbalance(cross: CrossRankResult, options: AnalysisOptions) -> list[Finding
                 "Give every rank the same amount of work: pack or bucket sequences by length, drop uneven "
                 "last batches, shard evenly; the other ranks idle in collectives until the busiest finishes."
             ),
-            numbers={"imbalance_pct": cross.imbalance_pct, "max_busy_us": busiest.busy_us, "mean_busy_us": mean},
+            numbers={
+                "imbalance_pct": cross.imbalance_pct,
+                "max_busy_us": busiest.busy_us,
+                "mean_busy_us": mean,
+            },
         )
     ]
 
 
 def _low_utilisation(ranks: list[RankResult], options: AnalysisOptions) -> list[Finding]:
-    util = {r.rank: 100.0 - _mean([s.gpu.idle_pct for s in r.steps if s.gpu]) for r in ranks if r.device == "gpu"}
+    util = {
+        r.rank: 100.0 - _mean([s.gpu.idle_pct for s in r.steps if s.gpu]) for r in ranks if r.device == "gpu"
+    }
     low = {rank: u for rank, u in util.items() if u < options.low_util_pct}
     if not low:
         return []

@@ -20,8 +20,21 @@ from hf_distprof.analysis.trace_io import TraceReadError, iter_trace_events, tra
 # Event categories on CPU threads that can never be GPU activity; any other category is a GPU event when
 # its args carry an integer "stream" (HTA's rule), so new Kineto GPU categories are not missed.
 _CPU_CATS = frozenset(
-    {"cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver", "cpu_instant_event",
-     "Trace", "fwdbwd", "ac2g", "overhead", "gpu_user_annotation", "Runtime", "Kernel launch"}
+    {
+        "cpu_op",
+        "user_annotation",
+        "python_function",
+        "cuda_runtime",
+        "cuda_driver",
+        "cpu_instant_event",
+        "Trace",
+        "fwdbwd",
+        "ac2g",
+        "overhead",
+        "gpu_user_annotation",
+        "Runtime",
+        "Kernel launch",
+    }
 )
 _GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 _LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver"})
@@ -79,7 +92,7 @@ class ParsedTrace:
     n_events: int
 
 
-def _round_like_hta(ts: int | float, dur: int | float) -> tuple[int | float, int | float]:
+def _round_like_hta(ts: float, dur: float) -> tuple[int | float, int | float]:
     # HTA rounds nanosecond-resolution timestamps inward (ceil start, floor end) so that back-to-back
     # kernels do not overlap by a fraction of a microsecond (pytorch/pytorch#122425); do the same so
     # that our numbers match its numbers.
@@ -160,8 +173,9 @@ def parse_trace(path: str | os.PathLike[str]) -> ParsedTrace:
     rank = trace_rank(path, meta)
     if not steps_by_tid:
         raise TraceReadError(
-            path, f"no ProfilerStep#N events among {n_events} events (record with torch.profiler and "
-            "call prof.step() once per training step)"
+            path,
+            f"no ProfilerStep#N events among {n_events} events (record with torch.profiler and "
+            "call prof.step() once per training step)",
         )
     # The thread that annotates the steps is the training loop's thread.
     main_tid = max(steps_by_tid, key=lambda t: len(steps_by_tid[t]))
@@ -170,7 +184,8 @@ def parse_trace(path: str | os.PathLike[str]) -> ParsedTrace:
     main_ops.sort()
     c10d_ops = [s for s in main_ops if s[2].startswith("c10d::")]
     comm_spans.sort()
-    info = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
+    raw_info = meta.get("distributedInfo")
+    info: dict[str, Any] = raw_info if isinstance(raw_info, dict) else {}
     return ParsedTrace(
         path=str(path),
         rank=rank,

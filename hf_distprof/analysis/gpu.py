@@ -95,7 +95,9 @@ def category_overlap(merged_by_cat: dict[str, list[iv.Interval]]) -> dict[str, f
     for (time, delta), (next_time, _) in zip(edges, edges[1:] + [(edges[-1][0] if edges else 0.0, 0)]):
         running += delta
         if running > 0 and next_time > time:
-            label = " overlapping ".join(lbl for bit, (_, lbl) in enumerate(_TYPE_BITS) if running & (1 << bit))
+            label = " overlapping ".join(
+                lbl for bit, (_, lbl) in enumerate(_TYPE_BITS) if running & (1 << bit)
+            )
             out[label] = out.get(label, 0.0) + (next_time - time)
     return out
 

@@ -16,8 +16,7 @@ def merge(intervals: Iterable[Interval]) -> list[Interval]:
     out: list[list[float]] = []
     for start, end in sorted(intervals):
         if out and start <= out[-1][1]:
-            if end > out[-1][1]:
-                out[-1][1] = end
+            out[-1][1] = max(out[-1][1], end)
         else:
             out.append([start, end])
     return [(s, e) for s, e in out]

@@ -126,7 +126,13 @@ def _rank_events(path: str, rank: int, shift: float, n_ranks: int) -> Any:
                 tid = tids[key] = len(tids) + 1
                 origin = labels.get(key[0]) or f"pid {key[0]}"
                 out.append(
-                    {"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": f"{origin} tid {key[1]}"}}
+                    {
+                        "ph": "M",
+                        "name": "thread_name",
+                        "pid": rank,
+                        "tid": tid,
+                        "args": {"name": f"{origin} tid {key[1]}"},
+                    }
                 )
             ev = dict(ev)
             ev["pid"] = rank

@@ -21,18 +21,12 @@ class AnalysisOptions:
     comm_bound_pct: float = field(
         default=30.0,
         metadata={
-            "help": (
-                "Exposed communication above this % of step time is a communication-bound finding."
-            )
+            "help": ("Exposed communication above this % of step time is a communication-bound finding.")
         },
     )
     imbalance_pct: float = field(
         default=10.0,
-        metadata={
-            "help": (
-                "Load imbalance (max busy time / mean busy time - 1) above this % is a finding."
-            )
-        },
+        metadata={"help": ("Load imbalance (max busy time / mean busy time - 1) above this % is a finding.")},
     )
     straggler_pct: float = field(
         default=10.0,
@@ -46,10 +40,7 @@ class AnalysisOptions:
     straggler_min_us: float = field(
         default=1000.0,
         metadata={
-            "help": (
-                "... and by more than this many microseconds (absolute floor against scheduler "
-                "noise)."
-            )
+            "help": ("... and by more than this many microseconds (absolute floor against scheduler noise).")
         },
     )
     step_outlier_pct: float = field(
@@ -66,26 +57,17 @@ class AnalysisOptions:
         default=80.0,
         metadata={
             "help": (
-                "GPU busy below this % of the step's GPU span is a low-utilisation finding (GPU "
-                "traces only)."
+                "GPU busy below this % of the step's GPU span is a low-utilisation finding (GPU traces only)."
             )
         },
     )
     data_loading_pct: float = field(
         default=10.0,
-        metadata={
-            "help": (
-                "Data loading above this % of step time is a data-loading-bound finding."
-            )
-        },
+        metadata={"help": ("Data loading above this % of step time is a data-loading-bound finding.")},
     )
     tiny_kernel_us: float = field(
         default=10.0,
-        metadata={
-            "help": (
-                "Kernels shorter than this count as tiny for the launch-bound check."
-            )
-        },
+        metadata={"help": ("Kernels shorter than this count as tiny for the launch-bound check.")},
     )
     launch_bound_tiny_pct: float = field(
         default=50.0,
@@ -98,26 +80,17 @@ class AnalysisOptions:
     )
     top_kernels: int = field(
         default=10,
-        metadata={
-            "help": (
-                "How many kernels per category each rank lists."
-            )
-        },
+        metadata={"help": ("How many kernels per category each rank lists.")},
     )
     workers: int = field(
         default=0,
-        metadata={
-            "help": (
-                "Processes parsing ranks in parallel; 0 means min(files, CPU cores)."
-            )
-        },
+        metadata={"help": ("Processes parsing ranks in parallel; 0 means min(files, CPU cores).")},
     )
     progress: bool | None = field(
         default=None,
         metadata={
             "help": (
-                "Show a progress bar; None shows one when there are 8 files or more and stderr is a "
-                "terminal."
+                "Show a progress bar; None shows one when there are 8 files or more and stderr is a terminal."
             )
         },
     )
@@ -131,7 +104,9 @@ class AnalysisOptions:
                 raise ValueError(f"AnalysisOptions.{f.name} must be >= 0, got {value!r}")
         for name in ("comm_bound_pct", "low_util_pct", "data_loading_pct", "launch_bound_tiny_pct"):
             if getattr(self, name) > 100:
-                raise ValueError(f"AnalysisOptions.{name} is a percentage in [0, 100], got {getattr(self, name)}")
+                raise ValueError(
+                    f"AnalysisOptions.{name} is a percentage in [0, 100], got {getattr(self, name)}"
+                )
 
 
 @dataclass

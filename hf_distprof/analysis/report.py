@@ -39,8 +39,12 @@ def _breakdown_plot(result: AnalysisResult, out: Path) -> None:
     else:
         parts = {
             name: [_mean([s.cpu.pct(getattr(s.cpu, attr)) for s in r.steps]) for r in result.ranks]
-            for name, attr in (("compute", "compute_us"), ("communication", "communication_us"),
-                               ("data loading", "data_loading_us"), ("other", "other_us"))
+            for name, attr in (
+                ("compute", "compute_us"),
+                ("communication", "communication_us"),
+                ("data loading", "data_loading_us"),
+                ("other", "other_us"),
+            )
         }
         title = "Main thread time per rank (% of step)"
     fig, ax = plt.subplots(figsize=(max(5.0, 0.6 * len(labels) + 3), 4))
@@ -65,7 +69,12 @@ def _steps_plot(result: AnalysisResult, out: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for r in result.ranks:
-        ax.plot([s.step for s in r.steps], [s.duration_us / 1e3 for s in r.steps], marker="o", label=f"rank {r.rank}")
+        ax.plot(
+            [s.step for s in r.steps],
+            [s.duration_us / 1e3 for s in r.steps],
+            marker="o",
+            label=f"rank {r.rank}",
+        )
     ax.set_xlabel("profiler step")
     ax.set_ylabel("step duration (ms)")
     ax.set_title("Step duration per rank")
@@ -94,12 +103,28 @@ def _markdown(result: AnalysisResult) -> str:
     if not result.findings:
         lines.append("No finding: no threshold crossed.")
     for i, f in enumerate(result.findings, 1):
-        lines += [f"{i}. **{f.title}** (ranks {', '.join(map(str, f.ranks))})", f"   - Evidence: {f.evidence}",
-                  f"   - Recommendation: {f.recommendation}"]
+        lines += [
+            f"{i}. **{f.title}** (ranks {', '.join(map(str, f.ranks))})",
+            f"   - Evidence: {f.evidence}",
+            f"   - Recommendation: {f.recommendation}",
+        ]
     if result.errors:
         lines += ["", "## Skipped files", ""] + [f"- `{e.path}`: {e.reason}" for e in result.errors]
-    lines += ["", "## Plots", "", f"![per-rank breakdown]({BREAKDOWN_PNG})", "", f"![step durations]({STEPS_PNG})",
-              "", "## Details", "", "```", format_summary(result), "```", ""]
+    lines += [
+        "",
+        "## Plots",
+        "",
+        f"![per-rank breakdown]({BREAKDOWN_PNG})",
+        "",
+        f"![step durations]({STEPS_PNG})",
+        "",
+        "## Details",
+        "",
+        "```",
+        format_summary(result),
+        "```",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -156,7 +181,9 @@ def write_report(result: AnalysisResult, out_dir: str | os.PathLike[str]) -> Pat
         _steps_plot(result, images[STEPS_PNG])
     md = _markdown(result)
     if not result.ranks:
-        md = md.replace(f"![per-rank breakdown]({BREAKDOWN_PNG})", "").replace(f"![step durations]({STEPS_PNG})", "")
+        md = md.replace(f"![per-rank breakdown]({BREAKDOWN_PNG})", "").replace(
+            f"![step durations]({STEPS_PNG})", ""
+        )
     (out / REPORT_MD).write_text(md, encoding="utf-8")
     (out / REPORT_HTML).write_text(_html(md, images), encoding="utf-8")
     (out / RESULT_JSON).write_bytes(result.to_json())

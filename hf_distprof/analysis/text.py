@@ -18,10 +18,11 @@ def format_findings(result: AnalysisResult) -> str:
     Returns:
         One numbered paragraph per finding, or a one-line all-clear.
     """
-    lines = [
+    headline = (
         f"Headline: exposed communication {result.exposed_comm_pct:.1f}% of step time, "
         f"load imbalance {result.imbalance_pct:.1f}% ({len(result.ranks)} rank(s))"
-    ]
+    )
+    lines = [headline]
     if not result.findings:
         lines.append("No finding: no threshold crossed.")
     for i, f in enumerate(result.findings, 1):
@@ -75,9 +76,17 @@ def format_summary(result: AnalysisResult) -> str:
             if gpu
             else f" | {'gloo ms':>9} {'bwd ovl%':>9}"
         )
-        out += ["", "Per rank and step (main thread: compute / communication / data loading / other"
-                + ("; GPU: HTA idle / compute / non-compute, exposed comm, comm-comp overlap)" if gpu
-                   else "; gloo: collective time, % of it under backward)"), head, "-" * len(head)]
+        out += [
+            "",
+            "Per rank and step (main thread: compute / communication / data loading / other"
+            + (
+                "; GPU: HTA idle / compute / non-compute, exposed comm, comm-comp overlap)"
+                if gpu
+                else "; gloo: collective time, % of it under backward)"
+            ),
+            head,
+            "-" * len(head),
+        ]
         for rank in result.ranks:
             out += _rank_rows(rank)
     cross = result.cross_rank

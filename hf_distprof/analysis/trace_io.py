@@ -174,7 +174,9 @@ class _ChunkedTrace:
         buf = self.pending
         # A whole document ends with the "}" of its top-level object; anything else was cut short.
         if not bytes(buf[-64:]).rstrip().endswith(b"}"):
-            raise TraceReadError(self.path, "truncated JSON: the file ends in the middle of the traceEvents array")
+            raise TraceReadError(
+                self.path, "truncated JSON: the file ends in the middle of the traceEvents array"
+            )
         close, events = _closing_bracket(buf)
         if close < 0:
             raise TraceReadError(self.path, "invalid JSON in traceEvents (no valid end of the array found)")

@@ -37,10 +37,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("paths", nargs="+", help="trace files and/or folders holding them")
     parser.add_argument("--json", action="store_true", help="print the full result as JSON instead of text")
-    parser.add_argument("--report", metavar="DIR", help="also write report.md/report.html/PNGs/analysis.json to DIR")
+    parser.add_argument(
+        "--report", metavar="DIR", help="also write report.md/report.html/PNGs/analysis.json to DIR"
+    )
     parser.add_argument("--workers", type=int, default=0, help="parallel processes (0: one per core)")
     parser.add_argument(
-        "--progress", action=argparse.BooleanOptionalAction, default=None,
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="progress bar (default: shown for 8+ files on a terminal)",
     )
     thresholds = parser.add_argument_group("thresholds")
@@ -48,7 +52,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         if f.name in _NOT_THRESHOLDS:
             continue
         thresholds.add_argument(
-            _flag(f.name), type=type(f.default), default=f.default, metavar="N",
+            _flag(f.name),
+            type=type(f.default),
+            default=f.default,
+            metavar="N",
             help=f"{f.metadata['help']} (default: {f.default})",
         )
     return parser

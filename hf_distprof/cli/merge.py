@@ -30,8 +30,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("paths", nargs="+", help="trace files and/or folders holding them")
-    parser.add_argument("-o", "--output", default=DEFAULT_OUTPUT, help=f"output file (default: {DEFAULT_OUTPUT})")
-    parser.add_argument("--align", choices=ALIGN_MODES, default="collectives", help="clock alignment (default: collectives)")
+    parser.add_argument(
+        "-o", "--output", default=DEFAULT_OUTPUT, help=f"output file (default: {DEFAULT_OUTPUT})"
+    )
+    parser.add_argument(
+        "--align", choices=ALIGN_MODES, default="collectives", help="clock alignment (default: collectives)"
+    )
     parser.add_argument("--workers", type=int, default=0, help="parallel processes (0: one per core)")
     return parser
 
@@ -46,7 +50,9 @@ def run(args: argparse.Namespace) -> int:
     from hf_distprof.analysis.model import AnalysisOptions
 
     try:
-        res = merge_traces(args.paths, args.output, align=args.align, options=AnalysisOptions(workers=args.workers))
+        res = merge_traces(
+            args.paths, args.output, align=args.align, options=AnalysisOptions(workers=args.workers)
+        )
     except FileNotFoundError as exc:
         print(f"hf-distprof merge: error: {exc}", file=sys.stderr)
         return 2

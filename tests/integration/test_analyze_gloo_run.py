@@ -17,8 +17,9 @@ SCRIPT = Path(__file__).resolve().parents[1] / "data" / "make_gloo_traces.py"
 @pytest.mark.integration
 def test_fresh_slow_rank_run_names_rank_1(tmp_path: Path) -> None:
     env = {**os.environ, "GLOO_TRACES_OUT": str(tmp_path)}
-    subprocess.run([sys.executable, str(SCRIPT), "slow_rank1"], check=True, env=env, timeout=300,
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, str(SCRIPT), "slow_rank1"], check=True, env=env, timeout=300, capture_output=True
+    )
     files = sorted(p.name for p in (tmp_path / "slow_rank1").iterdir())
     assert files == ["rank-0.json.gz", "rank-1.json.gz"]
     result = analyze_paths([tmp_path / "slow_rank1"], AnalysisOptions(workers=2))

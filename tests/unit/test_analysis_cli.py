@@ -25,7 +25,9 @@ def test_subcommands_registered_and_thresholds_are_flags() -> None:
 
 
 def test_analyze_json_and_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["analyze", str(DATA / "slow_rank1"), "--json", "--workers", "1", "--report", str(tmp_path / "rep")])
+    rc = main(
+        ["analyze", str(DATA / "slow_rank1"), "--json", "--workers", "1", "--report", str(tmp_path / "rep")]
+    )
     assert rc == 0
     data = orjson.loads(capsys.readouterr().out)
     assert data["findings"][0]["kind"] == "straggler" and data["findings"][0]["ranks"] == [1]
@@ -43,7 +45,9 @@ def test_analyze_text_summary(capsys: pytest.CaptureFixture[str]) -> None:
     assert "Analysed 2 rank(s), 0 file(s) skipped." in out and "No finding" in out
 
 
-def test_exit_status_nonzero_only_when_nothing_analysed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_exit_status_nonzero_only_when_nothing_analysed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "rank0.json").write_bytes(b"")
     assert main(["analyze", str(tmp_path), "--workers", "1"]) == 1
     assert "rank0.json: empty file" in capsys.readouterr().err
@@ -67,7 +71,9 @@ def test_merge_one_process_per_rank_with_aligned_clocks(tmp_path: Path) -> None:
     names = {e["pid"]: e["args"]["name"] for e in merged if e.get("name") == "process_name"}
     assert names == {0: "rank 0", 1: "rank 1"}
     for rank in (0, 1):
-        src = orjson.loads(gzip.decompress((DATA / "slow_rank1" / f"rank-{rank}.json.gz").read_bytes()))["traceEvents"]
+        src = orjson.loads(gzip.decompress((DATA / "slow_rank1" / f"rank-{rank}.json.gz").read_bytes()))[
+            "traceEvents"
+        ]
         src_x = sorted(e["ts"] for e in src if e.get("ph") == "X")
         out_x = sorted(e["ts"] for e in merged if e.get("ph") == "X" and e["pid"] == rank)
         assert len(out_x) == len(src_x)
@@ -75,13 +81,18 @@ def test_merge_one_process_per_rank_with_aligned_clocks(tmp_path: Path) -> None:
     # After alignment the matched collectives end together on both ranks (median within 0.1 ms; a single
     # one may not, since a descheduled gloo thread finishes late, which is why the median is used).
     ends = {
-        rank: sorted(e["ts"] + e["dur"] for e in merged if e.get("ph") == "X" and e["pid"] == rank
-                     and e["name"].startswith("gloo:"))
+        rank: sorted(
+            e["ts"] + e["dur"]
+            for e in merged
+            if e.get("ph") == "X" and e["pid"] == rank and e["name"].startswith("gloo:")
+        )
         for rank in (0, 1)
     }
     diffs = sorted(abs(a - b) for a, b in zip(ends[0], ends[1]))
     assert len(diffs) == 4 and (diffs[1] + diffs[2]) / 2 < 100
-    none = merge_traces([DATA / "slow_rank1"], tmp_path / "n.json.gz", align="none", options=AnalysisOptions(workers=1))
+    none = merge_traces(
+        [DATA / "slow_rank1"], tmp_path / "n.json.gz", align="none", options=AnalysisOptions(workers=1)
+    )
     assert none.align == "none" and none.shifts_us == {0: 0.0, 1: 0.0}  # same host, same baseTimeNanoseconds
     with pytest.raises(ValueError, match="align must be one of"):
         merge_traces([DATA / "slow_rank1"], tmp_path / "x.json.gz", align="bogus")

@@ -16,7 +16,10 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, AnalysisResult]:
-    return {name: analyze_paths([DATA / name], AnalysisOptions(workers=1)) for name in ("clean", "slow_rank1", "slow_data")}
+    return {
+        name: analyze_paths([DATA / name], AnalysisOptions(workers=1))
+        for name in ("clean", "slow_rank1", "slow_data")
+    }
 
 
 @pytest.mark.parametrize("scenario", ["clean", "slow_rank1", "slow_data"])
@@ -80,9 +83,13 @@ def test_slow_data_loader_is_the_only_finding(results: dict[str, AnalysisResult]
 
 
 def test_thresholds_are_options() -> None:
-    strict = analyze_paths([DATA / "clean"], AnalysisOptions(workers=1, comm_bound_pct=1.0, imbalance_pct=0.0))
+    strict = analyze_paths(
+        [DATA / "clean"], AnalysisOptions(workers=1, comm_bound_pct=1.0, imbalance_pct=0.0)
+    )
     assert {"communication_bound", "imbalance"} <= {f.kind for f in strict.findings}
-    lax = analyze_paths([DATA / "slow_rank1"], AnalysisOptions(workers=1, straggler_pct=100, imbalance_pct=100))
+    lax = analyze_paths(
+        [DATA / "slow_rank1"], AnalysisOptions(workers=1, straggler_pct=100, imbalance_pct=100)
+    )
     assert "straggler" not in {f.kind for f in lax.findings}
 
 

@@ -9,8 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from hf_distprof.analysis import AnalysisOptions, TraceReadError, analyze_paths
-from hf_distprof.analysis import trace_io
+from hf_distprof.analysis import AnalysisOptions, TraceReadError, analyze_paths, trace_io
 from hf_distprof.analysis.events import parse_trace
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -45,8 +44,13 @@ def test_plain_json_and_one_line_json_read_the_same(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("name", "rank"),
-    [("rank3_host_step4-5.pt.trace.json.gz", 3), ("worker7_step_12.1694.pt.trace.json", 7),
-     ("rank-12.json.gz", 12), ("trace.json", None), ("myrank.json", None)],
+    [
+        ("rank3_host_step4-5.pt.trace.json.gz", 3),
+        ("worker7_step_12.1694.pt.trace.json", 7),
+        ("rank-12.json.gz", 12),
+        ("trace.json", None),
+        ("myrank.json", None),
+    ],
 )
 def test_rank_from_file_name(name: str, rank: int | None) -> None:
     assert trace_io.rank_from_file_name(name) == rank
@@ -89,7 +93,9 @@ def _bad_files(tmp_path: Path) -> dict[str, str]:
     (tmp_path / "rank2.json").write_bytes(b"")
     (tmp_path / "rank3.json").write_bytes(b'{"hello": "world", "items": [1, 2]}')
     doc = orjson.loads(raw)
-    doc["traceEvents"] = [e for e in doc["traceEvents"] if not str(e.get("name", "")).startswith("ProfilerStep")]
+    doc["traceEvents"] = [
+        e for e in doc["traceEvents"] if not str(e.get("name", "")).startswith("ProfilerStep")
+    ]
     (tmp_path / "rank4.json").write_bytes(orjson.dumps(doc))
     (tmp_path / "rank5.json").write_bytes(raw[: len(raw) - 200])  # plain JSON cut short
     return {

@@ -12,10 +12,21 @@ from hf_distprof.analysis.kernels import c10d_kind, kernel_category, nccl_kind
 @pytest.mark.parametrize(
     ("name", "category", "kind"),
     [
-        ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)", "communication", "all_reduce"),
-        ("ncclDevKernel_AllGather_RING_LL(ncclDevComm*, unsigned long, ncclWork*)", "communication", "all_gather"),
-        ("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevComm*, unsigned long, ncclWork*)", "communication",
-         "reduce_scatter"),
+        (
+            "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)",
+            "communication",
+            "all_reduce",
+        ),
+        (
+            "ncclDevKernel_AllGather_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
+            "communication",
+            "all_gather",
+        ),
+        (
+            "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
+            "communication",
+            "reduce_scatter",
+        ),
         ("ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)", "communication", "send_recv"),
         ("Memcpy HtoD (Pageable -> Device)", "memory", ""),
         ("Memset (Device)", "memory", ""),
@@ -54,5 +65,8 @@ def test_gpu_breakdown_by_hand() -> None:
     assert g.exposed_comm_us == 10 and g.exposed_comm_pct == pytest.approx(100 * 10 / 30)
     assert g.n_tiny_kernels == 1
     assert g.category_overlap_us == {
-        "COMPUTATION": 5, "COMPUTATION overlapping COMMUNICATION": 5, "COMMUNICATION": 10, "MEMORY": 5
+        "COMPUTATION": 5,
+        "COMPUTATION overlapping COMMUNICATION": 5,
+        "COMMUNICATION": 10,
+        "MEMORY": 5,
     }
