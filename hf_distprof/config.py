@@ -169,6 +169,14 @@ class ProfilingArguments:
     profiler_with_flops: bool = field(
         default=False, metadata=_help("Estimate FLOPs of matmul/conv ops in the trace.")
     )
+    profiler_analyze: bool = field(
+        default=False,
+        metadata=_help(
+            "When training ends, rank 0 analyses this run's traces (as `hf-distprof analyze` does), prints the "
+            "findings, writes analysis.json into the run folder and logs analysis/ scalars to TensorBoard. "
+            "Needs --enable-profiling."
+        ),
+    )
     memory_log_steps: PositiveInt = field(
         default=10, metadata=_help("Log memory every N optimizer steps (the only steps with a cross-rank gather).")
     )
@@ -220,6 +228,8 @@ class ProfilingArguments:
                     setattr(self, f.name, kind(getattr(self, f.name)))
                 except argparse.ArgumentTypeError as err:
                     raise ValueError(f"{flag_name(f.name)}: {err}") from None
+        if self.profiler_analyze and not self.enable_profiling:
+            raise ValueError("--profiler-analyze analyses the run's traces: it needs --enable-profiling")
         if self.enable_step_timing is None:
             self.enable_step_timing = bool(self.enable_profiling or self.measure_comm_overhead > 0)
         elif not self.enable_step_timing and self.measure_comm_overhead > 0:
@@ -355,4 +365,9 @@ def build_callbacks(args: ProfilingArguments) -> list[TrainerCallback]:
         from hf_distprof.callbacks.step_timer import StepTimerCallback
 
         callbacks.append(StepTimerCallback(args))
+    if args.profiler_analyze:
+        # Last, so that at train end it runs after every other callback has written its files.
+        from hf_distprof.callbacks.analyze import TraceAnalysisCallback
+
+        callbacks.append(TraceAnalysisCallback(args))
     return callbacks

@@ -67,6 +67,12 @@ def all_gather_object(obj: Any) -> list[Any]:
     return out
 
 
+def barrier() -> None:
+    """Wait for every rank; a no-op without a process group. Only used at train end."""
+    if is_distributed() and get_world_size() > 1:
+        dist.barrier()
+
+
 class RankPrefixAdapter(logging.LoggerAdapter):  # type: ignore[type-arg]
     """Prefixes every message with ``[RANK n]`` so interleaved multi-rank logs stay readable."""
 

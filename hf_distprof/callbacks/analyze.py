@@ -1,0 +1,68 @@
+"""``TraceAnalysisCallback`` (``--profiler-analyze``): analyse the run's own traces when training ends."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from hf_distprof import dist, paths, tensorboard
+from hf_distprof.config import ProfilingArguments
+
+logger = dist.get_logger(__name__)
+
+ANALYSIS_NAME = "analysis.json"
+
+
+class TraceAnalysisCallback(TrainerCallback):  # type: ignore[misc]
+    """At ``on_train_end``, rank 0 runs ``hf-distprof analyze`` on this run's traces.
+
+    Every rank first waits at a barrier so that all traces are written (train end only, never in the
+    step loop). Rank 0 then prints the findings, writes ``analysis.json`` into the run folder, and logs
+    ``analysis/exposed_comm_pct`` and ``analysis/imbalance_pct`` to TensorBoard. With node-local output
+    folders rank 0 sees only its own node's traces. An analysis that fails is one warning.
+
+    Args:
+        args: The profiling flags.
+    """
+
+    def __init__(self, args: ProfilingArguments) -> None:
+        self.args = args
+        self.run_dir: Path | None = None
+        self.result: Any = None
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self.run_dir = paths.resolve_run_dir(self.args.profiler_output_dir, self.args.profiler_run_name, state)
+
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        dist.barrier()
+        if dist.get_rank() != 0 or self.run_dir is None:
+            return
+        traces = sorted(self.run_dir.glob("*" + paths.TRACE_SUFFIX))
+        if not traces:
+            logger.warning(f"--profiler-analyze: no trace in {self.run_dir} to analyse")
+            return
+        try:
+            from hf_distprof.analysis import analyze_paths, format_findings
+
+            self.result = analyze_paths(traces)
+            paths.atomic_write_text(self.run_dir / ANALYSIS_NAME, self.result.to_json().decode())
+        except Exception as err:  # noqa: BLE001 - the analysis must never fail the training job
+            logger.warning(f"--profiler-analyze: analysing {self.run_dir} failed: {err!r}")
+            return
+        print(
+            f"\nhf_distprof trace analysis of {self.run_dir} ({len(traces)} trace(s))\n"
+            f"{format_findings(self.result)}\n"
+            f"Full per-step tables and plots: hf-distprof analyze {self.run_dir} --report {self.run_dir / 'report'}",
+            flush=True,
+        )
+        writer = tensorboard.get_writer(tensorboard.tensorboard_dir(args.output_dir, self.run_dir))
+        if writer is not None:
+            writer.add_scalar("analysis/exposed_comm_pct", self.result.exposed_comm_pct, state.global_step)
+            writer.add_scalar("analysis/imbalance_pct", self.result.imbalance_pct, state.global_step)
+            writer.flush()
