@@ -13,14 +13,14 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from hf_distprof import dist
 
-from .launch import train_lambda
+from .launch import DEMO, train_lambda
 
 pytestmark = pytest.mark.integration
 
 HOST = dist.get_hostname()
-ARGS = ("--enable-profiling", "--enable-memory-logging", "--max-steps", "12", "--profiler-wait-steps", "2",
-        "--profiler-warmup-steps", "1", "--profiler-active-steps", "2", "--memory-log-steps", "4",
-        "--profiler-output-dir", "OUT", "--logging-steps", "4")
+SHORT_SCHEDULE = ("--max-steps", "12", "--profiler-wait-steps", "2", "--profiler-warmup-steps", "1",
+                  "--profiler-active-steps", "2", "--memory-log-steps", "4", "--logging-steps", "4")
+ARGS = ("--enable-profiling", "--enable-memory-logging", "--profiler-output-dir", "OUT", *SHORT_SCHEDULE)
 EXPECTED_RUN_FILES = sorted(
     [f"rank{r}_{HOST}_step4-5.pt.trace.json.gz" for r in (0, 1)]
     + [f"rank{r}_{HOST}_step4-5_summary.txt" for r in (0, 1)]
@@ -38,19 +38,20 @@ def digest(folder: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory):
-    """Two identical runs into the same folders; the tree is snapshotted between them."""
+    """Two runs with the same schedule into the same folders, the tree snapshotted between them: the first
+    through train_lambda.sh, the second through the demo script with its schedule shortened."""
     work = tmp_path_factory.mktemp("job")
     first = train_lambda(work, *ARGS)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-6000:]
     snapshot = digest(work / "OUT")
     run_dirs_first = sorted(p.name for p in (work / "OUT").iterdir())
-    second = train_lambda(work, *ARGS)
+    second = train_lambda(work, *SHORT_SCHEDULE, env={"OUTPUT_DIR": "OUT", "SKIP_PREFLIGHT": "1"}, script=DEMO)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-6000:]
-    return work, first, run_dirs_first, snapshot
+    return work, first, run_dirs_first, snapshot, second
 
 
 def test_one_trace_per_rank_with_the_expected_names(two_runs):
-    work, _, run_dirs_first, _ = two_runs
+    work, _, run_dirs_first, _, _ = two_runs
     assert len(run_dirs_first) == 1
     run_dir = work / "OUT" / run_dirs_first[0]
     assert sorted(p.name for p in run_dir.iterdir()) == EXPECTED_RUN_FILES
@@ -58,7 +59,7 @@ def test_one_trace_per_rank_with_the_expected_names(two_runs):
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_trace_is_gzip_json_with_active_steps_and_collectives(two_runs, rank):
-    work, _, run_dirs_first, _ = two_runs
+    work, _, run_dirs_first, _, _ = two_runs
     trace = work / "OUT" / run_dirs_first[0] / f"rank{rank}_{HOST}_step4-5.pt.trace.json.gz"
     with gzip.open(trace, "rt") as fh:
         data = json.load(fh)
@@ -72,7 +73,7 @@ def test_trace_is_gzip_json_with_active_steps_and_collectives(two_runs, rank):
 
 
 def test_memory_jsonl_per_rank(two_runs):
-    work, _, run_dirs_first, _ = two_runs
+    work, _, run_dirs_first, _, _ = two_runs
     for rank in (0, 1):
         lines = (work / "OUT" / run_dirs_first[0] / f"memory_rank{rank}.jsonl").read_text().splitlines()
         rows = [json.loads(line) for line in lines]
@@ -80,7 +81,7 @@ def test_memory_jsonl_per_rank(two_runs):
 
 
 def test_tensorboard_holds_memory_scalars_of_both_ranks(two_runs):
-    work, first, _, _ = two_runs
+    work, first, _, _, _ = two_runs
     tb_dir = re.search(r"TensorBoard scalars \(loss, memory/\.\.\.\): (\S+)", first.stdout)
     assert tb_dir, first.stdout[-2000:]
     acc = EventAccumulator(str(work / tb_dir.group(1)))
@@ -92,20 +93,29 @@ def test_tensorboard_holds_memory_scalars_of_both_ranks(two_runs):
 
 
 def test_rank0_tells_the_user_where_to_look(two_runs):
-    work, first, run_dirs_first, _ = two_runs
+    work, first, run_dirs_first, _, _ = two_runs
     assert first.stdout.count("hf_distprof: training finished") == 1
     assert f"run folder: {work / 'OUT' / run_dirs_first[0]}  (2 trace(s))" in first.stdout
     assert "tensorboard --logdir" in first.stdout and "ui.perfetto.dev" in first.stdout
 
 
 def test_second_run_adds_files_and_overwrites_none(two_runs):
-    work, _, run_dirs_first, snapshot = two_runs
+    work, _, run_dirs_first, snapshot, _ = two_runs
     runs = sorted(p.name for p in (work / "OUT").iterdir())
     assert len(runs) == 2 and run_dirs_first[0] in runs
     after = digest(work / "OUT")
     assert {k: after[k] for k in snapshot} == snapshot  # every earlier file is still there, byte for byte
     new_run = work / "OUT" / next(r for r in runs if r not in run_dirs_first)
     assert sorted(p.name for p in new_run.iterdir()) == EXPECTED_RUN_FILES
+
+
+def test_demo_script_ends_by_saying_where_everything_is(two_runs):
+    work, _, run_dirs_first, _, second = two_runs
+    new_run = next(p.name for p in (work / "OUT").iterdir() if p.name not in run_dirs_first)
+    tail = second.stdout[second.stdout.index("Profiling run finished."):]
+    assert f"traces and summaries : OUT/{new_run}/" in tail
+    assert "tensorboard --logdir ./outputs/modernbert/runs" in tail
+    assert f"less OUT/{new_run}/rank0_*_summary.txt" in tail
 
 
 def test_bad_flag_through_the_launcher_exits_2_before_launching(tmp_path):
