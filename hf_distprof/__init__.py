@@ -22,7 +22,16 @@ _LAZY: dict[str, str] = {
     "StepTimerCallback": "hf_distprof.callbacks.step_timer",
 }
 
-__all__ = ["__version__", *_LAZY]
+__all__ = [
+    "MemoryLoggerCallback",
+    "ProfilerCallback",
+    "ProfilingArguments",
+    "SimpleGPUMemoryCallback",
+    "StepTimerCallback",
+    "__version__",
+    "add_profiling_args",
+    "build_callbacks",
+]
 
 if TYPE_CHECKING:
     from hf_distprof.callbacks.memory import MemoryLoggerCallback, SimpleGPUMemoryCallback

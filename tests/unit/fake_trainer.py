@@ -19,6 +19,7 @@ def run(
     tmp_path: Path,
     stop_after: int | None = None,
     end: bool = True,
+    device: str = "cpu",
 ) -> TrainerState:
     """Call the hooks for ``max_steps`` optimizer steps of a small model (real ops for the profiler).
 
@@ -30,14 +31,14 @@ def run(
     state = TrainerState()
     state.max_steps = max_steps
     control = TrainerControl()
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for cb in callbacks:
         cb.on_train_begin(args, state, control, model=model)
     for step in range(1, max_steps + 1):
         for cb in callbacks:
             cb.on_step_begin(args, state, control, model=model)
-        loss = model(torch.randn(16, 32)).square().mean()
+        loss = model(torch.randn(16, 32, device=device)).square().mean()
         loss.backward()
         opt.step()
         opt.zero_grad()

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from hf_distprof import ProfilerCallback, ProfilingArguments, dist
+from hf_distprof.callbacks import profiler as profiler_module
 from hf_distprof.callbacks.profiler import schedule_warning
 
 from ..conftest import REPO_ROOT
@@ -182,3 +183,30 @@ def test_sigterm_or_exception_mid_window_flushes_the_trace(tmp_path, how):
     assert files(run_dir) == [f"rank0_{HOST}_step3-4.pt.trace.json.gz", f"rank0_{HOST}_step3-4_summary.txt"]
     assert profiler_steps(run_dir / f"rank0_{HOST}_step3-4.pt.trace.json.gz")[:2] == ["ProfilerStep#3",
                                                                                       "ProfilerStep#4"]
+
+
+def test_activities_are_cpu_plus_cuda_only_when_the_build_and_a_device_have_it(monkeypatch):
+    from torch.profiler import ProfilerActivity
+
+    monkeypatch.setattr(profiler_module.torch.cuda, "is_available", lambda: False)
+    assert profiler_module.supported_activities() == [ProfilerActivity.CPU]
+    monkeypatch.setattr(profiler_module.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(profiler_module.torch.profiler, "supported_activities",
+                        lambda: {ProfilerActivity.CPU, ProfilerActivity.CUDA})
+    assert profiler_module.supported_activities() == [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    # A CPU-only build with a (fake) device: asking for CUDA would only warn, so it is not asked for.
+    monkeypatch.setattr(profiler_module.torch.profiler, "supported_activities", lambda: {ProfilerActivity.CPU})
+    assert profiler_module.supported_activities() == [ProfilerActivity.CPU]
+
+
+@pytest.mark.gpu
+def test_gpu_trace_has_kernels_and_the_summary_ranks_by_device_time(tmp_path):
+    cb = ProfilerCallback(prof_args(tmp_path, profiler_wait_steps=1, profiler_warmup_steps=1, profiler_active_steps=2))
+    fake_trainer.run([cb], 4, tmp_path, device="cuda")
+    assert cb.run_dir is not None
+    trace = cb.run_dir / f"rank0_{HOST}_step3-4.pt.trace.json.gz"
+    with gzip.open(trace, "rt") as fh:
+        events = json.load(fh)["traceEvents"]
+    assert any(e.get("cat") == "kernel" for e in events)
+    summary = (cb.run_dir / f"rank0_{HOST}_step3-4_summary.txt").read_text()
+    assert "Top 25 operators by self device time" in summary

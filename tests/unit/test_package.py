@@ -1,0 +1,23 @@
+"""The package root: public names, and the analysis side staying free of transformers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import hf_distprof
+
+
+def test_every_public_name_resolves():
+    assert sorted(hf_distprof.__all__) == sorted([*hf_distprof._LAZY, "__version__"])
+    for name in hf_distprof._LAZY:
+        assert getattr(hf_distprof, name).__name__ in (name, "MemoryLoggerCallback")
+
+
+def test_analysis_and_cli_never_import_transformers():
+    code = (
+        "import sys, hf_distprof.analysis, hf_distprof.cli.main as m; m.build_parser(); "
+        "print('transformers' in sys.modules, 'accelerate' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
