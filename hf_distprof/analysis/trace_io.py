@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -109,11 +109,16 @@ def _decompressed_blocks(path: Path) -> Iterator[bytes]:
             raise TraceReadError(path, "truncated gzip file (the stream ends before its end marker)")
 
 
+# Turns the bytes of a JSON array of events into a list; raises a ValueError subclass on invalid JSON.
+Decoder = Callable[[bytes | bytearray | memoryview], list[Any]]
+
+
 class _ChunkedTrace:
     """State of one streaming read: metadata bytes around the array, and the unparsed tail of events."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, decode: Decoder) -> None:
         self.path = path
+        self.decode = decode
         self.head = bytearray()  # bytes before the events array (metadata), until the array is found
         self.in_array = False
         self.pending = bytearray()  # events bytes not parsed yet
@@ -128,12 +133,25 @@ class _ChunkedTrace:
             bracket = self.head.find(b"[", key)
             if bracket < 0:
                 return []
-            self.pending = self.head[bracket + 1 :]
+            # ``pending`` always starts with "[", so that a run of events plus a "]" is a JSON array.
+            self.pending = self.head[bracket:]
             del self.head[key:]
             self.in_array = True
             return self._drain(final=False)
         self.pending += block
         return self._drain(final=False)
+
+    def _decode_prefix(self, stop: int) -> list[Any]:
+        """Decode ``pending[:stop] + "]"`` in place, without copying the megabytes of the prefix."""
+        buf = self.pending
+        saved = buf[stop]
+        buf[stop] = 0x5D  # "]"; the byte was whitespace or the "," after the last event of the run
+        view = memoryview(buf)[: stop + 1]
+        try:
+            return self.decode(view)
+        finally:
+            view.release()  # a bytearray with a live view cannot be resized
+            buf[stop] = saved
 
     def _drain(self, final: bool) -> list[Any]:
         """Parse the longest prefix of ``pending`` that is a run of whole events."""
@@ -143,23 +161,26 @@ class _ChunkedTrace:
         # Candidate cut points are "}" "," "{" with optional whitespace between; one inside a string or a
         # nested object makes the prefix invalid JSON, in which case the previous candidate is tried.
         end = len(buf)
-        last_error: orjson.JSONDecodeError | None = None
+        last_error: ValueError | None = None
         for _ in range(64):
             cut = buf.rfind(b"}", 0, end)
-            if cut < 0:
+            if cut < 1:
                 break
             nxt = _skip_ws(buf, cut + 1)
             if nxt < len(buf) and buf[nxt] == 0x2C:  # ","
                 after = _skip_ws(buf, nxt + 1)
                 if after < len(buf) and buf[after] == 0x7B:  # "{"
                     try:
-                        events = orjson.loads(b"[" + bytes(buf[: cut + 1]) + b"]")
-                    except orjson.JSONDecodeError as exc:
+                        events = self._decode_prefix(cut + 1)
+                    except ValueError as exc:  # orjson's and msgspec's decode errors are ValueErrors
                         last_error = exc
                         end = cut
                         continue
-                    del buf[: nxt + 1]
-                    return events  # type: ignore[no-any-return]
+                    # Keep the "," as the new first byte, turned into "[" (cheap: CPython's bytearray
+                    # drops a prefix by moving its start, not by copying the rest).
+                    del buf[:nxt]
+                    buf[0] = 0x5B
+                    return events
             end = cut
         # No valid run although the buffer holds several chunks' worth of bytes: the events are not
         # valid JSON. Failing now, rather than at end of file, keeps a corrupt file from costing O(n^2).
@@ -177,7 +198,7 @@ class _ChunkedTrace:
             raise TraceReadError(
                 self.path, "truncated JSON: the file ends in the middle of the traceEvents array"
             )
-        close, events = _closing_bracket(buf)
+        close, events = _closing_bracket(buf, self.decode)
         if close < 0:
             raise TraceReadError(self.path, "invalid JSON in traceEvents (no valid end of the array found)")
         tail = bytes(buf[close + 1 :])
@@ -215,8 +236,15 @@ def _skip_ws(buf: bytearray, i: int) -> int:
     return i
 
 
-def _closing_bracket(buf: bytearray) -> tuple[int, list[Any]]:
-    """Index of the "]" closing the events array in the final bytes, and the events before it.
+def _skip_ws_back(buf: bytearray, i: int) -> int:
+    while i > 0 and buf[i] in b" \t\r\n":
+        i -= 1
+    return i
+
+
+def _closing_bracket(buf: bytearray, decode: Decoder) -> tuple[int, list[Any]]:
+    """Index of the "]" closing the events array in the final bytes (which start with its "["), and
+    the events before it.
 
     Returns (-1, []) when no "]" closes a valid run of events.
     """
@@ -225,16 +253,19 @@ def _closing_bracket(buf: bytearray) -> tuple[int, list[Any]]:
     end = len(buf)
     for _ in range(64):
         close = buf.rfind(b"]", 0, end)
-        if close < 0:
+        if close < 1:
             return -1, []
-        before = bytes(buf[:close]).rstrip()
-        if not before.strip():
+        last = _skip_ws_back(buf, close - 1)
+        if last == 0:  # only the "[" before it: an empty array
             return close, []
-        if before.endswith(b"}"):
+        if buf[last] == 0x7D:  # "}"
+            view = memoryview(buf)[: close + 1]
             try:
-                return close, orjson.loads(b"[" + before + b"]")
-            except orjson.JSONDecodeError:
+                return close, decode(view)
+            except ValueError:
                 pass
+            finally:
+                view.release()
         end = close
     return -1, []
 
@@ -253,8 +284,29 @@ def iter_trace_events(path: str | os.PathLike[str], meta_out: dict[str, Any]) ->
     Raises:
         TraceReadError: The file is empty, truncated, not gzip/JSON, or not a trace object.
     """
+    return iter_decoded_events(path, meta_out, orjson.loads)
+
+
+def iter_decoded_events(
+    path: str | os.PathLike[str], meta_out: dict[str, Any], decode: Decoder
+) -> Iterator[list[Any]]:
+    """:func:`iter_trace_events` with another decoder for the events (the metadata is always dicts).
+
+    Args:
+        path: A ``.json`` or ``.json.gz`` Kineto/Chrome trace.
+        meta_out: Filled at end of file with the top-level keys other than ``traceEvents``.
+        decode: Parses the bytes of a JSON array of events (``b"[{...},{...}]"``) into a list. It must
+            raise a ``ValueError`` (as orjson's and msgspec's errors are) on invalid JSON: a chunk is cut
+            where ``},{`` appears, which may be inside a string, and the error is what rejects that cut.
+
+    Yields:
+        Lists of decoded events, in file order.
+
+    Raises:
+        TraceReadError: The file is empty, truncated, not gzip/JSON, or not a trace object.
+    """
     path = Path(path)
-    state = _ChunkedTrace(path)
+    state = _ChunkedTrace(path, decode)
     try:
         for block in _decompressed_blocks(path):
             events = state.feed(block)
