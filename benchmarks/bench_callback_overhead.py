@@ -1,23 +1,28 @@
 #!/usr/bin/env python
 """What the always-on callbacks cost: the same 2-rank CPU DDP training with none, then with all of them.
 
-    python benchmarks/bench_callback_overhead.py                 # 5 pairs of runs, 60 steps each
-    python benchmarks/bench_callback_overhead.py --pairs 3 --steps 40
+    python benchmarks/bench_callback_overhead.py                 # 8 A/B pairs of 40 steps
+    python benchmarks/bench_callback_overhead.py --pairs 4 --steps 30
 
-Each run is ``torchrun --nproc_per_node=2`` of this file in worker mode: a tiny ModernBERT (hidden 128,
+One ``torchrun --nproc_per_node=2`` launch of this file in worker mode: a tiny ModernBERT (hidden 128,
 4 layers, vocab 8192, ~1.7 M parameters) built from its config, trained by the HF Trainer on random
-tokens (8 x 128 per rank per step), gloo. Variant A has no hf_distprof callback; variant B has every
-always-on one: the profiler outside its active window (it never records), the memory logger at every
-step, the step timer on every step. Both variants carry one ``on_step_end`` timestamp on rank 0, the
-measurement itself; the Trainer logs every 10 steps in both.
+tokens (8 x 128 per rank per step), gloo. The worker alternates ``trainer.train()`` calls of ``--steps``
+steps on the same model: variant A with no hf_distprof callback, variant B with every always-on one (the
+profiler built and stepped but outside its active window, the memory logger at every step, the step
+timer on every step). Both variants carry one ``on_step_end`` timestamp on rank 0, the measurement
+itself, and the Trainer logs every 10 steps in both.
 
-Runs alternate A, B, B, A, ... so that drift of the machine hits both variants alike. The figure is the
-median over pairs of (median step time of B) / (median step time of A), the first steps excluded.
+The order is A B, B A, A B, ... so that drift of a shared machine hits both variants alike, and the
+variants alternate every few seconds inside the same processes rather than across process launches.
+The figure is the median over pairs of (median step time of B) / (median step time of A), the first
+steps of every ``train()`` call excluded.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import itertools
 import json
 import os
@@ -33,8 +38,8 @@ from typing import Any
 WARMUP = 5  # steps excluded from each run's median (allocation, DDP bucket rebuild)
 
 
-def worker(variant: str, steps: int, result: Path) -> None:
-    """One training run; rank 0 writes its per-step wall times to ``result``."""
+def worker(pairs: int, steps: int, result: Path) -> None:
+    """All pairs of one launch; rank 0 writes the per-step wall times of every train() call to ``result``."""
     import torch
     import torch.distributed as dist
     from transformers import (
@@ -68,24 +73,29 @@ def worker(variant: str, steps: int, result: Path) -> None:
         data.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels})
 
     out = Path(tempfile.mkdtemp(prefix="bench_cb_"))
-    clock = StepClock()
-    callbacks: list[Any] = []
-    if variant == "B":
-        prof = ProfilingArguments(
-            enable_profiling=True, profiler_skip_first=10**6,  # built and stepped, never recording
-            enable_memory_logging=True, memory_log_steps=1, enable_step_timing=True,
-            profiler_output_dir=str(out / "prof"),
-        )
-        callbacks = build_callbacks(prof)
-    args = TrainingArguments(
-        output_dir=str(out / "out"), use_cpu=True, max_steps=steps, per_device_train_batch_size=8,
-        logging_steps=10, report_to="none", save_strategy="no", disable_tqdm=True, seed=0,
-        ddp_find_unused_parameters=False, dataloader_num_workers=0,
-    )
-    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[*callbacks, clock])
-    trainer.train()
+    runs: list[dict[str, Any]] = []
+    for pair in range(pairs):
+        for variant in ("A", "B") if pair % 2 == 0 else ("B", "A"):
+            clock = StepClock()
+            callbacks: list[Any] = []
+            if variant == "B":
+                prof = ProfilingArguments(
+                    enable_profiling=True, profiler_skip_first=10**6,  # built and stepped, never recording
+                    enable_memory_logging=True, memory_log_steps=1, enable_step_timing=True,
+                    profiler_output_dir=str(out / "prof"),
+                )
+                callbacks = build_callbacks(prof)
+            args = TrainingArguments(
+                output_dir=str(out / "out"), use_cpu=True, max_steps=steps, per_device_train_batch_size=8,
+                logging_steps=10, report_to="none", save_strategy="no", disable_tqdm=True, seed=0,
+                ddp_find_unused_parameters=False, dataloader_num_workers=0,
+            )
+            trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[*callbacks, clock])
+            with contextlib.redirect_stdout(io.StringIO()):  # the step timer's table, every train() call
+                trainer.train()
+            runs.append({"pair": pair, "variant": variant, "stamps": clock.stamps})
     if dist.get_rank() == 0:
-        result.write_text(json.dumps({"variant": variant, "stamps": clock.stamps}))
+        result.write_text(json.dumps(runs))
 
 
 def free_port() -> int:
@@ -94,31 +104,35 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def one_run(variant: str, steps: int) -> list[float]:
-    """Launch one 2-rank run; returns its per-step wall times (rank 0)."""
+def launch(pairs: int, steps: int) -> list[dict[str, Any]]:
+    """One 2-rank launch running every pair; returns rank 0's runs with their per-step wall times."""
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "result.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-               f"--master_port={free_port()}", __file__, "--worker", variant, "--steps", str(steps),
-               "--result", str(result)]
+               f"--master_port={free_port()}", __file__, "--worker", "--pairs", str(pairs),
+               "--steps", str(steps), "--result", str(result)]
         env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error"}
         proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
-            raise RuntimeError(f"variant {variant} failed:\n{proc.stderr[-4000:]}")
-        stamps = json.loads(result.read_text())["stamps"]
-    return [b - a for a, b in itertools.pairwise(stamps)]
+            raise RuntimeError(f"the benchmark launch failed:\n{proc.stderr[-4000:]}")
+        runs = json.loads(result.read_text())
+    for run in runs:
+        run["step_s"] = [b - a for a, b in itertools.pairwise(run["stamps"])][WARMUP:]
+    return runs
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pairs", type=int, default=5, help="A/B pairs of runs (default 5)")
-    parser.add_argument("--steps", type=int, default=60, help="optimizer steps per run (default 60)")
-    parser.add_argument("--worker", choices=("A", "B"), help=argparse.SUPPRESS)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--pairs", type=int, default=8, help="A/B pairs (default 8)")
+    parser.add_argument("--steps", type=int, default=40, help="optimizer steps per train() call (default 40)")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         try:
-            worker(args.worker, args.steps, args.result)
+            worker(args.pairs, args.steps, args.result)
         finally:
             import torch.distributed as dist
 
@@ -128,19 +142,18 @@ def main() -> int:
     if args.steps <= WARMUP + 2 or args.pairs < 1:
         parser.error(f"--steps must be > {WARMUP + 2} and --pairs >= 1")
 
+    print(f"{args.pairs} A/B pairs of {args.steps} steps, 2 CPU ranks (gloo); median step time in ms")
+    runs = launch(args.pairs, args.steps)
     ratios: list[float] = []
     medians: dict[str, list[float]] = {"A": [], "B": []}
-    print(f"{args.pairs} A/B pairs, {args.steps} steps per run, 2 CPU ranks (gloo); step times in ms (median)")
     for pair in range(args.pairs):
-        order = ("A", "B") if pair % 2 == 0 else ("B", "A")
-        got = {}
-        for variant in order:
-            steps = one_run(variant, args.steps)[WARMUP:]
-            got[variant] = statistics.median(steps)
-            medians[variant].append(got[variant])
+        got = {r["variant"]: statistics.median(r["step_s"]) for r in runs if r["pair"] == pair}
+        order = "".join(r["variant"] for r in runs if r["pair"] == pair)
+        for variant, value in got.items():
+            medians[variant].append(value)
         ratios.append(got["B"] / got["A"])
-        print(f"pair {pair + 1} ({''.join(order)}): none {got['A'] * 1e3:7.1f}   all callbacks "
-              f"{got['B'] * 1e3:7.1f}   ratio {ratios[-1]:.4f}", flush=True)
+        print(f"pair {pair + 1} ({order}): none {got['A'] * 1e3:7.1f}   "
+              f"all callbacks {got['B'] * 1e3:7.1f}   ratio {ratios[-1]:.4f}")
     print(f"median step time: none {statistics.median(medians['A']) * 1e3:.1f} ms, "
           f"all callbacks {statistics.median(medians['B']) * 1e3:.1f} ms")
     print(f"median step-time ratio (all callbacks / none): {statistics.median(ratios):.4f} "
