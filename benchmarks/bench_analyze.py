@@ -10,12 +10,16 @@ What it does, side by side in one run:
 1. Tiles the shared 8-rank DLRM traces (``../shared/traces/dlrm_8gpu_v100``) in time into a temp folder:
    copy k of a rank's step is shifted by k step spans, renamed ``ProfilerStep#(10+k)``, and its
    correlation ids offset, until each rank's JSON is at least ``--mb-per-rank`` MB (written gzipped).
-2. Runs three contenders, each in a fresh subprocess whose whole process tree's RSS is sampled every
-   20 ms: HTA (load + temporal breakdown + comm/comp overlap + kernel breakdown), ours
-   (``analyze_paths`` with the same number of worker processes), and a bare parse (gunzip + ``orjson.loads``
-   of every file on the same number of processes, discarding the result).
+2. Runs four contenders in rounds, each in a fresh subprocess whose whole process tree's RSS is sampled
+   every 20 ms: HTA (load + temporal breakdown + comm/comp overlap + kernel breakdown), ours
+   (``analyze_paths`` with the same number of worker processes), and two bare parses of every file on
+   the same number of processes, discarding the result: gunzip + ``orjson.loads`` (the fastest parser
+   to Python objects) and gunzip + simdjson (``pysimdjson``, the fastest parser there is: it builds
+   simdjson's own document, no Python object per value).
 3. Checks that HTA's and our per-rank temporal breakdown and overlap agree within 0.5 pp, and prints
-   wall time, peak RSS of the process tree, and the ratios.
+   wall time, peak RSS of the process tree, and the ratios. On a shared machine absolute times move
+   with the load, so each ratio is taken within one round (the contenders run back to back) and the
+   median over rounds is reported, next to the best time of each contender.
 """
 
 from __future__ import annotations
@@ -119,6 +123,20 @@ if __name__ == "__main__":
     open(sys.argv[2], "w").write(str(n))
 """
 
+# simdjson validates the whole document and builds its tape; len() reads the array's size from the tape.
+SIMDJSON_CODE = """
+import sys, gzip, glob, simdjson
+from concurrent.futures import ProcessPoolExecutor
+def parse(p):
+    doc = simdjson.Parser().parse(gzip.decompress(open(p, "rb").read()))
+    return len(doc["traceEvents"])
+if __name__ == "__main__":
+    files = sorted(glob.glob(sys.argv[1] + "/*.json.gz"))
+    with ProcessPoolExecutor(int(sys.argv[3])) as pool:
+        n = sum(pool.map(parse, files))
+    open(sys.argv[2], "w").write(str(n))
+"""
+
 
 def measure(code: str, trace_dir: Path, out: Path, workers: int) -> tuple[float, float]:
     """Run ``code`` in a subprocess; return (wall seconds, peak RSS of its process tree in MB)."""
@@ -155,52 +173,84 @@ def measure(code: str, trace_dir: Path, out: Path, workers: int) -> tuple[float,
     return wall, peak / 2**20
 
 
+def _tiled_set(folder: Path, mb_per_rank: float) -> None:
+    """Tile every DLRM rank into ``folder`` (skipped when it already holds all ranks)."""
+    sources = sorted(DLRM.glob("*.json.gz"))
+    if all((folder / src.name).is_file() for src in sources):
+        print(f"reusing the tiled set in {folder}")
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    for src in sources:
+        tile(src, folder / src.name, int(mb_per_rank * 1e6))
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mb-per-rank", type=float, default=50.0)
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--skip-hta", action="store_true")
-    parser.add_argument("--repeat", type=int, default=1, help="interleaved runs of each contender; best kept")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds; each runs every contender once")
+    parser.add_argument(
+        "--traces", type=Path, help="keep the tiled set in this folder and reuse it (default: a temp folder)"
+    )
     args = parser.parse_args()
     if not DLRM.is_dir():
         raise SystemExit(f"reference traces not found at {DLRM.resolve()}")
     with tempfile.TemporaryDirectory(prefix="bench_analyze_") as tmp_name:
         tmp = Path(tmp_name)
-        traces = tmp / "traces"
-        traces.mkdir()
-        total = 0
-        for src in sorted(DLRM.glob("*.json.gz")):
-            total += tile(src, traces / src.name, int(args.mb_per_rank * 1e6))
-        gz = sum(p.stat().st_size for p in traces.iterdir())
-        print(
-            f"tiled set: {len(list(traces.iterdir()))} ranks, {total / 1e6:.0f} MB JSON ({gz / 1e6:.0f} MB gzipped)"
-        )
+        traces = args.traces or tmp / "traces"
+        _tiled_set(traces, args.mb_per_rank)
+        files = sorted(traces.glob("*.json.gz"))
+        raw = sum(len(gzip.decompress(p.read_bytes())) for p in files)
+        gz = sum(p.stat().st_size for p in files)
+        print(f"tiled set: {len(files)} ranks, {raw / 1e6:.0f} MB JSON ({gz / 1e6:.0f} MB gzipped)")
         contenders = {
             "bare orjson parse": (BARE_CODE, "bare.txt"),
+            "bare simdjson parse": (SIMDJSON_CODE, "simdjson.txt"),
             "hf-distprof analyze": (OURS_CODE, "ours.json"),
         }
         if not args.skip_hta:
             contenders["HTA 0.5.0"] = (HTA_CODE, "hta.json")
-        # Interleaved repeats, best of each: on a shared machine the minimum is the least disturbed run.
         runs: dict[str, list[tuple[float, float]]] = {name: [] for name in contenders}
-        for _ in range(args.repeat):
+        loads = []
+        for k in range(args.repeat):
             for name, (code, out_name) in contenders.items():
                 runs[name].append(measure(code, traces, tmp / out_name, args.workers))
-        rows = {name: (min(w for w, _ in r), min(m for _, m in r)) for name, r in runs.items()}
+            loads.append(os.getloadavg()[0])
+            print(
+                f"round {k + 1}: "
+                + ", ".join(f"{n} {w:.2f} s / {m:.0f} MB" for n, r in runs.items() for w, m in r[-1:])
+                + f" (load average {loads[-1]:.1f})",
+                flush=True,
+            )
         print(
-            f"best of {args.repeat} interleaved run(s), {args.workers} worker process(es), load average "
-            f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+            f"{args.repeat} round(s), {args.workers} worker process(es), load average "
+            f"{min(loads):.1f} to {max(loads):.1f} on {os.cpu_count()} cores"
         )
-        for name, (wall, rss) in rows.items():
-            print(f"{name:<22} {wall:7.2f} s  {rss:8.0f} MB peak RSS (process tree)")
-        ours_wall, ours_rss = rows["hf-distprof analyze"]
-        print(f"ours / bare parse: {ours_wall / rows['bare orjson parse'][0]:.2f}x time")
+        for name, r in runs.items():
+            print(
+                f"{name:<22} best {min(w for w, _ in r):7.2f} s  {min(m for _, m in r):8.0f} MB peak RSS "
+                "(process tree)"
+            )
+        ours = runs["hf-distprof analyze"]
+
+        def ratio(name: str, memory: bool = False) -> str:
+            per_round = [b[memory] / a[memory] for a, b in zip(ours, runs[name])]
+            return f"{_median(per_round):.2f}x (rounds: {', '.join(f'{x:.2f}' for x in per_round)})"
+
+        print(f"bare orjson parse / ours:   time {ratio('bare orjson parse')}")
+        print(f"bare simdjson parse / ours: time {ratio('bare simdjson parse')}")
         if not args.skip_hta:
-            hta_wall, hta_rss = rows["HTA 0.5.0"]
-            print(f"HTA / ours: {hta_wall / ours_wall:.1f}x time, {hta_rss / ours_rss:.1f}x peak RSS")
-            ours = json.loads((tmp / "ours.json").read_text())
+            print(f"HTA / ours: time {ratio('HTA 0.5.0')}, peak RSS {ratio('HTA 0.5.0', memory=True)}")
+            ours_out = json.loads((tmp / "ours.json").read_text())
             hta = json.loads((tmp / "hta.json").read_text())
-            worst = max(abs(ours[r][k] - hta[r][k]) for r in hta for k in hta[r])
+            worst = max(abs(ours_out[r][k] - hta[r][k]) for r in hta for k in hta[r])
             print(f"largest per-rank difference to HTA (idle/compute/non-compute/overlap %): {worst:.3f} pp")
             if worst > 0.5:
                 raise SystemExit("MISMATCH: numbers differ from HTA by more than 0.5 pp")
