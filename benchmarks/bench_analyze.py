@@ -241,7 +241,7 @@ def main() -> None:
         ours = runs["hf-distprof analyze"]
 
         def ratio(name: str, memory: bool = False) -> str:
-            per_round = [b[memory] / a[memory] for a, b in zip(ours, runs[name])]
+            per_round = [b[memory] / a[memory] for a, b in zip(ours, runs[name], strict=True)]
             return f"{_median(per_round):.2f}x (rounds: {', '.join(f'{x:.2f}' for x in per_round)})"
 
         print(f"bare orjson parse / ours:   time {ratio('bare orjson parse')}")

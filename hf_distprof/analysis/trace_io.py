@@ -22,6 +22,8 @@ import orjson
 # small enough that one chunk's Python objects (~10x its bytes) stay well under 100 MB.
 CHUNK_BYTES = 4 << 20
 TRACE_SUFFIXES = (".json", ".json.gz")
+# What torch.profiler's tensorboard_trace_handler and this project's callbacks name their traces.
+TORCH_TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
 # rank3_host_step4-5.pt.trace.json.gz (this project), worker3_step_12...json (HTA, PARAM), rank-3.json.gz
 _RANK_IN_NAME = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
 _EVENTS_KEY = b'"traceEvents"'
@@ -39,7 +41,10 @@ class TraceReadError(ValueError):
 def discover_trace_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
     """Expand folders into the trace files they hold (recursively), keeping explicit files as given.
 
-    Hidden files (the temporary names of a trace being written atomically) are skipped in folders.
+    Hidden files (the temporary names of a trace being written atomically) are skipped in folders. When
+    a folder holds any PyTorch profiler trace (``*.pt.trace.json[.gz]``), only those are taken, so that
+    other JSON written next to them (``timing_summary.json``, ``analysis.json``) is not mistaken for a
+    trace; otherwise every ``*.json`` / ``*.json.gz`` is. Explicit files are always taken as given.
 
     Args:
         paths: Folders and/or ``.json`` / ``.json.gz`` files.
@@ -59,6 +64,9 @@ def discover_trace_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
                 for p in path.rglob("*")
                 if p.is_file() and p.name.endswith(TRACE_SUFFIXES) and not p.name.startswith(".")
             )
+            torch_traces = [p for p in inside if p.name.endswith(TORCH_TRACE_SUFFIXES)]
+            if torch_traces:
+                inside = torch_traces
             if not inside:
                 raise FileNotFoundError(f"{path}: no trace file (*.json, *.json.gz) in this folder")
             found.extend(inside)

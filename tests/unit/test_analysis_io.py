@@ -84,6 +84,40 @@ def test_discover_skips_hidden_temp_files_and_non_traces(tmp_path: Path) -> None
         trace_io.discover_trace_files([tmp_path / "missing"])
 
 
+def test_folder_with_torch_traces_ignores_other_json(tmp_path: Path) -> None:
+    shutil.copy(CLEAN / "rank-0.json.gz", tmp_path / "rank0_h_step1-2.pt.trace.json.gz")
+    (tmp_path / "sub").mkdir()
+    raw_rank1 = gzip.decompress((CLEAN / "rank-1.json.gz").read_bytes())
+    (tmp_path / "sub" / "rank1_h_step1-2.pt.trace.json").write_bytes(raw_rank1)
+    (tmp_path / "timing_summary.json").write_text('{"steps": []}')
+    (tmp_path / "analysis.json").write_text("{}")
+    (tmp_path / "sub" / "notes.json.gz").write_bytes(gzip.compress(b"{}"))
+    found = trace_io.discover_trace_files([tmp_path])
+    assert [p.relative_to(tmp_path).as_posix() for p in found] == [
+        "rank0_h_step1-2.pt.trace.json.gz",
+        "sub/rank1_h_step1-2.pt.trace.json",
+    ]
+    result = analyze_paths([tmp_path], OPTS)
+    assert [r.rank for r in result.ranks] == [0, 1]
+    assert result.errors == []
+    # An explicit file is analysed as given, even next to traces (and reported, as it is no trace).
+    result = analyze_paths([tmp_path, tmp_path / "analysis.json"], OPTS)
+    assert [Path(e.path).name for e in result.errors] == ["analysis.json"]
+
+
+def test_folder_without_torch_traces_takes_every_json(tmp_path: Path) -> None:
+    shutil.copy(CLEAN / "rank-0.json.gz", tmp_path / "rank-0.json.gz")
+    (tmp_path / "rank-1.json").write_bytes(gzip.decompress((CLEAN / "rank-1.json.gz").read_bytes()))
+    (tmp_path / "timing_summary.json").write_text('{"steps": []}')
+    found = trace_io.discover_trace_files([tmp_path])
+    assert [p.name for p in found] == ["rank-0.json.gz", "rank-1.json", "timing_summary.json"]
+    result = analyze_paths([tmp_path], OPTS)
+    assert [r.rank for r in result.ranks] == [0, 1]
+    assert [(Path(e.path).name, e.reason) for e in result.errors] == [
+        ("timing_summary.json", "not a trace: no traceEvents array")
+    ]
+
+
 def _bad_files(tmp_path: Path) -> dict[str, str]:
     """Each bad case -> the reason the analyzer must give for it."""
     good = (CLEAN / "rank-0.json.gz").read_bytes()
