@@ -11,6 +11,7 @@ collective runs), compute (inside any other op or annotation) and other (gaps wi
 from __future__ import annotations
 
 from bisect import bisect_left
+from functools import lru_cache
 
 from hf_distprof.analysis import intervals as iv
 from hf_distprof.analysis.events import STEP_PREFIX, Span
@@ -18,6 +19,23 @@ from hf_distprof.analysis.model import CpuBreakdown
 
 DATA_LOADING_PREFIX = "enumerate(DataLoader)"
 BACKWARD_PREFIXES = ("autograd::engine::evaluate_function",)
+
+
+_STEP, _LOADING, _ENQUEUE, _BUSY, _BACKWARD = range(5)
+
+
+@lru_cache(maxsize=65536)
+def _op_kind(name: str) -> int:
+    """What a main-thread op of this name counts as (names repeat, so this is cached)."""
+    if name.startswith(STEP_PREFIX):
+        return _STEP
+    if name.startswith(DATA_LOADING_PREFIX):
+        return _LOADING
+    if name.startswith("c10d::"):
+        return _ENQUEUE
+    if name.startswith(BACKWARD_PREFIXES):
+        return _BACKWARD
+    return _BUSY
 
 
 def cpu_breakdown(
@@ -44,16 +62,18 @@ def cpu_breakdown(
         op_starts = [op[0] for op in ops]
     lo, hi = bisect_left(op_starts, start), bisect_left(op_starts, end)
     for s, e, name in ops[lo:hi]:
-        if name.startswith(STEP_PREFIX):
+        kind = _op_kind(name)
+        if kind == _STEP:
             continue
-        span = (max(s, start), min(e, end))
-        if name.startswith(DATA_LOADING_PREFIX):
+        # (max(s, start), min(e, end)), spelled out: this loop runs once per CPU op of the trace.
+        span = (start if start > s else s, end if end < e else e)
+        if kind == _LOADING:
             loading.append(span)
-        elif name.startswith("c10d::"):
+        elif kind == _ENQUEUE:
             enqueue.append(span)
         else:
             busy.append(span)
-            if name.startswith(BACKWARD_PREFIXES):
+            if kind == _BACKWARD:
                 backward.append(span)
     step = [(start, end)]
     loading_m = iv.merge(loading)

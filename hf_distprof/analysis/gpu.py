@@ -19,6 +19,14 @@ from hf_distprof.analysis.model import GpuBreakdown, KernelStat
 _TYPE_BITS = ((COMPUTATION, "COMPUTATION"), (COMMUNICATION, "COMMUNICATION"), (MEMORY, "MEMORY"))
 
 
+def _mask_label(mask: int) -> str:
+    return " overlapping ".join(lbl for bit, (_, lbl) in enumerate(_TYPE_BITS) if mask & (1 << bit))
+
+
+# The label of each combination of running categories, computed once rather than per time segment.
+_MASK_LABELS = {mask: _mask_label(mask) for mask in range(1, 1 << len(_TYPE_BITS))}
+
+
 def gpu_breakdown(
     starts: Sequence[float], ends: Sequence[float], names: Sequence[str], tiny_kernel_us: float
 ) -> GpuBreakdown | None:
@@ -95,9 +103,7 @@ def category_overlap(merged_by_cat: dict[str, list[iv.Interval]]) -> dict[str, f
     for (time, delta), (next_time, _) in zip(edges, edges[1:] + [(edges[-1][0] if edges else 0.0, 0)]):
         running += delta
         if running > 0 and next_time > time:
-            label = " overlapping ".join(
-                lbl for bit, (_, lbl) in enumerate(_TYPE_BITS) if running & (1 << bit)
-            )
+            label = _MASK_LABELS.get(running) or _mask_label(running)
             out[label] = out.get(label, 0.0) + (next_time - time)
     return out
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from itertools import islice
 
 Interval = tuple[float, float]
 
@@ -13,13 +14,21 @@ def merge(intervals: Iterable[Interval]) -> list[Interval]:
     Intervals that touch (one starts where another ends) are merged, like HTA's
     ``merge_kernel_intervals`` (a new group starts only when ``start > max(previous ends)``).
     """
-    out: list[list[float]] = []
-    for start, end in sorted(intervals):
-        if out and start <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], end)
+    ordered = sorted(intervals)
+    if not ordered:
+        return []
+    out: list[Interval] = []
+    append = out.append
+    cur_start, cur_end = ordered[0]
+    for start, end in islice(ordered, 1, None):
+        if start <= cur_end:
+            if end > cur_end:
+                cur_end = end
         else:
-            out.append([start, end])
-    return [(s, e) for s, e in out]
+            append((cur_start, cur_end))
+            cur_start, cur_end = start, end
+    append((cur_start, cur_end))
+    return out
 
 
 def total(merged: list[Interval]) -> float:
@@ -31,12 +40,15 @@ def intersect(a: list[Interval], b: list[Interval]) -> list[Interval]:
     """Intersection of two sorted disjoint interval lists (linear merge)."""
     out: list[Interval] = []
     i = j = 0
-    while i < len(a) and j < len(b):
-        start = max(a[i][0], b[j][0])
-        end = min(a[i][1], b[j][1])
+    n, m = len(a), len(b)
+    while i < n and j < m:
+        a_start, a_end = a[i]
+        b_start, b_end = b[j]
+        start = b_start if b_start > a_start else a_start  # max(), keeping its choice on ties
+        end = b_end if b_end < a_end else a_end  # min(), likewise
         if start < end:
             out.append((start, end))
-        if a[i][1] < b[j][1]:
+        if a_end < b_end:
             i += 1
         else:
             j += 1
