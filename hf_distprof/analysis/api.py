@@ -32,6 +32,21 @@ def analyze_file(path: str, options: AnalysisOptions) -> RankResult | FileError:
         return FileError(path=str(path), reason=f"malformed trace event ({type(exc).__name__}: {exc})")
 
 
+def _start_method() -> str:
+    """``fork`` when this process has a single OS thread (the CLI), else ``spawn``.
+
+    Forking a process with other threads (a training process: torch's thread pools, NCCL/gloo threads)
+    can deadlock the child, so then the workers are spawned, which re-imports this light package in each.
+    A single-threaded process forks safely and saves that start-up (~0.1-0.2 s per worker). The thread
+    count is read from ``/proc/self/task``, which sees native threads that ``threading`` does not.
+    """
+    try:
+        single_threaded = len(os.listdir("/proc/self/task")) == 1
+    except OSError:  # not Linux
+        single_threaded = False
+    return "fork" if single_threaded else "spawn"
+
+
 def _run_all(files: list[str], options: AnalysisOptions) -> list[RankResult | FileError]:
     workers = options.workers or min(len(files), os.cpu_count() or 1)
     show = options.progress
@@ -50,9 +65,7 @@ def _run_all(files: list[str], options: AnalysisOptions) -> list[RankResult | Fi
                 if bar is not None:
                     bar.update(1)
         else:
-            # spawn, not fork: the caller may be a training process with live threads (fork is unsafe),
-            # and the workers only import this light package.
-            ctx = multiprocessing.get_context("spawn")
+            ctx = multiprocessing.get_context(_start_method())
             with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
                 futures = [pool.submit(analyze_file, path, options) for path in files]
                 for future in as_completed(futures):
