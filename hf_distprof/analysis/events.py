@@ -160,6 +160,7 @@ def _collect(path: Path, meta: dict[str, Any]) -> _Collected:
     annotations_append = out.annotations.append
     gpu = out.gpu
     launches = out.launches
+    unset = msgspec.UNSET
     for chunk in iter_decoded_events(path, meta, _decode_events):
         out.n_events += len(chunk)
         try:
@@ -174,7 +175,10 @@ def _collect(path: Path, meta: dict[str, Any]) -> _Collected:
                     if type(args) is _Args:
                         corr = args.correlation
                         if corr is not None:
-                            launches[corr] = _required(ev.ts, "ts")
+                            ts = ev.ts
+                            if ts is unset:  # _required, inlined: one launch per kernel
+                                raise KeyError("ts")
+                            launches[corr] = ts
                 elif cat == "user_annotation":
                     annotations_append(ev)
                 elif cat is not None:  # any other category is GPU activity when it names a stream
