@@ -1,0 +1,114 @@
+"""The msgspec event decoder against a plain reading of the same traces with ``orjson``.
+
+``parse_trace`` decodes only the fields it reads, into structs; this checks, on the committed gloo traces
+and the shared DLRM GPU traces, that what it keeps is exactly what a straightforward pass over the fully
+parsed JSON keeps, also when the file is cut into small chunks (cuts inside strings and nested objects).
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from hf_distprof.analysis import TraceReadError, trace_io
+from hf_distprof.analysis.events import STEP_PREFIX, ParsedTrace, parse_trace
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+DLRM = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces" / "dlrm_8gpu_v100"
+CPU_CATS = {"cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver", "ac2g", "Trace"}
+CPU_CATS |= {"cpu_instant_event", "fwdbwd", "overhead", "gpu_user_annotation", "Runtime", "Kernel launch"}
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.lstrip("-").isdigit():
+        return int(value)
+    return None
+
+
+def _reference(path: Path) -> dict[str, Any]:
+    """What parse_trace must keep, computed the obvious way from the whole parsed file."""
+    events = orjson.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+    ops: dict[Any, list[tuple[Any, Any, str]]] = {}
+    steps: dict[Any, list[tuple[int, Any, Any]]] = {}
+    gloo, gpu, launches = [], [], {}
+    for ev in events:
+        cat, dur, args = ev.get("cat"), ev.get("dur"), ev.get("args")
+        if cat in ("cpu_op", "user_annotation") and dur is not None:
+            ts, name = ev["ts"], ev["name"]
+            ops.setdefault(ev.get("tid"), []).append((ts, ts + dur, name))
+            if cat == "user_annotation" and name.startswith(STEP_PREFIX):
+                steps.setdefault(ev.get("tid"), []).append((int(name[len(STEP_PREFIX) :]), ts, ts + dur))
+            elif cat == "user_annotation" and name.startswith("gloo:"):
+                gloo.append((ts, ts + dur, name))
+        elif cat in ("cuda_runtime", "cuda_driver") and isinstance(args, dict):
+            if args.get("correlation") is not None:
+                launches[args["correlation"]] = ev["ts"]
+        elif cat is not None and cat not in CPU_CATS and dur is not None and isinstance(args, dict):
+            stream = _int(args.get("stream"))
+            if stream is not None:
+                ts = ev["ts"]
+                start, end = (ts, ts + dur)
+                if isinstance(ts, float):
+                    start, end = math.ceil(ts), math.floor(ts + dur)
+                corr = _int(args.get("correlation"))
+                gpu.append((start, end, ev["name"], stream, -1 if corr is None else corr))
+    main = max(steps, key=lambda t: len(steps[t]))
+    return {
+        "n_events": len(events),
+        "main_tid": main,
+        "steps": sorted((s[1], s[0], s[2]) for s in steps[main]),
+        "main_ops": sorted(ops[main]),
+        "comm_spans": sorted(gloo),
+        "gpu": gpu,
+        "launches": launches,
+    }
+
+
+def _kept(trace: ParsedTrace) -> dict[str, Any]:
+    gpu = trace.gpu
+    return {
+        "n_events": trace.n_events,
+        "main_tid": trace.main_tid,
+        "steps": [(s.start, s.number, s.end) for s in trace.steps],
+        "main_ops": trace.main_ops,
+        "comm_spans": trace.comm_spans,
+        "gpu": list(zip(gpu.start, gpu.end, gpu.name, gpu.stream, gpu.correlation, strict=True)),
+        "launches": trace.launches,
+    }
+
+
+def _cases() -> list[Path]:
+    # The committed gloo traces, and two GPU ranks of the shared DLRM set when it is there.
+    return sorted(DATA.glob("*/rank-*.json.gz")) + sorted(DLRM.glob("worker[01]_*.json.gz"))
+
+
+@pytest.mark.parametrize("path", _cases(), ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("chunk", [997, trace_io.CHUNK_BYTES])
+def test_parse_keeps_what_a_full_orjson_pass_keeps(
+    monkeypatch: pytest.MonkeyPatch, path: Path, chunk: int
+) -> None:
+    monkeypatch.setattr(trace_io, "CHUNK_BYTES", chunk)
+    kept = _kept(parse_trace(path))
+    ref = _reference(path)
+    assert kept == ref
+    # Same values and the same types (an int timestamp stays an int: it changes float sums).
+    assert [type(x) for op in kept["main_ops"] for x in op] == [type(x) for op in ref["main_ops"] for x in op]
+    assert all(sys.intern(op[2]) is op[2] for op in kept["main_ops"])
+
+
+@pytest.mark.parametrize(("events", "kind"), [(b"[{}, 1, {}]", "int"), (b'[{"ph": "X"}, "x", {}]', "str")])
+def test_an_event_that_is_not_an_object_is_named(tmp_path: Path, events: bytes, kind: str) -> None:
+    path = tmp_path / "rank0.json"
+    path.write_bytes(b'{"traceEvents": ' + events + b', "distributedInfo": {"rank": 0}}')
+    with pytest.raises(TraceReadError, match=f"traceEvents holds a {kind}"):
+        parse_trace(path)
