@@ -84,7 +84,8 @@ def analyze_paths(
     """Analyse the traces of a distributed run, one file per rank (any number of ranks).
 
     Args:
-        paths: Folders (searched recursively for ``*.json`` / ``*.json.gz``) and/or trace files.
+        paths: Folders (searched recursively for ``*.pt.trace.json[.gz]``, or for any ``*.json`` /
+            ``*.json.gz`` when a folder holds none) and/or trace files, analysed as given.
         options: Thresholds and parallelism; defaults when None.
 
     Returns:
