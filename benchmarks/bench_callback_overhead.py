@@ -3,6 +3,7 @@
 
     python benchmarks/bench_callback_overhead.py                 # 8 A/B pairs of 40 steps
     python benchmarks/bench_callback_overhead.py --pairs 4 --steps 30
+    python benchmarks/bench_callback_overhead.py --only timer    # B = one callback: profiler|memory|timer
 
 One ``torchrun --nproc_per_node=2`` launch of this file in worker mode: a tiny ModernBERT (hidden 128,
 4 layers, vocab 8192, ~1.7 M parameters) built from its config, trained by the HF Trainer on random
@@ -38,7 +39,16 @@ from typing import Any
 WARMUP = 5  # steps excluded from each run's median (allocation, DDP bucket rebuild)
 
 
-def worker(pairs: int, steps: int, result: Path) -> None:
+# Variant B's flags: every always-on callback, or one of them (--only).
+VARIANT_B: dict[str, dict[str, Any]] = {
+    "all": {"enable_profiling": True, "enable_memory_logging": True, "enable_step_timing": True},
+    "profiler": {"enable_profiling": True, "enable_step_timing": False},
+    "memory": {"enable_memory_logging": True},
+    "timer": {"enable_step_timing": True},
+}
+
+
+def worker(pairs: int, steps: int, only: str, result: Path) -> None:
     """All pairs of one launch; rank 0 writes the per-step wall times of every train() call to ``result``."""
     import torch
     import torch.distributed as dist
@@ -80,9 +90,8 @@ def worker(pairs: int, steps: int, result: Path) -> None:
             callbacks: list[Any] = []
             if variant == "B":
                 prof = ProfilingArguments(
-                    enable_profiling=True, profiler_skip_first=10**6,  # built and stepped, never recording
-                    enable_memory_logging=True, memory_log_steps=1, enable_step_timing=True,
-                    profiler_output_dir=str(out / "prof"),
+                    profiler_skip_first=10**6,  # the profiler is built and stepped, never recording
+                    memory_log_steps=1, profiler_output_dir=str(out / "prof"), **VARIANT_B[only],
                 )
                 callbacks = build_callbacks(prof)
             args = TrainingArguments(
@@ -104,13 +113,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def launch(pairs: int, steps: int) -> list[dict[str, Any]]:
+def launch(pairs: int, steps: int, only: str) -> list[dict[str, Any]]:
     """One 2-rank launch running every pair; returns rank 0's runs with their per-step wall times."""
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "result.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
                f"--master_port={free_port()}", __file__, "--worker", "--pairs", str(pairs),
-               "--steps", str(steps), "--result", str(result)]
+               "--steps", str(steps), "--only", only, "--result", str(result)]
         env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error"}
         proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
@@ -127,12 +136,14 @@ def main() -> int:
     )
     parser.add_argument("--pairs", type=int, default=8, help="A/B pairs (default 8)")
     parser.add_argument("--steps", type=int, default=40, help="optimizer steps per train() call (default 40)")
+    parser.add_argument("--only", choices=sorted(VARIANT_B), default="all",
+                        help="variant B's callbacks: all (default) or just one")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         try:
-            worker(args.pairs, args.steps, args.result)
+            worker(args.pairs, args.steps, args.only, args.result)
         finally:
             import torch.distributed as dist
 
@@ -142,8 +153,9 @@ def main() -> int:
     if args.steps <= WARMUP + 2 or args.pairs < 1:
         parser.error(f"--steps must be > {WARMUP + 2} and --pairs >= 1")
 
-    print(f"{args.pairs} A/B pairs of {args.steps} steps, 2 CPU ranks (gloo); median step time in ms")
-    runs = launch(args.pairs, args.steps)
+    print(f"{args.pairs} A/B pairs of {args.steps} steps, 2 CPU ranks (gloo), B = {args.only}; "
+          "median step time in ms")
+    runs = launch(args.pairs, args.steps, args.only)
     ratios: list[float] = []
     medians: dict[str, list[float]] = {"A": [], "B": []}
     for pair in range(args.pairs):
@@ -153,10 +165,10 @@ def main() -> int:
             medians[variant].append(value)
         ratios.append(got["B"] / got["A"])
         print(f"pair {pair + 1} ({order}): none {got['A'] * 1e3:7.1f}   "
-              f"all callbacks {got['B'] * 1e3:7.1f}   ratio {ratios[-1]:.4f}")
+              f"{args.only} {got['B'] * 1e3:7.1f}   ratio {ratios[-1]:.4f}")
     print(f"median step time: none {statistics.median(medians['A']) * 1e3:.1f} ms, "
-          f"all callbacks {statistics.median(medians['B']) * 1e3:.1f} ms")
-    print(f"median step-time ratio (all callbacks / none): {statistics.median(ratios):.4f} "
+          f"{args.only} {statistics.median(medians['B']) * 1e3:.1f} ms")
+    print(f"median step-time ratio ({args.only} / none): {statistics.median(ratios):.4f} "
           f"(min {min(ratios):.4f}, max {max(ratios):.4f}; target <= 1.01)")
     return 0
 
