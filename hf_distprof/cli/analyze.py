@@ -56,7 +56,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             type=type(f.default),
             default=f.default,
             metavar="N",
-            help=f"{f.metadata['help']} (default: {f.default})",
+            # argparse %-formats help strings: a literal % must be doubled.
+            help=f"{f.metadata['help']} (default: {f.default})".replace("%", "%%"),
         )
     return parser
 

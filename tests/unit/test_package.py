@@ -21,3 +21,21 @@ def test_analysis_and_cli_never_import_transformers():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_every_help_screen_renders(capsys):
+    import argparse
+
+    import pytest
+
+    from hf_distprof.cli.main import SUBCOMMANDS, main
+    from hf_distprof.config import add_profiling_args
+
+    for argv in [["--help"], *[[name, "--help"] for name in SUBCOMMANDS]]:
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 0, argv
+        assert "usage: hf-distprof" in capsys.readouterr().out
+    parser = argparse.ArgumentParser()
+    add_profiling_args(parser)
+    assert "--profiler-active-steps" in parser.format_help()
