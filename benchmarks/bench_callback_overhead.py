@@ -3,7 +3,7 @@
 
     python benchmarks/bench_callback_overhead.py                 # 8 A/B pairs of 40 steps
     python benchmarks/bench_callback_overhead.py --pairs 4 --steps 30
-    python benchmarks/bench_callback_overhead.py --only timer    # B = one callback: profiler|memory|timer
+    python benchmarks/bench_callback_overhead.py --callbacks timer          # B = a subset of them
 
 One ``torchrun --nproc_per_node=2`` launch of this file in worker mode: a tiny ModernBERT (hidden 128,
 4 layers, vocab 8192, ~1.7 M parameters) built from its config, trained by the HF Trainer on random
@@ -39,16 +39,21 @@ from typing import Any
 WARMUP = 5  # steps excluded from each run's median (allocation, DDP bucket rebuild)
 
 
-# Variant B's flags: every always-on callback, or one of them (--only).
-VARIANT_B: dict[str, dict[str, Any]] = {
-    "all": {"enable_profiling": True, "enable_memory_logging": True, "enable_step_timing": True},
-    "profiler": {"enable_profiling": True, "enable_step_timing": False},
-    "memory": {"enable_memory_logging": True},
-    "timer": {"enable_step_timing": True},
+# The flag that switches each always-on callback on in variant B (--callbacks picks a subset).
+CALLBACK_FLAGS: dict[str, str] = {
+    "profiler": "enable_profiling",
+    "memory": "enable_memory_logging",
+    "timer": "enable_step_timing",
 }
 
 
-def worker(pairs: int, steps: int, only: str, result: Path) -> None:
+def variant_b_flags(names: str) -> dict[str, bool]:
+    """``"memory,timer"`` -> the ProfilingArguments switches for exactly those callbacks."""
+    chosen = set(names.split(","))
+    return {flag: name in chosen for name, flag in CALLBACK_FLAGS.items()}
+
+
+def worker(pairs: int, steps: int, names: str, result: Path) -> None:
     """All pairs of one launch; rank 0 writes the per-step wall times of every train() call to ``result``."""
     import torch
     import torch.distributed as dist
@@ -91,7 +96,7 @@ def worker(pairs: int, steps: int, only: str, result: Path) -> None:
             if variant == "B":
                 prof = ProfilingArguments(
                     profiler_skip_first=10**6,  # the profiler is built and stepped, never recording
-                    memory_log_steps=1, profiler_output_dir=str(out / "prof"), **VARIANT_B[only],
+                    memory_log_steps=1, profiler_output_dir=str(out / "prof"), **variant_b_flags(names),
                 )
                 callbacks = build_callbacks(prof)
             args = TrainingArguments(
@@ -113,13 +118,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def launch(pairs: int, steps: int, only: str) -> list[dict[str, Any]]:
+def launch(pairs: int, steps: int, names: str) -> list[dict[str, Any]]:
     """One 2-rank launch running every pair; returns rank 0's runs with their per-step wall times."""
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "result.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
                f"--master_port={free_port()}", __file__, "--worker", "--pairs", str(pairs),
-               "--steps", str(steps), "--only", only, "--result", str(result)]
+               "--steps", str(steps), "--callbacks", names, "--result", str(result)]
         env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error"}
         proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
@@ -136,14 +141,14 @@ def main() -> int:
     )
     parser.add_argument("--pairs", type=int, default=8, help="A/B pairs (default 8)")
     parser.add_argument("--steps", type=int, default=40, help="optimizer steps per train() call (default 40)")
-    parser.add_argument("--only", choices=sorted(VARIANT_B), default="all",
-                        help="variant B's callbacks: all (default) or just one")
+    parser.add_argument("--callbacks", default=",".join(CALLBACK_FLAGS),
+                        help="variant B's callbacks, comma-separated (default: profiler,memory,timer)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         try:
-            worker(args.pairs, args.steps, args.only, args.result)
+            worker(args.pairs, args.steps, args.callbacks, args.result)
         finally:
             import torch.distributed as dist
 
@@ -152,10 +157,14 @@ def main() -> int:
         return 0
     if args.steps <= WARMUP + 2 or args.pairs < 1:
         parser.error(f"--steps must be > {WARMUP + 2} and --pairs >= 1")
+    unknown = set(args.callbacks.split(",")) - set(CALLBACK_FLAGS)
+    if unknown:
+        parser.error(f"--callbacks: unknown {sorted(unknown)}; choose from {', '.join(CALLBACK_FLAGS)}")
+    label = "all" if set(args.callbacks.split(",")) == set(CALLBACK_FLAGS) else args.callbacks
 
-    print(f"{args.pairs} A/B pairs of {args.steps} steps, 2 CPU ranks (gloo), B = {args.only}; "
+    print(f"{args.pairs} A/B pairs of {args.steps} steps, 2 CPU ranks (gloo), B = {label}; "
           "median step time in ms")
-    runs = launch(args.pairs, args.steps, args.only)
+    runs = launch(args.pairs, args.steps, args.callbacks)
     ratios: list[float] = []
     medians: dict[str, list[float]] = {"A": [], "B": []}
     for pair in range(args.pairs):
@@ -165,10 +174,10 @@ def main() -> int:
             medians[variant].append(value)
         ratios.append(got["B"] / got["A"])
         print(f"pair {pair + 1} ({order}): none {got['A'] * 1e3:7.1f}   "
-              f"{args.only} {got['B'] * 1e3:7.1f}   ratio {ratios[-1]:.4f}")
+              f"{label} {got['B'] * 1e3:7.1f}   ratio {ratios[-1]:.4f}")
     print(f"median step time: none {statistics.median(medians['A']) * 1e3:.1f} ms, "
-          f"{args.only} {statistics.median(medians['B']) * 1e3:.1f} ms")
-    print(f"median step-time ratio ({args.only} / none): {statistics.median(ratios):.4f} "
+          f"{label} {statistics.median(medians['B']) * 1e3:.1f} ms")
+    print(f"median step-time ratio ({label} / none): {statistics.median(ratios):.4f} "
           f"(min {min(ratios):.4f}, max {max(ratios):.4f}; target <= 1.01)")
     return 0
 
