@@ -76,9 +76,19 @@ def worker(pairs: int, steps: int, names: str, result: Path) -> None:
 
     torch.manual_seed(0)
     seq, vocab = 128, 8192
-    config = ModernBertConfig(vocab_size=vocab, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
-                              intermediate_size=256, max_position_embeddings=seq, pad_token_id=0,
-                              bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)
+    config = ModernBertConfig(
+        vocab_size=vocab,
+        hidden_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=256,
+        max_position_embeddings=seq,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        cls_token_id=1,
+        sep_token_id=2,
+    )
     model = ModernBertForMaskedLM(config)
     g = torch.Generator().manual_seed(1)
     data = []
@@ -96,13 +106,23 @@ def worker(pairs: int, steps: int, names: str, result: Path) -> None:
             if variant == "B":
                 prof = ProfilingArguments(
                     profiler_skip_first=10**6,  # the profiler is built and stepped, never recording
-                    memory_log_steps=1, profiler_output_dir=str(out / "prof"), **variant_b_flags(names),
+                    memory_log_steps=1,
+                    profiler_output_dir=str(out / "prof"),
+                    **variant_b_flags(names),
                 )
                 callbacks = build_callbacks(prof)
             args = TrainingArguments(
-                output_dir=str(out / "out"), use_cpu=True, max_steps=steps, per_device_train_batch_size=8,
-                logging_steps=10, report_to="none", save_strategy="no", disable_tqdm=True, seed=0,
-                ddp_find_unused_parameters=False, dataloader_num_workers=0,
+                output_dir=str(out / "out"),
+                use_cpu=True,
+                max_steps=steps,
+                per_device_train_batch_size=8,
+                logging_steps=10,
+                report_to="none",
+                save_strategy="no",
+                disable_tqdm=True,
+                seed=0,
+                ddp_find_unused_parameters=False,
+                dataloader_num_workers=0,
             )
             trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[*callbacks, clock])
             with contextlib.redirect_stdout(io.StringIO()):  # the step timer's table, every train() call
@@ -122,9 +142,24 @@ def launch(pairs: int, steps: int, names: str) -> list[dict[str, Any]]:
     """One 2-rank launch running every pair; returns rank 0's runs with their per-step wall times."""
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-               f"--master_port={free_port()}", __file__, "--worker", "--pairs", str(pairs),
-               "--steps", str(steps), "--callbacks", names, "--result", str(result)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            "--master_addr=127.0.0.1",
+            f"--master_port={free_port()}",
+            __file__,
+            "--worker",
+            "--pairs",
+            str(pairs),
+            "--steps",
+            str(steps),
+            "--callbacks",
+            names,
+            "--result",
+            str(result),
+        ]
         env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error"}
         proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
@@ -141,8 +176,11 @@ def main() -> int:
     )
     parser.add_argument("--pairs", type=int, default=8, help="A/B pairs (default 8)")
     parser.add_argument("--steps", type=int, default=40, help="optimizer steps per train() call (default 40)")
-    parser.add_argument("--callbacks", default=",".join(CALLBACK_FLAGS),
-                        help="variant B's callbacks, comma-separated (default: profiler,memory,timer)")
+    parser.add_argument(
+        "--callbacks",
+        default=",".join(CALLBACK_FLAGS),
+        help="variant B's callbacks, comma-separated (default: profiler,memory,timer)",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -162,8 +200,10 @@ def main() -> int:
         parser.error(f"--callbacks: unknown {sorted(unknown)}; choose from {', '.join(CALLBACK_FLAGS)}")
     label = "all" if set(args.callbacks.split(",")) == set(CALLBACK_FLAGS) else args.callbacks
 
-    print(f"{args.pairs} A/B pairs of {args.steps} steps, 2 CPU ranks (gloo), B = {label}; "
-          "median step time in ms")
+    print(
+        f"{args.pairs} A/B pairs of {args.steps} steps, 2 CPU ranks (gloo), B = {label}; "
+        "median step time in ms"
+    )
     runs = launch(args.pairs, args.steps, args.callbacks)
     ratios: list[float] = []
     medians: dict[str, list[float]] = {"A": [], "B": []}
@@ -173,12 +213,18 @@ def main() -> int:
         for variant, value in got.items():
             medians[variant].append(value)
         ratios.append(got["B"] / got["A"])
-        print(f"pair {pair + 1} ({order}): none {got['A'] * 1e3:7.1f}   "
-              f"{label} {got['B'] * 1e3:7.1f}   ratio {ratios[-1]:.4f}")
-    print(f"median step time: none {statistics.median(medians['A']) * 1e3:.1f} ms, "
-          f"{label} {statistics.median(medians['B']) * 1e3:.1f} ms")
-    print(f"median step-time ratio ({label} / none): {statistics.median(ratios):.4f} "
-          f"(min {min(ratios):.4f}, max {max(ratios):.4f}; target <= 1.01)")
+        print(
+            f"pair {pair + 1} ({order}): none {got['A'] * 1e3:7.1f}   "
+            f"{label} {got['B'] * 1e3:7.1f}   ratio {ratios[-1]:.4f}"
+        )
+    print(
+        f"median step time: none {statistics.median(medians['A']) * 1e3:.1f} ms, "
+        f"{label} {statistics.median(medians['B']) * 1e3:.1f} ms"
+    )
+    print(
+        f"median step-time ratio ({label} / none): {statistics.median(ratios):.4f} "
+        f"(min {min(ratios):.4f}, max {max(ratios):.4f}; target <= 1.01)"
+    )
     return 0
 
 

@@ -1,13 +1,13 @@
-"""``StepTimerCallback``: where each optimizer step's time goes, per rank, and which rank holds the others back.
+"""``StepTimerCallback``: where each step's time goes, per rank, and which rank holds back the others.
 
 Per optimizer step and rank it records data wait, forward, backward (with the gradient sync), optimizer
 and the whole step (``hf_distprof.timing.recorder``), from model hooks and the Trainer's step hooks.
 Between logging steps it only takes clock marks: no device sync, no collective, no ``.item()``. On each
 logging step (``on_log``) it resolves the marks, appends ``timing_rank{R}.jsonl``, and does one small
 all-gather of every rank's means and peak memory; rank 0 writes TensorBoard scalars (``timing/``,
-``throughput/``) and warns about imbalance. At train end rank 0 writes ``timing_summary.json`` and prints
-a table. With ``--measure-comm-overhead N`` it first runs the ``no_sync`` A/B
-(``hf_distprof.timing.comm_overhead``) on a real batch.
+``throughput/``), adds the headline figures to the Trainer's logs and warns about imbalance. At train end
+rank 0 writes ``timing_summary.json`` and prints a table. With ``--measure-comm-overhead N`` it first
+runs the ``no_sync`` A/B (``hf_distprof.timing.comm_overhead``) on a real batch.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from hf_distprof import dist, paths, tensorboard
 from hf_distprof.callbacks._common import warn_if_not_data_parallel
 from hf_distprof.config import ProfilingArguments
-from hf_distprof.timing import comm_overhead
+from hf_distprof.timing import comm_overhead, publish
 from hf_distprof.timing.clock import default_clock
 from hf_distprof.timing.instrument import ModelHooks, instrument_loader, peak_memory_bytes, sample_batch
 from hf_distprof.timing.recorder import StepRecorder, StepTiming
@@ -44,22 +44,6 @@ TIMING_SUMMARY_NAME = "timing_summary.json"
 WARMUP_STEPS = 1
 # Unresolved steps kept at most; past this they are resolved locally (on GPU: one wait per this many steps).
 MAX_PENDING_STEPS = 1000
-_PER_RANK = ("data_s", "data_load_s", "forward_s", "backward_s", "backward_compute_s", "optimizer_s", "step_s",
-             "pre_sync_s", "wait_s")
-
-
-def custom_scalars_layout() -> dict[str, dict[str, list[Any]]]:
-    """TensorBoard custom-scalars layout: one chart per phase with a line per rank."""
-    timing = {f"{key} per rank": ["Multiline", [rf"^timing/{key}/rank\d+$"]] for key in _PER_RANK}
-    timing["imbalance % (pre-sync time, step time, peak memory)"] = [
-        "Multiline", [r"^timing/(imbalance_pct|step_imbalance_pct|memory_imbalance_pct)$"]]
-    timing["step_s mean/min/max"] = ["Multiline", [r"^timing/step_s/(mean|min|max)$"]]
-    throughput = {
-        "samples/s per rank": ["Multiline", [r"^throughput/samples_per_s/rank\d+$"]],
-        "tokens/s per rank": ["Multiline", [r"^throughput/tokens_per_s/rank\d+$"]],
-        "all ranks": ["Multiline", [r"^throughput/(samples_per_s|tokens_per_s|mfu_pct)$"]],
-    }
-    return {"hf_distprof timing": timing, "hf_distprof throughput": throughput}
 
 
 class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
@@ -97,7 +81,9 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         warn_if_not_data_parallel(args)
-        self.run_dir = paths.resolve_run_dir(self.args.profiler_output_dir, self.args.profiler_run_name, state)
+        self.run_dir = paths.resolve_run_dir(
+            self.args.profiler_output_dir, self.args.profiler_run_name, state
+        )
         model = kwargs.get("model")
         loader = kwargs.get("train_dataloader")
         params = list(model.parameters()) if model is not None else []
@@ -126,7 +112,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             logger.warning(f"cannot write {path}: {err!r}; step timing goes to the logs only")
         self._writer = tensorboard.get_writer(tensorboard.tensorboard_dir(args.output_dir, self.run_dir))
         if self._writer is not None:
-            self._writer.add_custom_scalars(custom_scalars_layout())
+            self._writer.add_custom_scalars(publish.custom_scalars_layout())
         recorder.boundary()
 
     def on_train_end(
@@ -151,15 +137,21 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
 
     # ---- the step: marks only -----------------------------------------------------------------
 
-    def on_epoch_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+    def on_epoch_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
         if self._recorder is not None:
             self._recorder.boundary()
 
-    def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+    def on_step_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
         if self._recorder is not None:
             self._recorder.step_begin()
 
-    def on_substep_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+    def on_substep_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
         if self._recorder is not None:
             self._recorder.micro_end()
 
@@ -175,24 +167,32 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         if self._recorder is not None:
             self._recorder.optimizer_end()
 
-    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
         if self._recorder is None:
             return
         self._recorder.step_end(state.global_step)
         if self._recorder.pending_steps >= MAX_PENDING_STEPS:
             self._guarded(self._drain)  # local only: bounded memory when logging is rare or off
 
-    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
         if self._recorder is not None:
             self._recorder.boundary()  # checkpoint time is not the next step's data wait
 
-    def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+    def on_evaluate(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
         if self._recorder is not None:
             self._recorder.boundary()
 
     # ---- logging steps: resolve, one gather, publish ------------------------------------------
 
-    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+    def on_log(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
         if self._recorder is None:
             return
         # global_step is the same on every rank, so every rank takes the same branch (and the gather).
@@ -201,7 +201,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             gathered = dist.all_gather_object(payload)
             self._gathered_step = state.global_step
             if dist.get_rank() == 0 and all(g is not None for g in gathered):
-                self._guarded(self._publish_interval, gathered, state)
+                self._guarded(self._publish_interval, gathered, state, kw.get("logs"))
         self._recorder.boundary()  # logging time is not the next step's data wait
 
     def _drain(self) -> None:
@@ -224,7 +224,9 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
     def _summaries(self, totals: PhaseTotals) -> dict[str, Any] | None:
         if totals.steps == 0:
             return None
-        summary = totals.to_rank_summary(dist.get_rank(), dist.get_hostname(), peak_memory_bytes(self._device))
+        summary = totals.to_rank_summary(
+            dist.get_rank(), dist.get_hostname(), peak_memory_bytes(self._device)
+        )
         return summary.__dict__.copy()
 
     def _interval_payload(self) -> dict[str, Any]:
@@ -249,13 +251,23 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             peak_tflops=self._peak_tflops,
         )
 
-    def _publish_interval(self, gathered: list[dict[str, Any]], state: TrainerState) -> None:
+    def _publish_interval(
+        self, gathered: list[dict[str, Any]], state: TrainerState, logs: dict[str, Any] | None
+    ) -> None:
         flops = float(state.total_flos) - self._flos_logged
         interval = self._report([g["interval"] for g in gathered], flops if flops > 0 else None)
         if flops > 0:
             self._flos_logged = float(state.total_flos)
         if interval is not None and self._writer is not None:
-            self._write_scalars(interval, state.global_step)
+            publish.write_scalars(self._writer, interval, state.global_step)
+        if interval is not None:
+            # Callbacks after this one (the progress printer) see them in `logs`; the entry the Trainer
+            # already appended to log_history for this step (saved in trainer_state.json) gets them too.
+            figures = publish.headline_figures(interval)
+            if logs is not None:
+                logs.update(figures)
+            if state.log_history and state.log_history[-1].get("step") == state.global_step:
+                state.log_history[-1].update(figures)
         # Warnings come from the run so far, not one noisy window; each (kind, rank) is said once live.
         run = self._report([g["run"] for g in gathered], None)
         for warning in run.warnings if run is not None else []:
@@ -264,28 +276,6 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             if (kind, rank or 0) not in self._warned:
                 self._warned.add((kind, rank or 0))
                 logger.warning(f"step {state.global_step}: {warning}")
-
-    def _write_scalars(self, report: CrossRankReport, step: int) -> None:
-        w = self._writer
-        for r in report.ranks:
-            for key in _PER_RANK:
-                value = getattr(r, key)
-                if value is not None:
-                    w.add_scalar(f"timing/{key}/rank{r.rank}", value, step)
-            w.add_scalar(f"throughput/samples_per_s/rank{r.rank}", r.samples_per_s, step)
-            w.add_scalar(f"throughput/tokens_per_s/rank{r.rank}", r.tokens_per_s, step)
-        w.add_scalar("timing/step_s/mean", report.step_mean_s, step)
-        w.add_scalar("timing/step_s/min", report.step_min_s, step)
-        w.add_scalar("timing/step_s/max", report.step_max_s, step)
-        w.add_scalar("timing/imbalance_pct", report.imbalance_pct, step)
-        w.add_scalar("timing/step_imbalance_pct", report.step_imbalance_pct, step)
-        w.add_scalar("timing/slowest_rank", report.slowest_rank, step)
-        if report.memory_imbalance_pct is not None:
-            w.add_scalar("timing/memory_imbalance_pct", report.memory_imbalance_pct, step)
-        w.add_scalar("throughput/samples_per_s", report.samples_per_s, step)
-        w.add_scalar("throughput/tokens_per_s", report.tokens_per_s, step)
-        if report.mfu_pct is not None:
-            w.add_scalar("throughput/mfu_pct", report.mfu_pct, step)
 
     def _write_summary(self, gathered: list[dict[str, Any]], state: TrainerState) -> None:
         assert self.run_dir is not None
@@ -325,7 +315,9 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         batch = None
         try:
             with comm_overhead.preserved_rng():
-                batch = comm_overhead.to_device(sample_batch(loader, batch_size, dist.get_rank()), self._device)
+                batch = comm_overhead.to_device(
+                    sample_batch(loader, batch_size, dist.get_rank()), self._device
+                )
             comm_overhead.sync_switch(model)
         except Exception as err:  # noqa: BLE001  # a probe that cannot run must not stop training
             logger.warning(f"--measure-comm-overhead skipped: {err}")
@@ -336,9 +328,11 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         combined = comm_overhead.summarize_ranks(dist.all_gather_object(result.to_json()))
         if dist.get_rank() == 0:
             print(
-                f"hf_distprof comm overhead ({combined['method']}, {combined['passes']} passes per mode, median "
+                f"hf_distprof comm overhead ({combined['method']}, {combined['passes']} passes per mode, "
+                "median "
                 f"of ranks): compute {combined['compute_s']:.4f}s, with sync {combined['with_sync_s']:.4f}s, "
-                f"communication {combined['comm_s']:.4f}s = {combined['overhead_pct']:.1f}% of forward+backward",
+                f"communication {combined['comm_s']:.4f}s = {combined['overhead_pct']:.1f}% "
+                "of forward+backward",
                 flush=True,
             )
         return combined

@@ -4,7 +4,9 @@ Layers, bottom up:
 
 * ``clock``: where a timestamp comes from (``time.perf_counter`` on CPU, CUDA events on GPU);
 * ``recorder``: turns Trainer/model hook calls into one ``StepTiming`` per optimizer step;
+* ``instrument``: the model/gradient hooks and the timed data loader that feed the recorder;
 * ``report``: pure functions over per-rank numbers (imbalance, slowest rank, warnings, table, JSON);
+* ``publish``: TensorBoard scalars and the figures added to the Trainer's logs;
 * ``comm_overhead``: the ``no_sync`` A/B measurement run once before training.
 
 Nothing here imports transformers; ``hf_distprof.callbacks.step_timer`` wires it to the Trainer.

@@ -67,13 +67,16 @@ def find_ddp_wrapper(model: nn.Module) -> DistributedDataParallel | None:
     if isinstance(model, DistributedDataParallel):
         return model
     for obj in gc.get_objects():
-        # type(), not isinstance(): isinstance reads obj.__class__, which some deprecated torch objects warn on.
+        # type(), not isinstance(): isinstance reads obj.__class__, on which some deprecated torch
+        # objects warn.
         if issubclass(type(obj), DistributedDataParallel) and obj.module is model:
             return obj
     return None
 
 
-def sync_switch(model: nn.Module) -> tuple[str, Callable[[], contextlib.AbstractContextManager[Any]], nn.Module]:
+def sync_switch(
+    model: nn.Module,
+) -> tuple[str, Callable[[], contextlib.AbstractContextManager[Any]], nn.Module]:
     """How to run a pass without gradient sync for ``model``.
 
     Args:

@@ -170,12 +170,14 @@ _PHASE_ADVICE = {
     ),
     "forward": (
         "its forward compute is slower: check for uneven sequence lengths across ranks (pad to a fixed "
-        "length or use --group_by_length), a slower or throttled device (nvidia-smi -q -d PERFORMANCE,CLOCK), "
+        "length or use --group_by_length), a slower or throttled device "
+        "(nvidia-smi -q -d PERFORMANCE,CLOCK), "
         "or other processes sharing that device or host"
     ),
     "backward": (
         "its backward compute is slower: check for uneven sequence lengths across ranks (pad to a fixed "
-        "length or use --group_by_length), a slower or throttled device (nvidia-smi -q -d PERFORMANCE,CLOCK), "
+        "length or use --group_by_length), a slower or throttled device "
+        "(nvidia-smi -q -d PERFORMANCE,CLOCK), "
         "or other processes sharing that device or host"
     ),
 }
@@ -256,7 +258,8 @@ def cross_rank_report(
     if len(ranks) > 1 and imbalance > time_threshold_pct:
         mean_pre = sum(pre) / len(pre)
         warnings.append(
-            f"Step time imbalance {imbalance:.1f}% > {time_threshold_pct:g}%: rank {slow.rank} is the slowest. "
+            f"Step time imbalance {imbalance:.1f}% > {time_threshold_pct:g}%: "
+            f"rank {slow.rank} is the slowest. "
             f"Its own work before the gradient sync (data + forward + backward compute) takes "
             f"{slow.pre_sync_s:.4f}s per step vs {mean_pre:.4f}s on average, and the other ranks wait for it "
             f"in the collectives. Most of the difference is in {phase} (+{excess:.4f}s per step): rank "
@@ -266,10 +269,12 @@ def cross_rank_report(
         low = min(ranks, key=lambda r: r.peak_memory_bytes or 0)
         high = next(r for r in ranks if r.rank == max_mem_rank)
         warnings.append(
-            f"Peak memory imbalance {mem_imbalance:.1f}% > {memory_threshold_pct:g}%: rank {max_mem_rank} peaks "
+            f"Peak memory imbalance {mem_imbalance:.1f}% > {memory_threshold_pct:g}%: "
+            f"rank {max_mem_rank} peaks "
             f"at {format_bytes(high.peak_memory_bytes)} vs {format_bytes(low.peak_memory_bytes)} on rank "
-            f"{low.rank}. Look for work only that rank does (logging, evaluation, checkpoint saving on rank 0), "
-            "uneven batch shapes (variable-length padding: pad to a fixed length or use --group_by_length), or "
+            f"{low.rank}. Look for work only that rank does (logging, evaluation, checkpoint saving on "
+            "rank 0), uneven batch shapes (variable-length padding: pad to a fixed length or use "
+            "--group_by_length), or "
             "tensors kept alive on one rank; sharding optimizer state and gradients (FSDP) also evens it out."
         )
     return CrossRankReport(
@@ -309,8 +314,17 @@ def format_table(report: CrossRankReport, comm: dict[str, Any] | None = None, ti
         Multi-line text.
     """
     cols = ("data", "load", "forward", "backward", "(compute)", "optim", "step", "pre-sync", "wait")
-    keys = ("data_s", "data_load_s", "forward_s", "backward_s", "backward_compute_s", "optimizer_s", "step_s",
-            "pre_sync_s", "wait_s")
+    keys = (
+        "data_s",
+        "data_load_s",
+        "forward_s",
+        "backward_s",
+        "backward_compute_s",
+        "optimizer_s",
+        "step_s",
+        "pre_sync_s",
+        "wait_s",
+    )
     lines = [title] if title else []
     lines.append("seconds per optimizer step (means); pre-sync = load + forward + backward compute")
     lines.append("rank " + "".join(c.rjust(10) for c in cols) + "  samples/s   tokens/s   peak mem")
@@ -321,7 +335,8 @@ def format_table(report: CrossRankReport, comm: dict[str, Any] | None = None, ti
             row += "  <- slowest"
         lines.append(row)
     lines.append(
-        f"step time mean/min/max: {report.step_mean_s:.4f} / {report.step_min_s:.4f} / {report.step_max_s:.4f} s; "
+        f"step time mean/min/max: {report.step_mean_s:.4f} / {report.step_min_s:.4f} / "
+        f"{report.step_max_s:.4f} s; "
         f"imbalance (pre-sync): {report.imbalance_pct:.1f}% (threshold {report.time_threshold_pct:g}%), "
         f"slowest rank {report.slowest_rank} ({report.slowest_phase})"
     )
@@ -329,7 +344,8 @@ def format_table(report: CrossRankReport, comm: dict[str, Any] | None = None, ti
     lines.append(f"peak memory imbalance: {mem} (threshold {report.memory_threshold_pct:g}%)")
     mfu = "n/a (no --peak-tflops and no known GPU)" if report.mfu_pct is None else f"{report.mfu_pct:.1f}%"
     lines.append(
-        f"throughput (all ranks): {report.samples_per_s:.1f} samples/s, {report.tokens_per_s:.0f} tokens/s; MFU {mfu}"
+        f"throughput (all ranks): {report.samples_per_s:.1f} samples/s, "
+        f"{report.tokens_per_s:.0f} tokens/s; MFU {mfu}"
     )
     if comm:
         lines.append(

@@ -36,9 +36,19 @@ def main(out_dir: Path, mode: str) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
-    config = ModernBertConfig(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                              intermediate_size=128, max_position_embeddings=64, pad_token_id=0,
-                              bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)
+    config = ModernBertConfig(
+        vocab_size=512,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        cls_token_id=1,
+        sep_token_id=2,
+    )
     model = ModernBertForMaskedLM(config)
     if mode == "ddp":
         wrapped = DDP(model)
@@ -68,11 +78,14 @@ def main(out_dir: Path, mode: str) -> None:
     after = opt.state_dict()
     checks = {
         "params": all(same(a, p) for a, p in zip(params, model.parameters(), strict=True)),
-        "grads": all(p.grad is g and same(a, g)
-                     for a, g, p in zip(grads, grad_objects, model.parameters(), strict=True)),
+        "grads": all(
+            p.grad is g and same(a, g)
+            for a, g, p in zip(grads, grad_objects, model.parameters(), strict=True)
+        ),
         "grads_present": sum(g is not None for g in grad_objects),
         "buffers": all(same(a, b) for a, b in zip(buffers, model.buffers(), strict=True)),
-        "optimizer": after["param_groups"] == opt_state["param_groups"] and all(
+        "optimizer": after["param_groups"] == opt_state["param_groups"]
+        and all(
             same(v, after["state"][k][name]) for k, s in opt_state["state"].items() for name, v in s.items()
         ),
         "optimizer_entries": len(opt_state["state"]),

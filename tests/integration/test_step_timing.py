@@ -23,17 +23,31 @@ BALANCED_BATCH = 8  # large: steps long enough that the ranks' natural jitter st
 JSONL_KEYS = {"step", "data_s", "forward_s", "backward_s", "optimizer_s", "step_s"}
 
 
-def run(tmp: Path, name: str, *extra: str, batch: int, slow: str | None = None
-        ) -> tuple[subprocess.CompletedProcess[str], Path]:
+def run(
+    tmp: Path, name: str, *extra: str, batch: int, slow: str | None = None
+) -> tuple[subprocess.CompletedProcess[str], Path]:
     env = {"SKIP_PREFLIGHT": "1"}
     if slow:
         env["HF_DISTPROF_SIMULATE_SLOW_RANK"] = slow
     proc = train_lambda(
-        tmp, "--enable-step-timing", "--max-steps", str(STEPS), "--logging-steps", "4",
-        "--per-device-train-batch-size", str(batch), "--max-seq-length", "128",
-        "--output-dir", str(tmp / name), "--profiler-output-dir", str(tmp / "prof"),
-        "--profiler-run-name", name,
-        *extra, env=env,
+        tmp,
+        "--enable-step-timing",
+        "--max-steps",
+        str(STEPS),
+        "--logging-steps",
+        "4",
+        "--per-device-train-batch-size",
+        str(batch),
+        "--max-seq-length",
+        "128",
+        "--output-dir",
+        str(tmp / name),
+        "--profiler-output-dir",
+        str(tmp / "prof"),
+        "--profiler-run-name",
+        name,
+        *extra,
+        env=env,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc, tmp / "prof" / name
@@ -49,8 +63,14 @@ def imbalance_warnings(proc: subprocess.CompletedProcess[str]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def slow_run(tmp_path_factory):
-    return run(tmp_path_factory.mktemp("slow"), "slow", "--measure-comm-overhead", "3", batch=SLOW_BATCH,
-               slow=f"1:{SLOW_SECONDS}")
+    return run(
+        tmp_path_factory.mktemp("slow"),
+        "slow",
+        "--measure-comm-overhead",
+        "3",
+        batch=SLOW_BATCH,
+        slow=f"1:{SLOW_SECONDS}",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -77,12 +97,17 @@ def test_the_slow_rank_is_named_with_a_warning(slow_run):
 def test_per_rank_jsonl_has_one_line_per_optimizer_step(slow_run):
     _, run_dir = slow_run
     assert sorted(p.name for p in run_dir.glob("timing*")) == [
-        "timing_rank0.jsonl", "timing_rank1.jsonl", "timing_summary.json"]
+        "timing_rank0.jsonl",
+        "timing_rank1.jsonl",
+        "timing_summary.json",
+    ]
     for rank in (0, 1):
         lines = [json.loads(x) for x in (run_dir / f"timing_rank{rank}.jsonl").read_text().splitlines()]
         assert [x["step"] for x in lines] == list(range(1, STEPS + 1))
-        assert all(JSONL_KEYS <= set(x) and x["samples"] == SLOW_BATCH and x["tokens"] == SLOW_BATCH * 128
-                   for x in lines)
+        assert all(
+            JSONL_KEYS <= set(x) and x["samples"] == SLOW_BATCH and x["tokens"] == SLOW_BATCH * 128
+            for x in lines
+        )
 
 
 def test_tensorboard_has_per_rank_timing_and_throughput(slow_run):
@@ -92,8 +117,11 @@ def test_tensorboard_has_per_rank_timing_and_throughput(slow_run):
     events.Reload()
     tags = set(events.Tags()["scalars"])
     for rank in (0, 1):
-        assert {f"timing/step_s/rank{rank}", f"timing/pre_sync_s/rank{rank}",
-                f"throughput/samples_per_s/rank{rank}"} <= tags
+        assert {
+            f"timing/step_s/rank{rank}",
+            f"timing/pre_sync_s/rank{rank}",
+            f"throughput/samples_per_s/rank{rank}",
+        } <= tags
     assert [e.step for e in events.Scalars("timing/imbalance_pct")] == [4, 8, 12]
     assert [e.value for e in events.Scalars("timing/slowest_rank")][-1] == 1
     assert "custom_scalars__config__" in events.Tags()["tensors"]
@@ -120,8 +148,17 @@ def test_measure_comm_overhead_reports_communication(slow_run):
 )
 def test_comm_probe_leaves_state_bit_identical(tmp_path, mode, method):
     probe = REPO_ROOT / "tests" / "integration" / "comm_overhead_probe.py"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-           f"--master_port={free_port()}", str(probe), str(tmp_path), mode]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--master_addr=127.0.0.1",
+        f"--master_port={free_port()}",
+        str(probe),
+        str(tmp_path),
+        mode,
+    ]
     proc = subprocess.run(cmd, check=False, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-5000:]
     for rank in (0, 1):

@@ -1,4 +1,4 @@
-"""StepTimerCallback inside a real (single-process, CPU) Trainer: files, scalars, and no work off logging steps."""
+"""StepTimerCallback in a real single-process CPU Trainer: files, scalars, no work off logging steps."""
 
 from __future__ import annotations
 
@@ -49,16 +49,38 @@ def _train(tmp_path, monkeypatch):
     monkeypatch.setattr(dist, "all_gather_object", counting_gather)
     monkeypatch.setattr(StepRecorder, "resolve", counting_resolve)
     torch.manual_seed(0)
-    config = ModernBertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                              intermediate_size=64, max_position_embeddings=SEQ, pad_token_id=0,
-                              bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)
+    config = ModernBertConfig(
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=SEQ,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        cls_token_id=1,
+        sep_token_id=2,
+    )
     model = ModernBertForMaskedLM(config)
-    prof = ProfilingArguments(enable_step_timing=True, profiler_output_dir=str(tmp_path / "prof"),
-                              profiler_run_name="run", peak_tflops=1.0)
+    prof = ProfilingArguments(
+        enable_step_timing=True,
+        profiler_output_dir=str(tmp_path / "prof"),
+        profiler_run_name="run",
+        peak_tflops=1.0,
+    )
     callback = StepTimerCallback(prof)
-    args = TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, max_steps=6, logging_steps=3,
-                             per_device_train_batch_size=2, gradient_accumulation_steps=2, report_to="none",
-                             save_strategy="no", disable_tqdm=True)
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        use_cpu=True,
+        max_steps=6,
+        logging_steps=3,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+    )
     trainer = Trainer(model=model, args=args, train_dataset=dataset(), callbacks=[callback])
     trainer.train()
     return callback, trainer, gathers, resolves, tmp_path
@@ -83,7 +105,11 @@ def test_per_step_lines_and_summary(trained):
     assert sum(line["tokens"] for line in lines) < 6 * 4 * SEQ
 
     summary = json.loads((run_dir / "timing_summary.json").read_text())
-    assert summary["world_size"] == 1 and summary["steps_in_means"] == 5 and summary["warmup_steps_excluded"] == 1
+    assert (
+        summary["world_size"] == 1
+        and summary["steps_in_means"] == 5
+        and summary["warmup_steps_excluded"] == 1
+    )
     assert summary["slowest_rank"] == 0 and summary["warnings"] == [] and summary["comm_overhead"] is None
     (rank0,) = summary["per_rank"]
     assert rank0["steps"] == 5 and rank0["samples"] == 20 and rank0["samples_per_s"] > 0
@@ -111,7 +137,24 @@ def test_tensorboard_scalars_and_layout(trained):
     events = EventAccumulator(str(tb_dir))
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    assert {"timing/step_s/rank0", "timing/forward_s/rank0", "timing/imbalance_pct", "timing/step_s/mean",
-            "throughput/samples_per_s", "throughput/tokens_per_s/rank0", "throughput/mfu_pct"} <= tags
+    assert {
+        "timing/step_s/rank0",
+        "timing/forward_s/rank0",
+        "timing/imbalance_pct",
+        "timing/step_s/mean",
+        "throughput/samples_per_s",
+        "throughput/tokens_per_s/rank0",
+        "throughput/mfu_pct",
+    } <= tags
     assert [e.step for e in events.Scalars("timing/step_s/rank0")] == [3, 6]
     assert "custom_scalars__config__" in events.Tags()["tensors"]
+
+
+def test_headline_figures_live_in_the_trainer_logs(trained):
+    _, trainer, _, _, _ = trained
+    logged = {e["step"]: e for e in trainer.state.log_history if "loss" in e}
+    assert sorted(logged) == [3, 6]
+    for entry in logged.values():
+        assert entry["timing/slowest_rank"] == 0 and entry["timing/imbalance_pct"] == 0.0
+        assert entry["timing/step_s"] > 0 and entry["throughput/samples_per_s"] > 0
+        assert entry["throughput/mfu_pct"] > 0  # --peak-tflops 1 given

@@ -64,10 +64,12 @@ def test_state_is_bit_identical_after_the_measurement():
 
     result = measure_comm_overhead(model, batch, passes=3)
 
-    assert all(torch.equal(a, p) for a, p in zip(params, model.parameters()))
-    assert all(p.grad is g for p, g in zip(model.parameters(), grad_objects))  # same tensors (DDP views)
-    assert all(torch.equal(a, p.grad) for a, p in zip(grads, model.parameters()))
-    assert all(torch.equal(a, b) for a, b in zip(buffers, model.buffers()))
+    assert all(torch.equal(a, p) for a, p in zip(params, model.parameters(), strict=True))
+    assert all(
+        p.grad is g for p, g in zip(model.parameters(), grad_objects, strict=True)
+    )  # same tensors (DDP views)
+    assert all(torch.equal(a, p.grad) for a, p in zip(grads, model.parameters(), strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(buffers, model.buffers(), strict=True))
     after = opt.state_dict()
     assert after["param_groups"] == opt_state["param_groups"]
     for key, state in opt_state["state"].items():
@@ -79,7 +81,9 @@ def test_state_is_bit_identical_after_the_measurement():
     assert model.sync_seen[-8:] == [True, False, False, False, False, True, True, True]
     assert result.method == "fsdp2.set_requires_gradient_sync" and result.passes == 3
     assert len(result.no_sync_passes_s) == 3 and len(result.sync_passes_s) == 3
-    assert result.compute_s == min(result.no_sync_passes_s) and result.with_sync_s == min(result.sync_passes_s)
+    assert result.compute_s == min(result.no_sync_passes_s) and result.with_sync_s == min(
+        result.sync_passes_s
+    )
     assert result.comm_s == pytest.approx(result.with_sync_s - result.compute_s)
     assert result.overhead_pct == pytest.approx(result.comm_s / result.with_sync_s * 100)
 
@@ -92,9 +96,9 @@ def test_the_measurement_would_have_changed_state_without_the_restore():
     grads = [p.grad.clone() for p in model.parameters()]
     model.train()
     model(**batch)["loss"].backward()
-    assert not all(torch.equal(a, b) for a, b in zip(buffers, model.buffers()))
+    assert not all(torch.equal(a, b) for a, b in zip(buffers, model.buffers(), strict=True))
     assert not torch.equal(torch.get_rng_state(), rng)
-    assert not all(torch.equal(a, p.grad) for a, p in zip(grads, model.parameters()))
+    assert not all(torch.equal(a, p.grad) for a, p in zip(grads, model.parameters(), strict=True))
 
 
 def test_a_plain_module_cannot_switch_sync_off():
@@ -114,7 +118,16 @@ def test_loss_fallbacks():
 
 
 def test_ranks_combine_by_median():
-    ranks = [{"passes": 3, "method": "ddp.no_sync", "compute_s": c, "with_sync_s": c + 1, "comm_s": 1.0,
-              "overhead_pct": p} for c, p in ((1.0, 10.0), (2.0, 30.0), (9.0, 20.0))]
+    ranks = [
+        {
+            "passes": 3,
+            "method": "ddp.no_sync",
+            "compute_s": c,
+            "with_sync_s": c + 1,
+            "comm_s": 1.0,
+            "overhead_pct": p,
+        }
+        for c, p in ((1.0, 10.0), (2.0, 30.0), (9.0, 20.0))
+    ]
     combined = summarize_ranks(ranks)
     assert combined["compute_s"] == 2.0 and combined["overhead_pct"] == 20.0 and combined["per_rank"] == ranks

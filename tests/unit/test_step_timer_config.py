@@ -51,8 +51,18 @@ def test_enable_step_timing_resolution(parse, argv, expected):
 
 @PARSERS
 def test_values_parse(parse):
-    args = parse(["--imbalance-threshold-pct", "5.5", "--memory_imbalance_threshold_pct", "0",
-                  "--measure-comm-overhead", "2", "--peak-tflops", "312"])
+    args = parse(
+        [
+            "--imbalance-threshold-pct",
+            "5.5",
+            "--memory_imbalance_threshold_pct",
+            "0",
+            "--measure-comm-overhead",
+            "2",
+            "--peak-tflops",
+            "312",
+        ]
+    )
     assert (args.imbalance_threshold_pct, args.memory_imbalance_threshold_pct) == (5.5, 0.0)
     assert args.measure_comm_overhead == 2 and args.peak_tflops == 312.0
 

@@ -69,10 +69,20 @@ def fake_cuda_clock(timeline: Timeline) -> tuple[CudaEventClock, dict[str, int]]
     return CudaEventClock(event_factory=lambda: FakeEvent(timeline, log)), log
 
 
-def run_step(rec: StepRecorder, t: Timeline, step: int, micro: int = 2, params: int = 3,
-             data: float = 0.5, fwd: float = 1.0, compute: float = 2.0, sync: float = 0.25,
-             opt: float = 0.125, tokens: object = 16) -> None:
-    """One optimizer step: data, then ``micro`` x (forward, backward with ``params`` grad hooks), optimizer."""
+def run_step(
+    rec: StepRecorder,
+    t: Timeline,
+    step: int,
+    micro: int = 2,
+    params: int = 3,
+    data: float = 0.5,
+    fwd: float = 1.0,
+    compute: float = 2.0,
+    sync: float = 0.25,
+    opt: float = 0.125,
+    tokens: object = 16,
+) -> None:
+    """One optimizer step: data, ``micro`` x (forward, backward with ``params`` grad hooks), optimizer."""
     t.advance(data)
     rec.step_begin()
     for i in range(micro):

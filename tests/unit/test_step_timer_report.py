@@ -17,14 +17,33 @@ from hf_distprof.timing.report import (
 )
 
 
-def ddp_rank(rank: int, load: float, fwd: float = 0.1, compute: float = 0.2, step: float = 1.0,
-             mem: int | None = 1000, samples: int = 80) -> RankSummary:
+def ddp_rank(
+    rank: int,
+    load: float,
+    fwd: float = 0.1,
+    compute: float = 0.2,
+    step: float = 1.0,
+    mem: int | None = 1000,
+    samples: int = 80,
+) -> RankSummary:
     """A rank under DDP: every rank's step lasts as long as the slowest; the rest of it is waiting."""
     totals = PhaseTotals()
     for i in range(10):
-        totals.add(StepTiming(step=i + 2, data_s=0.3, forward_s=fwd, backward_s=step - 0.3 - fwd - 0.05,
-                              optimizer_s=0.05, step_s=step, data_load_s=load, backward_compute_s=compute,
-                              micro_batches=1, samples=samples // 10, tokens=samples * 128 // 10))
+        totals.add(
+            StepTiming(
+                step=i + 2,
+                data_s=0.3,
+                forward_s=fwd,
+                backward_s=step - 0.3 - fwd - 0.05,
+                optimizer_s=0.05,
+                step_s=step,
+                data_load_s=load,
+                backward_compute_s=compute,
+                micro_batches=1,
+                samples=samples // 10,
+                tokens=samples * 128 // 10,
+            )
+        )
     return totals.to_rank_summary(rank, "host", mem)
 
 
@@ -36,15 +55,37 @@ def test_imbalance_pct():
 
 def test_phase_totals_means_and_unmeasured_phases():
     totals = PhaseTotals()
-    totals.add(StepTiming(step=1, data_s=1.0, forward_s=2.0, backward_s=3.0, optimizer_s=0.5, step_s=6.5,
-                          samples=2, tokens=10))
-    totals.add(StepTiming(step=2, data_s=3.0, forward_s=None, backward_s=5.0, optimizer_s=0.5, step_s=8.5,
-                          samples=2, tokens=10))
+    totals.add(
+        StepTiming(
+            step=1,
+            data_s=1.0,
+            forward_s=2.0,
+            backward_s=3.0,
+            optimizer_s=0.5,
+            step_s=6.5,
+            samples=2,
+            tokens=10,
+        )
+    )
+    totals.add(
+        StepTiming(
+            step=2,
+            data_s=3.0,
+            forward_s=None,
+            backward_s=5.0,
+            optimizer_s=0.5,
+            step_s=8.5,
+            samples=2,
+            tokens=10,
+        )
+    )
     assert totals.mean("data_s") == 2.0 and totals.mean("step_s") == 7.5
     assert totals.mean("forward_s") is None  # missing on one step: no mean over a subset
     assert totals.mean("data_load_s") is None
     summary = totals.to_rank_summary(3, "h", None)
-    assert summary.samples_per_s == pytest.approx(4 / 15.0) and summary.tokens_per_s == pytest.approx(20 / 15.0)
+    assert summary.samples_per_s == pytest.approx(4 / 15.0) and summary.tokens_per_s == pytest.approx(
+        20 / 15.0
+    )
 
 
 @pytest.mark.parametrize("slow", [0, 1, 3])
@@ -96,9 +137,17 @@ def test_mfu_only_with_a_peak():
 
 @pytest.mark.parametrize(
     ("name", "peak"),
-    [("NVIDIA A100-SXM4-80GB", 312.0), ("NVIDIA A10", 125.0), ("NVIDIA A10G", None),
-     ("NVIDIA H100 PCIe", 756.0), ("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA L40S", 362.0),
-     ("NVIDIA L4", 121.0), ("Tesla T4", 65.0), ("Some CPU", None)],
+    [
+        ("NVIDIA A100-SXM4-80GB", 312.0),
+        ("NVIDIA A10", 125.0),
+        ("NVIDIA A10G", None),
+        ("NVIDIA H100 PCIe", 756.0),
+        ("NVIDIA H100 80GB HBM3", 989.0),
+        ("NVIDIA L40S", 362.0),
+        ("NVIDIA L4", 121.0),
+        ("Tesla T4", 65.0),
+        ("Some CPU", None),
+    ],
 )
 def test_gpu_peak_table(name, peak):
     assert peak_tflops_for_device(name) == peak

@@ -1,0 +1,90 @@
+"""Where a cross-rank report is shown while training runs: TensorBoard scalars and the Trainer's logs.
+
+Rank 0 calls these on logging steps with the report of the steps since the previous logging step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hf_distprof.timing.report import CrossRankReport
+
+# Per-rank series written as timing/<key>/rank{R}.
+PER_RANK_KEYS: tuple[str, ...] = (
+    "data_s",
+    "data_load_s",
+    "forward_s",
+    "backward_s",
+    "backward_compute_s",
+    "optimizer_s",
+    "step_s",
+    "pre_sync_s",
+    "wait_s",
+)
+
+
+def custom_scalars_layout() -> dict[str, dict[str, list[Any]]]:
+    """TensorBoard custom-scalars layout: one chart per phase with a line per rank.
+
+    TensorBoard reads one layout per run folder, so whoever writes another layout into the same folder
+    must merge it with this one.
+    """
+    timing: dict[str, list[Any]] = {
+        f"{key} per rank": ["Multiline", [rf"^timing/{key}/rank\d+$"]] for key in PER_RANK_KEYS
+    }
+    timing["imbalance % (pre-sync time, step time, peak memory)"] = [
+        "Multiline",
+        [r"^timing/(imbalance_pct|step_imbalance_pct|memory_imbalance_pct)$"],
+    ]
+    timing["step_s mean/min/max"] = ["Multiline", [r"^timing/step_s/(mean|min|max)$"]]
+    throughput = {
+        "samples/s per rank": ["Multiline", [r"^throughput/samples_per_s/rank\d+$"]],
+        "tokens/s per rank": ["Multiline", [r"^throughput/tokens_per_s/rank\d+$"]],
+        "all ranks": ["Multiline", [r"^throughput/(samples_per_s|tokens_per_s|mfu_pct)$"]],
+    }
+    return {"hf_distprof timing": timing, "hf_distprof throughput": throughput}
+
+
+def write_scalars(writer: Any, report: CrossRankReport, step: int) -> None:
+    """Write the report as ``timing/...`` and ``throughput/...`` scalars at ``step``.
+
+    Args:
+        writer: A ``torch.utils.tensorboard.SummaryWriter``.
+        report: The cross-rank report of the steps since the previous logging step.
+        step: The Trainer's ``global_step``.
+    """
+    for r in report.ranks:
+        for key in PER_RANK_KEYS:
+            value = getattr(r, key)
+            if value is not None:
+                writer.add_scalar(f"timing/{key}/rank{r.rank}", value, step)
+        writer.add_scalar(f"throughput/samples_per_s/rank{r.rank}", r.samples_per_s, step)
+        writer.add_scalar(f"throughput/tokens_per_s/rank{r.rank}", r.tokens_per_s, step)
+    writer.add_scalar("timing/step_s/mean", report.step_mean_s, step)
+    writer.add_scalar("timing/step_s/min", report.step_min_s, step)
+    writer.add_scalar("timing/step_s/max", report.step_max_s, step)
+    writer.add_scalar("timing/imbalance_pct", report.imbalance_pct, step)
+    writer.add_scalar("timing/step_imbalance_pct", report.step_imbalance_pct, step)
+    writer.add_scalar("timing/slowest_rank", report.slowest_rank, step)
+    if report.memory_imbalance_pct is not None:
+        writer.add_scalar("timing/memory_imbalance_pct", report.memory_imbalance_pct, step)
+    writer.add_scalar("throughput/samples_per_s", report.samples_per_s, step)
+    writer.add_scalar("throughput/tokens_per_s", report.tokens_per_s, step)
+    if report.mfu_pct is not None:
+        writer.add_scalar("throughput/mfu_pct", report.mfu_pct, step)
+
+
+def headline_figures(report: CrossRankReport) -> dict[str, float | int]:
+    """The few figures added to the Trainer's logs on a logging step (console, ``trainer_state.json``)."""
+    figures: dict[str, float | int] = {
+        "timing/step_s": round(report.step_mean_s, 4),
+        "timing/imbalance_pct": round(report.imbalance_pct, 1),
+        "timing/slowest_rank": report.slowest_rank,
+        "throughput/samples_per_s": round(report.samples_per_s, 2),
+        "throughput/tokens_per_s": round(report.tokens_per_s, 1),
+    }
+    if report.memory_imbalance_pct is not None:
+        figures["timing/memory_imbalance_pct"] = round(report.memory_imbalance_pct, 1)
+    if report.mfu_pct is not None:
+        figures["throughput/mfu_pct"] = round(report.mfu_pct, 2)
+    return figures
