@@ -48,6 +48,22 @@ def _train(tmp_path, monkeypatch):
 
     monkeypatch.setattr(dist, "all_gather_object", counting_gather)
     monkeypatch.setattr(StepRecorder, "resolve", counting_resolve)
+    model = tiny_model()
+    prof = ProfilingArguments(
+        enable_step_timing=True,
+        profiler_output_dir=str(tmp_path / "prof"),
+        profiler_run_name="run",
+        peak_tflops=1.0,
+    )
+    callback = StepTimerCallback(prof)
+    trainer = Trainer(
+        model=model, args=training_args(tmp_path), train_dataset=dataset(), callbacks=[callback]
+    )
+    trainer.train()
+    return callback, trainer, gathers, resolves, tmp_path
+
+
+def tiny_model() -> ModernBertForMaskedLM:
     torch.manual_seed(0)
     config = ModernBertConfig(
         vocab_size=64,
@@ -62,17 +78,13 @@ def _train(tmp_path, monkeypatch):
         cls_token_id=1,
         sep_token_id=2,
     )
-    model = ModernBertForMaskedLM(config)
-    prof = ProfilingArguments(
-        enable_step_timing=True,
-        profiler_output_dir=str(tmp_path / "prof"),
-        profiler_run_name="run",
-        peak_tflops=1.0,
-    )
-    callback = StepTimerCallback(prof)
-    args = TrainingArguments(
+    return ModernBertForMaskedLM(config)
+
+
+def training_args(tmp_path, use_cpu: bool = True) -> TrainingArguments:
+    return TrainingArguments(
         output_dir=str(tmp_path / "out"),
-        use_cpu=True,
+        use_cpu=use_cpu,
         max_steps=6,
         logging_steps=3,
         per_device_train_batch_size=2,
@@ -81,9 +93,6 @@ def _train(tmp_path, monkeypatch):
         save_strategy="no",
         disable_tqdm=True,
     )
-    trainer = Trainer(model=model, args=args, train_dataset=dataset(), callbacks=[callback])
-    trainer.train()
-    return callback, trainer, gathers, resolves, tmp_path
 
 
 def test_per_step_lines_and_summary(trained):
@@ -158,3 +167,44 @@ def test_headline_figures_live_in_the_trainer_logs(trained):
         assert entry["timing/slowest_rank"] == 0 and entry["timing/imbalance_pct"] == 0.0
         assert entry["timing/step_s"] > 0 and entry["throughput/samples_per_s"] > 0
         assert entry["throughput/mfu_pct"] > 0  # --peak-tflops 1 given
+
+
+def test_a_failing_export_becomes_one_warning_and_training_goes_on(tmp_path, monkeypatch, caplog):
+    from hf_distprof.callbacks import step_timer
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
+    monkeypatch.setattr(step_timer.paths, "atomic_write_text", disk_full)
+    prof = ProfilingArguments(enable_step_timing=True, profiler_output_dir=str(tmp_path / "prof"))
+    callback = StepTimerCallback(prof)
+    trainer = Trainer(
+        model=tiny_model(), args=training_args(tmp_path), train_dataset=dataset(), callbacks=[callback]
+    )
+    with caplog.at_level("WARNING"):
+        trainer.train()
+    assert trainer.state.global_step == 6
+    failures = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
+    assert len(failures) == 1 and "_write_summary" in failures[0] and "No space left" in failures[0]
+    assert not (callback.run_dir / "timing_summary.json").exists()
+    assert len((callback.run_dir / "timing_rank0.jsonl").read_text().splitlines()) == 6
+
+
+@pytest.mark.gpu
+def test_on_gpu_phases_come_from_cuda_events(tmp_path, monkeypatch):
+    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
+    prof = ProfilingArguments(enable_step_timing=True, profiler_output_dir=str(tmp_path / "prof"))
+    callback = StepTimerCallback(prof)
+    trainer = Trainer(
+        model=tiny_model(),
+        args=training_args(tmp_path, use_cpu=False),
+        train_dataset=dataset(),
+        callbacks=[callback],
+    )
+    trainer.train()
+    lines = [json.loads(x) for x in (callback.run_dir / "timing_rank0.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2, 3, 4, 5, 6]
+    assert all(x["forward_s"] > 0 and x["step_s"] > 0 for x in lines)
+    summary = json.loads((callback.run_dir / "timing_summary.json").read_text())
+    assert 0 < summary["per_rank"][0]["peak_memory_bytes"] <= torch.cuda.max_memory_allocated()
