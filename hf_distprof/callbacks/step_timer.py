@@ -324,8 +324,16 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         # Agree before the first collective of the probe: either every rank runs it or none does.
         if not all(dist.all_gather_object(batch is not None)):
             return None
-        result = comm_overhead.measure_comm_overhead(model, batch, self.args.measure_comm_overhead)
-        combined = comm_overhead.summarize_ranks(dist.all_gather_object(result.to_json()))
+        result: dict[str, Any] | None = None
+        try:
+            probe = comm_overhead.measure_comm_overhead(model, batch, self.args.measure_comm_overhead)
+            result = probe.to_json()
+        except Exception as err:  # noqa: BLE001  # e.g. a model that rejects the batch: same on every rank
+            logger.warning(f"--measure-comm-overhead failed: {err!r}; training goes on without it")
+        results = dist.all_gather_object(result)
+        if any(r is None for r in results):
+            return None
+        combined = comm_overhead.summarize_ranks(results)
         if dist.get_rank() == 0:
             print(
                 f"hf_distprof comm overhead ({combined['method']}, {combined['passes']} passes per mode, "

@@ -208,3 +208,57 @@ def test_on_gpu_phases_come_from_cuda_events(tmp_path, monkeypatch):
     assert all(x["forward_s"] > 0 and x["step_s"] > 0 for x in lines)
     summary = json.loads((callback.run_dir / "timing_summary.json").read_text())
     assert 0 < summary["per_rank"][0]["peak_memory_bytes"] <= torch.cuda.max_memory_allocated()
+
+
+def test_a_comm_probe_that_cannot_run_is_skipped_with_a_warning(tmp_path, monkeypatch, caplog):
+    # One process has no process group: the probe needs 2 ranks and says so instead of failing.
+    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
+    prof = ProfilingArguments(measure_comm_overhead=2, profiler_output_dir=str(tmp_path / "prof"))
+    callback = StepTimerCallback(prof)
+    trainer = Trainer(
+        model=tiny_model(), args=training_args(tmp_path), train_dataset=dataset(), callbacks=[callback]
+    )
+    with caplog.at_level("WARNING"):
+        trainer.train()
+    assert trainer.state.global_step == 6 and callback.comm is None
+    assert any("needs at least 2 ranks" in r.getMessage() for r in caplog.records)
+    assert json.loads((callback.run_dir / "timing_summary.json").read_text())["comm_overhead"] is None
+
+
+class SyncSwitchModel(torch.nn.Module):
+    """Looks like an FSDP2 module, but its forward fails: the probe must not take training down."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+
+    def set_requires_gradient_sync(self, flag: bool) -> None:
+        pass
+
+    def forward(self, **batch):
+        raise RuntimeError("forward rejected the batch")
+
+
+def test_a_comm_probe_that_fails_midway_returns_nothing_on_every_rank(monkeypatch, caplog):
+    from hf_distprof.callbacks import step_timer
+
+    monkeypatch.setattr(step_timer.dist, "is_distributed", lambda: True)
+    monkeypatch.setattr(step_timer.dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(step_timer.dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(torch.distributed, "barrier", lambda: None)
+    gathered: list[object] = []
+
+    def two_ranks_agree(obj):
+        gathered.append(obj)
+        return [obj, obj]
+
+    monkeypatch.setattr(step_timer.dist, "all_gather_object", two_ranks_agree)
+    callback = StepTimerCallback(ProfilingArguments(measure_comm_overhead=2))
+    loader = torch.utils.data.DataLoader(dataset(4), batch_size=2)
+    with caplog.at_level("WARNING"):
+        assert callback._measure_comm(SyncSwitchModel(), loader, 2) is None
+    assert gathered == [True, None]  # agreed to run, then every rank reports its (failed) result
+    assert any(
+        "--measure-comm-overhead failed" in r.getMessage() and "forward rejected the batch" in r.getMessage()
+        for r in caplog.records
+    )
