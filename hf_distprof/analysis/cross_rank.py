@@ -3,7 +3,7 @@
 Ranks on different hosts have different clocks, so timestamps are not compared raw. A collective ends at
 (nearly) the same moment on every rank, because nobody finishes before the last rank has contributed;
 the offset of each rank's clock to rank ``ranks[0]`` is the median, over matched collectives, of the
-difference of their end times. After that alignment, a rank that starts its collectives late is the one
+difference of their end times. After that alignment, a rank that reaches a collective late is the one
 its peers wait for: the straggler. (In DDP the fast ranks are the ones that wait, inside the collective,
 so "the rank that waits the most" is the wrong answer.)
 """
@@ -68,12 +68,17 @@ def cross_rank(ranks: list[RankResult], options: AnalysisOptions) -> CrossRankRe
     """
     matched = match_collectives(ranks)
     offsets = clock_offsets(ranks, matched)
-    lateness: dict[int, list[float]] = {r.rank: [] for r in ranks}
-    for same in matched.values():
+    # Lateness per step is the rank's worst arrival at a sync point of that step, then the median over
+    # steps. Not the median over collectives: a rank that is slow before the first collective of a step
+    # (data loading, say) is late there only, and every later collective of the step starts in lockstep
+    # because its peers waited in that first one (the Trainer all-gathers token counts first thing).
+    per_step: dict[int, dict[int, float]] = {r.rank: {} for r in ranks}
+    for (step, _kind, _index), same in matched.items():
         aligned = {rank: c.start_us - offsets[rank] for rank, c in same.items()}
         first = min(aligned.values())
         for rank, start in aligned.items():
-            lateness[rank].append(start - first)
+            per_step[rank][step] = max(per_step[rank].get(step, 0.0), start - first)
+    lateness = {rank: list(steps.values()) for rank, steps in per_step.items()}
     per_rank = [
         RankSkew(
             rank=r.rank,
@@ -120,8 +125,17 @@ def _stragglers(per_rank: list[RankSkew], n_matched: int, options: AnalysisOptio
     threshold = max(options.straggler_min_us, options.straggler_pct / 100.0 * step_us)
     out: list[Straggler] = []
     waits = {p.rank: p.comm_wait_us for p in per_rank}
+    late_values = [p.lateness_us for p in per_rank if p.lateness_us is not None]
+    late_median = median(late_values) if late_values else 0.0
+    late_mad = 1.4826 * median(abs(v - late_median) for v in late_values) if late_values else 0.0
     for p in sorted(per_rank, key=lambda p: -(p.lateness_us or 0.0)):
         if p.lateness_us is None or p.lateness_us <= threshold:
+            continue
+        # With 3+ ranks a straggler must also stand out from the others (3 scaled MADs): when several
+        # ranks arrive late at the same collective (uneven embedding lookups before an all_to_all, say),
+        # that is imbalance, reported as such, not one rank holding everyone back. Two ranks have no
+        # spread to compare against; the threshold alone decides.
+        if len(late_values) >= 3 and p.lateness_us - late_median <= 3.0 * late_mad:
             continue
         peers = [w for rank, w in waits.items() if rank != p.rank]
         peer_wait = sum(peers) / len(peers) if peers else 0.0
@@ -130,9 +144,9 @@ def _stragglers(per_rank: list[RankSkew], n_matched: int, options: AnalysisOptio
                 rank=p.rank,
                 reason="late_collectives",
                 evidence=(
-                    f"rank {p.rank} starts its collectives {p.lateness_us / 1e3:.2f} ms after the earliest "
-                    f"rank (median of {n_matched} matched collectives, {100 * p.lateness_us / step_us:.1f}% "
-                    f"of the {step_us / 1e3:.2f} ms step); it waits {p.comm_wait_us / 1e3:.2f} ms per step on "
+                    f"rank {p.rank} reaches a collective of each step {p.lateness_us / 1e3:.2f} ms after the "
+                    f"earliest rank (its latest arrival per step, median over steps; {n_matched} matched "
+                    f"collectives; {100 * p.lateness_us / step_us:.1f}% of the {step_us / 1e3:.2f} ms step); it waits {p.comm_wait_us / 1e3:.2f} ms per step on "
                     f"communication while its peers wait {peer_wait / 1e3:.2f} ms"
                 ),
                 lateness_us=p.lateness_us,

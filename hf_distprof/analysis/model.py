@@ -265,7 +265,8 @@ class RankSkew:
     busy_us: float
     comm_wait_us: float
     lateness_us: float | None
-    """Median over matched collectives of how much later this rank started them than the earliest rank."""
+    """How much later than the earliest rank this rank reaches a collective: its latest arrival in each step,
+    median over steps."""
     clock_offset_us: float
 
 

@@ -21,6 +21,9 @@ SLOW_SECONDS = 0.25  # per batch on the slow rank; a step of batch 2 (8) takes ~
 SLOW_BATCH = 2  # small: the probe's all-reduce is then a large share of forward+backward, well above noise
 BALANCED_BATCH = 8  # large: steps long enough that the ranks' natural jitter stays far below 10%
 JSONL_KEYS = {"step", "data_s", "forward_s", "backward_s", "optimizer_s", "step_s"}
+# Both runs are also traced (steps 4-6) and analysed at train end: the analyzer must agree with the timer.
+PROFILE = ("--enable-profiling", "--profiler-analyze", "--profiler-wait-steps", "2", "--profiler-warmup-steps", "1",
+           "--profiler-active-steps", "3")
 
 
 def run(
@@ -46,6 +49,7 @@ def run(
         str(tmp / "prof"),
         "--profiler-run-name",
         name,
+        *PROFILE,
         *extra,
         env=env,
     )
@@ -172,3 +176,26 @@ def test_comm_probe_leaves_state_bit_identical(tmp_path, mode, method):
             # The all-reduce of every gradient is twice the tiny model's compute: far above noise. FSDP2
             # keeps its parameter all-gathers with sync off, so only a small reduce-scatter differs there.
             assert out["result"]["comm_s"] > 0
+
+
+def read_analysis(run_dir: Path) -> dict:
+    return json.loads((run_dir / "analysis.json").read_text())
+
+
+def test_trace_analysis_at_train_end_names_the_slow_rank(slow_run):
+    proc, run_dir = slow_run
+    analysis = read_analysis(run_dir)
+    assert [r["rank"] for r in analysis["ranks"]] == [0, 1]
+    assert [[s["step"] for s in r["steps"]] for r in analysis["ranks"]] == [[4, 5, 6], [4, 5, 6]]
+    assert [s["rank"] for s in analysis["cross_rank"]["stragglers"]] == [1]
+    stragglers = [f for f in analysis["findings"] if f["kind"] == "straggler"]
+    assert [f["ranks"] for f in stragglers] == [[1]]
+    assert "hf_distprof trace analysis of" in proc.stdout and "Straggler" in proc.stdout
+
+
+def test_trace_analysis_of_a_clean_run_raises_no_straggler_or_imbalance(balanced_run):
+    _, run_dir = balanced_run
+    analysis = read_analysis(run_dir)
+    assert [r["rank"] for r in analysis["ranks"]] == [0, 1]
+    assert analysis["cross_rank"]["stragglers"] == []
+    assert [f["kind"] for f in analysis["findings"] if f["kind"] in ("straggler", "imbalance")] == []

@@ -1,0 +1,52 @@
+"""Straggler rule on synthetic ranks: late at one sync point per step, and the many-ranks stand-out test."""
+
+from __future__ import annotations
+
+from hf_distprof.analysis.cross_rank import cross_rank
+from hf_distprof.analysis.model import AnalysisOptions, Collective, CpuBreakdown, RankResult, StepResult
+
+STEP_US = 100_000.0
+
+
+def rank(r: int, late_first_us: float, steps: int = 3, per_step: int = 4) -> RankResult:
+    """A CPU rank whose first collective of every step starts ``late_first_us`` late; the rest in lockstep."""
+    collectives, step_results = [], []
+    for s in range(steps):
+        t0 = s * STEP_US
+        for k in range(per_step):
+            start = t0 + 50_000 + 10_000 * k + (late_first_us if k == 0 else 0.0)
+            collectives.append(Collective(step=s + 1, kind="all_reduce", index=k, start_us=start,
+                                          end_us=t0 + 50_000 + 10_000 * k + 5_000 + late_first_us * (k == 0)))
+        cpu = CpuBreakdown(duration_us=STEP_US, compute_us=50_000, communication_us=10_000, data_loading_us=0.0,
+                           other_us=40_000, comm_busy_us=20_000, comm_backward_overlap_pct=None)
+        step_results.append(StepResult(step=s + 1, start_us=t0, duration_us=STEP_US, cpu=cpu, gpu=None,
+                                       n_collectives=per_step))
+    return RankResult(rank=r, path=f"rank{r}", device="cpu", backend="gloo", world_size=None, host=None,
+                      n_events=0, steps=step_results, gpu_total=None, kernel_categories_us={},
+                      kernel_categories_count={}, top_kernels=[], collectives=collectives)
+
+
+def test_a_rank_late_only_at_the_first_collective_of_each_step_is_the_straggler():
+    # 30 ms late at 1 of 4 collectives per step: the median over collectives (0) would miss it.
+    result = cross_rank([rank(0, 0.0), rank(1, 30_000.0)], AnalysisOptions())
+    assert [s.rank for s in result.stragglers] == [1]
+    assert result.per_rank[1].lateness_us == 30_000.0 and result.per_rank[0].lateness_us == 0.0
+
+
+def test_jitter_below_the_threshold_is_no_straggler():
+    result = cross_rank([rank(0, 0.0), rank(1, 5_000.0)], AnalysisOptions())  # 5% of the step < 10%
+    assert result.stragglers == []
+
+
+def test_with_many_ranks_a_straggler_must_stand_out():
+    # Half the ranks late together (as on the DLRM reference before its first all_to_all): a spread of
+    # arrival times, no rank that stands out; the imbalance finding covers it.
+    spread = [0.0, 12_000.0, 20_000.0, 21_000.0, 0.0, 22_000.0, 1_000.0, 15_000.0]
+    result = cross_rank([rank(r, late) for r, late in enumerate(spread)], AnalysisOptions())
+    assert result.stragglers == []
+    minority = [0.0, 0.0, 20_000.0, 21_000.0, 0.0, 22_000.0, 1_000.0, 0.0]  # three ranks far behind five
+    result = cross_rank([rank(r, late) for r, late in enumerate(minority)], AnalysisOptions())
+    assert sorted(s.rank for s in result.stragglers) == [2, 3, 5]
+    lone = [0.0, 500.0, 0.0, 1_000.0, 0.0, 40_000.0, 0.0, 500.0]  # one rank far from the rest
+    result = cross_rank([rank(r, late) for r, late in enumerate(lone)], AnalysisOptions())
+    assert [s.rank for s in result.stragglers] == [5]
