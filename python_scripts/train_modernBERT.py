@@ -41,8 +41,9 @@ from transformers import (
 )
 
 from hf_distprof import ProfilingArguments, build_callbacks
+from hf_distprof.dist import get_logger
 
-logger = logging.getLogger("train_modernBERT")
+logger = get_logger("train_modernBERT")
 
 # Test-only: "<rank>:<seconds>" makes that rank sleep in its data collator every batch (a slow rank).
 SLOW_RANK_ENV = "HF_DISTPROF_SIMULATE_SLOW_RANK"
@@ -185,7 +186,8 @@ def main() -> None:
     _ = training_args.device
     rank = training_args.process_index
     logging.basicConfig(
-        format=f"%(asctime)s [RANK {rank}] %(name)s: %(message)s",
+        # hf_distprof's loggers (and this script's) put "[RANK n]" in front of their messages themselves.
+        format="%(asctime)s %(name)s: %(message)s",
         level=logging.INFO if training_args.should_log else logging.WARNING,
     )
     set_seed(training_args.seed)
