@@ -146,7 +146,8 @@ def _stragglers(per_rank: list[RankSkew], n_matched: int, options: AnalysisOptio
                 evidence=(
                     f"rank {p.rank} reaches a collective of each step {p.lateness_us / 1e3:.2f} ms after the "
                     f"earliest rank (its latest arrival per step, median over steps; {n_matched} matched "
-                    f"collectives; {100 * p.lateness_us / step_us:.1f}% of the {step_us / 1e3:.2f} ms step); it waits {p.comm_wait_us / 1e3:.2f} ms per step on "
+                    f"collectives; {100 * p.lateness_us / step_us:.1f}% of the {step_us / 1e3:.2f} ms step); "
+                    f"it waits {p.comm_wait_us / 1e3:.2f} ms per step on "
                     f"communication while its peers wait {peer_wait / 1e3:.2f} ms"
                 ),
                 lateness_us=p.lateness_us,

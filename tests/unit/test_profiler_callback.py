@@ -59,7 +59,8 @@ def test_each_window_writes_one_trace_and_summary_named_by_its_steps(tmp_path, s
     fake_trainer.run([cb], max_steps, tmp_path)
     expected = []
     for first, last in windows:
-        expected += [f"rank0_{HOST}_step{first}-{last}.pt.trace.json.gz", f"rank0_{HOST}_step{first}-{last}_summary.txt"]
+        expected += [f"rank0_{HOST}_step{first}-{last}.pt.trace.json.gz",
+                     f"rank0_{HOST}_step{first}-{last}_summary.txt"]
     assert cb.run_dir is not None
     assert files(cb.run_dir) == sorted(expected)
     for first, last in windows:
