@@ -86,5 +86,6 @@ def headline_figures(report: CrossRankReport) -> dict[str, float | int]:
     if report.memory_imbalance_pct is not None:
         figures["timing/memory_imbalance_pct"] = round(report.memory_imbalance_pct, 1)
     if report.mfu_pct is not None:
-        figures["throughput/mfu_pct"] = round(report.mfu_pct, 2)
+        # Significant figures, not decimals: a small model on a CPU runs at well under 0.01% of a peak.
+        figures["throughput/mfu_pct"] = float(f"{report.mfu_pct:.3g}")
     return figures
