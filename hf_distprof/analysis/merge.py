@@ -10,6 +10,7 @@ collective, ``collectives`` falls back to ``none``.
 
 from __future__ import annotations
 
+import errno
 import gzip
 import os
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ import orjson
 
 from hf_distprof.analysis.api import analyze_paths
 from hf_distprof.analysis.cross_rank import clock_offsets, match_collectives
-from hf_distprof.analysis.model import AnalysisOptions, FileError
+from hf_distprof.analysis.model import AnalysisOptions, AnalysisResult, FileError
 from hf_distprof.analysis.trace_io import iter_trace_events
 
 ALIGN_MODES = ("collectives", "none")
@@ -61,10 +62,35 @@ def merge_traces(
 
     Raises:
         ValueError: ``align`` is not a valid mode, or no trace could be read.
+        FileNotFoundError: A path does not exist, or a folder holds no trace.
+        OSError: ``output`` cannot be written (see :func:`write_merged`).
     """
-    if align not in ALIGN_MODES:
-        raise ValueError(f"align must be one of {', '.join(ALIGN_MODES)}, got {align!r}")
-    result = analyze_paths(paths, options)
+    _check_align(align)
+    return write_merged(analyze_paths(paths, options), output, align)
+
+
+def write_merged(result: AnalysisResult, output: str | os.PathLike[str], align: str = "collectives") -> MergeResult:
+    """Write the merged trace of an analysed run (the second half of :func:`merge_traces`).
+
+    Args:
+        result: The analysis of the run's traces; its ranks' files are read again and rewritten.
+        output: The merged trace to write (``.json.gz``). Written to a temporary file in the same folder,
+            renamed onto ``output`` only when complete, and removed on failure.
+        align: ``"collectives"`` or ``"none"`` (see the module docstring).
+
+    Returns:
+        What was written, with the shift applied to each rank.
+
+    Raises:
+        ValueError: ``align`` is not a valid mode, or ``result`` holds no rank.
+        OSError: ``output`` cannot be written (its folder is missing, it is a folder ...); the error
+            names ``output``.
+    """
+    # Imported here: hf_distprof.paths imports torch (through hf_distprof.dist), which the analysis alone
+    # does not need.
+    from hf_distprof.paths import atomic_path
+
+    _check_align(align)
     if not result.ranks:
         reasons = "; ".join(f"{e.path}: {e.reason}" for e in result.errors)
         raise ValueError(f"no trace could be read ({reasons})")
@@ -79,24 +105,34 @@ def merge_traces(
     else:
         shifts = {r.rank: (r.base_time_ns - ref.base_time_ns) / 1e3 for r in ranks}
     out = Path(output)
-    tmp = out.with_name(f".{out.name}.tmp")
+    if out.is_dir():  # checked first: otherwise the whole trace is written before the rename fails
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(out))
     n_events = 0
-    with gzip.open(tmp, "wb", compresslevel=6) as fh:
-        fh.write(b'{"displayTimeUnit": "ms", "traceEvents": [')
-        first = True
-        for r in ranks:
-            for path in r.path.split(", "):  # a rank combined from several windows lists each file
-                for chunk in _rank_events(path, r.rank, shifts[r.rank], len(ranks)):
-                    if not chunk:
-                        continue
-                    if not first:
-                        fh.write(b",")
-                    fh.write(orjson.dumps(chunk)[1:-1])
-                    first = False
-                    n_events += len(chunk)
-        fh.write(b"]}")
-    os.replace(tmp, out)
+    try:
+        with atomic_path(out) as tmp, gzip.open(tmp, "wb", compresslevel=6) as fh:
+            fh.write(b'{"displayTimeUnit": "ms", "traceEvents": [')
+            first = True
+            for r in ranks:
+                for path in r.path.split(", "):  # a rank combined from several windows lists each file
+                    for chunk in _rank_events(path, r.rank, shifts[r.rank], len(ranks)):
+                        if not chunk:
+                            continue
+                        if not first:
+                            fh.write(b",")
+                        fh.write(orjson.dumps(chunk)[1:-1])
+                        first = False
+                        n_events += len(chunk)
+            fh.write(b"]}")
+    except OSError as exc:
+        # Only the output can fail here (an unreadable input trace raises TraceReadError, a ValueError);
+        # the temporary file's name means nothing to the caller, so the error names the output.
+        raise type(exc)(exc.errno, exc.strerror or str(exc), str(out)) from exc
     return MergeResult(str(out), [r.rank for r in ranks], shifts, used, len(matched), n_events, result.errors)
+
+
+def _check_align(align: str) -> None:
+    if align not in ALIGN_MODES:
+        raise ValueError(f"align must be one of {', '.join(ALIGN_MODES)}, got {align!r}")
 
 
 def _rank_events(path: str, rank: int, shift: float, n_ranks: int) -> Any:

@@ -172,19 +172,29 @@ def write_report(result: AnalysisResult, out_dir: str | os.PathLike[str]) -> Pat
 
     Returns:
         The path of ``report.html``.
+
+    Raises:
+        OSError: ``out_dir`` cannot be created or written to. Each file is written atomically (temporary
+            file, then rename), so a failed write never leaves a half-written file under a report name.
     """
+    # Imported here: hf_distprof.paths imports torch (through hf_distprof.dist), which the analysis alone
+    # does not need.
+    from hf_distprof.paths import atomic_path, atomic_write_text
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     images = {BREAKDOWN_PNG: out / BREAKDOWN_PNG, STEPS_PNG: out / STEPS_PNG}
     if result.ranks:
-        _breakdown_plot(result, images[BREAKDOWN_PNG])
-        _steps_plot(result, images[STEPS_PNG])
+        for plot, name in ((_breakdown_plot, BREAKDOWN_PNG), (_steps_plot, STEPS_PNG)):
+            with atomic_path(images[name], suffix=".png") as tmp:  # matplotlib picks the format by suffix
+                plot(result, tmp)
     md = _markdown(result)
     if not result.ranks:
         md = md.replace(f"![per-rank breakdown]({BREAKDOWN_PNG})", "").replace(
             f"![step durations]({STEPS_PNG})", ""
         )
-    (out / REPORT_MD).write_text(md, encoding="utf-8")
-    (out / REPORT_HTML).write_text(_html(md, images), encoding="utf-8")
-    (out / RESULT_JSON).write_bytes(result.to_json())
+    atomic_write_text(out / REPORT_MD, md)
+    atomic_write_text(out / REPORT_HTML, _html(md, images))
+    with atomic_path(out / RESULT_JSON) as tmp:
+        tmp.write_bytes(result.to_json())
     return out / REPORT_HTML

@@ -71,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
     """Run the analysis and print it.
 
     Returns:
-        0 when at least one rank was analysed, 1 when none could be, 2 on bad options or paths.
+        0 when at least one rank was analysed, 1 when none could be, 2 on bad options or paths or when the
+        report cannot be written.
     """
     from hf_distprof.analysis import analyze_paths, format_summary
 
@@ -90,7 +91,11 @@ def run(args: argparse.Namespace) -> int:
     if args.report:
         from hf_distprof.analysis.report import write_report
 
-        path = write_report(result, args.report)
+        try:
+            path = write_report(result, args.report)
+        except OSError as exc:
+            print(f"hf-distprof analyze: --report {args.report}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
         print(f"report written to {path}", file=sys.stderr)
     if not result.ranks:
         print("hf-distprof analyze: error: no trace could be analysed", file=sys.stderr)

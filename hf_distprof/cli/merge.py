@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 DEFAULT_OUTPUT = "merged.pt.trace.json.gz"
@@ -44,21 +45,33 @@ def run(args: argparse.Namespace) -> int:
     """Merge and report what was written.
 
     Returns:
-        0 on success, 1 when no trace could be read, 2 on bad paths.
+        0 on success, 1 when no trace could be read, 2 on bad paths or when the output cannot be written.
     """
-    from hf_distprof.analysis.merge import merge_traces
+    from hf_distprof.analysis import analyze_paths
+    from hf_distprof.analysis.merge import write_merged
     from hf_distprof.analysis.model import AnalysisOptions
 
+    out = Path(args.output)
+    problem = "Is a directory" if out.is_dir() else None if out.parent.is_dir() else "No such directory"
+    if problem:  # checked before the analysis, which can take minutes on a large run
+        print(f"hf-distprof merge: --output {args.output}: {problem}", file=sys.stderr)
+        return 2
     try:
-        res = merge_traces(
-            args.paths, args.output, align=args.align, options=AnalysisOptions(workers=args.workers)
-        )
+        result = analyze_paths(args.paths, AnalysisOptions(workers=args.workers))
     except FileNotFoundError as exc:
         print(f"hf-distprof merge: error: {exc}", file=sys.stderr)
         return 2
     except ValueError as exc:
         print(f"hf-distprof merge: error: {exc}", file=sys.stderr)
         return 1
+    try:
+        res = write_merged(result, args.output, align=args.align)
+    except ValueError as exc:
+        print(f"hf-distprof merge: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"hf-distprof merge: --output {args.output}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     for err in res.errors:
         print(f"hf-distprof merge: skipped {err.path}: {err.reason}", file=sys.stderr)
     shifts = ", ".join(f"rank {r}: {s / 1e3:+.3f} ms" for r, s in res.shifts_us.items())

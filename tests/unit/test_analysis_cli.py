@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from hf_distprof.analysis import AnalysisOptions, analyze_paths
-from hf_distprof.analysis.merge import merge_traces
+from hf_distprof.analysis.merge import merge_traces, write_merged
 from hf_distprof.analysis.report import BREAKDOWN_PNG, REPORT_HTML, REPORT_MD, RESULT_JSON, STEPS_PNG
 from hf_distprof.cli.main import build_parser, main
 
@@ -96,3 +96,37 @@ def test_merge_one_process_per_rank_with_aligned_clocks(tmp_path: Path) -> None:
     assert none.align == "none" and none.shifts_us == {0: 0.0, 1: 0.0}  # same host, same baseTimeNanoseconds
     with pytest.raises(ValueError, match="align must be one of"):
         merge_traces([DATA / "slow_rank1"], tmp_path / "x.json.gz", align="bogus")
+
+
+def test_report_that_cannot_be_written_is_one_error_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "afile").write_text("x")
+    bad = tmp_path / "afile" / "rep"
+    assert main(["analyze", str(DATA / "clean"), "--workers", "1", "--report", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"hf-distprof analyze: --report {bad}: Not a directory" in err and "Traceback" not in err
+    # Every report file is renamed into place only when complete: no temporary file is left behind.
+    rep = tmp_path / "rep"
+    assert main(["analyze", str(DATA / "clean"), "--workers", "1", "--report", str(rep)]) == 0
+    assert sorted(p.name for p in rep.iterdir()) == sorted(
+        [REPORT_MD, REPORT_HTML, RESULT_JSON, BREAKDOWN_PNG, STEPS_PNG]
+    )
+
+
+def test_merge_output_that_cannot_be_written_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "adir").mkdir()
+    missing = tmp_path / "nope" / "m.json.gz"
+    for out, reason in ((tmp_path / "adir", "Is a directory"), (missing, "No such directory")):
+        assert main(["merge", str(DATA / "clean"), "--workers", "1", "-o", str(out)]) == 2
+        assert capsys.readouterr().err == f"hf-distprof merge: --output {out}: {reason}\n"
+    # Past the CLI's early check, the library names the output, never its temporary file, and cleans up.
+    result = analyze_paths([DATA / "clean"], AnalysisOptions(workers=1))
+    with pytest.raises(FileNotFoundError) as exc:
+        write_merged(result, missing)
+    assert exc.value.filename == str(missing)
+    with pytest.raises(IsADirectoryError):
+        write_merged(result, tmp_path / "adir")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir"] and not list((tmp_path / "adir").iterdir())
+    assert main(["merge", str(DATA / "clean"), "--workers", "1", "-o", str(tmp_path / "m.json.gz")]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "m.json.gz"]
