@@ -22,6 +22,8 @@ from pathlib import Path
 
 from hf_distprof import dist
 
+logger = dist.get_logger(__name__)
+
 TRACE_SUFFIX = ".pt.trace.json.gz"
 TRACE_NAME = "rank{rank}_{host}_step{first}-{last}" + TRACE_SUFFIX
 SUMMARY_NAME = "rank{rank}_{host}_step{first}-{last}_summary.txt"
@@ -30,7 +32,7 @@ MEMORY_LOG_NAME = "memory_rank{rank}.jsonl"
 # (output_dir, run_name, id(owner)) -> (owner, run folder): every callback of one train() call agrees on the
 # folder and the broadcast happens once. The owner (the Trainer's per-train() TrainerState) is kept alive in
 # the value so its id is never reused by a later train() call in the same process.
-_RUN_DIRS: dict[tuple[str, str | None, int], tuple[object, Path]] = {}
+_RUN_DIRS: dict[tuple[str, str | None, int], tuple[object, Path | None]] = {}
 
 
 def _claim_new_run_dir(output_dir: Path, run_name: str) -> Path:
@@ -43,15 +45,18 @@ def _claim_new_run_dir(output_dir: Path, run_name: str) -> Path:
         except FileExistsError:
             continue
         return candidate
-    raise RuntimeError(f"could not find a free run folder for {run_name!r} in {output_dir}")
+    raise FileExistsError(f"no free run folder for {run_name!r} in {output_dir} after 10000 tries")
 
 
 def resolve_run_dir(
     output_dir: str | os.PathLike[str], run_name: str | None = None, owner: object = None
-) -> Path:
+) -> Path | None:
     """Return this run's output folder, creating it; identical on every rank of the run.
 
     Must be called by every rank at the same point (it broadcasts once from rank 0), at train start.
+    A folder that cannot be created (read-only or full file system, a file in the way) is one warning
+    and ``None``, on every rank when rank 0 cannot create it: profiling then writes no files, and
+    training goes on.
 
     Args:
         output_dir: The ``--profiler-output-dir`` folder.
@@ -60,19 +65,32 @@ def resolve_run_dir(
             calls with the same owner get the same folder.
 
     Returns:
-        The run folder, which exists on return.
+        The run folder, which exists on return, or None when it could not be created.
     """
     key = (os.fspath(output_dir), run_name, id(owner))
     if key in _RUN_DIRS:
         return _RUN_DIRS[key][1]
     root = Path(output_dir).expanduser().absolute()
     chosen: str | None = None
+    error: str | None = None
     if dist.get_rank() == 0:
-        chosen = _claim_new_run_dir(root, run_name or time.strftime("%Y%m%d-%H%M%S")).name
-    chosen = dist.broadcast_object(chosen)
-    run_dir = root / str(chosen)
-    # Other ranks may be on other hosts with a node-local output folder: create it there too.
-    run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            chosen = _claim_new_run_dir(root, run_name or time.strftime("%Y%m%d-%H%M%S")).name
+        except OSError as err:
+            error = f"cannot create a run folder in --profiler-output-dir {root}: {err}"
+    # Rank 0's outcome, failure included, so that every rank takes the same path afterwards.
+    chosen, error = dist.broadcast_object((chosen, error))
+    run_dir: Path | None = None
+    if error is None:
+        run_dir = root / str(chosen)
+        try:
+            # Other ranks may be on other hosts with a node-local output folder: create it there too.
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            error = f"cannot create the run folder {run_dir}: {err}"
+            run_dir = None
+    if error is not None:
+        logger.warning(f"{error}; profiling files are not written, training goes on")
     _RUN_DIRS[key] = (owner, run_dir)
     return run_dir
 

@@ -13,9 +13,12 @@ if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
 
 _WRITERS: dict[Path, SummaryWriter] = {}
+_FAILED: set[Path] = set()  # folders whose writer could not be created: warned once, not retried
+
+logger = dist.get_logger(__name__)
 
 
-def tensorboard_dir(output_dir: str | None, run_dir: Path) -> Path:
+def tensorboard_dir(output_dir: str | None, run_dir: Path | None) -> Path:
     """Where our scalars go: the Trainer's TensorBoard folder when it is fixed by ``TENSORBOARD_LOGGING_DIR``.
 
     Without that variable transformers picks ``<output_dir>/runs/<date>_<host>`` itself at train start,
@@ -25,12 +28,14 @@ def tensorboard_dir(output_dir: str | None, run_dir: Path) -> Path:
 
     Args:
         output_dir: ``TrainingArguments.output_dir``.
-        run_dir: This run's profiler folder (its name names the TensorBoard run).
+        run_dir: This run's profiler folder (its name names the TensorBoard run); None when it could not
+            be created.
     """
     env = os.environ.get("TENSORBOARD_LOGGING_DIR")
     if env:
         return Path(env).expanduser()
-    return Path(output_dir or ".") / "runs" / f"hf_distprof_{run_dir.name}"
+    name = run_dir.name if run_dir is not None else "run"
+    return Path(output_dir or ".") / "runs" / f"hf_distprof_{name}"
 
 
 def get_writer(log_dir: Path) -> SummaryWriter | None:
@@ -38,11 +43,18 @@ def get_writer(log_dir: Path) -> SummaryWriter | None:
     if dist.get_rank() != 0:
         return None
     log_dir = log_dir.absolute()
+    if log_dir in _FAILED:
+        return None
     writer = _WRITERS.get(log_dir)
     if writer is None:
         from torch.utils.tensorboard import SummaryWriter
 
-        writer = SummaryWriter(log_dir=str(log_dir))
+        try:
+            writer = SummaryWriter(log_dir=str(log_dir))
+        except OSError as err:
+            _FAILED.add(log_dir)
+            logger.warning(f"cannot write TensorBoard events to {log_dir}: {err}; scalars are not logged")
+            return None
         _WRITERS[log_dir] = writer
         if len(_WRITERS) == 1:
             atexit.register(close_writers)

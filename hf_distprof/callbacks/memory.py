@@ -58,11 +58,13 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
     ) -> None:
         warn_if_not_data_parallel(args)
         self.run_dir = paths.resolve_run_dir(self.args.profiler_output_dir, self.args.profiler_run_name, state)
-        self.jsonl_path = self.run_dir / paths.MEMORY_LOG_NAME.format(rank=dist.get_rank())
-        try:
-            self._jsonl = open(self.jsonl_path, "a", encoding="utf-8", buffering=1)
-        except OSError as err:
-            logger.warning(f"cannot write {self.jsonl_path}: {err!r}; memory goes to TensorBoard only")
+        if self.run_dir is not None:
+            self.jsonl_path = self.run_dir / paths.MEMORY_LOG_NAME.format(rank=dist.get_rank())
+            try:
+                # Kept open for the run, line-buffered: one short line per logging step.
+                self._jsonl = open(self.jsonl_path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
+            except OSError as err:
+                logger.warning(f"cannot write {self.jsonl_path}: {err!r}; memory goes to TensorBoard only")
         self._writer = tensorboard.get_writer(tensorboard.tensorboard_dir(args.output_dir, self.run_dir))
 
     def on_step_end(
@@ -73,7 +75,12 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
             return
         sample = read_memory()
         if self._jsonl is not None:
-            self._jsonl.write(json.dumps({"step": step, "rank": dist.get_rank(), **sample}) + "\n")
+            try:
+                self._jsonl.write(json.dumps({"step": step, "rank": dist.get_rank(), **sample}) + "\n")
+            except OSError as err:
+                # A full disk must not stop training, nor keep this rank from the gather below.
+                logger.warning(f"cannot write {self.jsonl_path}: {err!r}; memory goes to TensorBoard only")
+                self._close_jsonl()
         # The one collective of this callback, on logging steps only; every rank reaches it.
         gathered = dist.all_gather_object(sample)
         if self._writer is not None:
@@ -86,11 +93,17 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        if self._jsonl is not None:
-            self._jsonl.close()
-            self._jsonl = None
+        self._close_jsonl()
         if self._writer is not None:
             self._writer.flush()
+
+    def _close_jsonl(self) -> None:
+        jsonl, self._jsonl = self._jsonl, None
+        if jsonl is not None:
+            try:
+                jsonl.close()
+            except OSError as err:
+                logger.warning(f"closing {self.jsonl_path} failed: {err!r}")
 
 
 # The name PROFILING_GUIDE.md and earlier scripts use.

@@ -99,6 +99,8 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         # Every rank takes part in agreeing on the run folder, profiled or not (it is a broadcast).
         warn_if_not_data_parallel(args)
         self.run_dir = paths.resolve_run_dir(self.args.profiler_output_dir, self.args.profiler_run_name, state)
+        if self.run_dir is None:
+            return  # nowhere to write (already warned): no profiler, training goes on
         rank = dist.get_rank()
         ranks = self.args.profile_rank_set
         if ranks is not None:

@@ -82,3 +82,59 @@ def test_logs_every_n_steps_to_jsonl_and_tensorboard(tmp_path, monkeypatch):
     events = acc.Scalars("memory/rss_mb/rank0")
     assert [e.step for e in events] == [4, 8]
     assert [round(e.value, 3) for e in events] == [round(r["rss_mb"], 3) for r in rows]
+
+
+class FullDisk:
+    """A file object whose writes fail as on a full disk."""
+
+    def write(self, text):
+        raise OSError(28, "No space left on device")
+
+    def close(self):
+        pass
+
+
+def test_a_full_disk_is_one_warning_and_tensorboard_goes_on(tmp_path, monkeypatch, caplog):
+    import logging
+
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
+    cb = MemoryLoggerCallback(ProfilingArguments(enable_memory_logging=True, memory_log_steps=2,
+                                                 profiler_output_dir=str(tmp_path / "out")))
+    args = fake_trainer.training_args(tmp_path)
+    state = fake_trainer.TrainerState()
+    state.max_steps = 6
+    cb.on_train_begin(args, state, fake_trainer.TrainerControl())
+    cb._jsonl = FullDisk()
+    with caplog.at_level(logging.WARNING):
+        for step in range(1, 7):
+            state.global_step = step
+            cb.on_step_end(args, state, fake_trainer.TrainerControl())
+        cb.on_train_end(args, state, fake_trainer.TrainerControl())
+    tensorboard.close_writers()
+    warnings = [r.getMessage() for r in caplog.records if "No space left" in r.getMessage()]
+    assert len(warnings) == 1 and "memory goes to TensorBoard only" in warnings[0]
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("memory/rss_mb/rank0")] == [2, 4, 6]
+
+
+def test_an_output_folder_that_cannot_exist_disables_files_not_training(tmp_path, monkeypatch, caplog):
+    import logging
+
+    from hf_distprof import ProfilerCallback
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(blocker / "tb"))  # TensorBoard cannot write either
+    prof_args = ProfilingArguments(enable_profiling=True, enable_memory_logging=True, memory_log_steps=2,
+                                   enable_step_timing=False, profiler_output_dir=str(blocker / "traces"),
+                                   profiler_wait_steps=0, profiler_warmup_steps=0, profiler_active_steps=1)
+    profiler, memory_cb = ProfilerCallback(prof_args), MemoryLoggerCallback(prof_args)
+    with caplog.at_level(logging.WARNING):
+        fake_trainer.run([profiler, memory_cb], 4, tmp_path)  # must not raise
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("cannot create a run folder in --profiler-output-dir" in m for m in messages) == 1
+    assert sum("cannot write TensorBoard events" in m for m in messages) == 1
+    assert profiler.run_dir is None and profiler.prof is None and profiler.written == []
+    assert memory_cb.run_dir is None and memory_cb.jsonl_path is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]  # nothing written anywhere
