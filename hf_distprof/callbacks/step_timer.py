@@ -70,6 +70,8 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self._run = PhaseTotals()
         self._warmup = PhaseTotals()
         self._gathered_step = 0
+        # The global_step of a Trainer logging step not yet gathered; None when there is none.
+        self._log_step: int | None = None
         self._flos_logged = 0.0
         self._flos_begin = 0.0
         self._warned: set[tuple[str, int]] = set()
@@ -102,6 +104,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             self._peak_tflops = peak_tflops_for_device(torch.cuda.get_device_name(self._device))
         self._first_step = state.global_step + 1
         self._gathered_step = state.global_step
+        self._log_step = None
         self._flos_logged = self._flos_begin = float(state.total_flos)
         self._interval, self._run, self._warmup = PhaseTotals(), PhaseTotals(), PhaseTotals()
 
@@ -173,8 +176,22 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         if self._recorder is None:
             return
         self._recorder.step_end(state.global_step)
+        # DefaultFlowCallback (always the first callback) has decided on every rank whether the Trainer
+        # logs this step; the gather in on_log follows that decision, not whoever calls on_log.
+        self._mark_log_step(state, control)
         if self._recorder.pending_steps >= MAX_PENDING_STEPS:
             self._guarded(self._drain)  # local only: bounded memory when logging is rare or off
+
+    def on_epoch_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        if self._recorder is not None:
+            self._mark_log_step(state, control)  # logging_strategy="epoch"
+
+    def _mark_log_step(self, state: TrainerState, control: TrainerControl) -> None:
+        # Same condition as the Trainer's _maybe_log_save_evaluate: a step already logged is not logged again.
+        if control.should_log and state.global_step > self._gathered_step:
+            self._log_step = state.global_step
 
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
@@ -195,8 +212,11 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
     ) -> None:
         if self._recorder is None:
             return
-        # global_step is the same on every rank, so every rank takes the same branch (and the gather).
-        if state.global_step > self._gathered_step:
+        # Gather only on the Trainer's own logging steps, which every rank reaches. Other on_log calls
+        # (evaluation metrics, a user's trainer.log() that may run on rank 0 only) must not enter a
+        # collective: a rank alone in all_gather_object waits forever.
+        if self._log_step is not None and self._log_step == state.global_step:
+            self._log_step = None
             payload = self._guarded(self._interval_payload)
             gathered = dist.all_gather_object(payload)
             self._gathered_step = state.global_step

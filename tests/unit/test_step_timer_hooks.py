@@ -1,0 +1,82 @@
+"""StepTimerCallback driven hook by hook: which on_log calls gather, and failures that must not escape."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import TrainerControl, TrainerState
+
+from hf_distprof import ProfilingArguments, StepTimerCallback
+from hf_distprof.callbacks import step_timer
+from tests.unit.fake_trainer import training_args
+
+
+class Run:
+    """One callback, one tiny model, and every all_gather_object call recorded with its global_step."""
+
+    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
+        self.gathers: list[int] = []
+        self.state = TrainerState()
+        self.control = TrainerControl()
+        self.args = training_args(tmp_path)
+
+        def one_rank_gather(obj: Any) -> list[Any]:
+            self.gathers.append(self.state.global_step)
+            return [obj]
+
+        monkeypatch.setattr(step_timer.dist, "all_gather_object", one_rank_gather)
+        prof = ProfilingArguments(
+            enable_step_timing=True, profiler_output_dir=str(tmp_path / "prof"), profiler_run_name="run"
+        )
+        self.callback = StepTimerCallback(prof)
+        torch.manual_seed(0)
+        self.model = torch.nn.Linear(4, 2)
+        self.callback.on_train_begin(self.args, self.state, self.control, model=self.model)
+
+    def step(self, should_log: bool = False) -> None:
+        cb, args, state, control = self.callback, self.args, self.state, self.control
+        cb.on_step_begin(args, state, control)
+        self.model(torch.randn(3, 4)).sum().backward()
+        cb.on_pre_optimizer_step(args, state, control)
+        cb.on_optimizer_step(args, state, control)
+        state.global_step += 1
+        control.should_log = should_log  # what DefaultFlowCallback.on_step_end decided, before our hook
+        cb.on_step_end(args, state, control)
+
+    def log(self, logs: dict[str, float]) -> None:
+        self.control.should_log = False  # CallbackHandler.on_log resets it before calling the callbacks
+        self.callback.on_log(self.args, self.state, self.control, logs=logs)
+
+    def end(self) -> None:
+        self.callback.on_train_end(self.args, self.state, self.control)
+
+
+def test_only_the_trainers_logging_steps_gather(tmp_path, monkeypatch):
+    run = Run(tmp_path, monkeypatch)
+    run.step()
+    run.step(should_log=True)
+    run.log({"loss": 1.0})  # the Trainer's log of step 2: every rank is here
+    run.log({"eval_loss": 1.0})  # evaluation metrics at the same step
+    run.step()
+    run.log({"custom": 1.0})  # `if trainer.is_world_process_zero(): trainer.log(...)`: rank 0 only
+    run.step()
+    run.log({"eval_loss": 0.5})
+    run.end()
+    assert run.gathers == [2, 4]  # the logging step, then the end-of-run gather; nothing else
+    lines = (run.callback.run_dir / step_timer.TIMING_LOG_NAME.format(rank=0)).read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2, 3, 4]
+
+
+def test_a_log_at_a_later_step_does_not_use_a_stale_logging_flag(tmp_path, monkeypatch):
+    run = Run(tmp_path, monkeypatch)
+    run.step(should_log=True)  # flagged, but the Trainer's log never comes (e.g. it was skipped)
+    run.step()
+    run.log({"custom": 1.0})  # rank 0 only, at step 2: must not gather for step 1's flag
+    run.step(should_log=True)
+    run.log({"loss": 1.0})
+    assert run.gathers == [3]
