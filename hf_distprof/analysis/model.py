@@ -101,12 +101,28 @@ class AnalysisOptions:
             if isinstance(value, bool) or value is None:
                 continue
             if isinstance(value, (int, float)) and (value < 0 or math.isnan(value)):
-                raise ValueError(f"AnalysisOptions.{f.name} must be >= 0, got {value!r}")
+                raise OptionValueError(f.name, value, "must be >= 0")
         for name in ("comm_bound_pct", "low_util_pct", "data_loading_pct", "launch_bound_tiny_pct"):
             if getattr(self, name) > 100:
-                raise ValueError(
-                    f"AnalysisOptions.{name} is a percentage in [0, 100], got {getattr(self, name)}"
-                )
+                raise OptionValueError(name, getattr(self, name), "is a percentage in [0, 100]")
+
+
+class OptionValueError(ValueError):
+    """An :class:`AnalysisOptions` field with a value out of its range.
+
+    The message names the field (``AnalysisOptions.workers must be >= 0, got -1``); a front end that sets
+    the field from a flag reports :meth:`for_flag` instead.
+    """
+
+    def __init__(self, name: str, value: object, requirement: str) -> None:
+        self.name = name
+        self.value = value
+        self.requirement = requirement
+        super().__init__(f"AnalysisOptions.{name} {requirement}, got {value!r}")
+
+    def for_flag(self, flag: str) -> str:
+        """The same message naming ``flag`` (``--workers must be >= 0, got -1``)."""
+        return f"{flag} {self.requirement}, got {self.value!r}"
 
 
 @dataclass

@@ -10,28 +10,35 @@ def _ms(us: float) -> str:
 
 
 def format_findings(result: AnalysisResult) -> str:
-    """The ranked findings as text (what the end-of-training hook prints).
+    """The ranked findings as text (what the end-of-training hook prints), then the skipped files.
 
     Args:
         result: An analysis result.
 
     Returns:
-        One numbered paragraph per finding, or a one-line all-clear.
+        A headline and one numbered paragraph per finding (or a one-line all-clear), then one line per
+        skipped file. Only the skipped files when no rank could be analysed: a headline of zeros would
+        read as a clean run.
     """
-    headline = (
+    lines = _findings_lines(result)
+    lines += [f"Skipped {err.path}: {err.reason}" for err in result.errors]
+    return "\n".join(lines)
+
+
+def _findings_lines(result: AnalysisResult) -> list[str]:
+    if not result.ranks:
+        return []
+    lines = [
         f"Headline: exposed communication {result.exposed_comm_pct:.1f}% of step time, "
         f"load imbalance {result.imbalance_pct:.1f}% ({len(result.ranks)} rank(s))"
-    )
-    lines = [headline]
+    ]
     if not result.findings:
         lines.append("No finding: no threshold crossed.")
     for i, f in enumerate(result.findings, 1):
         lines.append(f"{i}. {f.title} (ranks {', '.join(map(str, f.ranks))})")
         lines.append(f"   Evidence: {f.evidence}")
         lines.append(f"   Try: {f.recommendation}")
-    for err in result.errors:
-        lines.append(f"Skipped {err.path}: {err.reason}")
-    return "\n".join(lines)
+    return lines
 
 
 def _rank_rows(rank: RankResult) -> list[str]:
@@ -60,11 +67,13 @@ def _rank_rows(rank: RankResult) -> list[str]:
 def format_summary(result: AnalysisResult) -> str:
     """The terminal summary: per-rank per-step table, cross-rank view, findings.
 
+    The skipped files are only counted here: the CLI lists them on stderr, the report in its own section.
+
     Args:
         result: An analysis result.
 
     Returns:
-        Multi-line text.
+        Multi-line text; only the count line when no rank could be analysed.
     """
     out: list[str] = []
     gpu = any(r.device == "gpu" for r in result.ranks)
@@ -100,5 +109,7 @@ def format_summary(result: AnalysisResult) -> str:
             )
         spread = max((s.spread_pct for s in cross.step_spread), default=0.0)
         out.append(f"load imbalance {cross.imbalance_pct:.1f}%, largest step-duration spread {spread:.1f}%")
-    out += ["", format_findings(result)]
+    findings = _findings_lines(result)
+    if findings:
+        out += ["", *findings]
     return "\n".join(out)

@@ -7,7 +7,7 @@ import dataclasses
 import sys
 from typing import Any
 
-from hf_distprof.analysis.model import AnalysisOptions
+from hf_distprof.analysis.model import AnalysisOptions, OptionValueError
 
 # Options that are not thresholds get their own flags below.
 _NOT_THRESHOLDS = ("workers", "progress")
@@ -40,7 +40,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--report", metavar="DIR", help="also write report.md/report.html/PNGs/analysis.json to DIR"
     )
-    parser.add_argument("--workers", type=int, default=0, help="parallel processes (0: one per core)")
+    parser.add_argument(
+        "--workers", type=int, default=0, help="parallel processes (0: one per file, at most one per CPU core)"
+    )
     parser.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
@@ -78,8 +80,12 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         options = options_from_args(args)
+    except OptionValueError as exc:
+        print(f"hf-distprof analyze: error: {exc.for_flag(_flag(exc.name))}", file=sys.stderr)
+        return 2
+    try:
         result = analyze_paths(args.paths, options)
-    except (ValueError, FileNotFoundError) as exc:
+    except FileNotFoundError as exc:
         print(f"hf-distprof analyze: error: {exc}", file=sys.stderr)
         return 2
     if args.json:

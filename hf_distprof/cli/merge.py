@@ -37,7 +37,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--align", choices=ALIGN_MODES, default="collectives", help="clock alignment (default: collectives)"
     )
-    parser.add_argument("--workers", type=int, default=0, help="parallel processes (0: one per core)")
+    parser.add_argument(
+        "--workers", type=int, default=0, help="parallel processes (0: one per file, at most one per CPU core)"
+    )
     return parser
 
 
@@ -45,25 +47,28 @@ def run(args: argparse.Namespace) -> int:
     """Merge and report what was written.
 
     Returns:
-        0 on success, 1 when no trace could be read, 2 on bad paths or when the output cannot be written.
+        0 on success, 1 when no trace could be read, 2 on bad options or paths or when the output
+        cannot be written.
     """
     from hf_distprof.analysis import analyze_paths
     from hf_distprof.analysis.merge import write_merged
-    from hf_distprof.analysis.model import AnalysisOptions
+    from hf_distprof.analysis.model import AnalysisOptions, OptionValueError
 
+    try:
+        options = AnalysisOptions(workers=args.workers)
+    except OptionValueError as exc:
+        print(f"hf-distprof merge: error: {exc.for_flag('--' + exc.name)}", file=sys.stderr)
+        return 2
     out = Path(args.output)
     problem = "Is a directory" if out.is_dir() else None if out.parent.is_dir() else "No such directory"
     if problem:  # checked before the analysis, which can take minutes on a large run
         print(f"hf-distprof merge: --output {args.output}: {problem}", file=sys.stderr)
         return 2
     try:
-        result = analyze_paths(args.paths, AnalysisOptions(workers=args.workers))
+        result = analyze_paths(args.paths, options)
     except FileNotFoundError as exc:
         print(f"hf-distprof merge: error: {exc}", file=sys.stderr)
         return 2
-    except ValueError as exc:
-        print(f"hf-distprof merge: error: {exc}", file=sys.stderr)
-        return 1
     try:
         res = write_merged(result, args.output, align=args.align)
     except ValueError as exc:

@@ -9,7 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from hf_distprof.analysis import AnalysisOptions, analyze_paths
+from hf_distprof.analysis import AnalysisOptions, analyze_paths, format_findings
 from hf_distprof.analysis.merge import merge_traces, write_merged
 from hf_distprof.analysis.report import BREAKDOWN_PNG, REPORT_HTML, REPORT_MD, RESULT_JSON, STEPS_PNG
 from hf_distprof.cli.main import build_parser, main
@@ -130,3 +130,34 @@ def test_merge_output_that_cannot_be_written_is_named(tmp_path: Path, capsys: py
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adir"] and not list((tmp_path / "adir").iterdir())
     assert main(["merge", str(DATA / "clean"), "--workers", "1", "-o", str(tmp_path / "m.json.gz")]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "m.json.gz"]
+
+
+def test_bad_option_names_the_flag_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["analyze", str(DATA / "clean"), "--workers", "-1"]) == 2
+    assert capsys.readouterr().err == "hf-distprof analyze: error: --workers must be >= 0, got -1\n"
+    assert main(["analyze", str(DATA / "clean"), "--comm-bound-pct", "200"]) == 2
+    assert capsys.readouterr().err == (
+        "hf-distprof analyze: error: --comm-bound-pct is a percentage in [0, 100], got 200.0\n"
+    )
+    assert main(["merge", str(DATA / "clean"), "--workers", "-1"]) == 2
+    assert capsys.readouterr().err == "hf-distprof merge: error: --workers must be >= 0, got -1\n"
+    with pytest.raises(ValueError, match=r"^AnalysisOptions.workers must be >= 0, got -1$"):
+        AnalysisOptions(workers=-1)  # API users see the field's name
+
+
+def test_nothing_analysed_prints_no_headline_and_each_skip_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "rank0.json").write_bytes(b"")
+    assert main(["analyze", str(tmp_path), "--workers", "1"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "Analysed 0 rank(s), 1 file(s) skipped.\n"
+    assert err.count("rank0.json") == 1 and "Headline" not in err
+    shutil.copy(DATA / "clean" / "rank-1.json.gz", tmp_path / "rank1.json.gz")
+    assert main(["analyze", str(tmp_path), "--workers", "1"]) == 0
+    out, err = capsys.readouterr()
+    assert "Analysed 1 rank(s), 1 file(s) skipped." in out and "Headline:" in out and "rank0.json" not in out
+    assert err.count("rank0.json") == 1
+    # The hook's findings text, printed alone, still lists the skipped file (and no zero headline).
+    result = analyze_paths([tmp_path / "rank0.json"], AnalysisOptions(workers=1))
+    assert format_findings(result) == f"Skipped {tmp_path / 'rank0.json'}: empty file"
