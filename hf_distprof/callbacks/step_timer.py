@@ -108,11 +108,12 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self._flos_logged = self._flos_begin = float(state.total_flos)
         self._interval, self._run, self._warmup = PhaseTotals(), PhaseTotals(), PhaseTotals()
 
-        path = self.run_dir / TIMING_LOG_NAME.format(rank=dist.get_rank())
-        try:
-            self._jsonl = open(path, "a", encoding="utf-8")  # noqa: SIM115  # open for the whole run
-        except OSError as err:
-            logger.warning(f"cannot write {path}: {err!r}; step timing goes to the logs only")
+        if self.run_dir is not None:  # None: the folder could not be created (paths warned once)
+            path = self.run_dir / TIMING_LOG_NAME.format(rank=dist.get_rank())
+            try:
+                self._jsonl = open(path, "a", encoding="utf-8")  # noqa: SIM115  # open for the whole run
+            except OSError as err:
+                logger.warning(f"cannot write {path}: {err!r}; step timing goes to the logs only")
         self._writer = tensorboard.get_writer(tensorboard.tensorboard_dir(args.output_dir, self.run_dir))
         if self._writer is not None:
             self._writer.add_custom_scalars(publish.custom_scalars_layout())
@@ -131,9 +132,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             self._hooks.remove()
         if self._undo_loader is not None:
             self._undo_loader()
-        if self._jsonl is not None:
-            self._jsonl.close()
-            self._jsonl = None
+        self._close_jsonl()
         if self._writer is not None:
             self._writer.flush()
         self._recorder = None
@@ -231,8 +230,23 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         for timing in timings:
             self._add(timing)
         if self._jsonl is not None and timings:
-            self._jsonl.write("".join(json.dumps(t.to_json()) + "\n" for t in timings))
-            self._jsonl.flush()
+            try:
+                self._jsonl.write("".join(json.dumps(t.to_json()) + "\n" for t in timings))
+                self._jsonl.flush()
+            except OSError as err:
+                # A full disk: say it once and stop writing; the caller still reaches its collective.
+                logger.warning(f"cannot write {self._jsonl.name}: {err!r}; stopped writing per-step timing")
+                self._close_jsonl()
+
+    def _close_jsonl(self) -> None:
+        """Close the jsonl file; a close that fails (flushing onto a full disk) is one warning."""
+        jsonl, self._jsonl = self._jsonl, None
+        if jsonl is None:
+            return
+        try:
+            jsonl.close()
+        except OSError as err:
+            logger.warning(f"cannot close {jsonl.name}: {err!r}; its last lines may be missing")
 
     def _add(self, timing: StepTiming) -> None:
         if timing.step < self._first_step + WARMUP_STEPS:
@@ -298,7 +312,6 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
                 logger.warning(f"step {state.global_step}: {warning}")
 
     def _write_summary(self, gathered: list[dict[str, Any]], state: TrainerState) -> None:
-        assert self.run_dir is not None
         runs = [g["run"] for g in gathered]
         counted = min(r["steps"] for r in runs) if all(runs) else 0
         all_steps = counted + (WARMUP_STEPS if self._run.steps else 0)
@@ -321,8 +334,10 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         }
         del summary["ranks"]
         self.summary = summary
-        paths.atomic_write_text(self.run_dir / TIMING_SUMMARY_NAME, json.dumps(summary, indent=2) + "\n")
-        print(format_table(report, self.comm, title=f"hf_distprof step timing ({self.run_dir})"), flush=True)
+        if self.run_dir is not None:
+            paths.atomic_write_text(self.run_dir / TIMING_SUMMARY_NAME, json.dumps(summary, indent=2) + "\n")
+        where = self.run_dir if self.run_dir is not None else "no run folder, no files"
+        print(format_table(report, self.comm, title=f"hf_distprof step timing ({where})"), flush=True)
         for warning in report.warnings:
             logger.warning(warning)
 

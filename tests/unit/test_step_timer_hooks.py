@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
 from typing import Any
@@ -80,3 +81,77 @@ def test_a_log_at_a_later_step_does_not_use_a_stale_logging_flag(tmp_path, monke
     run.step(should_log=True)
     run.log({"loss": 1.0})
     assert run.gathers == [3]
+
+
+class FullDiskFile:
+    """A text file on a full disk: every write, flush or close raises ENOSPC (as chosen)."""
+
+    def __init__(self, fail_write: bool = True, fail_close: bool = False) -> None:
+        self.name = "/full/timing_rank0.jsonl"
+        self.fail_write, self.fail_close = fail_write, fail_close
+        self.writes = 0
+        self.closed = False
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        if self.fail_write:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+        if self.fail_close:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_full_disk_stops_the_jsonl_with_one_warning_and_the_gathers_go_on(tmp_path, monkeypatch, caplog):
+    run = Run(tmp_path, monkeypatch)
+    run.callback._jsonl.close()
+    full = FullDiskFile()
+    run.callback._jsonl = full  # type: ignore[assignment]
+    with caplog.at_level("WARNING"):
+        for step in range(1, 7):
+            run.step(should_log=step % 2 == 0)
+            if step % 2 == 0:
+                run.log({"loss": 1.0})
+        run.end()
+    assert run.gathers == [2, 4, 6, 6]  # every logging step and the end, as on the ranks with disk space
+    assert full.writes == 1 and full.closed  # tried once, then the file was given up
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "No space left" in warnings[0] and full.name in warnings[0]
+    summary = run.callback.summary
+    assert summary is not None and summary["per_rank"][0]["steps"] == 5  # the timing itself went on
+
+
+def test_a_close_that_fails_at_train_end_is_one_warning(tmp_path, monkeypatch, caplog):
+    run = Run(tmp_path, monkeypatch)
+    run.callback._jsonl.close()
+    full = FullDiskFile(fail_write=False, fail_close=True)
+    run.callback._jsonl = full  # type: ignore[assignment]
+    run.step(should_log=True)
+    run.log({"loss": 1.0})
+    with caplog.at_level("WARNING"):
+        run.end()  # must not raise
+    assert full.writes == 1 and full.closed and run.callback._jsonl is None
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "cannot close" in warnings[0] and "No space left" in warnings[0]
+    assert (run.callback.run_dir / step_timer.TIMING_SUMMARY_NAME).exists()
+
+
+def test_without_a_run_folder_timing_goes_on_without_files(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(step_timer.paths, "resolve_run_dir", lambda *args, **kwargs: None)
+    run = Run(tmp_path, monkeypatch)
+    assert run.callback.run_dir is None and run.callback._jsonl is None
+    for step in range(1, 5):
+        run.step(should_log=step == 4)
+    run.log({"loss": 1.0})
+    run.end()
+    assert run.gathers == [4, 4]
+    assert run.callback.summary is not None and run.callback.summary["steps_in_means"] == 3
+    assert "no run folder, no files" in capsys.readouterr().out
+    assert not (tmp_path / "prof").exists()
+    # TensorBoard scalars still go to the Trainer's output folder.
+    assert [p.name for p in (tmp_path / "trainer_out" / "runs").iterdir()] == ["hf_distprof_run"]
