@@ -42,7 +42,8 @@ TIMING_SUMMARY_NAME = "timing_summary.json"
 # The first optimizer step of a train() call pays one-off costs (allocator warm-up, DDP bucket rebuild):
 # it goes to the jsonl but not into the means, so it cannot fake an imbalance.
 WARMUP_STEPS = 1
-# Unresolved steps kept at most; past this they are resolved locally (on GPU: one wait per this many steps).
+# Unresolved steps kept at most; past this they are resolved locally on that step, logging step or not
+# (no collective; on GPU one wait for the device, plus one jsonl write, per this many steps).
 MAX_PENDING_STEPS = 1000
 
 

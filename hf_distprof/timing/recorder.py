@@ -16,6 +16,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from hf_distprof.timing.clock import Clock, Mark
 
 
@@ -240,12 +242,13 @@ class StepRecorder:
             return []
         pending, self._pending = self._pending, []
         self.clock.wait(pending[-1].end)
-        out = [self._durations(m) for m in pending]
+        tokens = _token_counts(pending)
+        out = [self._durations(m, n) for m, n in zip(pending, tokens, strict=True)]
         for m in pending:
             self.clock.release(list({id(x): x for x in m.all_marks() if x is not None}.values()))
         return out
 
-    def _durations(self, m: _Marks) -> StepTiming:
+    def _durations(self, m: _Marks, tokens: int) -> StepTiming:
         el = self.clock.elapsed
         start = m.prev_end if m.prev_end is not None else m.begin
         forward = backward = compute = 0.0
@@ -277,5 +280,23 @@ class StepRecorder:
             backward_compute_s=compute if complete_fwd and complete_grad else None,
             micro_batches=len(m.micros),
             samples=m.samples,
-            tokens=sum(int(t) for t in m.tokens),
+            tokens=tokens,
         )
+
+
+def _token_counts(pending: list[_Marks]) -> list[int]:
+    """Tokens of each step: the micro-batch counts left on the device are read in one copy per device.
+
+    One ``int()`` per micro-batch tensor would be one device-to-host sync each.
+    """
+    counts = [sum(int(t) for t in m.tokens if not isinstance(t, torch.Tensor)) for m in pending]
+    by_device: dict[torch.device, list[tuple[int, torch.Tensor]]] = {}
+    for i, m in enumerate(pending):
+        for t in m.tokens:
+            if isinstance(t, torch.Tensor):
+                by_device.setdefault(t.device, []).append((i, t))
+    for items in by_device.values():
+        values = torch.stack([t.reshape(()).to(torch.int64) for _, t in items]).tolist()
+        for (i, _), value in zip(items, values, strict=True):
+            counts[i] += value
+    return counts

@@ -122,6 +122,32 @@ def test_cpu_phases_are_exact_sums_over_micro_batches():
     assert rec.resolve() == []  # each step is reported once
 
 
+def test_device_token_counts_are_read_in_one_copy(monkeypatch):
+    """Per micro-batch ``int(tensor)`` would be one device-to-host sync each; resolve reads them once."""
+    t = Timeline()
+    rec = StepRecorder(FakeCpuClock(t))
+    rec.boundary()
+    run_step(rec, t, step=1, tokens=torch.tensor(13))
+    run_step(rec, t, step=2, tokens=5)  # a plain int (no attention mask): no read at all
+    run_step(rec, t, step=3, tokens=torch.tensor(7))
+    reads: list[int] = []
+    real_tolist = torch.Tensor.tolist
+
+    def counting_tolist(self):
+        reads.append(self.numel())
+        return real_tolist(self)
+
+    def no_single_read(self, *args):
+        raise AssertionError("one device-to-host read per tensor")
+
+    monkeypatch.setattr(torch.Tensor, "tolist", counting_tolist)
+    for name in ("__int__", "__index__", "item"):
+        monkeypatch.setattr(torch.Tensor, name, no_single_read)
+    steps = rec.resolve()
+    assert [s.tokens for s in steps] == [26, 10, 14]
+    assert reads == [4]  # the four micro-batch tensors of steps 1 and 3, in one copy
+
+
 def test_boundary_after_logging_excludes_logging_time_from_the_next_data_wait():
     t = Timeline()
     rec = StepRecorder(FakeCpuClock(t))
