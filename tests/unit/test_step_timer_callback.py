@@ -7,9 +7,10 @@ import json
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from transformers import ModernBertConfig, ModernBertForMaskedLM, Trainer, TrainingArguments
+from transformers import ModernBertConfig, ModernBertForMaskedLM, Trainer, TrainerCallback, TrainingArguments
 
 from hf_distprof import ProfilingArguments, StepTimerCallback, dist
+from hf_distprof.timing.instrument import base_dataloader
 from hf_distprof.timing.recorder import StepRecorder
 
 SEQ = 8
@@ -56,11 +57,32 @@ def _train(tmp_path, monkeypatch):
         peak_tflops=1.0,
     )
     callback = StepTimerCallback(prof)
+    probe = LoaderProbe()
     trainer = Trainer(
-        model=model, args=training_args(tmp_path), train_dataset=dataset(), callbacks=[callback]
+        model=model, args=training_args(tmp_path), train_dataset=dataset(), callbacks=[callback, probe]
     )
     trainer.train()
-    return callback, trainer, gathers, resolves, tmp_path
+    return callback, trainer, gathers, resolves, tmp_path, probe
+
+
+class LoaderProbe(TrainerCallback):
+    """Keeps the train data loader the callbacks receive and whether it was instrumented at each step."""
+
+    def __init__(self) -> None:
+        self.loader = None
+        self.instrumented: list[bool] = []
+
+    def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
+        self.loader = train_dataloader
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.instrumented.append(is_instrumented(self.loader))
+
+
+def is_instrumented(loader) -> bool:
+    # instrument_loader shadows the base DataLoader's _get_iterator on the instance.
+    base = base_dataloader(loader)
+    return base is not None and "_get_iterator" in vars(base)
 
 
 def tiny_model() -> ModernBertForMaskedLM:
@@ -96,7 +118,7 @@ def training_args(tmp_path, use_cpu: bool = True) -> TrainingArguments:
 
 
 def test_per_step_lines_and_summary(trained):
-    callback, _, _, _, tmp_path = trained
+    callback, _, _, _, tmp_path, _ = trained
     run_dir = tmp_path / "prof" / "run"
     assert callback.run_dir == run_dir
     assert sorted(p.name for p in run_dir.iterdir()) == ["timing_rank0.jsonl", "timing_summary.json"]
@@ -127,20 +149,22 @@ def test_per_step_lines_and_summary(trained):
 
 
 def test_one_gather_per_logging_step_and_resolution_only_there(trained):
-    _, _, gathers, resolves, _ = trained
+    _, _, gathers, resolves, _, _ = trained
     assert gathers == [3, 6, 6]  # on_log at steps 3 and 6, then the end-of-run gather; none in between
     assert [n for n in resolves if n] == [3, 3]  # marks were turned into seconds on logging steps only
 
 
 def test_hooks_and_loader_are_restored(trained):
-    _, trainer, _, _, _ = trained
+    _, trainer, _, _, _, probe = trained
     model = trainer.model
     assert not model._forward_pre_hooks and not model._forward_hooks
     assert all(not p._post_accumulate_grad_hooks for p in model.parameters() if p.requires_grad)
+    assert probe.instrumented == [True] * 6  # the loader was timed during training...
+    assert not is_instrumented(probe.loader)  # ...and is the plain DataLoader again afterwards
 
 
 def test_tensorboard_scalars_and_layout(trained):
-    _, _, _, _, tmp_path = trained
+    _, _, _, _, tmp_path, _ = trained
     (tb_dir,) = (tmp_path / "out" / "runs").iterdir()
     assert tb_dir.name == "hf_distprof_run"
     events = EventAccumulator(str(tb_dir))
@@ -160,13 +184,25 @@ def test_tensorboard_scalars_and_layout(trained):
 
 
 def test_headline_figures_live_in_the_trainer_logs(trained):
-    _, trainer, _, _, _ = trained
+    _, trainer, _, _, tmp_path, _ = trained
     logged = {e["step"]: e for e in trainer.state.log_history if "loss" in e}
     assert sorted(logged) == [3, 6]
-    for entry in logged.values():
-        assert entry["timing/slowest_rank"] == 0 and entry["timing/imbalance_pct"] == 0.0
-        assert entry["timing/step_s"] > 0 and entry["throughput/samples_per_s"] > 0
-        assert entry["throughput/mfu_pct"] > 0  # --peak-tflops 1 given
+    events = EventAccumulator(str(tmp_path / "out" / "runs" / "hf_distprof_run"))
+    events.Reload()
+    mfu = {e.step: e.value for e in events.Scalars("throughput/mfu_pct")}
+    step_s = {e.step: e.value for e in events.Scalars("timing/step_s/mean")}
+    assert sorted(mfu) == [3, 6]
+    for step, entry in logged.items():
+        assert entry["timing/step_s"] == pytest.approx(step_s[step], abs=5.1e-5)  # rounded to 0.1 ms in the logs
+        assert entry["throughput/samples_per_s"] > 0
+        # --peak-tflops 1 given: the unrounded value is positive and the log holds it to 3 figures.
+        assert mfu[step] > 0 and entry["throughput/mfu_pct"] == pytest.approx(mfu[step], rel=6e-3)
+    # The run's MFU against its definition: FLOPs of the 5 steps in the means (the Trainer counts all 6,
+    # equal work per step) over their time x 1 TFLOP/s, unrounded in timing_summary.json.
+    summary = json.loads((tmp_path / "prof" / "run" / "timing_summary.json").read_text())
+    total_s = summary["per_rank"][0]["total_s"]
+    expected = trainer.state.total_flos * 5 / 6 / (total_s * 1e12) * 100
+    assert summary["mfu_pct"] == pytest.approx(expected, rel=1e-9) and summary["mfu_pct"] > 0
 
 
 def test_a_failing_export_becomes_one_warning_and_training_goes_on(tmp_path, monkeypatch, caplog):

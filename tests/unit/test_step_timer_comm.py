@@ -1,12 +1,13 @@
-"""The no_sync A/B leaves parameters, gradients, buffers, optimizer state and RNG bit-identical.
+"""The no_sync A/B leaves parameters, gradients, buffers and RNG bit-identical.
 
 Here on a module with FSDP2's ``set_requires_gradient_sync`` interface and no process group; the DDP
-path runs on 2 real ranks in tests/integration/test_step_timing.py.
+path runs on 2 real ranks in tests/integration/test_step_timing.py. ``measure_comm_overhead`` never
+receives the optimizer and steps nothing, so there is no optimizer state to compare here;
+tests/integration/comm_overhead_probe.py checks on 2 ranks that a real optimizer step after the probe
+leaves the ranks' weights equal.
 """
 
 from __future__ import annotations
-
-import copy
 
 import pytest
 import torch
@@ -54,12 +55,11 @@ def trained_model() -> tuple[FakeFsdpModel, torch.optim.Optimizer, dict]:
 
 
 def test_state_is_bit_identical_after_the_measurement():
-    model, opt, batch = trained_model()
+    model, _, batch = trained_model()
     params = [p.detach().clone() for p in model.parameters()]
     grad_objects = [p.grad for p in model.parameters()]
     grads = [g.clone() for g in grad_objects]
     buffers = [b.clone() for b in model.buffers()]
-    opt_state = copy.deepcopy(opt.state_dict())
     rng = torch.get_rng_state()
 
     result = measure_comm_overhead(model, batch, passes=3)
@@ -70,10 +70,6 @@ def test_state_is_bit_identical_after_the_measurement():
     )  # same tensors (DDP views)
     assert all(torch.equal(a, p.grad) for a, p in zip(grads, model.parameters(), strict=True))
     assert all(torch.equal(a, b) for a, b in zip(buffers, model.buffers(), strict=True))
-    after = opt.state_dict()
-    assert after["param_groups"] == opt_state["param_groups"]
-    for key, state in opt_state["state"].items():
-        assert all(torch.equal(v, after["state"][key][k]) for k, v in state.items())
     assert torch.equal(torch.get_rng_state(), rng)
     assert not model.training and model.sync is True
 
