@@ -50,6 +50,9 @@ _LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver"})
 # CPU-side categories that no analyzer reads (flow events, Python stacks ...): skipped at once.
 _UNUSED_CPU_CATS = _CPU_CATS - _LAUNCH_CATS - {"cpu_op", "user_annotation"}
 STEP_PREFIX = "ProfilerStep#"
+# Times are microseconds. Past 1e18 us (~31,700 years) a value is not a time, and sums of such values
+# overflow to inf; 1e18 also rejects inf and (as every comparison with it is false) nan.
+_MAX_TIME_US = 1e18
 
 # (start_us, end_us, name)
 Span = tuple[float, float, str]
@@ -127,16 +130,6 @@ class _Event(msgspec.Struct, gc=False):
 _decode_events = msgspec.json.Decoder(list[_Event | list[Any] | str | int | float | bool | None]).decode
 
 
-def _round_like_hta(ts: float, dur: float) -> tuple[int | float, int | float]:
-    # HTA rounds nanosecond-resolution timestamps inward (ceil start, floor end) so that back-to-back
-    # kernels do not overlap by a fraction of a microsecond (pytorch/pytorch#122425); do the same so
-    # that our numbers match its numbers.
-    if isinstance(ts, float):
-        end = ts + dur
-        return math.ceil(ts), math.floor(end)
-    return ts, ts + dur
-
-
 @dataclass
 class _Collected:
     """Events gathered in one pass over the file, before the main thread is known."""
@@ -154,6 +147,10 @@ def _collect(path: Path, meta: dict[str, Any]) -> _Collected:
     CPU ops are kept as decoded structs and turned into spans only for the training thread, once it is
     known (the thread holding the ``ProfilerStep#N`` annotations), as no analyzer reads other threads'
     ops. The branches are ordered by how common each category is in Kineto traces.
+
+    GPU events' float (nanosecond-resolution) timestamps are rounded inward like HTA's (ceil start, floor
+    end), so that back-to-back kernels do not overlap by a fraction of a microsecond
+    (pytorch/pytorch#122425) and our numbers match its numbers.
     """
     out = _Collected()
     ops_append = out.ops.append
@@ -161,6 +158,8 @@ def _collect(path: Path, meta: dict[str, Any]) -> _Collected:
     gpu = out.gpu
     launches = out.launches
     unset = msgspec.UNSET
+    gpu_start, gpu_end = gpu.start.append, gpu.end.append
+    ceil, floor, flt, int_, max_us = math.ceil, math.floor, float, int, _MAX_TIME_US
     for chunk in iter_decoded_events(path, meta, _decode_events):
         out.n_events += len(chunk)
         try:
@@ -178,6 +177,9 @@ def _collect(path: Path, meta: dict[str, Any]) -> _Collected:
                             ts = ev.ts
                             if ts is unset:  # _required, inlined: one launch per kernel
                                 raise KeyError("ts")
+                            tt = type(ts)
+                            if not ((tt is flt or tt is int_) and -max_us <= ts <= max_us):
+                                _check_time(path, ev, ts, 0)
                             launches[corr] = ts
                 elif cat == "user_annotation":
                     annotations_append(ev)
@@ -189,9 +191,26 @@ def _collect(path: Path, meta: dict[str, Any]) -> _Collected:
                     stream = _as_int(args.stream)
                     if stream is None:
                         continue
-                    start, end = _round_like_hta(_required(ev.ts, "ts"), dur)
-                    gpu.start.append(start)
-                    gpu.end.append(end)
+                    ts = ev.ts
+                    if ts is unset:  # _required, inlined like the two calls below: one kernel per launch
+                        raise KeyError("ts")
+                    # _check_time, inlined: a bool is neither a float nor an int here.
+                    tt = type(ts)
+                    td = type(dur)
+                    if not (
+                        (tt is flt or tt is int_)
+                        and (td is flt or td is int_)
+                        and -max_us <= ts <= max_us
+                        and 0 <= dur <= max_us
+                    ):
+                        _check_time(path, ev, ts, dur)
+                    # _round_like_hta, inlined.
+                    if tt is flt:
+                        gpu_start(ceil(ts))
+                        gpu_end(floor(ts + dur))
+                    else:
+                        gpu_start(ts)
+                        gpu_end(ts + dur)
                     gpu.name.append(sys.intern(_required(ev.name, "name")))
                     gpu.stream.append(stream)
                     corr = _as_int(args.correlation)
@@ -205,10 +224,15 @@ def _collect(path: Path, meta: dict[str, Any]) -> _Collected:
     return out
 
 
-def _spans(events: list[_Event]) -> list[Span]:
-    """(start, end, interned name) of complete CPU events; events without a duration are skipped."""
+def _spans(path: Path, events: list[_Event]) -> list[Span]:
+    """(start, end, interned name) of complete CPU events; events without a duration are skipped.
+
+    Raises:
+        TraceReadError: An event's ``ts`` or ``dur`` is not a time (see :func:`_check_time`).
+    """
     intern = sys.intern
     unset = msgspec.UNSET
+    flt, int_, max_us = float, int, _MAX_TIME_US
     out = []
     for ev in events:
         dur = ev.dur
@@ -218,8 +242,36 @@ def _spans(events: list[_Event]) -> list[Span]:
         name = ev.name
         if ts is unset or name is unset:  # inlined _required: this loop runs for most events
             raise KeyError("ts" if ts is unset else "name")
+        # Inlined _check_time, for the same reason.
+        tt = type(ts)
+        td = type(dur)
+        if not (
+            (tt is flt or tt is int_) and (td is flt or td is int_) and -max_us <= ts <= max_us and 0 <= dur <= max_us
+        ):
+            _check_time(path, ev, ts, dur)
         out.append((ts, ts + dur, intern(name)))
     return out
+
+
+def _check_time(path: Path, ev: _Event, ts: Any, dur: Any) -> None:
+    """Raise unless ``ts`` is a time and ``dur`` a duration, in microseconds.
+
+    A time is an int or a float (not a bool, which JSON-wise is neither) within +-1e18, so finite; a
+    duration is one in [0, 1e18]. Checked only on the events an analyzer keeps, where one bad value would
+    otherwise print as a negative step, inf or nan.
+
+    Raises:
+        TraceReadError: Naming the event and the bad value.
+    """
+    for key, value, low in (("ts", ts, -_MAX_TIME_US), ("dur", dur, 0)):
+        if type(value) is not float and type(value) is not int:
+            bad = f"is a {type(value).__name__}, not a number"
+        elif not low <= value <= _MAX_TIME_US:
+            bad = "is negative" if value < 0 and key == "dur" else "is not a finite time in microseconds"
+        else:
+            continue
+        name = ev.name if isinstance(ev.name, str) else "?"
+        raise TraceReadError(path, f"event {name!r} has {key} {value!r}, which {bad}")
 
 
 def parse_trace(path: str | os.PathLike[str]) -> ParsedTrace:
@@ -232,7 +284,9 @@ def parse_trace(path: str | os.PathLike[str]) -> ParsedTrace:
         The compact events of that trace.
 
     Raises:
-        TraceReadError: The file cannot be read or parsed, has no rank, or has no ``ProfilerStep#N``.
+        TraceReadError: The file cannot be read or parsed, has no rank, has no ``ProfilerStep#N``, or an event
+            that the analysis reads has a ``ts`` or ``dur`` that is not a time (a bool, negative duration,
+            inf, nan, beyond 1e18 us).
     """
     path = Path(path)
     meta: dict[str, Any] = {}
@@ -249,6 +303,7 @@ def parse_trace(path: str | os.PathLike[str]) -> ParsedTrace:
             continue
         ts = _required(ev.ts, "ts")
         name = sys.intern(_required(ev.name, "name"))
+        _check_time(path, ev, ts, dur)  # one annotation per step or collective: not worth inlining
         if name.startswith(STEP_PREFIX):
             number = _step_number(name)
             if number is not None:
@@ -265,8 +320,8 @@ def parse_trace(path: str | os.PathLike[str]) -> ParsedTrace:
     # The thread that annotates the steps is the training loop's thread.
     main_tid = max(steps_by_tid, key=lambda t: len(steps_by_tid[t]))
     steps = sorted(steps_by_tid[main_tid], key=lambda s: s.start)
-    main_ops = _spans([ev for ev in got.ops if ev.tid == main_tid])
-    main_ops += _spans([ev for ev in got.annotations if ev.tid == main_tid])
+    main_ops = _spans(path, [ev for ev in got.ops if ev.tid == main_tid])
+    main_ops += _spans(path, [ev for ev in got.annotations if ev.tid == main_tid])
     main_ops.sort()
     c10d_ops = [s for s in main_ops if s[2].startswith("c10d::")]
     comm_spans.sort()

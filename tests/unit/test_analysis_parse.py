@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import orjson
 import pytest
 
-from hf_distprof.analysis import TraceReadError, trace_io
+from hf_distprof.analysis import AnalysisOptions, TraceReadError, analyze_paths, trace_io
 from hf_distprof.analysis.events import STEP_PREFIX, ParsedTrace, parse_trace
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -112,3 +113,59 @@ def test_an_event_that_is_not_an_object_is_named(tmp_path: Path, events: bytes, 
     path.write_bytes(b'{"traceEvents": ' + events + b', "distributedInfo": {"rank": 0}}')
     with pytest.raises(TraceReadError, match=f"traceEvents holds a {kind}"):
         parse_trace(path)
+
+
+def _tiny_trace(path: Path, extra: dict[str, Any], rank: int = 0) -> Path:
+    step = {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "tid": 1, "ts": 0, "dur": 100}
+    op = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "tid": 1, "ts": 10, "dur": 5}
+    path.write_bytes(orjson.dumps({"traceEvents": [step, op, extra], "distributedInfo": {"rank": rank}}))
+    return path
+
+
+_STEP = {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#2", "tid": 1}
+_OP = {"ph": "X", "cat": "cpu_op", "name": "aten::add", "tid": 1}
+_KERNEL = {"ph": "X", "cat": "kernel", "name": "gemm", "args": {"stream": 7, "correlation": 1}}
+_LAUNCH = {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "tid": 1, "dur": 1, "args": {"correlation": 1}}
+
+
+@pytest.mark.parametrize(
+    ("event", "message"),
+    [
+        ({**_STEP, "ts": 200, "dur": -10}, "'ProfilerStep#2' has dur -10, which is negative"),
+        ({**_OP, "ts": 20, "dur": -0.5}, "'aten::add' has dur -0.5, which is negative"),
+        ({**_OP, "ts": 1e308, "dur": 1e308}, "'aten::add' has ts 1e+308, which is not a finite time"),
+        ({**_STEP, "ts": 200, "dur": 1e308}, "has dur 1e+308, which is not a finite time"),
+        ({**_OP, "ts": True, "dur": 1}, "'aten::add' has ts True, which is a bool, not a number"),
+        ({**_OP, "ts": 20, "dur": False}, "has dur False, which is a bool, not a number"),
+        ({**_KERNEL, "ts": 20.5, "dur": -1.0}, "'gemm' has dur -1.0, which is negative"),
+        ({**_KERNEL, "ts": 1e300, "dur": 1.0}, "'gemm' has ts 1e+300, which is not a finite time"),
+        ({**_LAUNCH, "ts": True}, "'cudaLaunchKernel' has ts True, which is a bool"),
+    ],
+)
+def test_impossible_times_are_rejected_naming_the_file(
+    tmp_path: Path, event: dict[str, Any], message: str
+) -> None:
+    bad = _tiny_trace(tmp_path / "rank0.json", event)
+    with pytest.raises(TraceReadError, match=re.escape(message)) as exc:
+        parse_trace(bad)
+    assert exc.value.path == str(bad)
+    # In a run, the file becomes an error and the other ranks are still analysed.
+    _tiny_trace(tmp_path / "rank1.json", {**_OP, "ts": 20, "dur": 0}, rank=1)
+    result = analyze_paths([tmp_path], AnalysisOptions(workers=1))
+    assert [r.rank for r in result.ranks] == [1] and result.ranks[0].steps[0].duration_us == 100
+    assert [(e.path, message in e.reason) for e in result.errors] == [(str(bad), True)]
+
+
+def test_numbers_beyond_float_range_and_valid_edge_times(tmp_path: Path) -> None:
+    # 1e400 (inf as a float) is refused by the decoder, so inf and nan never reach the analysis from JSON.
+    path = tmp_path / "rank0.json"
+    path.write_bytes(
+        b'{"distributedInfo": {"rank": 0}, "traceEvents": [{"ph": "X", "cat": "user_annotation", "tid": 1,'
+        b' "name": "ProfilerStep#1", "ts": 1e400, "dur": 10}]}'
+    )
+    with pytest.raises(TraceReadError, match="invalid JSON in traceEvents"):
+        parse_trace(path)
+    # A zero duration, a float time and a negative time (before the trace's base time) are all fine.
+    for ts in (20.25, -5):
+        ops = parse_trace(_tiny_trace(tmp_path / "ok.json", {**_OP, "ts": ts, "dur": 0})).main_ops
+        assert (ts, ts, "aten::add") in ops
