@@ -36,7 +36,8 @@ class StepTiming:
         optimizer_s: ``optimizer.step()``.
         step_s: The whole step, from where ``data_s`` starts to the step's end.
         data_load_s: Host seconds spent inside the data loader's ``next()``; None when the loader could
-            not be instrumented. Unlike ``data_s`` it holds no cross-rank wait.
+            not be instrumented, or the step's batches came from another loader (resuming mid-epoch).
+            Unlike ``data_s`` it holds no cross-rank wait.
         backward_compute_s: From the end of forward to the last parameter gradient being ready: the
             backward computation without the wait for the final gradient all-reduce. None when
             gradient hooks did not fire on every micro-batch (FSDP2, a changing graph on GPU).
@@ -114,7 +115,8 @@ class StepRecorder:
     Args:
         clock: Where marks come from.
         loader_timed: Whether ``add_load_time`` is fed by an instrumented data loader; when False,
-            ``StepTiming.data_load_s`` is None.
+            ``StepTiming.data_load_s`` is None. It is None as well for a step before which the loader
+            was never called (its batches came from a loader that is not instrumented).
     """
 
     def __init__(self, clock: Clock, loader_timed: bool = False) -> None:
@@ -122,6 +124,7 @@ class StepRecorder:
         self.loader_timed = loader_timed
         self._prev_end: Mark = None
         self._load_s = 0.0
+        self._load_calls = 0
         self._current: _Marks | None = None
         self._pending: list[_Marks] = []
         self._grad_calls = 0
@@ -149,13 +152,16 @@ class StepRecorder:
     def add_load_time(self, seconds: float) -> None:
         """Add host seconds spent inside the data loader; they count towards the next step."""
         self._load_s += seconds
+        self._load_calls += 1
 
     def step_begin(self) -> None:
         """Start an optimizer step."""
         if self._current is not None:  # a step that never ended (exception, skipped hook): drop it
             self.clock.release(self._current.all_marks())
-        load = self._load_s if self.loader_timed else None
-        self._load_s = 0.0
+        # No next() on the instrumented loader since the last step: the batches came from another loader
+        # (on resume the Trainer iterates a skip_first_batches copy for the rest of the epoch): unknown.
+        load = self._load_s if self.loader_timed and self._load_calls else None
+        self._load_s, self._load_calls = 0.0, 0
         self._current = _Marks(prev_end=self._prev_end, begin=self.clock.mark(), load_s=load)
         self._prev_end = None
 

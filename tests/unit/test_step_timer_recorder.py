@@ -148,6 +148,20 @@ def test_device_token_counts_are_read_in_one_copy(monkeypatch):
     assert reads == [4]  # the four micro-batch tensors of steps 1 and 3, in one copy
 
 
+def test_a_step_whose_batches_bypass_the_timed_loader_has_no_load_time():
+    """Resuming mid-epoch the Trainer iterates a skip_first_batches copy that was never instrumented."""
+    t = Timeline()
+    rec = StepRecorder(FakeCpuClock(t), loader_timed=True)
+    rec.boundary()
+    run_step(rec, t, step=1)  # batches from the uninstrumented copy: no add_load_time call
+    rec.add_load_time(0.0)  # the instrumented loader again (next epoch), too fast to measure
+    run_step(rec, t, step=2)
+    rec.add_load_time(0.25)
+    rec.add_load_time(0.125)
+    run_step(rec, t, step=3)
+    assert [s.data_load_s for s in rec.resolve()] == [None, 0.0, 0.375]
+
+
 def test_boundary_after_logging_excludes_logging_time_from_the_next_data_wait():
     t = Timeline()
     rec = StepRecorder(FakeCpuClock(t))
