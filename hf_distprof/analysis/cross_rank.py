@@ -6,6 +6,11 @@ the offset of each rank's clock to rank ``ranks[0]`` is the median, over matched
 difference of their end times. After that alignment, a rank that reaches a collective late is the one
 its peers wait for: the straggler. (In DDP the fast ranks are the ones that wait, inside the collective,
 so "the rank that waits the most" is the wrong answer.)
+
+With 3 or more ranks, a rank whose mean step time stands out from the others' (more than
+``step_outlier_pct`` above the median rank's and more than 3 scaled median absolute deviations) is
+also named, as a step-time outlier. With 2 ranks that rule cannot fire: the median lies halfway between
+them, and the slower rank's excess (d/2) is always below 3 scaled MADs (3 * 1.48 * d/2).
 """
 
 from __future__ import annotations
@@ -157,6 +162,11 @@ def _stragglers(per_rank: list[RankSkew], n_matched: int, options: AnalysisOptio
     late = {s.rank for s in out}
     # Robust outlier test: a rank must stand out from the spread of all ranks (3 scaled MADs), not
     # only exceed the median, or half the ranks of a noisy but healthy run would be "stragglers".
+    # It needs 3+ ranks: with two, step times a and a + d have median a + d/2 and scaled MAD 1.48 * d/2,
+    # so the slower rank's excess d/2 never clears 3 MADs (and with two ranks "outlier" means nothing;
+    # a slow one of two shows as late at collectives, above).
+    if len(per_rank) < 3:
+        return out
     mad = 1.4826 * median(abs(p.mean_step_us - step_us) for p in per_rank)
     for p in per_rank:
         excess = 100.0 * (p.mean_step_us / step_us - 1.0) if step_us else 0.0
@@ -168,7 +178,8 @@ def _stragglers(per_rank: list[RankSkew], n_matched: int, options: AnalysisOptio
                     reason="slow_steps",
                     evidence=(
                         f"rank {p.rank}'s steps take {p.mean_step_us / 1e3:.2f} ms, {excess:.1f}% more than "
-                        f"the median rank's {step_us / 1e3:.2f} ms"
+                        f"the median rank's {step_us / 1e3:.2f} ms and more than 3 scaled median absolute "
+                        f"deviations ({3.0 * mad / 1e3:.2f} ms) from it across the {len(per_rank)} ranks"
                     ),
                     lateness_us=p.lateness_us,
                     step_excess_pct=excess,

@@ -49,7 +49,7 @@ class AnalysisOptions:
             "help": (
                 "A rank whose mean step time exceeds the median rank's by more than this % (and by "
                 "more than 3 scaled median absolute deviations of the ranks' step times) is a "
-                "step-time outlier."
+                "step-time outlier. Needs 3+ ranks: of two, neither stands out from the other."
             )
         },
     )

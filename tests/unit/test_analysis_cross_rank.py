@@ -50,3 +50,22 @@ def test_with_many_ranks_a_straggler_must_stand_out():
     lone = [0.0, 500.0, 0.0, 1_000.0, 0.0, 40_000.0, 0.0, 500.0]  # one rank far from the rest
     result = cross_rank([rank(r, late) for r, late in enumerate(lone)], AnalysisOptions())
     assert [s.rank for s in result.stragglers] == [5]
+
+
+def _slow_steps(r: int, step_us: float) -> RankResult:
+    # No collective at all, so only the step-time rule can name a rank.
+    res = rank(r, 0.0, per_step=0)
+    for s in res.steps:
+        s.duration_us = step_us
+    return res
+
+
+def test_step_time_outlier_needs_three_ranks():
+    two = cross_rank([_slow_steps(0, STEP_US), _slow_steps(1, 2 * STEP_US)], AnalysisOptions())
+    assert two.stragglers == []  # of two, neither stands out from the other
+    three = cross_rank([_slow_steps(r, STEP_US * (2 if r == 2 else 1)) for r in range(3)], AnalysisOptions())
+    assert [(s.rank, s.reason, s.step_excess_pct) for s in three.stragglers] == [(2, "slow_steps", 100.0)]
+    assert three.stragglers[0].evidence == (
+        "rank 2's steps take 200.00 ms, 100.0% more than the median rank's 100.00 ms and more than 3 scaled "
+        "median absolute deviations (0.00 ms) from it across the 3 ranks"
+    )
