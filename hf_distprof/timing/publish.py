@@ -7,20 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from hf_distprof.timing.report import CrossRankReport
+from hf_distprof.timing.report import PHASE_KEYS, CrossRankReport
 
 # Per-rank series written as timing/<key>/rank{R}.
-PER_RANK_KEYS: tuple[str, ...] = (
-    "data_s",
-    "data_load_s",
-    "forward_s",
-    "backward_s",
-    "backward_compute_s",
-    "optimizer_s",
-    "step_s",
-    "pre_sync_s",
-    "wait_s",
-)
+PER_RANK_KEYS: tuple[str, ...] = PHASE_KEYS
 
 
 def custom_scalars_layout() -> dict[str, dict[str, list[Any]]]:

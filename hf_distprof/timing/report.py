@@ -51,6 +51,20 @@ def peak_tflops_for_device(device_name: str) -> float | None:
     return None
 
 
+
+# The per-rank phase means, in table and TensorBoard order.
+PHASE_KEYS: tuple[str, ...] = (
+    "data_s",
+    "data_load_s",
+    "forward_s",
+    "backward_s",
+    "backward_compute_s",
+    "optimizer_s",
+    "step_s",
+    "pre_sync_s",
+    "wait_s",
+)
+
 @dataclass
 class PhaseTotals:
     """Running sums of ``StepTiming`` fields, so that long runs keep no per-step history in memory."""
@@ -314,17 +328,7 @@ def format_table(report: CrossRankReport, comm: dict[str, Any] | None = None, ti
         Multi-line text.
     """
     cols = ("data", "load", "forward", "backward", "(compute)", "optim", "step", "pre-sync", "wait")
-    keys = (
-        "data_s",
-        "data_load_s",
-        "forward_s",
-        "backward_s",
-        "backward_compute_s",
-        "optimizer_s",
-        "step_s",
-        "pre_sync_s",
-        "wait_s",
-    )
+    keys = PHASE_KEYS
     lines = [title] if title else []
     lines.append("seconds per optimizer step (means); pre-sync = load + forward + backward compute")
     lines.append("rank " + "".join(c.rjust(10) for c in cols) + "  samples/s   tokens/s   peak mem")

@@ -5,21 +5,11 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from transformers import HfArgumentParser
 
 from hf_distprof import ProfilingArguments, StepTimerCallback, add_profiling_args, build_callbacks
 from hf_distprof.config import flags_markdown
 
-
-def hf_parse(argv: list[str]) -> ProfilingArguments:
-    (args,) = HfArgumentParser(ProfilingArguments).parse_args_into_dataclasses(argv)
-    return args
-
-
-def plain_parse(argv: list[str]) -> ProfilingArguments:
-    parser = argparse.ArgumentParser()
-    add_profiling_args(parser)
-    return ProfilingArguments.from_namespace(parser.parse_args(argv))
+from .test_config import hf_parse, plain_parse
 
 
 PARSERS = pytest.mark.parametrize("parse", [hf_parse, plain_parse], ids=["HfArgumentParser", "argparse"])
