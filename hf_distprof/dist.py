@@ -6,8 +6,10 @@ import logging
 import os
 import re
 import socket
+from collections.abc import Sequence
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 _HOST_UNSAFE = re.compile(r"[^A-Za-z0-9.-]+")
@@ -65,6 +67,37 @@ def all_gather_object(obj: Any) -> list[Any]:
     out: list[Any] = [None] * get_world_size()
     dist.all_gather_object(out, obj)
     return out
+
+
+class PendingGather:
+    """A started all-gather of floats; ``result()`` waits for it (by then usually long finished)."""
+
+    def __init__(self, work: Any, out: list[torch.Tensor]) -> None:
+        self._work, self._out = work, out
+
+    def result(self) -> list[list[float]]:
+        """Each rank's values, in rank order."""
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+        return [t.tolist() for t in self._out]
+
+
+def all_gather_floats_async(values: Sequence[float]) -> PendingGather:
+    """Start gathering a fixed-length list of floats from every rank, in one collective, without waiting.
+
+    ``all_gather_object`` would take two collectives and pickling, and waiting on the spot would add a
+    synchronisation point to the step: instead the caller collects the result later (the next logging
+    step, or train end). Every rank must call this at the same points with the same number of values.
+    On NCCL the tensor lives on the current CUDA device.
+    """
+    local = torch.tensor(list(values), dtype=torch.float64)
+    if not is_distributed() or get_world_size() == 1:
+        return PendingGather(None, [local])
+    if dist.get_backend() == "nccl":
+        local = local.to(torch.device("cuda", torch.cuda.current_device()))
+    out = [torch.empty_like(local) for _ in range(get_world_size())]
+    return PendingGather(dist.all_gather(out, local, async_op=True), out)
 
 
 def barrier() -> None:
