@@ -317,8 +317,11 @@ def _valid_range(kind: Any) -> str:
         RankList: "`all` or ranks like `0,3`",
         NonNegativeFloat: "number >= 0",
         PositiveFloat: "number > 0",
-        str: "path" ,
     }.get(kind, "string")
+
+
+# Valid values of the free-text flags, which their type cannot say.
+_VALID_TEXT: dict[str, str] = {"profiler_output_dir": "folder path", "profiler_run_name": "any name"}
 
 
 # How the table shows defaults that are resolved at run time (the dataclass holds None for them).
@@ -336,7 +339,7 @@ def flags_markdown() -> str:
     for f in dataclasses.fields(ProfilingArguments):
         default = _DEFAULT_TEXT.get(f.name, f.default)
         kind = types[f.name]
-        valid = "any name" if f.name == "profiler_run_name" else _valid_range(kind)
+        valid = _VALID_TEXT.get(f.name) or _valid_range(kind)
         rows.append(f"| `{flag_name(f.name)}` | `{default}` | {valid} | {f.metadata['help']} |")
     return "\n".join(rows) + "\n"
 
