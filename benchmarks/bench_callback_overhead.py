@@ -58,7 +58,6 @@ def worker(pairs: int, steps: int, names: str, result: Path) -> None:
     import torch
     import torch.distributed as dist
     from transformers import (
-        ModernBertConfig,
         ModernBertForMaskedLM,
         Trainer,
         TrainerCallback,
@@ -66,6 +65,7 @@ def worker(pairs: int, steps: int, names: str, result: Path) -> None:
     )
 
     from hf_distprof import ProfilingArguments, build_callbacks
+    from hf_distprof.models import tiny_modernbert_config
 
     class StepClock(TrainerCallback):  # type: ignore[misc]
         def __init__(self) -> None:
@@ -76,19 +76,7 @@ def worker(pairs: int, steps: int, names: str, result: Path) -> None:
 
     torch.manual_seed(0)
     seq, vocab = 128, 8192
-    config = ModernBertConfig(
-        vocab_size=vocab,
-        hidden_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        intermediate_size=256,
-        max_position_embeddings=seq,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-        cls_token_id=1,
-        sep_token_id=2,
-    )
+    config = tiny_modernbert_config(vocab_size=vocab, seq_len=seq)
     model = ModernBertForMaskedLM(config)
     g = torch.Generator().manual_seed(1)
     data = []

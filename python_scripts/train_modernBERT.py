@@ -32,7 +32,6 @@ from transformers import (
     AutoTokenizer,
     DataCollatorForLanguageModeling,
     HfArgumentParser,
-    ModernBertConfig,
     ModernBertForMaskedLM,
     PreTrainedTokenizerFast,
     Trainer,
@@ -42,6 +41,7 @@ from transformers import (
 
 from hf_distprof import ProfilingArguments, build_callbacks
 from hf_distprof.dist import get_logger
+from hf_distprof.models import tiny_modernbert_config
 
 logger = get_logger("train_modernBERT")
 
@@ -212,13 +212,10 @@ def main() -> None:
     if data_args.model_name_or_path:
         model = AutoModelForMaskedLM.from_pretrained(data_args.model_name_or_path)
     else:
-        config = ModernBertConfig(
-            vocab_size=len(tokenizer), hidden_size=data_args.tiny_hidden_size,
-            num_hidden_layers=data_args.tiny_num_layers, num_attention_heads=4,
-            intermediate_size=2 * data_args.tiny_hidden_size, max_position_embeddings=data_args.max_seq_length,
-            pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.cls_token_id,
-            eos_token_id=tokenizer.sep_token_id, cls_token_id=tokenizer.cls_token_id,
-            sep_token_id=tokenizer.sep_token_id,
+        config = tiny_modernbert_config(
+            vocab_size=len(tokenizer), hidden_size=data_args.tiny_hidden_size, num_layers=data_args.tiny_num_layers,
+            seq_len=data_args.max_seq_length, pad_token_id=tokenizer.pad_token_id,
+            cls_token_id=tokenizer.cls_token_id, sep_token_id=tokenizer.sep_token_id,
         )
         model = ModernBertForMaskedLM(config)
     logger.info(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters")

@@ -18,7 +18,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
-from transformers import ModernBertConfig, ModernBertForMaskedLM
+from transformers import ModernBertForMaskedLM
+
+from hf_distprof.models import tiny_modernbert_config
 
 from hf_distprof.timing.comm_overhead import measure_comm_overhead
 
@@ -36,19 +38,7 @@ def main(out_dir: Path, mode: str) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
-    config = ModernBertConfig(
-        vocab_size=512,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=128,
-        max_position_embeddings=64,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-        cls_token_id=1,
-        sep_token_id=2,
-    )
+    config = tiny_modernbert_config(vocab_size=512, hidden_size=64, num_layers=2, num_heads=4, seq_len=64)
     model = ModernBertForMaskedLM(config)
     if mode == "ddp":
         wrapped = DDP(model)

@@ -7,8 +7,9 @@ import json
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from transformers import ModernBertConfig, ModernBertForMaskedLM, Trainer, TrainerCallback, TrainingArguments
+from transformers import ModernBertForMaskedLM, Trainer, TrainerCallback, TrainingArguments
 
+from hf_distprof.models import tiny_modernbert_config
 from hf_distprof import ProfilingArguments, StepTimerCallback, dist
 from hf_distprof.timing.instrument import base_dataloader
 from hf_distprof.timing.recorder import StepRecorder
@@ -87,19 +88,7 @@ def is_instrumented(loader) -> bool:
 
 def tiny_model() -> ModernBertForMaskedLM:
     torch.manual_seed(0)
-    config = ModernBertConfig(
-        vocab_size=64,
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=SEQ,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-        cls_token_id=1,
-        sep_token_id=2,
-    )
+    config = tiny_modernbert_config(vocab_size=64, hidden_size=32, num_layers=1, num_heads=2, seq_len=SEQ)
     return ModernBertForMaskedLM(config)
 
 
