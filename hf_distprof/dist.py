@@ -34,11 +34,6 @@ def get_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def get_local_rank() -> int:
-    """Rank within this node, from the launcher's ``LOCAL_RANK`` (0 when unset)."""
-    return int(os.environ.get("LOCAL_RANK", "0"))
-
-
 def get_hostname() -> str:
     """Short host name, safe to put in a file name."""
     host = socket.gethostname().split(".")[0] or "host"
