@@ -5,6 +5,7 @@ Layout of one run (all ranks of a run share ``<output_dir>/<run_name>/``)::
     <output_dir>/<run_name>/rank{R}_{host}_step{first}-{last}.pt.trace.json.gz
     <output_dir>/<run_name>/rank{R}_{host}_step{first}-{last}_summary.txt
     <output_dir>/<run_name>/memory_rank{R}.jsonl
+    <output_dir>/<run_name>/parallelism.json        (rank 0: DDP/FSDP built, shard sizes)
 
 ``run_name`` defaults to the start time (``YYYYmmdd-HHMMSS``); rank 0 picks it, appending ``-1``, ``-2``
 ... when the folder already exists, and broadcasts it, so a new run never writes into an earlier run's
@@ -28,6 +29,7 @@ TRACE_SUFFIX = ".pt.trace.json.gz"
 TRACE_NAME = "rank{rank}_{host}_step{first}-{last}" + TRACE_SUFFIX
 SUMMARY_NAME = "rank{rank}_{host}_step{first}-{last}_summary.txt"
 MEMORY_LOG_NAME = "memory_rank{rank}.jsonl"
+PARALLELISM_NAME = "parallelism.json"
 
 # (output_dir, run_name, id(owner)) -> (owner, run folder): every callback of one train() call agrees on the
 # folder and the broadcast happens once. The owner (the Trainer's per-train() TrainerState) is kept alive in

@@ -2,6 +2,12 @@
 # Launch python_scripts/train_modernBERT.py with `accelerate launch`; every argument is passed through.
 #
 #   NPROC=2 ./local_scripts/train_lambda.sh --enable-profiling --max-steps 50
+#   NPROC=2 ./local_scripts/train_lambda.sh --strategy fsdp --enable-profiling --max-steps 10
+#
+# --strategy ddp|fsdp (default ddp) is read here and passed on to the training script as well. fsdp on a
+# GPU machine launches with local_scripts/accelerate/fsdp2.yaml (accelerate's FSDP2). Without GPUs
+# accelerate would ignore its FSDP plugin and train DDP, so there the launch stays MULTI_CPU and the
+# training script shards the model itself (transformers' DistributedConfig).
 #
 # Environment (all optional):
 #   NPROC        processes on this node (default: number of visible GPUs, else 2 CPU processes on gloo)
@@ -34,6 +40,20 @@ MASTER_PORT=${MASTER_PORT:-29500}
 MIXED_PRECISION=${MIXED_PRECISION:-no}
 TRAIN_SCRIPT=${TRAIN_SCRIPT:-$REPO_ROOT/python_scripts/train_modernBERT.py}
 
+# The strategy, from the arguments (they all go on to the training script, --strategy included).
+STRATEGY=ddp
+ARGS=("$@")
+for ((i = 0; i < ${#ARGS[@]}; i++)); do
+  case "${ARGS[$i]}" in
+    --strategy=*) STRATEGY=${ARGS[$i]#--strategy=} ;;
+    --strategy) STRATEGY=${ARGS[$((i + 1))]:-} ;;
+  esac
+done
+if [[ "$STRATEGY" != ddp && "$STRATEGY" != fsdp ]]; then
+  echo "train_lambda.sh: --strategy must be ddp or fsdp, got '$STRATEGY'" >&2
+  exit 2
+fi
+
 if ! [[ "$NPROC" =~ ^[1-9][0-9]*$ ]]; then
   echo "train_lambda.sh: NPROC must be a positive integer, got '$NPROC'" >&2
   exit 2
@@ -49,13 +69,20 @@ LAUNCH_ARGS=(
   --mixed_precision "$MIXED_PRECISION"
   --dynamo_backend no
 )
-# --multi_gpu is accelerate's switch for any multi-process run; without GPUs it runs MULTI_CPU on gloo.
-# (--cpu with several processes would start only ONE.)
-if [[ "$TOTAL" -gt 1 ]]; then
+if [[ "$STRATEGY" == fsdp && "${GPUS:-0}" -gt 0 ]]; then
+  # accelerate's FSDP2; the command-line settings above win over the file's.
+  LAUNCH_ARGS=(--config_file "$REPO_ROOT/local_scripts/accelerate/fsdp2.yaml" "${LAUNCH_ARGS[@]}")
+elif [[ "$TOTAL" -gt 1 ]]; then
+  # --multi_gpu is accelerate's switch for any multi-process run; without GPUs it runs MULTI_CPU on gloo.
+  # (--cpu with several processes would start only ONE.)
   LAUNCH_ARGS=(--multi_gpu "${LAUNCH_ARGS[@]}")
 fi
 if [[ "${GPUS:-0}" -eq 0 ]]; then
   echo "train_lambda.sh: no GPU found; running $NPROC CPU process(es) per node on gloo" >&2
+  if [[ "$STRATEGY" == fsdp ]]; then
+    echo "train_lambda.sh: --strategy fsdp on CPU: the training script shards the model with FSDP2 itself" \
+      "(accelerate's FSDP plugin does not run on CPU)" >&2
+  fi
 fi
 
 # Pre-flight: a bad flag fails here, once, with exit status 2 and the flag's name, instead of in every

@@ -8,6 +8,11 @@ on every machine with Python), and a ``datasets.Dataset`` of that text. ``--mode
 ``--dataset-name`` / ``--train-file`` switch to a real model and data.
 
     NPROC=2 ./local_scripts/train_lambda.sh --enable-profiling --enable-memory-logging --max-steps 50
+    NPROC=2 ./local_scripts/train_lambda.sh --strategy fsdp --enable-profiling --max-steps 10
+
+``--strategy fsdp`` shards with FSDP2 on every machine (``hf_distprof.strategy``): through accelerate's FSDP
+plugin on GPU, at load time through transformers' ``DistributedConfig`` on CPU, where accelerate would
+silently train DDP.
 """
 
 from __future__ import annotations
@@ -42,6 +47,13 @@ from transformers import (
 from hf_distprof import ProfilingArguments, build_callbacks
 from hf_distprof.dist import get_logger
 from hf_distprof.models import tiny_modernbert_config
+from hf_distprof.strategy import (
+    StrategyArguments,
+    fsdp_training_arguments,
+    load_sharded,
+    on_gpu,
+    shards_at_load,
+)
 
 logger = get_logger("train_modernBERT")
 
@@ -142,6 +154,39 @@ def tokenize_into_blocks(ds: Dataset, tokenizer: Any, block: int) -> Dataset:
     return tokens.map(group, batched=True, desc=f"group into {block}-token blocks")
 
 
+def build_model(
+    data: ModelDataArguments, strategy: StrategyArguments, training_args: TrainingArguments, tokenizer: Any
+) -> Any:
+    """The model to train; sharded at load time for ``--strategy fsdp`` when training on the CPU.
+
+    DDP, and FSDP on GPU (accelerate shards it when the Trainer prepares it), start from a whole model. On
+    CPU, FSDP2 is applied by transformers as the weights are loaded, from a checkpoint folder: the tiny
+    model's random initialisation is saved once for that (same seed, so the same weights as under DDP).
+    """
+    shard = shards_at_load(strategy, training_args)
+    if data.model_name_or_path and not shard:
+        return AutoModelForMaskedLM.from_pretrained(data.model_name_or_path)
+    source: str | Path | None = data.model_name_or_path
+    if source is None:
+        config = tiny_modernbert_config(
+            vocab_size=len(tokenizer), hidden_size=data.tiny_hidden_size, num_layers=data.tiny_num_layers,
+            seq_len=data.max_seq_length, pad_token_id=tokenizer.pad_token_id,
+            cls_token_id=tokenizer.cls_token_id, sep_token_id=tokenizer.sep_token_id,
+        )
+        model = ModernBertForMaskedLM(config)
+        if not shard:
+            return model
+        source = Path(training_args.output_dir) / "tiny_model_init"
+        # Once per node (the output folder may be node-local); every node writes the same weights.
+        with training_args.main_process_first(local=True, desc="tiny model checkpoint for FSDP loading"):
+            if training_args.local_process_index == 0:
+                model.save_pretrained(str(source))
+    return load_sharded(
+        AutoModelForMaskedLM, source, world_size=training_args.world_size,
+        reshard_after_forward=strategy.fsdp_reshard_after_forward, bf16=training_args.bf16,
+    )
+
+
 class SlowRankCollator:
     """Wraps a collator so that one rank sleeps per batch: a deliberately slow rank for tests and demos."""
 
@@ -154,8 +199,8 @@ class SlowRankCollator:
 
 
 def build_parser() -> HfArgumentParser:
-    """The script's flags: model/data, hf_distprof profiling, and the Trainer's own."""
-    parser = HfArgumentParser((ModelDataArguments, ProfilingArguments, TrainingArguments))
+    """The script's flags: model/data, parallel strategy, hf_distprof profiling, and the Trainer's own."""
+    parser = HfArgumentParser((ModelDataArguments, StrategyArguments, ProfilingArguments, TrainingArguments))
     # Demo defaults; every one of them can be overridden on the command line.
     parser.set_defaults(
         output_dir="./outputs/modernbert", max_steps=50, per_device_train_batch_size=8, learning_rate=5e-4,
@@ -168,10 +213,16 @@ def build_parser() -> HfArgumentParser:
     return parser
 
 
-def parse_args(parser: HfArgumentParser) -> tuple[ModelDataArguments, ProfilingArguments, TrainingArguments]:
-    """Parse the command line; any invalid value exits with status 2 and the flag's name, no traceback."""
+def parse_args(
+    parser: HfArgumentParser,
+) -> tuple[ModelDataArguments, StrategyArguments, ProfilingArguments, TrainingArguments]:
+    """Parse the command line; any invalid value exits with status 2 and the flag's name, no traceback.
+
+    """
     try:
-        return parser.parse_args_into_dataclasses()  # type: ignore[return-value]
+        data_args, strategy_args, prof_args, training_args = parser.parse_args_into_dataclasses()
+        strategy_args.check(training_args, cuda=on_gpu(training_args))
+        return data_args, strategy_args, prof_args, training_args
     except ValueError as err:
         # Cross-field checks in the dataclasses' __post_init__ raise ValueError: report them like argparse.
         parser.error(str(err))
@@ -179,7 +230,7 @@ def parse_args(parser: HfArgumentParser) -> tuple[ModelDataArguments, ProfilingA
 
 def main() -> None:
     parser = build_parser()
-    data_args, prof_args, training_args = parse_args(parser)
+    data_args, strategy_args, prof_args, training_args = parse_args(parser)
     if os.environ.get(PARSE_ONLY_ENV) == "1":
         return  # the launcher's pre-flight check: the flags are valid
     # Touching .device sets up the process group; before that process_index and world_size read 0 and 1.
@@ -209,15 +260,9 @@ def main() -> None:
                 tokenizer = train_tiny_tokenizer(list(text["text"]), data_args.tiny_vocab_size, tok_dir)
         train_ds = tokenize_into_blocks(text, tokenizer, data_args.max_seq_length)
 
-    if data_args.model_name_or_path:
-        model = AutoModelForMaskedLM.from_pretrained(data_args.model_name_or_path)
-    else:
-        config = tiny_modernbert_config(
-            vocab_size=len(tokenizer), hidden_size=data_args.tiny_hidden_size, num_layers=data_args.tiny_num_layers,
-            seq_len=data_args.max_seq_length, pad_token_id=tokenizer.pad_token_id,
-            cls_token_id=tokenizer.cls_token_id, sep_token_id=tokenizer.sep_token_id,
-        )
-        model = ModernBertForMaskedLM(config)
+    model = build_model(data_args, strategy_args, training_args, tokenizer)
+    # --strategy fsdp on GPU: accelerate's FSDP2, configured for this model's blocks (unchanged otherwise).
+    training_args = fsdp_training_arguments(strategy_args, training_args, model)
     logger.info(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters")
 
     collator: Any = DataCollatorForLanguageModeling(tokenizer, mlm_probability=data_args.mlm_probability)

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
+from hf_distprof.analysis import comm
 from hf_distprof.analysis.cross_rank import cross_rank
 from hf_distprof.analysis.diagnosis import diagnose
 from hf_distprof.analysis.events import parse_trace
@@ -104,7 +105,15 @@ def analyze_paths(
     cross = cross_rank(ranks, options) if len(ranks) > 1 else None
     findings = diagnose(ranks, cross, options)
     errors.sort(key=lambda e: e.path)
-    return AnalysisResult(ranks=ranks, cross_rank=cross, findings=findings, errors=errors, options=options)
+    return AnalysisResult(
+        ranks=ranks,
+        cross_rank=cross,
+        findings=findings,
+        errors=errors,
+        options=options,
+        comm_by_kind=comm.mean_by_kind(ranks),
+        comm_by_module=comm.by_module(ranks),
+    )
 
 
 def _one_result_per_rank(results: list[RankResult], errors: list[FileError]) -> list[RankResult]:
@@ -141,21 +150,24 @@ def _combine(a: RankResult, b: RankResult) -> RankResult:
             prev.total_us += k.total_us
             prev.min_us = min(prev.min_us, k.min_us)
             prev.max_us = max(prev.max_us, k.max_us)
+    steps = sorted(a.steps + b.steps, key=lambda s: s.start_us)
+    gpu = "gpu" in (a.device, b.device)
     return RankResult(
         rank=a.rank,
         path=f"{a.path}, {b.path}",
-        device="gpu" if "gpu" in (a.device, b.device) else "cpu",
+        device="gpu" if gpu else "cpu",
         backend=a.backend or b.backend,
         world_size=a.world_size or b.world_size,
         host=a.host or b.host,
         n_events=a.n_events + b.n_events,
-        steps=sorted(a.steps + b.steps, key=lambda s: s.start_us),
+        steps=steps,
         gpu_total=None,
         kernel_categories_us=_add(a.kernel_categories_us, b.kernel_categories_us),
         kernel_categories_count=_add(a.kernel_categories_count, b.kernel_categories_count),
         top_kernels=sorted(kernels.values(), key=lambda k: (k.category, -k.total_us)),
         collectives=a.collectives + b.collectives,
         base_time_ns=a.base_time_ns,
+        comm_by_kind=comm.by_kind(steps, a.collectives + b.collectives, gpu=gpu),
     )
 
 

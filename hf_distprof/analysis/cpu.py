@@ -10,8 +10,9 @@ collective runs), compute (inside any other op or annotation) and other (gaps wi
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from functools import lru_cache
+from typing import NamedTuple
 
 from hf_distprof.analysis import intervals as iv
 from hf_distprof.analysis.events import STEP_PREFIX, Span
@@ -19,9 +20,13 @@ from hf_distprof.analysis.model import CpuBreakdown
 
 DATA_LOADING_PREFIX = "enumerate(DataLoader)"
 BACKWARD_PREFIXES = ("autograd::engine::evaluate_function",)
+# Ops in which the training thread blocks until a collective completes (FSDP2's waits on CPU backends).
+# "FSDP::all_gather_copy_out" is a copy, not a wait; hence the exact name or the "(" of a module name.
+WAIT_NAMES = ("FSDP::all_gather", "FSDP::post_backward_reduce", "FSDP::post_backward_rs_wait")
+WAIT_PREFIXES = tuple(f"{n} (" for n in WAIT_NAMES) + ("_c10d_functional::wait_tensor",)
 
 
-_STEP, _LOADING, _ENQUEUE, _BUSY, _BACKWARD = range(5)
+_STEP, _LOADING, _ENQUEUE, _BUSY, _BACKWARD, _WAIT = range(6)
 
 
 @lru_cache(maxsize=65536)
@@ -35,13 +40,38 @@ def _op_kind(name: str) -> int:
         return _ENQUEUE
     if name.startswith(BACKWARD_PREFIXES):
         return _BACKWARD
+    if name in WAIT_NAMES or name.startswith(WAIT_PREFIXES):
+        return _WAIT
     return _BUSY
 
 
-def cpu_breakdown(
-    ops: list[Span], comm: list[iv.Interval], start: float, end: float, op_starts: list[float] | None = None
-) -> CpuBreakdown:
-    """Split one step of the main thread into compute / communication / data loading / other.
+class MainThreadSplit(NamedTuple):
+    """One step of the main thread as disjoint interval lists (see :func:`split_main_thread`)."""
+
+    loading: list[iv.Interval]
+    compute: list[iv.Interval]
+    communication: list[iv.Interval]
+    """Enqueueing collectives, plus gaps and wait-op self time while one of this rank's collectives runs."""
+    comm_in_step: list[iv.Interval]
+    """The collectives' own spans, clipped to the step."""
+    backward: list[iv.Interval]
+
+
+def _nested_in(merged: list[iv.Interval], starts: list[float], span: iv.Interval) -> bool:
+    """Whether ``span`` lies inside one of the disjoint intervals ``merged`` (``starts`` are theirs)."""
+    i = bisect_right(starts, span[0]) - 1
+    return i >= 0 and span[1] <= merged[i][1]
+
+
+def split_main_thread(
+    ops: list[Span],
+    comm: list[iv.Interval],
+    start: float,
+    end: float,
+    op_starts: list[float] | None = None,
+    waits_block: bool = True,
+) -> MainThreadSplit:
+    """Split one step of the main thread into data loading, compute and communication intervals.
 
     Args:
         ops: The main thread's CPU ops and annotations (sorted by start); only those that start within
@@ -50,14 +80,17 @@ def cpu_breakdown(
         start: Step start (us).
         end: Step end (us).
         op_starts: ``[op[0] for op in ops]``, to find the step's ops by bisection (computed when None).
+        waits_block: Whether the thread blocks inside FSDP's wait ops (CPU backends). On GPU they only
+            enqueue a stream wait, and count as compute like any other op.
 
     Returns:
-        The breakdown; its categories add up to the step duration.
+        Disjoint interval lists; what none of them covers is "other".
     """
     loading: list[iv.Interval] = []
     enqueue: list[iv.Interval] = []
     busy: list[iv.Interval] = []
     backward: list[iv.Interval] = []
+    waits: list[iv.Interval] = []
     if op_starts is None:
         op_starts = [op[0] for op in ops]
     lo, hi = bisect_left(op_starts, start), bisect_left(op_starts, end)
@@ -71,25 +104,47 @@ def cpu_breakdown(
             loading.append(span)
         elif kind == _ENQUEUE:
             enqueue.append(span)
+        elif kind == _WAIT and waits_block:
+            waits.append(span)
         else:
             busy.append(span)
             if kind == _BACKWARD:
                 backward.append(span)
-    step = [(start, end)]
     loading_m = iv.merge(loading)
     enqueue_m = iv.subtract(iv.merge(enqueue), loading_m)
     taken = iv.merge(loading_m + enqueue_m)
-    compute_m = iv.subtract(iv.merge(busy), taken)
-    taken = iv.merge(taken + compute_m)
-    gaps = iv.subtract(step, taken)
     comm_in_step = iv.clip(comm, start, end)
-    waiting = iv.intersect(gaps, comm_in_step)
-    duration = end - start
-    communication = iv.total(enqueue_m) + iv.total(waiting)
-    compute = iv.total(compute_m)
-    loading_us = iv.total(loading_m)
-    comm_busy = iv.total(comm_in_step)
-    overlap = iv.total(iv.intersect(comm_in_step, iv.merge(backward)))
+    waiting: list[iv.Interval] = []
+    if waits:
+        # Self time of the wait ops: ops nested in a wait (FSDP's copy-in, the c10d enqueue) are work, ops
+        # enclosing one (FSDP::pre_forward, the ProfilerStep) are not, so only nested ones are taken out.
+        waits_m = iv.merge(waits)
+        wait_starts = [w[0] for w in waits_m]
+        nested = iv.merge(b for b in busy if _nested_in(waits_m, wait_starts, b))
+        wait_self = iv.subtract(iv.subtract(waits_m, nested), taken)
+        # Waiting with a collective in flight is communication; the rest of the self time is neither
+        # communication nor compute ("other", like a gap with nothing in flight).
+        waiting = iv.intersect(wait_self, comm_in_step)
+        taken = iv.merge(taken + wait_self)
+    compute_m = iv.subtract(iv.merge(busy), taken)
+    gaps = iv.subtract([(start, end)], iv.merge(taken + compute_m))
+    waiting = iv.merge(waiting + iv.intersect(gaps, comm_in_step))
+    return MainThreadSplit(
+        loading=loading_m,
+        compute=compute_m,
+        communication=iv.merge(enqueue_m + waiting),
+        comm_in_step=comm_in_step,
+        backward=iv.merge(backward),
+    )
+
+
+def breakdown_of(split: MainThreadSplit, duration: float) -> CpuBreakdown:
+    """The totals of a :class:`MainThreadSplit` of a step lasting ``duration`` us."""
+    communication = iv.total(split.communication)
+    compute = iv.total(split.compute)
+    loading_us = iv.total(split.loading)
+    comm_busy = iv.total(split.comm_in_step)
+    overlap = iv.total(iv.intersect(split.comm_in_step, split.backward))
     return CpuBreakdown(
         duration_us=duration,
         compute_us=compute,

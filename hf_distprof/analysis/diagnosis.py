@@ -6,7 +6,7 @@ rough share of step time at stake, so that the list reads most-costly first.
 
 from __future__ import annotations
 
-from hf_distprof.analysis.model import AnalysisOptions, CrossRankResult, Finding, RankResult
+from hf_distprof.analysis.model import AnalysisOptions, CommKindStat, CrossRankResult, Finding, RankResult
 
 
 def _mean(values: list[float]) -> float:
@@ -27,7 +27,9 @@ def diagnose(
         Findings sorted by decreasing severity; empty for a healthy trace.
     """
     findings: list[Finding] = []
-    findings += _comm_bound(ranks, options)
+    fsdp = _fsdp_all_gather(ranks, options) + _fsdp_reduce_scatter(ranks, options)
+    findings += _comm_bound(ranks, options, fsdp_findings=bool(fsdp))
+    findings += fsdp
     if cross is not None:
         findings += _stragglers(cross)
         findings += _imbalance(cross, options)
@@ -38,7 +40,7 @@ def diagnose(
     return findings
 
 
-def _comm_bound(ranks: list[RankResult], options: AnalysisOptions) -> list[Finding]:
+def _comm_bound(ranks: list[RankResult], options: AnalysisOptions, fsdp_findings: bool) -> list[Finding]:
     hit = [r for r in ranks if r.exposed_comm_pct > options.comm_bound_pct]
     if not hit:
         return []
@@ -61,13 +63,140 @@ def _comm_bound(ranks: list[RankResult], options: AnalysisOptions) -> list[Findi
                 f"{what} for {mean:.1f}% of step time on average (rank {worst.rank}: "
                 f"{worst.exposed_comm_pct:.1f}%; threshold {options.comm_bound_pct:g}%)"
                 + (f"; only {_mean(overlap):.1f}% of communication overlaps computation" if overlap else "")
+                + _kind_split(worst)
             ),
             recommendation=(
-                "Overlap communication with compute: larger DDP buckets (bucket_cap_mb) or gradient "
-                "accumulation to all-reduce less often, FSDP prefetching, fewer/larger collectives; if one "
-                "rank is late (see straggler findings) the wait is its fault, not the network's."
+                (
+                    "FSDP's all-gathers and reduce-scatters: see the FSDP findings for which and where; "
+                    if fsdp_findings
+                    else "Overlap communication with compute: larger DDP buckets (bucket_cap_mb) or gradient "
+                    "accumulation to all-reduce less often, FSDP prefetching and wrap granularity, "
+                    "fewer/larger collectives (the per-kind table says which); "
+                )
+                + "if one rank is late (see straggler findings) the wait is its fault, not the network's."
             ),
             numbers={"exposed_comm_pct": mean, "worst_rank_exposed_comm_pct": worst.exposed_comm_pct},
+        )
+    ]
+
+
+def _kind_split(rank: RankResult) -> str:
+    """"; exposed by kind: all_gather 9.8%, ..." for a rank with collectives, else ""."""
+    parts = [f"{row.kind} {row.exposed_pct:.1f}%" for row in rank.comm_by_kind if row.exposed_us > 0]
+    return f"; exposed by kind on rank {rank.rank}: {', '.join(parts)}" if parts else ""
+
+
+def _fsdp_rows(ranks: list[RankResult], kind: str, options: AnalysisOptions) -> list[tuple[RankResult, CommKindStat]]:
+    """(rank, its row of ``kind``) for the FSDP ranks whose exposed share of ``kind`` crosses the threshold."""
+    hit = []
+    for r in ranks:
+        if not _is_fsdp(r):
+            continue  # no FSDP annotation: these collectives are not FSDP's to tune
+        row = next((row for row in r.comm_by_kind if row.kind == kind), None)
+        if row is not None and row.exposed_pct_median > options.fsdp_exposed_pct:
+            hit.append((r, row))
+    return hit
+
+
+def _is_fsdp(rank: RankResult) -> bool:
+    """Whether FSDP issued some of the rank's collectives (its annotations name their unit)."""
+    return any(c.module is not None for c in rank.collectives)
+
+
+def _worst_unit(rank: RankResult, kind: str) -> str:
+    """The FSDP unit whose collectives of ``kind`` are the most exposed on ``rank``, as text."""
+    per: dict[tuple[str, str | None], float] = {}
+    for c in rank.collectives:
+        if c.kind == kind and c.module is not None:
+            per[(c.module, c.phase)] = per.get((c.module, c.phase), 0.0) + c.exposed_us
+    if not per:
+        return ""
+    (module, phase), exposed = max(per.items(), key=lambda kv: kv[1])
+    where = f"{phase}, " if phase else ""
+    return f"; most exposed unit: {module or '(root)'} ({where}{exposed / len(rank.steps) / 1e3:.2f} ms per step)"
+
+
+def _cpu_note(rank: RankResult) -> str:
+    return (
+        " On CPU (gloo) the training thread waits for each collective, so nothing hides it: there the "
+        "levers are fewer and smaller collectives."
+        if rank.device == "cpu"
+        else ""
+    )
+
+
+def _fsdp_all_gather(ranks: list[RankResult], options: AnalysisOptions) -> list[Finding]:
+    hit = _fsdp_rows(ranks, "all_gather", options)
+    if not hit:
+        return []
+    worst, row = max(hit, key=lambda h: h[1].exposed_pct_median)
+    backward = row.backward_exposed_us > row.forward_exposed_us
+    if backward:
+        rec = (
+            "Most of it is in backward, re-gathering the parameters that forward freed: keep them instead "
+            "(--fsdp-reshard-after-forward false; fully_shard(reshard_after_forward=False); FSDP1 "
+            "SHARD_GRAD_OP), for every unit or only the last ones, trading memory for those all-gathers; FSDP1: "
+            "backward_prefetch=BACKWARD_PRE."
+        )
+    else:
+        rec = (
+            "Most of it is before forward: prefetch further ahead (FSDP2 gathers one unit ahead; "
+            "unit.set_modules_to_forward_prefetch([next units]); FSDP1 forward_prefetch=True), and check the "
+            "wrap granularity: many small units make latency-bound all-gathers (wrap coarser), one huge unit "
+            "cannot hide behind its predecessor's compute (wrap finer)."
+        )
+    return [
+        Finding(
+            kind="fsdp_exposed_all_gather",
+            severity=row.exposed_pct_median,
+            title="Exposed FSDP all-gather" + (" in backward" if backward else " before forward"),
+            ranks=[r.rank for r, _ in hit],
+            evidence=(
+                f"on rank {worst.rank} the training waits {row.exposed_us / 1e3:.2f} ms per step for "
+                f"all-gathers, {row.exposed_pct_median:.1f}% of the step (median over {len(worst.steps)} steps; "
+                f"threshold {options.fsdp_exposed_pct:g}%): {row.forward_exposed_us / 1e3:.2f} ms in forward, "
+                f"{row.backward_exposed_us / 1e3:.2f} ms in backward, of {row.time_us / 1e3:.2f} ms of "
+                f"all-gather in {row.count_per_step:g} calls ({row.overlap_pct or 0.0:.1f}% hidden)"
+                + _worst_unit(worst, "all_gather")
+            ),
+            recommendation=rec + _cpu_note(worst),
+            numbers={
+                "exposed_us": row.exposed_us,
+                "exposed_pct": row.exposed_pct_median,
+                "forward_exposed_us": row.forward_exposed_us,
+                "backward_exposed_us": row.backward_exposed_us,
+                "time_us": row.time_us,
+            },
+        )
+    ]
+
+
+def _fsdp_reduce_scatter(ranks: list[RankResult], options: AnalysisOptions) -> list[Finding]:
+    hit = _fsdp_rows(ranks, "reduce_scatter", options)
+    if not hit:
+        return []
+    worst, row = max(hit, key=lambda h: h[1].exposed_pct_median)
+    return [
+        Finding(
+            kind="fsdp_exposed_reduce_scatter",
+            severity=row.exposed_pct_median,
+            title="Reduce-scatter not overlapped with backward",
+            ranks=[r.rank for r, _ in hit],
+            evidence=(
+                f"on rank {worst.rank} {row.time_us / 1e3:.2f} ms of reduce-scatter per step "
+                f"({row.count_per_step:g} calls), {row.overlap_pct or 0.0:.1f}% of it hidden behind backward "
+                f"computation: {row.exposed_us / 1e3:.2f} ms exposed, {row.exposed_pct_median:.1f}% of the step "
+                f"(median over {len(worst.steps)} steps; threshold {options.fsdp_exposed_pct:g}%)"
+                + _worst_unit(worst, "reduce_scatter")
+            ),
+            recommendation=(
+                "A unit's reduce-scatter can only hide behind the backward of the units before it, so the last "
+                "one (the root's) is always exposed: keep the root unit small and wrap finer; with gradient "
+                "accumulation skip it on all but the last micro-batch (set_requires_gradient_sync(False)); "
+                "reduce in bf16 (MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)) to halve the bytes."
+                + _cpu_note(worst)
+            ),
+            numbers={"exposed_us": row.exposed_us, "exposed_pct": row.exposed_pct_median, "time_us": row.time_us},
         )
     ]
 

@@ -101,6 +101,8 @@ class ParsedTrace:
     main_ops: list[Span]  # cpu_op and user_annotation events on the thread that runs the steps
     comm_spans: list[Span]  # gloo:* spans (any thread): the time collectives take on CPU backends
     c10d_ops: list[Span]  # c10d::* ops on the main thread: they name the collectives
+    nccl_ops: list[Span]  # nccl:* annotations (any thread): they name the NCCL kernels launched under them
+    fsdp_spans: list[Span]  # FSDP::* annotations (any thread): FSDP unit and forward/backward of a collective
     gpu: GpuEvent
     launches: dict[int, float]  # correlation id -> CPU timestamp of the CUDA launch
     n_events: int
@@ -297,6 +299,8 @@ def parse_trace(path: str | os.PathLike[str]) -> ParsedTrace:
     rank = trace_rank(path, meta)
     steps_by_tid: dict[Any, list[Step]] = {}
     comm_spans: list[Span] = []
+    nccl_ops: list[Span] = []
+    fsdp_spans: list[Span] = []
     for ev in got.annotations:
         dur = ev.dur
         if dur is None:
@@ -310,6 +314,10 @@ def parse_trace(path: str | os.PathLike[str]) -> ParsedTrace:
                 steps_by_tid.setdefault(ev.tid, []).append(Step(number, ts, ts + dur))
         elif name.startswith("gloo:"):
             comm_spans.append((ts, ts + dur, name))
+        elif name.startswith("FSDP::"):
+            fsdp_spans.append((ts, ts + dur, name))
+        elif name.startswith("nccl:"):
+            nccl_ops.append((ts, ts + dur, name))
     if not steps_by_tid:
         raise TraceReadError(
             path,
@@ -325,6 +333,8 @@ def parse_trace(path: str | os.PathLike[str]) -> ParsedTrace:
     main_ops.sort()
     c10d_ops = [s for s in main_ops if s[2].startswith("c10d::")]
     comm_spans.sort()
+    nccl_ops.sort()
+    fsdp_spans.sort()
     raw_info = meta.get("distributedInfo")
     info: dict[str, Any] = raw_info if isinstance(raw_info, dict) else {}
     return ParsedTrace(
@@ -339,6 +349,8 @@ def parse_trace(path: str | os.PathLike[str]) -> ParsedTrace:
         main_ops=main_ops,
         comm_spans=comm_spans,
         c10d_ops=c10d_ops,
+        nccl_ops=nccl_ops,
+        fsdp_spans=fsdp_spans,
         gpu=gpu,
         launches=launches,
         n_events=n_events,

@@ -24,18 +24,20 @@ _NOT_COMPUTE_RE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
 # ncclKernel_AllReduce_RING_LL_Sum_float(...), ncclDevKernel_AllGather_RING_LL(...), ncclDevKernel_SendRecv(...)
 _NCCL_KIND_RE = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
 _CAMEL_RE = re.compile(r"(?<!^)(?=[A-Z])")
-# c10d::allreduce_, c10d::_allgather_base_, c10d::_reduce_scatter_base_, c10d::alltoall_base_ ...
-_C10D_KINDS = {
+# Collective op names with their underscores removed (c10d::_allgather_base_, nccl:_all_gather_base,
+# c10d::reduce_scatter_tensor_coalesced_ ...) -> the collective's kind.
+_OP_KINDS = {
     "allreduce": "all_reduce",
-    "allreduce_coalesced": "all_reduce",
+    "allreducecoalesced": "all_reduce",
     "allgather": "all_gather",
-    "allgather_base": "all_gather",
-    "allgather_into_tensor_coalesced": "all_gather",
-    "reduce_scatter": "reduce_scatter",
-    "reduce_scatter_base": "reduce_scatter",
-    "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "allgatherbase": "all_gather",
+    "allgathercoalesced": "all_gather",
+    "allgatherintotensorcoalesced": "all_gather",
+    "reducescatter": "reduce_scatter",
+    "reducescatterbase": "reduce_scatter",
+    "reducescattertensorcoalesced": "reduce_scatter",
     "alltoall": "all_to_all",
-    "alltoall_base": "all_to_all",
+    "alltoallbase": "all_to_all",
     "broadcast": "broadcast",
     "reduce": "reduce",
     "gather": "gather",
@@ -43,8 +45,11 @@ _C10D_KINDS = {
     "barrier": "barrier",
     "send": "send",
     "recv": "recv",
-    "recv_any_source": "recv",
+    "recvanysource": "recv",
 }
+# The kinds that the per-kind communication tables keep apart; the others are summed as OTHER_KIND.
+MAIN_KINDS = ("all_gather", "reduce_scatter", "all_reduce")
+OTHER_KIND = "other"
 
 
 @lru_cache(maxsize=65536)
@@ -68,13 +73,30 @@ def nccl_kind(name: str) -> str:
     return _CAMEL_RE.sub("_", match.group(1)).lower()
 
 
+def _op_kind(core: str) -> str:
+    core = core.strip("_")
+    return _OP_KINDS.get(core.replace("_", ""), core)
+
+
 @lru_cache(maxsize=4096)
 def c10d_kind(name: str) -> str:
     """Collective kind of a ``c10d::*`` CPU op (``c10d::_allgather_base_`` -> ``all_gather``), else ``""``."""
-    if not name.startswith("c10d::"):
-        return ""
-    core = name[len("c10d::") :].strip("_")
-    return _C10D_KINDS.get(core, core)
+    return _op_kind(name[len("c10d::") :]) if name.startswith("c10d::") else ""
+
+
+@lru_cache(maxsize=4096)
+def nccl_op_kind(name: str) -> str:
+    """Collective kind of an ``nccl:*`` CPU annotation (``nccl:_all_gather_base`` -> ``all_gather``), else ``""``.
+
+    It names the collective that the NCCL kernel launched under it runs: an all-to-all runs as
+    ``ncclKernel_SendRecv``, a reduce-scatter may run as a generic kernel.
+    """
+    return _op_kind(name[len("nccl:") :]) if name.startswith("nccl:") else ""
+
+
+def kind_bucket(kind: str) -> str:
+    """The row of the per-kind tables a collective kind goes to: a :data:`MAIN_KINDS` or ``other``."""
+    return kind if kind in MAIN_KINDS else OTHER_KIND
 
 
 def gloo_kind(name: str) -> str:

@@ -65,6 +65,15 @@ class AnalysisOptions:
         default=10.0,
         metadata={"help": ("Data loading above this % of step time is a data-loading-bound finding.")},
     )
+    fsdp_exposed_pct: float = field(
+        default=10.0,
+        metadata={
+            "help": (
+                "FSDP all-gathers, or reduce-scatters, exposed (not hidden behind computation) for more than this % "
+                "of step time, median over a rank's steps, are a finding."
+            )
+        },
+    )
     tiny_kernel_us: float = field(
         default=10.0,
         metadata={"help": ("Kernels shorter than this count as tiny for the launch-bound check.")},
@@ -102,7 +111,7 @@ class AnalysisOptions:
                 continue
             if isinstance(value, (int, float)) and (value < 0 or math.isnan(value)):
                 raise OptionValueError(f.name, value, "must be >= 0")
-        for name in ("comm_bound_pct", "low_util_pct", "data_loading_pct", "launch_bound_tiny_pct"):
+        for name in ("comm_bound_pct", "low_util_pct", "data_loading_pct", "launch_bound_tiny_pct", "fsdp_exposed_pct"):
             if getattr(self, name) > 100:
                 raise OptionValueError(name, getattr(self, name), "is a percentage in [0, 100]")
 
@@ -218,6 +227,61 @@ class Collective:
     index: int  # k-th collective of this kind in the step, the key that matches it across ranks
     start_us: float
     end_us: float
+    issued_us: float | None = None
+    """When the training code issued it (the c10d op on CPU, the kernel launch on GPU); None if unknown."""
+    module: str | None = None
+    """The FSDP unit it gathers or reduces for ("" for the root), from ``FSDP::all_gather (<module>)`` /
+    ``FSDP::post_backward_reduce (<module>)``; None when not issued by FSDP."""
+    phase: str | None = None
+    """"forward" or "backward" when issued inside FSDP's forward or backward hooks, else None."""
+    exposed_us: float = 0.0
+    """The part of its span that nothing hides: on GPU no computation kernel runs, on CPU the training
+    thread waits for communication."""
+
+    @property
+    def duration_us(self) -> float:
+        """Its own time."""
+        return self.end_us - self.start_us
+
+
+@dataclass
+class CommKindStat:
+    """One kind of collective (all_gather, reduce_scatter, all_reduce, other) on one rank, per step."""
+
+    kind: str
+    kinds: list[str]
+    """The collective kinds counted in this row (several for "other": all_to_all, broadcast ...)."""
+    count_per_step: float
+    time_us: float
+    """Mean per step of the collectives' own time (GPU kernels, gloo spans), summed."""
+    exposed_us: float
+    """Mean per step of the part of that time that no computation hides."""
+    exposed_pct: float
+    """``exposed_us`` as % of the step: GPU span of the step on GPU traces, step wall time on CPU."""
+    exposed_pct_median: float
+    """Median over the steps of each step's exposed share (what findings compare to their threshold)."""
+    forward_exposed_us: float
+    """Per step, exposed time of those issued in FSDP's forward (0 without FSDP annotations)."""
+    backward_exposed_us: float
+    """Per step, exposed time of those issued in FSDP's backward (0 without FSDP annotations)."""
+
+    @property
+    def overlap_pct(self) -> float | None:
+        """% of the time that is hidden behind computation; None when there is no time."""
+        return 100.0 * (1.0 - self.exposed_us / self.time_us) if self.time_us > 0 else None
+
+
+@dataclass
+class ModuleCommStat:
+    """The collectives of one FSDP unit of one kind and phase, per step, averaged over the ranks."""
+
+    module: str
+    """The unit's module name; "" is the root."""
+    kind: str
+    phase: str | None
+    count_per_step: float
+    time_us: float
+    exposed_us: float
 
 
 @dataclass
@@ -240,6 +304,8 @@ class RankResult:
     collectives: list[Collective]
     base_time_ns: int = 0
     """The trace's ``baseTimeNanoseconds`` (newer Kineto): its timestamps count from there."""
+    comm_by_kind: list[CommKindStat] = field(default_factory=list)
+    """Communication per collective kind, per step (see :mod:`hf_distprof.analysis.comm`)."""
 
     @property
     def mean_step_us(self) -> float:
@@ -350,6 +416,10 @@ class AnalysisResult:
     findings: list[Finding]
     errors: list[FileError]
     options: AnalysisOptions
+    comm_by_kind: list[CommKindStat] = field(default_factory=list)
+    """Communication per collective kind, per step, mean over the ranks."""
+    comm_by_module: list[ModuleCommStat] = field(default_factory=list)
+    """FSDP's collectives per unit, kind and phase, per step, mean over the ranks (empty without FSDP)."""
 
     @property
     def exposed_comm_pct(self) -> float:
@@ -371,11 +441,18 @@ class AnalysisResult:
             rank_out["exposed_comm_pct"] = rank.exposed_comm_pct
             rank_out["busy_us"] = rank.busy_us
             rank_out.pop("collectives")  # matched in cross_rank; too long to be useful in the output
+            _add_hidden_pct(rank_out["comm_by_kind"], rank.comm_by_kind)
+        _add_hidden_pct(out["comm_by_kind"], self.comm_by_kind)
         return out
 
     def to_json(self) -> bytes:
         """The result as indented JSON bytes."""
         return orjson.dumps(self.to_dict(), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
+
+
+def _add_hidden_pct(rows_out: list[dict[str, Any]], rows: list[CommKindStat]) -> None:
+    for row_out, row in zip(rows_out, rows):
+        row_out["hidden_pct"] = row.overlap_pct
 
 
 def _mean(values: list[float]) -> float:

@@ -4,12 +4,27 @@ from __future__ import annotations
 
 from bisect import bisect_right
 
+from hf_distprof.analysis import comm
 from hf_distprof.analysis import intervals as iv
-from hf_distprof.analysis.cpu import cpu_breakdown
+from hf_distprof.analysis.cpu import MainThreadSplit, breakdown_of, split_main_thread
 from hf_distprof.analysis.events import ParsedTrace, Step
 from hf_distprof.analysis.gpu import gpu_breakdown, kernel_stats
-from hf_distprof.analysis.kernels import COMMUNICATION, c10d_kind, gloo_kind, kernel_category, nccl_kind
+from hf_distprof.analysis.kernels import (
+    COMMUNICATION,
+    COMPUTATION,
+    MAIN_KINDS,
+    c10d_kind,
+    gloo_kind,
+    kernel_category,
+    nccl_kind,
+    nccl_op_kind,
+)
 from hf_distprof.analysis.model import AnalysisOptions, Collective, RankResult, StepResult
+
+# The gloo span a c10d collective runs as, when it is not the collective's own kind.
+GLOO_RUNS_AS = {"reduce_scatter": "all_reduce"}
+# NCCL runs these as SendRecv kernels: the nccl:* annotation around the launch names the collective.
+_SEND_RECV_KINDS = ("all_to_all", "send", "recv", "gather", "scatter")
 
 
 def _step_index(starts: list[float], t: float) -> int:
@@ -50,42 +65,83 @@ def hta_selection(trace: ParsedTrace) -> list[int]:
 
 def _collectives(trace: ParsedTrace, gpu_steps: list[list[int]]) -> list[Collective]:
     """Each collective's own time span, keyed by (step, kind, k-th of that kind in the step)."""
-    out: list[Collective] = []
     if len(trace.gpu):
-        gpu = trace.gpu
-        for step, indices in zip(trace.steps, gpu_steps):
-            comm = sorted(
-                (gpu.start[i], gpu.end[i], nccl_kind(gpu.name[i]))
-                for i in indices
-                if kernel_category(gpu.name[i]) == COMMUNICATION
-            )
-            out.extend(_numbered(step.number, comm))
-        return out
+        return _gpu_collectives(trace, gpu_steps)
+    out: list[Collective] = []
     starts = [s.start for s in trace.steps]
     spans_per_step: list[list[tuple[float, float, str]]] = [[] for _ in trace.steps]
     for s, e, name in trace.comm_spans:
         spans_per_step[_step_index(starts, s)].append((s, e, gloo_kind(name)))
-    ops_per_step: list[list[str]] = [[] for _ in trace.steps]
+    ops_per_step: list[list[tuple[float, str]]] = [[] for _ in trace.steps]
     for s, _, name in trace.c10d_ops:
         kind = c10d_kind(name)
         if kind not in ("", "barrier", "wait", "monitored_barrier"):
-            ops_per_step[_step_index(starts, s)].append(kind)
-    for step, spans, kinds in zip(trace.steps, spans_per_step, ops_per_step):
-        # The c10d op names the collective better (a reduce-scatter runs as gloo:all_reduce); use its
-        # kinds when the counts line up one to one.
-        if len(kinds) == len(spans):
-            spans = [(s, e, k) for (s, e, _), k in zip(spans, kinds)]
+            ops_per_step[_step_index(starts, s)].append((s, kind))
+    for step, spans, ops in zip(trace.steps, spans_per_step, ops_per_step):
+        out.extend(_numbered(step.number, _name_gloo_spans(spans, ops)))
+    return out
+
+
+def _name_gloo_spans(
+    spans: list[tuple[float, float, str]], ops: list[tuple[float, str]]
+) -> list[tuple[float, float, str, float | None]]:
+    """(start, end, kind, issued) of one step's gloo spans, named by the c10d ops that enqueued them.
+
+    The c10d op names the collective better (a reduce-scatter runs as ``gloo:all_reduce``). The ops of
+    each gloo span name are matched to those spans in order, when their counts agree; otherwise the spans
+    keep the gloo name and no issue time.
+    """
+    spans_by_name: dict[str, list[tuple[float, float]]] = {}
+    for s, e, name in spans:
+        spans_by_name.setdefault(name, []).append((s, e))
+    ops_by_name: dict[str, list[tuple[float, str]]] = {}
+    for t, kind in ops:
+        ops_by_name.setdefault(GLOO_RUNS_AS.get(kind, kind), []).append((t, kind))
+    named: list[tuple[float, float, str, float | None]] = []
+    for name, same in spans_by_name.items():
+        issued = ops_by_name.get(name, [])
+        if len(issued) == len(same):
+            named += [(s, e, kind, t) for (s, e), (t, kind) in zip(same, issued)]
+        else:
+            named += [(s, e, name, None) for s, e in same]
+    named.sort()
+    return named
+
+
+def _gpu_collectives(trace: ParsedTrace, gpu_steps: list[list[int]]) -> list[Collective]:
+    """NCCL kernels as collectives, issued at their launch and named by their kernel or nccl:* op."""
+    gpu = trace.gpu
+    launches = trace.launches
+    ops = comm.SpanIndex(trace.nccl_ops) if trace.nccl_ops else None
+    out: list[Collective] = []
+    for step, indices in zip(trace.steps, gpu_steps):
+        spans = []
+        for i in indices:
+            name = gpu.name[i]
+            if kernel_category(name) != COMMUNICATION:
+                continue
+            issued = launches.get(gpu.correlation[i])
+            kind = nccl_kind(name)
+            if ops is not None and issued is not None and kind not in MAIN_KINDS:
+                # A SendRecv (or newer generic) kernel: the innermost nccl:* op of a matching kind names it.
+                for _, _, op in reversed(ops.containing(issued)):
+                    op_kind = nccl_op_kind(op)
+                    if kind != "send_recv" or op_kind in _SEND_RECV_KINDS:
+                        kind = op_kind or kind
+                        break
+            spans.append((gpu.start[i], gpu.end[i], kind, issued))
+        spans.sort(key=lambda x: (x[0], x[1], x[2]))
         out.extend(_numbered(step.number, spans))
     return out
 
 
-def _numbered(step: int, spans: list[tuple[float, float, str]]) -> list[Collective]:
+def _numbered(step: int, spans: list[tuple[float, float, str, float | None]]) -> list[Collective]:
     seen: dict[str, int] = {}
     out = []
-    for s, e, kind in spans:
+    for s, e, kind, issued in spans:
         k = seen.get(kind, 0)
         seen[kind] = k + 1
-        out.append(Collective(step=step, kind=kind, index=k, start_us=s, end_us=e))
+        out.append(Collective(step=step, kind=kind, index=k, start_us=s, end_us=e, issued_us=issued))
     return out
 
 
@@ -100,16 +156,31 @@ def analyze_rank(trace: ParsedTrace, options: AnalysisOptions) -> RankResult:
         Per-step breakdowns, the HTA-compatible GPU aggregate, kernel stats and the collectives.
     """
     gpu = trace.gpu
+    on_gpu = bool(len(gpu))
     gpu_steps = assign_gpu_events_to_steps(trace)
     collectives = _collectives(trace, gpu_steps)
-    if len(gpu):
+    if on_gpu:
         in_flight = iv.merge((c.start_us, c.end_us) for c in collectives)
     else:
         in_flight = iv.merge((s, e) for s, e, _ in trace.comm_spans)
     op_starts = [op[0] for op in trace.main_ops]
-    steps = []
-    for step, indices in zip(trace.steps, gpu_steps):
-        steps.append(_step_result(trace, step, indices, in_flight, collectives, options, op_starts))
+    splits = [
+        split_main_thread(trace.main_ops, in_flight, step.start, step.end, op_starts, waits_block=not on_gpu)
+        for step in trace.steps
+    ]
+    steps = [
+        _step_result(trace, step, indices, split, collectives, options)
+        for step, indices, split in zip(trace.steps, gpu_steps, splits)
+    ]
+    comm.attribute(collectives, trace.fsdp_spans)
+    if on_gpu:
+        compute = iv.merge(
+            (s, e) for s, e, name in zip(gpu.start, gpu.end, gpu.name) if kernel_category(name) == COMPUTATION
+        )
+        comm.set_exposure(collectives, compute, hidden_when_covered=True)
+    else:
+        waiting = iv.merge(w for split in splits for w in split.communication)
+        comm.set_exposure(collectives, waiting, hidden_when_covered=False)
     selected = hta_selection(trace)
     starts = [gpu.start[i] for i in selected]
     ends = [gpu.end[i] for i in selected]
@@ -118,7 +189,7 @@ def analyze_rank(trace: ParsedTrace, options: AnalysisOptions) -> RankResult:
     return RankResult(
         rank=trace.rank,
         path=trace.path,
-        device="gpu" if len(gpu) else "cpu",
+        device="gpu" if on_gpu else "cpu",
         backend=trace.backend,
         world_size=trace.world_size,
         host=trace.host,
@@ -130,6 +201,7 @@ def analyze_rank(trace: ParsedTrace, options: AnalysisOptions) -> RankResult:
         top_kernels=top,
         collectives=collectives,
         base_time_ns=trace.base_time_ns,
+        comm_by_kind=comm.by_kind(steps, collectives, gpu=on_gpu),
     )
 
 
@@ -137,10 +209,9 @@ def _step_result(
     trace: ParsedTrace,
     step: Step,
     indices: list[int],
-    in_flight: list[iv.Interval],
+    split: MainThreadSplit,
     collectives: list[Collective],
     options: AnalysisOptions,
-    op_starts: list[float],
 ) -> StepResult:
     gpu = trace.gpu
     breakdown = gpu_breakdown(
@@ -153,7 +224,7 @@ def _step_result(
         step=step.number,
         start_us=step.start,
         duration_us=step.duration,
-        cpu=cpu_breakdown(trace.main_ops, in_flight, step.start, step.end, op_starts),
+        cpu=breakdown_of(split, step.duration),
         gpu=breakdown,
         n_collectives=sum(1 for c in collectives if c.step == step.number),
     )

@@ -108,6 +108,7 @@ def _markdown(result: AnalysisResult) -> str:
             f"   - Evidence: {f.evidence}",
             f"   - Recommendation: {f.recommendation}",
         ]
+    lines += _comm_markdown(result)
     if result.errors:
         lines += ["", "## Skipped files", ""] + [f"- `{e.path}`: {e.reason}" for e in result.errors]
     lines += [
@@ -128,11 +129,63 @@ def _markdown(result: AnalysisResult) -> str:
     return "\n".join(lines)
 
 
+def _comm_markdown(result: AnalysisResult) -> list[str]:
+    """The per-kind communication table (mean over ranks) and the FSDP unit table, as Markdown."""
+    if not result.comm_by_kind:
+        return []
+    lines = [
+        "",
+        "## Communication by collective kind",
+        "",
+        "Per step, mean over ranks. Exposed: not hidden behind computation (GPU: no computation kernel runs; "
+        "CPU: the training thread waits). Forward/backward: issued in FSDP's forward or backward.",
+        "",
+        "| kind | calls | time ms | exposed ms | exposed % of step | hidden % | forward exposed ms | "
+        "backward exposed ms |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in result.comm_by_kind:
+        hidden = "-" if row.overlap_pct is None else f"{row.overlap_pct:.1f}"
+        lines.append(
+            f"| {row.kind} ({', '.join(row.kinds)}) | {row.count_per_step:.1f} | {row.time_us / 1e3:.2f} | "
+            f"{row.exposed_us / 1e3:.2f} | {row.exposed_pct:.1f} | {hidden} | {row.forward_exposed_us / 1e3:.2f} | "
+            f"{row.backward_exposed_us / 1e3:.2f} |"
+        )
+    if result.comm_by_module:
+        lines += [
+            "",
+            "### FSDP collectives per unit",
+            "",
+            "| unit | kind | phase | calls | time ms | exposed ms |",
+            "|---|---|---|---|---|---|",
+        ]
+        for unit in result.comm_by_module:
+            lines.append(
+                f"| {unit.module or '(root)'} | {unit.kind} | {unit.phase or '-'} | {unit.count_per_step:.1f} | "
+                f"{unit.time_us / 1e3:.2f} | {unit.exposed_us / 1e3:.2f} |"
+            )
+    return lines
+
+
 def _html(markdown_text: str, images: dict[str, Path]) -> str:
     # A minimal Markdown-to-HTML pass for the few constructs _markdown emits, so no extra dependency.
     body: list[str] = []
     in_pre = False
+    in_table = False
     for line in markdown_text.splitlines():
+        if in_table and not line.startswith("|"):
+            body.append("</table>")
+            in_table = False
+        if line.startswith("|") and not in_pre:
+            cells = [html.escape(c.strip()) for c in line.strip("|").split("|")]
+            if all(set(c) <= {"-"} for c in cells):
+                continue  # the header separator
+            tag = "td" if in_table else "th"
+            if not in_table:
+                body.append("<table>")
+                in_table = True
+            body.append("<tr>" + "".join(f"<{tag}>{c}</{tag}>" for c in cells) + "</tr>")
+            continue
         if line.startswith("```"):
             body.append("</pre>" if in_pre else "<pre>")
             in_pre = not in_pre
@@ -148,16 +201,21 @@ def _html(markdown_text: str, images: dict[str, Path]) -> str:
             body.append(f"<h1>{html.escape(line[2:])}</h1>")
         elif line.startswith("## "):
             body.append(f"<h2>{html.escape(line[3:])}</h2>")
+        elif line.startswith("### "):
+            body.append(f"<h3>{html.escape(line[4:])}</h3>")
         elif line.strip():
             text = html.escape(line.strip())
             for marker, tag in (("**", "b"), ("`", "code")):
                 while text.count(marker) >= 2:
                     text = text.replace(marker, f"<{tag}>", 1).replace(marker, f"</{tag}>", 1)
             body.append(f"<p>{text}</p>")
+    if in_table:
+        body.append("</table>")
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>hf-distprof trace analysis</title>"
         "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}pre{background:#f4f4f4;"
-        "padding:1em;overflow-x:auto;font-size:12px}img{max-width:100%}</style></head><body>"
+        "padding:1em;overflow-x:auto;font-size:12px}img{max-width:100%}table{border-collapse:collapse;"
+        "font-size:13px}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}</style></head><body>"
         + "\n".join(body)
         + "</body></html>"
     )

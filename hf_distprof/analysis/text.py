@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from hf_distprof.analysis.model import AnalysisResult, RankResult
+from hf_distprof.analysis.model import AnalysisResult, CommKindStat, RankResult
+
+# Per-rank rows of the per-kind table up to this many ranks; beyond, the mean over ranks only.
+KIND_TABLE_MAX_RANKS = 8
+# Rows of the FSDP unit table in the terminal (all of them are in --json).
+UNIT_TABLE_ROWS = 12
 
 
 def _ms(us: float) -> str:
@@ -64,6 +69,57 @@ def _rank_rows(rank: RankResult) -> list[str]:
     return rows
 
 
+def _kind_row(label: str, row: CommKindStat) -> str:
+    hidden = "-" if row.overlap_pct is None else f"{row.overlap_pct:.1f}"
+    return (
+        f"{label:>4} {row.kind:<15} {row.count_per_step:>6.1f} {_ms(row.time_us):>9} {_ms(row.exposed_us):>10} "
+        f"{row.exposed_pct:>8.1f} {hidden:>7} {_ms(row.forward_exposed_us):>9} {_ms(row.backward_exposed_us):>9}"
+    )
+
+
+def _kind_table(result: AnalysisResult) -> list[str]:
+    """Communication per collective kind: per rank (a few ranks) or mean over ranks (many)."""
+    if not result.comm_by_kind:
+        return []
+    gpu = any(r.device == "gpu" for r in result.ranks)
+    head = (
+        f"{'rank':>4} {'kind':<15} {'calls':>6} {'time ms':>9} {'exposed ms':>10} {'exposed%':>8} {'hidden%':>7} "
+        f"{'fwd exp':>9} {'bwd exp':>9}"
+    )
+    out = [
+        "",
+        "Communication by collective kind (per step; exposed = not hidden behind "
+        + ("computation kernels" if gpu else "computation: the training thread waits")
+        + "; % of the step; fwd/bwd: issued in FSDP's forward/backward)",
+        head,
+        "-" * len(head),
+    ]
+    if len(result.ranks) <= KIND_TABLE_MAX_RANKS:
+        out += [_kind_row(str(r.rank), row) for r in result.ranks for row in r.comm_by_kind]
+    out += [_kind_row("mean", row) for row in result.comm_by_kind]
+    others = sorted({k for row in result.comm_by_kind if row.kind == "other" for k in row.kinds})
+    if others:
+        out.append(f"other = {', '.join(others)}")
+    return out
+
+
+def _unit_table(result: AnalysisResult) -> list[str]:
+    """FSDP's collectives per unit, most exposed first (mean over ranks)."""
+    rows = result.comm_by_module
+    if not rows:
+        return []
+    head = f"{'FSDP unit':<28} {'kind':<15} {'phase':<9} {'calls':>6} {'time ms':>9} {'exposed ms':>10}"
+    out = ["", "FSDP collectives per unit (per step, mean over ranks; most exposed first)", head, "-" * len(head)]
+    for row in rows[:UNIT_TABLE_ROWS]:
+        out.append(
+            f"{row.module or '(root)':<28} {row.kind:<15} {row.phase or '-':<9} {row.count_per_step:>6.1f} "
+            f"{_ms(row.time_us):>9} {_ms(row.exposed_us):>10}"
+        )
+    if len(rows) > UNIT_TABLE_ROWS:
+        out.append(f"... {len(rows) - UNIT_TABLE_ROWS} more rows in --json (comm_by_module)")
+    return out
+
+
 def format_summary(result: AnalysisResult) -> str:
     """The terminal summary: per-rank per-step table, cross-rank view, findings.
 
@@ -98,6 +154,8 @@ def format_summary(result: AnalysisResult) -> str:
         ]
         for rank in result.ranks:
             out += _rank_rows(rank)
+    out += _kind_table(result)
+    out += _unit_table(result)
     cross = result.cross_rank
     if cross is not None:
         out += ["", f"Across ranks ({cross.matched_collectives} collectives matched):"]

@@ -16,7 +16,7 @@ from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from hf_distprof import dist, paths
-from hf_distprof.callbacks._common import warn_if_not_data_parallel
+from hf_distprof.parallelism import report_parallelism
 from hf_distprof.config import ProfilingArguments
 
 logger = dist.get_logger(__name__)
@@ -96,9 +96,10 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        # Every rank takes part in agreeing on the run folder, profiled or not (it is a broadcast).
-        warn_if_not_data_parallel(args)
+        # Every rank takes part in agreeing on the run folder and in the parallelism report, profiled or not
+        # (a broadcast and a gather).
         self.run_dir = paths.resolve_run_dir(self.args.profiler_output_dir, self.args.profiler_run_name, state)
+        report_parallelism(kwargs.get("model"), args, state, self.run_dir)
         if self.run_dir is None:
             return  # nowhere to write (already warned): no profiler, training goes on
         rank = dist.get_rank()

@@ -20,7 +20,7 @@ import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from hf_distprof import dist, paths, tensorboard
-from hf_distprof.callbacks._common import warn_if_not_data_parallel
+from hf_distprof.parallelism import report_parallelism
 from hf_distprof.config import ProfilingArguments
 from hf_distprof.timing import comm_overhead, publish
 from hf_distprof.timing.clock import default_clock
@@ -83,11 +83,11 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        warn_if_not_data_parallel(args)
         self.run_dir = paths.resolve_run_dir(
             self.args.profiler_output_dir, self.args.profiler_run_name, state
         )
         model = kwargs.get("model")
+        report_parallelism(model, args, state, self.run_dir)
         loader = kwargs.get("train_dataloader")
         params = list(model.parameters()) if model is not None else []
         self._device = params[0].device if params else torch.device("cpu")

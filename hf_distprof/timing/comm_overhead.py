@@ -1,7 +1,7 @@
 """Communication overhead, measured: forward+backward with gradient sync off, then on (an A/B).
 
 Run once before training on a real batch. ``passes`` forward+backward passes run with gradient sync
-disabled (DDP ``no_sync``; FSDP2 ``set_requires_gradient_sync(False)``), then ``passes`` with sync. The
+disabled (DDP and FSDP1 ``no_sync``; FSDP2 ``set_requires_gradient_sync(False)``), then ``passes`` with sync. The
 gradients are dropped after every pass and the optimizer is never stepped. Parameters, gradients,
 buffers, the RNG states and the module's train/eval mode are restored afterwards, bit for bit, so the
 training that follows is exactly the one that would have run without the measurement.
@@ -12,7 +12,6 @@ Every rank must call ``measure_comm_overhead`` at the same point: the synced pas
 from __future__ import annotations
 
 import contextlib
-import gc
 import random
 import statistics
 import time
@@ -23,9 +22,8 @@ from typing import Any
 import torch
 import torch.distributed
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
-
 from hf_distprof import dist
+from hf_distprof.parallelism import find_ddp_wrapper, find_fsdp1_wrapper
 
 
 @dataclass
@@ -34,7 +32,8 @@ class CommOverhead:
 
     Attributes:
         passes: Timed passes per mode.
-        method: How sync was switched off (``ddp.no_sync`` or ``fsdp2.set_requires_gradient_sync``).
+        method: How sync was switched off (``ddp.no_sync``, ``fsdp1.no_sync`` or
+            ``fsdp2.set_requires_gradient_sync``).
         compute_s: Forward+backward without gradient sync (the least disturbed of the passes).
         with_sync_s: Forward+backward with gradient sync (the least disturbed of the passes).
         comm_s: ``with_sync_s - compute_s``: the communication the backward does not hide.
@@ -57,23 +56,6 @@ class CommOverhead:
         return asdict(self)
 
 
-def find_ddp_wrapper(model: nn.Module) -> DistributedDataParallel | None:
-    """The ``DistributedDataParallel`` that wraps ``model``, if one exists in this process.
-
-    Trainer callbacks receive the unwrapped model; the wrapper's ``no_sync`` is what switches DDP's
-    gradient all-reduce off. It is found by a one-time scan of live objects (only when the user asks
-    for the measurement), which works for any Trainer subclass without access to the Trainer.
-    """
-    if isinstance(model, DistributedDataParallel):
-        return model
-    for obj in gc.get_objects():
-        # type(), not isinstance(): isinstance reads obj.__class__, on which some deprecated torch
-        # objects warn.
-        if issubclass(type(obj), DistributedDataParallel) and obj.module is model:
-            return obj
-    return None
-
-
 def sync_switch(
     model: nn.Module,
 ) -> tuple[str, Callable[[], contextlib.AbstractContextManager[Any]], nn.Module]:
@@ -91,6 +73,10 @@ def sync_switch(
     ddp = find_ddp_wrapper(model)
     if ddp is not None:
         return "ddp.no_sync", ddp.no_sync, ddp
+    fsdp1 = find_fsdp1_wrapper(model)
+    if fsdp1 is not None:
+        # FSDP1's no_sync skips the reduce-scatter and keeps unsharded gradients until the next synced pass.
+        return "fsdp1.no_sync", fsdp1.no_sync, fsdp1
     if hasattr(model, "set_requires_gradient_sync"):
 
         @contextlib.contextmanager
@@ -104,7 +90,7 @@ def sync_switch(
         return "fsdp2.set_requires_gradient_sync", fsdp_no_sync, model
     raise ValueError(
         f"cannot switch gradient sync off for {type(model).__name__}: it is neither wrapped in "
-        "DistributedDataParallel nor an FSDP2 (fully_shard) module"
+        "DistributedDataParallel or FSDP1 (FullyShardedDataParallel) nor an FSDP2 (fully_shard) module"
     )
 
 

@@ -14,6 +14,9 @@ per trace). Scenarios:
 - ``slow_rank1``: rank 1 sleeps ``SLOW_MS`` in its forward every step, so rank 0 waits for it inside
   the gradient all-reduce. The analyzer must name rank 1, not rank 0.
 - ``slow_data``: both ranks' data loader sleeps ``SLOW_MS`` per batch, so the step is data-loading bound.
+- ``fsdp2``: the same MLP sharded with FSDP2 (``fully_shard`` on each Linear, then the root) instead of
+  DDP: all-gathers before each unit's forward and backward, reduce-scatters of its gradients, and FSDP's
+  ``FSDP::all_gather (net.0)``-style annotations.
 
 The traces are committed; the tests read them and never run this script (it takes ~20 s).
 """
@@ -35,7 +38,7 @@ from torch.utils.data import DataLoader, Dataset
 
 HERE = Path(__file__).resolve().parent
 OUT = Path(os.environ.get("GLOO_TRACES_OUT", HERE))
-SCENARIOS = ("clean", "slow_rank1", "slow_data")
+SCENARIOS = ("clean", "slow_rank1", "slow_data", "fsdp2")
 SLOW_MS = 30
 WORLD_SIZE = 2
 BATCH = 512
@@ -84,8 +87,17 @@ def _worker(rank: int, scenario: str, port: int) -> None:
         torch.manual_seed(0)
         slow_forward = SLOW_MS / 1000 if (scenario == "slow_rank1" and rank == 1) else 0.0
         slow_data = SLOW_MS / 1000 if scenario == "slow_data" else 0.0
-        # bucket_cap_mb small enough that DDP issues several all-reduces per step.
-        model = DDP(TinyMLP(slow_forward), bucket_cap_mb=0.1)
+        if scenario == "fsdp2":
+            from torch.distributed.fsdp import fully_shard
+
+            model = TinyMLP(0.0)
+            for layer in model.net:
+                if isinstance(layer, nn.Linear):
+                    fully_shard(layer)
+            fully_shard(model)
+        else:
+            # bucket_cap_mb small enough that DDP issues several all-reduces per step.
+            model = DDP(TinyMLP(slow_forward), bucket_cap_mb=0.1)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         # The batch is large enough that compute, not the gradient all-reduce, dominates a clean step.
         loader = DataLoader(RandomBatches(8, slow_data), batch_size=None)

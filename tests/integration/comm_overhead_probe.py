@@ -1,10 +1,12 @@
-"""2-rank check of the comm-overhead probe: ``torchrun --nproc_per_node=2 ... OUT_DIR {ddp,fsdp2}``.
+"""2-rank check of the comm-overhead probe: ``torchrun --nproc_per_node=2 ... OUT_DIR {ddp,fsdp1,fsdp2}``.
 
-Builds a tiny ModernBERT from its config, wraps it in DDP or shards it with FSDP2 (``fully_shard`` per
-encoder layer, then the root), on gloo; takes one AdamW step and leaves gradients in place (non-empty
-optimizer state, gradients mid-accumulation), then runs ``measure_comm_overhead`` on the model as the
-callback sees it (the *unwrapped* one under DDP). Each rank writes ``rank{R}.json``: the result and
-whether parameters, gradients, buffers, optimizer state and RNG are bit-identical before and after.
+Builds a tiny ModernBERT from its config, wraps it in DDP, in FSDP1 (``FullyShardedDataParallel`` per
+encoder layer, then the root) or shards it with FSDP2 (``fully_shard`` per encoder layer, then the root),
+on gloo; takes one AdamW step and leaves gradients in place (non-empty optimizer state, gradients
+mid-accumulation), then runs ``measure_comm_overhead`` on the model as the callback sees it (the
+*unwrapped* one under DDP, the wrapper under FSDP1, as the Trainer passes them). Each rank writes
+``rank{R}.json``: the result, whether parameters, gradients, buffers, optimizer state and RNG are
+bit-identical before and after, what ``hf_distprof.parallelism.detect`` sees, and the model state's size.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from transformers import ModernBertForMaskedLM
 
+from hf_distprof.callbacks.memory import model_state_memory
 from hf_distprof.models import tiny_modernbert_config
-
+from hf_distprof.parallelism import detect
 from hf_distprof.timing.comm_overhead import measure_comm_overhead
 
 
@@ -42,6 +45,12 @@ def main(out_dir: Path, mode: str) -> None:
     model = ModernBertForMaskedLM(config)
     if mode == "ddp":
         wrapped = DDP(model)
+    elif mode == "fsdp1":
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        for i, layer in enumerate(model.model.layers):
+            model.model.layers[i] = FSDP(layer, device_id=torch.device("cpu"), use_orig_params=True)
+        wrapped = model = FSDP(model, device_id=torch.device("cpu"), use_orig_params=True)
     else:
         from torch.distributed.fsdp import fully_shard
 
@@ -63,6 +72,8 @@ def main(out_dir: Path, mode: str) -> None:
     opt_state = copy.deepcopy(opt.state_dict())
     rng = torch.get_rng_state()
 
+    seen = detect(model)
+    memory = model_state_memory(model, opt)
     result = measure_comm_overhead(model, batch, passes=3)
 
     after = opt.state_dict()
@@ -85,12 +96,19 @@ def main(out_dir: Path, mode: str) -> None:
     opt.zero_grad()
     wrapped(**batch).loss.backward()
     opt.step()
-    full = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in model.parameters()]
-    flat = torch.cat([p.detach().flatten() for p in full])
+    if mode == "fsdp1":
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        with FSDP.summon_full_params(wrapped):  # FSDP1's parameters are this rank's shard of a flat parameter
+            flat = torch.cat([p.detach().flatten().clone() for p in wrapped.parameters()])
+    else:
+        full = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in model.parameters()]
+        flat = torch.cat([p.detach().flatten() for p in full])
     gathered = [torch.zeros_like(flat) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, flat)
     checks["ranks_in_sync_after"] = all(torch.equal(gathered[0], g) for g in gathered)
-    (out_dir / f"rank{rank}.json").write_text(json.dumps({"result": result.to_json(), "checks": checks}))
+    out = {"result": result.to_json(), "checks": checks, "parallelism": seen.to_json(), "memory": memory}
+    (out_dir / f"rank{rank}.json").write_text(json.dumps(out))
 
 
 if __name__ == "__main__":

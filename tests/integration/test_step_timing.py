@@ -147,8 +147,13 @@ def test_measure_comm_overhead_reports_communication(slow_run):
     assert "hf_distprof comm overhead (ddp.no_sync, 3 passes per mode" in proc.stdout
 
 
+# The probe's tiny ModernBERT (vocab 512, hidden 64, 2 layers): its parameter count.
+PROBE_NUMEL = 119_680
+
+
 @pytest.mark.parametrize(
-    ("mode", "method"), [("ddp", "ddp.no_sync"), ("fsdp2", "fsdp2.set_requires_gradient_sync")]
+    ("mode", "method"),
+    [("ddp", "ddp.no_sync"), ("fsdp1", "fsdp1.no_sync"), ("fsdp2", "fsdp2.set_requires_gradient_sync")],
 )
 def test_comm_probe_leaves_state_bit_identical(tmp_path, mode, method):
     probe = REPO_ROOT / "tests" / "integration" / "comm_overhead_probe.py"
@@ -176,6 +181,20 @@ def test_comm_probe_leaves_state_bit_identical(tmp_path, mode, method):
             # The all-reduce of every gradient is twice the tiny model's compute: far above noise. FSDP2
             # keeps its parameter all-gathers with sync off, so only a small reduce-scatter differs there.
             assert out["result"]["comm_s"] > 0
+        # What the parallelism report sees on each rank, and what each rank holds.
+        seen = out["parallelism"]
+        assert (seen["built"], seen["world_size"], seen["backend"], seen["warning"]) == (mode, 2, "gloo", None)
+        params_mb = out["memory"]["params_mb"]
+        if mode == "ddp":
+            assert (seen["numel"], seen["local_numel"], seen["fsdp_units"]) == (PROBE_NUMEL, PROBE_NUMEL, [])
+            assert params_mb == PROBE_NUMEL * 4 / 2**20
+        else:
+            assert seen["fsdp_units"] == ["", "model.layers.0", "model.layers.1"]
+            # Each rank holds about half (FSDP pads shards to equal sizes; FSDP1 splits flat parameters).
+            assert abs(seen["local_numel"] - PROBE_NUMEL / 2) <= 0.01 * PROBE_NUMEL
+            assert params_mb == pytest.approx(seen["local_numel"] * 4 / 2**20)
+            if mode == "fsdp2":
+                assert seen["numel"] == PROBE_NUMEL and seen["dtensor_params"] == seen["param_tensors"]
 
 
 def read_analysis(run_dir: Path) -> dict:

@@ -28,6 +28,8 @@ EXPECTED_RUN_FILES = sorted(
     # --enable-profiling switches step timing on by default
     + [f"timing_rank{r}.jsonl" for r in (0, 1)]
     + ["timing_summary.json"]
+    # what was built: DDP over 2 gloo ranks
+    + ["parallelism.json"]
 )
 
 
@@ -78,6 +80,24 @@ def test_memory_jsonl_per_rank(two_runs):
         lines = (work / "OUT" / run_dirs_first[0] / f"memory_rank{rank}.jsonl").read_text().splitlines()
         rows = [json.loads(line) for line in lines]
         assert [(r["step"], r["rank"]) for r in rows] == [(4, rank), (8, rank), (12, rank)]
+
+
+def test_ddp_is_reported_and_every_rank_holds_the_whole_model_state(two_runs):
+    work, first, run_dirs_first, _, _ = two_runs
+    run_dir = work / "OUT" / run_dirs_first[0]
+    seen = json.loads((run_dir / "parallelism.json").read_text())
+    assert (seen["built"], seen["asked"], seen["world_size"], seen["backend"], seen["distributed_type"]) == (
+        "ddp", None, 2, "gloo", "MULTI_CPU"
+    )
+    assert seen["local_numel_per_rank"] == [seen["numel"]] * 2 and seen["dtensor_params"] == 0
+    assert seen["warning"] is None
+    assert "[RANK 0] parallelism: DDP, 2 rank(s) on gloo/cpu" in first.stderr + first.stdout
+    for rank in (0, 1):
+        rows = [json.loads(line) for line in (run_dir / f"memory_rank{rank}.jsonl").read_text().splitlines()]
+        for row in rows:
+            # float32 parameters and gradients, AdamW's two moments (plus a step counter per tensor)
+            assert row["params_mb"] == row["grads_mb"] == seen["numel"] * 4 / 2**20
+            assert 2 * row["params_mb"] <= row["optimizer_state_mb"] <= 2 * row["params_mb"] + 0.01
 
 
 def test_tensorboard_holds_memory_scalars_of_both_ranks(two_runs):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -20,19 +20,25 @@ def run(
     stop_after: int | None = None,
     end: bool = True,
     device: str = "cpu",
+    wrap: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
 ) -> TrainerState:
     """Call the hooks for ``max_steps`` optimizer steps of a small model (real ops for the profiler).
 
     Args:
         stop_after: Stop calling hooks after this step, as if training died there.
         end: Whether to call ``on_train_end``.
+        wrap: Wraps or shards the model (FSDP1, FSDP2) before the optimizer is built; the callbacks get
+            what it returns, as the Trainer passes FSDP's model to them.
     """
     args = training_args(tmp_path)
     state = TrainerState()
     state.max_steps = max_steps
     control = TrainerControl()
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    if wrap is not None:
+        model = wrap(model)
+    # Momentum: one state tensor per parameter, as a real optimizer keeps.
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     for cb in callbacks:
         cb.on_train_begin(args, state, control, model=model)
     for step in range(1, max_steps + 1):
@@ -40,7 +46,11 @@ def run(
             cb.on_step_begin(args, state, control, model=model)
         loss = model(torch.randn(16, 32, device=device)).square().mean()
         loss.backward()
+        for cb in callbacks:
+            cb.on_pre_optimizer_step(args, state, control, model=model, optimizer=opt)
         opt.step()
+        for cb in callbacks:
+            cb.on_optimizer_step(args, state, control, model=model, optimizer=opt)
         opt.zero_grad()
         state.global_step = step
         for cb in callbacks:

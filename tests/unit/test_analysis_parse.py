@@ -41,7 +41,7 @@ def _reference(path: Path) -> dict[str, Any]:
     events = orjson.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
     ops: dict[Any, list[tuple[Any, Any, str]]] = {}
     steps: dict[Any, list[tuple[int, Any, Any]]] = {}
-    gloo, gpu, launches = [], [], {}
+    gloo, fsdp, nccl, gpu, launches = [], [], [], [], {}
     for ev in events:
         cat, dur, args = ev.get("cat"), ev.get("dur"), ev.get("args")
         if cat in ("cpu_op", "user_annotation") and dur is not None:
@@ -51,6 +51,10 @@ def _reference(path: Path) -> dict[str, Any]:
                 steps.setdefault(ev.get("tid"), []).append((int(name[len(STEP_PREFIX) :]), ts, ts + dur))
             elif cat == "user_annotation" and name.startswith("gloo:"):
                 gloo.append((ts, ts + dur, name))
+            elif cat == "user_annotation" and name.startswith("FSDP::"):
+                fsdp.append((ts, ts + dur, name))
+            elif cat == "user_annotation" and name.startswith("nccl:"):
+                nccl.append((ts, ts + dur, name))
         elif cat in ("cuda_runtime", "cuda_driver") and isinstance(args, dict):
             if args.get("correlation") is not None:
                 launches[args["correlation"]] = ev["ts"]
@@ -70,6 +74,8 @@ def _reference(path: Path) -> dict[str, Any]:
         "steps": sorted((s[1], s[0], s[2]) for s in steps[main]),
         "main_ops": sorted(ops[main]),
         "comm_spans": sorted(gloo),
+        "fsdp_spans": sorted(fsdp),
+        "nccl_ops": sorted(nccl),
         "gpu": gpu,
         "launches": launches,
     }
@@ -83,6 +89,8 @@ def _kept(trace: ParsedTrace) -> dict[str, Any]:
         "steps": [(s.start, s.number, s.end) for s in trace.steps],
         "main_ops": trace.main_ops,
         "comm_spans": trace.comm_spans,
+        "fsdp_spans": trace.fsdp_spans,
+        "nccl_ops": trace.nccl_ops,
         "gpu": list(zip(gpu.start, gpu.end, gpu.name, gpu.stream, gpu.correlation, strict=True)),
         "launches": trace.launches,
     }

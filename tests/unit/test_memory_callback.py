@@ -70,18 +70,43 @@ def test_logs_every_n_steps_to_jsonl_and_tensorboard(tmp_path, monkeypatch):
     fake_trainer.run([cb], 10, tmp_path)
     tensorboard.close_writers()
     assert cb.run_dir is not None
-    assert sorted(p.name for p in cb.run_dir.iterdir()) == ["memory_rank0.jsonl"]
+    assert sorted(p.name for p in cb.run_dir.iterdir()) == ["memory_rank0.jsonl", "parallelism.json"]
     rows = [json.loads(line) for line in (cb.run_dir / "memory_rank0.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [4, 8]
     assert all(r["rank"] == 0 and r["rss_mb"] > 10 for r in rows)
+    # The fake model: 32x64 + 64 + 64x8 + 8 = 2632 float32 parameters; SGD momentum keeps one buffer each.
+    model_bytes = 2632 * 4 / MB
+    for r in rows:
+        assert (r["params_mb"], r["grads_mb"], r["optimizer_state_mb"]) == (model_bytes, model_bytes, model_bytes)
+        assert r["model_state_mb"] == pytest.approx(3 * model_bytes)
 
     acc = EventAccumulator(str(tb_dir))
     acc.Reload()
     tags = acc.Tags()["scalars"]
-    assert sorted(tags) == ["memory/rss_mb/max", "memory/rss_mb/rank0"]
+    metrics = ("grads_mb", "model_state_mb", "optimizer_state_mb", "params_mb", "rss_mb")
+    assert sorted(tags) == sorted(f"memory/{m}/{who}" for m in metrics for who in ("max", "rank0"))
     events = acc.Scalars("memory/rss_mb/rank0")
     assert [e.step for e in events] == [4, 8]
     assert [round(e.value, 3) for e in events] == [round(r["rss_mb"], 3) for r in rows]
+    assert [e.value for e in acc.Scalars("memory/params_mb/rank0")] == pytest.approx([model_bytes] * 2)
+
+
+def test_model_state_counts_the_local_shard_of_dtensors():
+    class Sharded(torch.Tensor):
+        """Stands for a DTensor: what this rank holds is a quarter of it."""
+
+        def to_local(self):
+            return self[: self.numel() // 4]
+
+    weight = torch.nn.Parameter(torch.zeros(400))
+    model = torch.nn.Module()
+    model.weight = weight
+    weight.grad = torch.zeros(400).as_subclass(Sharded)
+    opt = torch.optim.AdamW([weight])
+    opt.state[weight] = {"exp_avg": torch.zeros(400).as_subclass(Sharded), "step": torch.tensor(3.0)}
+    got = memory.model_state_memory(model, opt)
+    assert got == {"params_mb": 1600 / MB, "grads_mb": 400 / MB, "optimizer_state_mb": 404 / MB,
+                   "model_state_mb": pytest.approx(2404 / MB)}
 
 
 class FullDisk:
@@ -138,3 +163,24 @@ def test_an_output_folder_that_cannot_exist_disables_files_not_training(tmp_path
     assert profiler.run_dir is None and profiler.prof is None and profiler.written == []
     assert memory_cb.run_dir is None and memory_cb.jsonl_path is None
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]  # nothing written anywhere
+
+
+def test_a_model_state_that_cannot_be_sized_is_nan_and_the_metrics_stay_the_same(tmp_path, monkeypatch, caplog):
+    import logging
+    import math
+
+    def broken(model, optimizer):
+        raise RuntimeError("odd optimizer")
+
+    monkeypatch.setattr(memory, "model_state_memory", broken)
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
+    cb = MemoryLoggerCallback(ProfilingArguments(enable_memory_logging=True, memory_log_steps=2,
+                                                 profiler_output_dir=str(tmp_path / "out")))
+    with caplog.at_level(logging.WARNING):
+        fake_trainer.run([cb], 4, tmp_path)
+    tensorboard.close_writers()
+    rows = [json.loads(line) for line in (cb.run_dir / "memory_rank0.jsonl").read_text().splitlines()]
+    # Every rank gathers the same metrics, sized or not, so the all-gather's lengths agree.
+    assert [sorted(r) for r in rows] == [sorted(["step", "rank", "rss_mb", *memory.MODEL_STATE_METRICS])] * 2
+    assert all(math.isnan(r[m]) for r in rows for m in memory.MODEL_STATE_METRICS)
+    assert sum("could not size the model state" in r.getMessage() for r in caplog.records) == 1  # said once

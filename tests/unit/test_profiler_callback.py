@@ -40,6 +40,10 @@ def files(run_dir: Path) -> list[str]:
     return sorted(p.name for p in run_dir.iterdir())
 
 
+# Written at train start by every run whose callbacks see a model (hf_distprof.parallelism).
+PARALLELISM = "parallelism.json"
+
+
 @pytest.mark.parametrize(
     ("schedule", "max_steps", "windows"),
     [
@@ -62,7 +66,7 @@ def test_each_window_writes_one_trace_and_summary_named_by_its_steps(tmp_path, s
         expected += [f"rank0_{HOST}_step{first}-{last}.pt.trace.json.gz",
                      f"rank0_{HOST}_step{first}-{last}_summary.txt"]
     assert cb.run_dir is not None
-    assert files(cb.run_dir) == sorted(expected)
+    assert files(cb.run_dir) == sorted([*expected, PARALLELISM])
     for first, last in windows:
         trace = cb.run_dir / f"rank0_{HOST}_step{first}-{last}.pt.trace.json.gz"
         # ProfilerStep numbers are the Trainer's global steps; each recorded step appears exactly once.
@@ -81,7 +85,7 @@ def test_run_folders_never_collide(tmp_path):
     fake_trainer.run([b], 2, tmp_path)
     assert a.run_dir is not None and b.run_dir is not None
     assert (a.run_dir.name, b.run_dir.name) == ("exp", "exp-1")
-    assert files(a.run_dir) == files(b.run_dir) == [f"rank0_{HOST}_step1-1.pt.trace.json.gz",
+    assert files(a.run_dir) == files(b.run_dir) == [PARALLELISM, f"rank0_{HOST}_step1-1.pt.trace.json.gz",
                                                     f"rank0_{HOST}_step1-1_summary.txt"]
 
 
@@ -91,7 +95,7 @@ def test_close_mid_window_flushes_the_recorded_steps(tmp_path):
     cb.close()  # what the atexit hook and the SIGTERM handler call
     assert cb.run_dir is not None
     trace = cb.run_dir / f"rank0_{HOST}_step3-4.pt.trace.json.gz"
-    assert files(cb.run_dir) == [trace.name, f"rank0_{HOST}_step3-4_summary.txt"]
+    assert files(cb.run_dir) == [PARALLELISM, trace.name, f"rank0_{HOST}_step3-4_summary.txt"]
     # Step 5 had begun when training died: its partial record is kept too.
     assert profiler_steps(trace) == ["ProfilerStep#3", "ProfilerStep#4", "ProfilerStep#5"]
     cb.close()  # idempotent
@@ -100,14 +104,14 @@ def test_close_mid_window_flushes_the_recorded_steps(tmp_path):
 def test_closing_before_the_window_writes_nothing(tmp_path):
     cb = ProfilerCallback(prof_args(tmp_path, profiler_wait_steps=5))
     fake_trainer.run([cb], 3, tmp_path)
-    assert cb.run_dir is not None and files(cb.run_dir) == []
+    assert cb.run_dir is not None and files(cb.run_dir) == [PARALLELISM]
 
 
 def test_ranks_outside_profile_ranks_build_no_profiler(tmp_path):
     cb = ProfilerCallback(prof_args(tmp_path, profile_ranks="1,2", profiler_wait_steps=0, profiler_warmup_steps=0))
     fake_trainer.run([cb], 4, tmp_path, end=False)
     assert cb.prof is None
-    assert cb.run_dir is not None and files(cb.run_dir) == []
+    assert cb.run_dir is not None and files(cb.run_dir) == [PARALLELISM]
 
 
 def test_a_failed_export_is_one_warning_and_training_goes_on(tmp_path, caplog):
@@ -181,7 +185,8 @@ def test_sigterm_or_exception_mid_window_flushes_the_trace(tmp_path, how):
     else:
         assert proc.returncode == 1 and "boom in step 5" in proc.stderr
     run_dir = tmp_path / "out" / "run"
-    assert files(run_dir) == [f"rank0_{HOST}_step3-4.pt.trace.json.gz", f"rank0_{HOST}_step3-4_summary.txt"]
+    assert files(run_dir) == [PARALLELISM, f"rank0_{HOST}_step3-4.pt.trace.json.gz",
+                              f"rank0_{HOST}_step3-4_summary.txt"]
     assert profiler_steps(run_dir / f"rank0_{HOST}_step3-4.pt.trace.json.gz")[:2] == ["ProfilerStep#3",
                                                                                       "ProfilerStep#4"]
 

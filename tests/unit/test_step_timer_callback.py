@@ -110,7 +110,8 @@ def test_per_step_lines_and_summary(trained):
     callback, _, _, _, tmp_path, _ = trained
     run_dir = tmp_path / "prof" / "run"
     assert callback.run_dir == run_dir
-    assert sorted(p.name for p in run_dir.iterdir()) == ["timing_rank0.jsonl", "timing_summary.json"]
+    assert sorted(p.name for p in run_dir.iterdir()) == ["parallelism.json", "timing_rank0.jsonl",
+                                                         "timing_summary.json"]
     lines = [json.loads(line) for line in (run_dir / "timing_rank0.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == [1, 2, 3, 4, 5, 6]
     for line in lines:
@@ -139,7 +140,8 @@ def test_per_step_lines_and_summary(trained):
 
 def test_one_gather_per_logging_step_and_resolution_only_there(trained):
     _, _, gathers, resolves, _, _ = trained
-    assert gathers == [3, 6, 6]  # on_log at steps 3 and 6, then the end-of-run gather; none in between
+    # The parallelism report at train start, on_log at steps 3 and 6, then the end-of-run gather; none between.
+    assert gathers == [0, 3, 6, 6]
     assert [n for n in resolves if n] == [3, 3]  # marks were turned into seconds on logging steps only
 
 

@@ -98,7 +98,7 @@ def test_the_measurement_would_have_changed_state_without_the_restore():
 
 
 def test_a_plain_module_cannot_switch_sync_off():
-    with pytest.raises(ValueError, match="neither wrapped in DistributedDataParallel nor an FSDP2"):
+    with pytest.raises(ValueError, match="neither wrapped in DistributedDataParallel or FSDP1"):
         sync_switch(nn.Linear(2, 2))
     with pytest.raises(ValueError, match="passes must be >= 1"):
         measure_comm_overhead(FakeFsdpModel(), {}, passes=0)
