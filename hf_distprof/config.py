@@ -148,7 +148,11 @@ class ProfilingArguments:
         default=2, metadata=_help("Steps traced but discarded before the active steps (profiler overhead settles).")
     )
     profiler_active_steps: PositiveInt = field(
-        default=3, metadata=_help("Steps recorded into each trace.")
+        default=6,
+        metadata=_help(
+            "Steps recorded into each trace. With 2 ranks the analysis needs 5 or more to name a straggler "
+            "(fewer: 'not enough evidence')."
+        ),
     )
     profiler_repeat: NonNegativeInt = field(
         default=1, metadata=_help("Number of wait/warmup/active cycles; 0 repeats until training ends.")
@@ -158,7 +162,11 @@ class ProfilingArguments:
         metadata=_help("Ranks that profile: 'all' or a comma-separated list such as '0,3'. Others build no profiler."),
     )
     profiler_record_shapes: bool = field(
-        default=True, metadata=_help("Record operator input shapes (needed for shape grouping in summaries).")
+        default=False,
+        metadata=_help(
+            "Record operator input shapes (shape grouping in summaries, message sizes of gloo collectives). Off "
+            "by default: on CPU it can slow the traced steps 1.5x and more (see the guide)."
+        ),
     )
     profiler_profile_memory: bool = field(
         default=False, metadata=_help("Record tensor allocations in the trace (adds [memory] events and overhead).")
@@ -196,13 +204,31 @@ class ProfilingArguments:
     imbalance_threshold_pct: NonNegativeFloat = field(
         default=10.0,
         metadata=_help(
-            "Warn when the ranks' pre-sync time (data + forward + backward compute) differs by more than this "
-            "percentage of its mean: (max - min) / mean."
+            "Warn when one rank's pre-sync time (data + forward + backward compute) exceeds the median of the "
+            "other ranks' by more than this percentage, in most steps and beyond the run's own step-to-step "
+            "noise (see the guide). Also the trace analysis's --imbalance-pct under --profiler-analyze."
         ),
     )
     memory_imbalance_threshold_pct: NonNegativeFloat = field(
         default=20.0,
-        metadata=_help("Warn when the ranks' peak memory differs by more than this percentage of its mean."),
+        metadata=_help(
+            "Warn when one rank's peak memory exceeds the median of the other ranks' by more than this "
+            "percentage (at two logging steps in a row while training)."
+        ),
+    )
+    memory_growth_threshold_pct: NonNegativeFloat = field(
+        default=20.0,
+        metadata=_help(
+            "Warn when a rank's memory in use (CUDA allocated; CPU: RSS) rises at most logging steps and ends "
+            "more than this percentage above its first logging step (4 logging steps at least)."
+        ),
+    )
+    profiler_slowdown_threshold: PositiveFloat = field(
+        default=1.25,
+        metadata=_help(
+            "Warn when the steps the profiler traces take more than this many times as long as the steps "
+            "outside its window (timing_summary.json: profiler_slowdown)."
+        ),
     )
     measure_comm_overhead: NonNegativeInt = field(
         default=0,

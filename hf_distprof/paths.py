@@ -30,6 +30,9 @@ TRACE_NAME = "rank{rank}_{host}_step{first}-{last}" + TRACE_SUFFIX
 SUMMARY_NAME = "rank{rank}_{host}_step{first}-{last}_summary.txt"
 MEMORY_LOG_NAME = "memory_rank{rank}.jsonl"
 PARALLELISM_NAME = "parallelism.json"
+TIMING_LOG_NAME = "timing_rank{rank}.jsonl"
+TIMING_SUMMARY_NAME = "timing_summary.json"
+ANALYSIS_NAME = "analysis.json"
 
 # (output_dir, run_name, id(owner)) -> (owner, run folder): every callback of one train() call agrees on the
 # folder and the broadcast happens once. The owner (the Trainer's per-train() TrainerState) is kept alive in

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The 50-step profiling demo: train_lambda.sh with profiling and memory logging on, then where to look.
+# The 50-step profiling demo: train_lambda.sh with profiling and memory logging on, then the findings and
+# where to look.
 #
 #   ./local_scripts/train_lambda_with_profiling.sh                  # 50 steps, traces in ./profiler_traces
 #   OUTPUT_DIR=/shared/prof ./local_scripts/train_lambda_with_profiling.sh --profile-ranks 0,1
@@ -24,7 +25,7 @@ TRAIN_OUTPUT=${TRAIN_OUTPUT:-./outputs/modernbert}
   --profiler-output-dir "$OUTPUT_DIR" \
   --profiler-wait-steps 5 \
   --profiler-warmup-steps 2 \
-  --profiler-active-steps 3 \
+  --profiler-active-steps 6 \
   --memory-log-steps 5 \
   --logging-steps 5 \
   "$@"
@@ -36,3 +37,9 @@ echo "  traces and summaries : ${LATEST:-$OUTPUT_DIR}"
 echo "  TensorBoard (loss, memory/...): tensorboard --logdir $TRAIN_OUTPUT/runs"
 echo "  trace viewer          : open https://ui.perfetto.dev and load a ${LATEST:-$OUTPUT_DIR}rank*.pt.trace.json.gz"
 echo "  operator summaries    : less ${LATEST:-$OUTPUT_DIR}rank0_*_summary.txt"
+echo "  full analysis         : hf-distprof analyze ${LATEST:-$OUTPUT_DIR} --report ${LATEST:-$OUTPUT_DIR}report"
+if [[ -n "$LATEST" ]]; then
+  echo
+  echo "Findings (hf-distprof analyze ${LATEST} --findings):"
+  python -m hf_distprof.cli.main analyze "$LATEST" --findings || true
+fi

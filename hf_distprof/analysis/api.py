@@ -2,19 +2,31 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import sys
 from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
 from hf_distprof.analysis import comm
 from hf_distprof.analysis.cross_rank import cross_rank
-from hf_distprof.analysis.diagnosis import diagnose
+from hf_distprof import paths
+from hf_distprof.analysis.diagnosis import diagnose, undecided
 from hf_distprof.analysis.events import parse_trace
-from hf_distprof.analysis.model import AnalysisOptions, AnalysisResult, FileError, KernelStat, RankResult
+from hf_distprof.analysis.model import (
+    AnalysisOptions,
+    AnalysisResult,
+    FileError,
+    Finding,
+    KernelStat,
+    RankResult,
+)
 from hf_distprof.analysis.rank import analyze_rank
 from hf_distprof.analysis.trace_io import TraceReadError, discover_trace_files
+from hf_distprof.verdicts import profiler_slowdown
 
 PROGRESS_MIN_FILES = 8
 
@@ -103,7 +115,9 @@ def analyze_paths(
     errors = [o for o in outcomes if isinstance(o, FileError)]
     ranks = _one_result_per_rank([o for o in outcomes if isinstance(o, RankResult)], errors)
     cross = cross_rank(ranks, options) if len(ranks) > 1 else None
-    findings = diagnose(ranks, cross, options)
+    slowdown = profiler_slowdown_beside(files, ranks, options)
+    findings = diagnose(ranks, cross, options) + slowdown_findings(slowdown)
+    findings.sort(key=lambda f: -f.severity)
     errors.sort(key=lambda e: e.path)
     return AnalysisResult(
         ranks=ranks,
@@ -113,7 +127,65 @@ def analyze_paths(
         options=options,
         comm_by_kind=comm.mean_by_kind(ranks),
         comm_by_module=comm.by_module(ranks),
+        undecided=undecided(cross),
+        profiler_slowdown=slowdown,
     )
+
+
+def profiler_slowdown_beside(
+    files: list[str], ranks: list[RankResult], options: AnalysisOptions
+) -> dict[str, Any] | None:
+    """The profiler's own slowdown, from the step timer's files in the traces' folders; None without them.
+
+    ``timing_summary.json`` holds it when training ended normally (with the profiler options in effect);
+    otherwise it is computed from ``timing_rank{R}.jsonl``: the traced steps against the others, each
+    file's first step (the timer's warm-up) left out. A file that cannot be read is skipped.
+    """
+    folders = sorted({Path(f).parent for f in files})
+    for folder in folders:
+        try:
+            summary = json.loads((folder / paths.TIMING_SUMMARY_NAME).read_text())
+            if summary.get("profiler_slowdown"):
+                return dict(summary["profiler_slowdown"])
+        except (OSError, ValueError):
+            pass
+    step_s: dict[int, float] = {}
+    for folder in folders:
+        for log in sorted(folder.glob(paths.TIMING_LOG_NAME.format(rank="*"))):
+            try:
+                rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+            except (OSError, ValueError):
+                continue
+            for row in rows[1:]:
+                step, t = row.get("step"), row.get("step_s")
+                if isinstance(step, int) and isinstance(t, (int, float)):
+                    step_s[step] = max(step_s.get(step, 0.0), float(t))
+    traced = {s.step for r in ranks for s in r.steps}
+    found = profiler_slowdown(step_s, traced, {}, threshold_ratio=options.profiler_slowdown_threshold)
+    return found.to_json() if found is not None else None
+
+
+def slowdown_findings(slowdown: dict[str, Any] | None) -> list[Finding]:
+    """A finding when the profiler made the traced steps materially slower than the rest of the run."""
+    if not slowdown or not slowdown.get("warning"):
+        return []
+    ratio = float(slowdown["ratio"])
+    return [
+        Finding(
+            kind="profiler_slowdown",
+            severity=100.0 * (1.0 - 1.0 / ratio),
+            title="The profiler slows the traced steps",
+            ranks=[],
+            evidence=slowdown["warning"],
+            recommendation=(
+                "Read the trace's absolute times with care and trust its shares more; profile with fewer "
+                "options (--profiler-record-shapes false, no --profiler-with-stack / --profiler-profile-memory "
+                "unless you need them) and see PROFILING_GUIDE.md for what each option costs."
+            ),
+            numbers={"ratio": ratio},
+            confidence=None,
+        )
+    ]
 
 
 def _one_result_per_rank(results: list[RankResult], errors: list[FileError]) -> list[RankResult]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from statistics import median
 
+from hf_distprof.verdicts import SlowRankVerdict, imbalance_pct, judge_slow_rank
 from hf_distprof.analysis.model import (
     AnalysisOptions,
     Collective,
@@ -64,19 +65,23 @@ def clock_offsets(
 def cross_rank(ranks: list[RankResult], options: AnalysisOptions) -> CrossRankResult:
     """Compare ranks: step spread, imbalance of busy time, collective lateness, stragglers.
 
+    The straggler and imbalance decisions are :func:`hf_distprof.verdicts.judge_slow_rank`'s, step by
+    step: a rank is named only when it is late (or busier) in most steps, more often than chance, by more
+    than the threshold and the run's own noise; a window too short to tell is "not enough evidence".
+
     Args:
         ranks: Per-rank results, sorted by rank.
-        options: Straggler and outlier thresholds.
+        options: Straggler and imbalance thresholds.
 
     Returns:
         The cross-rank view.
     """
     matched = match_collectives(ranks)
     offsets = clock_offsets(ranks, matched)
-    # Lateness per step is the rank's worst arrival at a sync point of that step, then the median over
-    # steps. Not the median over collectives: a rank that is slow before the first collective of a step
-    # (data loading, say) is late there only, and every later collective of the step starts in lockstep
-    # because its peers waited in that first one (the Trainer all-gathers token counts first thing).
+    # Lateness per step is the rank's worst arrival at a sync point of that step. Not the median over
+    # collectives: a rank that is slow before the first collective of a step (data loading, say) is late
+    # there only, and every later collective of the step starts in lockstep because its peers waited in
+    # that first one (the Trainer all-gathers token counts first thing).
     per_step: dict[int, dict[int, float]] = {r.rank: {} for r in ranks}
     for (step, _kind, _index), same in matched.items():
         aligned = {rank: c.start_us - offsets[rank] for rank, c in same.items()}
@@ -92,20 +97,43 @@ def cross_rank(ranks: list[RankResult], options: AnalysisOptions) -> CrossRankRe
             comm_wait_us=r.comm_wait_us,
             lateness_us=median(lateness[r.rank]) if lateness[r.rank] else None,
             clock_offset_us=offsets.get(r.rank, 0.0),
+            lateness_steps=sorted(per_step[r.rank]),
+            lateness_per_step_us=[per_step[r.rank][s] for s in sorted(per_step[r.rank])],
         )
         for r in ranks
     ]
-    busy = [p.busy_us for p in per_rank]
-    mean_busy = sum(busy) / len(busy) if busy else 0.0
-    imbalance = 100.0 * (max(busy) / mean_busy - 1.0) if mean_busy > 0 and len(busy) > 1 else 0.0
+    straggler = imbalance = None
+    if len(ranks) > 1:
+        durations = {r.rank: {s.step: s.duration_us for s in r.steps} for r in ranks}
+        late_steps = sorted(set.intersection(*(set(v) for v in per_step.values())))
+        imbalance = judge_slow_rank(
+            _common_steps({r.rank: {s.step: s.busy_us(r.device) for s in r.steps} for r in ranks}),
+            options.imbalance_pct,
+            what="busy time (GPU: compute kernels; CPU: compute + data loading)",
+        )
+        straggler = judge_slow_rank(
+            {rank: [per_step[rank][s] for s in late_steps] for rank in per_step},
+            options.straggler_pct,
+            scale=[median(d[s] for d in durations.values() if s in d) for s in late_steps],
+            min_abs=options.straggler_min_us,
+            what="arrival at the step's collectives",
+        )
     return CrossRankResult(
         ranks=[r.rank for r in ranks],
         per_rank=per_rank,
         step_spread=_step_spread(ranks),
-        imbalance_pct=imbalance,
+        imbalance_pct=imbalance_pct([p.busy_us for p in per_rank]),
         matched_collectives=len(matched),
-        stragglers=_stragglers(per_rank, len(matched), options) if len(ranks) > 1 else [],
+        stragglers=_stragglers(per_rank, straggler, len(matched), options) if straggler is not None else [],
+        straggler_verdict=straggler,
+        imbalance_verdict=imbalance,
     )
+
+
+def _common_steps(values: dict[int, dict[int, float]]) -> dict[int, list[float]]:
+    """rank -> its values on the steps every rank has, in step order."""
+    common = sorted(set.intersection(*(set(v) for v in values.values()))) if values else []
+    return {rank: [v[s] for s in common] for rank, v in values.items()}
 
 
 def _step_spread(ranks: list[RankResult]) -> list[StepSpread]:
@@ -125,22 +153,15 @@ def _step_spread(ranks: list[RankResult]) -> list[StepSpread]:
     return out
 
 
-def _stragglers(per_rank: list[RankSkew], n_matched: int, options: AnalysisOptions) -> list[Straggler]:
+def _stragglers(
+    per_rank: list[RankSkew], verdict: SlowRankVerdict, n_matched: int, options: AnalysisOptions
+) -> list[Straggler]:
     step_us = median(p.mean_step_us for p in per_rank)
-    threshold = max(options.straggler_min_us, options.straggler_pct / 100.0 * step_us)
     out: list[Straggler] = []
     waits = {p.rank: p.comm_wait_us for p in per_rank}
-    late_values = [p.lateness_us for p in per_rank if p.lateness_us is not None]
-    late_median = median(late_values) if late_values else 0.0
-    late_mad = 1.4826 * median(abs(v - late_median) for v in late_values) if late_values else 0.0
+    named = [verdict.rank, *verdict.also] if verdict.raised else []
     for p in sorted(per_rank, key=lambda p: -(p.lateness_us or 0.0)):
-        if p.lateness_us is None or p.lateness_us <= threshold:
-            continue
-        # With 3+ ranks a straggler must also stand out from the others (3 scaled MADs): when several
-        # ranks arrive late at the same collective (uneven embedding lookups before an all_to_all, say),
-        # that is imbalance, reported as such, not one rank holding everyone back. Two ranks have no
-        # spread to compare against; the threshold alone decides.
-        if len(late_values) >= 3 and p.lateness_us - late_median <= 3.0 * late_mad:
+        if p.rank not in named or p.lateness_us is None:
             continue
         peers = [w for rank, w in waits.items() if rank != p.rank]
         peer_wait = sum(peers) / len(peers) if peers else 0.0
@@ -152,11 +173,19 @@ def _stragglers(per_rank: list[RankSkew], n_matched: int, options: AnalysisOptio
                     f"rank {p.rank} reaches a collective of each step {p.lateness_us / 1e3:.2f} ms after the "
                     f"earliest rank (its latest arrival per step, median over steps; {n_matched} matched "
                     f"collectives; {100 * p.lateness_us / step_us:.1f}% of the {step_us / 1e3:.2f} ms step); "
-                    f"it waits {p.comm_wait_us / 1e3:.2f} ms per step on "
-                    f"communication while its peers wait {peer_wait / 1e3:.2f} ms"
+                    f"it waits {p.comm_wait_us / 1e3:.2f} ms per step on communication while its peers wait "
+                    f"{peer_wait / 1e3:.2f} ms; "
+                    + (
+                        f"it is the last to arrive in {verdict.slowest_in} of {verdict.steps} steps "
+                        f"(p = {verdict.p_value:.3f} by chance)"
+                        if p.rank == verdict.rank
+                        else f"late together with rank {verdict.rank}, standing out from the other ranks"
+                    )
+                    + f", beyond the step-to-step noise of {verdict.noise_pct:.1f}%"
                 ),
                 lateness_us=p.lateness_us,
                 step_excess_pct=None,
+                confidence=verdict.confidence,
             )
         )
     late = {s.rank for s in out}

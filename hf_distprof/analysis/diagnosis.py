@@ -1,12 +1,15 @@
 """Diagnosis (pure): measured numbers -> ranked findings, each with its evidence and a recommendation.
 
-Every check compares a number to a threshold from :class:`AnalysisOptions`; a finding's ``severity`` is a
-rough share of step time at stake, so that the list reads most-costly first.
+The decisions are :mod:`hf_distprof.verdicts`'s (the same the live step timer makes): per-step shares must
+be above their threshold from :class:`AnalysisOptions` in most steps, and rank comparisons must hold up
+against the run's noise. A finding's ``severity`` is a rough share of step time at stake, so that the
+list reads most-costly first; its ``confidence`` says how sure the verdict is.
 """
 
 from __future__ import annotations
 
 from hf_distprof.analysis.model import AnalysisOptions, CommKindStat, CrossRankResult, Finding, RankResult
+from hf_distprof.verdicts import UNDECIDED, judge_share
 
 
 def _mean(values: list[float]) -> float:
@@ -40,8 +43,27 @@ def diagnose(
     return findings
 
 
+def undecided(cross: CrossRankResult | None) -> list[str]:
+    """What the trace is too short to decide, as sentences ("not enough evidence: ...")."""
+    if cross is None:
+        return []
+    out = []
+    for name, verdict in (("straggler", cross.straggler_verdict), ("imbalance", cross.imbalance_verdict)):
+        if verdict is not None and verdict.status == UNDECIDED:
+            out.append(f"{name}: {verdict.reason}")
+    return out
+
+
+def _comm_pct_per_step(rank: RankResult) -> list[float]:
+    if rank.device == "gpu":
+        return [s.gpu.exposed_comm_pct for s in rank.steps if s.gpu is not None]
+    return [s.cpu.pct(s.cpu.communication_us) for s in rank.steps]
+
+
 def _comm_bound(ranks: list[RankResult], options: AnalysisOptions, fsdp_findings: bool) -> list[Finding]:
-    hit = [r for r in ranks if r.exposed_comm_pct > options.comm_bound_pct]
+    verdicts = {r.rank: judge_share(_comm_pct_per_step(r), options.comm_bound_pct, "exposed communication")
+                for r in ranks}
+    hit = [r for r in ranks if verdicts[r.rank].raised]
     if not hit:
         return []
     worst = max(hit, key=lambda r: r.exposed_comm_pct)
@@ -76,6 +98,7 @@ def _comm_bound(ranks: list[RankResult], options: AnalysisOptions, fsdp_findings
                 + "if one rank is late (see straggler findings) the wait is its fault, not the network's."
             ),
             numbers={"exposed_comm_pct": mean, "worst_rank_exposed_comm_pct": worst.exposed_comm_pct},
+            confidence=min(verdicts[r.rank].confidence for r in hit),
         )
     ]
 
@@ -229,38 +252,43 @@ def _stragglers(cross: CrossRankResult) -> list[Finding]:
                     for k, v in (("lateness_us", s.lateness_us), ("step_excess_pct", s.step_excess_pct))
                     if v is not None
                 },
+                confidence=s.confidence,
             )
         )
     return out
 
 
 def _imbalance(cross: CrossRankResult, options: AnalysisOptions) -> list[Finding]:
-    if cross.imbalance_pct <= options.imbalance_pct:
+    verdict = cross.imbalance_verdict
+    if verdict is None or not verdict.raised:
         return []
-    busiest = max(cross.per_rank, key=lambda p: p.busy_us)
-    idlest = min(cross.per_rank, key=lambda p: p.busy_us)
-    mean = _mean([p.busy_us for p in cross.per_rank])
+    busiest = next(p for p in cross.per_rank if p.rank == verdict.rank)
+    others = sorted(p.busy_us for p in cross.per_rank if p.rank != busiest.rank)
+    typical = others[len(others) // 2]
     step = _mean([p.mean_step_us for p in cross.per_rank])
     return [
         Finding(
             kind="imbalance",
-            severity=100.0 * (busiest.busy_us - mean) / step if step else 0.0,
+            severity=100.0 * (busiest.busy_us - typical) / step if step else 0.0,
             title="Load imbalance across ranks",
             ranks=[busiest.rank],
             evidence=(
-                f"busy time (GPU: compute kernels; CPU: compute + data loading) differs by {cross.imbalance_pct:.1f}% "
-                f"(max/mean - 1; threshold {options.imbalance_pct:g}%): rank {busiest.rank} "
-                f"{busiest.busy_us / 1e3:.2f} ms vs rank {idlest.rank} {idlest.busy_us / 1e3:.2f} ms per step"
+                f"busy time (GPU: compute kernels; CPU: compute + data loading): rank {busiest.rank} "
+                f"{busiest.busy_us / 1e3:.2f} ms per step vs {typical / 1e3:.2f} ms on a typical peer; "
+                f"{verdict.reason}"
             ),
             recommendation=(
                 "Give every rank the same amount of work: pack or bucket sequences by length, drop uneven "
                 "last batches, shard evenly; the other ranks idle in collectives until the busiest finishes."
             ),
             numbers={
-                "imbalance_pct": cross.imbalance_pct,
+                "imbalance_pct": verdict.effect_pct,
                 "max_busy_us": busiest.busy_us,
-                "mean_busy_us": mean,
+                "typical_busy_us": typical,
+                "slowest_in_steps": verdict.slowest_in,
+                "steps": verdict.steps,
             },
+            confidence=verdict.confidence,
         )
     ]
 
@@ -329,8 +357,12 @@ def _launch_bound(ranks: list[RankResult], options: AnalysisOptions) -> list[Fin
 
 
 def _data_loading(ranks: list[RankResult], options: AnalysisOptions) -> list[Finding]:
-    share = {r.rank: _mean([s.cpu.pct(s.cpu.data_loading_us) for s in r.steps]) for r in ranks}
-    hit = {rank: v for rank, v in share.items() if v > options.data_loading_pct}
+    verdicts = {
+        r.rank: judge_share([s.cpu.pct(s.cpu.data_loading_us) for s in r.steps], options.data_loading_pct,
+                            "fetching the next batch")
+        for r in ranks
+    }
+    hit = {rank: v.median_pct for rank, v in verdicts.items() if v.raised}
     if not hit:
         return []
     mean = _mean(list(hit.values()))
@@ -341,8 +373,8 @@ def _data_loading(ranks: list[RankResult], options: AnalysisOptions) -> list[Fin
             title="Data-loading bound",
             ranks=sorted(hit),
             evidence=(
-                f"fetching the next batch takes {mean:.1f}% of step time on {len(hit)} of {len(share)} ranks "
-                f"(threshold {options.data_loading_pct:g}%)"
+                f"fetching the next batch takes {mean:.1f}% of step time (median over steps) on {len(hit)} of "
+                f"{len(verdicts)} ranks, above the {options.data_loading_pct:g}% threshold in most steps"
             ),
             recommendation=(
                 "Load data ahead of the step: DataLoader num_workers > 0, pin_memory=True, "
@@ -350,5 +382,6 @@ def _data_loading(ranks: list[RankResult], options: AnalysisOptions) -> list[Fin
                 "in __getitem__."
             ),
             numbers={"data_loading_pct": mean},
+            confidence=min(verdicts[rank].confidence for rank in hit),
         )
     ]

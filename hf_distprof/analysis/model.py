@@ -9,6 +9,8 @@ from typing import Any
 
 import orjson
 
+from hf_distprof.verdicts import SlowRankVerdict
+
 
 @dataclass
 class AnalysisOptions:
@@ -26,14 +28,22 @@ class AnalysisOptions:
     )
     imbalance_pct: float = field(
         default=10.0,
-        metadata={"help": ("Load imbalance (max busy time / mean busy time - 1) above this % is a finding.")},
+        metadata={
+            "help": (
+                "Load imbalance: the busiest rank's busy time over the median of the other ranks', per step. "
+                "A finding when its median is above this %, beyond the run's step-to-step noise, and the same "
+                "rank is the busiest in most steps (more often than chance; see the guide). Under "
+                "--profiler-analyze: the training's --imbalance-threshold-pct."
+            )
+        },
     )
     straggler_pct: float = field(
         default=10.0,
         metadata={
             "help": (
-                "A rank arriving at collectives later than its peers by more than this % of step time "
-                "is a straggler."
+                "A rank arriving at each step's collectives later than its peers by a median of more than this % "
+                "of step time, last in most steps (more often than chance) and beyond the run's noise, is a "
+                "straggler."
             )
         },
     )
@@ -71,6 +81,15 @@ class AnalysisOptions:
             "help": (
                 "FSDP all-gathers, or reduce-scatters, exposed (not hidden behind computation) for more than this % "
                 "of step time, median over a rank's steps, are a finding."
+            )
+        },
+    )
+    profiler_slowdown_threshold: float = field(
+        default=1.25,
+        metadata={
+            "help": (
+                "Traced steps slower than this many times the run's other steps (from timing_rank*.jsonl "
+                "beside the traces) are a finding about the profiler itself."
             )
         },
     )
@@ -199,6 +218,16 @@ class StepResult:
     gpu: GpuBreakdown | None
     n_collectives: int
 
+    def busy_us(self, device: str) -> float:
+        """The rank's own work in this step: compute kernels on GPU; compute plus data loading on CPU.
+
+        Untraced gaps ("other") are left out: on a loaded host they are mostly the thread being
+        descheduled, and counting them made clean runs look imbalanced.
+        """
+        if device == "gpu":
+            return self.gpu.compute_us if self.gpu is not None else 0.0
+        return self.cpu.compute_us + self.cpu.data_loading_us
+
 
 @dataclass
 class KernelStat:
@@ -321,14 +350,10 @@ class RankResult:
 
     @property
     def busy_us(self) -> float:
-        """Mean per-step work: compute kernels on GPU; compute plus data loading on the CPU main thread.
-
-        Untraced gaps ("other") are left out: on a loaded host they are mostly the thread being
-        descheduled, and counting them made clean runs look imbalanced.
-        """
+        """Mean per-step work (:meth:`StepResult.busy_us`)."""
         if self.device == "gpu":
-            return _mean([s.gpu.compute_us for s in self.steps if s.gpu is not None])
-        return _mean([s.cpu.compute_us + s.cpu.data_loading_us for s in self.steps])
+            return _mean([s.busy_us("gpu") for s in self.steps if s.gpu is not None])
+        return _mean([s.busy_us("cpu") for s in self.steps])
 
     @property
     def comm_wait_us(self) -> float:
@@ -350,6 +375,10 @@ class RankSkew:
     """How much later than the earliest rank this rank reaches a collective: its latest arrival in each step,
     median over steps."""
     clock_offset_us: float
+    lateness_steps: list[int] = field(default_factory=list)
+    """The steps with a matched collective, in order."""
+    lateness_per_step_us: list[float] = field(default_factory=list)
+    """The rank's latest arrival after the earliest rank in each of ``lateness_steps``."""
 
 
 @dataclass
@@ -371,6 +400,8 @@ class Straggler:
     evidence: str
     lateness_us: float | None
     step_excess_pct: float | None
+    confidence: float | None = None
+    """1 - p of the arrival-order test (:mod:`hf_distprof.verdicts`); None for the 3+-rank step outlier."""
 
 
 @dataclass
@@ -381,9 +412,14 @@ class CrossRankResult:
     per_rank: list[RankSkew]
     step_spread: list[StepSpread]
     imbalance_pct: float
-    """Load imbalance of busy time: max / mean - 1, in %."""
+    """Load imbalance of busy time: the busiest rank over the median of the others, - 1, in %
+    (:func:`hf_distprof.verdicts.imbalance_pct`)."""
     matched_collectives: int
     stragglers: list[Straggler]
+    straggler_verdict: SlowRankVerdict | None = None
+    """The noise-aware decision on lateness at collectives, with its evidence (raised, quiet, undecided)."""
+    imbalance_verdict: SlowRankVerdict | None = None
+    """The same decision on busy time per step."""
 
 
 @dataclass
@@ -397,6 +433,9 @@ class Finding:
     evidence: str
     recommendation: str
     numbers: dict[str, float] = field(default_factory=dict)
+    confidence: float | None = None
+    """How sure: 1 - p of the arrival-order test for rank findings, the share of steps above the threshold
+    for per-step shares (:mod:`hf_distprof.verdicts`)."""
 
 
 @dataclass
@@ -420,6 +459,11 @@ class AnalysisResult:
     """Communication per collective kind, per step, mean over the ranks."""
     comm_by_module: list[ModuleCommStat] = field(default_factory=list)
     """FSDP's collectives per unit, kind and phase, per step, mean over the ranks (empty without FSDP)."""
+    undecided: list[str] = field(default_factory=list)
+    """Questions the trace is too short to answer ("not enough evidence"), never findings."""
+    profiler_slowdown: dict[str, Any] | None = None
+    """Steps inside the trace against the run's other steps, from ``timing_rank*.jsonl`` beside the traces
+    (:func:`hf_distprof.verdicts.profiler_slowdown`); None without them."""
 
     @property
     def exposed_comm_pct(self) -> float:

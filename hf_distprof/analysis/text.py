@@ -38,11 +38,21 @@ def _findings_lines(result: AnalysisResult) -> list[str]:
         f"load imbalance {result.imbalance_pct:.1f}% ({len(result.ranks)} rank(s))"
     ]
     if not result.findings:
-        lines.append("No finding: no threshold crossed.")
+        lines.append("No finding: no threshold crossed beyond the run's own noise.")
     for i, f in enumerate(result.findings, 1):
-        lines.append(f"{i}. {f.title} (ranks {', '.join(map(str, f.ranks))})")
+        who = f" (ranks {', '.join(map(str, f.ranks))})" if f.ranks else ""
+        sure = f" [confidence {f.confidence:.2f}]" if f.confidence is not None else ""
+        lines.append(f"{i}. {f.title}{who}{sure}")
         lines.append(f"   Evidence: {f.evidence}")
         lines.append(f"   Try: {f.recommendation}")
+    for text in result.undecided:
+        lines.append(f"Not enough evidence, no verdict: {text}")
+    slowdown = result.profiler_slowdown
+    if slowdown and slowdown.get("ratio") is not None and not slowdown.get("warning"):
+        lines.append(
+            f"Profiler slowdown: traced steps {slowdown['ratio']:.2f}x the run's other steps "
+            f"(below {slowdown['threshold_ratio']:g}x)"
+        )
     return lines
 
 
@@ -167,6 +177,9 @@ def format_summary(result: AnalysisResult) -> str:
             )
         spread = max((s.spread_pct for s in cross.step_spread), default=0.0)
         out.append(f"load imbalance {cross.imbalance_pct:.1f}%, largest step-duration spread {spread:.1f}%")
+        for name, verdict in (("straggler", cross.straggler_verdict), ("imbalance", cross.imbalance_verdict)):
+            if verdict is not None:
+                out.append(f"{name} verdict: {verdict.status}: {verdict.reason}")
     findings = _findings_lines(result)
     if findings:
         out += ["", *findings]

@@ -12,7 +12,16 @@ from hf_distprof.config import ProfilingArguments
 
 logger = dist.get_logger(__name__)
 
-ANALYSIS_NAME = "analysis.json"
+
+
+def analysis_options(args: ProfilingArguments) -> Any:
+    """The analysis thresholds the training flags set: the same numbers live and offline."""
+    from hf_distprof.analysis import AnalysisOptions
+
+    return AnalysisOptions(
+        imbalance_pct=float(args.imbalance_threshold_pct),
+        profiler_slowdown_threshold=float(args.profiler_slowdown_threshold),
+    )
 
 
 class TraceAnalysisCallback(TrainerCallback):  # type: ignore[misc]
@@ -50,8 +59,8 @@ class TraceAnalysisCallback(TrainerCallback):  # type: ignore[misc]
         try:
             from hf_distprof.analysis import analyze_paths, format_findings
 
-            self.result = analyze_paths(traces)
-            paths.atomic_write_text(self.run_dir / ANALYSIS_NAME, self.result.to_json().decode())
+            self.result = analyze_paths(traces, analysis_options(self.args))
+            paths.atomic_write_text(self.run_dir / paths.ANALYSIS_NAME, self.result.to_json().decode())
         except Exception as err:  # noqa: BLE001 - the analysis must never fail the training job
             logger.warning(f"--profiler-analyze: analysing {self.run_dir} failed: {err!r}")
             return

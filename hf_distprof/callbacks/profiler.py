@@ -8,6 +8,7 @@ import signal
 import threading
 import warnings
 from pathlib import Path
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -65,6 +66,28 @@ def schedule_warning(args: ProfilingArguments, max_steps: int) -> str | None:
             f"{max_steps}; the trace will hold steps {first}-{max_steps} only."
         )
     return None
+
+
+def traced_steps(args: ProfilingArguments, offset: int = 0) -> Callable[[int], bool]:
+    """Which optimizer steps the profiler runs over (its warmup and active phases), as a predicate.
+
+    The same schedule as :class:`ProfilerCallback`'s, shifted by ``offset`` (``global_step`` when training
+    started). The step timer leaves these steps out of its imbalance verdict and compares their time with
+    the others' (the profiler's own slowdown). False for every step when profiling is off.
+    """
+    if not args.enable_profiling:
+        return lambda step: False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "won't be using warmup": the callback says it once
+        base = schedule(
+            skip_first=args.profiler_skip_first,
+            wait=args.profiler_wait_steps,
+            warmup=args.profiler_warmup_steps,
+            active=args.profiler_active_steps,
+            repeat=args.profiler_repeat,
+        )
+    on = (ProfilerAction.WARMUP, ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
+    return lambda step: step > offset and base(step - offset - 1) in on
 
 
 class ProfilerCallback(TrainerCallback):  # type: ignore[misc]

@@ -13,6 +13,7 @@ runs the ``no_sync`` A/B (``hf_distprof.timing.comm_overhead``) on a real batch.
 from __future__ import annotations
 
 import json
+from collections import deque
 from pathlib import Path
 from typing import IO, Any
 
@@ -21,30 +22,40 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 
 from hf_distprof import dist, paths, tensorboard
 from hf_distprof.parallelism import report_parallelism
+from hf_distprof.callbacks.profiler import traced_steps
 from hf_distprof.config import ProfilingArguments
 from hf_distprof.timing import comm_overhead, publish
 from hf_distprof.timing.clock import default_clock
-from hf_distprof.timing.instrument import ModelHooks, instrument_loader, peak_memory_bytes, sample_batch
+from hf_distprof.timing.instrument import (
+    ModelHooks,
+    current_memory_bytes,
+    instrument_loader,
+    peak_memory_bytes,
+    sample_batch,
+)
 from hf_distprof.timing.recorder import StepRecorder, StepTiming
 from hf_distprof.timing.report import (
     CrossRankReport,
     PhaseTotals,
     RankSummary,
+    StepSeries,
     cross_rank_report,
     format_table,
+    memory_warning,
     peak_tflops_for_device,
 )
+from hf_distprof.verdicts import memory_growth, profiler_slowdown
 
 logger = dist.get_logger(__name__)
 
-TIMING_LOG_NAME = "timing_rank{rank}.jsonl"
-TIMING_SUMMARY_NAME = "timing_summary.json"
 # The first optimizer step of a train() call pays one-off costs (allocator warm-up, DDP bucket rebuild):
 # it goes to the jsonl but not into the means, so it cannot fake an imbalance.
 WARMUP_STEPS = 1
 # Unresolved steps kept at most; past this they are resolved locally on that step, logging step or not
 # (no collective; on GPU one wait for the device, plus one jsonl write, per this many steps).
 MAX_PENDING_STEPS = 1000
+# Per-step rows a rank keeps for rank 0 between logging steps; older ones are dropped when logging is rare.
+ROWS_KEPT = 4096
 
 
 class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
@@ -77,6 +88,12 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self._flos_begin = 0.0
         self._warned: set[tuple[str, int]] = set()
         self._failed = False
+        # Per-step rows ([step, step_s, pre_sync_s]) not yet sent to rank 0, and rank 0's record of all ranks.
+        self._rows: deque[list[float]] = deque(maxlen=ROWS_KEPT)
+        self._series: StepSeries | None = None
+        self._traced: Any = None  # step -> whether the profiler ran over it
+        self._streak: dict[str, int | None] = {}  # what was over its threshold at the previous logging step
+        self._memory: dict[int, list[float]] = {}  # rank 0: each rank's memory at each logging step
 
     # ---- setup and teardown -------------------------------------------------------------------
 
@@ -108,9 +125,12 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self._log_step = None
         self._flos_logged = self._flos_begin = float(state.total_flos)
         self._interval, self._run, self._warmup = PhaseTotals(), PhaseTotals(), PhaseTotals()
+        self._rows, self._streak, self._memory = deque(maxlen=ROWS_KEPT), {}, {}
+        self._series = StepSeries(dist.get_world_size())
+        self._traced = traced_steps(self.args, state.global_step)
 
         if self.run_dir is not None:  # None: the folder could not be created (paths warned once)
-            path = self.run_dir / TIMING_LOG_NAME.format(rank=dist.get_rank())
+            path = self.run_dir / paths.TIMING_LOG_NAME.format(rank=dist.get_rank())
             try:
                 self._jsonl = open(path, "a", encoding="utf-8")  # noqa: SIM115  # open for the whole run
             except OSError as err:
@@ -255,6 +275,8 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             return
         self._interval.add(timing)
         self._run.add(timing)
+        if timing.pre_sync_s is not None:
+            self._rows.append([timing.step, timing.step_s, timing.pre_sync_s])
 
     def _summaries(self, totals: PhaseTotals) -> dict[str, Any] | None:
         if totals.steps == 0:
@@ -266,16 +288,28 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
 
     def _interval_payload(self) -> dict[str, Any]:
         self._drain()
-        payload = {"interval": self._summaries(self._interval), "run": self._summaries(self._run)}
+        payload = {
+            "interval": self._summaries(self._interval),
+            "run": self._summaries(self._run),
+            "rows": list(self._rows),
+            "memory": current_memory_bytes(self._device),
+        }
         self._interval = PhaseTotals()
+        self._rows.clear()
         return payload
 
     def _final_payload(self) -> dict[str, Any]:
         self._drain()
+        rows = list(self._rows)
+        self._rows.clear()
         # A run of WARMUP_STEPS steps or fewer has nothing else to report: use what there is.
-        return {"run": self._summaries(self._run if self._run.steps else self._warmup)}
+        return {"run": self._summaries(self._run if self._run.steps else self._warmup), "rows": rows}
 
-    def _report(self, summaries: list[Any], flops: float | None) -> CrossRankReport | None:
+    def _add_rows(self, gathered: list[dict[str, Any]]) -> None:
+        assert self._series is not None
+        self._series.add([g.get("rows") or [] for g in gathered])
+
+    def _report(self, summaries: list[Any], flops: float | None, verdict: Any = None) -> CrossRankReport | None:
         if any(s is None for s in summaries):
             return None
         return cross_rank_report(
@@ -284,7 +318,23 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             self.args.memory_imbalance_threshold_pct,
             flops=flops,
             peak_tflops=self._peak_tflops,
+            verdict=verdict,
         )
+
+    def _verdict(self) -> Any:
+        """The slow-rank verdict over the steps so far, the profiler's steps left out (its own distortion)."""
+        assert self._series is not None
+        traced = self._traced
+        untraced = [s for s in self._series.step_times() if not traced(s)]
+        # When the profiler ran over (nearly) every step, those steps are all there is to judge.
+        exclude = traced if len(untraced) >= 2 else None
+        return self._series.verdict(self.args.imbalance_threshold_pct, exclude)
+
+    def _persistent(self, key: str, subject: int | None) -> bool:
+        """Whether ``subject`` was over its threshold at this logging step and the previous one."""
+        previous = self._streak.get(key)
+        self._streak[key] = subject
+        return subject is not None and previous == subject
 
     def _publish_interval(
         self, gathered: list[dict[str, Any]], state: TrainerState, logs: dict[str, Any] | None
@@ -303,14 +353,39 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
                 logs.update(figures)
             if state.log_history and state.log_history[-1].get("step") == state.global_step:
                 state.log_history[-1].update(figures)
-        # Warnings come from the run so far, not one noisy window; each (kind, rank) is said once live.
-        run = self._report([g["run"] for g in gathered], None)
-        for warning in run.warnings if run is not None else []:
-            kind = "memory" if warning.startswith("Peak memory") else "time"
-            rank = run.max_memory_rank if kind == "memory" else run.slowest_rank  # type: ignore[union-attr]
-            if (kind, rank or 0) not in self._warned:
-                self._warned.add((kind, rank or 0))
-                logger.warning(f"step {state.global_step}: {warning}")
+        # Live warnings come from the run so far, never from one window, and only when the verdict held at
+        # the previous logging step too (persistence across windows); each (kind, rank) is said once.
+        self._add_rows(gathered)
+        verdict = self._verdict()
+        run = self._report([g["run"] for g in gathered], None, verdict)
+        if run is None:
+            return
+        slow = verdict.rank if verdict is not None and verdict.raised else None
+        if self._persistent("time", slow):
+            self._warn_once("time", run.slowest_rank, state, run.warnings[0])
+        mem_over = run.memory_imbalance_pct is not None and run.memory_imbalance_pct > run.memory_threshold_pct
+        if self._persistent("memory", run.max_memory_rank if mem_over else None):
+            warning = memory_warning(run.ranks, run.memory_imbalance_pct or 0.0, run.memory_threshold_pct)
+            self._warn_once("memory", run.max_memory_rank or 0, state, warning)
+        for rank, g in enumerate(gathered):
+            if g.get("memory") is not None:
+                self._memory.setdefault(rank, []).append(float(g["memory"]))
+            growth = memory_growth(self._memory.get(rank, []), self.args.memory_growth_threshold_pct)
+            if growth is not None:
+                self._warn_once(
+                    "growth", rank, state,
+                    f"rank {rank}: {growth} ({self._memory_kind()} at each logging step): look for tensors "
+                    "kept across steps (losses appended to a list without .item(), caches, hooks holding "
+                    "activations)",
+                )
+
+    def _memory_kind(self) -> str:
+        return "allocated CUDA memory" if self._device.type == "cuda" else "process RSS"
+
+    def _warn_once(self, kind: str, rank: int, state: TrainerState, warning: str) -> None:
+        if (kind, rank) not in self._warned:
+            self._warned.add((kind, rank))
+            logger.warning(f"step {state.global_step}: {warning}")
 
     def _write_summary(self, gathered: list[dict[str, Any]], state: TrainerState) -> None:
         runs = [g["run"] for g in gathered]
@@ -318,9 +393,21 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         all_steps = counted + (WARMUP_STEPS if self._run.steps else 0)
         # The Trainer counts FLOPs for every step; scale to the steps in the means (equal work per step).
         flops = (float(state.total_flos) - self._flos_begin) * counted / all_steps if all_steps else None
-        report = self._report(runs, flops)
+        self._add_rows(gathered)
+        report = self._report(runs, flops, self._verdict())
         if report is None:
             return
+        assert self._series is not None
+        a = self.args
+        slowdown = profiler_slowdown(
+            self._series.step_times(),
+            {s for s in self._series.step_times() if self._traced(s)},
+            {"record_shapes": a.profiler_record_shapes, "profile_memory": a.profiler_profile_memory,
+             "with_stack": a.profiler_with_stack, "with_flops": a.profiler_with_flops},
+            threshold_ratio=a.profiler_slowdown_threshold,
+        )
+        if slowdown is not None and slowdown.warning is not None:
+            report.warnings.append(slowdown.warning[0].upper() + slowdown.warning[1:])
         summary: dict[str, Any] = {
             "world_size": len(gathered),
             "steps_in_means": counted,
@@ -331,12 +418,13 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             "per_rank": report.to_json()["ranks"],
             "peak_tflops": self._peak_tflops,
             "comm_overhead": self.comm,
-            "files": sorted(TIMING_LOG_NAME.format(rank=r) for r in range(len(gathered))),
+            "profiler_slowdown": slowdown.to_json() if slowdown is not None else None,
+            "files": sorted(paths.TIMING_LOG_NAME.format(rank=r) for r in range(len(gathered))),
         }
         del summary["ranks"]
         self.summary = summary
         if self.run_dir is not None:
-            paths.atomic_write_text(self.run_dir / TIMING_SUMMARY_NAME, json.dumps(summary, indent=2) + "\n")
+            paths.atomic_write_text(self.run_dir / paths.TIMING_SUMMARY_NAME, json.dumps(summary, indent=2) + "\n")
         where = self.run_dir if self.run_dir is not None else "no run folder, no files"
         print(format_table(report, self.comm, title=f"hf_distprof step timing ({where})"), flush=True)
         for warning in report.warnings:

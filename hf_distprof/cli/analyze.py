@@ -38,6 +38,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("paths", nargs="+", help="trace files and/or folders holding them")
     parser.add_argument("--json", action="store_true", help="print the full result as JSON instead of text")
     parser.add_argument(
+        "--findings", action="store_true", help="print only the headline and the findings (what the demo ends with)"
+    )
+    parser.add_argument(
         "--report", metavar="DIR", help="also write report.md/report.html/PNGs/analysis.json to DIR"
     )
     parser.add_argument(
@@ -76,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         0 when at least one rank was analysed, 1 when none could be, 2 on bad options or paths or when the
         report cannot be written.
     """
-    from hf_distprof.analysis import analyze_paths, format_summary
+    from hf_distprof.analysis import analyze_paths, format_findings, format_summary
 
     try:
         options = options_from_args(args)
@@ -90,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.json:
         sys.stdout.write(result.to_json().decode() + "\n")
+    elif args.findings:
+        print(format_findings(result))
     else:
         print(format_summary(result))
     for err in result.errors:

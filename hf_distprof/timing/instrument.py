@@ -179,3 +179,18 @@ def peak_memory_bytes(device: torch.device) -> int:
         return int(torch.cuda.max_memory_allocated(device))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)  # bytes on macOS, KiB on Linux
+
+
+def current_memory_bytes(device: torch.device) -> int | None:
+    """Memory in use now: CUDA allocated on GPU, the process's RSS on CPU (psutil); None when unreadable.
+
+    Host counters only (no device sync). Sampled on logging steps, for the memory-growth verdict.
+    """
+    if device.type == "cuda":
+        return int(torch.cuda.memory_allocated(device))
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except Exception:  # noqa: BLE001 - a sandbox without /proc: no growth check, nothing else lost
+        return None

@@ -12,11 +12,13 @@ each spends on its own work before that sync (data loading + forward + the compu
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from hf_distprof.timing.recorder import StepTiming
+from hf_distprof.verdicts import SlowRankVerdict, imbalance_pct, judge_slow_rank
 
 # Mean phases carried per rank; the optional ones are None when not measured on some step.
 PHASES: tuple[str, ...] = ("data_s", "forward_s", "backward_s", "optimizer_s", "step_s")
@@ -162,18 +164,12 @@ class CrossRankReport:
     time_threshold_pct: float
     memory_threshold_pct: float
     warnings: list[str] = field(default_factory=list)
+    imbalance_verdict: dict[str, Any] | None = None
+    """The noise-aware decision on pre-sync time per step (``hf_distprof.verdicts.judge_slow_rank``)."""
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
         return dataclasses.asdict(self)
-
-
-def imbalance_pct(values: Sequence[float]) -> float:
-    """``(max - min) / mean`` in percent; 0 for fewer than two values or a zero mean."""
-    if len(values) < 2:
-        return 0.0
-    mean = sum(values) / len(values)
-    return 0.0 if mean <= 0 else (max(values) - min(values)) / mean * 100.0
 
 
 _PHASE_ADVICE = {
@@ -230,18 +226,24 @@ def cross_rank_report(
     memory_threshold_pct: float = 20.0,
     flops: float | None = None,
     peak_tflops: float | None = None,
+    verdict: SlowRankVerdict | None = None,
 ) -> CrossRankReport:
     """Compare the ranks of one window of steps.
 
+    The figures come from the window's means; the time warning comes only from ``verdict``, the
+    noise-aware decision over the window's individual steps (:meth:`StepSeries.verdict`): means alone
+    cannot tell a slow rank from a noisy step.
+
     Args:
         ranks: One summary per rank with at least one step each.
-        time_threshold_pct: Warn when the pre-sync time imbalance exceeds this.
+        time_threshold_pct: The imbalance threshold (shown in the table; the verdict applies it).
         memory_threshold_pct: Warn when the peak memory imbalance exceeds this.
         flops: FLOPs of all ranks together over the window (the Trainer's count), for MFU.
         peak_tflops: Peak TFLOPs of one device; MFU is None without it.
+        verdict: The slow-rank verdict over the window's steps; None: no time warning.
 
     Returns:
-        The report, with warnings (and recommendations) for the thresholds crossed.
+        The report, with warnings (and recommendations) for the verdicts raised.
 
     Raises:
         ValueError: When ``ranks`` is empty or a rank has no steps.
@@ -252,6 +254,8 @@ def cross_rank_report(
     steps = [float(r.step_s or 0.0) for r in ranks]
     pre = [float(r.pre_sync_s or 0.0) for r in ranks]
     slow = ranks[max(range(len(ranks)), key=lambda i: pre[i])]
+    if verdict is not None and verdict.raised:
+        slow = next(r for r in ranks if r.rank == verdict.rank)
     fast = ranks[min(range(len(ranks)), key=lambda i: pre[i])]
     phase, excess = _slowest_phase(ranks, slow)
     imbalance = imbalance_pct(pre)
@@ -269,28 +273,19 @@ def cross_rank_report(
         mfu = flops / (len(ranks) * mean_total * peak_tflops * 1e12) * 100.0
 
     warnings: list[str] = []
-    if len(ranks) > 1 and imbalance > time_threshold_pct:
-        mean_pre = sum(pre) / len(pre)
+    if len(ranks) > 1 and verdict is not None and verdict.raised:
+        others = [p for r, p in zip(ranks, pre) if r.rank != slow.rank]
+        typical = sorted(others)[len(others) // 2]
         warnings.append(
-            f"Step time imbalance {imbalance:.1f}% > {time_threshold_pct:g}%: "
+            f"Step time imbalance {verdict.effect_pct:.1f}% > {time_threshold_pct:g}%: "
             f"rank {slow.rank} is the slowest. "
             f"Its own work before the gradient sync (data + forward + backward compute) takes "
-            f"{slow.pre_sync_s:.4f}s per step vs {mean_pre:.4f}s on average, and the other ranks wait for it "
-            f"in the collectives. Most of the difference is in {phase} (+{excess:.4f}s per step): rank "
-            f"{slow.rank}: {_PHASE_ADVICE[phase]}."
+            f"{slow.pre_sync_s:.4f}s per step vs {typical:.4f}s on a typical peer, and the other ranks wait "
+            f"for it in the collectives ({verdict.reason}; confidence {verdict.confidence:.3f}). Most of the "
+            f"difference is in {phase} (+{excess:.4f}s per step): rank {slow.rank}: {_PHASE_ADVICE[phase]}."
         )
     if mem_imbalance is not None and mem_imbalance > memory_threshold_pct:
-        low = min(ranks, key=lambda r: r.peak_memory_bytes or 0)
-        high = next(r for r in ranks if r.rank == max_mem_rank)
-        warnings.append(
-            f"Peak memory imbalance {mem_imbalance:.1f}% > {memory_threshold_pct:g}%: "
-            f"rank {max_mem_rank} peaks "
-            f"at {format_bytes(high.peak_memory_bytes)} vs {format_bytes(low.peak_memory_bytes)} on rank "
-            f"{low.rank}. Look for work only that rank does (logging, evaluation, checkpoint saving on "
-            "rank 0), uneven batch shapes (variable-length padding: pad to a fixed length or use "
-            "--group_by_length), or "
-            "tensors kept alive on one rank; sharding optimizer state and gradients (FSDP) also evens it out."
-        )
+        warnings.append(memory_warning(ranks, mem_imbalance, memory_threshold_pct))
     return CrossRankReport(
         ranks=list(ranks),
         step_mean_s=sum(steps) / len(steps),
@@ -309,7 +304,71 @@ def cross_rank_report(
         time_threshold_pct=time_threshold_pct,
         memory_threshold_pct=memory_threshold_pct,
         warnings=warnings,
+        imbalance_verdict=verdict.to_json() if verdict is not None else None,
     )
+
+
+def memory_warning(ranks: Sequence[RankSummary], mem_imbalance: float, threshold_pct: float) -> str:
+    """The peak-memory imbalance warning, naming the highest and the lowest rank."""
+    low = min(ranks, key=lambda r: r.peak_memory_bytes or 0)
+    high = max(ranks, key=lambda r: r.peak_memory_bytes or 0)
+    return (
+        f"Peak memory imbalance {mem_imbalance:.1f}% > {threshold_pct:g}%: rank {high.rank} peaks "
+        f"at {format_bytes(high.peak_memory_bytes)} vs {format_bytes(low.peak_memory_bytes)} on rank "
+        f"{low.rank}. Look for work only that rank does (logging, evaluation, checkpoint saving on "
+        "rank 0), uneven batch shapes (variable-length padding: pad to a fixed length or use "
+        "--group_by_length), or "
+        "tensors kept alive on one rank; sharding optimizer state and gradients (FSDP) also evens it out."
+    )
+
+
+class StepSeries:
+    """Rank 0's per-step record of every rank's pre-sync time and step time, bounded in length.
+
+    Filled from the per-step values each rank sends on logging steps; the noise-aware decisions
+    (:mod:`hf_distprof.verdicts`) need individual steps, not window means. Only the latest ``max_steps``
+    steps are kept, so memory stays bounded on long runs with many ranks.
+    """
+
+    def __init__(self, world_size: int, max_steps: int | None = None) -> None:
+        self.world_size = world_size
+        self.max_steps = max_steps or max(64, 2_000_000 // max(world_size, 1))
+        self._steps: OrderedDict[int, tuple[list[float], float]] = OrderedDict()
+
+    def add(self, per_rank: Sequence[Sequence[Sequence[float]]]) -> None:
+        """Add the ``[step, step_s, pre_sync_s]`` rows of every rank; steps missing on a rank are dropped."""
+        by_step: dict[int, dict[int, tuple[float, float]]] = {}
+        for rank, rows in enumerate(per_rank):
+            for step, step_s, pre in rows:
+                by_step.setdefault(int(step), {})[rank] = (float(step_s), float(pre))
+        for step in sorted(by_step):
+            got = by_step[step]
+            if len(got) != self.world_size:
+                continue
+            pre = [got[r][1] for r in range(self.world_size)]
+            self._steps[step] = (pre, max(v[0] for v in got.values()))
+        while len(self._steps) > self.max_steps:
+            self._steps.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def step_times(self) -> dict[int, float]:
+        """step -> the step time (the slowest rank's; under DDP they are equal)."""
+        return {step: v[1] for step, v in self._steps.items()}
+
+    def verdict(
+        self, threshold_pct: float, exclude: Callable[[int], bool] | None = None
+    ) -> SlowRankVerdict | None:
+        """The slow-rank verdict on pre-sync time over the kept steps, leaving out ``exclude``d steps.
+
+        Steps the profiler traced are left out by the caller: a slow rank there may be the profiler's doing.
+        """
+        rows = [v[0] for step, v in self._steps.items() if exclude is None or not exclude(step)]
+        if self.world_size < 2:
+            return None
+        per_rank = {r: [row[r] for row in rows] for r in range(self.world_size)}
+        return judge_slow_rank(per_rank, threshold_pct, what="pre-sync work (data + forward + backward compute)")
 
 
 def _cell(value: float | None, width: int, fmt: str = ".4f") -> str:

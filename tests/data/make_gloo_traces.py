@@ -7,8 +7,8 @@ Run from the repository root::
     GLOO_TRACES_OUT=/tmp/x python tests/data/make_gloo_traces.py slow_rank1  # elsewhere (integration test)
 
 Each scenario trains a tiny MLP under DDP on 2 gloo ranks (spawned with torch.multiprocessing) and
-records steps with ``torch.profiler`` (schedule wait=1, warmup=1, active=2, so two ``ProfilerStep#N``
-per trace). Scenarios:
+records steps with ``torch.profiler`` (schedule wait=1, warmup=1, active=ACTIVE: six ``ProfilerStep#N``
+per trace, enough for a 2-rank verdict; ``fsdp2`` was recorded with two). Scenarios:
 
 - ``clean``: both ranks do the same work; no straggler, no imbalance.
 - ``slow_rank1``: rank 1 sleeps ``SLOW_MS`` in its forward every step, so rank 0 waits for it inside
@@ -40,8 +40,10 @@ HERE = Path(__file__).resolve().parent
 OUT = Path(os.environ.get("GLOO_TRACES_OUT", HERE))
 SCENARIOS = ("clean", "slow_rank1", "slow_data", "fsdp2")
 SLOW_MS = 30
+# Active steps per trace: 2 ranks need 5 or more for any verdict (hf_distprof.verdicts.min_steps).
+ACTIVE = 6
 WORLD_SIZE = 2
-BATCH = 512
+BATCH = 2048
 WIDTH = 256
 
 
@@ -100,18 +102,18 @@ def _worker(rank: int, scenario: str, port: int) -> None:
             model = DDP(TinyMLP(slow_forward), bucket_cap_mb=0.1)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         # The batch is large enough that compute, not the gradient all-reduce, dominates a clean step.
-        loader = DataLoader(RandomBatches(8, slow_data), batch_size=None)
+        loader = DataLoader(RandomBatches(ACTIVE + 3, slow_data), batch_size=None)
         out_dir = OUT / scenario
         out_dir.mkdir(exist_ok=True)
         out = out_dir / f"rank-{rank}.json.gz"
-        schedule = torch.profiler.schedule(wait=1, warmup=1, active=2, repeat=1)
+        schedule = torch.profiler.schedule(wait=1, warmup=1, active=ACTIVE, repeat=1)
         with torch.profiler.profile(
             activities=[torch.profiler.ProfilerActivity.CPU],
             schedule=schedule,
             on_trace_ready=lambda p: p.export_chrome_trace(str(out)),
         ) as prof:
             for step, (x, y) in enumerate(loader):
-                if step == 5:
+                if step == ACTIVE + 3:
                     break
                 loss = nn.functional.mse_loss(model(x), y)
                 opt.zero_grad(set_to_none=True)

@@ -8,7 +8,7 @@ from hf_distprof.analysis.model import AnalysisOptions, Collective, CpuBreakdown
 STEP_US = 100_000.0
 
 
-def rank(r: int, late_first_us: float, steps: int = 3, per_step: int = 4) -> RankResult:
+def rank(r: int, late_first_us: float, steps: int = 6, per_step: int = 4) -> RankResult:
     """A CPU rank whose first collective of every step starts ``late_first_us`` late; the rest in lockstep."""
     collectives, step_results = [], []
     for s in range(steps):
@@ -31,6 +31,22 @@ def test_a_rank_late_only_at_the_first_collective_of_each_step_is_the_straggler(
     result = cross_rank([rank(0, 0.0), rank(1, 30_000.0)], AnalysisOptions())
     assert [s.rank for s in result.stragglers] == [1]
     assert result.per_rank[1].lateness_us == 30_000.0 and result.per_rank[0].lateness_us == 0.0
+    assert result.per_rank[1].lateness_steps == [1, 2, 3, 4, 5, 6]
+    verdict = result.straggler_verdict
+    assert (verdict.status, verdict.rank, verdict.slowest_in, verdict.steps) == ("raised", 1, 6, 6)
+    assert verdict.p_value == 0.5**6 and result.stragglers[0].confidence == 1 - 0.5**6
+
+
+def test_a_three_step_window_of_two_ranks_is_not_enough_evidence():
+    # Last in 3 of 3 steps happens by chance 1 time in 8 with two ranks: no verdict, however late.
+    result = cross_rank([rank(0, 0.0, steps=3), rank(1, 30_000.0, steps=3)], AnalysisOptions())
+    assert result.stragglers == []
+    verdict = result.straggler_verdict
+    assert (verdict.status, verdict.rank, verdict.min_steps) == ("undecided", 1, 5)
+    assert verdict.reason.startswith("not enough evidence: rank 1's arrival")
+    # Eight ranks: last in 3 of 3 happens by chance 1 time in 512, a verdict.
+    eight = cross_rank([rank(r, 30_000.0 if r == 5 else 0.0, steps=3) for r in range(8)], AnalysisOptions())
+    assert [s.rank for s in eight.stragglers] == [5]
 
 
 def test_jitter_below_the_threshold_is_no_straggler():
@@ -46,7 +62,8 @@ def test_with_many_ranks_a_straggler_must_stand_out():
     assert result.stragglers == []
     minority = [0.0, 0.0, 20_000.0, 21_000.0, 0.0, 22_000.0, 1_000.0, 0.0]  # three ranks far behind five
     result = cross_rank([rank(r, late) for r, late in enumerate(minority)], AnalysisOptions())
-    assert sorted(s.rank for s in result.stragglers) == [2, 3, 5]
+    assert [s.rank for s in result.stragglers] == [5, 3, 2]  # the latest first
+    assert result.straggler_verdict.also == [2, 3]
     lone = [0.0, 500.0, 0.0, 1_000.0, 0.0, 40_000.0, 0.0, 500.0]  # one rank far from the rest
     result = cross_rank([rank(r, late) for r, late in enumerate(lone)], AnalysisOptions())
     assert [s.rank for s in result.stragglers] == [5]

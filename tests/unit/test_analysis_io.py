@@ -123,7 +123,8 @@ def _bad_files(tmp_path: Path) -> dict[str, str]:
     good = (CLEAN / "rank-0.json.gz").read_bytes()
     raw = gzip.decompress(good)
     (tmp_path / "rank0.json.gz").write_bytes(good[: len(good) // 2])
-    (tmp_path / "rank1.json").write_bytes(raw[: len(raw) // 2] + b"#garbage" + raw[len(raw) // 2 :])
+    cut = raw.index(b"},", len(raw) // 2) + 2  # between two events, never inside a string
+    (tmp_path / "rank1.json").write_bytes(raw[:cut] + b"#garbage" + raw[cut:])
     (tmp_path / "rank2.json").write_bytes(b"")
     (tmp_path / "rank3.json").write_bytes(b'{"hello": "world", "items": [1, 2]}')
     doc = orjson.loads(raw)

@@ -17,7 +17,7 @@ import pytest
 
 from hf_distprof import ProfilerCallback, ProfilingArguments, dist
 from hf_distprof.callbacks import profiler as profiler_module
-from hf_distprof.callbacks.profiler import schedule_warning
+from hf_distprof.callbacks.profiler import schedule_warning, traced_steps
 
 from ..conftest import REPO_ROOT
 from . import fake_trainer
@@ -136,12 +136,23 @@ def test_a_failed_export_is_one_warning_and_training_goes_on(tmp_path, caplog):
 
 
 def test_schedule_warning_texts():
-    args = ProfilingArguments()  # first active step = 0 + 5 + 2 + 1 = 8
-    assert schedule_warning(args, 10) is None
+    args = ProfilingArguments()  # first active step = 0 + 5 + 2 + 1 = 8, 6 active steps: 8-13
+    assert schedule_warning(args, 13) is None
     nothing = schedule_warning(args, 7)
     assert nothing is not None and "record nothing" in nothing and "first active step is step 8" in nothing
     cut = schedule_warning(args, 9)
-    assert cut is not None and "steps 8-10" in cut and "steps 8-9 only" in cut
+    assert cut is not None and "steps 8-13" in cut and "steps 8-9 only" in cut
+
+
+def test_traced_steps_follow_the_schedule():
+    args = ProfilingArguments(enable_profiling=True, profiler_wait_steps=2, profiler_warmup_steps=1,
+                              profiler_active_steps=3, profiler_repeat=2)
+    traced = traced_steps(args)
+    # wait 1-2, warmup 3, active 4-6; wait 7-8, warmup 9, active 10-12; then nothing.
+    assert [s for s in range(1, 20) if traced(s)] == [3, 4, 5, 6, 9, 10, 11, 12]
+    resumed = traced_steps(args, offset=100)  # resumed at global_step 100: the schedule starts after it
+    assert [s for s in range(95, 120) if resumed(s)] == [103, 104, 105, 106, 109, 110, 111, 112]
+    assert not any(traced_steps(ProfilingArguments())(s) for s in range(1, 50))  # profiling off
 
 
 def test_schedule_that_never_reaches_active_warns_once_and_keeps_the_schedule(tmp_path, caplog):

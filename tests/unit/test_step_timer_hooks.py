@@ -70,7 +70,7 @@ def test_only_the_trainers_logging_steps_gather(tmp_path, monkeypatch):
     run.end()
     # The parallelism report at train start, the logging step, then the end-of-run gather; nothing else.
     assert run.gathers == [0, 2, 4]
-    lines = (run.callback.run_dir / step_timer.TIMING_LOG_NAME.format(rank=0)).read_text().splitlines()
+    lines = (run.callback.run_dir / "timing_rank0.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2, 3, 4]
 
 
@@ -140,7 +140,7 @@ def test_a_close_that_fails_at_train_end_is_one_warning(tmp_path, monkeypatch, c
     assert full.writes == 1 and full.closed and run.callback._jsonl is None
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "cannot close" in warnings[0] and "No space left" in warnings[0]
-    assert (run.callback.run_dir / step_timer.TIMING_SUMMARY_NAME).exists()
+    assert (run.callback.run_dir / "timing_summary.json").exists()
 
 
 def test_without_a_run_folder_timing_goes_on_without_files(tmp_path, monkeypatch, capsys):

@@ -1,0 +1,363 @@
+"""The one place where measured numbers become a verdict: is a rank slow, is a share too high, is the
+profiler distorting the run, is memory uneven or growing.
+
+Pure functions over per-step (or per-window) numbers; no torch, no I/O. The live step timer and the
+offline trace analyzer both call these, with the same thresholds, so the two cannot disagree about what a
+figure means or when it is worth a warning.
+
+A verdict is raised only when the evidence holds up against the run's own noise:
+
+- **effect size**: the slow rank's median excess over its peers is above the user's threshold *and*
+  above the step-to-step variation the run itself shows;
+- **persistence / arrival order**: the rank is the slowest (the last to arrive) in most steps, and more
+  often than chance would make it: with ``R`` ranks each is last with probability ``1/R`` in a clean
+  run, so being last in ``k`` of ``n`` steps must have a binomial tail probability below ``alpha``. Last
+  in 11 of 12 steps of 2 ranks (p = 0.003) is a straggler; last in 6 of 12 (p = 0.61) is noise;
+- **enough data**: when even "last in every step" could not reach ``alpha`` (2 ranks need 5 steps,
+  8 ranks need 2), the answer is "not enough evidence", never a verdict.
+
+``confidence`` is ``1 - p`` of the arrival-order test.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from statistics import median
+from typing import Any
+
+ALPHA = 0.05
+"""Largest chance probability of the arrival-order evidence that still counts as a verdict."""
+MOST = 0.5
+"""A slow rank must be the slowest in more than this share of the steps."""
+MAD_SCALE = 1.4826
+"""Median absolute deviation -> standard deviation for normally distributed noise."""
+
+RAISED, QUIET, UNDECIDED = "raised", "quiet", "undecided"
+
+
+@dataclass
+class SlowRankVerdict:
+    """Whether one rank is slower than its peers, and the evidence either way.
+
+    Percentages are of ``scale`` (the peers' own value for work imbalance, the step time for lateness).
+    """
+
+    status: str
+    """``raised`` (a finding), ``quiet`` (no finding) or ``undecided`` (not enough evidence)."""
+    rank: int | None
+    """The candidate: the rank with the largest median excess (None with fewer than 2 ranks or no step)."""
+    effect_pct: float
+    """The candidate's median excess over the median of the other ranks, per step."""
+    threshold_pct: float
+    noise_pct: float
+    """Step-to-step variation of the ranks' own values (scaled MAD, median over ranks)."""
+    slowest_in: int
+    """Steps in which the candidate was the slowest rank."""
+    steps: int
+    ranks: int
+    p_value: float
+    """Chance of being the slowest in ``slowest_in`` of ``steps`` steps or more in a balanced run."""
+    min_steps: int
+    """Fewest steps in which any verdict is possible with this many ranks."""
+    reason: str
+    """One sentence: why this status."""
+    effect_abs: float = 0.0
+    """The candidate's median excess in the values' own unit (seconds, microseconds)."""
+    also: list[int] = field(default_factory=list)
+    """With 3+ ranks, other ranks that pass the same tests beside the candidate (a late minority)."""
+    per_step_excess_pct: list[float] = field(default_factory=list)
+    confidence: float = field(init=False)
+    """``1 - p_value``: how unlikely the arrival order is in a balanced run."""
+
+    def __post_init__(self) -> None:
+        self.confidence = 1.0 - self.p_value
+
+    @property
+    def raised(self) -> bool:
+        return self.status == RAISED
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def binomial_tail(k: int, n: int, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, p)."""
+    if k <= 0:
+        return 1.0
+    return min(1.0, sum(math.comb(n, i) * p**i * (1.0 - p) ** (n - i) for i in range(k, n + 1)))
+
+
+def min_steps(ranks: int, alpha: float = ALPHA) -> int:
+    """Fewest steps in which "slowest in every step" is below ``alpha`` for ``ranks`` ranks."""
+    if ranks < 2:
+        return 0
+    return max(1, math.floor(math.log(alpha) / math.log(1.0 / ranks)) + 1)
+
+
+def imbalance_pct(values: Sequence[float]) -> float:
+    """How much more the largest value is than the median of the others, in %.
+
+    The one definition of imbalance: for work per rank (pre-sync time, busy time, peak memory) it says how
+    much longer the slowest rank works than a typical peer, which is what the others wait for. 0 for
+    fewer than two values or a zero median.
+    """
+    if len(values) < 2:
+        return 0.0
+    top = max(range(len(values)), key=lambda i: values[i])
+    others = median(v for i, v in enumerate(values) if i != top)
+    return 100.0 * (values[top] / others - 1.0) if others > 0 else 0.0
+
+
+def _scaled_mad(values: Sequence[float]) -> float:
+    mid = median(values)
+    return MAD_SCALE * median(abs(v - mid) for v in values)
+
+
+def judge_slow_rank(
+    per_step: Mapping[int, Sequence[float]],
+    threshold_pct: float,
+    *,
+    scale: Sequence[float] | None = None,
+    min_abs: float = 0.0,
+    alpha: float = ALPHA,
+    what: str = "its work",
+) -> SlowRankVerdict:
+    """Decide whether one rank is slower than the others, step by step.
+
+    Args:
+        per_step: rank -> its value in each step (same steps, same order for every rank); larger is
+            slower (pre-sync work, busy time, lateness at collectives).
+        threshold_pct: The user's threshold for the median excess, in % of ``scale``.
+        scale: Per-step denominators (the step time, for lateness). None: the median of the other
+            ranks' values in that step (relative excess of work).
+        min_abs: The median excess must also be above this, in the values' unit (scheduler noise floor).
+        alpha: See :data:`ALPHA`.
+        what: How the evidence names the values ("its pre-sync work", "its arrival at collectives").
+
+    Returns:
+        The verdict; ``raised`` only when effect, noise, persistence and enough-data all agree.
+    """
+    ranks = sorted(per_step)
+    n = min((len(per_step[r]) for r in ranks), default=0)
+    need = min_steps(len(ranks), alpha)
+    if len(ranks) < 2 or n == 0:
+        return SlowRankVerdict(QUIET, None, 0.0, threshold_pct, 0.0, 0, n, len(ranks), 1.0, need,
+                               "fewer than 2 ranks or no step to compare")
+    excess: dict[int, list[float]] = {r: [] for r in ranks}
+    excess_abs: dict[int, list[float]] = {r: [] for r in ranks}
+    slowest_count = dict.fromkeys(ranks, 0)
+    for s in range(n):
+        values = {r: float(per_step[r][s]) for r in ranks}
+        slowest_count[max(ranks, key=lambda r: values[r])] += 1
+        for r in ranks:
+            others = median(v for q, v in values.items() if q != r)
+            denom = others if scale is None else float(scale[s])
+            excess_abs[r].append(values[r] - others)
+            excess[r].append(100.0 * (values[r] - others) / denom if denom > 0 else 0.0)
+    candidate = max(ranks, key=lambda r: (median(excess[r]), slowest_count[r]))
+    effect = median(excess[candidate])
+    effect_abs = median(excess_abs[candidate])
+    noise = median(_noise_pct(per_step[r][:n], scale) for r in ranks)
+    k = slowest_count[candidate]
+    p = binomial_tail(k, n, 1.0 / len(ranks))
+    base = dict(rank=candidate, effect_pct=effect, threshold_pct=threshold_pct, noise_pct=noise, slowest_in=k,
+                steps=n, ranks=len(ranks), p_value=p, min_steps=need, effect_abs=effect_abs,
+                per_step_excess_pct=excess[candidate])
+    late = f"rank {candidate}'s {what} exceeds its peers' by a median {effect:.1f}%"
+    order = f"it is the slowest in {k} of {n} steps (p = {p:.3f} in a balanced run of {len(ranks)} ranks)"
+    if effect <= threshold_pct or effect_abs <= min_abs:
+        return SlowRankVerdict(QUIET, **base, reason=f"{late}, within the {threshold_pct:g}% threshold")
+    if n < need:
+        return SlowRankVerdict(
+            UNDECIDED, **base,
+            reason=f"not enough evidence: {late} (threshold {threshold_pct:g}%), but {n} steps of {len(ranks)} "
+            f"ranks cannot tell a slow rank from chance; at least {need} are needed",
+        )
+    if effect <= noise:
+        return SlowRankVerdict(
+            QUIET, **base,
+            reason=f"{late}, but the run's own step-to-step variation is {noise:.1f}%: within the noise",
+        )
+    if k <= MOST * n or p >= alpha:
+        return SlowRankVerdict(QUIET, **base, reason=f"{late}, but {order}: not persistent")
+    standing_out = _standing_out({r: per_step[r][:n] for r in ranks})
+    if len(ranks) >= 3 and candidate not in standing_out:
+        return SlowRankVerdict(
+            QUIET, **base,
+            reason=f"{late}, but its arrival does not stand out from the spread across the {len(ranks)} ranks "
+            "(3 scaled median absolute deviations): several ranks are late together, an imbalance rather than "
+            "one straggler",
+        )
+    also = [
+        r for r in ranks
+        if r != candidate and r in standing_out and median(excess[r]) > max(threshold_pct, noise)
+        and median(excess_abs[r]) > min_abs and sum(e > 0 for e in excess[r]) > MOST * n
+    ]
+    return SlowRankVerdict(
+        RAISED, **base, also=also,
+        reason=f"{late} (threshold {threshold_pct:g}%, step-to-step noise {noise:.1f}%); {order}",
+    )
+
+
+def _standing_out(per_step: Mapping[int, Sequence[float]]) -> set[int]:
+    """Ranks whose median value is more than 3 scaled MADs above the median rank's (3+ ranks only)."""
+    if len(per_step) < 3:
+        return set(per_step)
+    mids = {r: median(v) for r, v in per_step.items()}
+    center = median(mids.values())
+    spread = _scaled_mad(list(mids.values()))
+    return {r for r, m in mids.items() if m - center > 3.0 * spread}
+
+
+def _noise_pct(values: Sequence[float], scale: Sequence[float] | None) -> float:
+    """Step-to-step variation of one rank's values in % (of their median, or of the median scale)."""
+    if len(values) < 2:
+        return 0.0
+    denom = median(values) if scale is None else median(scale[: len(values)])
+    return 100.0 * _scaled_mad(values) / denom if denom > 0 else 0.0
+
+
+@dataclass
+class ShareVerdict:
+    """Whether a per-step share (exposed communication, data loading) is above its threshold."""
+
+    status: str
+    median_pct: float
+    threshold_pct: float
+    above_in: int
+    steps: int
+    reason: str
+
+    @property
+    def raised(self) -> bool:
+        return self.status == RAISED
+
+    @property
+    def confidence(self) -> float:
+        """Share of the steps above the threshold."""
+        return self.above_in / self.steps if self.steps else 0.0
+
+
+def judge_share(per_step_pct: Sequence[float], threshold_pct: float, what: str) -> ShareVerdict:
+    """A share is a finding when its median over steps is above the threshold and most steps are.
+
+    So one slow data fetch among several steps is not a data-bound run.
+    """
+    n = len(per_step_pct)
+    if n == 0:
+        return ShareVerdict(QUIET, 0.0, threshold_pct, 0, 0, "no step")
+    mid = median(per_step_pct)
+    above = sum(v > threshold_pct for v in per_step_pct)
+    text = f"{what} is {mid:.1f}% of the step (median of {n} steps), above {threshold_pct:g}% in {above} of {n}"
+    if mid <= threshold_pct or above <= MOST * n:
+        return ShareVerdict(QUIET, mid, threshold_pct, above, n, text)
+    # A share needs no comparison with chance: one traced step already measures it (HTA reports a
+    # one-step trace's shares too); more steps only add persistence.
+    return ShareVerdict(RAISED, mid, threshold_pct, above, n, text)
+
+
+@dataclass
+class ProfilerSlowdown:
+    """Steps inside the profiler's windows against the steps outside them."""
+
+    steps_inside: int
+    steps_before: int
+    steps_after: int
+    median_step_s_inside: float | None
+    median_step_s_before: float | None
+    median_step_s_after: float | None
+    ratio: float | None
+    """Median step inside / median step before the first window (after it when there is none before)."""
+    threshold_ratio: float
+    options: dict[str, bool]
+    warning: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# What each profiler option costs (measured on this machine; see PROFILING_GUIDE.md), most costly first.
+OPTION_COST = (
+    ("with_stack", "--profiler-with-stack"),
+    ("record_shapes", "--profiler-record-shapes"),
+    ("profile_memory", "--profiler-profile-memory"),
+    ("with_flops", "--profiler-with-flops"),
+)
+
+
+def profiler_slowdown(
+    steps: Mapping[int, float],
+    inside: set[int],
+    options: Mapping[str, bool],
+    threshold_ratio: float = 1.25,
+    min_outside: int = 2,
+) -> ProfilerSlowdown | None:
+    """Compare the median step time inside the profiler's windows with the steps outside.
+
+    Steps after a window are reported apart: on CPU the profiler leaves the process slower after it
+    stops (see the guide), so "before" is the reference when there are enough such steps.
+
+    Args:
+        steps: step number -> step time (seconds), warm-up steps already left out.
+        inside: The step numbers the profiler traced (warmup and active phases).
+        options: The profiler's options (``record_shapes`` ...), to name the likely cost.
+        threshold_ratio: Warn above this ratio.
+        min_outside: Fewest reference steps for a ratio.
+
+    Returns:
+        None when no step was profiled.
+    """
+    ins = [t for s, t in steps.items() if s in inside]
+    if not ins:
+        return None
+    first = min(inside)
+    before = [t for s, t in steps.items() if s not in inside and s < first]
+    after = [t for s, t in steps.items() if s not in inside and s > first]
+    ref = before if len(before) >= min_outside else (before + after)
+    med = median(ins)
+    ratio = med / median(ref) if len(ref) >= min_outside and median(ref) > 0 else None
+    warning = None
+    if ratio is not None and ratio > threshold_ratio:
+        on = [flag for name, flag in OPTION_COST if options.get(name)]
+        cost = (
+            f"the likely cost: {', '.join(on)} (turn off what you do not need)"
+            if on
+            else "no costly option is on: the profiler's own per-op bookkeeping is the cost; trace fewer steps"
+        )
+        warning = (
+            f"the profiler slows the steps it traces by {ratio:.2f}x (median {med:.4f}s inside its window vs "
+            f"{median(ref):.4f}s outside; threshold {threshold_ratio:g}x): times and findings from the trace "
+            f"describe a slower run than yours; {cost}."
+        )
+    return ProfilerSlowdown(
+        steps_inside=len(ins),
+        steps_before=len(before),
+        steps_after=len(after),
+        median_step_s_inside=med,
+        median_step_s_before=median(before) if before else None,
+        median_step_s_after=median(after) if after else None,
+        ratio=ratio,
+        threshold_ratio=threshold_ratio,
+        options=dict(options),
+        warning=warning,
+    )
+
+
+def memory_growth(values: Sequence[float], threshold_pct: float, min_points: int = 4) -> str | None:
+    """A warning when memory keeps rising from one logging window to the next; None otherwise.
+
+    Raised when there are ``min_points`` samples or more, memory rose in most of the intervals, and the
+    last sample is more than ``threshold_pct`` above the first.
+    """
+    if len(values) < min_points or values[0] <= 0:
+        return None
+    rises = sum(b > a for a, b in zip(values, values[1:]))
+    growth = 100.0 * (values[-1] / values[0] - 1.0)
+    if rises <= MOST * (len(values) - 1) or growth <= threshold_pct:
+        return None
+    return (
+        f"memory grows: {growth:.1f}% over {len(values)} samples (rose in {rises} of {len(values) - 1} "
+        f"intervals; threshold {threshold_pct:g}%)"
+    )
