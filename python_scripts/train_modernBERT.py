@@ -57,7 +57,8 @@ from hf_distprof.strategy import (
 
 logger = get_logger("train_modernBERT")
 
-# Test-only: "<rank>:<seconds>" makes that rank sleep in its data collator every batch (a slow rank).
+# Test-only: "<ranks>:<seconds>" makes those ranks ("1", "0,1" or "all") sleep in their data collator every
+# batch: one slow rank, or a data-loading stall on all of them.
 SLOW_RANK_ENV = "HF_DISTPROF_SIMULATE_SLOW_RANK"
 # Set by train_lambda.sh for its pre-flight check: parse the flags, then exit before any work.
 PARSE_ONLY_ENV = "HF_DISTPROF_PARSE_ONLY"
@@ -267,8 +268,10 @@ def main() -> None:
 
     collator: Any = DataCollatorForLanguageModeling(tokenizer, mlm_probability=data_args.mlm_probability)
     slow = os.environ.get(SLOW_RANK_ENV)
-    if slow and int(slow.split(":")[0]) == rank:
-        collator = SlowRankCollator(collator, float(slow.split(":")[1]))
+    if slow:
+        who, seconds = slow.split(":")
+        if who == "all" or rank in {int(r) for r in who.split(",")}:
+            collator = SlowRankCollator(collator, float(seconds))
 
     callbacks = build_callbacks(prof_args)
     trainer = Trainer(

@@ -106,10 +106,13 @@ def cross_rank(ranks: list[RankResult], options: AnalysisOptions) -> CrossRankRe
     if len(ranks) > 1:
         durations = {r.rank: {s.step: s.duration_us for s in r.steps} for r in ranks}
         late_steps = sorted(set.intersection(*(set(v) for v in per_step.values())))
+        busy = _common_steps({r.rank: {s.step: s.busy_us(r.device) for s in r.steps} for r in ranks})
+        common = sorted(set.intersection(*(set(d) for d in durations.values())))
         imbalance = judge_slow_rank(
-            _common_steps({r.rank: {s.step: s.busy_us(r.device) for s in r.steps} for r in ranks}),
+            busy,
             options.imbalance_pct,
             what="busy time (GPU: compute kernels; CPU: compute + data loading)",
+            step_time=[median(d[s] for d in durations.values()) for s in common],
         )
         straggler = judge_slow_rank(
             {rank: [per_step[rank][s] for s in late_steps] for rank in per_step},

@@ -364,11 +364,16 @@ class StepSeries:
 
         Steps the profiler traced are left out by the caller: a slow rank there may be the profiler's doing.
         """
-        rows = [v[0] for step, v in self._steps.items() if exclude is None or not exclude(step)]
+        kept = [v for step, v in self._steps.items() if exclude is None or not exclude(step)]
         if self.world_size < 2:
             return None
-        per_rank = {r: [row[r] for row in rows] for r in range(self.world_size)}
-        return judge_slow_rank(per_rank, threshold_pct, what="pre-sync work (data + forward + backward compute)")
+        per_rank = {r: [row[r] for row, _ in kept] for r in range(self.world_size)}
+        return judge_slow_rank(
+            per_rank,
+            threshold_pct,
+            what="pre-sync work (data + forward + backward compute)",
+            step_time=[step_s for _, step_s in kept],
+        )
 
 
 def _cell(value: float | None, width: int, fmt: str = ".4f") -> str:

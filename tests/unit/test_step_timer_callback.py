@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import torch
@@ -289,3 +290,72 @@ def test_a_comm_probe_that_fails_midway_returns_nothing_on_every_rank(monkeypatc
         "--measure-comm-overhead failed" in r.getMessage() and "forward rejected the batch" in r.getMessage()
         for r in caplog.records
     )
+
+
+# ---- live warnings: persistence across logging windows -------------------------------------------
+
+
+def _payload(rank: int, steps: range, pre: float, memory: float = 1e9) -> dict:
+    from hf_distprof.timing.recorder import StepTiming
+    from hf_distprof.timing.report import PhaseTotals
+
+    totals = PhaseTotals()
+    rows = []
+    for s in steps:
+        timing = StepTiming(step=s, data_s=0.01, forward_s=0.1, backward_s=0.3, optimizer_s=0.05, step_s=0.5,
+                            data_load_s=0.01, backward_compute_s=pre - 0.11, micro_batches=1, samples=8, tokens=1024)
+        totals.add(timing)
+        rows.append([s, timing.step_s, timing.pre_sync_s])
+    summary = totals.to_rank_summary(rank, "h", 1000).__dict__.copy()
+    return {"interval": summary, "run": summary, "rows": rows, "memory": memory}
+
+
+def _live(tmp_path, windows, memory=None, traced=lambda step: False):
+    """Feed rank 0's publishing with ``windows`` of (rank-0 pre-sync, rank-1 pre-sync) over 4 steps each."""
+    from transformers import TrainerState
+
+    from hf_distprof.timing.report import StepSeries
+
+    cb = StepTimerCallback(ProfilingArguments(profiler_output_dir=str(tmp_path)))
+    cb._series, cb._traced = StepSeries(2), traced
+    state = TrainerState()
+    for i, (pre0, pre1) in enumerate(windows):
+        steps = range(2 + 4 * i, 6 + 4 * i)
+        state.global_step = steps[-1]
+        mem = memory[i] if memory else 1e9
+        cb._publish_interval([_payload(0, steps, pre0, mem), _payload(1, steps, pre1, mem)], state, None)
+    return cb
+
+
+def test_a_slow_rank_is_warned_about_live_once_the_verdict_held_twice(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING):
+        _live(tmp_path, [(0.3, 0.45)])  # 4 steps: not enough evidence for 2 ranks
+    assert not [r for r in caplog.records if "imbalance" in r.getMessage()]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        _live(tmp_path, [(0.3, 0.45)] * 2)  # 8 steps: raised once, not yet twice in a row
+    assert not [r for r in caplog.records if "imbalance" in r.getMessage()]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        _live(tmp_path, [(0.3, 0.45)] * 5)  # raised at windows 2, 3, 4, 5: said once, at window 3
+    (warning,) = [r.getMessage() for r in caplog.records if "imbalance" in r.getMessage()]
+    assert warning.startswith("[RANK 0] step 13: Step time imbalance 50.0% > 10%: rank 1 is the slowest")
+
+
+def test_steps_the_profiler_traced_are_left_out_of_the_live_verdict(tmp_path, caplog):
+    # Rank 1 slow only in the profiler's window (steps 6-13): the profiler's doing, not the rank's.
+    windows = [(0.3, 0.3), (0.3, 0.45), (0.3, 0.45), (0.3, 0.3), (0.3, 0.3), (0.3, 0.3)]
+    with caplog.at_level(logging.WARNING):
+        cb = _live(tmp_path, windows, traced=lambda step: 6 <= step <= 13)
+    assert not [r for r in caplog.records if "imbalance" in r.getMessage()]
+    assert cb._verdict().steps == 16 and cb._verdict().status == "quiet"
+    with caplog.at_level(logging.WARNING):
+        _live(tmp_path, windows)  # the same run, judged on every step: slowest in 8 of 24 is no verdict either
+    assert not [r for r in caplog.records if "imbalance" in r.getMessage()]
+
+
+def test_memory_growth_is_warned_about_once_per_rank(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING):
+        _live(tmp_path, [(0.3, 0.3)] * 5, memory=[1e9, 1.1e9, 1.2e9, 1.3e9, 1.4e9])
+    growth = [r.getMessage() for r in caplog.records if "memory grows" in r.getMessage()]
+    assert len(growth) == 2 and growth[0].startswith("[RANK 0] step 17: rank 0: memory grows: 30.0% over 4 samples")

@@ -1,0 +1,114 @@
+"""The decision rules of hf_distprof.verdicts, against hand-computed numbers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from hf_distprof.verdicts import (
+    binomial_tail,
+    imbalance_pct,
+    judge_share,
+    judge_slow_rank,
+    memory_growth,
+    min_steps,
+    profiler_slowdown,
+)
+
+
+def test_binomial_tail_and_min_steps():
+    assert binomial_tail(11, 12, 0.5) == pytest.approx(13 / 4096)  # last in 11 of 12: a straggler
+    assert binomial_tail(6, 12, 0.5) == pytest.approx(sum(math.comb(12, i) for i in range(6, 13)) / 4096)
+    assert binomial_tail(0, 5, 0.5) == 1.0
+    # Fewest steps in which "last every time" beats p = 0.05: 2 ranks 5 (1/32), 3 ranks 3 (1/27), 8 ranks 2.
+    assert [min_steps(r) for r in (1, 2, 3, 8, 64)] == [0, 5, 3, 2, 1]
+
+
+def test_imbalance_is_the_slowest_over_the_median_of_the_others():
+    assert imbalance_pct([1.0, 1.5]) == pytest.approx(50.0)
+    assert imbalance_pct([1.0, 1.0, 2.0, 1.2]) == pytest.approx(100.0)  # median of 1.0, 1.0, 1.2 is 1.0
+    assert imbalance_pct([]) == 0.0 and imbalance_pct([3.0]) == 0.0
+
+
+def steady(slow: float, n: int, jitter: float = 0.01) -> dict[int, list[float]]:
+    """Two ranks over ``n`` steps: rank 1 ``slow`` times rank 0, both with an alternating jitter."""
+    base = [1.0 + (jitter if i % 2 else -jitter) for i in range(n)]
+    return {0: base, 1: [b * slow for b in base]}
+
+
+def test_a_persistently_slow_rank_is_raised_with_its_evidence():
+    v = judge_slow_rank(steady(1.2, 8), 10.0)
+    assert (v.status, v.rank, v.slowest_in, v.steps, v.ranks) == ("raised", 1, 8, 8, 2)
+    assert v.effect_pct == pytest.approx(20.0) and v.p_value == pytest.approx(1 / 256)
+    assert v.confidence == pytest.approx(255 / 256) and v.to_json()["confidence"] == v.confidence
+    assert "slowest in 8 of 8 steps (p = 0.004" in v.reason
+
+
+def test_below_the_threshold_is_quiet():
+    v = judge_slow_rank(steady(1.08, 8), 10.0)
+    assert v.status == "quiet" and v.effect_pct == pytest.approx(8.0) and "within the 10% threshold" in v.reason
+
+
+def test_too_few_steps_is_not_enough_evidence_never_a_verdict():
+    v = judge_slow_rank(steady(1.5, 4), 10.0)
+    assert (v.status, v.min_steps) == ("undecided", 5) and v.reason.startswith("not enough evidence")
+
+
+def test_an_effect_inside_the_runs_own_noise_is_quiet():
+    # Each rank swings +-40% from step to step; rank 1 is 15% slower on median: noise, not a finding.
+    swing = [0.6, 1.4] * 5
+    v = judge_slow_rank({0: swing, 1: [x * 1.15 for x in swing]}, 10.0)
+    assert v.status == "quiet" and v.noise_pct > v.effect_pct and "within the noise" in v.reason
+
+
+def test_an_effect_that_costs_the_step_nothing_is_quiet():
+    # Rank 1's own work is 30% longer, but 3 ms of a 180 ms step (the rest is communication).
+    per_step = {0: [0.010] * 10, 1: [0.013] * 10}
+    assert judge_slow_rank(per_step, 10.0).status == "raised"
+    v = judge_slow_rank(per_step, 10.0, step_time=[0.180] * 10)
+    assert v.status == "quiet" and "only 1.7% of the step" in v.reason
+
+
+def test_scale_and_absolute_floor_for_lateness():
+    late = {0: [0.0] * 6, 1: [30.0] * 6}  # microseconds late, 100 us steps
+    v = judge_slow_rank(late, 10.0, scale=[100.0] * 6)
+    assert v.status == "raised" and v.effect_pct == pytest.approx(30.0) and v.effect_abs == 30.0
+    assert judge_slow_rank(late, 10.0, scale=[100.0] * 6, min_abs=50.0).status == "quiet"
+
+
+def test_with_many_ranks_the_slow_one_must_stand_out():
+    ranks = {r: [1.0] * 4 for r in range(8)}
+    ranks[3] = [1.5] * 4
+    v = judge_slow_rank(ranks, 10.0)
+    assert (v.status, v.rank, v.also) == ("raised", 3, [])
+    spread = {r: [1.0 + 0.1 * r] * 4 for r in range(8)}  # evenly spread: no rank stands out
+    v = judge_slow_rank(spread, 5.0)
+    assert v.status == "quiet" and "does not stand out" in v.reason
+
+
+def test_a_share_needs_most_steps_above_the_threshold():
+    assert judge_share([40.0, 45.0, 50.0], 30.0, "x").raised
+    one_spike = judge_share([5.0, 90.0, 6.0, 4.0], 30.0, "data loading")
+    assert not one_spike.raised and one_spike.above_in == 1
+    assert judge_share([], 30.0, "x").status == "quiet"
+
+
+def test_profiler_slowdown_compares_traced_steps_with_the_steps_before():
+    steps = {s: 0.2 for s in range(2, 6)} | {s: 0.5 for s in range(6, 10)} | {s: 0.3 for s in range(10, 14)}
+    out = profiler_slowdown(steps, set(range(6, 10)), {"record_shapes": True, "with_stack": False})
+    assert out is not None and out.ratio == pytest.approx(2.5)
+    assert (out.steps_inside, out.steps_before, out.steps_after) == (4, 4, 4)
+    assert out.median_step_s_after == pytest.approx(0.3)
+    assert out.warning is not None and "2.50x" in out.warning and "--profiler-record-shapes" in out.warning
+    assert "--profiler-with-stack" not in out.warning
+    quiet = profiler_slowdown(steps | {s: 0.21 for s in range(6, 10)}, set(range(6, 10)), {})
+    assert quiet is not None and quiet.warning is None and quiet.ratio == pytest.approx(1.05)
+    assert profiler_slowdown(steps, set(), {}) is None  # nothing traced: no figure
+
+
+def test_memory_growth_needs_a_steady_rise():
+    assert memory_growth([100, 110, 120, 130], 20.0) is not None  # +30%, rose 3 of 3 times
+    assert memory_growth([100, 130, 100, 130], 20.0) is None  # up and down
+    assert memory_growth([100, 101, 102, 103], 20.0) is None  # +3%
+    assert memory_growth([100, 150, 200], 20.0) is None  # too few samples
