@@ -150,7 +150,7 @@ class ProfilingArguments:
     profiler_active_steps: PositiveInt = field(
         default=6,
         metadata=_help(
-            "Steps recorded into each trace. With 2 ranks the analysis needs 5 or more to name a straggler "
+            "Steps recorded into each trace. With 2 ranks the analysis needs 6 or more to name a straggler "
             "(fewer: 'not enough evidence')."
         ),
     )

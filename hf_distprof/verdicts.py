@@ -8,12 +8,12 @@ figure means or when it is worth a warning.
 A verdict is raised only when the evidence holds up against the run's own noise:
 
 - **effect size**: the slow rank's median excess over its peers is above the user's threshold *and*
-  above the step-to-step variation the run itself shows;
+  above the step-to-step variation the run itself shows, and at least 5% of the step time;
 - **persistence / arrival order**: the rank is the slowest (the last to arrive) in most steps, and more
   often than chance would make it: with ``R`` ranks each is last with probability ``1/R`` in a clean
   run, so being last in ``k`` of ``n`` steps must have a binomial tail probability below ``alpha``. Last
   in 11 of 12 steps of 2 ranks (p = 0.003) is a straggler; last in 6 of 12 (p = 0.61) is noise;
-- **enough data**: when even "last in every step" could not reach ``alpha`` (2 ranks need 5 steps,
+- **enough data**: when even "last in every step" could not reach ``alpha`` (2 ranks need 6 steps,
   8 ranks need 2), the answer is "not enough evidence", never a verdict.
 
 ``confidence`` is ``1 - p`` of the arrival-order test.
@@ -27,8 +27,10 @@ from dataclasses import asdict, dataclass, field
 from statistics import median
 from typing import Any
 
-ALPHA = 0.05
-"""Largest chance probability of the arrival-order evidence that still counts as a verdict."""
+ALPHA = 0.02
+"""Largest chance probability of the arrival-order evidence that still counts as a verdict. Stricter than
+the usual 0.05 because each run asks several such questions (the live verdict, the straggler and the
+imbalance verdicts of the analysis): about 0.05 / 3. Two ranks then need 6 steps, 8 ranks 2."""
 MOST = 0.5
 """A slow rank must be the slowest in more than this share of the steps."""
 MAD_SCALE = 1.4826

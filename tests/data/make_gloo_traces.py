@@ -40,7 +40,7 @@ HERE = Path(__file__).resolve().parent
 OUT = Path(os.environ.get("GLOO_TRACES_OUT", HERE))
 SCENARIOS = ("clean", "slow_rank1", "slow_data", "fsdp2")
 SLOW_MS = 30
-# Active steps per trace: 2 ranks need 5 or more for any verdict (hf_distprof.verdicts.min_steps).
+# Active steps per trace: 2 ranks need 6 or more for any verdict (hf_distprof.verdicts.min_steps).
 ACTIVE = 6
 WORLD_SIZE = 2
 BATCH = 2048

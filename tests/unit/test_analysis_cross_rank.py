@@ -42,7 +42,7 @@ def test_a_three_step_window_of_two_ranks_is_not_enough_evidence():
     result = cross_rank([rank(0, 0.0, steps=3), rank(1, 30_000.0, steps=3)], AnalysisOptions())
     assert result.stragglers == []
     verdict = result.straggler_verdict
-    assert (verdict.status, verdict.rank, verdict.min_steps) == ("undecided", 1, 5)
+    assert (verdict.status, verdict.rank, verdict.min_steps) == ("undecided", 1, 6)
     assert verdict.reason.startswith("not enough evidence: rank 1's arrival")
     # Eight ranks: last in 3 of 3 happens by chance 1 time in 512, a verdict.
     eight = cross_rank([rank(r, 30_000.0 if r == 5 else 0.0, steps=3) for r in range(8)], AnalysisOptions())

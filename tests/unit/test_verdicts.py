@@ -21,8 +21,8 @@ def test_binomial_tail_and_min_steps():
     assert binomial_tail(11, 12, 0.5) == pytest.approx(13 / 4096)  # last in 11 of 12: a straggler
     assert binomial_tail(6, 12, 0.5) == pytest.approx(sum(math.comb(12, i) for i in range(6, 13)) / 4096)
     assert binomial_tail(0, 5, 0.5) == 1.0
-    # Fewest steps in which "last every time" beats p = 0.05: 2 ranks 5 (1/32), 3 ranks 3 (1/27), 8 ranks 2.
-    assert [min_steps(r) for r in (1, 2, 3, 8, 64)] == [0, 5, 3, 2, 1]
+    # Fewest steps in which "last every time" beats p = 0.02: 2 ranks 6 (1/64), 3 ranks 4 (1/81), 8 ranks 2.
+    assert [min_steps(r) for r in (1, 2, 3, 8, 64)] == [0, 6, 4, 2, 1]
 
 
 def test_imbalance_is_the_slowest_over_the_median_of_the_others():
@@ -52,7 +52,7 @@ def test_below_the_threshold_is_quiet():
 
 def test_too_few_steps_is_not_enough_evidence_never_a_verdict():
     v = judge_slow_rank(steady(1.5, 4), 10.0)
-    assert (v.status, v.min_steps) == ("undecided", 5) and v.reason.startswith("not enough evidence")
+    assert (v.status, v.min_steps) == ("undecided", 6) and v.reason.startswith("not enough evidence")
 
 
 def test_an_effect_inside_the_runs_own_noise_is_quiet():
