@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 _LAZY: dict[str, str] = {
     "ProfilingArguments": "hf_distprof.config",
     "add_profiling_args": "hf_distprof.config",
-    "build_callbacks": "hf_distprof.config",
+    "build_callbacks": "hf_distprof.callbacks",
     "ProfilerCallback": "hf_distprof.callbacks.profiler",
     "MemoryLoggerCallback": "hf_distprof.callbacks.memory",
     "SimpleGPUMemoryCallback": "hf_distprof.callbacks.memory",
@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from hf_distprof.callbacks.memory import MemoryLoggerCallback, SimpleGPUMemoryCallback
     from hf_distprof.callbacks.profiler import ProfilerCallback
     from hf_distprof.callbacks.step_timer import StepTimerCallback
-    from hf_distprof.config import ProfilingArguments, add_profiling_args, build_callbacks
+    from hf_distprof.callbacks import build_callbacks
+    from hf_distprof.config import ProfilingArguments, add_profiling_args
 
 
 def __getattr__(name: str) -> Any:

@@ -2,7 +2,8 @@
 
 ``ProfilingArguments`` works with ``transformers.HfArgumentParser`` (both ``--enable-profiling`` and
 ``--enable_profiling``); ``add_profiling_args`` adds the same flags to a plain ``argparse`` parser;
-``build_callbacks`` turns the parsed flags into the enabled ``TrainerCallback`` objects.
+``hf_distprof.callbacks.build_callbacks`` turns the parsed flags into the enabled ``TrainerCallback``
+objects. This module imports none of them: the callbacks depend on the flags, never the reverse.
 
 Validation happens in the argparse ``type`` of each field, so a bad value fails while the command line
 is parsed: exit status 2, the flag's name and the valid range, no traceback. ``__post_init__`` runs the
@@ -18,8 +19,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from transformers import TrainerCallback
-
     # For type checkers the validated types are what they hold; at run time they validate.
     NonNegativeInt = int
     PositiveInt = int
@@ -368,35 +367,3 @@ def flags_markdown() -> str:
         valid = _VALID_TEXT.get(f.name) or _valid_range(kind)
         rows.append(f"| `{flag_name(f.name)}` | `{default}` | {valid} | {f.metadata['help']} |")
     return "\n".join(rows) + "\n"
-
-
-def build_callbacks(args: ProfilingArguments) -> list[TrainerCallback]:
-    """Construct the callbacks the flags switch on; ``[]`` when everything is off.
-
-    A disabled callback is never constructed, so it costs nothing.
-
-    Args:
-        args: The parsed flags.
-
-    Returns:
-        The callbacks to pass to ``Trainer(callbacks=...)``.
-    """
-    callbacks: list[TrainerCallback] = []
-    if args.enable_profiling:
-        from hf_distprof.callbacks.profiler import ProfilerCallback
-
-        callbacks.append(ProfilerCallback(args))
-    if args.enable_memory_logging:
-        from hf_distprof.callbacks.memory import MemoryLoggerCallback
-
-        callbacks.append(MemoryLoggerCallback(args))
-    if args.enable_step_timing:
-        from hf_distprof.callbacks.step_timer import StepTimerCallback
-
-        callbacks.append(StepTimerCallback(args))
-    if args.profiler_analyze:
-        # Last, so that at train end it runs after every other callback has written its files.
-        from hf_distprof.callbacks.analyze import TraceAnalysisCallback
-
-        callbacks.append(TraceAnalysisCallback(args))
-    return callbacks

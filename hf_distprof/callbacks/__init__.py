@@ -1,1 +1,42 @@
-"""One TrainerCallback per module. ``hf_distprof.config.build_callbacks`` constructs only the enabled ones."""
+"""One TrainerCallback per module; :func:`build_callbacks` constructs only the enabled ones."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hf_distprof.config import ProfilingArguments
+
+if TYPE_CHECKING:
+    from transformers import TrainerCallback
+
+
+def build_callbacks(args: ProfilingArguments) -> list[TrainerCallback]:
+    """Construct the callbacks the flags switch on; ``[]`` when everything is off.
+
+    A disabled callback is never constructed (nor its module imported), so it costs nothing.
+
+    Args:
+        args: The parsed flags.
+
+    Returns:
+        The callbacks to pass to ``Trainer(callbacks=...)``.
+    """
+    callbacks: list[TrainerCallback] = []
+    if args.enable_profiling:
+        from hf_distprof.callbacks.profiler import ProfilerCallback
+
+        callbacks.append(ProfilerCallback(args))
+    if args.enable_memory_logging:
+        from hf_distprof.callbacks.memory import MemoryLoggerCallback
+
+        callbacks.append(MemoryLoggerCallback(args))
+    if args.enable_step_timing:
+        from hf_distprof.callbacks.step_timer import StepTimerCallback
+
+        callbacks.append(StepTimerCallback(args))
+    if args.profiler_analyze:
+        # Last, so that at train end it runs after every other callback has written its files.
+        from hf_distprof.callbacks.analyze import TraceAnalysisCallback
+
+        callbacks.append(TraceAnalysisCallback(args))
+    return callbacks
