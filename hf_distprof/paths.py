@@ -25,14 +25,17 @@ from hf_distprof import dist
 
 logger = dist.get_logger(__name__)
 
-TRACE_SUFFIX = ".pt.trace.json.gz"
-TRACE_NAME = "rank{rank}_{host}_step{first}-{last}" + TRACE_SUFFIX
-SUMMARY_NAME = "rank{rank}_{host}_step{first}-{last}_summary.txt"
-MEMORY_LOG_NAME = "memory_rank{rank}.jsonl"
-PARALLELISM_NAME = "parallelism.json"
-TIMING_LOG_NAME = "timing_rank{rank}.jsonl"
-TIMING_SUMMARY_NAME = "timing_summary.json"
-ANALYSIS_NAME = "analysis.json"
+# The names themselves live in hf_distprof.names; re-exported here for the callbacks.
+from hf_distprof.names import (  # noqa: E402, F401
+    ANALYSIS_NAME,
+    MEMORY_LOG_NAME,
+    PARALLELISM_NAME,
+    SUMMARY_NAME,
+    TIMING_LOG_NAME,
+    TIMING_SUMMARY_NAME,
+    TRACE_NAME,
+    TRACE_SUFFIX,
+)
 
 # (output_dir, run_name, id(owner)) -> (owner, run folder): every callback of one train() call agrees on the
 # folder and the broadcast happens once. The owner (the Trainer's per-train() TrainerState) is kept alive in

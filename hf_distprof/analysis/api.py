@@ -13,7 +13,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 
 from hf_distprof.analysis import comm
 from hf_distprof.analysis.cross_rank import cross_rank
-from hf_distprof import paths
+from hf_distprof import names
 from hf_distprof.analysis.diagnosis import diagnose, undecided
 from hf_distprof.analysis.events import parse_trace
 from hf_distprof.analysis.model import (
@@ -144,14 +144,14 @@ def profiler_slowdown_beside(
     folders = sorted({Path(f).parent for f in files})
     for folder in folders:
         try:
-            summary = json.loads((folder / paths.TIMING_SUMMARY_NAME).read_text())
+            summary = json.loads((folder / names.TIMING_SUMMARY_NAME).read_text())
             if summary.get("profiler_slowdown"):
                 return dict(summary["profiler_slowdown"])
         except (OSError, ValueError):
             pass
     step_s: dict[int, float] = {}
     for folder in folders:
-        for log in sorted(folder.glob(paths.TIMING_LOG_NAME.format(rank="*"))):
+        for log in sorted(folder.glob(names.TIMING_LOG_NAME.format(rank="*"))):
             try:
                 rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
             except (OSError, ValueError):

@@ -6,11 +6,18 @@ kernels/memcpy/memset, and the correlation id -> timestamp of each CUDA launch. 
 few MB of tuples.
 
 The events are decoded by msgspec into :class:`_Event` structs that declare only the fields read here
-(``cat``, ``name``, ``tid``, ``ts``, ``dur``, ``args.stream``, ``args.correlation``): every other key, and
-most of the bytes of a trace (``args`` of CPU ops, ``Input Dims``, flow events' ids ...), is skipped by the
-decoder without building a Python object, which makes parsing several times faster than a generic
-``orjson.loads``. Fields are typed ``Any`` and non-object events or ``args`` are allowed, so a decoded
-event carries exactly the values ``orjson`` would give and malformed traces fail the same way.
+(``cat``, ``name``, ``tid``, ``ts``, ``dur``, ``args.stream``, ``args.correlation`` and the few keys that
+give a collective's message size): every other key, and most of the bytes of a trace (``args`` of CPU
+ops, flow events' ids ...), is skipped by the decoder without building a Python object, which makes
+parsing several times faster than a generic ``orjson.loads``. Fields are typed ``Any`` and non-object
+events or ``args`` are allowed, so a decoded event carries exactly the values ``orjson`` would give and
+malformed traces fail the same way.
+
+Message sizes (:class:`MessageSize`) come from ``record_param_comms`` ops, whose ``args`` name the element
+counts, dtype and group size in PyTorch 2.2 and later, and, when the profiler recorded shapes, from the
+``Input Dims`` / ``Input type`` of ``nccl:*`` and ``gloo:*`` annotations and ``c10d::*`` ops. Every op
+carries shapes in such a trace, so they are kept undecoded (``msgspec.Raw``) and only the collectives'
+are read; a trace without shapes pays nothing for them.
 """
 
 from __future__ import annotations
@@ -56,6 +63,24 @@ _MAX_TIME_US = 1e18
 
 # (start_us, end_us, name)
 Span = tuple[float, float, str]
+
+RECORD_PARAM_COMMS = "record_param_comms"
+# Events whose recorded input shapes can size a collective.
+_SIZED_PREFIXES = ("nccl:", "gloo:", "c10d::")
+# Bytes per element, by the names traces use: c10::ScalarType names in ``record_param_comms``'s "dtype",
+# C++ type names in "Input type" (what torch 2.13 writes for each dtype).
+DTYPE_BYTES = {
+    **dict.fromkeys(("Bool", "Byte", "Char", "Float8_e4m3fn", "Float8_e5m2", "Float8_e4m3fnuz"), 1),
+    **dict.fromkeys(("Float8_e5m2fnuz", "bool", "unsigned char", "signed char"), 1),
+    **dict.fromkeys(("c10::Float8_e4m3fn", "c10::Float8_e5m2", "c10::Float8_e4m3fnuz", "c10::Float8_e5m2fnuz"), 1),
+    **dict.fromkeys(("Half", "BFloat16", "Short", "UInt16", "c10::Half", "c10::BFloat16"), 2),
+    **dict.fromkeys(("short int", "short unsigned int"), 2),
+    **dict.fromkeys(("Float", "Int", "UInt32", "ComplexHalf", "float", "int", "unsigned int"), 4),
+    **dict.fromkeys(("c10::complex<c10::Half>",), 4),
+    **dict.fromkeys(("Double", "Long", "UInt64", "ComplexFloat", "double", "long int", "long unsigned int"), 8),
+    **dict.fromkeys(("c10::complex<float>",), 8),
+    **dict.fromkeys(("ComplexDouble", "c10::complex<double>"), 16),
+}
 
 
 @dataclass(frozen=True)
@@ -106,13 +131,46 @@ class ParsedTrace:
     gpu: GpuEvent
     launches: dict[int, float]  # correlation id -> CPU timestamp of the CUDA launch
     n_events: int
+    message_sizes: dict[Span, MessageSize] = field(default_factory=dict)
+    """Sizes recorded by ``record_param_comms`` (any thread), ``nccl:*`` and ``gloo:*`` annotations (any
+    thread) and ``c10d::*`` ops (main thread), keyed by the event's span as it stands in the other lists."""
+
+
+@dataclass(frozen=True)
+class MessageSize:
+    """What one CPU event says about the size of the collective it issues or runs.
+
+    ``record_param_comms`` gives both sides; an annotation or op with recorded shapes gives its input
+    tensors (``c10d::*`` ops with an (output, input) pair of tensors, such as ``_allgather_base_``, both).
+    Which side is *the* size of a collective depends on its kind (see
+    :func:`hf_distprof.analysis.bandwidth.message_bytes`).
+    """
+
+    in_bytes: int | None
+    out_bytes: int | None
+    group_size: int | None = None
+
+
+# An absent shape key: a shared default, recognised by identity.
+_NO_RAW = msgspec.Raw()
 
 
 class _Args(msgspec.Struct, gc=False):
-    """The two keys of an event's ``args`` that are read; None when absent, like ``dict.get``."""
+    """The keys of an event's ``args`` that are read; None (``_NO_RAW``) when absent, like ``dict.get``.
+
+    Besides the GPU stream and launch correlation: a collective's size, as ``record_param_comms`` states it
+    (element counts, c10::ScalarType name, group size), and the inputs' shapes and types that the profiler
+    writes on every op with ``record_shapes``, left undecoded (see :class:`_ChunkDecoder`).
+    """
 
     stream: Any = None
     correlation: Any = None
+    in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
+    out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
+    dtype: Any = None
+    group_size: Any = msgspec.field(default=None, name="Group size")
+    dims: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input Dims")
+    types: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input type")
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -132,6 +190,51 @@ class _Event(msgspec.Struct, gc=False):
 _decode_events = msgspec.json.Decoder(list[_Event | list[Any] | str | int | float | bool | None]).decode
 
 
+class _ChunkDecoder:
+    """Decodes one chunk of events; keeps the recorded shapes of collective events only.
+
+    A ``msgspec.Raw`` refers to the buffer it was decoded from, which the reader reuses for the next chunk
+    (and cannot while a view of it is held). So before a chunk is handed on, the shapes of the
+    ``nccl:*`` / ``gloo:*`` / ``c10d::*`` events are copied and every other event's are dropped. Whether a
+    chunk holds any shape at all is known without looking at its events: releasing the view that was
+    decoded fails exactly when a ``Raw`` still refers to it.
+    """
+
+    def __init__(self) -> None:
+        self.sized: list[_Event] = []  # nccl:*, gloo:*, c10d::* events with shapes, any thread
+
+    def __call__(self, data: bytes | bytearray | memoryview) -> list[Any]:
+        view = memoryview(data)
+        try:
+            events = _decode_events(view)
+            try:
+                view.release()
+                return events
+            except BufferError:
+                pass
+            self._keep_collective_shapes(events)
+            return events
+        finally:
+            view.release()
+
+    def _keep_collective_shapes(self, events: list[Any]) -> None:
+        no_raw = _NO_RAW
+        keep = self.sized.append
+        for ev in events:
+            if type(ev) is not _Event:
+                continue
+            args = ev.args
+            if type(args) is not _Args or (args.dims is no_raw and args.types is no_raw):
+                continue
+            name = ev.name
+            if type(name) is str and name.startswith(_SIZED_PREFIXES):
+                args.dims = args.dims.copy()
+                args.types = args.types.copy()
+                keep(ev)
+            else:
+                args.dims = args.types = no_raw
+
+
 @dataclass
 class _Collected:
     """Events gathered in one pass over the file, before the main thread is known."""
@@ -143,7 +246,7 @@ class _Collected:
     n_events: int = 0
 
 
-def _collect(path: Path, meta: dict[str, Any]) -> _Collected:
+def _collect(path: Path, meta: dict[str, Any], decode: _ChunkDecoder) -> _Collected:
     """One pass over the file: sort the events into the lists the analyzers read, skip the rest.
 
     CPU ops are kept as decoded structs and turned into spans only for the training thread, once it is
@@ -162,7 +265,7 @@ def _collect(path: Path, meta: dict[str, Any]) -> _Collected:
     unset = msgspec.UNSET
     gpu_start, gpu_end = gpu.start.append, gpu.end.append
     ceil, floor, flt, int_, max_us = math.ceil, math.floor, float, int, _MAX_TIME_US
-    for chunk in iter_decoded_events(path, meta, _decode_events):
+    for chunk in iter_decoded_events(path, meta, decode):
         out.n_events += len(chunk)
         try:
             for ev in chunk:
@@ -292,7 +395,8 @@ def parse_trace(path: str | os.PathLike[str]) -> ParsedTrace:
     """
     path = Path(path)
     meta: dict[str, Any] = {}
-    got = _collect(path, meta)
+    decode = _ChunkDecoder()
+    got = _collect(path, meta, decode)
     n_events = got.n_events
     if n_events == 0:
         raise TraceReadError(path, "trace has no events")
@@ -337,6 +441,8 @@ def parse_trace(path: str | os.PathLike[str]) -> ParsedTrace:
     fsdp_spans.sort()
     raw_info = meta.get("distributedInfo")
     info: dict[str, Any] = raw_info if isinstance(raw_info, dict) else {}
+    sized = [ev for ev in got.ops if ev.name == RECORD_PARAM_COMMS]
+    sized += [ev for ev in decode.sized if ev.cat == "user_annotation" or ev.tid == main_tid]
     return ParsedTrace(
         path=str(path),
         rank=rank,
@@ -354,9 +460,72 @@ def parse_trace(path: str | os.PathLike[str]) -> ParsedTrace:
         gpu=gpu,
         launches=launches,
         n_events=n_events,
+        message_sizes=_message_sizes(path, sized),
     )
 
 
+def _message_sizes(path: Path, events: list[_Event]) -> dict[Span, MessageSize]:
+    """The size each of ``events`` records, keyed by its span; events that record none are left out."""
+    out: dict[Span, MessageSize] = {}
+    for ev in events:
+        args = ev.args
+        if type(args) is not _Args or ev.dur is None:
+            continue
+        if ev.name == RECORD_PARAM_COMMS:
+            width = DTYPE_BYTES.get(args.dtype) if isinstance(args.dtype, str) else None
+            n_in, n_out = _as_int(args.in_nelems), _as_int(args.out_nelems)
+            if width is None or (n_in is None and n_out is None):
+                continue
+            size = MessageSize(
+                None if n_in is None else n_in * width,
+                None if n_out is None else n_out * width,
+                _as_int(args.group_size),
+            )
+        else:
+            tensors = _tensor_bytes(args)
+            if not tensors:
+                continue
+            if ev.name.startswith("c10d::"):
+                # (output, input) when the first two arguments are tensors (_allgather_base_ ...); an op on
+                # tensor lists records no dtype.
+                if len(tensors) < 2 or tensors[0] is None or tensors[1] is None:
+                    continue
+                size = MessageSize(tensors[1], tensors[0])
+            else:
+                # nccl:* and gloo:* annotations record the collective's input tensors.
+                if any(t is None for t in tensors):
+                    continue
+                size = MessageSize(sum(t for t in tensors if t is not None), None)
+        _check_time(path, ev, ev.ts, ev.dur)
+        out[(ev.ts, ev.ts + ev.dur, sys.intern(ev.name))] = size
+    return out
+
+
+def _tensor_bytes(args: _Args) -> list[int | None]:
+    """Bytes of each leading tensor argument, from the recorded shapes; None for a tensor (list) of
+    unknown dtype, such as the ``TensorList`` of ``c10d::allreduce_``.
+
+    The list stops at the first argument that is not a tensor. Empty when the shapes are absent or
+    malformed: they size a table, so a shape that cannot be read leaves that collective without a size.
+    """
+    try:
+        dims = msgspec.json.decode(args.dims) if args.dims else None
+        types = msgspec.json.decode(args.types) if args.types else None
+    except msgspec.DecodeError:
+        return []
+    if not isinstance(dims, list) or not isinstance(types, list):
+        return []
+    out: list[int | None] = []
+    for shape, dtype in zip(dims, types):
+        flat = isinstance(shape, list) and all(type(d) is int for d in shape)
+        width = DTYPE_BYTES.get(dtype) if isinstance(dtype, str) else None
+        if width is not None and flat:
+            out.append(math.prod(shape) * width)  # a 0-d tensor has shape [] and one element
+        elif dtype == "TensorList" or (flat and shape):
+            out.append(None)
+        else:
+            break
+    return out
 def _required(value: Any, key: str) -> Any:
     # A missing key is a malformed event, reported like the KeyError of ``event[key]``.
     if value is msgspec.UNSET:

@@ -7,12 +7,13 @@ import html
 import os
 from pathlib import Path
 
+from hf_distprof import names
 from hf_distprof.analysis.model import AnalysisResult
 from hf_distprof.analysis.text import format_summary
 
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
-RESULT_JSON = "analysis.json"
+RESULT_JSON = names.ANALYSIS_NAME
 BREAKDOWN_PNG = "breakdown.png"
 STEPS_PNG = "step_durations.png"
 

@@ -1,0 +1,23 @@
+"""Every output file name of a run, in one place (no torch import: the trace analysis reads them too).
+
+Layout of one run (all ranks of a run share ``<output_dir>/<run_name>/``; :mod:`hf_distprof.paths` picks
+the folder)::
+
+    rank{R}_{host}_step{first}-{last}.pt.trace.json.gz   the profiler's trace, per rank and window
+    rank{R}_{host}_step{first}-{last}_summary.txt        its operator tables
+    memory_rank{R}.jsonl                                 the memory logger
+    timing_rank{R}.jsonl, timing_summary.json            the step timer (summary: rank 0)
+    parallelism.json                                     rank 0: DDP/FSDP built, shard sizes
+    analysis.json                                        rank 0, --profiler-analyze
+"""
+
+from __future__ import annotations
+
+TRACE_SUFFIX = ".pt.trace.json.gz"
+TRACE_NAME = "rank{rank}_{host}_step{first}-{last}" + TRACE_SUFFIX
+SUMMARY_NAME = "rank{rank}_{host}_step{first}-{last}_summary.txt"
+MEMORY_LOG_NAME = "memory_rank{rank}.jsonl"
+PARALLELISM_NAME = "parallelism.json"
+TIMING_LOG_NAME = "timing_rank{rank}.jsonl"
+TIMING_SUMMARY_NAME = "timing_summary.json"
+ANALYSIS_NAME = "analysis.json"
