@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
-from hf_distprof.analysis import comm
+from hf_distprof.analysis import bandwidth, comm
 from hf_distprof.analysis.cross_rank import cross_rank
 from hf_distprof import names
 from hf_distprof.analysis.diagnosis import diagnose, undecided
@@ -129,6 +129,8 @@ def analyze_paths(
         comm_by_module=comm.by_module(ranks),
         undecided=undecided(cross),
         profiler_slowdown=slowdown,
+        bandwidth=bandwidth.collective_bandwidth(ranks),
+        unsized_collectives=bandwidth.unsized(ranks),
     )
 
 

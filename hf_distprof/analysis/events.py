@@ -14,7 +14,7 @@ events or ``args`` are allowed, so a decoded event carries exactly the values ``
 malformed traces fail the same way.
 
 Message sizes (:class:`MessageSize`) come from ``record_param_comms`` ops, whose ``args`` name the element
-counts, dtype and group size in PyTorch 2.2 and later, and, when the profiler recorded shapes, from the
+counts, dtype and group size in newer PyTorch builds with NCCL, and, when the profiler recorded shapes, from the
 ``Input Dims`` / ``Input type`` of ``nccl:*`` and ``gloo:*`` annotations and ``c10d::*`` ops. Every op
 carries shapes in such a trace, so they are kept undecoded (``msgspec.Raw``) and only the collectives'
 are read; a trace without shapes pays nothing for them.
@@ -526,6 +526,8 @@ def _tensor_bytes(args: _Args) -> list[int | None]:
         else:
             break
     return out
+
+
 def _required(value: Any, key: str) -> Any:
     # A missing key is a malformed event, reported like the KeyError of ``event[key]``.
     if value is msgspec.UNSET:

@@ -266,6 +266,11 @@ class Collective:
     exposed_us: float = 0.0
     """The part of its span that nothing hides: on GPU no computation kernel runs, on CPU the training
     thread waits for communication."""
+    bytes: int | None = None
+    """Its message size as nccl-tests define it (all_gather: the gathered output, reduce_scatter: the
+    input, otherwise the buffer), from the trace; None when the trace does not record it."""
+    group_size: int | None = None
+    """Ranks taking part: the process group's size when the trace records it, else the world size."""
 
     @property
     def duration_us(self) -> float:
@@ -311,6 +316,51 @@ class ModuleCommStat:
     count_per_step: float
     time_us: float
     exposed_us: float
+
+
+@dataclass
+class BandwidthStat:
+    """Collectives of one kind, group size and message-size bucket, over all ranks
+    (:mod:`hf_distprof.analysis.bandwidth`).
+
+    Bandwidths are in GB/s (1e9 bytes per second, as nccl-tests print them). ``algbw`` is bytes over the
+    collective's whole time; ``busbw`` scales it by nccl-tests' factor for the kind, so that it compares
+    with the link's bandwidth. A collective's time includes waiting for the last rank to arrive: the
+    ``transfer_*`` bandwidths divide by the rest, the time data was moving, and are the honest figures.
+    """
+
+    kind: str
+    group_size: int | None
+    bucket: str
+    """Size range, like "1-4 MiB" (low bound included)."""
+    bucket_low_bytes: int
+    bucket_high_bytes: int
+    ranks: int
+    """Ranks with collectives in this row."""
+    count: int
+    """Collectives in this row, counted once per rank that ran them."""
+    count_per_rank: float
+    mean_bytes: float
+    time_us: float
+    """Their time, summed, per rank (mean over the ranks)."""
+    algbw_gbps: float | None
+    busbw_gbps: float | None
+    """None for a kind without an nccl-tests factor."""
+    matched: int
+    """Collectives in this row found on every rank, whose wait could be measured (0 with one rank)."""
+    wait_us: float
+    """Of the matched ones' time, per rank: waiting for the last rank to arrive."""
+    transfer_us: float
+    """Of the matched ones' time, per rank: the rest, data moving."""
+    transfer_algbw_gbps: float | None
+    """Bytes of the matched collectives over their transfer time; None when none is matched."""
+    transfer_busbw_gbps: float | None
+
+    @property
+    def wait_pct(self) -> float | None:
+        """% of the matched collectives' time spent waiting for a late peer; None when none is matched."""
+        total = self.wait_us + self.transfer_us
+        return 100.0 * self.wait_us / total if self.matched and total > 0 else None
 
 
 @dataclass
@@ -464,6 +514,11 @@ class AnalysisResult:
     profiler_slowdown: dict[str, Any] | None = None
     """Steps inside the trace against the run's other steps, from ``timing_rank*.jsonl`` beside the traces
     (:func:`hf_distprof.verdicts.profiler_slowdown`); None without them."""
+    bandwidth: list[BandwidthStat] = field(default_factory=list)
+    """Collective bandwidth per kind, group size and message size (empty when no collective has a size)."""
+    unsized_collectives: int = 0
+    """Collectives (over all ranks) whose size the traces do not record: without ``record_param_comms``
+    sizes (newer PyTorch with NCCL) they need shapes, ``--profiler-record-shapes``."""
 
     @property
     def exposed_comm_pct(self) -> float:
@@ -487,6 +542,8 @@ class AnalysisResult:
             rank_out.pop("collectives")  # matched in cross_rank; too long to be useful in the output
             _add_hidden_pct(rank_out["comm_by_kind"], rank.comm_by_kind)
         _add_hidden_pct(out["comm_by_kind"], self.comm_by_kind)
+        for row_out, row in zip(out["bandwidth"], self.bandwidth):
+            row_out["wait_pct"] = row.wait_pct
         return out
 
     def to_json(self) -> bytes:

@@ -6,8 +6,9 @@ from bisect import bisect_right
 
 from hf_distprof.analysis import comm
 from hf_distprof.analysis import intervals as iv
+from hf_distprof.analysis.bandwidth import message_bytes
 from hf_distprof.analysis.cpu import MainThreadSplit, breakdown_of, split_main_thread
-from hf_distprof.analysis.events import ParsedTrace, Step
+from hf_distprof.analysis.events import RECORD_PARAM_COMMS, MessageSize, ParsedTrace, Span, Step
 from hf_distprof.analysis.gpu import gpu_breakdown, kernel_stats
 from hf_distprof.analysis.kernels import (
     COMMUNICATION,
@@ -25,6 +26,8 @@ from hf_distprof.analysis.model import AnalysisOptions, Collective, RankResult, 
 GLOO_RUNS_AS = {"reduce_scatter": "all_reduce"}
 # NCCL runs these as SendRecv kernels: the nccl:* annotation around the launch names the collective.
 _SEND_RECV_KINDS = ("all_to_all", "send", "recv", "gather", "scatter")
+# (start, end, kind, issued, size) of one collective, before it is numbered.
+_Run = tuple[float, float, str, float | None, MessageSize | None]
 
 
 def _step_index(starts: list[float], t: float) -> int:
@@ -69,42 +72,44 @@ def _collectives(trace: ParsedTrace, gpu_steps: list[list[int]]) -> list[Collect
         return _gpu_collectives(trace, gpu_steps)
     out: list[Collective] = []
     starts = [s.start for s in trace.steps]
-    spans_per_step: list[list[tuple[float, float, str]]] = [[] for _ in trace.steps]
-    for s, e, name in trace.comm_spans:
-        spans_per_step[_step_index(starts, s)].append((s, e, gloo_kind(name)))
-    ops_per_step: list[list[tuple[float, str]]] = [[] for _ in trace.steps]
-    for s, _, name in trace.c10d_ops:
-        kind = c10d_kind(name)
+    sizes = trace.message_sizes
+    spans_per_step: list[list[tuple[float, float, str, MessageSize | None]]] = [[] for _ in trace.steps]
+    for span in trace.comm_spans:
+        s, e, name = span
+        spans_per_step[_step_index(starts, s)].append((s, e, gloo_kind(name), sizes.get(span)))
+    ops_per_step: list[list[tuple[float, str, MessageSize | None]]] = [[] for _ in trace.steps]
+    for span in trace.c10d_ops:
+        kind = c10d_kind(span[2])
         if kind not in ("", "barrier", "wait", "monitored_barrier"):
-            ops_per_step[_step_index(starts, s)].append((s, kind))
+            ops_per_step[_step_index(starts, span[0])].append((span[0], kind, sizes.get(span)))
     for step, spans, ops in zip(trace.steps, spans_per_step, ops_per_step):
-        out.extend(_numbered(step.number, _name_gloo_spans(spans, ops)))
+        out.extend(_numbered(step.number, _name_gloo_spans(spans, ops), trace.world_size))
     return out
 
 
 def _name_gloo_spans(
-    spans: list[tuple[float, float, str]], ops: list[tuple[float, str]]
-) -> list[tuple[float, float, str, float | None]]:
-    """(start, end, kind, issued) of one step's gloo spans, named by the c10d ops that enqueued them.
+    spans: list[tuple[float, float, str, MessageSize | None]], ops: list[tuple[float, str, MessageSize | None]]
+) -> list[_Run]:
+    """(start, end, kind, issued, size) of one step's gloo spans, named by the c10d ops that enqueued them.
 
     The c10d op names the collective better (a reduce-scatter runs as ``gloo:all_reduce``). The ops of
     each gloo span name are matched to those spans in order, when their counts agree; otherwise the spans
-    keep the gloo name and no issue time.
+    keep the gloo name and no issue time. The size is the span's own recorded input, else its op's.
     """
-    spans_by_name: dict[str, list[tuple[float, float]]] = {}
-    for s, e, name in spans:
-        spans_by_name.setdefault(name, []).append((s, e))
-    ops_by_name: dict[str, list[tuple[float, str]]] = {}
-    for t, kind in ops:
-        ops_by_name.setdefault(GLOO_RUNS_AS.get(kind, kind), []).append((t, kind))
-    named: list[tuple[float, float, str, float | None]] = []
+    spans_by_name: dict[str, list[tuple[float, float, MessageSize | None]]] = {}
+    for s, e, name, size in spans:
+        spans_by_name.setdefault(name, []).append((s, e, size))
+    ops_by_name: dict[str, list[tuple[float, str, MessageSize | None]]] = {}
+    for t, kind, size in ops:
+        ops_by_name.setdefault(GLOO_RUNS_AS.get(kind, kind), []).append((t, kind, size))
+    named: list[_Run] = []
     for name, same in spans_by_name.items():
         issued = ops_by_name.get(name, [])
         if len(issued) == len(same):
-            named += [(s, e, kind, t) for (s, e), (t, kind) in zip(same, issued)]
+            named += [(s, e, kind, t, size or op_size) for (s, e, size), (t, kind, op_size) in zip(same, issued)]
         else:
-            named += [(s, e, name, None) for s, e in same]
-    named.sort()
+            named += [(s, e, name, None, size) for s, e, size in same]
+    named.sort(key=lambda x: (x[0], x[1], x[2]))
     return named
 
 
@@ -113,35 +118,68 @@ def _gpu_collectives(trace: ParsedTrace, gpu_steps: list[list[int]]) -> list[Col
     gpu = trace.gpu
     launches = trace.launches
     ops = comm.SpanIndex(trace.nccl_ops) if trace.nccl_ops else None
+    sizes = trace.message_sizes
+    recorded = sorted(span for span in sizes if span[2] == RECORD_PARAM_COMMS)
+    params = comm.SpanIndex(recorded) if recorded else None
     out: list[Collective] = []
     for step, indices in zip(trace.steps, gpu_steps):
-        spans = []
+        spans: list[_Run] = []
         for i in indices:
             name = gpu.name[i]
             if kernel_category(name) != COMMUNICATION:
                 continue
             issued = launches.get(gpu.correlation[i])
             kind = nccl_kind(name)
-            if ops is not None and issued is not None and kind not in MAIN_KINDS:
+            around = ops.containing(issued) if ops is not None and issued is not None else []
+            if around and kind not in MAIN_KINDS:
                 # A SendRecv (or newer generic) kernel: the innermost nccl:* op of a matching kind names it.
-                for _, _, op in reversed(ops.containing(issued)):
+                for _, _, op in reversed(around):
                     op_kind = nccl_op_kind(op)
                     if kind != "send_recv" or op_kind in _SEND_RECV_KINDS:
                         kind = op_kind or kind
                         break
-            spans.append((gpu.start[i], gpu.end[i], kind, issued))
+            spans.append((gpu.start[i], gpu.end[i], kind, issued, _launch_size(sizes, params, around, issued)))
         spans.sort(key=lambda x: (x[0], x[1], x[2]))
-        out.extend(_numbered(step.number, spans))
+        out.extend(_numbered(step.number, spans, trace.world_size))
     return out
 
 
-def _numbered(step: int, spans: list[tuple[float, float, str, float | None]]) -> list[Collective]:
+def _launch_size(
+    sizes: dict[Span, MessageSize], params: comm.SpanIndex | None, around: list[Span], issued: float | None
+) -> MessageSize | None:
+    """The size recorded around a kernel's launch: by the innermost ``record_param_comms`` that states one
+    (newer PyTorch), else by the innermost ``nccl:*`` annotation with recorded shapes."""
+    if issued is None:
+        return None
+    inner = params.containing(issued) if params is not None else []
+    if inner:
+        return sizes[inner[-1]]
+    for span in reversed(around):
+        size = sizes.get(span)
+        if size is not None:
+            return size
+    return None
+
+
+def _numbered(step: int, spans: list[_Run], world_size: int | None) -> list[Collective]:
     seen: dict[str, int] = {}
     out = []
-    for s, e, kind, issued in spans:
+    for s, e, kind, issued, size in spans:
         k = seen.get(kind, 0)
         seen[kind] = k + 1
-        out.append(Collective(step=step, kind=kind, index=k, start_us=s, end_us=e, issued_us=issued))
+        group = (size.group_size if size is not None else None) or world_size
+        out.append(
+            Collective(
+                step=step,
+                kind=kind,
+                index=k,
+                start_us=s,
+                end_us=e,
+                issued_us=issued,
+                bytes=message_bytes(kind, size.in_bytes, size.out_bytes, group) if size is not None else None,
+                group_size=group,
+            )
+        )
     return out
 
 

@@ -9,20 +9,121 @@ from pathlib import Path
 
 from hf_distprof import names
 from hf_distprof.analysis.model import AnalysisResult
-from hf_distprof.analysis.text import format_summary
+from hf_distprof.analysis.text import format_bytes, format_gbps, format_summary, missing_sizes_note
 
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
 RESULT_JSON = names.ANALYSIS_NAME
 BREAKDOWN_PNG = "breakdown.png"
 STEPS_PNG = "step_durations.png"
+PHASES_PNG = "phases_per_step.png"
+LATENESS_PNG = "lateness_per_step.png"
+COMM_PNG = "communication_by_kind.png"
 
 
-def _breakdown_plot(result: AnalysisResult, out: Path) -> None:
+def _pyplot():  # type: ignore[no-untyped-def]
     import matplotlib
 
     matplotlib.use("Agg")  # no display: the report is written on headless hosts too
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _heatmap(ax, rows: list[list[float]], ranks: list[int], steps: list[int], title: str, unit: str) -> None:  # type: ignore[no-untyped-def]
+    """One rank x step heatmap with integer ticks; rank labels thinned past 16 ranks so 8+ ranks stay legible."""
+    from matplotlib.ticker import MaxNLocator
+
+    image = ax.imshow(rows, aspect="auto", interpolation="nearest", cmap="viridis",
+                      extent=(steps[0] - 0.5, steps[-1] + 0.5, len(ranks) - 0.5, -0.5))
+    ax.set_title(title, fontsize=9)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    every = max(1, len(ranks) // 16)
+    ax.set_yticks(list(range(0, len(ranks), every)), [str(r) for r in ranks[::every]])
+    ax.set_xlabel("step")
+    ax.set_ylabel("rank")
+    ax.figure.colorbar(image, ax=ax, label=unit)
+
+
+def _common_steps(result: AnalysisResult) -> list[int]:
+    steps = [set(s.step for s in r.steps) for r in result.ranks]
+    return sorted(set.intersection(*steps)) if steps else []
+
+
+def _phases_plot(result: AnalysisResult, out: Path) -> None:
+    """Per rank and step: each phase's share of the step, one heatmap per phase."""
+    plt = _pyplot()
+    steps = _common_steps(result)
+    ranks = [r.rank for r in result.ranks]
+    gpu = any(r.device == "gpu" for r in result.ranks)
+    if gpu:
+        phases = {
+            "GPU compute": lambda s: s.gpu.compute_pct if s.gpu else 0.0,
+            "exposed communication": lambda s: s.gpu.exposed_comm_pct if s.gpu else 0.0,
+            "GPU idle": lambda s: s.gpu.idle_pct if s.gpu else 0.0,
+        }
+    else:
+        phases = {
+            "compute": lambda s: s.cpu.pct(s.cpu.compute_us),
+            "communication (waiting)": lambda s: s.cpu.pct(s.cpu.communication_us),
+            "data loading": lambda s: s.cpu.pct(s.cpu.data_loading_us),
+        }
+    fig, axes = plt.subplots(1, len(phases), figsize=(4.2 * len(phases), max(3.0, 0.25 * len(ranks) + 2)))
+    for ax, (name, value) in zip(axes, phases.items()):
+        rows = []
+        for r in result.ranks:
+            by_step = {s.step: s for s in r.steps}
+            rows.append([value(by_step[step]) for step in steps])
+        _heatmap(ax, rows, ranks, steps, f"{name} (% of step)", "%")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def _lateness_plot(result: AnalysisResult, out: Path) -> None:
+    """Per rank and step: how late the rank reached that step's collectives (the straggler evidence)."""
+    plt = _pyplot()
+    cross = result.cross_rank
+    fig, ax = plt.subplots(figsize=(7, max(3.0, 0.25 * len(result.ranks) + 2)))
+    steps = sorted({s for p in cross.per_rank for s in p.lateness_steps}) if cross else []
+    if steps and cross is not None:
+        rows = [
+            [dict(zip(p.lateness_steps, p.lateness_per_step_us)).get(step, 0.0) / 1e3 for step in steps]
+            for p in cross.per_rank
+        ]
+        _heatmap(ax, rows, [p.rank for p in cross.per_rank], steps, "lateness at the step's collectives (ms)", "ms")
+    else:
+        ax.text(0.5, 0.5, "no collective matched across ranks", ha="center", va="center")
+        ax.set_axis_off()
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def _comm_plot(result: AnalysisResult, out: Path) -> None:
+    """Communication per collective kind, per step: exposed and hidden time (mean over ranks)."""
+    plt = _pyplot()
+    rows = result.comm_by_kind
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    if rows:
+        kinds = [row.kind for row in rows]
+        exposed = [row.exposed_us / 1e3 for row in rows]
+        hidden = [max(0.0, row.time_us - row.exposed_us) / 1e3 for row in rows]
+        ax.bar(kinds, exposed, label="exposed")
+        ax.bar(kinds, hidden, bottom=exposed, label="hidden behind compute")
+        ax.set_ylabel("ms per step (mean over ranks)")
+        ax.legend()
+    else:
+        ax.text(0.5, 0.5, "no collective in the traces", ha="center", va="center")
+        ax.set_axis_off()
+    ax.set_title("Communication by collective kind")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def _breakdown_plot(result: AnalysisResult, out: Path) -> None:
+    plt = _pyplot()
 
     gpu = any(r.device == "gpu" for r in result.ranks)
     labels = [f"r{r.rank}" for r in result.ranks]
@@ -63,11 +164,9 @@ def _breakdown_plot(result: AnalysisResult, out: Path) -> None:
 
 
 def _steps_plot(result: AnalysisResult, out: Path) -> None:
-    import matplotlib
+    from matplotlib.ticker import MaxNLocator
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for r in result.ranks:
         ax.plot(
@@ -77,6 +176,7 @@ def _steps_plot(result: AnalysisResult, out: Path) -> None:
             label=f"rank {r.rank}",
         )
     ax.set_xlabel("profiler step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("step duration (ms)")
     ax.set_title("Step duration per rank")
     if len(result.ranks) <= 16:
@@ -102,14 +202,18 @@ def _markdown(result: AnalysisResult) -> str:
         "",
     ]
     if not result.findings:
-        lines.append("No finding: no threshold crossed.")
+        lines.append("No finding: no threshold crossed beyond the run's own noise.")
     for i, f in enumerate(result.findings, 1):
+        who = f" (ranks {', '.join(map(str, f.ranks))})" if f.ranks else ""
+        sure = f", confidence {f.confidence:.2f}" if f.confidence is not None else ""
         lines += [
-            f"{i}. **{f.title}** (ranks {', '.join(map(str, f.ranks))})",
+            f"{i}. **{f.title}**{who}{sure}",
             f"   - Evidence: {f.evidence}",
             f"   - Recommendation: {f.recommendation}",
         ]
+    lines += [f"- Not enough evidence, no verdict: {text}" for text in result.undecided]
     lines += _comm_markdown(result)
+    lines += _bandwidth_markdown(result)
     if result.errors:
         lines += ["", "## Skipped files", ""] + [f"- `{e.path}`: {e.reason}" for e in result.errors]
     lines += [
@@ -119,6 +223,12 @@ def _markdown(result: AnalysisResult) -> str:
         f"![per-rank breakdown]({BREAKDOWN_PNG})",
         "",
         f"![step durations]({STEPS_PNG})",
+        "",
+        f"![phases per rank and step]({PHASES_PNG})",
+        "",
+        f"![lateness per rank and step]({LATENESS_PNG})",
+        "",
+        f"![communication by kind]({COMM_PNG})",
         "",
         "## Details",
         "",
@@ -165,6 +275,36 @@ def _comm_markdown(result: AnalysisResult) -> list[str]:
                 f"| {unit.module or '(root)'} | {unit.kind} | {unit.phase or '-'} | {unit.count_per_step:.1f} | "
                 f"{unit.time_us / 1e3:.2f} | {unit.exposed_us / 1e3:.2f} |"
             )
+    return lines
+
+
+def _bandwidth_markdown(result: AnalysisResult) -> list[str]:
+    """The collective bandwidth table as Markdown, or the note saying how to get sizes."""
+    note = missing_sizes_note(result)
+    if not result.bandwidth and not note:
+        return []
+    lines = ["", "## Collective bandwidth", ""]
+    if result.bandwidth:
+        lines += [
+            "GB/s, nccl-tests' definitions (algbw = size / time, busbw = algbw x 2(n-1)/n for all_reduce, "
+            "(n-1)/n for all_gather, reduce_scatter and all_to_all, 1 otherwise). Calls and time per rank. "
+            "Wait: the part of the time spent waiting for the last rank to arrive; transfer bandwidths divide "
+            "by the rest, the time data was moving.",
+            "",
+            "| kind | n | size | calls | mean size | time ms | algbw | busbw | wait % | transfer algbw | "
+            "transfer busbw |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for row in result.bandwidth:
+            wait = "-" if row.wait_pct is None else f"{row.wait_pct:.1f}"
+            lines.append(
+                f"| {row.kind} | {row.group_size or '-'} | {row.bucket} | {row.count_per_rank:.1f} | "
+                f"{format_bytes(row.mean_bytes)} | {row.time_us / 1e3:.2f} | {format_gbps(row.algbw_gbps)} | "
+                f"{format_gbps(row.busbw_gbps)} | {wait} | {format_gbps(row.transfer_algbw_gbps)} | "
+                f"{format_gbps(row.transfer_busbw_gbps)} |"
+            )
+    if note:
+        lines += ["", note] if result.bandwidth else [note]
     return lines
 
 
@@ -242,16 +382,22 @@ def write_report(result: AnalysisResult, out_dir: str | os.PathLike[str]) -> Pat
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    images = {BREAKDOWN_PNG: out / BREAKDOWN_PNG, STEPS_PNG: out / STEPS_PNG}
+    plots = {
+        BREAKDOWN_PNG: _breakdown_plot,
+        STEPS_PNG: _steps_plot,
+        PHASES_PNG: _phases_plot,
+        LATENESS_PNG: _lateness_plot,
+        COMM_PNG: _comm_plot,
+    }
+    images = {name: out / name for name in plots}
     if result.ranks:
-        for plot, name in ((_breakdown_plot, BREAKDOWN_PNG), (_steps_plot, STEPS_PNG)):
+        for name, plot in plots.items():
             with atomic_path(images[name], suffix=".png") as tmp:  # matplotlib picks the format by suffix
                 plot(result, tmp)
     md = _markdown(result)
     if not result.ranks:
-        md = md.replace(f"![per-rank breakdown]({BREAKDOWN_PNG})", "").replace(
-            f"![step durations]({STEPS_PNG})", ""
-        )
+        for name in plots:
+            md = "\n".join(line for line in md.splitlines() if f"]({name})" not in line)
     atomic_write_text(out / REPORT_MD, md)
     atomic_write_text(out / REPORT_HTML, _html(md, images))
     with atomic_path(out / RESULT_JSON) as tmp:

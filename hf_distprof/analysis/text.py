@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hf_distprof.analysis.model import AnalysisResult, CommKindStat, RankResult
+from hf_distprof.analysis.model import AnalysisResult, BandwidthStat, CommKindStat, RankResult
 
 # Per-rank rows of the per-kind table up to this many ranks; beyond, the mean over ranks only.
 KIND_TABLE_MAX_RANKS = 8
@@ -130,6 +130,67 @@ def _unit_table(result: AnalysisResult) -> list[str]:
     return out
 
 
+def format_bytes(size: float) -> str:
+    """A byte count in binary units, like "1.50 MiB"."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(size) < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.2f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_gbps(value: float | None) -> str:
+    """A bandwidth in GB/s for a table: 3 decimals below 10, one above; "<0.001" for a trickle."""
+    if value is None:
+        return "-"
+    if value >= 10:
+        return f"{value:.1f}"
+    return f"{value:.3f}" if value >= 0.001 or value == 0 else "<0.001"
+
+
+def missing_sizes_note(result: AnalysisResult) -> str | None:
+    """A sentence on the collectives without a recorded size, or None when every one has one."""
+    if not result.unsized_collectives:
+        return None
+    return (
+        f"{result.unsized_collectives} collective(s), counted on every rank, have no message size in the traces: "
+        "record shapes (--profiler-record-shapes) to size them (NCCL traces of newer PyTorch size them without)."
+    )
+
+
+def _bandwidth_row(row: BandwidthStat) -> str:
+    wait = "-" if row.wait_pct is None else f"{row.wait_pct:.1f}"
+    rates = [row.algbw_gbps, row.busbw_gbps, row.transfer_algbw_gbps, row.transfer_busbw_gbps]
+    algbw, busbw, x_algbw, x_busbw = (format_gbps(r) for r in rates)
+    return (
+        f"{row.kind:<15} {row.group_size or '-':>3} {row.bucket:<16} {row.count_per_rank:>6.1f} "
+        f"{format_bytes(row.mean_bytes):>11} {_ms(row.time_us):>9} {algbw:>7} {busbw:>7} {wait:>6} "
+        f"{x_algbw:>7} {x_busbw:>7}"
+    )
+
+
+def _bandwidth_table(result: AnalysisResult) -> list[str]:
+    """Collective bandwidth per kind, group size and message size; a note when sizes are missing."""
+    note = missing_sizes_note(result)
+    if not result.bandwidth:
+        return ["", f"Collective bandwidth: {note}"] if note else []
+    head = (
+        f"{'kind':<15} {'n':>3} {'size':<16} {'calls':>6} {'mean size':>11} {'time ms':>9} {'algbw':>7} "
+        f"{'busbw':>7} {'wait%':>6} {'x-algbw':>7} {'x-busbw':>7}"
+    )
+    out = [
+        "",
+        "Collective bandwidth (GB/s, nccl-tests' algbw and busbw; calls and time per rank; wait%: of the time, "
+        "waiting for the last rank to arrive; x-: over the rest, the transfer time)",
+        head,
+        "-" * len(head),
+    ]
+    out += [_bandwidth_row(row) for row in result.bandwidth]
+    if note:
+        out.append(note)
+    return out
+
+
 def format_summary(result: AnalysisResult) -> str:
     """The terminal summary: per-rank per-step table, cross-rank view, findings.
 
@@ -166,6 +227,7 @@ def format_summary(result: AnalysisResult) -> str:
             out += _rank_rows(rank)
     out += _kind_table(result)
     out += _unit_table(result)
+    out += _bandwidth_table(result)
     cross = result.cross_rank
     if cross is not None:
         out += ["", f"Across ranks ({cross.matched_collectives} collectives matched):"]

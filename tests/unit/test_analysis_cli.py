@@ -13,10 +13,20 @@ import pytest
 
 from hf_distprof.analysis import AnalysisOptions, analyze_paths, format_findings
 from hf_distprof.analysis.merge import merge_traces, write_merged
-from hf_distprof.analysis.report import BREAKDOWN_PNG, REPORT_HTML, REPORT_MD, RESULT_JSON, STEPS_PNG
+from hf_distprof.analysis.report import (
+    BREAKDOWN_PNG,
+    COMM_PNG,
+    LATENESS_PNG,
+    PHASES_PNG,
+    REPORT_HTML,
+    REPORT_MD,
+    RESULT_JSON,
+    STEPS_PNG,
+)
 from hf_distprof.cli.main import build_parser, main
 
 DATA = Path(__file__).resolve().parents[1] / "data"
+PNGS = (BREAKDOWN_PNG, STEPS_PNG, PHASES_PNG, LATENESS_PNG, COMM_PNG)
 
 
 def test_subcommands_registered_and_thresholds_are_flags() -> None:
@@ -33,11 +43,13 @@ def test_analyze_json_and_report(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert rc == 0
     data = orjson.loads(capsys.readouterr().out)
     assert data["findings"][0]["kind"] == "straggler" and data["findings"][0]["ranks"] == [1]
-    for name in (REPORT_MD, REPORT_HTML, RESULT_JSON, BREAKDOWN_PNG, STEPS_PNG):
+    for name in (REPORT_MD, REPORT_HTML, RESULT_JSON):
         assert (tmp_path / "rep" / name).stat().st_size > 0
-    assert (tmp_path / "rep" / BREAKDOWN_PNG).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for name in PNGS:
+        assert (tmp_path / "rep" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     html = (tmp_path / "rep" / REPORT_HTML).read_text()
-    assert "data:image/png;base64," in html and "Straggler: rank 1" in html
+    assert html.count("data:image/png;base64,") == len(PNGS) and "Straggler: rank 1" in html
+    assert "Straggler: rank 1** (ranks 1), confidence 0.98" in (tmp_path / "rep" / REPORT_MD).read_text()
     assert "Straggler: rank 1" in (tmp_path / "rep" / REPORT_MD).read_text()
 
 
@@ -111,9 +123,7 @@ def test_report_that_cannot_be_written_is_one_error_line(
     # Every report file is renamed into place only when complete: no temporary file is left behind.
     rep = tmp_path / "rep"
     assert main(["analyze", str(DATA / "clean"), "--workers", "1", "--report", str(rep)]) == 0
-    assert sorted(p.name for p in rep.iterdir()) == sorted(
-        [REPORT_MD, REPORT_HTML, RESULT_JSON, BREAKDOWN_PNG, STEPS_PNG]
-    )
+    assert sorted(p.name for p in rep.iterdir()) == sorted([REPORT_MD, REPORT_HTML, RESULT_JSON, *PNGS])
 
 
 def test_merge_output_that_cannot_be_written_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
