@@ -290,6 +290,8 @@ class ProfilerSlowdown:
     threshold_ratio: float
     options: dict[str, bool]
     warning: str | None
+    confidence: float | None = None
+    """Share of the traced steps slower than ``threshold_ratio`` times the reference median."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -336,6 +338,9 @@ def profiler_slowdown(
     med = median(ins)
     ratio = med / median(ref) if len(ref) >= min_outside and median(ref) > 0 else None
     warning = None
+    confidence = (
+        sum(t > threshold_ratio * median(ref) for t in ins) / len(ins) if ratio is not None else None
+    )
     if ratio is not None and ratio > threshold_ratio:
         on = [flag for name, flag in OPTION_COST if options.get(name)]
         cost = (
@@ -359,6 +364,7 @@ def profiler_slowdown(
         threshold_ratio=threshold_ratio,
         options=dict(options),
         warning=warning,
+        confidence=confidence,
     )
 
 

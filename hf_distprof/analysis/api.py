@@ -185,7 +185,7 @@ def slowdown_findings(slowdown: dict[str, Any] | None) -> list[Finding]:
                 "unless you need them) and see PROFILING_GUIDE.md for what each option costs."
             ),
             numbers={"ratio": ratio},
-            confidence=None,
+            confidence=slowdown.get("confidence"),
         )
     ]
 

@@ -121,6 +121,17 @@ def _fsdp_rows(ranks: list[RankResult], kind: str, options: AnalysisOptions) -> 
     return hit
 
 
+def _steps_above(rank: RankResult, kind: str, threshold_pct: float) -> float:
+    """Share of the rank's steps in which the exposed time of ``kind`` is above ``threshold_pct`` of the step."""
+    exposed: dict[int, float] = {}
+    for c in rank.collectives:
+        if c.kind == kind:
+            exposed[c.step] = exposed.get(c.step, 0.0) + c.exposed_us
+    steps = [s for s in rank.steps if s.duration_us > 0]
+    above = sum(100.0 * exposed.get(s.step, 0.0) / s.duration_us > threshold_pct for s in steps)
+    return above / len(steps) if steps else 0.0
+
+
 def _is_fsdp(rank: RankResult) -> bool:
     """Whether FSDP issued some of the rank's collectives (its annotations name their unit)."""
     return any(c.module is not None for c in rank.collectives)
@@ -190,6 +201,7 @@ def _fsdp_all_gather(ranks: list[RankResult], options: AnalysisOptions) -> list[
                 "backward_exposed_us": row.backward_exposed_us,
                 "time_us": row.time_us,
             },
+            confidence=_steps_above(worst, "all_gather", options.fsdp_exposed_pct),
         )
     ]
 
@@ -220,6 +232,7 @@ def _fsdp_reduce_scatter(ranks: list[RankResult], options: AnalysisOptions) -> l
                 + _cpu_note(worst)
             ),
             numbers={"exposed_us": row.exposed_us, "exposed_pct": row.exposed_pct_median, "time_us": row.time_us},
+            confidence=_steps_above(worst, "reduce_scatter", options.fsdp_exposed_pct),
         )
     ]
 
@@ -301,6 +314,10 @@ def _low_utilisation(ranks: list[RankResult], options: AnalysisOptions) -> list[
     if not low:
         return []
     mean = _mean(list(low.values()))
+    # Confidence: the share of the low ranks' steps that are below the threshold themselves.
+    low_steps = [
+        100.0 - s.gpu.idle_pct < options.low_util_pct for r in ranks if r.rank in low for s in r.steps if s.gpu
+    ]
     return [
         Finding(
             kind="low_utilisation",
@@ -317,6 +334,7 @@ def _low_utilisation(ranks: list[RankResult], options: AnalysisOptions) -> list[
                 "tensors) and data loading between kernels; increase the batch size or use CUDA graphs."
             ),
             numbers={"gpu_busy_pct": mean},
+            confidence=sum(low_steps) / len(low_steps) if low_steps else None,
         )
     ]
 
@@ -331,7 +349,8 @@ def _launch_bound(ranks: list[RankResult], options: AnalysisOptions) -> list[Fin
         tiny = 100.0 * sum(g.n_tiny_kernels for g in gpu) / n
         idle = _mean([g.idle_pct for g in gpu])
         if tiny >= options.launch_bound_tiny_pct and idle >= 100.0 - options.low_util_pct:
-            hit.append((r.rank, tiny, idle, n / len(gpu)))
+            idle_steps = sum(g.idle_pct >= 100.0 - options.low_util_pct for g in gpu) / len(gpu)
+            hit.append((r.rank, tiny, idle, n / len(gpu), idle_steps))
     if not hit:
         return []
     tiny = _mean([h[1] for h in hit])
@@ -352,6 +371,7 @@ def _launch_bound(ranks: list[RankResult], options: AnalysisOptions) -> list[Fin
                 "use CUDA graphs, or raise the batch size so each kernel does more work."
             ),
             numbers={"tiny_kernel_pct": tiny, "gpu_idle_pct": idle, "kernels_per_step": per_step},
+            confidence=min(h[4] for h in hit),
         )
     ]
 

@@ -100,3 +100,46 @@ def test_result_serialises_to_json(results: dict[str, AnalysisResult]) -> None:
     assert data["imbalance_pct"] == pytest.approx(results["slow_rank1"].imbalance_pct)
     assert [r["rank"] for r in data["ranks"]] == [0, 1]
     assert data["findings"][0]["kind"] == "straggler"
+
+
+def test_every_finding_carries_a_confidence(results: dict[str, AnalysisResult]) -> None:
+    findings = [f for result in results.values() for f in result.findings]
+    assert {f.kind for f in findings} == {"straggler", "imbalance", "communication_bound", "data_loading_bound"}
+    assert all(f.confidence is not None and 0.5 < f.confidence <= 1.0 for f in findings)
+    straggler = next(f for f in results["slow_rank1"].findings if f.kind == "straggler")
+    assert straggler.confidence == 1 - 0.5**6  # last in 6 of 6 steps of 2 ranks
+
+
+def _timing_logs(folder: Path, slow: float) -> None:
+    """Step timer files beside the traces: steps 1-12, the traced steps 2-7 ``slow`` times the others."""
+    import json
+    import shutil
+
+    for rank in (0, 1):
+        shutil.copy(DATA / "clean" / f"rank-{rank}.json.gz", folder / f"rank-{rank}.json.gz")
+        rows = [{"step": s, "step_s": 0.1 * (slow if 2 <= s <= 7 else 1.0)} for s in range(1, 13)]
+        (folder / f"timing_rank{rank}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_the_profilers_slowdown_is_read_from_the_timer_files_beside_the_traces(tmp_path: Path) -> None:
+    _timing_logs(tmp_path, slow=2.0)
+    result = analyze_paths([tmp_path / "rank-0.json.gz", tmp_path / "rank-1.json.gz"], AnalysisOptions(workers=1))
+    slowdown = result.profiler_slowdown
+    assert slowdown is not None and slowdown["ratio"] == pytest.approx(2.0)
+    # Step 1 is the timer's warm-up (left out); no step before the window, so steps 8-12 are the reference.
+    assert (slowdown["steps_inside"], slowdown["steps_before"], slowdown["steps_after"]) == (6, 0, 5)
+    (finding,) = [f for f in result.findings if f.kind == "profiler_slowdown"]
+    assert finding.numbers == {"ratio": pytest.approx(2.0)} and finding.confidence == 1.0
+    assert "2.00x" in finding.evidence
+    # A run folder's timing_summary.json, when there, is what the timer measured with the options in effect.
+    (tmp_path / "timing_summary.json").write_text('{"profiler_slowdown": {"ratio": 1.1, "warning": null}}')
+    again = analyze_paths([tmp_path / "rank-0.json.gz", tmp_path / "rank-1.json.gz"], AnalysisOptions(workers=1))
+    assert again.profiler_slowdown == {"ratio": 1.1, "warning": None}
+    assert "profiler_slowdown" not in {f.kind for f in again.findings}
+
+
+def test_a_profiler_that_costs_little_raises_nothing(tmp_path: Path) -> None:
+    _timing_logs(tmp_path, slow=1.1)
+    result = analyze_paths([tmp_path / "rank-0.json.gz", tmp_path / "rank-1.json.gz"], AnalysisOptions(workers=1))
+    assert result.profiler_slowdown["ratio"] == pytest.approx(1.1) and result.findings == []
+    assert "Profiler slowdown: traced steps 1.10x the run's other steps (below 1.25x)" in format_findings(result)

@@ -99,7 +99,7 @@ def test_profiler_slowdown_compares_traced_steps_with_the_steps_before():
     out = profiler_slowdown(steps, set(range(6, 10)), {"record_shapes": True, "with_stack": False})
     assert out is not None and out.ratio == pytest.approx(2.5)
     assert (out.steps_inside, out.steps_before, out.steps_after) == (4, 4, 4)
-    assert out.median_step_s_after == pytest.approx(0.3)
+    assert out.median_step_s_after == pytest.approx(0.3) and out.confidence == 1.0
     assert out.warning is not None and "2.50x" in out.warning and "--profiler-record-shapes" in out.warning
     assert "--profiler-with-stack" not in out.warning
     quiet = profiler_slowdown(steps | {s: 0.21 for s in range(6, 10)}, set(range(6, 10)), {})
