@@ -136,6 +136,9 @@ def test_demo_script_ends_by_saying_where_everything_is(two_runs):
     assert f"traces and summaries : OUT/{new_run}/" in tail
     assert "tensorboard --logdir ./outputs/modernbert/runs" in tail
     assert f"less OUT/{new_run}/rank0_*_summary.txt" in tail
+    # ... and ends with the findings, not only file paths.
+    findings = tail[tail.index(f"Findings (hf-distprof analyze OUT/{new_run}/ --findings):"):]
+    assert "Headline: exposed communication" in findings and "(2 rank(s))" in findings
 
 
 def test_bad_flag_through_the_launcher_exits_2_before_launching(tmp_path):
