@@ -117,6 +117,7 @@ def analyze_paths(
     cross = cross_rank(ranks, options) if len(ranks) > 1 else None
     slowdown = profiler_slowdown_beside(files, ranks, options)
     findings = diagnose(ranks, cross, options) + slowdown_findings(slowdown)
+    findings, withheld = withhold_in_a_distorted_window(findings, slowdown, timer_verdict_beside(files))
     findings.sort(key=lambda f: -f.severity)
     errors.sort(key=lambda e: e.path)
     return AnalysisResult(
@@ -127,7 +128,7 @@ def analyze_paths(
         options=options,
         comm_by_kind=comm.mean_by_kind(ranks),
         comm_by_module=comm.by_module(ranks),
-        undecided=undecided(cross),
+        undecided=undecided(cross) + withheld,
         profiler_slowdown=slowdown,
         bandwidth=bandwidth.collective_bandwidth(ranks),
         unsized_collectives=bandwidth.unsized(ranks),
@@ -165,6 +166,45 @@ def profiler_slowdown_beside(
     traced = {s.step for r in ranks for s in r.steps}
     found = profiler_slowdown(step_s, traced, {}, threshold_ratio=options.profiler_slowdown_threshold)
     return found.to_json() if found is not None else None
+
+
+def timer_verdict_beside(files: list[str]) -> dict[str, Any] | None:
+    """The step timer's slow-rank verdict over the untraced steps (``timing_summary.json``), if there is one."""
+    for folder in sorted({Path(f).parent for f in files}):
+        try:
+            verdict = json.loads((folder / names.TIMING_SUMMARY_NAME).read_text()).get("imbalance_verdict")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(verdict, dict):
+            return verdict
+    return None
+
+
+def withhold_in_a_distorted_window(
+    findings: list[Finding], slowdown: dict[str, Any] | None, timer: dict[str, Any] | None
+) -> tuple[list[Finding], list[str]]:
+    """Rank findings of a window that was not like the rest of the run, against a quiet step timer, withheld.
+
+    When the traced steps ran materially slower than the others (the profiler's doing, or another process
+    on the host) and the step timer, judging the untraced steps, names no slow rank, a straggler or
+    imbalance seen in the trace describes that window, not the run: it becomes "not enough evidence".
+
+    Returns:
+        The findings kept, and the sentences for the withheld ones.
+    """
+    if not slowdown or not slowdown.get("warning") or not timer or timer.get("status") == "raised":
+        return findings, []
+    kept, withheld = [], []
+    for f in findings:
+        if f.kind in ("straggler", "imbalance"):
+            withheld.append(
+                f"{f.kind}: {f.title} withheld: the traced steps ran {float(slowdown['ratio']):.2f}x slower than "
+                f"the rest of the run, and over the untraced steps the step timer names no slow rank "
+                f"({timer.get('reason', 'quiet')})"
+            )
+        else:
+            kept.append(f)
+    return kept, withheld
 
 
 def slowdown_findings(slowdown: dict[str, Any] | None) -> list[Finding]:

@@ -67,20 +67,18 @@ Span = tuple[float, float, str]
 RECORD_PARAM_COMMS = "record_param_comms"
 # Events whose recorded input shapes can size a collective.
 _SIZED_PREFIXES = ("nccl:", "gloo:", "c10d::")
-# Bytes per element, by the names traces use: c10::ScalarType names in ``record_param_comms``'s "dtype",
-# C++ type names in "Input type" (what torch 2.13 writes for each dtype).
-DTYPE_BYTES = {
-    **dict.fromkeys(("Bool", "Byte", "Char", "Float8_e4m3fn", "Float8_e5m2", "Float8_e4m3fnuz"), 1),
-    **dict.fromkeys(("Float8_e5m2fnuz", "bool", "unsigned char", "signed char"), 1),
-    **dict.fromkeys(("c10::Float8_e4m3fn", "c10::Float8_e5m2", "c10::Float8_e4m3fnuz", "c10::Float8_e5m2fnuz"), 1),
-    **dict.fromkeys(("Half", "BFloat16", "Short", "UInt16", "c10::Half", "c10::BFloat16"), 2),
-    **dict.fromkeys(("short int", "short unsigned int"), 2),
-    **dict.fromkeys(("Float", "Int", "UInt32", "ComplexHalf", "float", "int", "unsigned int"), 4),
-    **dict.fromkeys(("c10::complex<c10::Half>",), 4),
-    **dict.fromkeys(("Double", "Long", "UInt64", "ComplexFloat", "double", "long int", "long unsigned int"), 8),
-    **dict.fromkeys(("c10::complex<float>",), 8),
-    **dict.fromkeys(("ComplexDouble", "c10::complex<double>"), 16),
+# Bytes per element, by the names traces give dtypes: c10::ScalarType names in ``record_param_comms``'s
+# "dtype", C++ type names in "Input type" (as torch 2.13 writes them).
+_DTYPE_NAMES = {
+    1: ("Bool", "Byte", "Char", "Float8_e4m3fn", "Float8_e5m2", "Float8_e4m3fnuz", "Float8_e5m2fnuz")
+    + ("bool", "unsigned char", "signed char", "c10::Float8_e4m3fn", "c10::Float8_e5m2")
+    + ("c10::Float8_e4m3fnuz", "c10::Float8_e5m2fnuz"),
+    2: ("Half", "BFloat16", "Short", "UInt16", "c10::Half", "c10::BFloat16", "short int", "short unsigned int"),
+    4: ("Float", "Int", "UInt32", "ComplexHalf", "float", "int", "unsigned int", "c10::complex<c10::Half>"),
+    8: ("Double", "Long", "UInt64", "ComplexFloat", "double", "long int", "long unsigned int", "c10::complex<float>"),
+    16: ("ComplexDouble", "c10::complex<double>"),
 }
+DTYPE_BYTES = {name: width for width, names in _DTYPE_NAMES.items() for name in names}
 
 
 @dataclass(frozen=True)
@@ -495,7 +493,7 @@ def _message_sizes(path: Path, events: list[_Event]) -> dict[Span, MessageSize]:
                 # nccl:* and gloo:* annotations record the collective's input tensors.
                 if any(t is None for t in tensors):
                     continue
-                size = MessageSize(sum(t for t in tensors if t is not None), None)
+                size = MessageSize(sum(t or 0 for t in tensors), None)
         _check_time(path, ev, ev.ts, ev.dur)
         out[(ev.ts, ev.ts + ev.dur, sys.intern(ev.name))] = size
     return out

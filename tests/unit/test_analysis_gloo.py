@@ -143,3 +143,29 @@ def test_a_profiler_that_costs_little_raises_nothing(tmp_path: Path) -> None:
     result = analyze_paths([tmp_path / "rank-0.json.gz", tmp_path / "rank-1.json.gz"], AnalysisOptions(workers=1))
     assert result.profiler_slowdown["ratio"] == pytest.approx(1.1) and result.findings == []
     assert "Profiler slowdown: traced steps 1.10x the run's other steps (below 1.25x)" in format_findings(result)
+
+
+def test_rank_findings_of_a_distorted_window_against_a_quiet_timer_are_withheld(tmp_path: Path) -> None:
+    import json
+    import shutil
+
+    for rank in (0, 1):
+        shutil.copy(DATA / "slow_rank1" / f"rank-{rank}.json.gz", tmp_path / f"rank-{rank}.json.gz")
+    files = [tmp_path / "rank-0.json.gz", tmp_path / "rank-1.json.gz"]
+    summary = {"profiler_slowdown": {"ratio": 1.4, "warning": "the profiler slows ..."},
+               "imbalance_verdict": {"status": "quiet", "reason": "rank 1 ... within the 10% threshold"}}
+    (tmp_path / "timing_summary.json").write_text(json.dumps(summary))
+    result = analyze_paths(files, AnalysisOptions(workers=1))
+    assert {"straggler", "imbalance"}.isdisjoint(f.kind for f in result.findings)
+    assert "profiler_slowdown" in {f.kind for f in result.findings}
+    assert [u.split(":")[0] for u in result.undecided] == ["straggler", "imbalance"]
+    assert "ran 1.40x slower than the rest of the run" in result.undecided[0]
+    # The timer saw the same rank slow outside the window: the trace's findings stand.
+    summary["imbalance_verdict"] = {"status": "raised", "rank": 1}
+    (tmp_path / "timing_summary.json").write_text(json.dumps(summary))
+    kinds = {f.kind for f in analyze_paths(files, AnalysisOptions(workers=1)).findings}
+    assert {"straggler", "imbalance"} <= kinds
+    # An undistorted window keeps them too, whatever the timer says.
+    summary = {"profiler_slowdown": {"ratio": 1.1, "warning": None}, "imbalance_verdict": {"status": "quiet"}}
+    (tmp_path / "timing_summary.json").write_text(json.dumps(summary))
+    assert {"straggler", "imbalance"} <= {f.kind for f in analyze_paths(files, AnalysisOptions(workers=1)).findings}
