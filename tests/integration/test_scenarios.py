@@ -129,7 +129,7 @@ def test_a_data_stall_on_every_rank_is_data_bound_not_a_straggler(outcomes):
     o = outcomes["data_stall"]
     assert "data_loading_bound" in o.kinds and o.analysis_named == [] and o.timer_named == []
     bound = next(f for f in o.analysis["findings"] if f["kind"] == "data_loading_bound")
-    assert bound["ranks"] == [0, 1] and bound["numbers"]["data_loading_pct"] > 30
+    assert bound["ranks"] == [0, 1] and bound["numbers"]["data_loading_pct"] > 20  # threshold 10
 
 
 def test_a_comm_heavy_run_is_communication_bound_not_a_straggler(outcomes, tmp_path):
