@@ -37,7 +37,8 @@ def analyze_file(path: str, options: AnalysisOptions) -> RankResult | FileError:
     Runs in a worker process, so it returns the small result rather than the parsed events.
     """
     try:
-        return analyze_rank(parse_trace(path), options)
+        shapes = True if options.message_sizes == "shapes" else None  # None: parse_trace's default
+        return analyze_rank(parse_trace(path, shapes=shapes), options)
     except TraceReadError as exc:
         return FileError(path=exc.path, reason=exc.reason)
     except (KeyError, TypeError, ValueError, IndexError) as exc:

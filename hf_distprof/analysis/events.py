@@ -5,32 +5,38 @@ interned names: profiler steps, CPU ops and annotations per thread, ``gloo:*`` c
 kernels/memcpy/memset, and the correlation id -> timestamp of each CUDA launch. A 50 MB trace becomes a
 few MB of tuples.
 
-The events are decoded by msgspec into :class:`_Event` structs that declare only the fields read here
-(``cat``, ``name``, ``tid``, ``ts``, ``dur``, ``args.stream``, ``args.correlation`` and the few keys that
-give a collective's message size): every other key, and most of the bytes of a trace (``args`` of CPU
-ops, flow events' ids ...), is skipped by the decoder without building a Python object, which makes
-parsing several times faster than a generic ``orjson.loads``. Fields are typed ``Any`` and non-object
-events or ``args`` are allowed, so a decoded event carries exactly the values ``orjson`` would give and
-malformed traces fail the same way.
+The events are decoded by msgspec into :class:`~hf_distprof.analysis.decode.Event` structs that declare
+only the fields read here (``cat``, ``name``, ``tid``, ``ts``, ``dur``, ``args.stream``,
+``args.correlation`` and the few keys that give a collective's message size): every other key, and most
+of the bytes of a trace (``args`` of CPU ops, flow events' ids ...), is skipped by the decoder without
+building a Python object, which makes parsing several times faster than a generic ``orjson.loads``.
+Fields are typed ``Any`` and non-object events or ``args`` are allowed, so a decoded event carries exactly
+the values ``orjson`` would give and malformed traces fail the same way.
 
-Message sizes (:class:`MessageSize`) come from ``record_param_comms`` ops, whose ``args`` name the element
-counts, dtype and group size in newer PyTorch builds with NCCL, and, when the profiler recorded shapes, from the
-``Input Dims`` / ``Input type`` of ``nccl:*`` and ``gloo:*`` annotations and ``c10d::*`` ops. Every op
-carries shapes in such a trace, so they are kept undecoded (``msgspec.Raw``) and only the collectives'
-are read; a trace without shapes pays nothing for them.
+Message sizes (:class:`~hf_distprof.analysis.message_sizes.MessageSize`) come from ``record_param_comms``
+ops, whose ``args`` state them in newer PyTorch builds with NCCL, and, when the profiler recorded shapes,
+from the ``Input Dims`` / ``Input type`` of ``nccl:*`` and ``gloo:*`` annotations and ``c10d::*`` ops.
+Every op carries shapes in such a trace and msgspec cannot decode them for a few events only, so reading
+them costs ~25% more parse time on a shape-recorded GPU trace: by default they are read on CPU-backend
+traces only (small, and with no other source of sizes), see :func:`parse_trace`.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import re
 import sys
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
+from hf_distprof.analysis import message_sizes as sizes
+from hf_distprof.analysis.decode import Args, ChunkDecoder, Event, ShapedArgs
+from hf_distprof.analysis.message_sizes import MessageSize
 from hf_distprof.analysis.trace_io import TraceReadError, iter_decoded_events, trace_rank
 
 # Event categories on CPU threads that can never be GPU activity; any other category is a GPU event when
@@ -65,20 +71,9 @@ _MAX_TIME_US = 1e18
 Span = tuple[float, float, str]
 
 RECORD_PARAM_COMMS = "record_param_comms"
-# Events whose recorded input shapes can size a collective.
-_SIZED_PREFIXES = ("nccl:", "gloo:", "c10d::")
-# Bytes per element, by the names traces give dtypes: c10::ScalarType names in ``record_param_comms``'s
-# "dtype", C++ type names in "Input type" (as torch 2.13 writes them).
-_DTYPE_NAMES = {
-    1: ("Bool", "Byte", "Char", "Float8_e4m3fn", "Float8_e5m2", "Float8_e4m3fnuz", "Float8_e5m2fnuz")
-    + ("bool", "unsigned char", "signed char", "c10::Float8_e4m3fn", "c10::Float8_e5m2")
-    + ("c10::Float8_e4m3fnuz", "c10::Float8_e5m2fnuz"),
-    2: ("Half", "BFloat16", "Short", "UInt16", "c10::Half", "c10::BFloat16", "short int", "short unsigned int"),
-    4: ("Float", "Int", "UInt32", "ComplexHalf", "float", "int", "unsigned int", "c10::complex<c10::Half>"),
-    8: ("Double", "Long", "UInt64", "ComplexFloat", "double", "long int", "long unsigned int", "c10::complex<float>"),
-    16: ("ComplexDouble", "c10::complex<double>"),
-}
-DTYPE_BYTES = {name: width for width, names in _DTYPE_NAMES.items() for name in names}
+# The header is read up to here to find the backend (Kineto writes it before the events, ~1 kB in).
+_HEADER_BYTES = 1 << 16
+_BACKEND_RE = re.compile(rb'"backend"\s*:\s*"([^"]*)"')
 
 
 @dataclass(frozen=True)
@@ -134,117 +129,18 @@ class ParsedTrace:
     thread) and ``c10d::*`` ops (main thread), keyed by the event's span as it stands in the other lists."""
 
 
-@dataclass(frozen=True)
-class MessageSize:
-    """What one CPU event says about the size of the collective it issues or runs.
-
-    ``record_param_comms`` gives both sides; an annotation or op with recorded shapes gives its input
-    tensors (``c10d::*`` ops with an (output, input) pair of tensors, such as ``_allgather_base_``, both).
-    Which side is *the* size of a collective depends on its kind (see
-    :func:`hf_distprof.analysis.bandwidth.message_bytes`).
-    """
-
-    in_bytes: int | None
-    out_bytes: int | None
-    group_size: int | None = None
-
-
-# An absent shape key: a shared default, recognised by identity.
-_NO_RAW = msgspec.Raw()
-
-
-class _Args(msgspec.Struct, gc=False):
-    """The keys of an event's ``args`` that are read; None (``_NO_RAW``) when absent, like ``dict.get``.
-
-    Besides the GPU stream and launch correlation: a collective's size, as ``record_param_comms`` states it
-    (element counts, c10::ScalarType name, group size), and the inputs' shapes and types that the profiler
-    writes on every op with ``record_shapes``, left undecoded (see :class:`_ChunkDecoder`).
-    """
-
-    stream: Any = None
-    correlation: Any = None
-    in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
-    out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
-    dtype: Any = None
-    group_size: Any = msgspec.field(default=None, name="Group size")
-    dims: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input Dims")
-    types: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input type")
-
-
-class _Event(msgspec.Struct, gc=False):
-    """The keys of a trace event that are read. ``name`` and ``ts`` are ``UNSET`` when absent, so that
-    an event without them fails like ``event["name"]`` would (as a malformed event), never silently."""
-
-    cat: Any = None
-    name: Any = msgspec.UNSET
-    tid: Any = None
-    ts: Any = msgspec.UNSET
-    dur: Any = None
-    # Any JSON value may stand here; only an object is read (the old ``isinstance(args, dict)``).
-    args: _Args | list[Any] | str | int | float | bool | None = None
-
-
-# Events that are not objects decode to plain values so that the "not a trace" check below names them.
-_decode_events = msgspec.json.Decoder(list[_Event | list[Any] | str | int | float | bool | None]).decode
-
-
-class _ChunkDecoder:
-    """Decodes one chunk of events; keeps the recorded shapes of collective events only.
-
-    A ``msgspec.Raw`` refers to the buffer it was decoded from, which the reader reuses for the next chunk
-    (and cannot while a view of it is held). So before a chunk is handed on, the shapes of the
-    ``nccl:*`` / ``gloo:*`` / ``c10d::*`` events are copied and every other event's are dropped. Whether a
-    chunk holds any shape at all is known without looking at its events: releasing the view that was
-    decoded fails exactly when a ``Raw`` still refers to it.
-    """
-
-    def __init__(self) -> None:
-        self.sized: list[_Event] = []  # nccl:*, gloo:*, c10d::* events with shapes, any thread
-
-    def __call__(self, data: bytes | bytearray | memoryview) -> list[Any]:
-        view = memoryview(data)
-        try:
-            events = _decode_events(view)
-            try:
-                view.release()
-                return events
-            except BufferError:
-                pass
-            self._keep_collective_shapes(events)
-            return events
-        finally:
-            view.release()
-
-    def _keep_collective_shapes(self, events: list[Any]) -> None:
-        no_raw = _NO_RAW
-        keep = self.sized.append
-        for ev in events:
-            if type(ev) is not _Event:
-                continue
-            args = ev.args
-            if type(args) is not _Args or (args.dims is no_raw and args.types is no_raw):
-                continue
-            name = ev.name
-            if type(name) is str and name.startswith(_SIZED_PREFIXES):
-                args.dims = args.dims.copy()
-                args.types = args.types.copy()
-                keep(ev)
-            else:
-                args.dims = args.types = no_raw
-
-
 @dataclass
 class _Collected:
     """Events gathered in one pass over the file, before the main thread is known."""
 
-    ops: list[_Event] = field(default_factory=list)  # cpu_op events, any thread
-    annotations: list[_Event] = field(default_factory=list)  # user_annotation events, any thread
+    ops: list[Event] = field(default_factory=list)  # cpu_op events, any thread
+    annotations: list[Event] = field(default_factory=list)  # user_annotation events, any thread
     gpu: GpuEvent = field(default_factory=GpuEvent)
     launches: dict[int, float] = field(default_factory=dict)
     n_events: int = 0
 
 
-def _collect(path: Path, meta: dict[str, Any], decode: _ChunkDecoder) -> _Collected:
+def _collect(path: Path, meta: dict[str, Any], decode: ChunkDecoder) -> _Collected:
     """One pass over the file: sort the events into the lists the analyzers read, skip the rest.
 
     CPU ops are kept as decoded structs and turned into spans only for the training thread, once it is
@@ -263,6 +159,7 @@ def _collect(path: Path, meta: dict[str, Any], decode: _ChunkDecoder) -> _Collec
     unset = msgspec.UNSET
     gpu_start, gpu_end = gpu.start.append, gpu.end.append
     ceil, floor, flt, int_, max_us = math.ceil, math.floor, float, int, _MAX_TIME_US
+    event_t, args_t = decode.event_type, decode.args_type
     for chunk in iter_decoded_events(path, meta, decode):
         out.n_events += len(chunk)
         try:
@@ -274,7 +171,7 @@ def _collect(path: Path, meta: dict[str, Any], decode: _ChunkDecoder) -> _Collec
                     continue
                 elif cat in _LAUNCH_CATS:
                     args = ev.args
-                    if type(args) is _Args:
+                    if type(args) is args_t:
                         corr = args.correlation
                         if corr is not None:
                             ts = ev.ts
@@ -289,7 +186,7 @@ def _collect(path: Path, meta: dict[str, Any], decode: _ChunkDecoder) -> _Collec
                 elif cat is not None:  # any other category is GPU activity when it names a stream
                     dur = ev.dur
                     args = ev.args
-                    if dur is None or type(args) is not _Args:
+                    if dur is None or type(args) is not args_t:
                         continue
                     stream = _as_int(args.stream)
                     if stream is None:
@@ -320,14 +217,14 @@ def _collect(path: Path, meta: dict[str, Any], decode: _ChunkDecoder) -> _Collec
                     gpu.correlation.append(-1 if corr is None else corr)
         except AttributeError:
             # Checked here rather than per event: only a non-object event lacks ``.cat``.
-            bad = next((ev for ev in chunk if type(ev) is not _Event), None)
+            bad = next((ev for ev in chunk if type(ev) is not event_t), None)
             if bad is None:
                 raise
             raise TraceReadError(path, f"not a trace: traceEvents holds a {type(bad).__name__}") from None
     return out
 
 
-def _spans(path: Path, events: list[_Event]) -> list[Span]:
+def _spans(path: Path, events: list[Event]) -> list[Span]:
     """(start, end, interned name) of complete CPU events; events without a duration are skipped.
 
     Raises:
@@ -356,7 +253,7 @@ def _spans(path: Path, events: list[_Event]) -> list[Span]:
     return out
 
 
-def _check_time(path: Path, ev: _Event, ts: Any, dur: Any) -> None:
+def _check_time(path: Path, ev: Event, ts: Any, dur: Any) -> None:
     """Raise unless ``ts`` is a time and ``dur`` a duration, in microseconds.
 
     A time is an int or a float (not a bool, which JSON-wise is neither) within +-1e18, so finite; a
@@ -377,11 +274,16 @@ def _check_time(path: Path, ev: _Event, ts: Any, dur: Any) -> None:
         raise TraceReadError(path, f"event {name!r} has {key} {value!r}, which {bad}")
 
 
-def parse_trace(path: str | os.PathLike[str]) -> ParsedTrace:
+def parse_trace(path: str | os.PathLike[str], shapes: bool | None = None) -> ParsedTrace:
     """Read one trace file into a :class:`ParsedTrace`.
 
     Args:
         path: A Kineto trace (``.json`` or ``.json.gz``).
+        shapes: Whether to read collectives' message sizes from the recorded input shapes, when the trace
+            has them (``record_shapes``). None: only on traces whose header names a backend other than
+            NCCL (gloo: small traces, no other source of sizes); NCCL traces of newer PyTorch state sizes
+            on ``record_param_comms``, which are always read. True costs ~25% more parse time on a
+            shape-recorded GPU trace.
 
     Returns:
         The compact events of that trace.
@@ -393,7 +295,7 @@ def parse_trace(path: str | os.PathLike[str]) -> ParsedTrace:
     """
     path = Path(path)
     meta: dict[str, Any] = {}
-    decode = _ChunkDecoder()
+    decode = ChunkDecoder(_cpu_backend(path) if shapes is None else shapes)
     got = _collect(path, meta, decode)
     n_events = got.n_events
     if n_events == 0:
@@ -439,7 +341,8 @@ def parse_trace(path: str | os.PathLike[str]) -> ParsedTrace:
     fsdp_spans.sort()
     raw_info = meta.get("distributedInfo")
     info: dict[str, Any] = raw_info if isinstance(raw_info, dict) else {}
-    sized = [ev for ev in got.ops if ev.name == RECORD_PARAM_COMMS]
+    # record_param_comms states sizes for NCCL only, whose collectives nccl:* annotations name.
+    sized = [ev for ev in got.ops if ev.name == RECORD_PARAM_COMMS] if nccl_ops else []
     sized += [ev for ev in decode.sized if ev.cat == "user_annotation" or ev.tid == main_tid]
     return ParsedTrace(
         path=str(path),
@@ -462,68 +365,41 @@ def parse_trace(path: str | os.PathLike[str]) -> ParsedTrace:
     )
 
 
-def _message_sizes(path: Path, events: list[_Event]) -> dict[Span, MessageSize]:
+def _message_sizes(path: Path, events: list[Event]) -> dict[Span, MessageSize]:
     """The size each of ``events`` records, keyed by its span; events that record none are left out."""
     out: dict[Span, MessageSize] = {}
     for ev in events:
         args = ev.args
-        if type(args) is not _Args or ev.dur is None:
+        if not isinstance(args, Args) or ev.dur is None:
             continue
         if ev.name == RECORD_PARAM_COMMS:
-            width = DTYPE_BYTES.get(args.dtype) if isinstance(args.dtype, str) else None
-            n_in, n_out = _as_int(args.in_nelems), _as_int(args.out_nelems)
-            if width is None or (n_in is None and n_out is None):
-                continue
-            size = MessageSize(
-                None if n_in is None else n_in * width,
-                None if n_out is None else n_out * width,
-                _as_int(args.group_size),
+            size = sizes.from_param_comms(
+                _as_int(args.in_nelems), _as_int(args.out_nelems), args.dtype, _as_int(args.group_size)
             )
+        elif isinstance(args, ShapedArgs) and args.dims and args.types:
+            size = sizes.from_shapes(ev.name, bytes(args.dims), bytes(args.types))
         else:
-            tensors = _tensor_bytes(args)
-            if not tensors:
-                continue
-            if ev.name.startswith("c10d::"):
-                # (output, input) when the first two arguments are tensors (_allgather_base_ ...); an op on
-                # tensor lists records no dtype.
-                if len(tensors) < 2 or tensors[0] is None or tensors[1] is None:
-                    continue
-                size = MessageSize(tensors[1], tensors[0])
-            else:
-                # nccl:* and gloo:* annotations record the collective's input tensors.
-                if any(t is None for t in tensors):
-                    continue
-                size = MessageSize(sum(t or 0 for t in tensors), None)
-        _check_time(path, ev, ev.ts, ev.dur)
-        out[(ev.ts, ev.ts + ev.dur, sys.intern(ev.name))] = size
+            continue
+        if size is not None:
+            _check_time(path, ev, ev.ts, ev.dur)
+            out[(ev.ts, ev.ts + ev.dur, sys.intern(ev.name))] = size
     return out
 
 
-def _tensor_bytes(args: _Args) -> list[int | None]:
-    """Bytes of each leading tensor argument, from the recorded shapes; None for a tensor (list) of
-    unknown dtype, such as the ``TensorList`` of ``c10d::allreduce_``.
-
-    The list stops at the first argument that is not a tensor. Empty when the shapes are absent or
-    malformed: they size a table, so a shape that cannot be read leaves that collective without a size.
-    """
+def _cpu_backend(path: Path) -> bool:
+    """Whether the trace's header (the top-level keys before the events, where Kineto writes
+    ``distributedInfo``) names a backend other than NCCL. Any doubt (no backend, unreadable) is False: the
+    reader proper reports a bad file."""
     try:
-        dims = msgspec.json.decode(args.dims) if args.dims else None
-        types = msgspec.json.decode(args.types) if args.types else None
-    except msgspec.DecodeError:
-        return []
-    if not isinstance(dims, list) or not isinstance(types, list):
-        return []
-    out: list[int | None] = []
-    for shape, dtype in zip(dims, types):
-        flat = isinstance(shape, list) and all(type(d) is int for d in shape)
-        width = DTYPE_BYTES.get(dtype) if isinstance(dtype, str) else None
-        if width is not None and flat:
-            out.append(math.prod(shape) * width)  # a 0-d tensor has shape [] and one element
-        elif dtype == "TensorList" or (flat and shape):
-            out.append(None)
-        else:
-            break
-    return out
+        with open(path, "rb") as fh:
+            head = fh.read(_HEADER_BYTES)
+        if head[:2] == b"\x1f\x8b":
+            head = zlib.decompressobj(wbits=47).decompress(head, _HEADER_BYTES)
+    except (OSError, zlib.error):
+        return False
+    cut = head.find(b'"traceEvents"')
+    match = _BACKEND_RE.search(head if cut < 0 else head[:cut])
+    return match is not None and match.group(1) != b"nccl"
 
 
 def _required(value: Any, key: str) -> Any:

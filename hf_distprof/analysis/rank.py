@@ -8,7 +8,8 @@ from hf_distprof.analysis import comm
 from hf_distprof.analysis import intervals as iv
 from hf_distprof.analysis.bandwidth import message_bytes
 from hf_distprof.analysis.cpu import MainThreadSplit, breakdown_of, split_main_thread
-from hf_distprof.analysis.events import RECORD_PARAM_COMMS, MessageSize, ParsedTrace, Span, Step
+from hf_distprof.analysis.events import RECORD_PARAM_COMMS, ParsedTrace, Span, Step
+from hf_distprof.analysis.message_sizes import MessageSize
 from hf_distprof.analysis.gpu import gpu_breakdown, kernel_stats
 from hf_distprof.analysis.kernels import (
     COMMUNICATION,

@@ -153,8 +153,9 @@ def missing_sizes_note(result: AnalysisResult) -> str | None:
     if not result.unsized_collectives:
         return None
     return (
-        f"{result.unsized_collectives} collective(s), counted on every rank, have no message size in the traces: "
-        "record shapes (--profiler-record-shapes) to size them (NCCL traces of newer PyTorch size them without)."
+        f"{result.unsized_collectives} collective(s), counted on every rank, have no message size: NCCL traces "
+        "of newer PyTorch state sizes; otherwise record shapes (--profiler-record-shapes) and, for an NCCL "
+        "trace, analyse with --message-sizes shapes."
     )
 
 

@@ -7,7 +7,7 @@ import dataclasses
 import sys
 from typing import Any
 
-from hf_distprof.analysis.model import AnalysisOptions, OptionValueError
+from hf_distprof.analysis.model import MESSAGE_SIZES, AnalysisOptions, OptionValueError
 
 # Options that are not thresholds get their own flags below.
 _NOT_THRESHOLDS = ("workers", "progress")
@@ -56,11 +56,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     for f in dataclasses.fields(AnalysisOptions):
         if f.name in _NOT_THRESHOLDS:
             continue
+        choices = MESSAGE_SIZES if f.name == "message_sizes" else None
         thresholds.add_argument(
             _flag(f.name),
             type=type(f.default),
             default=f.default,
-            metavar="N",
+            choices=choices,
+            metavar="{" + ",".join(choices) + "}" if choices else "N",
             # argparse %-formats help strings: a literal % must be doubled.
             help=f"{f.metadata['help']} (default: {f.default})".replace("%", "%%"),
         )

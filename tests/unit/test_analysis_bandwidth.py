@@ -19,7 +19,8 @@ import pytest
 
 from hf_distprof.analysis import AnalysisOptions, AnalysisResult, analyze_paths, format_summary, trace_io
 from hf_distprof.analysis.bandwidth import bus_factor, collective_bandwidth, message_bytes, size_bucket, wait_split
-from hf_distprof.analysis.events import MessageSize, parse_trace
+from hf_distprof.analysis.events import parse_trace
+from hf_distprof.analysis.message_sizes import MessageSize
 from hf_distprof.analysis.model import BandwidthStat, Collective, RankResult
 from hf_distprof.analysis.report import write_report
 
@@ -283,6 +284,18 @@ def test_gloo_sizes_come_from_the_recorded_shapes(
     assert "Collective bandwidth" in text and "--profiler-record-shapes" not in text
 
 
+def test_gloo_shapes_are_not_read_when_declined(gloo_run: Path) -> None:
+    # Without the shapes, the c10d ops and gloo spans give no size (parse_trace(shapes=False)).
+    trace = parse_trace(gloo_run / "rank0.json", shapes=False)
+    assert trace.message_sizes == {}
+    assert len(parse_trace(gloo_run / "rank0.json").message_sizes) == 4  # 2 gloo spans, 2 (output, input) ops
+
+
+def test_message_sizes_option_is_checked() -> None:
+    with pytest.raises(ValueError, match=r"^AnalysisOptions.message_sizes is one of auto, shapes, got 'all'$"):
+        AnalysisOptions(message_sizes="all")
+
+
 def test_committed_gloo_traces_have_no_shapes_and_the_tables_say_how_to_get_them(tmp_path: Path) -> None:
     paths = sorted(DATA.glob("*/rank-*.json.gz"))
     assert len(paths) == 8
@@ -329,7 +342,17 @@ def _raw_collectives(path: Path) -> tuple[int, list[dict[str, Any]]]:
 
 @pytest.fixture(scope="module")
 def dlrm() -> AnalysisResult:
-    return analyze_paths([DLRM], AnalysisOptions(workers=2))
+    # PyTorch of 2023: record_param_comms states no size; the nccl:* annotations' recorded shapes do.
+    return analyze_paths([DLRM], AnalysisOptions(workers=2, message_sizes="shapes"))
+
+
+@needs_dlrm
+def test_dlrm_shapes_are_read_only_when_asked_for() -> None:
+    """By default NCCL traces are parsed without their (costly) shapes: no size, and a note says how."""
+    result = analyze_paths([DLRM], AnalysisOptions(workers=2))
+    assert result.bandwidth == []
+    assert result.unsized_collectives == 8 * 8
+    assert "--message-sizes shapes" in format_summary(result)
 
 
 @needs_dlrm

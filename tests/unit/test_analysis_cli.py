@@ -173,3 +173,10 @@ def test_nothing_analysed_prints_no_headline_and_each_skip_once(
     # The hook's findings text, printed alone, still lists the skipped file (and no zero headline).
     result = analyze_paths([tmp_path / "rank0.json"], AnalysisOptions(workers=1))
     assert format_findings(result) == f"Skipped {tmp_path / 'rank0.json'}: empty file"
+
+
+def test_message_sizes_takes_only_its_values(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["analyze", str(DATA / "clean"), "--message-sizes", "bogus"])
+    assert exc.value.code == 2
+    assert "--message-sizes: invalid choice: 'bogus' (choose from 'auto', 'shapes')" in capsys.readouterr().err
