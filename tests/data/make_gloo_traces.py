@@ -110,6 +110,8 @@ def _worker(rank: int, scenario: str, port: int) -> None:
         with torch.profiler.profile(
             activities=[torch.profiler.ProfilerActivity.CPU],
             schedule=schedule,
+            # Shapes give the gloo collectives their message sizes (the bandwidth table); fsdp2 has none.
+            record_shapes=scenario != "fsdp2",
             on_trace_ready=lambda p: p.export_chrome_trace(str(out)),
         ) as prof:
             for step, (x, y) in enumerate(loader):

@@ -296,10 +296,28 @@ def test_message_sizes_option_is_checked() -> None:
         AnalysisOptions(message_sizes="all")
 
 
-def test_committed_gloo_traces_have_no_shapes_and_the_tables_say_how_to_get_them(tmp_path: Path) -> None:
-    paths = sorted(DATA.glob("*/rank-*.json.gz"))
-    assert len(paths) == 8
-    for path in paths:
+def test_committed_gloo_traces_with_shapes_give_the_bandwidth_table() -> None:
+    # make_gloo_traces.py records shapes for the DDP scenarios: each gloo:all_reduce span states its bucket.
+    for scenario in ("clean", "slow_rank1", "slow_data"):
+        raw = []
+        for rank in (0, 1):
+            events = orjson.loads(gzip.decompress((DATA / scenario / f"rank-{rank}.json.gz").read_bytes()))
+            spans = [e for e in events["traceEvents"] if e.get("name") == "gloo:all_reduce"]
+            assert all(e["args"]["Input type"] == ["float"] for e in spans)
+            raw += [4 * math.prod(e["args"]["Input Dims"][0]) for e in spans]
+        result = analyze_paths([DATA / scenario], AnalysisOptions(workers=1))
+        (row,) = result.bandwidth
+        assert (row.kind, row.group_size, row.count, row.count_per_rank) == ("all_reduce", 2, 24, 12.0)
+        assert row.mean_bytes == pytest.approx(sum(raw) / len(raw)) and result.unsized_collectives == 0
+        assert row.busbw_gbps == pytest.approx(row.algbw_gbps)  # all_reduce on 2 ranks: 2(n-1)/n = 1
+        assert row.transfer_busbw_gbps > row.busbw_gbps  # waiting for the last rank excluded
+    # The late rank makes the other one wait in its collectives: most of the time of slow_rank1's.
+    slow = analyze_paths([DATA / "slow_rank1"], AnalysisOptions(workers=1)).bandwidth[0]
+    assert slow.wait_us / slow.time_us > 0.5
+
+
+def test_traces_without_shapes_say_how_to_get_the_table(tmp_path: Path) -> None:
+    for path in sorted(DATA.glob("fsdp2/rank-*.json.gz")):
         events = orjson.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
         assert not any("Input Dims" in (e.get("args") or {}) for e in events), path
         assert not any(e.get("name") == "record_param_comms" for e in events), path

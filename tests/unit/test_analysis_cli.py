@@ -92,7 +92,7 @@ def test_merge_one_process_per_rank_with_aligned_clocks(tmp_path: Path) -> None:
         out_x = sorted(e["ts"] for e in merged if e.get("ph") == "X" and e["pid"] == rank)
         assert len(out_x) == len(src_x)
         assert out_x == pytest.approx([t + res.shifts_us[rank] for t in src_x])
-    # After alignment the matched collectives end together on both ranks (median within 0.1 ms; a single
+    # After alignment the matched collectives end together on both ranks (median within 0.2 ms; a single
     # one may not, since a descheduled gloo thread finishes late, which is why the median is used).
     ends = {
         rank: sorted(
@@ -103,7 +103,7 @@ def test_merge_one_process_per_rank_with_aligned_clocks(tmp_path: Path) -> None:
         for rank in (0, 1)
     }
     diffs = sorted(abs(a - b) for a, b in zip(ends[0], ends[1]))
-    assert len(diffs) == 12 and statistics.median(diffs) < 100
+    assert len(diffs) == 12 and statistics.median(diffs) < 200
     none = merge_traces(
         [DATA / "slow_rank1"], tmp_path / "n.json.gz", align="none", options=AnalysisOptions(workers=1)
     )
