@@ -322,17 +322,23 @@ def memory_warning(ranks: Sequence[RankSummary], mem_imbalance: float, threshold
     )
 
 
+# Step x rank values rank 0 keeps for the verdicts: bounds memory and the time of a verdict (all of them are
+# judged on every logging step; ~50 ms here at this size), whatever the run's length and world size.
+KEPT_CELLS = 50_000
+
+
 class StepSeries:
     """Rank 0's per-step record of every rank's pre-sync time and step time, bounded in length.
 
     Filled from the per-step values each rank sends on logging steps; the noise-aware decisions
     (:mod:`hf_distprof.verdicts`) need individual steps, not window means. Only the latest ``max_steps``
-    steps are kept, so memory stays bounded on long runs with many ranks.
+    steps are kept (:data:`KEPT_CELLS` values in all), so memory and the verdict's time stay bounded on
+    long runs with many ranks.
     """
 
     def __init__(self, world_size: int, max_steps: int | None = None) -> None:
         self.world_size = world_size
-        self.max_steps = max_steps or max(64, 2_000_000 // max(world_size, 1))
+        self.max_steps = max_steps or max(64, KEPT_CELLS // max(world_size, 1))
         self._steps: OrderedDict[int, tuple[list[float], float]] = OrderedDict()
 
     def add(self, per_rank: Sequence[Sequence[Sequence[float]]]) -> None:

@@ -8,6 +8,7 @@ import pytest
 
 from hf_distprof.verdicts import (
     binomial_tail,
+    medians_of_the_others,
     imbalance_pct,
     judge_share,
     judge_slow_rank,
@@ -112,3 +113,15 @@ def test_memory_growth_needs_a_steady_rise():
     assert memory_growth([100, 130, 100, 130], 20.0) is None  # up and down
     assert memory_growth([100, 101, 102, 103], 20.0) is None  # +3%
     assert memory_growth([100, 150, 200], 20.0) is None  # too few samples
+
+
+def test_medians_of_the_others_match_the_direct_definition():
+    import random
+    from statistics import median
+
+    rng = random.Random(0)
+    for n in (2, 3, 4, 7, 8, 33):
+        values = [rng.choice([rng.random(), 0.5]) for _ in range(n)]  # ties included
+        direct = [median(v for j, v in enumerate(values) if j != i) for i in range(n)]
+        assert medians_of_the_others(values) == pytest.approx(direct)
+    assert medians_of_the_others([3.0]) == [0.0]
