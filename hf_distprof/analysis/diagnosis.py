@@ -307,17 +307,18 @@ def _imbalance(cross: CrossRankResult, options: AnalysisOptions) -> list[Finding
 
 
 def _low_utilisation(ranks: list[RankResult], options: AnalysisOptions) -> list[Finding]:
-    util = {
-        r.rank: 100.0 - _mean([s.gpu.idle_pct for s in r.steps if s.gpu]) for r in ranks if r.device == "gpu"
+    # Low utilisation is a GPU idle share above 100 - low_util_pct, in most steps (the shared share rule).
+    verdicts = {
+        r.rank: judge_share([s.gpu.idle_pct for s in r.steps if s.gpu], 100.0 - options.low_util_pct, "GPU idle")
+        for r in ranks
+        if r.device == "gpu"
     }
-    low = {rank: u for rank, u in util.items() if u < options.low_util_pct}
+    util = {rank: 100.0 - v.median_pct for rank, v in verdicts.items()}
+    low = {rank: util[rank] for rank, v in verdicts.items() if v.raised}
     if not low:
         return []
     mean = _mean(list(low.values()))
-    # Confidence: the share of the low ranks' steps that are below the threshold themselves.
-    low_steps = [
-        100.0 - s.gpu.idle_pct < options.low_util_pct for r in ranks if r.rank in low for s in r.steps if s.gpu
-    ]
+    confidence = min(verdicts[rank].confidence for rank in low)
     return [
         Finding(
             kind="low_utilisation",
@@ -325,7 +326,8 @@ def _low_utilisation(ranks: list[RankResult], options: AnalysisOptions) -> list[
             title="Low GPU utilisation",
             ranks=sorted(low),
             evidence=(
-                f"the GPU is busy for {mean:.1f}% of its step span on {len(low)} of {len(util)} ranks "
+                f"the GPU is busy for {mean:.1f}% of its step span (median over steps) on {len(low)} of "
+                f"{len(util)} ranks "
                 f"(lowest: rank {min(low, key=low.__getitem__)} at {min(low.values()):.1f}%; threshold "
                 f"{options.low_util_pct:g}%)"
             ),
@@ -334,7 +336,7 @@ def _low_utilisation(ranks: list[RankResult], options: AnalysisOptions) -> list[
                 "tensors) and data loading between kernels; increase the batch size or use CUDA graphs."
             ),
             numbers={"gpu_busy_pct": mean},
-            confidence=sum(low_steps) / len(low_steps) if low_steps else None,
+            confidence=confidence,
         )
     ]
 
@@ -347,10 +349,9 @@ def _launch_bound(ranks: list[RankResult], options: AnalysisOptions) -> list[Fin
         if not n:
             continue
         tiny = 100.0 * sum(g.n_tiny_kernels for g in gpu) / n
-        idle = _mean([g.idle_pct for g in gpu])
-        if tiny >= options.launch_bound_tiny_pct and idle >= 100.0 - options.low_util_pct:
-            idle_steps = sum(g.idle_pct >= 100.0 - options.low_util_pct for g in gpu) / len(gpu)
-            hit.append((r.rank, tiny, idle, n / len(gpu), idle_steps))
+        idle = judge_share([g.idle_pct for g in gpu], 100.0 - options.low_util_pct, "GPU idle")
+        if tiny >= options.launch_bound_tiny_pct and idle.raised:
+            hit.append((r.rank, tiny, idle.median_pct, n / len(gpu), idle.confidence))
     if not hit:
         return []
     tiny = _mean([h[1] for h in hit])
