@@ -91,7 +91,18 @@ def binomial_tail(k: int, n: int, p: float) -> float:
     """P(X >= k) for X ~ Binomial(n, p)."""
     if k <= 0:
         return 1.0
-    return min(1.0, sum(math.comb(n, i) * p**i * (1.0 - p) ** (n - i) for i in range(k, n + 1)))
+    if k > n:
+        return 0.0
+    if p >= 1.0:
+        return 1.0
+    if p <= 0.0:
+        return 0.0
+    # In log space: math.comb(n, i) overflows a float past n ~ 1000 (long runs keep thousands of steps).
+    lp, lq, lnf = math.log(p), math.log1p(-p), math.lgamma(n + 1)
+    total = sum(
+        math.exp(lnf - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq) for i in range(k, n + 1)
+    )
+    return min(1.0, total)
 
 
 def min_steps(ranks: int, alpha: float = ALPHA) -> int:

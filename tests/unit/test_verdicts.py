@@ -21,7 +21,10 @@ from hf_distprof.verdicts import (
 def test_binomial_tail_and_min_steps():
     assert binomial_tail(11, 12, 0.5) == pytest.approx(13 / 4096)  # last in 11 of 12: a straggler
     assert binomial_tail(6, 12, 0.5) == pytest.approx(sum(math.comb(12, i) for i in range(6, 13)) / 4096)
-    assert binomial_tail(0, 5, 0.5) == 1.0
+    assert binomial_tail(0, 5, 0.5) == 1.0 and binomial_tail(6, 5, 0.5) == 0.0
+    # Thousands of steps (a long run): no overflow, and half of them is what chance gives.
+    assert binomial_tail(12_500, 25_000, 0.5) == pytest.approx(0.5, abs=0.01)
+    assert binomial_tail(13_000, 25_000, 0.5) < 1e-9
     # Fewest steps in which "last every time" beats p = 0.02: 2 ranks 6 (1/64), 3 ranks 4 (1/81), 8 ranks 2.
     assert [min_steps(r) for r in (1, 2, 3, 8, 64)] == [0, 6, 4, 2, 1]
 
