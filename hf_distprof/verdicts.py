@@ -97,6 +97,8 @@ def binomial_tail(k: int, n: int, p: float) -> float:
         return 1.0
     if p <= 0.0:
         return 0.0
+    if n <= 1000:  # exact
+        return min(1.0, sum(math.comb(n, i) * p**i * (1.0 - p) ** (n - i) for i in range(k, n + 1)))
     # In log space: math.comb(n, i) overflows a float past n ~ 1000 (long runs keep thousands of steps).
     lp, lq, lnf = math.log(p), math.log1p(-p), math.lgamma(n + 1)
     total = sum(

@@ -137,9 +137,10 @@ def test_a_comm_heavy_run_is_communication_bound_not_a_straggler(outcomes, tmp_p
     assert o.analysis_named == [] and o.timer_named == [] and {"straggler", "imbalance"}.isdisjoint(o.kinds)
     clean = max(x.analysis["exposed_comm_pct"] for name, x in outcomes.items() if name.startswith("clean"))
     assert o.analysis["exposed_comm_pct"] > clean + 5
-    # On 2 shared cores gloo's reduction competes with compute, so the share stays near 30%; the finding is
-    # there at a lower threshold, and the same analysis of the same folder still names no straggler.
-    strict = analyze_paths([o.run_dir], AnalysisOptions(workers=1, comm_bound_pct=20.0))
+    # On 2 shared cores gloo's reduction competes with compute, so the share stays at 20-30% (clean runs: ~5%)
+    # and under the default 30%; the finding is there at a threshold between the two, and the same analysis of
+    # the same folder still names no straggler.
+    strict = analyze_paths([o.run_dir], AnalysisOptions(workers=1, comm_bound_pct=12.0))
     assert "communication_bound" in [f.kind for f in strict.findings]
     assert strict.cross_rank is not None and strict.cross_rank.stragglers == []
 
