@@ -68,6 +68,17 @@ def schedule_warning(args: ProfilingArguments, max_steps: int) -> str | None:
     return None
 
 
+def base_schedule(args: ProfilingArguments) -> Callable[[int], ProfilerAction]:
+    """torch.profiler's schedule for the flags, counting from 0 (the callback shifts it to global_step)."""
+    return schedule(
+        skip_first=args.profiler_skip_first,
+        wait=args.profiler_wait_steps,
+        warmup=args.profiler_warmup_steps,
+        active=args.profiler_active_steps,
+        repeat=args.profiler_repeat,
+    )
+
+
 def traced_steps(args: ProfilingArguments, offset: int = 0) -> Callable[[int], bool]:
     """Which optimizer steps the profiler runs over (its warmup and active phases), as a predicate.
 
@@ -79,13 +90,7 @@ def traced_steps(args: ProfilingArguments, offset: int = 0) -> Callable[[int], b
         return lambda step: False
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "won't be using warmup": the callback says it once
-        base = schedule(
-            skip_first=args.profiler_skip_first,
-            wait=args.profiler_wait_steps,
-            warmup=args.profiler_warmup_steps,
-            active=args.profiler_active_steps,
-            repeat=args.profiler_repeat,
-        )
+        base = base_schedule(args)
     on = (ProfilerAction.WARMUP, ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
     return lambda step: step > offset and base(step - offset - 1) in on
 
@@ -138,13 +143,7 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         if message is not None:
             logger.warning(message)
         a = self.args
-        base = schedule(
-            skip_first=a.profiler_skip_first,
-            wait=a.profiler_wait_steps,
-            warmup=a.profiler_warmup_steps,
-            active=a.profiler_active_steps,
-            repeat=a.profiler_repeat,
-        )
+        base = base_schedule(a)
         # Profiler step numbers follow the Trainer's 1-based global_step (also when resuming from a
         # checkpoint), so ProfilerStep#N in the trace is optimizer step N; the schedule is shifted to match.
         self._offset = state.global_step
