@@ -400,20 +400,88 @@ def profiler_slowdown(
     )
 
 
-def memory_growth(values: Sequence[float], threshold_pct: float, min_points: int = 4) -> str | None:
-    """A warning when memory keeps rising from one logging window to the next; None otherwise.
+@dataclass
+class MemoryGrowth:
+    """Memory of one rank that kept rising from one logging step to the next: a leak, or a cache that grows.
 
-    Raised when there are ``min_points`` samples or more, memory rose in at least 3 of 4 intervals (a
-    saw-tooth of caches filling and freeing is not growth), and the last sample is more than
-    ``threshold_pct`` above the first.
+    ``rate_mb_per_step`` is the Theil-Sen slope (the median of the slopes between every two samples), so one
+    odd sample moves it little.
     """
-    if len(values) < min_points or values[0] <= 0:
+
+    rank: int
+    rate_mb_per_step: float
+    growth_pct: float
+    """The last sample over the first one judged, minus 1, in %."""
+    first_step: int
+    """The first sample judged (the first logging step is left out as warm-up when there are enough)."""
+    last_step: int
+    first_mb: float
+    last_mb: float
+    rises: int
+    intervals: int
+    threshold_pct: float
+    what: str = "memory"
+    """What was sampled (``allocated CUDA memory``, ``process RSS``)."""
+
+    @property
+    def message(self) -> str:
+        """The warning a user reads."""
+        return (
+            f"rank {self.rank}: {self.what} grows {self.rate_mb_per_step:.1f} MB per step "
+            f"({self.first_mb:.0f} -> {self.last_mb:.0f} MB, +{self.growth_pct:.1f}% from step {self.first_step} "
+            f"to {self.last_step}; rose in {self.rises} of {self.intervals} logging intervals; threshold "
+            f"{self.threshold_pct:g}%): look for tensors kept across steps (losses appended to a list without "
+            ".item(), caches, hooks holding activations)"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "message": self.message}
+
+
+SLOPE_POINTS = 200
+"""Samples the growth rate is computed from at most (evenly spaced over the run)."""
+
+
+def memory_growth(
+    steps: Sequence[int],
+    values_mb: Sequence[float],
+    threshold_pct: float,
+    rank: int = 0,
+    what: str = "memory",
+    min_points: int = 4,
+) -> MemoryGrowth | None:
+    """A rank's memory that keeps rising across logging steps; None when it does not.
+
+    The first sample is left out (warm-up: optimizer state and allocator caches appear in the first
+    steps) when ``min_points`` samples remain without it. Raised when ``min_points`` samples or more are
+    judged, memory rose in at least 3 of 4 intervals (a saw-tooth of caches filling and freeing is not
+    growth), and the last sample is more than ``threshold_pct`` above the first one judged.
+
+    Args:
+        steps: The optimizer step of each sample, increasing.
+        values_mb: The memory at those steps, in MB.
+        threshold_pct: Growth below this is not reported.
+        rank: The rank the samples are of (named in the result).
+        what: What was sampled, for the message.
+        min_points: Fewest samples to judge.
+    """
+    if len(steps) != len(values_mb):
+        raise ValueError(f"{len(steps)} steps but {len(values_mb)} values")
+    if len(values_mb) > min_points:
+        steps, values_mb = steps[1:], values_mb[1:]
+    if len(values_mb) < min_points or values_mb[0] <= 0:
         return None
-    rises = sum(b > a for a, b in zip(values, values[1:]))
-    growth = 100.0 * (values[-1] / values[0] - 1.0)
-    if rises < 0.75 * (len(values) - 1) or growth <= threshold_pct:
+    rises = sum(b > a for a, b in zip(values_mb, values_mb[1:]))
+    growth = 100.0 * (values_mb[-1] / values_mb[0] - 1.0)
+    intervals = len(values_mb) - 1
+    if rises < 0.75 * intervals or growth <= threshold_pct:
         return None
-    return (
-        f"memory grows: {growth:.1f}% over {len(values)} samples (rose in {rises} of {len(values) - 1} "
-        f"intervals; threshold {threshold_pct:g}%)"
+    # The slope from at most SLOPE_POINTS evenly spaced samples: pairs grow with the square of the count.
+    keep = sorted({round(i * (len(steps) - 1) / (SLOPE_POINTS - 1)) for i in range(SLOPE_POINTS)})
+    xs, ys = [steps[i] for i in keep if i < len(steps)], [values_mb[i] for i in keep if i < len(steps)]
+    slopes = [(ys[j] - ys[i]) / (xs[j] - xs[i]) for i in range(len(xs)) for j in range(i + 1, len(xs)) if xs[j] != xs[i]]
+    return MemoryGrowth(
+        rank=rank, rate_mb_per_step=median(slopes) if slopes else 0.0, growth_pct=growth,
+        first_step=int(steps[0]), last_step=int(steps[-1]), first_mb=float(values_mb[0]),
+        last_mb=float(values_mb[-1]), rises=rises, intervals=intervals, threshold_pct=threshold_pct, what=what,
     )

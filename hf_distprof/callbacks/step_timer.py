@@ -21,6 +21,7 @@ import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from hf_distprof import dist, paths, tensorboard
+from hf_distprof.memstats import MB
 from hf_distprof.parallelism import report_parallelism
 from hf_distprof.callbacks.profiler import traced_steps
 from hf_distprof.config import ProfilingArguments
@@ -44,7 +45,7 @@ from hf_distprof.timing.report import (
     memory_warning,
     peak_tflops_for_device,
 )
-from hf_distprof.verdicts import memory_growth, profiler_slowdown
+from hf_distprof.verdicts import MemoryGrowth, memory_growth, profiler_slowdown
 
 logger = dist.get_logger(__name__)
 
@@ -93,7 +94,8 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self._series: StepSeries | None = None
         self._traced: Any = None  # step -> whether the profiler ran over it
         self._streak: dict[str, int | None] = {}  # what was over its threshold at the previous logging step
-        self._memory: dict[int, list[float]] = {}  # rank 0: each rank's memory at each logging step
+        # rank 0: each rank's (step, MB in use) at each logging step, for the memory-growth verdict
+        self._memory: dict[int, list[tuple[int, float]]] = {}
 
     # ---- setup and teardown -------------------------------------------------------------------
 
@@ -369,15 +371,20 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             self._warn_once("memory", run.max_memory_rank or 0, state, warning)
         for rank, g in enumerate(gathered):
             if g.get("memory") is not None:
-                self._memory.setdefault(rank, []).append(float(g["memory"]))
-            growth = memory_growth(self._memory.get(rank, []), self.args.memory_growth_threshold_pct)
+                self._memory.setdefault(rank, []).append((state.global_step, float(g["memory"]) / MB))
+            growth = self._growth(rank)
             if growth is not None:
-                self._warn_once(
-                    "growth", rank, state,
-                    f"rank {rank}: {growth} ({self._memory_kind()} at each logging step): look for tensors "
-                    "kept across steps (losses appended to a list without .item(), caches, hooks holding "
-                    "activations)",
-                )
+                self._warn_once("growth", rank, state, growth.message)
+
+    def _growth(self, rank: int) -> MemoryGrowth | None:
+        """The memory-growth verdict of ``rank``; None when the memory logger (finer samples) owns it."""
+        samples = self._memory.get(rank, [])
+        if self.args.enable_memory_logging or not samples:
+            return None
+        steps, values = zip(*samples)
+        return memory_growth(
+            steps, values, self.args.memory_growth_threshold_pct, rank=rank, what=self._memory_kind()
+        )
 
     def _memory_kind(self) -> str:
         return "allocated CUDA memory" if self._device.type == "cuda" else "process RSS"
@@ -419,6 +426,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             "peak_tflops": self._peak_tflops,
             "comm_overhead": self.comm,
             "profiler_slowdown": slowdown.to_json() if slowdown is not None else None,
+            "memory_growth": [g.to_json() for g in map(self._growth, range(len(gathered))) if g is not None],
             "files": sorted(paths.TIMING_LOG_NAME.format(rank=r) for r in range(len(gathered))),
         }
         del summary["ranks"]

@@ -7,8 +7,6 @@ marks and read tensor shapes: no device synchronisation, no ``.item()``.
 
 from __future__ import annotations
 
-import resource
-import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -17,6 +15,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset
 
+from hf_distprof import memstats
 from hf_distprof.timing.recorder import StepRecorder
 
 
@@ -173,12 +172,10 @@ def sample_batch(loader: Any, batch_size: int, rank: int) -> Any:
 def peak_memory_bytes(device: torch.device) -> int:
     """Peak memory of this rank so far: CUDA peak allocated on GPU, peak RSS of the process on CPU.
 
-    Both are counters kept by the host (no device sync).
+    Both are counters kept by the host (no device sync). The peak of the whole run, also when the memory
+    logger resets the counters to log a peak per window.
     """
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)  # bytes on macOS, KiB on Linux
+    return memstats.lifetime_peak_bytes(device)
 
 
 def current_memory_bytes(device: torch.device) -> int | None:
@@ -189,8 +186,6 @@ def current_memory_bytes(device: torch.device) -> int | None:
     if device.type == "cuda":
         return int(torch.cuda.memory_allocated(device))
     try:
-        import psutil
-
-        return int(psutil.Process().memory_info().rss)
+        return int(memstats.this_process().memory_info().rss)
     except Exception:  # noqa: BLE001 - a sandbox without /proc: no growth check, nothing else lost
         return None

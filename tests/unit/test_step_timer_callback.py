@@ -356,6 +356,30 @@ def test_steps_the_profiler_traced_are_left_out_of_the_live_verdict(tmp_path, ca
 
 def test_memory_growth_is_warned_about_once_per_rank(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
-        _live(tmp_path, [(0.3, 0.3)] * 5, memory=[1e9, 1.1e9, 1.2e9, 1.3e9, 1.4e9])
-    growth = [r.getMessage() for r in caplog.records if "memory grows" in r.getMessage()]
-    assert len(growth) == 2 and growth[0].startswith("[RANK 0] step 17: rank 0: memory grows: 30.0% over 4 samples")
+        cb = _live(tmp_path, [(0.3, 0.3)] * 5, memory=[1e9, 1.1e9, 1.2e9, 1.3e9, 1.4e9])
+    growth = [r.getMessage() for r in caplog.records if "grows" in r.getMessage()]
+    # Samples at steps 5, 9, 13, 17: four are judged as they are, 25e6 bytes a step.
+    assert len(growth) == 2 and growth[0].startswith(
+        "[RANK 0] step 17: rank 0: process RSS grows 23.8 MB per step (954 -> 1240 MB, +30.0% from step 5 to 17; "
+        "rose in 3 of 3 logging intervals; threshold 20%)"
+    )
+    # At step 21 a fifth sample lets the first (warm-up) go: judged from step 9.
+    assert cb._growth(0).first_step == 9 and cb._growth(0).growth_pct == pytest.approx(100 * (1.4 / 1.1 - 1))
+    assert cb._growth(1).rank == 1 and cb._growth(1).rate_mb_per_step == pytest.approx(25e6 / 2**20)
+
+
+def test_memory_growth_is_left_to_the_memory_logger_when_it_runs(tmp_path, caplog):
+    from transformers import TrainerState
+
+    from hf_distprof.timing.report import StepSeries
+
+    cb = StepTimerCallback(ProfilingArguments(profiler_output_dir=str(tmp_path), enable_memory_logging=True))
+    cb._series, cb._traced = StepSeries(2), lambda step: False
+    state = TrainerState()
+    with caplog.at_level(logging.WARNING):
+        for i, mem in enumerate([1e9, 1.1e9, 1.2e9, 1.3e9, 1.4e9]):
+            steps = range(2 + 4 * i, 6 + 4 * i)
+            state.global_step = steps[-1]
+            cb._publish_interval([_payload(0, steps, 0.3, mem), _payload(1, steps, 0.3, mem)], state, None)
+    assert not [r for r in caplog.records if "grows" in r.getMessage()]
+    assert cb._growth(0) is None

@@ -112,10 +112,37 @@ def test_profiler_slowdown_compares_traced_steps_with_the_steps_before():
 
 
 def test_memory_growth_needs_a_steady_rise():
-    assert memory_growth([100, 110, 120, 130], 20.0) is not None  # +30%, rose 3 of 3 times
-    assert memory_growth([100, 130, 100, 130], 20.0) is None  # up and down
-    assert memory_growth([100, 101, 102, 103], 20.0) is None  # +3%
-    assert memory_growth([100, 150, 200], 20.0) is None  # too few samples
+    steps = [10, 20, 30, 40]
+    out = memory_growth(steps, [100, 110, 120, 130], 20.0, rank=3, what="process RSS")  # +30%, rose 3 of 3
+    assert out is not None and (out.rank, out.first_step, out.last_step, out.rises, out.intervals) == (3, 10, 40, 3, 3)
+    assert out.rate_mb_per_step == pytest.approx(1.0) and out.growth_pct == pytest.approx(30.0)
+    assert out.message.startswith("rank 3: process RSS grows 1.0 MB per step (100 -> 130 MB, +30.0% from step 10")
+    assert out.to_json()["message"] == out.message
+    assert memory_growth(steps, [100, 130, 100, 130], 20.0) is None  # up and down
+    assert memory_growth(steps, [100, 101, 102, 103], 20.0) is None  # +3%
+    assert memory_growth(steps[:3], [100, 150, 200], 20.0) is None  # too few samples
+
+
+def test_memory_growth_leaves_the_warm_up_out():
+    # A jump in the first window (optimizer state, caches), flat afterwards: not growth.
+    steps = [5, 10, 15, 20, 25, 30]
+    assert memory_growth(steps, [500, 900, 901, 902, 902, 903], 20.0) is None
+    # Without leaving the first sample out, the same numbers would be +80% rising 5 of 5 times.
+    leak = memory_growth(steps, [500, 900, 1000, 1100, 1200, 1300], 20.0)
+    assert leak is not None and leak.first_step == 10 and leak.rate_mb_per_step == pytest.approx(20.0)
+
+
+def test_memory_growth_rate_resists_one_odd_sample_and_long_runs():
+    steps = list(range(10, 110, 10))
+    values = [1000 + 5 * s for s in steps]
+    values[5] += 400  # one odd sample
+    out = memory_growth(steps, values, 20.0)
+    assert out is not None and out.rate_mb_per_step == pytest.approx(5.0)
+    many = list(range(1, 20_001))
+    out = memory_growth(many, [1000 + 0.1 * s for s in many], 20.0)  # 20k samples: bounded work
+    assert out is not None and out.rate_mb_per_step == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="3 steps but 2 values"):
+        memory_growth([1, 2, 3], [1.0, 2.0], 20.0)
 
 
 def test_medians_of_the_others_match_the_direct_definition():

@@ -1,0 +1,104 @@
+"""Memory counters of this process, read from the host without a device sync.
+
+One place owns the peak counters, because reading a peak *per window* means resetting it
+(``torch.cuda.reset_peak_memory_stats``; on Linux, writing ``5`` to ``/proc/self/clear_refs`` resets the
+process's peak RSS, ``VmHWM``, which ``getrusage`` reports too). :func:`window_peak_bytes` reads and resets;
+:func:`lifetime_peak_bytes` stays the peak of the whole run for every caller, resets or not.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+from typing import Any
+
+import psutil
+import torch
+
+MB = 1024 * 1024
+
+_PROCESS: psutil.Process | None = None
+# The highest peak read before a reset, per device key ("cpu" for the process RSS, "cuda:N").
+_PEAK_BEFORE_RESET: dict[str, int] = {}
+_CLEAR_REFS = "/proc/self/clear_refs"
+
+
+def this_process() -> psutil.Process:
+    """This process's psutil handle, made once per pid (a forked child gets its own)."""
+    global _PROCESS
+    if _PROCESS is None or _PROCESS.pid != os.getpid():
+        _PROCESS = psutil.Process()
+    return _PROCESS
+
+
+def host_memory() -> dict[str, float]:
+    """The process's resident and virtual size in MiB: ``{"rss_mb", "vms_mb"}`` (psutil, one syscall)."""
+    info = this_process().memory_info()
+    return {"rss_mb": info.rss / MB, "vms_mb": info.vms / MB}
+
+
+def _key(device: torch.device) -> str:
+    return "cpu" if device.type != "cuda" else f"cuda:{device.index if device.index is not None else 0}"
+
+
+def current_peak_bytes(device: torch.device) -> int:
+    """The peak since the last reset: CUDA peak allocated on a GPU, peak RSS of the process on CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)  # bytes on macOS, KiB on Linux
+
+
+def lifetime_peak_bytes(device: torch.device) -> int:
+    """The peak of the whole run so far, window resets included."""
+    return max(current_peak_bytes(device), _PEAK_BEFORE_RESET.get(_key(device), 0))
+
+
+def window_peak_bytes(device: torch.device) -> int:
+    """The peak since the previous call (or the start), then reset, so that the next window has its own.
+
+    On CPU the reset needs Linux's ``/proc/self/clear_refs``; where it cannot be written, the value is the
+    peak since the process started (and :func:`peak_resets` says so).
+    """
+    peak = current_peak_bytes(device)
+    key = _key(device)
+    _PEAK_BEFORE_RESET[key] = max(_PEAK_BEFORE_RESET.get(key, 0), peak)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    else:
+        _reset_peak_rss()
+    return peak
+
+
+_RSS_RESET_WORKS: bool | None = None
+
+
+def _reset_peak_rss() -> None:
+    global _RSS_RESET_WORKS
+    if _RSS_RESET_WORKS is False:
+        return
+    try:
+        with open(_CLEAR_REFS, "w", encoding="ascii") as f:
+            f.write("5")
+        _RSS_RESET_WORKS = True
+    except OSError:
+        _RSS_RESET_WORKS = False
+
+
+def peak_resets(device: torch.device) -> bool:
+    """Whether :func:`window_peak_bytes` really resets on this device (always on CUDA)."""
+    return device.type == "cuda" or _RSS_RESET_WORKS is not False
+
+
+def cuda_memory_stats(device: torch.device) -> dict[str, Any]:
+    """The caching allocator's full ``memory_stats()`` plus ``fragmentation_bytes`` (reserved - allocated).
+
+    Host counters only (no sync). Keys are the allocator's own (``allocated_bytes.all.current``,
+    ``num_ooms``, ``num_alloc_retries``, ...).
+    """
+    stats = dict(torch.cuda.memory_stats(device))
+    allocated = int(stats.get("allocated_bytes.all.current", 0))
+    reserved = int(stats.get("reserved_bytes.all.current", 0))
+    stats["fragmentation_bytes"] = reserved - allocated
+    return stats
