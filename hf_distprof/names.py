@@ -5,7 +5,11 @@ the folder)::
 
     rank{R}_{host}_step{first}-{last}.pt.trace.json.gz   the profiler's trace, per rank and window
     rank{R}_{host}_step{first}-{last}_summary.txt        its operator tables
-    memory_rank{R}.jsonl                                 the memory logger
+    memory_rank{R}.jsonl, memory_summary.json            the memory logger (summary: rank 0)
+    rank{R}_memory_stats.yaml                            the memory views (--memory-tracker, ...)
+    rank{R}_memory_modules.txt / .json                   --memory-tracker's per-module table
+    rank{R}_{host}_step{first}-{last}_memory_snapshot.pickle   --memory-snapshot (GPU), per window
+    rank{R}_{host}_oom_step{N}_memory_snapshot.pickle     --memory-snapshot (GPU), on out-of-memory
     timing_rank{R}.jsonl, timing_summary.json            the step timer (summary: rank 0)
     parallelism.json                                     rank 0: DDP/FSDP built, shard sizes
     analysis.json                                        rank 0, --profiler-analyze
@@ -17,6 +21,11 @@ TRACE_SUFFIX = ".pt.trace.json.gz"
 TRACE_NAME = "rank{rank}_{host}_step{first}-{last}" + TRACE_SUFFIX
 SUMMARY_NAME = "rank{rank}_{host}_step{first}-{last}_summary.txt"
 MEMORY_LOG_NAME = "memory_rank{rank}.jsonl"
+MEMORY_SUMMARY_NAME = "memory_summary.json"
+MEMORY_STATS_NAME = "rank{rank}_memory_stats.yaml"
+MEMORY_MODULES_NAME = "rank{rank}_memory_modules"
+MEMORY_SNAPSHOT_NAME = "rank{rank}_{host}_step{first}-{last}_memory_snapshot.pickle"
+OOM_SNAPSHOT_NAME = "rank{rank}_{host}_oom_step{step}_memory_snapshot.pickle"
 PARALLELISM_NAME = "parallelism.json"
 TIMING_LOG_NAME = "timing_rank{rank}.jsonl"
 TIMING_SUMMARY_NAME = "timing_summary.json"

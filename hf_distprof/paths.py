@@ -29,6 +29,11 @@ logger = dist.get_logger(__name__)
 from hf_distprof.names import (  # noqa: E402, F401
     ANALYSIS_NAME,
     MEMORY_LOG_NAME,
+    MEMORY_MODULES_NAME,
+    MEMORY_SNAPSHOT_NAME,
+    MEMORY_STATS_NAME,
+    MEMORY_SUMMARY_NAME,
+    OOM_SNAPSHOT_NAME,
     PARALLELISM_NAME,
     SUMMARY_NAME,
     TIMING_LOG_NAME,

@@ -1,48 +1,56 @@
-"""``MemoryLoggerCallback``: memory per rank every ``--memory-log-steps`` optimizer steps."""
+"""``MemoryLoggerCallback``: memory per rank every ``--memory-log-steps`` optimizer steps, its growth, and a
+cross-rank table at the end of training."""
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import IO, Any
 
-import psutil
 import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from hf_distprof import dist, paths, tensorboard
-from hf_distprof.parallelism import report_parallelism
+from hf_distprof import dist, memstats, paths, tensorboard
 from hf_distprof.config import ProfilingArguments
+from hf_distprof.memstats import MB
+from hf_distprof.parallelism import report_parallelism
+from hf_distprof.verdicts import MemoryGrowth, imbalance_pct, memory_growth
 
 logger = dist.get_logger(__name__)
 
-_MB = 1024 * 1024
-_PROCESS: psutil.Process | None = None
+_MB = MB
 
 
-def _this_process() -> psutil.Process:
-    """This process's psutil handle, made once per pid (a forked child gets its own)."""
-    global _PROCESS
-    if _PROCESS is None or _PROCESS.pid != os.getpid():
-        _PROCESS = psutil.Process()
-    return _PROCESS
-
-
-def read_memory() -> dict[str, float]:
+def read_memory(reset_peaks: bool = False) -> dict[str, float]:
     """Memory of this process in MiB, read without any device synchronisation.
 
+    Args:
+        reset_peaks: Reset the peak counters after reading them, so that the next sample's peaks belong to
+            the steps in between (a peak per logging window, not per lifetime).
+
     Returns:
-        ``rss_mb`` (host resident set size) always; with CUDA also ``allocated_mb``, ``reserved_mb`` and
-        ``peak_allocated_mb`` of the current device, which are caching-allocator counters (no sync).
+        Always ``rss_mb``, ``vms_mb`` (host) and ``peak_rss_mb`` (the process's peak RSS since the last
+        reset; Linux). With CUDA also ``allocated_mb``, ``reserved_mb``, ``fragmentation_mb`` (reserved
+        minus allocated) and ``peak_allocated_mb`` (since the last reset) of the current device: caching
+        allocator counters, kept by the host (no sync).
     """
-    sample = {"rss_mb": _this_process().memory_info().rss / _MB}
+    sample = memstats.host_memory()
+    peak = memstats.window_peak_bytes if reset_peaks else memstats.current_peak_bytes
+    sample["peak_rss_mb"] = peak(torch.device("cpu")) / _MB
     if torch.cuda.is_available():
-        device = torch.cuda.current_device()
+        device = torch.device("cuda", torch.cuda.current_device())
         sample["allocated_mb"] = torch.cuda.memory_allocated(device) / _MB
         sample["reserved_mb"] = torch.cuda.memory_reserved(device) / _MB
-        sample["peak_allocated_mb"] = torch.cuda.max_memory_allocated(device) / _MB
+        sample["fragmentation_mb"] = sample["reserved_mb"] - sample["allocated_mb"]
+        sample["peak_allocated_mb"] = peak(device) / _MB
     return sample
+
+
+def in_use_metric() -> tuple[str, str]:
+    """The metric whose steady rise means a leak, and its name for people: CUDA allocated, else RSS."""
+    if torch.cuda.is_available():
+        return "allocated_mb", "allocated CUDA memory"
+    return "rss_mb", "process RSS"
 
 
 MODEL_STATE_METRICS = ("params_mb", "grads_mb", "optimizer_state_mb", "model_state_mb")
@@ -84,14 +92,18 @@ def model_state_memory(model: torch.nn.Module, optimizer: Any) -> dict[str, floa
 
 
 class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
-    """Logs memory every ``--memory-log-steps`` optimizer steps.
+    """Logs memory every ``--memory-log-steps`` optimizer steps, watches it grow, and tabulates it at the end.
 
     Every rank appends its sample to ``<run folder>/memory_rank{R}.jsonl``: the process and device memory
-    (:func:`read_memory`), and the rank's share of parameters, gradients and optimizer state
+    (:func:`read_memory`; its peaks are reset at each logging step, so a logged peak belongs to the steps
+    since the previous one), and the rank's share of parameters, gradients and optimizer state
     (:func:`model_state_memory`, taken right after the optimizer step, when gradients still exist), which
     makes FSDP's saving over DDP visible. On those steps only, the samples are gathered to rank 0 (without
     waiting: published at the next logging step or train end), which writes TensorBoard scalars
-    ``memory/<metric>/rank{R}`` and ``memory/<metric>/max``.
+    ``memory/<metric>/rank{R}`` and ``memory/<metric>/max`` and warns, once per rank, when a rank's memory in
+    use keeps growing (:func:`hf_distprof.verdicts.memory_growth`). At the end of training rank 0 prints a
+    table of every rank's memory and peak, with the imbalance of the peaks, and writes it to
+    ``memory_summary.json``.
 
     Args:
         args: The profiling flags.
@@ -101,6 +113,7 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
         self.args = args
         self.run_dir: Path | None = None
         self.jsonl_path: Path | None = None
+        self.summary: dict[str, Any] | None = None  # rank 0, after training: what memory_summary.json holds
         self._jsonl: IO[str] | None = None
         self._writer: Any = None
         # (step, metric names, started gather) of the last logging step, published at the next one.
@@ -108,6 +121,9 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
         # The model-state sample of the step being taken, from on_optimizer_step.
         self._model_state: dict[str, float] = {}
         self._size_failed = False  # warned once already
+        # rank 0: each rank's (step, MiB in use) at each published logging step, for the growth verdict.
+        self._in_use: dict[int, list[tuple[int, float]]] = {}
+        self._warned_growth: set[int] = set()
 
     def on_optimizer_step(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -138,6 +154,8 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
             except OSError as err:
                 logger.warning(f"cannot write {self.jsonl_path}: {err!r}; memory goes to TensorBoard only")
         self._writer = tensorboard.get_writer(tensorboard.tensorboard_dir(args.output_dir, self.run_dir))
+        # The first window's peak starts now, not at process start (model loading, tokenizer training).
+        read_memory(reset_peaks=True)
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -145,7 +163,7 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
         step = state.global_step
         if step % self.args.memory_log_steps != 0:
             return
-        sample = {**read_memory(), **self._model_state}
+        sample = {**read_memory(reset_peaks=True), **self._model_state}
         self._model_state = {}
         if self._jsonl is not None:
             try:
@@ -154,10 +172,11 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
                 # A full disk must not stop training, nor keep this rank from the gather below.
                 logger.warning(f"cannot write {self.jsonl_path}: {err!r}; memory goes to TensorBoard only")
                 self._close_jsonl()
-        # The one collective of this callback, on logging steps only; every rank reaches it. It is not
-        # waited for here: its result is published at the next logging step (or train end), so the gather
-        # adds no synchronisation point to the step. Every rank samples the same metrics (CUDA is on all
-        # ranks or none; the Trainer passes the model to every rank's hooks), so a flat float gather is enough.
+        # The one collective of this callback during training, on logging steps only; every rank reaches it.
+        # It is not waited for here: its result is published at the next logging step (or train end), so
+        # the gather adds no synchronisation point to the step. Every rank samples the same metrics (CUDA
+        # is on all ranks or none; the Trainer passes the model to every rank's hooks), so a flat float
+        # gather is enough.
         self._publish_pending()
         metrics = sorted(sample)
         self._pending = (step, metrics, dist.all_gather_floats_async([sample[m] for m in metrics]))
@@ -168,6 +187,17 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
         step, metrics, gather = self._pending
         self._pending = None
         rows = gather.result()
+        if dist.get_rank() != 0:
+            return
+        in_use, what = in_use_metric()
+        if in_use in metrics:
+            column = metrics.index(in_use)
+            for rank, row in enumerate(rows):
+                self._in_use.setdefault(rank, []).append((step, row[column]))
+                growth = self._growth(rank, what)
+                if growth is not None and rank not in self._warned_growth:
+                    self._warned_growth.add(rank)
+                    logger.warning(f"step {step}: {growth.message}")
         if self._writer is None:
             return
         for i, metric in enumerate(metrics):
@@ -176,13 +206,53 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
                 self._writer.add_scalar(f"memory/{metric}/rank{rank}", value, step)
             self._writer.add_scalar(f"memory/{metric}/max", max(values), step)
 
+    def _growth(self, rank: int, what: str) -> MemoryGrowth | None:
+        samples = self._in_use.get(rank)
+        if not samples:
+            return None
+        steps, values = zip(*samples)
+        return memory_growth(steps, values, self.args.memory_growth_threshold_pct, rank=rank, what=what)
+
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         self._publish_pending()
         self._close_jsonl()
+        self._final_table(state)
         if self._writer is not None:
             self._writer.flush()
+
+    # ---- the end-of-training table -------------------------------------------------------------
+
+    def _final_table(self, state: TrainerState) -> None:
+        """Gather every rank's memory now and its peak over the run; rank 0 prints and writes the table."""
+        sample = read_memory()
+        sample["peak_rss_mb"] = memstats.lifetime_peak_bytes(torch.device("cpu")) / _MB
+        if "peak_allocated_mb" in sample:
+            device = torch.device("cuda", torch.cuda.current_device())
+            sample["peak_allocated_mb"] = memstats.lifetime_peak_bytes(device) / _MB
+        row = {"rank": dist.get_rank(), "host": dist.get_hostname(), **sample}
+        try:
+            rows = dist.all_gather_object(row)  # once, after the last step; every rank reaches train end
+        except Exception as err:  # noqa: BLE001 - a broken process group at the end must not hide training
+            logger.warning(f"could not gather the end-of-training memory table: {err!r}")
+            return
+        if dist.get_rank() != 0:
+            return
+        self.summary = memory_summary(rows, self.args, state.global_step, [
+            g for g in (self._growth(r, in_use_metric()[1]) for r in range(len(rows))) if g is not None
+        ])
+        if self.run_dir is not None:
+            target = self.run_dir / paths.MEMORY_SUMMARY_NAME
+            try:
+                paths.atomic_write_text(target, json.dumps(self.summary, indent=2) + "\n")
+            except OSError as err:
+                logger.warning(f"cannot write {target}: {err!r}")
+        where = self.run_dir if self.run_dir is not None else "no run folder, no files"
+        print(format_memory_table(self.summary, title=f"hf_distprof memory at the end of training ({where})"),
+              flush=True)
+        if self.summary["peak_over_threshold"] and not self.args.enable_step_timing:
+            logger.warning(self.summary["peak_warning"])  # the step timer says it otherwise
 
     def _close_jsonl(self) -> None:
         jsonl, self._jsonl = self._jsonl, None
@@ -191,6 +261,68 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
                 jsonl.close()
             except OSError as err:
                 logger.warning(f"closing {self.jsonl_path} failed: {err!r}")
+
+
+def memory_summary(
+    rows: list[dict[str, Any]], args: ProfilingArguments, last_step: int, growth: list[MemoryGrowth]
+) -> dict[str, Any]:
+    """What ``memory_summary.json`` holds: every rank's memory at the end, the peaks and their imbalance.
+
+    Args:
+        rows: One dict per rank, in rank order: ``rank``, ``host`` and the :func:`read_memory` metrics,
+            with the peaks over the whole run.
+        args: The flags (``--memory-imbalance-threshold-pct``, ``--memory-growth-threshold-pct``).
+        last_step: The last optimizer step.
+        growth: The memory-growth verdicts raised.
+    """
+    basis = "peak_allocated_mb" if "peak_allocated_mb" in rows[0] else "peak_rss_mb"
+    peaks = [float(r[basis]) for r in rows]
+    highest = max(range(len(rows)), key=lambda i: peaks[i])
+    lowest = min(range(len(rows)), key=lambda i: peaks[i])
+    imbalance = imbalance_pct(peaks)
+    threshold = args.memory_imbalance_threshold_pct
+    warning = (
+        f"Peak memory imbalance {imbalance:.1f}% > {threshold:g}% ({basis}): rank {rows[highest]['rank']} peaks at "
+        f"{peaks[highest]:.0f} MB vs {peaks[lowest]:.0f} MB on rank {rows[lowest]['rank']}: look for work only "
+        "that rank does (logging, evaluation, checkpointing on rank 0) or uneven batches"
+    )
+    return {
+        "world_size": len(rows),
+        "last_step": last_step,
+        "peak_basis": basis,
+        "per_rank": rows,
+        "peak_imbalance_pct": imbalance,
+        "highest_peak_rank": rows[highest]["rank"],
+        "imbalance_threshold_pct": threshold,
+        "peak_over_threshold": len(rows) > 1 and imbalance > threshold,
+        "peak_warning": warning if len(rows) > 1 and imbalance > threshold else None,
+        "memory_growth": [g.to_json() for g in growth],
+        "growth_threshold_pct": args.memory_growth_threshold_pct,
+    }
+
+
+_TABLE_COLUMNS = (
+    ("allocated_mb", "allocated"), ("reserved_mb", "reserved"), ("peak_allocated_mb", "peak alloc"),
+    ("rss_mb", "RSS"), ("peak_rss_mb", "peak RSS"),
+)
+
+
+def format_memory_table(summary: dict[str, Any], title: str) -> str:
+    """The end-of-training table rank 0 prints: one row per rank, MiB, the highest peak marked."""
+    rows = summary["per_rank"]
+    columns = [(key, name) for key, name in _TABLE_COLUMNS if key in rows[0]]
+    lines = [title, f"{'rank':>5}  {'host':<16}" + "".join(f"{name:>12}" for _, name in columns)]
+    for r in rows:
+        mark = "  <- highest peak" if r["rank"] == summary["highest_peak_rank"] and len(rows) > 1 else ""
+        cells = "".join(f"{float(r[key]):>9.0f} MB" for key, _ in columns)
+        lines.append(f"{r['rank']:>5}  {str(r['host'])[:16]:<16}{cells}{mark}")
+    lines.append(
+        f"peak imbalance ({summary['peak_basis']}): {summary['peak_imbalance_pct']:.1f}% "
+        f"(threshold {summary['imbalance_threshold_pct']:g}%)"
+    )
+    for g in summary["memory_growth"]:
+        lines.append(g["message"])
+    return "\n".join(lines)
 
 
 # The name PROFILING_GUIDE.md and earlier scripts use.

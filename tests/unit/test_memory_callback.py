@@ -9,7 +9,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from hf_distprof import MemoryLoggerCallback, ProfilingArguments, tensorboard
+from hf_distprof import MemoryLoggerCallback, ProfilingArguments, memstats, tensorboard
 from hf_distprof.callbacks import memory
 
 from . import fake_trainer
@@ -21,8 +21,24 @@ def test_cpu_sample_is_the_process_rss():
     before = psutil.Process().memory_info().rss / MB
     sample = memory.read_memory()
     after = psutil.Process().memory_info().rss / MB
-    assert set(sample) == {"rss_mb"}
+    assert set(sample) == {"rss_mb", "vms_mb", "peak_rss_mb"}
     assert min(before, after) - 1 <= sample["rss_mb"] <= max(before, after) + 1
+    assert sample["vms_mb"] >= sample["rss_mb"] and sample["peak_rss_mb"] >= sample["rss_mb"] - 1
+
+
+def test_a_logged_peak_belongs_to_its_window_and_the_run_peak_survives_resets():
+    memory.read_memory(reset_peaks=True)
+    if not memstats.peak_resets(torch.device("cpu")):
+        pytest.skip("/proc/self/clear_refs cannot be written here: peaks are per process lifetime")
+    rss = memory.read_memory()["rss_mb"]
+    x = torch.ones(300 * MB // 4)  # touched: 300 MiB resident
+    del x
+    first = memory.read_memory(reset_peaks=True)  # the window that held x
+    second = memory.read_memory(reset_peaks=True)  # a window without it
+    assert first["peak_rss_mb"] >= rss + 280
+    assert second["peak_rss_mb"] < first["peak_rss_mb"] - 250
+    # The step timer's peak is the run's, resets or not.
+    assert memstats.lifetime_peak_bytes(torch.device("cpu")) / MB >= first["peak_rss_mb"] - 1
 
 
 def test_gpu_sample_reads_allocator_counters_without_synchronising(monkeypatch):
@@ -32,13 +48,15 @@ def test_gpu_sample_reads_allocator_counters_without_synchronising(monkeypatch):
 
     def counter(value):
         def read(device):
-            calls.append(device)
+            calls.append(torch.device(device).index)
             return value
         return read
 
     monkeypatch.setattr(torch.cuda, "memory_allocated", counter(512 * MB))
     monkeypatch.setattr(torch.cuda, "memory_reserved", counter(1024 * MB))
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", counter(768 * MB))
+    resets = []
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device: resets.append(device.index))
 
     def no_sync(*a, **k):
         raise AssertionError("read_memory must not synchronise the device")
@@ -47,9 +65,13 @@ def test_gpu_sample_reads_allocator_counters_without_synchronising(monkeypatch):
     sample = memory.read_memory()
     assert sample["allocated_mb"] == 512.0
     assert sample["reserved_mb"] == 1024.0
+    assert sample["fragmentation_mb"] == 512.0
     assert sample["peak_allocated_mb"] == 768.0
-    assert calls == [3, 3, 3]
+    assert calls == [3, 3, 3] and resets == []
     assert sample["rss_mb"] > 0
+    memory.read_memory(reset_peaks=True)
+    assert resets == [3]  # the CUDA peak restarts at each logging step
+    assert memstats.lifetime_peak_bytes(torch.device("cuda", 3)) == 768 * MB
 
 
 @pytest.mark.gpu
@@ -70,7 +92,9 @@ def test_logs_every_n_steps_to_jsonl_and_tensorboard(tmp_path, monkeypatch):
     fake_trainer.run([cb], 10, tmp_path)
     tensorboard.close_writers()
     assert cb.run_dir is not None
-    assert sorted(p.name for p in cb.run_dir.iterdir()) == ["memory_rank0.jsonl", "parallelism.json"]
+    assert sorted(p.name for p in cb.run_dir.iterdir()) == [
+        "memory_rank0.jsonl", "memory_summary.json", "parallelism.json"
+    ]
     rows = [json.loads(line) for line in (cb.run_dir / "memory_rank0.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [4, 8]
     assert all(r["rank"] == 0 and r["rss_mb"] > 10 for r in rows)
@@ -83,7 +107,7 @@ def test_logs_every_n_steps_to_jsonl_and_tensorboard(tmp_path, monkeypatch):
     acc = EventAccumulator(str(tb_dir))
     acc.Reload()
     tags = acc.Tags()["scalars"]
-    metrics = ("grads_mb", "model_state_mb", "optimizer_state_mb", "params_mb", "rss_mb")
+    metrics = ("grads_mb", "model_state_mb", "optimizer_state_mb", "params_mb", "peak_rss_mb", "rss_mb", "vms_mb")
     assert sorted(tags) == sorted(f"memory/{m}/{who}" for m in metrics for who in ("max", "rank0"))
     events = acc.Scalars("memory/rss_mb/rank0")
     assert [e.step for e in events] == [4, 8]
@@ -181,6 +205,80 @@ def test_a_model_state_that_cannot_be_sized_is_nan_and_the_metrics_stay_the_same
     tensorboard.close_writers()
     rows = [json.loads(line) for line in (cb.run_dir / "memory_rank0.jsonl").read_text().splitlines()]
     # Every rank gathers the same metrics, sized or not, so the all-gather's lengths agree.
-    assert [sorted(r) for r in rows] == [sorted(["step", "rank", "rss_mb", *memory.MODEL_STATE_METRICS])] * 2
+    expected = sorted(["step", "rank", "rss_mb", "vms_mb", "peak_rss_mb", *memory.MODEL_STATE_METRICS])
+    assert [sorted(r) for r in rows] == [expected] * 2
     assert all(math.isnan(r[m]) for r in rows for m in memory.MODEL_STATE_METRICS)
     assert sum("could not size the model state" in r.getMessage() for r in caplog.records) == 1  # said once
+
+
+class Leak:
+    """A callback that keeps ``mb`` MiB more alive at every step (touched, so resident)."""
+
+    def __init__(self, mb):
+        self.mb, self.kept = mb, []
+
+    def __getattr__(self, name):
+        return lambda *a, **k: None
+
+    def on_step_end(self, *a, **k):
+        if self.mb:
+            self.kept.append(torch.ones(self.mb * MB // 4))
+
+
+def _run_with_leak(tmp_path, monkeypatch, mb, steps=10):
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
+    cb = MemoryLoggerCallback(ProfilingArguments(enable_memory_logging=True, memory_log_steps=1,
+                                                 profiler_output_dir=str(tmp_path / "out")))
+    leak = Leak(mb)
+    fake_trainer.run([leak, cb], steps, tmp_path)
+    tensorboard.close_writers()
+    return cb, leak
+
+
+def test_a_rank_that_keeps_memory_alive_every_step_is_named_with_its_rate(tmp_path, monkeypatch, capsys, caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING):
+        cb, _ = _run_with_leak(tmp_path, monkeypatch, mb=40)
+    (warning,) = [r.getMessage() for r in caplog.records if "grows" in r.getMessage()]
+    # Samples at steps 1..9 are published one logging step late; four (after the warm-up sample) are enough.
+    assert warning.startswith("[RANK 0] step ") and "rank 0: process RSS grows " in warning
+    growth = cb.summary["memory_growth"]
+    assert len(growth) == 1 and growth[0]["rank"] == 0 and growth[0]["first_step"] == 2
+    assert 36 <= growth[0]["rate_mb_per_step"] <= 44  # 40 MiB a step
+    saved = json.loads((cb.run_dir / "memory_summary.json").read_text())
+    assert saved["memory_growth"] == growth and "process RSS grows" in capsys.readouterr().out
+
+
+def test_a_clean_run_raises_no_growth_and_tabulates_the_end(tmp_path, monkeypatch, capsys, caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING):
+        cb, _ = _run_with_leak(tmp_path, monkeypatch, mb=0, steps=12)
+    assert not [r for r in caplog.records if "grows" in r.getMessage()]
+    summary = json.loads((cb.run_dir / "memory_summary.json").read_text())
+    assert summary == cb.summary
+    assert (summary["world_size"], summary["last_step"], summary["peak_basis"]) == (1, 12, "peak_rss_mb")
+    assert summary["memory_growth"] == [] and summary["peak_over_threshold"] is False
+    (row,) = summary["per_rank"]
+    assert set(row) == {"rank", "host", "rss_mb", "vms_mb", "peak_rss_mb"}
+    # The run's peak, not the last window's: at least what the process holds now.
+    assert row["peak_rss_mb"] >= row["rss_mb"] - 1
+    out = capsys.readouterr().out
+    assert f"hf_distprof memory at the end of training ({cb.run_dir})" in out
+    assert "peak imbalance (peak_rss_mb): 0.0% (threshold 20%)" in out
+
+
+def test_memory_summary_names_the_rank_that_peaks_highest():
+    peaks = [100, 150, 104, 96]
+    rows = [{"rank": r, "host": "h", "rss_mb": 100.0, "peak_rss_mb": peak} for r, peak in enumerate(peaks)]
+    summary = memory.memory_summary(rows, ProfilingArguments(), 50, [])
+    assert summary["highest_peak_rank"] == 1 and summary["peak_imbalance_pct"] == pytest.approx(50.0)
+    assert summary["peak_over_threshold"] is True
+    assert summary["peak_warning"].startswith("Peak memory imbalance 50.0% > 20% (peak_rss_mb): rank 1 peaks at 150 MB")
+    table = memory.format_memory_table(summary, "t").splitlines()
+    assert table[1].split() == ["rank", "host", "RSS", "peak", "RSS"]
+    assert table[3].endswith("<- highest peak") and "150 MB" in table[3]
+    even = [{**r, "peak_rss_mb": 100.0 + r["rank"]} for r in rows]
+    balanced = memory.memory_summary(even, ProfilingArguments(), 50, [])
+    assert balanced["peak_over_threshold"] is False and balanced["peak_warning"] is None
