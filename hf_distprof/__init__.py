@@ -19,11 +19,13 @@ _LAZY: dict[str, str] = {
     "ProfilerCallback": "hf_distprof.callbacks.profiler",
     "MemoryLoggerCallback": "hf_distprof.callbacks.memory",
     "SimpleGPUMemoryCallback": "hf_distprof.callbacks.memory",
+    "MemoryViewsCallback": "hf_distprof.callbacks.memory_views",
     "StepTimerCallback": "hf_distprof.callbacks.step_timer",
 }
 
 __all__ = [
     "MemoryLoggerCallback",
+    "MemoryViewsCallback",
     "ProfilerCallback",
     "ProfilingArguments",
     "SimpleGPUMemoryCallback",
@@ -35,6 +37,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from hf_distprof.callbacks.memory import MemoryLoggerCallback, SimpleGPUMemoryCallback
+    from hf_distprof.callbacks.memory_views import MemoryViewsCallback
     from hf_distprof.callbacks.profiler import ProfilerCallback
     from hf_distprof.callbacks.step_timer import StepTimerCallback
     from hf_distprof.callbacks import build_callbacks

@@ -184,6 +184,38 @@ class ProfilingArguments:
             "Needs --enable-profiling."
         ),
     )
+    memory_snapshot: bool = field(
+        default=False,
+        metadata=_help(
+            "GPU: record the CUDA allocator's history (Python stacks) over each memory window (the profiler's "
+            "active steps) and dump rank{R}_{host}_step{first}-{last}_memory_snapshot.pickle per rank and "
+            "window, for https://pytorch.org/memory_viz; on a CUDA out-of-memory error also dump "
+            "rank{R}_{host}_oom_step{N}_memory_snapshot.pickle. Needs CUDA (said once on CPU)."
+        ),
+    )
+    memory_snapshot_max_entries: PositiveInt = field(
+        default=100_000,
+        metadata=_help("Allocator events kept by --memory-snapshot (a ring buffer: the oldest are dropped)."),
+    )
+    memory_tracker: bool = field(
+        default=False,
+        metadata=_help(
+            "For one optimizer step (the first after the first memory window), attribute memory to modules "
+            "with torch's MemTracker (FSDP2: FSDPMemTracker): parameters, gradients, activations, optimizer "
+            "state, temporaries (FSDP: all-gather buffers) per module; writes rank{R}_memory_modules.txt/.json. "
+            "Slows that step several times."
+        ),
+    )
+    memory_tracker_depth: PositiveInt = field(
+        default=2, metadata=_help("Module depth of --memory-tracker's table (1 = the model's direct children).")
+    )
+    track_activation_memory: bool = field(
+        default=False,
+        metadata=_help(
+            "Count the bytes autograd saves for backward (activations, not parameters) in each forward of the "
+            "memory window's steps, with saved_tensors_hooks; into rank{R}_memory_stats.yaml."
+        ),
+    )
     memory_log_steps: PositiveInt = field(
         default=10, metadata=_help("Log memory every N optimizer steps (the only steps with a cross-rank gather).")
     )
@@ -269,9 +301,17 @@ class ProfilingArguments:
         return parse_rank_list(self.profile_ranks)
 
     @property
+    def memory_views_enabled(self) -> bool:
+        """Whether any memory view (``--memory-snapshot``, ``--memory-tracker``, ...) is switched on."""
+        return self.memory_snapshot or self.memory_tracker or self.track_activation_memory
+
+    @property
     def any_enabled(self) -> bool:
         """Whether any callback is switched on."""
-        return self.enable_profiling or self.enable_memory_logging or bool(self.enable_step_timing)
+        return (
+            self.enable_profiling or self.enable_memory_logging or bool(self.enable_step_timing)
+            or self.memory_views_enabled
+        )
 
     @classmethod
     def from_namespace(cls, namespace: argparse.Namespace) -> ProfilingArguments:

@@ -30,6 +30,10 @@ def build_callbacks(args: ProfilingArguments) -> list[TrainerCallback]:
         from hf_distprof.callbacks.memory import MemoryLoggerCallback
 
         callbacks.append(MemoryLoggerCallback(args))
+    if args.memory_views_enabled:
+        from hf_distprof.callbacks.memory_views import MemoryViewsCallback
+
+        callbacks.append(MemoryViewsCallback(args))
     if args.enable_step_timing:
         from hf_distprof.callbacks.step_timer import StepTimerCallback
 

@@ -95,6 +95,20 @@ def traced_steps(args: ProfilingArguments, offset: int = 0) -> Callable[[int], b
     return lambda step: step > offset and base(step - offset - 1) in on
 
 
+def recorded_steps(args: ProfilingArguments, offset: int = 0) -> Callable[[int], bool]:
+    """The optimizer steps of the schedule's active phases (the steps a trace holds), as a predicate.
+
+    Shifted by ``offset`` like :func:`traced_steps`, but defined whether the profiler runs or not: the
+    memory views use these steps as their window, so that a trace and the memory views cover the same
+    steps.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        base = base_schedule(args)
+    on = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
+    return lambda step: step > offset and base(step - offset - 1) in on
+
+
 class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
     """Drives ``torch.profiler`` over optimizer steps and writes one gzipped Kineto trace per rank.
 
