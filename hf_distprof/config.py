@@ -201,13 +201,17 @@ class ProfilingArguments:
         default=False,
         metadata=_help(
             "For one optimizer step (the first after the first memory window), attribute memory to modules "
-            "with torch's MemTracker (FSDP2: FSDPMemTracker): parameters, gradients, activations, optimizer "
-            "state, temporaries (FSDP: all-gather buffers) per module; writes rank{R}_memory_modules.txt/.json. "
-            "Slows that step several times."
+            "with torch's MemTracker (FSDP2: FSDPMemTracker): parameters, gradients, optimizer state, "
+            "activations per module and the step's peak by category (temporaries; FSDP: all-gather buffers); "
+            "writes rank{R}_memory_modules.txt and .json. Slows that one step several times."
         ),
     )
     memory_tracker_depth: PositiveInt = field(
-        default=2, metadata=_help("Module depth of --memory-tracker's table (1 = the model's direct children).")
+        default=2,
+        metadata=_help(
+            "Module depth of --memory-tracker's table: 1 = the model alone, 2 = also its direct children, ... "
+            "(FSDP2: every FSDP unit, whatever its depth)."
+        ),
     )
     track_activation_memory: bool = field(
         default=False,

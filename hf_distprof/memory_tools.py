@@ -22,11 +22,8 @@ from hf_distprof.memstats import MB
 
 
 def _is_parameter(t: torch.Tensor) -> bool:
-    """A parameter, or a view of one (``weight.t()`` saved by a matmul): a leaf that requires grad."""
-    if t.is_leaf and t.requires_grad:
-        return True
-    base = t._base
-    return base is not None and base.is_leaf and base.requires_grad
+    """A parameter (FSDP2's unsharded ones too), or a view of one (``weight.t()`` saved by a matmul)."""
+    return isinstance(t, torch.nn.Parameter) or isinstance(t._base, torch.nn.Parameter)
 
 
 def _storage_key(t: torch.Tensor) -> tuple[str, int, int]:

@@ -38,6 +38,11 @@ EXPECTED_DEFAULTS = {
     "memory_imbalance_threshold_pct": 20.0,
     "memory_growth_threshold_pct": 20.0,
     "profiler_slowdown_threshold": 1.25,
+    "memory_snapshot": False,
+    "memory_snapshot_max_entries": 100_000,
+    "memory_tracker": False,
+    "memory_tracker_depth": 2,
+    "track_activation_memory": False,
 }
 
 BAD_VALUES = [
@@ -49,6 +54,9 @@ BAD_VALUES = [
     ("--memory-log-steps", "0", "must be an integer >= 1"),
     ("--memory-growth-threshold-pct", "-5", "must be a number >= 0"),
     ("--profiler-slowdown-threshold", "0", "must be a number > 0"),
+    ("--memory-snapshot-max-entries", "0", "must be an integer >= 1"),
+    ("--memory-tracker-depth", "0", "must be an integer >= 1"),
+    ("--memory-tracker", "sometimes", "true/false"),
     ("--profiler-active-steps", "three", "must be an integer"),
     ("--profile-ranks", "0,x", "must be 'all' or a comma-separated list of ranks >= 0"),
     ("--profile-ranks", "-1", "must be 'all' or a comma-separated list of ranks >= 0"),
