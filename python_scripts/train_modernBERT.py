@@ -40,6 +40,7 @@ from transformers import (
     ModernBertForMaskedLM,
     PreTrainedTokenizerFast,
     Trainer,
+    TrainerCallback,
     TrainingArguments,
     set_seed,
 )
@@ -60,6 +61,9 @@ logger = get_logger("train_modernBERT")
 # Test-only: "<ranks>:<seconds>" makes those ranks ("1", "0,1" or "all") sleep in their data collator every
 # batch: one slow rank, or a data-loading stall on all of them.
 SLOW_RANK_ENV = "HF_DISTPROF_SIMULATE_SLOW_RANK"
+# Test-only: "<ranks>:<MiB>" makes those ranks keep that much more memory alive at every optimizer step (a
+# leak, as a loss appended to a list without .item() would make), for the memory-growth warning.
+LEAK_ENV = "HF_DISTPROF_SIMULATE_LEAK"
 # Set by train_lambda.sh for its pre-flight check: parse the flags, then exit before any work.
 PARSE_ONLY_ENV = "HF_DISTPROF_PARSE_ONLY"
 SPECIAL_TOKENS = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
@@ -199,6 +203,21 @@ class SlowRankCollator:
         return self.inner(features)
 
 
+class LeakCallback(TrainerCallback):
+    """Keeps ``mib`` MiB more alive at every optimizer step: a deliberate leak for tests and demos."""
+
+    def __init__(self, mib: float) -> None:
+        self.mib, self.kept = mib, []
+
+    def on_step_end(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
+        self.kept.append(torch.ones(int(self.mib * 2**20) // 4))  # touched, so resident
+
+
+def selected(spec: str, rank: int) -> bool:
+    """Whether ``rank`` is named by a test hook's rank list ("1", "0,1" or "all")."""
+    return spec == "all" or rank in {int(r) for r in spec.split(",")}
+
+
 def build_parser() -> HfArgumentParser:
     """The script's flags: model/data, parallel strategy, hf_distprof profiling, and the Trainer's own."""
     parser = HfArgumentParser((ModelDataArguments, StrategyArguments, ProfilingArguments, TrainingArguments))
@@ -270,10 +289,15 @@ def main() -> None:
     slow = os.environ.get(SLOW_RANK_ENV)
     if slow:
         who, seconds = slow.split(":")
-        if who == "all" or rank in {int(r) for r in who.split(",")}:
+        if selected(who, rank):
             collator = SlowRankCollator(collator, float(seconds))
 
     callbacks = build_callbacks(prof_args)
+    leak = os.environ.get(LEAK_ENV)
+    if leak:
+        who, mib = leak.split(":")
+        if selected(who, rank):
+            callbacks.append(LeakCallback(float(mib)))
     trainer = Trainer(
         model=model, args=training_args, train_dataset=train_ds, data_collator=collator,
         processing_class=tokenizer, callbacks=callbacks,

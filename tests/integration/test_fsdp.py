@@ -26,7 +26,7 @@ MB = 2**20
 # The FSDP units of the demo's tiny ModernBERT on the CPU route: the root (embeddings, final norm, head)
 # and one per encoder layer.
 UNITS = ["", "model.layers.0", "model.layers.1", "model.layers.2", "model.layers.3"]
-ARGS = ("--strategy", "fsdp", "--enable-profiling", "--enable-memory-logging", "--profiler-analyze",
+ARGS = ("--strategy", "fsdp", "--enable-profiling", "--enable-memory-logging", "--profiler-analyze", "--memory-tracker",
         "--max-steps", "10", "--profiler-wait-steps", "2", "--profiler-warmup-steps", "1",
         "--profiler-active-steps", "2", "--memory-log-steps", "5", "--logging-steps", "5",
         "--profiler-output-dir", "OUT", "--profiler-run-name", "fsdp")
@@ -45,7 +45,9 @@ def test_run_folder_has_the_expected_files(fsdp_run):
     assert sorted(p.name for p in run_dir.iterdir()) == sorted(
         [f"rank{r}_{HOST}_step4-5.pt.trace.json.gz" for r in (0, 1)]
         + [f"rank{r}_{HOST}_step4-5_summary.txt" for r in (0, 1)]
-        + [f"memory_rank{r}.jsonl" for r in (0, 1)]
+        + [f"memory_rank{r}.jsonl" for r in (0, 1)] + ["memory_summary.json"]
+        + [f"rank{r}_memory_stats.yaml" for r in (0, 1)]
+        + [f"rank{r}_memory_modules.{ext}" for r in (0, 1) for ext in ("txt", "json")]
         + [f"timing_rank{r}.jsonl" for r in (0, 1)]
         + ["timing_summary.json", "parallelism.json", "analysis.json"]
     )
@@ -122,6 +124,21 @@ def test_each_rank_holds_half_the_model_state(fsdp_run):
             # AdamW: two moments per parameter shard, plus one step counter per tensor.
             assert 2 * row["params_mb"] <= row["optimizer_state_mb"] <= 2 * row["params_mb"] + 0.01
             assert row["params_mb"] < 0.51 * seen["numel"] * 4 / MB  # DDP would hold all of it
+
+
+def test_the_memory_tracker_follows_every_fsdp_unit_and_counts_this_ranks_shard(fsdp_run):
+    _, run_dir = fsdp_run
+    seen = json.loads((run_dir / "parallelism.json").read_text())
+    for rank in (0, 1):
+        modules = json.loads((run_dir / f"rank{rank}_memory_modules.json").read_text())
+        assert (modules["step"], modules["tracker"]) == (6, "FSDPMemTracker")
+        names = [r["name"].split(".", 1)[1] if "." in r["name"] else "" for r in modules["modules"]]
+        assert names == UNITS
+        root = modules["modules"][0]
+        # This rank's shard: half of what DDP holds (test_train_lambda: numel * 4 bytes on every rank).
+        assert root["params"] == root["grads"] == seen["local_numel_per_rank"][rank] * 4
+        assert root["params"] < 0.51 * seen["numel"] * 4
+        assert {"Sharded Param", "Unsharded Param", "All Gather"} <= set(modules["peak"])
 
 
 def test_fsdp_asked_through_accelerate_on_cpu_is_ddp_and_says_so(tmp_path):

@@ -10,6 +10,7 @@ table this prints (``pytest -s``) is the one in the guide.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import subprocess
 from dataclasses import dataclass
@@ -34,6 +35,8 @@ THRESHOLD = ("--imbalance-threshold-pct", "20")
 SLOWDOWNS = (0.4, 0.8)  # share of a clean rank's pre-sync work added as a sleep on rank 1
 STALL_S = 0.3  # per batch on every rank: far more than a step's compute
 SLOW_ENV = "HF_DISTPROF_SIMULATE_SLOW_RANK"
+LEAK_ENV = "HF_DISTPROF_SIMULATE_LEAK"
+LEAK_MIB = 30  # kept alive per step by rank 1 in the leak scenario; a clean rank's RSS is ~600 MiB
 
 
 @dataclass
@@ -65,8 +68,9 @@ class Outcome:
         return [f["kind"] for f in self.analysis["findings"]]
 
 
-def run(tmp: Path, name: str, *extra: str, batch: int = BATCH, slow: str | None = None) -> Outcome:
-    env = {"SKIP_PREFLIGHT": "1", **({SLOW_ENV: slow} if slow else {})}
+def run(tmp: Path, name: str, *extra: str, batch: int = BATCH, slow: str | None = None,
+        leak: str | None = None) -> Outcome:
+    env = {"SKIP_PREFLIGHT": "1", **({SLOW_ENV: slow} if slow else {}), **({LEAK_ENV: leak} if leak else {})}
     proc = train_lambda(
         tmp, "--enable-profiling", "--profiler-analyze", "--max-steps", str(STEPS), "--logging-steps", "4",
         "--per-device-train-batch-size", str(batch), "--output-dir", str(tmp / name),
@@ -98,6 +102,8 @@ def outcomes(tmp_path_factory) -> dict[str, Outcome]:
         tmp, "comm_heavy", "--max-seq-length", "16", "--tiny-vocab-size", "32768", "--ddp-bucket-cap-mb", "1000",
         batch=1,
     )
+    # Rank 1 keeps LEAK_MIB more alive at every step; the memory logger samples every 4 steps.
+    out["leak"] = run(tmp, "leak", "--enable-memory-logging", "--memory-log-steps", "4", leak=f"1:{LEAK_MIB}")
     rows = ["| scenario | timer names | analysis names | findings | profiler slowdown |", "|---|---|---|---|---|"]
     for o in out.values():
         ratio = (o.summary.get("profiler_slowdown") or {}).get("ratio")
@@ -117,6 +123,8 @@ def test_clean_runs_raise_no_straggler_or_imbalance(outcomes):
         assert o.timer_named == [] and not any("Step time imbalance" in w for w in o.summary["warnings"])
         assert o.analysis_named == [], (o.name, o.analysis["cross_rank"]["straggler_verdict"])
         assert {"straggler", "imbalance"}.isdisjoint(o.kinds), o.name
+        # Memory: a clean run's RSS does not keep growing.
+        assert o.summary["memory_growth"] == [] and "grows" not in o.proc.stdout + o.proc.stderr, o.name
         # The questions were asked: both verdicts are there, each with its reason.
         cross = o.analysis["cross_rank"]
         assert cross["straggler_verdict"]["steps"] == 6 and cross["imbalance_verdict"]["steps"] == 6
@@ -158,3 +166,19 @@ def test_timing_summary_and_analysis_carry_the_profiler_slowdown(outcomes):
         assert slowdown["options"] == {"record_shapes": False, "profile_memory": False, "with_stack": False,
                                        "with_flops": False}
         assert o.analysis["profiler_slowdown"] == slowdown
+
+
+def test_a_rank_that_keeps_memory_alive_is_named_with_its_rate(outcomes):
+    o = outcomes["leak"]
+    # One live warning (rank 0 speaks for every rank), naming rank 1 only.
+    warned = re.findall(r"\] step \d+: rank (\d+): process RSS grows", o.proc.stdout + o.proc.stderr)
+    assert warned == ["1"], o.proc.stderr[-3000:]
+    summary = json.loads((o.run_dir / "memory_summary.json").read_text())
+    (growth,) = summary["memory_growth"]
+    assert growth["rank"] == 1 and growth["what"] == "process RSS"
+    # The leak and a little more: the process's own growth (the profiler's buffers in its window) adds to it.
+    assert 0.8 * LEAK_MIB <= growth["rate_mb_per_step"] <= 1.6 * LEAK_MIB
+    assert (growth["first_step"], growth["last_step"]) == (8, 20)  # samples at 4..20, the first is warm-up
+    # The memory logger owns the verdict when it runs; the step timer leaves it to it.
+    assert o.summary["memory_growth"] == []
+    assert summary["highest_peak_rank"] == 1

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from hf_distprof import dist
@@ -20,16 +21,23 @@ pytestmark = pytest.mark.integration
 HOST = dist.get_hostname()
 SHORT_SCHEDULE = ("--max-steps", "12", "--profiler-wait-steps", "2", "--profiler-warmup-steps", "1",
                   "--profiler-active-steps", "2", "--memory-log-steps", "4", "--logging-steps", "4")
-ARGS = ("--enable-profiling", "--enable-memory-logging", "--profiler-output-dir", "OUT", *SHORT_SCHEDULE)
+ARGS = ("--enable-profiling", "--enable-memory-logging", "--memory-tracker", "--track-activation-memory",
+        "--profiler-output-dir", "OUT", *SHORT_SCHEDULE)
 EXPECTED_RUN_FILES = sorted(
     [f"rank{r}_{HOST}_step4-5.pt.trace.json.gz" for r in (0, 1)]
     + [f"rank{r}_{HOST}_step4-5_summary.txt" for r in (0, 1)]
     + [f"memory_rank{r}.jsonl" for r in (0, 1)]
+    + ["memory_summary.json"]
     # --enable-profiling switches step timing on by default
     + [f"timing_rank{r}.jsonl" for r in (0, 1)]
     + ["timing_summary.json"]
     # what was built: DDP over 2 gloo ranks
     + ["parallelism.json"]
+)
+# The first run adds --memory-tracker and --track-activation-memory.
+MEMORY_VIEW_FILES = sorted(
+    [f"rank{r}_memory_stats.yaml" for r in (0, 1)]
+    + [f"rank{r}_memory_modules.{ext}" for r in (0, 1) for ext in ("txt", "json")]
 )
 
 
@@ -56,7 +64,7 @@ def test_one_trace_per_rank_with_the_expected_names(two_runs):
     work, _, run_dirs_first, _, _ = two_runs
     assert len(run_dirs_first) == 1
     run_dir = work / "OUT" / run_dirs_first[0]
-    assert sorted(p.name for p in run_dir.iterdir()) == EXPECTED_RUN_FILES
+    assert sorted(p.name for p in run_dir.iterdir()) == sorted(EXPECTED_RUN_FILES + MEMORY_VIEW_FILES)
 
 
 @pytest.mark.parametrize("rank", [0, 1])
@@ -98,6 +106,37 @@ def test_ddp_is_reported_and_every_rank_holds_the_whole_model_state(two_runs):
             # float32 parameters and gradients, AdamW's two moments (plus a step counter per tensor)
             assert row["params_mb"] == row["grads_mb"] == seen["numel"] * 4 / 2**20
             assert 2 * row["params_mb"] <= row["optimizer_state_mb"] <= 2 * row["params_mb"] + 0.01
+
+
+def test_memory_views_per_rank_with_parameters_activations_and_optimizer_state(two_runs):
+    work, first, run_dirs_first, _, _ = two_runs
+    run_dir = work / "OUT" / run_dirs_first[0]
+    numel = json.loads((run_dir / "parallelism.json").read_text())["numel"]
+    activations = []
+    for rank in (0, 1):
+        stats = yaml.safe_load((run_dir / f"rank{rank}_memory_stats.yaml").read_text())
+        assert (stats["rank"], stats["device"]) == (rank, "cpu")
+        assert sorted(stats["steps"]) == [4, 5]  # the profiler's active steps
+        for entry in stats["steps"].values():
+            (forward,) = entry["forward"]
+            assert forward["activation_bytes"] > 0 and entry["start"]["rss_mb"] > 0
+            activations.append(forward["activation_bytes"])
+        modules = json.loads((run_dir / f"rank{rank}_memory_modules.json").read_text())
+        assert (modules["rank"], modules["step"], modules["tracker"]) == (rank, 6, "MemTracker")
+        root = modules["modules"][0]
+        assert root["name"] == "ModernBertForMaskedLM" and root["params"] == root["grads"] == numel * 4
+        assert 2 * root["params"] <= root["optimizer_state"] <= 2 * root["params"] + 10_000  # AdamW's moments
+        assert root["activations"] > 0 and modules["peak"]["Activation"] > 0
+        assert [r["name"] for r in modules["modules"][1:]] == [
+            "ModernBertForMaskedLM.model", "ModernBertForMaskedLM.head", "ModernBertForMaskedLM.decoder"
+        ]
+        # The tracker's activations and the saved-tensor count agree within 1%.
+        assert modules["peak"]["Activation"] == pytest.approx(activations[-1], rel=0.01)
+    # Same shapes on every rank and step: the same bytes saved for backward.
+    assert len(set(activations)) == 1
+    assert "hf_distprof memory at the end of training" in first.stdout
+    summary = json.loads((run_dir / "memory_summary.json").read_text())
+    assert [r["rank"] for r in summary["per_rank"]] == [0, 1] and summary["memory_growth"] == []
 
 
 def test_tensorboard_holds_memory_scalars_of_both_ranks(two_runs):
