@@ -122,6 +122,21 @@ def enter_tracker(tracker: Any) -> None:
         raise
 
 
+def tracker_unsupported(model: torch.nn.Module) -> str | None:
+    """Why torch's memory trackers cannot follow ``model``; None when they can.
+
+    ``MemTracker`` hooks every parameter's gradient; FSDP1's parameters (``FullyShardedDataParallel``) are
+    views of a flat parameter during forward, which takes no such hook, and the forward would fail.
+    """
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+    except ImportError:  # torch without FSDP
+        return None
+    if any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
+        return "FSDP1 (FullyShardedDataParallel) parameters are flat-parameter views torch's MemTracker cannot hook"
+    return None
+
+
 def make_tracker(model: torch.nn.Module, optimizer: Any) -> Any:
     """A ``MemTracker`` (``FSDPMemTracker`` for an FSDP2 model) that knows the model and optimizer.
 

@@ -479,7 +479,8 @@ def memory_growth(
     # The slope from at most SLOPE_POINTS evenly spaced samples: pairs grow with the square of the count.
     keep = sorted({round(i * (len(steps) - 1) / (SLOPE_POINTS - 1)) for i in range(SLOPE_POINTS)})
     xs, ys = [steps[i] for i in keep if i < len(steps)], [values_mb[i] for i in keep if i < len(steps)]
-    slopes = [(ys[j] - ys[i]) / (xs[j] - xs[i]) for i in range(len(xs)) for j in range(i + 1, len(xs)) if xs[j] != xs[i]]
+    pairs = ((i, j) for i in range(len(xs)) for j in range(i + 1, len(xs)) if xs[j] != xs[i])
+    slopes = [(ys[j] - ys[i]) / (xs[j] - xs[i]) for i, j in pairs]
     return MemoryGrowth(
         rank=rank, rate_mb_per_step=median(slopes) if slopes else 0.0, growth_pct=growth,
         first_step=int(steps[0]), last_step=int(steps[-1]), first_mb=float(values_mb[0]),

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
-from hf_distprof.analysis import bandwidth, comm
+from hf_distprof.analysis import bandwidth, comm, memory
 from hf_distprof.analysis.cross_rank import cross_rank
 from hf_distprof import names
 from hf_distprof.analysis.diagnosis import diagnose, undecided
@@ -283,6 +283,7 @@ def _combine(a: RankResult, b: RankResult) -> RankResult:
         collectives=a.collectives + b.collectives,
         base_time_ns=a.base_time_ns,
         comm_by_kind=comm.by_kind(steps, a.collectives + b.collectives, gpu=gpu),
+        memory=memory.combine(a.memory, b.memory),
     )
 
 

@@ -8,6 +8,7 @@ list reads most-costly first; its ``confidence`` says how sure the verdict is.
 
 from __future__ import annotations
 
+from hf_distprof.analysis import memory
 from hf_distprof.analysis.model import AnalysisOptions, CommKindStat, CrossRankResult, Finding, RankResult
 from hf_distprof.verdicts import UNDECIDED, judge_share
 
@@ -39,6 +40,7 @@ def diagnose(
     findings += _low_utilisation(ranks, options)
     findings += _launch_bound(ranks, options)
     findings += _data_loading(ranks, options)
+    findings += memory.imbalance_findings(ranks, options)
     findings.sort(key=lambda f: -f.severity)
     return findings
 

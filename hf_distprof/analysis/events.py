@@ -19,6 +19,10 @@ from the ``Input Dims`` / ``Input type`` of ``nccl:*`` and ``gloo:*`` annotation
 Every op carries shapes in such a trace and msgspec cannot decode them for a few events only, so reading
 them costs ~25% more parse time on a shape-recorded GPU trace: by default they are read on CPU-backend
 traces only (small, and with no other source of sizes), see :func:`parse_trace`.
+
+``[memory]`` instant events (``profile_memory``) are kept, as :class:`MemoryEvents`, when the trace's header
+says the profiler recorded them (``"profile_memory": 1``, which ``torch.profiler.profile`` writes), so that
+other traces are decoded exactly as before, at no cost.
 """
 
 from __future__ import annotations
@@ -30,12 +34,12 @@ import sys
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
 from hf_distprof.analysis import message_sizes as sizes
-from hf_distprof.analysis.decode import Args, ChunkDecoder, Event, ShapedArgs
+from hf_distprof.analysis.decode import Args, ChunkDecoder, Event, MemoryArgs, ShapedArgs, ShapedMemoryArgs
 from hf_distprof.analysis.message_sizes import MessageSize
 from hf_distprof.analysis.trace_io import TraceReadError, iter_decoded_events, trace_rank
 
@@ -70,10 +74,17 @@ _MAX_TIME_US = 1e18
 # (start_us, end_us, name)
 Span = tuple[float, float, str]
 
+_T = TypeVar("_T")
+
 RECORD_PARAM_COMMS = "record_param_comms"
+MEMORY_EVENT = "[memory]"
+_INSTANT_CAT = "cpu_instant_event"  # the category of [memory] events
+# c10::DeviceType codes of [memory] events' "Device Type"; others are named "device_type_<code>".
+DEVICE_TYPES = {0: "cpu", 1: "cuda", 6: "hip", 12: "xpu", 13: "mps", 15: "hpu", 19: "mtia"}
 # The header is read up to here to find the backend (Kineto writes it before the events, ~1 kB in).
 _HEADER_BYTES = 1 << 16
 _BACKEND_RE = re.compile(rb'"backend"\s*:\s*"([^"]*)"')
+_PROFILE_MEMORY_RE = re.compile(rb'"profile_memory"\s*:\s*(?:1|"1"|true)\b')
 
 
 @dataclass(frozen=True)
@@ -105,6 +116,28 @@ class GpuEvent:
 
 
 @dataclass
+class MemoryEvents:
+    """``[memory]`` events as columns, in time order, and the CPU ops of the threads that hold them.
+
+    Every process-wide allocation or free the profiler saw, on any device, records the bytes (> 0 allocated,
+    < 0 freed) and the device's allocated total after it. All CPU events of a trace come from one process,
+    so a thread id alone names the thread an allocation ran on.
+    """
+
+    ts: list[float]
+    tid: list[Any]
+    device: list[str]  # "cpu", "cuda:0" ...
+    bytes: list[int]
+    total_allocated: list[int]
+    ops: dict[Any, list[Span]]
+    """``cpu_op`` spans of each thread in ``tid``, sorted (by start, then end): an allocation is attributed to
+    the innermost op around it."""
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+
+@dataclass
 class ParsedTrace:
     """What the analyzers read from one rank's trace. Timestamps are the trace's own, in microseconds."""
 
@@ -127,6 +160,8 @@ class ParsedTrace:
     message_sizes: dict[Span, MessageSize] = field(default_factory=dict)
     """Sizes recorded by ``record_param_comms`` (any thread), ``nccl:*`` and ``gloo:*`` annotations (any
     thread) and ``c10d::*`` ops (main thread), keyed by the event's span as it stands in the other lists."""
+    memory: MemoryEvents | None = None
+    """The ``[memory]`` events; None unless the header says the profiler recorded them."""
 
 
 @dataclass
@@ -137,6 +172,7 @@ class _Collected:
     annotations: list[Event] = field(default_factory=list)  # user_annotation events, any thread
     gpu: GpuEvent = field(default_factory=GpuEvent)
     launches: dict[int, float] = field(default_factory=dict)
+    memory: list[Event] = field(default_factory=list)  # [memory] events, when the decoder reads them
     n_events: int = 0
 
 
@@ -150,10 +186,15 @@ def _collect(path: Path, meta: dict[str, Any], decode: ChunkDecoder) -> _Collect
     GPU events' float (nanosecond-resolution) timestamps are rounded inward like HTA's (ceil start, floor
     end), so that back-to-back kernels do not overlap by a fraction of a microsecond
     (pytorch/pytorch#122425) and our numbers match its numbers.
+
+    ``[memory]`` events are kept when the decoder reads their keys; otherwise their category is skipped with
+    the other unused ones, and the loop runs exactly as it does for a trace without them.
     """
     out = _Collected()
     ops_append = out.ops.append
     annotations_append = out.annotations.append
+    memory_append = out.memory.append
+    unused = _UNUSED_CPU_CATS - {_INSTANT_CAT} if decode.memory else _UNUSED_CPU_CATS
     gpu = out.gpu
     launches = out.launches
     unset = msgspec.UNSET
@@ -167,7 +208,7 @@ def _collect(path: Path, meta: dict[str, Any], decode: ChunkDecoder) -> _Collect
                 cat = ev.cat
                 if cat == "cpu_op":
                     ops_append(ev)
-                elif cat in _UNUSED_CPU_CATS:
+                elif cat in unused:
                     continue
                 elif cat in _LAUNCH_CATS:
                     args = ev.args
@@ -187,6 +228,9 @@ def _collect(path: Path, meta: dict[str, Any], decode: ChunkDecoder) -> _Collect
                     dur = ev.dur
                     args = ev.args
                     if dur is None or type(args) is not args_t:
+                        # Instant events: only [memory] ones (their category reaches here only when read).
+                        if cat == _INSTANT_CAT and ev.name == MEMORY_EVENT:
+                            memory_append(ev)
                         continue
                     stream = _as_int(args.stream)
                     if stream is None:
@@ -286,16 +330,20 @@ def parse_trace(path: str | os.PathLike[str], shapes: bool | None = None) -> Par
             shape-recorded GPU trace.
 
     Returns:
-        The compact events of that trace.
+        The compact events of that trace; its ``[memory]`` events when the header says the profiler
+        recorded them (``profile_memory``).
 
     Raises:
         TraceReadError: The file cannot be read or parsed, has no rank, has no ``ProfilerStep#N``, or an event
             that the analysis reads has a ``ts`` or ``dur`` that is not a time (a bool, negative duration,
-            inf, nan, beyond 1e18 us).
+            inf, nan, beyond 1e18 us), or a ``[memory]`` event has a byte count or device that is not an
+            integer.
     """
     path = Path(path)
     meta: dict[str, Any] = {}
-    decode = ChunkDecoder(_cpu_backend(path) if shapes is None else shapes)
+    head = _header(path)
+    profiles_memory = _PROFILE_MEMORY_RE.search(head) is not None
+    decode = ChunkDecoder(_cpu_backend(head) if shapes is None else shapes, profiles_memory)
     got = _collect(path, meta, decode)
     n_events = got.n_events
     if n_events == 0:
@@ -333,6 +381,7 @@ def parse_trace(path: str | os.PathLike[str], shapes: bool | None = None) -> Par
     main_tid = max(steps_by_tid, key=lambda t: len(steps_by_tid[t]))
     steps = sorted(steps_by_tid[main_tid], key=lambda s: s.start)
     main_ops = _spans(path, [ev for ev in got.ops if ev.tid == main_tid])
+    memory = _memory_events(path, got.memory, got.ops, main_tid, main_ops) if got.memory else None
     main_ops += _spans(path, [ev for ev in got.annotations if ev.tid == main_tid])
     main_ops.sort()
     c10d_ops = [s for s in main_ops if s[2].startswith("c10d::")]
@@ -362,6 +411,7 @@ def parse_trace(path: str | os.PathLike[str], shapes: bool | None = None) -> Par
         launches=launches,
         n_events=n_events,
         message_sizes=_message_sizes(path, sized),
+        memory=memory,
     )
 
 
@@ -386,20 +436,98 @@ def _message_sizes(path: Path, events: list[Event]) -> dict[Span, MessageSize]:
     return out
 
 
-def _cpu_backend(path: Path) -> bool:
-    """Whether the trace's header (the top-level keys before the events, where Kineto writes
-    ``distributedInfo``) names a backend other than NCCL. Any doubt (no backend, unreadable) is False: the
-    reader proper reports a bad file."""
+def _header(path: Path) -> bytes:
+    """The trace's header: the top-level keys before the events, where Kineto writes ``distributedInfo`` and
+    the profiler's options. Empty when unreadable: the reader proper reports a bad file."""
     try:
         with open(path, "rb") as fh:
             head = fh.read(_HEADER_BYTES)
         if head[:2] == b"\x1f\x8b":
             head = zlib.decompressobj(wbits=47).decompress(head, _HEADER_BYTES)
     except (OSError, zlib.error):
-        return False
+        return b""
     cut = head.find(b'"traceEvents"')
-    match = _BACKEND_RE.search(head if cut < 0 else head[:cut])
+    return head if cut < 0 else head[:cut]
+
+
+def _cpu_backend(head: bytes) -> bool:
+    """Whether the trace's header names a backend other than NCCL; False without one."""
+    match = _BACKEND_RE.search(head)
     return match is not None and match.group(1) != b"nccl"
+
+
+def _memory_events(
+    path: Path, events: list[Event], ops: list[Event], main_tid: Any, main_cpu_ops: list[Span]
+) -> MemoryEvents:
+    """The ``[memory]`` events as columns in time order, with the ``cpu_op`` spans of their threads.
+
+    Args:
+        path: The trace, for error messages.
+        events: The ``[memory]`` events, in file order.
+        ops: The ``cpu_op`` events of every thread.
+        main_tid: The training thread, whose ops are already spans: ``main_cpu_ops``.
+        main_cpu_ops: Its ``cpu_op`` spans.
+
+    Raises:
+        TraceReadError: An event's ``ts`` is not a time, its ``args`` not an object, or one of its ``Bytes``,
+            ``Total Allocated``, ``Device Type``, ``Device Id`` not an integer.
+    """
+    ts_col: list[float] = []
+    tids: list[Any] = []
+    devices: list[str] = []
+    amounts: list[int] = []
+    totals: list[int] = []
+    names: dict[tuple[int, int], str] = {}
+    flt, int_, max_us = float, int, _MAX_TIME_US
+    for ev in events:  # one per allocation or free: checks inlined like _collect's
+        ts = ev.ts
+        tt = type(ts)
+        if not ((tt is flt or tt is int_) and -max_us <= ts <= max_us):
+            _check_time(path, ev, _required(ts, "ts"), 0)
+        args = ev.args
+        if not isinstance(args, (MemoryArgs, ShapedMemoryArgs)):
+            raise TraceReadError(path, f"{MEMORY_EVENT} event at ts {ts} has args {args!r}, not an object")
+        amount, total, kind, index = args.bytes, args.total_allocated, args.device_type, args.device_id
+        if type(amount) is not int_ or type(total) is not int_ or type(kind) is not int_ or type(index) is not int_:
+            raise _not_an_integer(path, ts, args)
+        device = names.get((kind, index))
+        if device is None:
+            name = DEVICE_TYPES.get(kind, f"device_type_{kind}")
+            device = names[(kind, index)] = name if kind == 0 or index < 0 else f"{name}:{index}"
+        ts_col.append(ts)
+        tids.append(ev.tid)
+        devices.append(device)
+        amounts.append(amount)
+        totals.append(total)
+    if any(b < a for a, b in zip(ts_col, ts_col[1:])):  # Kineto writes them in time order; others may not
+        order = sorted(range(len(ts_col)), key=ts_col.__getitem__)  # stable: ties keep their file order
+        ts_col, tids, devices = _take(ts_col, order), _take(tids, order), _take(devices, order)
+        amounts, totals = _take(amounts, order), _take(totals, order)
+    by_tid: dict[Any, list[Event]] = {tid: [] for tid in set(tids) - {main_tid}}
+    for ev in ops:
+        group = by_tid.get(ev.tid)
+        if group is not None:
+            group.append(ev)
+    spans = {tid: sorted(_spans(path, group)) for tid, group in by_tid.items()}
+    if main_tid in tids:
+        spans[main_tid] = sorted(main_cpu_ops)
+    return MemoryEvents(ts=ts_col, tid=tids, device=devices, bytes=amounts, total_allocated=totals, ops=spans)
+
+
+def _take(column: list[_T], order: list[int]) -> list[_T]:
+    return [column[i] for i in order]
+
+
+def _not_an_integer(path: Path, ts: float, args: MemoryArgs | ShapedMemoryArgs) -> TraceReadError:
+    """The error naming the first of a ``[memory]`` event's integer keys that holds something else."""
+    pairs = (
+        ("Bytes", args.bytes),
+        ("Total Allocated", args.total_allocated),
+        ("Device Type", args.device_type),
+        ("Device Id", args.device_id),
+    )
+    key, value = next((k, v) for k, v in pairs if type(v) is not int)  # a bool is not a byte count
+    return TraceReadError(path, f"{MEMORY_EVENT} event at ts {ts} has {key} {value!r}, which is not an integer")
 
 
 def _required(value: Any, key: str) -> Any:

@@ -41,6 +41,16 @@ class AnalysisOptions:
             )
         },
     )
+    memory_imbalance_pct: float = field(
+        default=20.0,
+        metadata={
+            "help": (
+                "Peak memory imbalance: the highest rank's peak allocated memory over the median of the other "
+                "ranks' peaks, per device type, over the traced steps. A finding above this % (traces recorded "
+                "with --profiler-profile-memory, whose [memory] events give the peaks)."
+            )
+        },
+    )
     straggler_pct: float = field(
         default=10.0,
         metadata={
@@ -381,6 +391,60 @@ class BandwidthStat:
 
 
 @dataclass
+class MemoryStepStat:
+    """One device's memory in one ``ProfilerStep#N``, from the ``[memory]`` events."""
+
+    step: int
+    peak_allocated_bytes: int
+    """The most allocated on the device during the step ("Total Allocated"), counting what it held when the
+    step began."""
+    allocated_bytes: int
+    """Sum of the step's allocations."""
+    freed_bytes: int
+    """Sum of the step's frees."""
+    n_allocations: int
+    n_frees: int
+
+
+@dataclass
+class MemoryOpStat:
+    """The allocations on one device attributed to one operator: the innermost ``cpu_op`` around each
+    allocation on its thread ("(no operator)" when none is)."""
+
+    name: str
+    allocated_bytes: int
+    count: int
+
+
+@dataclass
+class DeviceMemory:
+    """One rank's memory on one device over the traced steps (:mod:`hf_distprof.analysis.memory`)."""
+
+    device: str
+    """"cpu", "cuda:0" ..."""
+    peak_allocated_bytes: int
+    """The highest "Total Allocated" over the traced steps."""
+    peak_step: int
+    """The step in which it is first reached."""
+    window_start_us: float
+    """Start of the first traced step, in the trace's clock: the origin of ``series_ms``."""
+    steps: list[MemoryStepStat]
+    """From the first step in which the device allocates or frees (before it, its level is unknown)."""
+    top_ops: list[MemoryOpStat]
+    """The operators that allocate most bytes over the traced steps, most first."""
+    series_ms: list[float]
+    """Times of ``series_bytes``, ms since ``window_start_us``; at most ``2 * memory.SERIES_BUCKETS`` points,
+    each bucket's lowest and highest, so the peak is always among them."""
+    series_bytes: list[int]
+    """"Total Allocated" at those times."""
+
+    @property
+    def kind(self) -> str:
+        """The device type ("cpu", "cuda" ...), what ranks are compared by."""
+        return self.device.split(":")[0]
+
+
+@dataclass
 class RankResult:
     """Everything measured on one rank."""
 
@@ -402,6 +466,8 @@ class RankResult:
     """The trace's ``baseTimeNanoseconds`` (newer Kineto): its timestamps count from there."""
     comm_by_kind: list[CommKindStat] = field(default_factory=list)
     """Communication per collective kind, per step (see :mod:`hf_distprof.analysis.comm`)."""
+    memory: list[DeviceMemory] = field(default_factory=list)
+    """Memory per device, from ``[memory]`` events (``profile_memory``); empty without them."""
 
     @property
     def mean_step_us(self) -> float:
@@ -557,6 +623,8 @@ class AnalysisResult:
             rank_out["exposed_comm_pct"] = rank.exposed_comm_pct
             rank_out["busy_us"] = rank.busy_us
             rank_out.pop("collectives")  # matched in cross_rank; too long to be useful in the output
+            if not rank.memory:
+                rank_out.pop("memory")  # only traces recorded with profile_memory have the key
             _add_hidden_pct(rank_out["comm_by_kind"], rank.comm_by_kind)
         _add_hidden_pct(out["comm_by_kind"], self.comm_by_kind)
         for row_out, row in zip(out["bandwidth"], self.bandwidth):

@@ -11,6 +11,7 @@ from hf_distprof.analysis.cpu import MainThreadSplit, breakdown_of, split_main_t
 from hf_distprof.analysis.events import RECORD_PARAM_COMMS, ParsedTrace, Span, Step
 from hf_distprof.analysis.message_sizes import MessageSize
 from hf_distprof.analysis.gpu import gpu_breakdown, kernel_stats
+from hf_distprof.analysis.memory import analyze_memory
 from hf_distprof.analysis.kernels import (
     COMMUNICATION,
     COMPUTATION,
@@ -192,7 +193,8 @@ def analyze_rank(trace: ParsedTrace, options: AnalysisOptions) -> RankResult:
         options: Thresholds (only ``tiny_kernel_us`` and ``top_kernels`` matter here).
 
     Returns:
-        Per-step breakdowns, the HTA-compatible GPU aggregate, kernel stats and the collectives.
+        Per-step breakdowns, the HTA-compatible GPU aggregate, kernel stats, the collectives, and the memory
+        per device when the trace holds ``[memory]`` events.
     """
     gpu = trace.gpu
     on_gpu = bool(len(gpu))
@@ -241,6 +243,7 @@ def analyze_rank(trace: ParsedTrace, options: AnalysisOptions) -> RankResult:
         collectives=collectives,
         base_time_ns=trace.base_time_ns,
         comm_by_kind=comm.by_kind(steps, collectives, gpu=on_gpu),
+        memory=analyze_memory(trace.memory, trace.steps),
     )
 
 

@@ -19,6 +19,7 @@ STEPS_PNG = "step_durations.png"
 PHASES_PNG = "phases_per_step.png"
 LATENESS_PNG = "lateness_per_step.png"
 COMM_PNG = "communication_by_kind.png"
+MEMORY_PNG = "memory_over_time.png"  # only when the traces hold [memory] events
 
 
 def _pyplot():  # type: ignore[no-untyped-def]
@@ -186,8 +187,34 @@ def _steps_plot(result: AnalysisResult, out: Path) -> None:
     plt.close(fig)
 
 
+def _memory_plot(result: AnalysisResult, out: Path) -> None:
+    """Allocated memory over the traced steps, one line per rank, one panel per device type."""
+    plt = _pyplot()
+    kinds = sorted({d.kind for r in result.ranks for d in r.memory}, key=lambda k: (k != "cpu", k))
+    fig, axes = plt.subplots(len(kinds), 1, figsize=(8, 3.5 * len(kinds)), squeeze=False)
+    for ax, kind in zip(axes[:, 0], kinds):
+        for r in result.ranks:
+            devices = [d for d in r.memory if d.kind == kind]
+            for d in devices:
+                label = f"rank {r.rank}" + (f" ({d.device})" if len(devices) > 1 else "")
+                # The level holds from one event to the next: a step line.
+                ax.plot(d.series_ms, [b / 2**20 for b in d.series_bytes], drawstyle="steps-post", label=label)
+        ax.set_xlabel("ms since the first traced step")
+        ax.set_ylabel("allocated (MiB)")
+        ax.set_title(f"{kind} memory allocated ([memory] events)")
+        if len(result.ranks) <= 16:
+            ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
+
+
+def _has_memory(result: AnalysisResult) -> bool:
+    return any(r.memory for r in result.ranks)
 
 
 def _markdown(result: AnalysisResult) -> str:
@@ -230,6 +257,7 @@ def _markdown(result: AnalysisResult) -> str:
         "",
         f"![communication by kind]({COMM_PNG})",
         "",
+        *([f"![memory over time]({MEMORY_PNG})", ""] if _has_memory(result) else []),
         "## Details",
         "",
         "```",
@@ -389,6 +417,8 @@ def write_report(result: AnalysisResult, out_dir: str | os.PathLike[str]) -> Pat
         LATENESS_PNG: _lateness_plot,
         COMM_PNG: _comm_plot,
     }
+    if _has_memory(result):
+        plots[MEMORY_PNG] = _memory_plot
     images = {name: out / name for name in plots}
     if result.ranks:
         for name, plot in plots.items():

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from hf_distprof.analysis.model import AnalysisResult, BandwidthStat, CommKindStat, RankResult
+from hf_distprof.analysis.model import AnalysisResult, BandwidthStat, CommKindStat, DeviceMemory, RankResult
 
 # Per-rank rows of the per-kind table up to this many ranks; beyond, the mean over ranks only.
 KIND_TABLE_MAX_RANKS = 8
 # Rows of the FSDP unit table in the terminal (all of them are in --json).
 UNIT_TABLE_ROWS = 12
+# Top allocating operators per rank and device in the terminal (--json has memory.TOP_OPS).
+MEMORY_OPS = 5
 
 
 def _ms(us: float) -> str:
@@ -192,6 +194,44 @@ def _bandwidth_table(result: AnalysisResult) -> list[str]:
     return out
 
 
+def _memory_section(result: AnalysisResult) -> list[str]:
+    """Peak memory per rank and device, and the top allocating operators; empty without ``[memory]`` events.
+
+    The operators are listed for every rank up to :data:`KIND_TABLE_MAX_RANKS` ranks; beyond, for the rank
+    with the highest peak of each device type (all ranks' are in --json).
+    """
+    ranks = [r for r in result.ranks if r.memory]
+    if not ranks:
+        return []
+    head = f"{'rank':>4} {'device':<8} {'peak alloc':>11} {'at step':>7} {'alloc/step':>11} {'freed/step':>11}"
+    out = [
+        "",
+        "Memory (from [memory] events; peak: the most allocated at once over the traced steps)",
+        head,
+        "-" * len(head),
+    ]
+    for r in ranks:
+        for d in r.memory:
+            alloc = sum(s.allocated_bytes for s in d.steps) / len(d.steps)
+            freed = sum(s.freed_bytes for s in d.steps) / len(d.steps)
+            out.append(
+                f"{r.rank:>4} {d.device:<8} {format_bytes(d.peak_allocated_bytes):>11} {d.peak_step:>7} "
+                f"{format_bytes(alloc):>11} {format_bytes(freed):>11}"
+            )
+    shown = [(r.rank, d) for r in ranks for d in r.memory]
+    if len(ranks) > KIND_TABLE_MAX_RANKS:
+        highest: dict[str, tuple[int, DeviceMemory]] = {}
+        for rank, d in shown:
+            if d.kind not in highest or d.peak_allocated_bytes > highest[d.kind][1].peak_allocated_bytes:
+                highest[d.kind] = (rank, d)
+        shown = list(highest.values())
+    out.append("Top allocating operators (bytes allocated over the traced steps, allocations):")
+    for rank, d in shown:
+        ops = ", ".join(f"{op.name} {format_bytes(op.allocated_bytes)} ({op.count})" for op in d.top_ops[:MEMORY_OPS])
+        out.append(f"  rank {rank} {d.device}: {ops or '-'}")
+    return out
+
+
 def format_summary(result: AnalysisResult) -> str:
     """The terminal summary: per-rank per-step table, cross-rank view, findings.
 
@@ -229,6 +269,7 @@ def format_summary(result: AnalysisResult) -> str:
     out += _kind_table(result)
     out += _unit_table(result)
     out += _bandwidth_table(result)
+    out += _memory_section(result)
     cross = result.cross_rank
     if cross is not None:
         out += ["", f"Across ranks ({cross.matched_collectives} collectives matched):"]

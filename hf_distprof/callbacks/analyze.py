@@ -20,6 +20,7 @@ def analysis_options(args: ProfilingArguments) -> Any:
 
     return AnalysisOptions(
         imbalance_pct=float(args.imbalance_threshold_pct),
+        memory_imbalance_pct=float(args.memory_imbalance_threshold_pct),
         profiler_slowdown_threshold=float(args.profiler_slowdown_threshold),
     )
 

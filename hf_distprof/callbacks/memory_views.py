@@ -287,6 +287,10 @@ class MemoryViewsCallback(TrainerCallback):  # type: ignore[misc]
     def _start_tracker(self, model: torch.nn.Module | None, optimizer: Any) -> None:
         if model is None:
             raise RuntimeError("the Trainer passed no model to the callback")
+        reason = memory_tools.tracker_unsupported(model)
+        if reason is not None:
+            self._warn_once("tracker", f"--memory-tracker skipped: {reason}; use FSDP2 (fully_shard) or DDP")
+            return
         self._tracker_modules = memory_tools.modules_to_depth(model, self.args.memory_tracker_depth)
         tracker = memory_tools.make_tracker(model, optimizer)
         memory_tools.enter_tracker(tracker)

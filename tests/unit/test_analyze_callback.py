@@ -65,3 +65,13 @@ def test_a_failing_analysis_is_one_warning(tmp_path, monkeypatch, caplog):
     hits = [r.getMessage() for r in caplog.records if "--profiler-analyze" in r.getMessage()]
     assert len(hits) == 1 and "analyzer exploded" in hits[0]
     assert not (callbacks[-1].run_dir / "analysis.json").exists()
+
+
+def test_the_training_flags_set_the_analysis_thresholds():
+    from hf_distprof.callbacks.analyze import analysis_options
+
+    options = analysis_options(ProfilingArguments(
+        enable_profiling=True, imbalance_threshold_pct=15, memory_imbalance_threshold_pct=30,
+        profiler_slowdown_threshold=1.5,
+    ))
+    assert (options.imbalance_pct, options.memory_imbalance_pct, options.profiler_slowdown_threshold) == (15, 30, 1.5)

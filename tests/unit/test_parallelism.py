@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import yaml
 import torch
 import torch.distributed as torch_dist
 from torch import nn
@@ -220,7 +221,7 @@ def _fsdp2(m: nn.Module) -> nn.Module:
 
 
 @pytest.mark.parametrize(("wrap", "built"), [(_fsdp1, "fsdp1"), (_fsdp2, "fsdp2")])
-def test_every_callback_works_on_an_fsdp_model(tmp_path, monkeypatch, wrap, built):
+def test_every_callback_works_on_an_fsdp_model(tmp_path, monkeypatch, caplog, wrap, built):
     """Trace names, schedule, step timer and memory logger under FSDP1 and FSDP2 (1 CPU rank, real wrappers)."""
     from hf_distprof import ProfilingArguments, build_callbacks, tensorboard
 
@@ -234,9 +235,10 @@ def test_every_callback_works_on_an_fsdp_model(tmp_path, monkeypatch, wrap, buil
         args = ProfilingArguments(enable_profiling=True, enable_memory_logging=True, memory_log_steps=3,
                                   profiler_wait_steps=1, profiler_warmup_steps=1, profiler_active_steps=2,
                                   profiler_record_shapes=False, profiler_output_dir=str(tmp_path / "out"),
-                                  profiler_run_name="run")
+                                  profiler_run_name="run", memory_tracker=True, track_activation_memory=True)
         callbacks = build_callbacks(args)
-        fake_trainer.run(callbacks, 6, tmp_path, wrap=wrap)
+        with caplog.at_level(logging.WARNING):
+            fake_trainer.run(callbacks, 6, tmp_path, wrap=wrap)
     finally:
         tensorboard.close_writers()
         torch_dist.destroy_process_group()
@@ -244,9 +246,22 @@ def test_every_callback_works_on_an_fsdp_model(tmp_path, monkeypatch, wrap, buil
     host = dist.get_hostname()
     assert sorted(p.name for p in run_dir.iterdir()) == sorted(
         [f"rank0_{host}_step3-4.pt.trace.json.gz", f"rank0_{host}_step3-4_summary.txt", "memory_rank0.jsonl",
-         "timing_rank0.jsonl", "timing_summary.json", "parallelism.json"]
+         "memory_summary.json", "timing_rank0.jsonl", "timing_summary.json", "parallelism.json",
+         "rank0_memory_stats.yaml"] + (["rank0_memory_modules.txt", "rank0_memory_modules.json"] if built == "fsdp2"
+                                       else [])
     )
     assert json.loads((run_dir / "parallelism.json").read_text())["built"] == built
+    if built == "fsdp2":
+        modules = json.loads((run_dir / "rank0_memory_modules.json").read_text())
+        assert modules["tracker"] == "FSDPMemTracker" and modules["step"] == 5
+        assert [r["name"] for r in modules["modules"]] == ["FSDPSequential", "FSDPSequential.0"]
+        assert modules["modules"][0]["params"] == 2632 * 4
+    else:  # torch's trackers cannot hook FSDP1's flat-parameter views: skipped with a reason, training goes on
+        assert sum("--memory-tracker skipped: FSDP1" in r.getMessage() for r in caplog.records) == 1
+    stats = yaml.safe_load((run_dir / "rank0_memory_stats.yaml").read_text())
+    assert sorted(stats["steps"]) == [3, 4] and all(
+        f["activation_bytes"] > 0 for entry in stats["steps"].values() for f in entry["forward"]
+    )
     rows = [json.loads(line) for line in (run_dir / "memory_rank0.jsonl").read_text().splitlines()]
     # One rank holds all of the fake model's 2632 float32 parameters, however it is wrapped.
     assert [(r["step"], r["params_mb"]) for r in rows] == [(3, 2632 * 4 / 2**20), (6, 2632 * 4 / 2**20)]
