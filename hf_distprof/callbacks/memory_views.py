@@ -66,6 +66,7 @@ class MemoryViewsCallback(TrainerCallback):  # type: ignore[misc]
         self._windows_ended = 0
         self._history: memory_tools.AllocatorHistory | None = None
         self._oom_dumped: set[int] = set()
+        self._closed = False
         self._tracker: Any = None
         self._tracker_step: int | None = None
         self._tracker_modules: dict[str, torch.nn.Module] = {}
@@ -162,7 +163,7 @@ class MemoryViewsCallback(TrainerCallback):  # type: ignore[misc]
             self._append_stats(self._step, record)
         if self._window_first is not None:
             self._end_window(self._window_first, max(last_step, self._window_first))
-        self._oom_dumped.add(-1)  # the observer cannot be detached: from now on it does nothing
+        self._closed = True  # the observer cannot be detached: from now on it does nothing
         stats, self._stats = self._stats, None
         if stats is not None:
             try:
@@ -272,7 +273,7 @@ class MemoryViewsCallback(TrainerCallback):  # type: ignore[misc]
 
     def _on_oom(self, device: int, alloc: int, device_alloc: int, device_free: int) -> None:
         """The out-of-memory observer: one snapshot per step, then the error goes on as usual."""
-        if self.run_dir is None or self._step in self._oom_dumped or -1 in self._oom_dumped:
+        if self.run_dir is None or self._closed or self._step in self._oom_dumped:
             return
         self._oom_dumped.add(self._step)
         logger.warning(

@@ -272,3 +272,24 @@ def test_a_real_allocator_history_loads_as_a_snapshot(tmp_path):
     assert seconds >= 0 and "segments" in snapshot and snapshot["device_traces"][0]
     actions = {event["action"] for event in snapshot["device_traces"][0]}
     assert {"alloc", "free_requested"} <= actions
+
+
+@pytest.mark.gpu
+def test_a_real_out_of_memory_error_dumps_a_snapshot_and_still_raises(tmp_path):
+    cb = MemoryViewsCallback(_args(tmp_path, memory_snapshot=True))
+
+    class Allocate:
+        def __getattr__(self, name):
+            return lambda *a, **k: None
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step + 1 == 5:
+                torch.empty(2**50, dtype=torch.uint8, device="cuda")  # 1 PiB: no GPU has it
+
+    with pytest.raises(torch.OutOfMemoryError):
+        fake_trainer.run([cb, Allocate()], 8, tmp_path, device="cuda")
+    host = dist.get_hostname()
+    snapshot = pickle.loads((cb.run_dir / f"rank0_{host}_oom_step5_memory_snapshot.pickle").read_bytes())
+    assert "segments" in snapshot
+    assert (cb.run_dir / f"rank0_{host}_step3-4_memory_snapshot.pickle").exists()
+    cb.close(5)
