@@ -97,14 +97,17 @@ def main() -> None:
 
     run("baseline", -1)  # warm-up: allocator, optimizer state
     ratios: dict[str, list[float]] = {v: [] for v in VARIANTS if v != "baseline"}
+    baselines: list[float] = []
     for round_ in range(opts.rounds):
         order = VARIANTS[round_ % len(VARIANTS):] + VARIANTS[: round_ % len(VARIANTS)]
         medians: dict[str, float] = {}
         for variant in order:
             times = run(variant, round_)
             medians[variant] = times[1] if variant == "tracker" else statistics.median(times[1:])
+        baselines.append(medians["baseline"])
         for variant in ratios:
             ratios[variant].append(medians[variant] / medians["baseline"])
+    print(f"baseline step: {1000 * statistics.median(baselines):.0f} ms (median over rounds)")
     print(f"step time / baseline, median of {opts.rounds} rounds of {opts.steps} steps (min-max):")
     for variant, values in ratios.items():
         print(f"  {variant:<12} {statistics.median(values):6.3f}x  ({min(values):.3f}-{max(values):.3f})")
