@@ -272,6 +272,32 @@ class ProfilingArguments:
             "it, and report the communication overhead; model and optimizer state are left unchanged. 0 = off."
         ),
     )
+    hang_timeout: NonNegativeFloat = field(
+        default=0.0,
+        metadata=_help(
+            "Seconds without an optimizer step ending after which every rank dumps all its threads' Python "
+            "stacks to hang_rank{R}_{host}.txt in the run folder (a watchdog thread, no collective); the first "
+            "step gets 5x as long (start-up). 0 = off."
+        ),
+    )
+    hang_abort: bool = field(
+        default=False,
+        metadata=_help(
+            "With --hang-timeout: after dumping, exit the rank with status 3 so that the job fails instead of "
+            "sitting until its wall-clock limit."
+        ),
+    )
+    nvtx: bool = field(
+        default=False,
+        metadata=_help("CUDA: also emit the step phases (data, forward, backward, optimizer) as NVTX ranges."),
+    )
+    nsys_window: bool = field(
+        default=False,
+        metadata=_help(
+            "CUDA: call cudaProfilerStart/Stop around the profiler's active steps, so that `nsys profile "
+            "--capture-range=cudaProfilerApi` records exactly those."
+        ),
+    )
     peak_tflops: PositiveFloat | None = field(
         default=None,
         metadata=_help(
