@@ -13,6 +13,9 @@ the folder)::
     timing_rank{R}.jsonl, timing_summary.json            the step timer (summary: rank 0)
     parallelism.json                                     rank 0: DDP/FSDP built, shard sizes
     analysis.json                                        rank 0, --profiler-analyze
+    hang_rank{R}_{host}.txt                              --hang-timeout: every thread's stack when steps stop
+    flight_recorder_rank{R}_{host}.pkl                   --hang-timeout on NCCL with the flight recorder on
+    rank{R}.log                                          every rank's log records
 """
 
 from __future__ import annotations
@@ -30,3 +33,7 @@ PARALLELISM_NAME = "parallelism.json"
 TIMING_LOG_NAME = "timing_rank{rank}.jsonl"
 TIMING_SUMMARY_NAME = "timing_summary.json"
 ANALYSIS_NAME = "analysis.json"
+HANG_DUMP_NAME = "hang_rank{rank}_{host}.txt"
+HANG_BACKSTOP_NAME = "hang_rank{rank}_{host}.faulthandler.txt"
+FLIGHT_RECORDER_NAME = "flight_recorder_rank{rank}_{host}.pkl"
+RANK_LOG_NAME = "rank{rank}.log"

@@ -28,6 +28,9 @@ logger = dist.get_logger(__name__)
 # The names themselves live in hf_distprof.names; re-exported here for the callbacks.
 from hf_distprof.names import (  # noqa: E402, F401
     ANALYSIS_NAME,
+    FLIGHT_RECORDER_NAME,
+    HANG_BACKSTOP_NAME,
+    HANG_DUMP_NAME,
     MEMORY_LOG_NAME,
     MEMORY_MODULES_NAME,
     MEMORY_SNAPSHOT_NAME,
@@ -35,6 +38,7 @@ from hf_distprof.names import (  # noqa: E402, F401
     MEMORY_SUMMARY_NAME,
     OOM_SNAPSHOT_NAME,
     PARALLELISM_NAME,
+    RANK_LOG_NAME,
     SUMMARY_NAME,
     TIMING_LOG_NAME,
     TIMING_SUMMARY_NAME,

@@ -24,6 +24,7 @@ import os
 import socket
 import sys
 import sysconfig
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +65,9 @@ SLOW_RANK_ENV = "HF_DISTPROF_SIMULATE_SLOW_RANK"
 # Test-only: "<ranks>:<MiB>" makes those ranks keep that much more memory alive at every optimizer step (a
 # leak, as a loss appended to a list without .item() would make), for the memory-growth warning.
 LEAK_ENV = "HF_DISTPROF_SIMULATE_LEAK"
+# Test-only: "<ranks>:<n>" makes those ranks block forever in their data collator from its n-th call on (a hung
+# rank), for the hang watchdog.
+HANG_ENV = "HF_DISTPROF_SIMULATE_HANG"
 # Set by train_lambda.sh for its pre-flight check: parse the flags, then exit before any work.
 PARSE_ONLY_ENV = "HF_DISTPROF_PARSE_ONLY"
 SPECIAL_TOKENS = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
@@ -203,6 +207,19 @@ class SlowRankCollator:
         return self.inner(features)
 
 
+class HangCollator:
+    """Wraps a collator so that from its ``from_call``-th call on it never returns: a hung rank for tests."""
+
+    def __init__(self, inner: Any, from_call: int) -> None:
+        self.inner, self.from_call, self.calls = inner, from_call, 0
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+        self.calls += 1
+        if self.calls >= self.from_call:
+            threading.Event().wait()  # blocks forever, as a stuck read or a dead file system would
+        return self.inner(features)
+
+
 class LeakCallback(TrainerCallback):
     """Keeps ``mib`` MiB more alive at every optimizer step: a deliberate leak for tests and demos."""
 
@@ -291,6 +308,12 @@ def main() -> None:
         who, seconds = slow.split(":")
         if selected(who, rank):
             collator = SlowRankCollator(collator, float(seconds))
+
+    hang = os.environ.get(HANG_ENV)
+    if hang:
+        who, from_call = hang.split(":")
+        if selected(who, rank):
+            collator = HangCollator(collator, int(from_call))
 
     callbacks = build_callbacks(prof_args)
     leak = os.environ.get(LEAK_ENV)

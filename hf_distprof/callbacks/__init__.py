@@ -38,6 +38,10 @@ def build_callbacks(args: ProfilingArguments) -> list[TrainerCallback]:
         from hf_distprof.callbacks.step_timer import StepTimerCallback
 
         callbacks.append(StepTimerCallback(args))
+    if args.hang_timeout > 0:
+        from hf_distprof.callbacks.hang import HangWatchdogCallback
+
+        callbacks.append(HangWatchdogCallback(args))
     if args.profiler_analyze:
         # Last, so that at train end it runs after every other callback has written its files.
         from hf_distprof.callbacks.analyze import TraceAnalysisCallback

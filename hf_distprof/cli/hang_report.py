@@ -1,0 +1,46 @@
+"""``hf-distprof hang-report``: which rank the others wait for, from ``--hang-timeout``'s per-rank dumps."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``hang-report`` on the ``hf-distprof`` sub-parsers.
+
+    Args:
+        subparsers: The object returned by ``ArgumentParser.add_subparsers``.
+
+    Returns:
+        The sub-parser.
+    """
+    parser = subparsers.add_parser(
+        "hang-report",
+        help="which rank a hung run waits for, from the --hang-timeout stack dumps",
+        description=(
+            "Read hang_rank<R>_<host>.txt (and flight_recorder_rank<R>_<host>.pkl) in a run folder and say which "
+            "ranks are inside a collective, which is not, and where that one is stuck."
+        ),
+    )
+    parser.add_argument("run_folder", help="the run folder holding the dumps")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the report.
+
+    Returns:
+        0 with a report, 2 when the folder holds no dump or a dump cannot be read.
+    """
+    from hf_distprof.hang_report import hang_report
+
+    try:
+        report = hang_report(Path(args.run_folder))
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"hf-distprof hang-report: error: {exc}", file=sys.stderr)
+        return 2
+    print(report.text, end="")
+    return 0

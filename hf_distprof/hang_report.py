@@ -1,0 +1,264 @@
+"""``hf-distprof hang-report``: which rank the others wait for, from the watchdog's per-rank stack dumps.
+
+Reads ``hang_rank{R}_{host}.txt`` (written by ``--hang-timeout``), the GIL-free backstop dumps
+(``hang_rank{R}_{host}.faulthandler.txt``) for ranks without one, and NCCL flight-recorder dumps
+(``flight_recorder_rank{R}_{host}.pkl``) where present. No torch import.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_THREAD = re.compile(r"^Thread (?P<name>.*) \(ident (?P<ident>\d+)(?P<main>, main)?\):$")
+_FRAME = re.compile(r'^  File "(?P<file>.*)", line (?P<line>\d+), in (?P<func>.*)$')
+# faulthandler's format: 'Current thread 0x... (most recent call first):' / '  File "f", line N in func'
+_FH_THREAD = re.compile(
+    r"^(?:Current thread|Thread) (?P<ident>0x[0-9a-f]+)(?: \[(?P<name>.*)\])? \(most recent call first\):$"
+)
+_FH_FRAME = re.compile(r'^  File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
+_RANK = re.compile(r"^hang_rank(?P<rank>\d+)_(?P<host>.+?)(?P<backstop>\.faulthandler)?\.txt$")
+_RECORDER = re.compile(r"^flight_recorder_rank(?P<rank>\d+)_(?P<host>.+)\.pkl$")
+
+# Frames that mean "inside a collective, or waiting for one": c10d calls, and autograd's backward, where
+# DDP's reducer waits for its gradient all-reduce (and FSDP for its reduce-scatter).
+COLLECTIVE_FILES = ("torch/distributed/", "torch/nn/parallel/distributed.py")
+COLLECTIVE_FUNCS = ("_engine_run_backward", "run_backward")
+# Library code: the innermost frame outside these is "user code".
+LIBRARY_PARTS = ("site-packages/", "dist-packages/", "/lib/python3", "<frozen ")
+
+
+@dataclass
+class Frame:
+    file: str
+    line: int
+    func: str
+    code: str = ""
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line} in {self.func}"
+        return f"{where}: {self.code}" if self.code else where
+
+
+@dataclass
+class RankDump:
+    """One rank's dump: its header and its threads' stacks (innermost frame last)."""
+
+    rank: int
+    host: str
+    path: Path
+    header: dict[str, str] = field(default_factory=dict)
+    threads: dict[str, list[Frame]] = field(default_factory=dict)
+    main: str | None = None
+    backstop: bool = False
+
+    @property
+    def main_stack(self) -> list[Frame]:
+        if self.main is not None:
+            return self.threads.get(self.main, [])
+        return next(iter(self.threads.values()), [])
+
+    @property
+    def in_collective(self) -> Frame | None:
+        """The innermost frame showing the main thread inside (or waiting for) a collective; None if none."""
+        for frame in reversed(self.main_stack):
+            path = frame.file.replace("\\", "/")
+            if any(part in path for part in COLLECTIVE_FILES) or frame.func in COLLECTIVE_FUNCS:
+                return frame
+        return None
+
+    @property
+    def user_frame(self) -> Frame | None:
+        """The main thread's innermost frame of user code (not a library, not the standard library)."""
+        for frame in reversed(self.main_stack):
+            path = frame.file.replace("\\", "/")
+            if not any(part in path for part in LIBRARY_PARTS):
+                return frame
+        return self.main_stack[-1] if self.main_stack else None
+
+
+@dataclass
+class Recorder:
+    """The last collective of one rank in its NCCL flight recorder."""
+
+    rank: int
+    seq: int | None
+    name: str | None
+    state: str | None
+    sizes: Any = None
+
+
+@dataclass
+class HangReport:
+    folder: Path
+    dumps: dict[int, RankDump]
+    recorders: dict[int, Recorder]
+    world_size: int | None
+    culprits: list[int]
+    lines: list[str]
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+def parse_dump(path: Path) -> RankDump:
+    """Parse one ``hang_rank{R}_{host}.txt`` (or its ``.faulthandler.txt`` backstop).
+
+    Raises:
+        ValueError: The file is not such a dump (the message names it).
+    """
+    match = _RANK.match(path.name)
+    if match is None:
+        raise ValueError(f"{path}: not a hang dump (expected hang_rank<R>_<host>.txt)")
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as err:
+        raise ValueError(f"{path}: cannot read: {err.strerror or err}") from None
+    dump = RankDump(int(match["rank"]), match["host"], path, backstop=bool(match["backstop"]))
+    lines = text.splitlines()
+    if dump.backstop:
+        _parse_faulthandler(lines, dump)
+        return dump
+    if not lines or lines[0] != "hf_distprof hang dump":
+        raise ValueError(f"{path}: not a hang dump written by hf_distprof (first line {lines[:1]})")
+    current: list[Frame] | None = None
+    for i, line in enumerate(lines[1:], start=1):
+        if current is None and ": " in line and not line.startswith("Thread "):
+            key, value = line.split(": ", 1)
+            dump.header[key] = value
+            continue
+        thread = _THREAD.match(line)
+        if thread is not None:
+            name = f"{thread['name']} ({thread['ident']})"
+            current = dump.threads.setdefault(name, [])
+            if thread["main"]:
+                dump.main = name
+            continue
+        frame = _FRAME.match(line)
+        if frame is not None and current is not None:
+            code = lines[i + 1].strip() if i + 1 < len(lines) and lines[i + 1].startswith("    ") else ""
+            current.append(Frame(frame["file"], int(frame["line"]), frame["func"], code))
+    return dump
+
+
+def _parse_faulthandler(lines: list[str], dump: RankDump) -> None:
+    """faulthandler lists frames most recent first; stored innermost last like the others."""
+    current: list[Frame] | None = None
+    for line in lines:
+        thread = _FH_THREAD.match(line)
+        if thread is not None:
+            name = f"{thread['name'] or 'thread'} ({thread['ident']})"
+            current = dump.threads.setdefault(name, [])
+            if dump.main is None and (thread["name"] == "MainThread" or line.startswith("Current thread")):
+                dump.main = name
+            continue
+        frame = _FH_FRAME.match(line)
+        if frame is not None and current is not None:
+            current.insert(0, Frame(frame["file"], int(frame["line"]), frame["func"]))
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Loads only plain data (dicts, lists, strings, numbers): a flight-recorder dump holds nothing else."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name}: only plain data is expected")
+
+
+def parse_recorder(path: Path) -> Recorder:
+    """The last collective of one rank's flight-recorder dump (plain-data pickle only).
+
+    Raises:
+        ValueError: Not a readable flight-recorder dump (the message names the file).
+    """
+    match = _RECORDER.match(path.name)
+    if match is None:
+        raise ValueError(f"{path}: not a flight-recorder dump (expected flight_recorder_rank<R>_<host>.pkl)")
+    try:
+        data = _PlainUnpickler(io.BytesIO(path.read_bytes())).load()
+    except (OSError, pickle.UnpicklingError, EOFError, ValueError) as err:
+        raise ValueError(f"{path}: not a readable flight-recorder dump: {err}") from None
+    entries = data.get("entries") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        raise ValueError(f"{path}: no 'entries' list in the flight-recorder dump")
+    collectives = [e for e in entries if isinstance(e, dict) and not e.get("is_p2p")]
+    if not collectives:
+        return Recorder(int(match["rank"]), None, None, None)
+    last = max(collectives, key=lambda e: int(e.get("collective_seq_id", -1)))
+    return Recorder(
+        int(match["rank"]), int(last.get("collective_seq_id", -1)), last.get("profiling_name"), last.get("state"),
+        last.get("input_sizes"),
+    )
+
+
+def hang_report(folder: Path) -> HangReport:
+    """Read a run folder's hang dumps and say which rank the others wait for.
+
+    Raises:
+        FileNotFoundError: The folder does not exist or holds no hang dump.
+        ValueError: A dump cannot be parsed (the message names the file).
+    """
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: no such folder")
+    dumps: dict[int, RankDump] = {}
+    for path in sorted(folder.glob("hang_rank*.txt")):
+        dump = parse_dump(path)
+        if dump.rank not in dumps or dumps[dump.rank].backstop:
+            dumps[dump.rank] = dump  # the watchdog's own dump wins over the backstop's
+    if not dumps:
+        raise FileNotFoundError(f"{folder}: no hang_rank*_*.txt (was --hang-timeout on, and did a step stall?)")
+    recorders = {r.rank: r for r in map(parse_recorder, sorted(folder.glob("flight_recorder_rank*.pkl")))}
+    sizes = {int(d.header["world_size"]) for d in dumps.values() if d.header.get("world_size", "").isdigit()}
+    world = max(sizes) if sizes else None
+    lines = [f"hang report: {folder} ({len(dumps)} rank(s) dumped" + (f" of {world})" if world else ")")]
+    waiting, free = [], []
+    for rank in sorted(dumps):
+        d = dumps[rank]
+        what = f"rank {rank} ({d.host}, last step {d.header.get('last_step', '?')}"
+        what += ", faulthandler backstop)" if d.backstop else ")"
+        inside = d.in_collective
+        if inside is not None:
+            waiting.append(rank)
+            user = d.user_frame
+            lines.append(f"{what}: in a collective or waiting for one at {inside}"
+                         + (f" (from {user})" if user is not None else ""))
+        else:
+            free.append(rank)
+            lines.append(f"{what}: NOT in a collective; stuck at {d.user_frame or 'an empty stack'}")
+    missing = sorted(set(range(world)) - set(dumps)) if world else []
+    if missing:
+        lines.append(f"no dump from rank(s) {missing}: dead, or stuck in C code holding the GIL (no backstop dump)")
+    culprits = free if waiting and free else []
+    if culprits:
+        where = "; ".join(f"rank {r} at {dumps[r].user_frame}" for r in culprits)
+        lines.append(f"=> the others wait for {where}")
+    elif waiting and not free:
+        dead = f": {missing}" if missing else ""
+        lines.append("=> every rank dumped is inside a collective: look for a rank that called a different "
+                     f"collective (or the same with other sizes), or one that died{dead}")
+    lines += _recorder_lines(recorders)
+    return HangReport(folder, dumps, recorders, world, culprits, lines)
+
+
+def _recorder_lines(recorders: dict[int, Recorder]) -> list[str]:
+    if not recorders:
+        return []
+    lines = ["flight recorder (last collective per rank):"]
+    for rank in sorted(recorders):
+        r = recorders[rank]
+        lines.append(f"  rank {rank}: #{r.seq} {r.name} ({r.state}), input sizes {r.sizes}")
+    seqs = {r.seq for r in recorders.values() if r.seq is not None}
+    if len(seqs) > 1:
+        top = max(seqs)
+        behind = sorted(rank for rank, r in recorders.items() if r.seq is not None and r.seq < top)
+        lines.append(f"  => rank(s) {behind} never reached collective #{top}: the others wait for them there")
+    else:
+        at_top = [r for r in recorders.values() if r.seq is not None]
+        if len({(r.name, str(r.sizes)) for r in at_top}) > 1:
+            lines.append("  => mismatched collectives at the same sequence number: "
+                         + "; ".join(f"rank {r.rank}: {r.name} {r.sizes}" for r in at_top))
+    return lines

@@ -1,0 +1,303 @@
+"""The hang watchdog (fake clock, real thread and files) and hang-report (synthetic and real dumps)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hf_distprof import ProfilingArguments, build_callbacks, dist
+from hf_distprof.callbacks.hang import ABORT_STATUS, HangWatchdogCallback, format_stacks
+from hf_distprof.hang_report import hang_report, parse_dump, parse_recorder
+
+from ..conftest import REPO_ROOT
+from . import fake_trainer
+
+HOST = dist.get_hostname()
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _wait_for(predicate, seconds=5.0):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def _watchdog(tmp_path, clock, timeout=1.0, abort=False, exits=None):
+    args = ProfilingArguments(hang_timeout=timeout, hang_abort=abort, profiler_output_dir=str(tmp_path / "out"),
+                              profiler_run_name="run")
+    cb = HangWatchdogCallback(args, clock=clock, exit_process=(exits.append if exits is not None else os._exit))
+    state = fake_trainer.TrainerState()
+    cb.on_train_begin(fake_trainer.training_args(tmp_path), state, fake_trainer.TrainerControl())
+    return cb, state
+
+
+def _end_step(cb, state, clock, step, at):
+    clock.now = at
+    state.global_step = step
+    cb.on_step_end(None, state, None)
+
+
+def test_only_built_when_a_timeout_is_set():
+    assert not [c for c in build_callbacks(ProfilingArguments()) if isinstance(c, HangWatchdogCallback)]
+    (cb,) = build_callbacks(ProfilingArguments(hang_timeout=30))
+    assert isinstance(cb, HangWatchdogCallback)
+
+
+def test_a_stall_dumps_every_threads_stack_once(tmp_path):
+    clock = FakeClock()
+    cb, state = _watchdog(tmp_path, clock)
+    try:
+        _end_step(cb, state, clock, 1, at=1.0)
+        clock.now = 1.9  # within the timeout: nothing
+        time.sleep(0.4)
+        assert cb.dumps == []
+        clock.now = 2.5  # 1.5 s since step 1 ended, timeout 1 s
+        assert _wait_for(lambda: cb.dumps)
+        (path,) = cb.dumps
+        assert path == tmp_path / "out" / "run" / f"hang_rank0_{HOST}.txt"
+        dump = parse_dump(path)
+        assert dump.header["rank"] == "0" and dump.header["last_step"] == "1"
+        assert dump.header["seconds_since_last_step"] == "1.5" and dump.header["timeout_s"] == "1"
+        assert dump.main == f"MainThread ({threading.main_thread().ident})"
+        assert any(f.func == "test_a_stall_dumps_every_threads_stack_once" for f in dump.main_stack)
+        assert any(name.startswith("hf_distprof-hang-watchdog") for name in dump.threads)
+        time.sleep(0.4)
+        assert len(cb.dumps) == 1  # once per stall
+        _end_step(cb, state, clock, 2, at=3.0)  # progress again, then a second stall
+        clock.now = 4.5
+        assert _wait_for(lambda: len(cb.dumps) == 2)
+        assert parse_dump(path).header["last_step"] == "2"
+    finally:
+        cb.close()
+    # The GIL-free backstop never fired: its file is gone.
+    assert sorted(p.name for p in (tmp_path / "out" / "run").iterdir()) == [f"hang_rank0_{HOST}.txt"]
+
+
+def test_the_first_step_gets_the_start_up_allowance(tmp_path):
+    clock = FakeClock()
+    cb, _ = _watchdog(tmp_path, clock, timeout=1.0)
+    try:
+        clock.now = 4.9  # 5 timeouts before the first step may end
+        time.sleep(0.4)
+        assert cb.dumps == []
+        clock.now = 5.1
+        assert _wait_for(lambda: cb.dumps)
+        assert parse_dump(cb.dumps[0]).header["last_step"] == "0"
+    finally:
+        cb.close()
+
+
+def test_hang_abort_ends_the_rank_with_status_3_after_dumping(tmp_path):
+    clock, exits = FakeClock(), []
+    cb, state = _watchdog(tmp_path, clock, abort=True, exits=exits)
+    try:
+        _end_step(cb, state, clock, 7, at=1.0)
+        clock.now = 3.0
+        assert _wait_for(lambda: exits)
+        assert exits == [ABORT_STATUS] and len(cb.dumps) == 1
+        assert not list((tmp_path / "out" / "run").glob("*.faulthandler.txt"))
+    finally:
+        cb.close()
+
+
+def test_steps_that_keep_ending_never_dump(tmp_path):
+    clock = FakeClock()
+    cb, state = _watchdog(tmp_path, clock, timeout=0.5)
+    try:
+        for step in range(1, 30):
+            _end_step(cb, state, clock, step, at=step * 0.4)
+            time.sleep(0.01)
+    finally:
+        cb.close()
+    assert cb.dumps == []
+    assert sorted(p.name for p in (tmp_path / "out" / "run").iterdir()) == []
+
+
+# ---- hang-report ------------------------------------------------------------------------------------
+
+WAITING = '''hf_distprof hang dump
+rank: 0
+world_size: {world}
+host: h
+pid: 10
+last_step: 5
+seconds_since_last_step: 20.4
+timeout_s: 20
+time: now
+
+Thread MainThread (ident 1, main):
+  File "/work/python_scripts/train.py", line 300, in main
+    trainer.train()
+  File "/venv/lib/python3.11/site-packages/transformers/trainer.py", line 2000, in training_step
+    self.accelerator.backward(loss)
+  File "/venv/lib/python3.11/site-packages/torch/autograd/graph.py", line 841, in _engine_run_backward
+    return Variable._execution_engine.run_backward(
+
+Thread hf_distprof-hang-watchdog (ident 2):
+  File "/venv/lib/python3.11/site-packages/hf_distprof/callbacks/hang.py", line 150, in _watch
+    self.dump()
+'''
+
+STUCK = '''hf_distprof hang dump
+rank: 1
+world_size: {world}
+host: h
+pid: 11
+last_step: 5
+seconds_since_last_step: 20.1
+timeout_s: 20
+time: now
+
+Thread MainThread (ident 1, main):
+  File "/work/python_scripts/train.py", line 300, in main
+    trainer.train()
+  File "/venv/lib/python3.11/site-packages/accelerate/data_loader.py", line 570, in __iter__
+    next_batch = next(dataloader_iter)
+  File "/work/python_scripts/train.py", line 207, in __call__
+    threading.Event().wait()
+  File "/usr/lib/python3.11/threading.py", line 629, in wait
+    signaled = self._cond.wait(timeout)
+'''
+
+
+def _write(folder: Path, rank: int, text: str, world: int = 2) -> None:
+    folder.mkdir(exist_ok=True)
+    (folder / f"hang_rank{rank}_h.txt").write_text(text.format(world=world))
+
+
+def test_hang_report_names_the_rank_outside_every_collective_and_its_frame(tmp_path):
+    _write(tmp_path, 0, WAITING)
+    _write(tmp_path, 1, STUCK)
+    report = hang_report(tmp_path)
+    assert report.culprits == [1] and report.world_size == 2
+    assert report.lines[1:] == [
+        "rank 0 (h, last step 5): in a collective or waiting for one at "
+        "/venv/lib/python3.11/site-packages/torch/autograd/graph.py:841 in _engine_run_backward: "
+        "return Variable._execution_engine.run_backward( (from /work/python_scripts/train.py:300 in main: "
+        "trainer.train())",
+        "rank 1 (h, last step 5): NOT in a collective; stuck at /work/python_scripts/train.py:207 in __call__: "
+        "threading.Event().wait()",
+        "=> the others wait for rank 1 at /work/python_scripts/train.py:207 in __call__: threading.Event().wait()",
+    ]
+
+
+def test_every_rank_in_a_collective_and_a_missing_rank_are_said(tmp_path):
+    _write(tmp_path, 0, WAITING, world=3)
+    _write(tmp_path, 1, WAITING.replace("rank: 0", "rank: 1"), world=3)
+    report = hang_report(tmp_path)
+    assert report.culprits == []
+    assert report.lines[-2] == (
+        "no dump from rank(s) [2]: dead, or stuck in C code holding the GIL (no backstop dump)"
+    )
+    assert report.lines[-1].startswith("=> every rank dumped is inside a collective") and report.lines[-1].endswith(
+        "or one that died: [2]"
+    )
+
+
+def test_a_faulthandler_backstop_dump_stands_in_for_a_missing_one(tmp_path):
+    _write(tmp_path, 0, WAITING)
+    (tmp_path / "hang_rank1_h.faulthandler.txt").write_text(
+        "Thread 0x00007f0000000001 (most recent call first):\n"
+        '  File "/usr/lib/python3.11/threading.py", line 629 in wait\n'
+        '  File "/work/python_scripts/train.py", line 207 in __call__\n'
+        '  File "/work/python_scripts/train.py", line 300 in main\n'
+    )
+    report = hang_report(tmp_path)
+    assert report.culprits == [1]
+    assert report.lines[2] == (
+        "rank 1 (h, last step ?, faulthandler backstop): NOT in a collective; stuck at "
+        "/work/python_scripts/train.py:207 in __call__"
+    )
+
+
+def _recorder(folder: Path, rank: int, entries: list) -> None:
+    (folder / f"flight_recorder_rank{rank}_h.pkl").write_bytes(pickle.dumps({"version": "2.9", "entries": entries}))
+
+
+def test_flight_recorder_dumps_say_who_never_reached_a_collective(tmp_path):
+    _write(tmp_path, 0, WAITING)
+    _write(tmp_path, 1, WAITING.replace("rank: 0", "rank: 1"))
+    entry = {"collective_seq_id": 41, "profiling_name": "nccl:all_reduce", "state": "completed",
+             "input_sizes": [[1024]], "is_p2p": False}
+    _recorder(tmp_path, 0, [entry, {**entry, "collective_seq_id": 42, "state": "started"}])
+    _recorder(tmp_path, 1, [entry])
+    report = hang_report(tmp_path)
+    assert report.lines[-3:] == [
+        "  rank 0: #42 nccl:all_reduce (started), input sizes [[1024]]",
+        "  rank 1: #41 nccl:all_reduce (completed), input sizes [[1024]]",
+        "  => rank(s) [1] never reached collective #42: the others wait for them there",
+    ]
+    # The same sequence number with different collectives: a mismatch.
+    _recorder(tmp_path, 1, [entry, {**entry, "collective_seq_id": 42, "profiling_name": "nccl:all_gather"}])
+    assert hang_report(tmp_path).lines[-1].startswith("  => mismatched collectives at the same sequence number")
+
+
+class Evil:
+    def __reduce__(self):
+        return (os.system, ("touch /tmp/hf_distprof_pwned",))
+
+
+def test_a_pickle_that_is_not_plain_data_is_refused_unexecuted(tmp_path):
+    path = tmp_path / "flight_recorder_rank0_h.pkl"
+    path.write_bytes(pickle.dumps({"entries": [Evil()]}))
+    with pytest.raises(ValueError, match=f"{path}: not a readable flight-recorder dump: refusing to load"):
+        parse_recorder(path)
+    assert not Path("/tmp/hf_distprof_pwned").exists()
+
+
+def test_a_file_that_is_not_a_dump_is_named(tmp_path):
+    (tmp_path / "hang_rank0_h.txt").write_text("something else\n")
+    with pytest.raises(ValueError, match="hang_rank0_h.txt: not a hang dump written by hf_distprof"):
+        hang_report(tmp_path)
+
+
+def test_cli_prints_the_report_and_fails_cleanly_without_dumps(tmp_path):
+    _write(tmp_path / "run", 0, WAITING)
+    _write(tmp_path / "run", 1, STUCK)
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    cli = [sys.executable, "-m", "hf_distprof.cli.main", "hang-report"]
+    ok = subprocess.run([*cli, str(tmp_path / "run")], capture_output=True, text=True, env=env, timeout=60)
+    assert ok.returncode == 0 and "=> the others wait for rank 1" in ok.stdout
+    empty = subprocess.run([*cli, str(tmp_path)], capture_output=True, text=True, env=env, timeout=60)
+    assert empty.returncode == 2
+    assert empty.stderr.startswith(f"hf-distprof hang-report: error: {tmp_path}: no hang_rank*_*.txt")
+
+
+def test_format_stacks_of_a_real_thread_parses_back(tmp_path):
+    ready, release = threading.Event(), threading.Event()
+
+    def blocked_in_a_helper():
+        ready.set()
+        release.wait()
+
+    worker = threading.Thread(target=blocked_in_a_helper, name="worker")
+    worker.start()
+    ready.wait()
+    try:
+        path = tmp_path / "hang_rank3_h.txt"
+        path.write_text("hf_distprof hang dump\nrank: 3\n\n" + format_stacks())
+        dump = parse_dump(path)
+    finally:
+        release.set()
+        worker.join()
+    (name,) = [n for n in dump.threads if n.startswith("worker")]
+    # Event.wait, then Condition.wait inside it: innermost last.
+    assert [f.func for f in dump.threads[name]][-3:] == ["blocked_in_a_helper", "wait", "wait"]
+    assert dump.main is not None and dump.main.startswith("MainThread")
