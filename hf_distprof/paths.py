@@ -15,6 +15,7 @@ folder and every rank of one run writes into the same one.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import tempfile
 import time
@@ -109,7 +110,43 @@ def resolve_run_dir(
     if error is not None:
         logger.warning(f"{error}; profiling files are not written, training goes on")
     _RUN_DIRS[key] = (owner, run_dir)
+    if run_dir is not None:
+        log_to_run_dir(run_dir)
     return run_dir
+
+
+_RANK_LOG: logging.FileHandler | None = None
+
+
+def log_to_run_dir(run_dir: Path) -> Path | None:
+    """Copy this process's log records into ``<run_dir>/rank{R}.log`` (one file per rank, the rank on every line).
+
+    A handler on the root logger, so the training script's, the Trainer's and hf_distprof's records all go
+    there, at the levels the script configured (the console is left as it is). A later run folder in the same
+    process takes the file over. A file that cannot be opened is one warning.
+
+    Returns:
+        The log file, or None when it could not be opened.
+    """
+    global _RANK_LOG
+    rank = dist.get_rank()
+    path = run_dir / RANK_LOG_NAME.format(rank=rank)
+    if _RANK_LOG is not None:
+        if _RANK_LOG.baseFilename == str(path.absolute()):
+            return path
+        logging.getLogger().removeHandler(_RANK_LOG)
+        _RANK_LOG.close()
+        _RANK_LOG = None
+    try:
+        handler = logging.FileHandler(path, encoding="utf-8", delay=False)
+    except OSError as err:
+        logger.warning(f"cannot write {path}: {err!r}; this rank's log stays on the console only")
+        return None
+    host = dist.get_hostname()
+    handler.setFormatter(logging.Formatter(f"%(asctime)s rank {rank} {host} %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger().addHandler(handler)
+    _RANK_LOG = handler
+    return path
 
 
 def trace_file_name(rank: int, host: str, first_step: int, last_step: int) -> str:

@@ -14,7 +14,8 @@ from hf_distprof import dist, memstats, paths, tensorboard
 from hf_distprof.config import ProfilingArguments
 from hf_distprof.memstats import MB
 from hf_distprof.parallelism import report_parallelism
-from hf_distprof.verdicts import MemoryGrowth, imbalance_pct, memory_growth
+from hf_distprof.callbacks.profiler import traced_steps
+from hf_distprof.verdicts import GrowthWatch, MemoryGrowth, imbalance_pct
 
 logger = dist.get_logger(__name__)
 
@@ -121,8 +122,8 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
         # The model-state sample of the step being taken, from on_optimizer_step.
         self._model_state: dict[str, float] = {}
         self._size_failed = False  # warned once already
-        # rank 0: each rank's (step, MiB in use) at each published logging step, for the growth verdict.
-        self._in_use: dict[int, list[tuple[int, float]]] = {}
+        # rank 0: each rank's MiB in use at each published logging step, for the growth verdict.
+        self._growth = GrowthWatch(args.memory_growth_threshold_pct, in_use_metric()[1])
         self._warned_growth: set[int] = set()
 
     def on_optimizer_step(
@@ -154,6 +155,11 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
             except OSError as err:
                 logger.warning(f"cannot write {self.jsonl_path}: {err!r}; memory goes to TensorBoard only")
         self._writer = tensorboard.get_writer(tensorboard.tensorboard_dir(args.output_dir, self.run_dir))
+        # On CPU the profiler's buffers grow the RSS while it traces: those intervals are not the run's own.
+        traced = traced_steps(self.args, state.global_step) if not torch.cuda.is_available() else None
+        self._growth = GrowthWatch(
+            self.args.memory_growth_threshold_pct, in_use_metric()[1], traced, start=state.global_step
+        )
         # The first window's peak starts now, not at process start (model loading, tokenizer training).
         read_memory(reset_peaks=True)
 
@@ -189,12 +195,12 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
         rows = gather.result()
         if dist.get_rank() != 0:
             return
-        in_use, what = in_use_metric()
+        in_use = in_use_metric()[0]
         if in_use in metrics:
             column = metrics.index(in_use)
             for rank, row in enumerate(rows):
-                self._in_use.setdefault(rank, []).append((step, row[column]))
-                growth = self._growth(rank, what)
+                # Warned once per rank, when the verdict held at this sample and the previous one.
+                growth = self._growth.add(rank, step, row[column])
                 if growth is not None and rank not in self._warned_growth:
                     self._warned_growth.add(rank)
                     logger.warning(f"step {step}: {growth.message}")
@@ -205,13 +211,6 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
             for rank, value in enumerate(values):
                 self._writer.add_scalar(f"memory/{metric}/rank{rank}", value, step)
             self._writer.add_scalar(f"memory/{metric}/max", max(values), step)
-
-    def _growth(self, rank: int, what: str) -> MemoryGrowth | None:
-        samples = self._in_use.get(rank)
-        if not samples:
-            return None
-        steps, values = zip(*samples)
-        return memory_growth(steps, values, self.args.memory_growth_threshold_pct, rank=rank, what=what)
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -239,9 +238,7 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
             return
         if dist.get_rank() != 0:
             return
-        self.summary = memory_summary(rows, self.args, state.global_step, [
-            g for g in (self._growth(r, in_use_metric()[1]) for r in range(len(rows))) if g is not None
-        ])
+        self.summary = memory_summary(rows, self.args, state.global_step, self._growth.verdicts())
         if self.run_dir is not None:
             target = self.run_dir / paths.MEMORY_SUMMARY_NAME
             try:

@@ -26,4 +26,7 @@ def test_fresh_slow_rank_run_names_rank_1(tmp_path: Path) -> None:
     assert not result.errors
     assert result.cross_rank is not None
     assert [s.rank for s in result.cross_rank.stragglers] == [1]
-    assert result.findings[0].kind == "straggler" and result.findings[0].ranks == [1]
+    # A slow forward on rank 1 is both a straggler (late at the collectives) and an imbalance (more busy time);
+    # which of the two ranks first depends on the run's noise.
+    assert result.findings[0].kind in ("straggler", "imbalance") and result.findings[0].ranks == [1]
+    assert {"straggler", "imbalance"} <= {f.kind for f in result.findings if f.ranks == [1]}

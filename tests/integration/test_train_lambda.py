@@ -33,6 +33,8 @@ EXPECTED_RUN_FILES = sorted(
     + ["timing_summary.json"]
     # what was built: DDP over 2 gloo ranks
     + ["parallelism.json"]
+    # every rank's log records
+    + ["rank0.log", "rank1.log"]
 )
 # The first run adds --memory-tracker and --track-activation-memory.
 MEMORY_VIEW_FILES = sorted(

@@ -87,7 +87,7 @@ def test_a_stall_dumps_every_threads_stack_once(tmp_path):
     finally:
         cb.close()
     # The GIL-free backstop never fired: its file is gone.
-    assert sorted(p.name for p in (tmp_path / "out" / "run").iterdir()) == [f"hang_rank0_{HOST}.txt"]
+    assert sorted(p.name for p in (tmp_path / "out" / "run").iterdir()) == [f"hang_rank0_{HOST}.txt", "rank0.log"]
 
 
 def test_the_first_step_gets_the_start_up_allowance(tmp_path):
@@ -127,7 +127,7 @@ def test_steps_that_keep_ending_never_dump(tmp_path):
     finally:
         cb.close()
     assert cb.dumps == []
-    assert sorted(p.name for p in (tmp_path / "out" / "run").iterdir()) == []
+    assert sorted(p.name for p in (tmp_path / "out" / "run").iterdir()) == ["rank0.log"]
 
 
 # ---- hang-report ------------------------------------------------------------------------------------

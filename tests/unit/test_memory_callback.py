@@ -93,7 +93,7 @@ def test_logs_every_n_steps_to_jsonl_and_tensorboard(tmp_path, monkeypatch):
     tensorboard.close_writers()
     assert cb.run_dir is not None
     assert sorted(p.name for p in cb.run_dir.iterdir()) == [
-        "memory_rank0.jsonl", "memory_summary.json", "parallelism.json"
+        "memory_rank0.jsonl", "memory_summary.json", "parallelism.json", "rank0.log"
     ]
     rows = [json.loads(line) for line in (cb.run_dir / "memory_rank0.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [4, 8]

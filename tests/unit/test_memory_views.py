@@ -57,7 +57,7 @@ def test_window_yaml_and_module_table_on_a_real_step(tmp_path):
     fake_trainer.run([cb], 6, tmp_path)
     run = cb.run_dir
     assert sorted(p.name for p in run.iterdir()) == [
-        "rank0_memory_modules.json", "rank0_memory_modules.txt", "rank0_memory_stats.yaml"
+        "rank0.log", "rank0_memory_modules.json", "rank0_memory_modules.txt", "rank0_memory_stats.yaml"
     ]
     stats = yaml.safe_load((run / "rank0_memory_stats.yaml").read_text())
     assert (stats["rank"], stats["device"]) == (0, "cpu")
@@ -170,7 +170,7 @@ def test_memory_snapshot_on_cpu_says_once_that_it_needs_a_gpu(tmp_path, caplog):
         fake_trainer.run([cb], 6, tmp_path)
     (warning,) = [r.getMessage() for r in caplog.records if "--memory-snapshot" in r.getMessage()]
     assert "needs a GPU" in warning and "the other memory views go on" in warning
-    assert sorted(p.name for p in cb.run_dir.iterdir()) == ["rank0_memory_stats.yaml"]
+    assert sorted(p.name for p in cb.run_dir.iterdir()) == ["rank0.log", "rank0_memory_stats.yaml"]
     assert yaml.safe_load((cb.run_dir / "rank0_memory_stats.yaml").read_text())["views"]["memory_snapshot"] is False
 
 
@@ -208,7 +208,8 @@ def test_memory_snapshot_records_each_window_and_dumps_one_pickle_per_rank_and_w
         {"enabled": "all", "context": "all", "stacks": "python", "max_entries": 1234}, {"enabled": None},
     ] * 2
     first, second = f"rank0_{host}_step3-4_memory_snapshot.pickle", f"rank0_{host}_step7-8_memory_snapshot.pickle"
-    assert sorted(p.name for p in cb.run_dir.iterdir()) == sorted([first, second, "rank0_memory_stats.yaml"])
+    expected = [first, second, "rank0.log", "rank0_memory_stats.yaml"]
+    assert sorted(p.name for p in cb.run_dir.iterdir()) == sorted(expected)
     assert pickle.loads((cb.run_dir / first).read_bytes())["segments"] == []
     stats = yaml.safe_load((cb.run_dir / "rank0_memory_stats.yaml").read_text())
     assert stats["device"] == "cuda:0" and sorted(stats["steps"]) == [3, 4, 7, 8]

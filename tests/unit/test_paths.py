@@ -45,3 +45,22 @@ def test_atomic_path_keeps_the_writer_suffix(tmp_path):
         assert tmp.name.endswith(".json.gz") and tmp.parent == tmp_path
         Path(tmp).write_bytes(b"x")
     assert (tmp_path / "t.pt.trace.json.gz").read_bytes() == b"x"
+
+
+def test_each_run_folder_gets_this_ranks_log(tmp_path):
+    import logging
+
+    from hf_distprof import dist
+
+    first = paths.resolve_run_dir(tmp_path, "a", owner=object())
+    logging.getLogger("some.library").warning("into the first run's log")
+    second = paths.resolve_run_dir(tmp_path, "b", owner=object())
+    dist.get_logger("hf_distprof.test").warning("into the second")
+    host = dist.get_hostname()
+    first_log = (first / "rank0.log").read_text().splitlines()
+    assert len(first_log) == 1
+    assert first_log[0].endswith(f" rank 0 {host} WARNING some.library: into the first run's log")
+    (line,) = (second / "rank0.log").read_text().splitlines()
+    assert line.endswith(f"rank 0 {host} WARNING hf_distprof.test: [RANK 0] into the second")
+    assert paths.log_to_run_dir(second) == second / "rank0.log"  # the same folder again: one handler
+    assert sum(getattr(h, "baseFilename", "").endswith("rank0.log") for h in logging.getLogger().handlers) == 1

@@ -132,6 +132,23 @@ def test_memory_growth_leaves_the_warm_up_out():
     assert leak is not None and leak.first_step == 10 and leak.rate_mb_per_step == pytest.approx(20.0)
 
 
+def test_memory_growth_leaves_the_profilers_window_out():
+    # A clean run's RSS on CPU while the profiler traces steps 6-13 (its buffers), flat afterwards.
+    steps, rss = [4, 8, 12, 16, 20], [614, 650, 700, 740, 741]
+    assert memory_growth(steps[:4], rss[:4], 20.0) is not None  # +20.5%, rose 3 of 3: the profiler's doing
+    distorted = [False, True, True, True, False]  # the intervals ending at 8, 12, 16 overlap steps 6-13
+    assert memory_growth(steps, rss, 20.0, distorted=distorted) is None
+    # A real leak outside the window is still seen, from the clean intervals only.
+    steps = list(range(2, 42, 2))
+    leak = [500 + 30 * s + (300 if s > 6 else 0) for s in steps]  # +300 MB inside a window ending at step 8
+    distorted = [s == 8 for s in steps]
+    out = memory_growth(steps, leak, 20.0, distorted=distorted)
+    assert out is not None and out.rate_mb_per_step == pytest.approx(30.0)
+    # 19 intervals, the distorted one (6 -> 8, with the window's +300) and the warm-up one (2 -> 4) left out.
+    assert (out.intervals, out.first_step, out.last_step) == (17, 4, 40)
+    assert out.last_mb - out.first_mb == pytest.approx(30 * 36 - 60)
+
+
 def test_memory_growth_rate_resists_one_odd_sample_and_long_runs():
     steps = list(range(10, 110, 10))
     values = [1000 + 5 * s for s in steps]
