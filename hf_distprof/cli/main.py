@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from hf_distprof import __version__
 
 # Module names under hf_distprof.cli; each one registers itself on the sub-parser.
-SUBCOMMANDS: tuple[str, ...] = ("flags", "analyze", "merge", "hang_report")
+SUBCOMMANDS: tuple[str, ...] = ("flags", "analyze", "merge", "hang_report", "doctor")
 
 
 def build_parser() -> argparse.ArgumentParser:

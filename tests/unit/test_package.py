@@ -32,7 +32,8 @@ def test_every_help_screen_renders(capsys):
     from hf_distprof.cli.main import SUBCOMMANDS, main
     from hf_distprof.config import add_profiling_args
 
-    for argv in [["--help"], *[[name, "--help"] for name in SUBCOMMANDS]]:
+    # Module names use underscores, commands dashes (hang_report -> hang-report).
+    for argv in [["--help"], *[[name.replace("_", "-"), "--help"] for name in SUBCOMMANDS]]:
         with pytest.raises(SystemExit) as exc:
             main(argv)
         assert exc.value.code == 0, argv
