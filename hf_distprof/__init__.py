@@ -20,12 +20,16 @@ _LAZY: dict[str, str] = {
     "MemoryLoggerCallback": "hf_distprof.callbacks.memory",
     "SimpleGPUMemoryCallback": "hf_distprof.callbacks.memory",
     "MemoryViewsCallback": "hf_distprof.callbacks.memory_views",
+    "HangWatchdogCallback": "hf_distprof.callbacks.hang",
+    "NsightCallback": "hf_distprof.callbacks.nsys",
     "StepTimerCallback": "hf_distprof.callbacks.step_timer",
 }
 
 __all__ = [
+    "HangWatchdogCallback",
     "MemoryLoggerCallback",
     "MemoryViewsCallback",
+    "NsightCallback",
     "ProfilerCallback",
     "ProfilingArguments",
     "SimpleGPUMemoryCallback",
@@ -37,7 +41,9 @@ __all__ = [
 
 if TYPE_CHECKING:
     from hf_distprof.callbacks.memory import MemoryLoggerCallback, SimpleGPUMemoryCallback
+    from hf_distprof.callbacks.hang import HangWatchdogCallback
     from hf_distprof.callbacks.memory_views import MemoryViewsCallback
+    from hf_distprof.callbacks.nsys import NsightCallback
     from hf_distprof.callbacks.profiler import ProfilerCallback
     from hf_distprof.callbacks.step_timer import StepTimerCallback
     from hf_distprof.callbacks import build_callbacks

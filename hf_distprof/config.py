@@ -229,7 +229,7 @@ class ProfilingArguments:
             **_help(
                 "Time every optimizer step per rank (data, forward, backward incl. gradient sync, optimizer), log "
                 "throughput and cross-rank imbalance on logging steps, write timing_rank{R}.jsonl and "
-                "timing_summary.json. Default: on when --enable-profiling or --measure-comm-overhead is on."
+                "timing_summary.json. Default: on when --enable-profiling, --measure-comm-overhead or --nvtx is on."
             ),
             # HfArgumentParser gives a `bool | None` field no optional value; a bare flag must mean true.
             "nargs": "?",
@@ -318,7 +318,7 @@ class ProfilingArguments:
         if self.profiler_analyze and not self.enable_profiling:
             raise ValueError("--profiler-analyze analyses the run's traces: it needs --enable-profiling")
         if self.enable_step_timing is None:
-            self.enable_step_timing = bool(self.enable_profiling or self.measure_comm_overhead > 0)
+            self.enable_step_timing = bool(self.enable_profiling or self.measure_comm_overhead > 0 or self.nvtx)
         elif not self.enable_step_timing and self.measure_comm_overhead > 0:
             raise ValueError(
                 f"--measure-comm-overhead {self.measure_comm_overhead} needs step timing, but "

@@ -9,6 +9,17 @@
 # accelerate would ignore its FSDP plugin and train DDP, so there the launch stays MULTI_CPU and the
 # training script shards the model itself (transformers' DistributedConfig).
 #
+# NCCL and c10d debugging, flags of the training script that every rank applies before its process group
+# exists (hf_distprof.debug_env); files go to <--profiler-output-dir>/nccl_debug[/<--profiler-run-name>]/:
+#   --nccl-debug WARN|INFO|TRACE [--nccl-debug-subsys INIT,COLL]   NCCL's log, one file per host and process
+#   --torch-distributed-debug OFF|INFO|DETAIL                       c10d's checks of every collective
+#   --flight-recorder-entries N                                     NCCL flight recorder, dumped on a timeout
+#
+# Nsight Systems: one nsys around this script follows accelerate into every rank process; --nsys-window opens
+# the capture over the profiler schedule's active steps, --nvtx names the step phases:
+#   nsys profile --trace=cuda,nvtx --capture-range=cudaProfilerApi --capture-range-end=stop -o nsys_%h \
+#     ./local_scripts/train_lambda.sh --nsys-window --nvtx --max-steps 20
+#
 # Environment (all optional):
 #   NPROC        processes on this node (default: number of visible GPUs, else 2 CPU processes on gloo)
 #   NNODES       number of nodes (default 1); with NODE_RANK, MASTER_ADDR, MASTER_PORT for multi-node

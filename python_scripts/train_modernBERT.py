@@ -13,12 +13,18 @@ on every machine with Python), and a ``datasets.Dataset`` of that text. ``--mode
 ``--strategy fsdp`` shards with FSDP2 on every machine (``hf_distprof.strategy``): through accelerate's FSDP
 plugin on GPU, at load time through transformers' ``DistributedConfig`` on CPU, where accelerate would
 silently train DDP.
+
+``--nccl-debug``, ``--torch-distributed-debug`` and ``--flight-recorder-entries`` (``hf_distprof.debug_env``)
+become environment variables before ``TrainingArguments`` is built, since building it creates the process
+group under a launcher, and the group reads them.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import itertools
+import json
 import logging
 import os
 import socket
@@ -47,6 +53,7 @@ from transformers import (
 )
 
 from hf_distprof import ProfilingArguments, build_callbacks
+from hf_distprof.debug_env import DEBUG_ENV_VARS, DebugArguments, apply_debug_env
 from hf_distprof.dist import get_logger
 from hf_distprof.models import tiny_modernbert_config
 from hf_distprof.strategy import (
@@ -68,6 +75,9 @@ LEAK_ENV = "HF_DISTPROF_SIMULATE_LEAK"
 # Test-only: "<ranks>:<n>" makes those ranks block forever in their data collator from its n-th call on (a hung
 # rank), for the hang watchdog.
 HANG_ENV = "HF_DISTPROF_SIMULATE_HANG"
+# Test-only: a folder where every rank writes env_rank{R}.json once its process group exists: the debug flags'
+# variables it sees (hf_distprof.debug_env.DEBUG_ENV_VARS), c10d's debug level and the group's CPU backend.
+DUMP_ENV = "HF_DISTPROF_DUMP_ENV"
 # Set by train_lambda.sh for its pre-flight check: parse the flags, then exit before any work.
 PARSE_ONLY_ENV = "HF_DISTPROF_PARSE_ONLY"
 SPECIAL_TOKENS = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
@@ -236,8 +246,10 @@ def selected(spec: str, rank: int) -> bool:
 
 
 def build_parser() -> HfArgumentParser:
-    """The script's flags: model/data, parallel strategy, hf_distprof profiling, and the Trainer's own."""
-    parser = HfArgumentParser((ModelDataArguments, StrategyArguments, ProfilingArguments, TrainingArguments))
+    """The script's flags: model/data, parallel strategy, NCCL/c10d debugging, profiling, and the Trainer's own."""
+    parser = HfArgumentParser(
+        (ModelDataArguments, StrategyArguments, DebugArguments, ProfilingArguments, TrainingArguments)
+    )
     # Demo defaults; every one of them can be overridden on the command line.
     parser.set_defaults(
         output_dir="./outputs/modernbert", max_steps=50, per_device_train_batch_size=8, learning_rate=5e-4,
@@ -250,34 +262,80 @@ def build_parser() -> HfArgumentParser:
     return parser
 
 
+def parse_debug_args(parser: HfArgumentParser) -> tuple[DebugArguments, str, str | None]:
+    """The debug flags, and the folder and run name their files go under, with nothing else built yet.
+
+    Any invalid value on the command line exits with status 2 and the flag's name, as in :func:`parse_args`.
+    """
+    namespace = parser.parse_args()
+    try:
+        debug = DebugArguments(**{f.name: getattr(namespace, f.name) for f in dataclasses.fields(DebugArguments)})
+    except ValueError as err:
+        parser.error(str(err))
+    return debug, namespace.profiler_output_dir, namespace.profiler_run_name
+
+
 def parse_args(
     parser: HfArgumentParser,
 ) -> tuple[ModelDataArguments, StrategyArguments, ProfilingArguments, TrainingArguments]:
-    """Parse the command line; any invalid value exits with status 2 and the flag's name, no traceback.
-
-    """
+    """Parse the command line; any invalid value exits with status 2 and the flag's name, no traceback."""
     try:
-        data_args, strategy_args, prof_args, training_args = parser.parse_args_into_dataclasses()
+        data_args, strategy_args, debug_args, prof_args, training_args = parser.parse_args_into_dataclasses()
         strategy_args.check(training_args, cuda=on_gpu(training_args))
+        if debug_args.torch_distributed_debug == "DETAIL" and strategy_args.strategy == "ddp" and not on_gpu(
+            training_args
+        ):
+            # Seen with torch 2.13: c10d::Logger::set_env_variables segfaults building DDP over the gloo group
+            # that DETAIL wraps in its collective checker (FSDP, which builds no DDP logger, runs).
+            raise ValueError(
+                "--torch-distributed-debug DETAIL crashes DDP on gloo (SIGSEGV when DDP is built, PyTorch "
+                f"{torch.__version__}): use INFO, or DETAIL with --strategy fsdp"
+            )
         return data_args, strategy_args, prof_args, training_args
     except ValueError as err:
         # Cross-field checks in the dataclasses' __post_init__ raise ValueError: report them like argparse.
         parser.error(str(err))
 
 
+def dump_debug_env(folder: Path, rank: int) -> None:
+    """Test hook (``HF_DISTPROF_DUMP_ENV``): what this rank's process group was created with.
+
+    ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` seen when the group was created wraps its CPU backend in a
+    ``_ProcessGroupWrapper``, so the backend's type shows that the variables came in time.
+    """
+    seen = {name: os.environ[name] for name in DEBUG_ENV_VARS if name in os.environ}
+    world = dist.group.WORLD if dist.is_initialized() else None
+    backend = world._get_backend(torch.device("cpu")) if world is not None else None
+    record = {"env": seen, "c10d_debug_level": dist.get_debug_level().name, "backend": type(backend).__name__}
+    (folder / f"env_rank{rank}.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+
 def main() -> None:
     parser = build_parser()
+    parse_only = os.environ.get(PARSE_ONLY_ENV) == "1"  # the launcher's pre-flight check of the flags
+    debug_args, profiler_output_dir, profiler_run_name = parse_debug_args(parser)
+    if not parse_only:
+        # Before TrainingArguments: building it creates the process group (under a launcher), and NCCL and c10d
+        # read these variables then.
+        apply_debug_env(debug_args, profiler_output_dir, profiler_run_name)
     data_args, strategy_args, prof_args, training_args = parse_args(parser)
-    if os.environ.get(PARSE_ONLY_ENV) == "1":
-        return  # the launcher's pre-flight check: the flags are valid
-    # Touching .device sets up the process group; before that process_index and world_size read 0 and 1.
-    _ = training_args.device
+    if parse_only:
+        return
+    # TrainingArguments set up the device and process group; before that process_index and world_size read 0, 1.
     rank = training_args.process_index
+    dump_to = os.environ.get(DUMP_ENV)
+    if dump_to:
+        dump_debug_env(Path(dump_to), rank)
     logging.basicConfig(
         # hf_distprof's loggers (and this script's) put "[RANK n]" in front of their messages themselves.
         format="%(asctime)s %(name)s: %(message)s",
         level=logging.INFO if training_args.should_log else logging.WARNING,
     )
+    if not training_args.should_log:
+        # The console shows rank 0 (and every rank's errors); each rank's warnings go to rank{R}.log in the
+        # run folder, which hf_distprof opens at train start.
+        for handler in logging.getLogger().handlers:
+            handler.setLevel(logging.ERROR)
     set_seed(training_args.seed)
     output_dir = Path(training_args.output_dir)
     # Fix the Trainer's TensorBoard folder up front so our memory scalars land in the same run as the loss.

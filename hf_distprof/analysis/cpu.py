@@ -29,10 +29,16 @@ WAIT_PREFIXES = tuple(f"{n} (" for n in WAIT_NAMES) + ("_c10d_functional::wait_t
 _STEP, _LOADING, _ENQUEUE, _BUSY, _BACKWARD, _WAIT = range(6)
 
 
+PHASE_PREFIX = "hf_distprof/"
+"""The step timer's phase ranges in a trace (``hf_distprof/data``, ``/forward``, ``/backward``, ``/optimizer``)."""
+
+
 @lru_cache(maxsize=65536)
 def _op_kind(name: str) -> int:
     """What a main-thread op of this name counts as (names repeat, so this is cached)."""
-    if name.startswith(STEP_PREFIX):
+    # ProfilerStep#N and the step timer's phase ranges (hf_distprof/forward ...) span work, they are not work:
+    # what they enclose is counted by its own ops.
+    if name.startswith(STEP_PREFIX) or name.startswith(PHASE_PREFIX):
         return _STEP
     if name.startswith(DATA_LOADING_PREFIX):
         return _LOADING

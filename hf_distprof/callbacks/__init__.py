@@ -42,6 +42,10 @@ def build_callbacks(args: ProfilingArguments) -> list[TrainerCallback]:
         from hf_distprof.callbacks.hang import HangWatchdogCallback
 
         callbacks.append(HangWatchdogCallback(args))
+    if args.nvtx or args.nsys_window:
+        from hf_distprof.callbacks.nsys import NsightCallback
+
+        callbacks.append(NsightCallback(args))
     if args.profiler_analyze:
         # Last, so that at train end it runs after every other callback has written its files.
         from hf_distprof.callbacks.analyze import TraceAnalysisCallback

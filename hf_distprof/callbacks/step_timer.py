@@ -1,7 +1,9 @@
 """``StepTimerCallback``: where each step's time goes, per rank, and which rank holds back the others.
 
 Per optimizer step and rank it records data wait, forward, backward (with the gradient sync), optimizer
-and the whole step (``hf_distprof.timing.recorder``), from model hooks and the Trainer's step hooks.
+and the whole step (``hf_distprof.timing.recorder``), from model hooks and the Trainer's step hooks. The
+same hooks name those phases in the traces a profiler records (``hf_distprof/forward`` ...), and with
+``--nvtx`` as NVTX ranges (``hf_distprof.timing.instrument.PhaseLabels``).
 Between logging steps it only takes clock marks: no device sync, no collective, no ``.item()``. On each
 logging step (``on_log``) it resolves the marks, appends ``timing_rank{R}.jsonl``, and does one small
 all-gather of every rank's means and peak memory; rank 0 writes TensorBoard scalars (``timing/``,
@@ -29,6 +31,7 @@ from hf_distprof.timing import comm_overhead, publish
 from hf_distprof.timing.clock import default_clock
 from hf_distprof.timing.instrument import (
     ModelHooks,
+    PhaseLabels,
     current_memory_bytes,
     instrument_loader,
     peak_memory_bytes,
@@ -45,7 +48,7 @@ from hf_distprof.timing.report import (
     memory_warning,
     peak_tflops_for_device,
 )
-from hf_distprof.verdicts import MemoryGrowth, memory_growth, profiler_slowdown
+from hf_distprof.verdicts import GrowthWatch, MemoryGrowth, profiler_slowdown
 
 logger = dist.get_logger(__name__)
 
@@ -72,6 +75,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self.comm: dict[str, Any] | None = None
         self.summary: dict[str, Any] | None = None
         self._recorder: StepRecorder | None = None
+        self._labels = PhaseLabels()
         self._hooks: ModelHooks | None = None
         self._undo_loader: Any = None
         self._jsonl: IO[str] | None = None
@@ -94,8 +98,8 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self._series: StepSeries | None = None
         self._traced: Any = None  # step -> whether the profiler ran over it
         self._streak: dict[str, int | None] = {}  # what was over its threshold at the previous logging step
-        # rank 0: each rank's (step, MB in use) at each logging step, for the memory-growth verdict
-        self._memory: dict[int, list[tuple[int, float]]] = {}
+        # rank 0: each rank's MB in use at each logging step, for the memory-growth verdict
+        self._growth_watch = GrowthWatch(args.memory_growth_threshold_pct, "process RSS", self._distorts_memory)
 
     # ---- setup and teardown -------------------------------------------------------------------
 
@@ -114,10 +118,14 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             self.comm = self._measure_comm(model, loader, args.per_device_train_batch_size)
 
         recorder = StepRecorder(default_clock(self._device))
-        self._undo_loader = instrument_loader(loader, recorder.add_load_time) if loader is not None else None
+        # NVTX is a CUDA API; without CUDA the Nsight callback says once that --nvtx does nothing.
+        labels = self._labels = PhaseLabels(nvtx=self.args.nvtx and torch.cuda.is_available())
+        self._undo_loader = (
+            instrument_loader(loader, recorder.add_load_time, labels.fetch) if loader is not None else None
+        )
         recorder.loader_timed = self._undo_loader is not None
         if model is not None:
-            self._hooks = ModelHooks(model, recorder)
+            self._hooks = ModelHooks(model, recorder, labels)
         self._recorder = recorder
         self._peak_tflops = self.args.peak_tflops
         if self._peak_tflops is None and self._device.type == "cuda":
@@ -127,9 +135,12 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self._log_step = None
         self._flos_logged = self._flos_begin = float(state.total_flos)
         self._interval, self._run, self._warmup = PhaseTotals(), PhaseTotals(), PhaseTotals()
-        self._rows, self._streak, self._memory = deque(maxlen=ROWS_KEPT), {}, {}
+        self._rows, self._streak = deque(maxlen=ROWS_KEPT), {}
         self._series = StepSeries(dist.get_world_size())
         self._traced = traced_steps(self.args, state.global_step)
+        self._growth_watch = GrowthWatch(
+            self.args.memory_growth_threshold_pct, self._memory_kind(), self._distorts_memory, start=state.global_step
+        )
 
         if self.run_dir is not None:  # None: the folder could not be created (paths warned once)
             path = self.run_dir / paths.TIMING_LOG_NAME.format(rank=dist.get_rank())
@@ -147,6 +158,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
     ) -> None:
         if self._recorder is None:
             return
+        self._labels.exit()
         payload = self._guarded(self._final_payload)
         gathered = dist.all_gather_object(payload)  # the end-of-run gather; every rank reaches it
         if dist.get_rank() == 0 and all(g is not None for g in gathered):
@@ -172,6 +184,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
         if self._recorder is not None:
+            self._labels.exit()
             self._recorder.step_begin()
 
     def on_substep_end(
@@ -179,17 +192,20 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
     ) -> None:
         if self._recorder is not None:
             self._recorder.micro_end()
+            self._labels.exit()
 
     def on_pre_optimizer_step(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
         if self._recorder is not None:
             self._recorder.optimizer_begin()
+            self._labels.enter("optimizer")
 
     def on_optimizer_step(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
         if self._recorder is not None:
+            self._labels.exit()
             self._recorder.optimizer_end()
 
     def on_step_end(
@@ -197,6 +213,9 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
     ) -> None:
         if self._recorder is None:
             return
+        # Closed at on_optimizer_step already, unless a trainer skipped that hook: then the open phase would
+        # keep the next step's data phase from opening.
+        self._labels.exit()
         self._recorder.step_end(state.global_step)
         # DefaultFlowCallback (always the first callback) has decided on every rank whether the Trainer
         # logs this step; the gather in on_log follows that decision, not whoever calls on_log.
@@ -369,22 +388,22 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         if self._persistent("memory", run.max_memory_rank if mem_over else None):
             warning = memory_warning(run.ranks, run.memory_imbalance_pct or 0.0, run.memory_threshold_pct)
             self._warn_once("memory", run.max_memory_rank or 0, state, warning)
+        if self.args.enable_memory_logging:
+            return  # the memory logger, with its finer samples, owns the growth verdict
         for rank, g in enumerate(gathered):
             if g.get("memory") is not None:
-                self._memory.setdefault(rank, []).append((state.global_step, float(g["memory"]) / MB))
-            growth = self._growth(rank)
-            if growth is not None:
-                self._warn_once("growth", rank, state, growth.message)
+                # Warned when the verdict held at this logging step and the previous one.
+                growth = self._growth_watch.add(rank, state.global_step, float(g["memory"]) / MB)
+                if growth is not None:
+                    self._warn_once("growth", rank, state, growth.message)
 
     def _growth(self, rank: int) -> MemoryGrowth | None:
         """The memory-growth verdict of ``rank``; None when the memory logger (finer samples) owns it."""
-        samples = self._memory.get(rank, [])
-        if self.args.enable_memory_logging or not samples:
-            return None
-        steps, values = zip(*samples)
-        return memory_growth(
-            steps, values, self.args.memory_growth_threshold_pct, rank=rank, what=self._memory_kind()
-        )
+        return None if self.args.enable_memory_logging else self._growth_watch.verdict(rank)
+
+    def _distorts_memory(self, step: int) -> bool:
+        """Whether the profiler traced ``step``: its buffers grow the RSS, which is then not the run's own."""
+        return self._device.type != "cuda" and self._traced is not None and bool(self._traced(step))
 
     def _memory_kind(self) -> str:
         return "allocated CUDA memory" if self._device.type == "cuda" else "process RSS"

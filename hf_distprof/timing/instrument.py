@@ -2,17 +2,21 @@
 
 Everything here is installed at train start from the objects a ``TrainerCallback`` receives (``model``,
 ``train_dataloader``), so it works with any Trainer, and removed at train end. The hooks only take clock
-marks and read tensor shapes: no device synchronisation, no ``.item()``.
+marks, read tensor shapes and name the step's phases (:class:`PhaseLabels`): no device synchronisation, no
+``.item()``.
 """
 
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.profiler import record_function
 from torch.utils.data import DataLoader, IterableDataset
 
 from hf_distprof import memstats
@@ -43,25 +47,113 @@ def batch_size_and_tokens(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tupl
     return samples, positions
 
 
+PHASE_PREFIX = "hf_distprof/"
+"""Phase ranges are named ``hf_distprof/data``, ``hf_distprof/forward``, ``hf_distprof/backward`` and
+``hf_distprof/optimizer``."""
+
+
+class PhaseLabels:
+    """Names the phases of each optimizer step: ``record_function`` ranges in traces, NVTX ranges for Nsight.
+
+    One phase is open at a time: :meth:`enter` closes the open one and opens the next, :meth:`exit` closes
+    it. A ``record_function`` range is opened only while a profiler records (torch's own flag, so a user's
+    profiler counts too): outside a profiler's window a phase change costs one C call and no allocation.
+    NVTX ranges (``nvtx=True``, CUDA only) are pushed on every step; Nsight decides what it captures.
+
+    The ranges open and close where no other trace event is open around them (callback hooks, the data
+    loader's ``next()``, the model's forward hooks), so they nest inside ``ProfilerStep#N`` as trace
+    viewers require.
+
+    Args:
+        nvtx: Also push each phase as an NVTX range (``torch.cuda.nvtx``).
+    """
+
+    def __init__(self, nvtx: bool = False) -> None:
+        self.nvtx = nvtx
+        self.phase: str | None = None
+        self._range: record_function | None = None
+
+    def enter(self, phase: str) -> None:
+        """Close the open phase and open ``phase`` (``data``, ``forward``, ``backward`` or ``optimizer``)."""
+        self.exit()
+        self.phase = phase
+        # torch's own "a profiler is recording" flag: a record_function costs ~10 us even when none is.
+        if torch._C._autograd._profiler_enabled():
+            self._range = record_function(PHASE_PREFIX + phase)
+            self._range.__enter__()
+        if self.nvtx:
+            torch.cuda.nvtx.range_push(PHASE_PREFIX + phase)
+
+    def exit(self) -> None:
+        """Close the open phase, if any."""
+        if self.phase is None:
+            return
+        self.phase = None
+        if self._range is not None:
+            self._range.__exit__(None, None, None)
+            self._range = None
+        if self.nvtx:
+            torch.cuda.nvtx.range_pop()
+
+    def fetch(self) -> None:
+        """A batch is being fetched: the data phase starts unless a phase is open."""
+        if self.phase is None:
+            self.enter("data")
+
+
 class ModelHooks:
-    """Forward and gradient hooks on the trained model that feed a ``StepRecorder``.
+    """Forward and gradient hooks on the trained model that feed a ``StepRecorder`` and name the phases.
+
+    Under DDP the model runs inside ``DistributedDataParallel.forward``, whose own trace range is still open
+    when the model's forward ends; the backward phase is opened by a forward hook on the DDP module instead,
+    once that range has closed (registered at the first forward, so the first micro-batch's backward is
+    left unlabelled).
 
     Args:
         model: The model the Trainer calls (the unwrapped one: DDP calls it inside its own forward).
         recorder: Receives the marks; it ignores calls outside an optimizer step (evaluation, the
             comm-overhead probe).
+        labels: Names the forward and backward phases of calls inside an optimizer step.
     """
 
-    def __init__(self, model: nn.Module, recorder: StepRecorder) -> None:
+    def __init__(self, model: nn.Module, recorder: StepRecorder, labels: PhaseLabels | None = None) -> None:
         self._handles: list[Any] = []
         rec = recorder
+        phases = labels if labels is not None else PhaseLabels()
+        wrappers: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # the DDP modules hooked
+        # Where the backward phase of the forward in progress opens: at its end ("now"), once DDP's forward has
+        # returned ("after DDP"), or not at all ("").
+        backward_at = ""
 
         def pre_forward(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            nonlocal backward_at
             if rec.in_step:
                 rec.forward_begin(*batch_size_and_tokens(args, kwargs))
+                phases.enter("forward")
+                # DDP says which DDP module is running (torch.compile asks it the same way).
+                ddp = DistributedDataParallel._get_active_ddp_module()
+                if ddp is None:
+                    backward_at = "now"
+                elif ddp in wrappers:
+                    backward_at = "after DDP"
+                else:
+                    # A hook added during a module's call runs from its next call on.
+                    wrappers.add(ddp)
+                    self._handles.append(ddp.register_forward_hook(after_ddp))
+                    backward_at = ""
 
         def post_forward(_module: nn.Module, _args: Any, _kwargs: Any, _output: Any) -> None:
             rec.forward_end()
+            if phases.phase == "forward":
+                phases.exit()
+                if backward_at == "now":
+                    phases.enter("backward")
+
+        def after_ddp(_module: nn.Module, _args: Any, _output: Any) -> None:
+            nonlocal backward_at
+            if backward_at == "after DDP":
+                backward_at = ""  # an evaluation forward through DDP later opens nothing
+                phases.enter("backward")
 
         def grad_ready(_param: torch.Tensor) -> None:
             rec.grad_ready()
@@ -83,14 +175,16 @@ class ModelHooks:
 class _TimedIterator:
     """Proxy of a data loader iterator that reports the seconds each ``next()`` blocks."""
 
-    def __init__(self, inner: Iterator[Any], sink: Callable[[float], None]) -> None:
+    def __init__(self, inner: Iterator[Any], sink: Callable[[float], None], on_fetch: Callable[[], None]) -> None:
         self._inner = inner
         self._sink = sink
+        self._on_fetch = on_fetch
 
     def __iter__(self) -> _TimedIterator:
         return self
 
     def __next__(self) -> Any:
+        self._on_fetch()
         start = time.perf_counter()
         try:
             return next(self._inner)
@@ -111,7 +205,9 @@ def base_dataloader(loader: Any) -> DataLoader[Any] | None:
     return base if isinstance(base, DataLoader) else None
 
 
-def instrument_loader(loader: Any, sink: Callable[[float], None]) -> Callable[[], None] | None:
+def instrument_loader(
+    loader: Any, sink: Callable[[float], None], on_fetch: Callable[[], None] = lambda: None
+) -> Callable[[], None] | None:
     """Make every iterator of ``loader`` report how long each ``next()`` blocks.
 
     The loader's ``_get_iterator`` is shadowed on the instance (``iter()`` looks special methods up on
@@ -120,6 +216,7 @@ def instrument_loader(loader: Any, sink: Callable[[float], None]) -> Callable[[]
     Args:
         loader: The Trainer's train data loader.
         sink: Called with the seconds of each ``next()``.
+        on_fetch: Called before each ``next()`` (opens the data phase, :meth:`PhaseLabels.fetch`).
 
     Returns:
         A function that undoes it, or None when the loader is not a torch ``DataLoader``.
@@ -130,7 +227,7 @@ def instrument_loader(loader: Any, sink: Callable[[float], None]) -> Callable[[]
     original = base._get_iterator
 
     def timed_iterator() -> Any:
-        return _TimedIterator(original(), sink)
+        return _TimedIterator(original(), sink, on_fetch)
 
     base._get_iterator = timed_iterator  # type: ignore[method-assign]
 
