@@ -54,8 +54,8 @@ class NsightCallback(TrainerCallback):  # type: ignore[misc]
             return
         if self.args.nvtx and not self.args.enable_step_timing:
             self._say_once(
-                "--nvtx draws the phases the step timer marks, and the step timer is off (it comes with "
-                "--enable-profiling, or --enable-step-timing): no NVTX ranges in this run"
+                "--nvtx draws the phases the step timer marks, and --enable-step-timing is false: no NVTX ranges "
+                "in this run"
             )
         ranks = self.args.profile_rank_set
         self._window = self.args.nsys_window and (ranks is None or dist.get_rank() in ranks)
