@@ -10,7 +10,7 @@ from typing import IO, Any
 import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from hf_distprof import dist, memstats, paths, tensorboard
+from hf_distprof import dist, memory_tools, memstats, paths, tensorboard
 from hf_distprof.config import ProfilingArguments
 from hf_distprof.memstats import MB
 from hf_distprof.parallelism import report_parallelism
@@ -57,13 +57,6 @@ def in_use_metric() -> tuple[str, str]:
 MODEL_STATE_METRICS = ("params_mb", "grads_mb", "optimizer_state_mb", "model_state_mb")
 
 
-def _local_bytes(tensor: torch.Tensor) -> int:
-    """Bytes this rank holds of ``tensor``: the local shard of a DTensor (FSDP2), else the whole tensor."""
-    to_local = getattr(tensor, "to_local", None)
-    local = to_local() if callable(to_local) else tensor
-    return local.numel() * local.element_size()
-
-
 def model_state_memory(model: torch.nn.Module, optimizer: Any) -> dict[str, float]:
     """This rank's share of the model state in MiB, from tensor sizes (no device access, no sync).
 
@@ -78,16 +71,12 @@ def model_state_memory(model: torch.nn.Module, optimizer: Any) -> dict[str, floa
     Returns:
         ``params_mb``, ``grads_mb``, ``optimizer_state_mb`` and their sum ``model_state_mb``.
     """
-    params = list(model.parameters())
-    param_bytes = sum(_local_bytes(p) for p in params)
-    grad_bytes = sum(_local_bytes(p.grad) for p in params if p.grad is not None)
-    optim_bytes = 0
-    state = getattr(optimizer, "state", None) or {}
-    for entry in state.values():
-        for value in entry.values() if isinstance(entry, dict) else ():
-            if isinstance(value, torch.Tensor):
-                optim_bytes += _local_bytes(value)
-    out = {"params_mb": param_bytes / _MB, "grads_mb": grad_bytes / _MB, "optimizer_state_mb": optim_bytes / _MB}
+    own = memory_tools.own_state_bytes(model, optimizer)
+    out = {
+        "params_mb": own["params"] / _MB,
+        "grads_mb": own["grads"] / _MB,
+        "optimizer_state_mb": own["optimizer_state"] / _MB,
+    }
     out["model_state_mb"] = sum(out.values())
     return out
 
