@@ -47,16 +47,18 @@ def test_atomic_path_keeps_the_writer_suffix(tmp_path):
     assert (tmp_path / "t.pt.trace.json.gz").read_bytes() == b"x"
 
 
-def test_each_run_folder_gets_this_ranks_log(tmp_path):
+def test_each_run_folder_gets_this_ranks_log(tmp_path, monkeypatch):
     import logging
+    import socket
 
     from hf_distprof import dist
 
+    monkeypatch.setattr(socket, "gethostname", lambda: "node-0.cluster.local")
     first = paths.resolve_run_dir(tmp_path, "a", owner=object())
     logging.getLogger("some.library").warning("into the first run's log")
     second = paths.resolve_run_dir(tmp_path, "b", owner=object())
     dist.get_logger("hf_distprof.test").warning("into the second")
-    host = dist.get_hostname()
+    host = "node-0"
     first_log = (first / "rank0.log").read_text().splitlines()
     assert len(first_log) == 1
     assert first_log[0].endswith(f" rank 0 {host} WARNING some.library: into the first run's log")

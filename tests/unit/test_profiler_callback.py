@@ -8,6 +8,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -15,14 +16,21 @@ from pathlib import Path
 
 import pytest
 
-from hf_distprof import ProfilerCallback, ProfilingArguments, dist
+from hf_distprof import ProfilerCallback, ProfilingArguments
 from hf_distprof.callbacks import profiler as profiler_module
 from hf_distprof.callbacks.profiler import schedule_warning, traced_steps
 
 from ..conftest import REPO_ROOT
 from . import fake_trainer
 
-HOST = dist.get_hostname()
+# A fixed host name, so that expected file names are written out rather than computed by the code under test
+# (rank 3 on another host: test_rank_identity).
+HOST = "node-0"
+
+
+@pytest.fixture(autouse=True)
+def fixed_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(socket, "gethostname", lambda: f"{HOST}.cluster.local")
 
 
 def prof_args(tmp_path: Path, **kw) -> ProfilingArguments:
@@ -167,8 +175,9 @@ def test_schedule_that_never_reaches_active_warns_once_and_keeps_the_schedule(tm
 
 CRASH_SCRIPT = textwrap.dedent(
     """
-    import os, signal, sys
+    import os, signal, socket, sys
     from pathlib import Path
+    socket.gethostname = lambda: {host!r}
     sys.path.insert(0, {tests!r})
     from unit import fake_trainer
     from hf_distprof import ProfilerCallback, ProfilingArguments
@@ -188,7 +197,7 @@ CRASH_SCRIPT = textwrap.dedent(
 @pytest.mark.parametrize("how", ["sigterm", "exception"])
 def test_sigterm_or_exception_mid_window_flushes_the_trace(tmp_path, how):
     script = tmp_path / "crash.py"
-    script.write_text(CRASH_SCRIPT.format(tests=str(REPO_ROOT / "tests")))
+    script.write_text(CRASH_SCRIPT.format(tests=str(REPO_ROOT / "tests"), host=HOST))
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     proc = subprocess.run([sys.executable, str(script), str(tmp_path / "out"), how], capture_output=True,
                           text=True, env=env, timeout=120)

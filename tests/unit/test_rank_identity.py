@@ -1,0 +1,203 @@
+"""Rank and host identity in one process posing as rank 3 of 4 on host ``node-7``: exact names, no guessing.
+
+The 2-rank integration tests see ranks 0 and 1 only; here every name a rank writes is checked for a rank
+that is not 0, and the expected names are written out, never computed with the function under test.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import TrainerControl, TrainerState
+
+from hf_distprof import ProfilerCallback, ProfilingArguments, StepTimerCallback, dist, paths
+from hf_distprof.callbacks import step_timer
+
+from . import fake_trainer
+
+RUN = "exp"
+
+
+@pytest.fixture
+def rank3(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Rank 3 of 4 as torchrun launches it (``RANK``, ``WORLD_SIZE``), on host ``node-7.cluster.local``.
+
+    Without a process group the broadcast of the run folder is a no-op, so the fake hands this rank what
+    rank 0 would have broadcast: the folder name it created, and no error. The Trainer's arguments are
+    built first: with ``WORLD_SIZE=4`` accelerate would start a 4-rank process group.
+    """
+    args = fake_trainer.training_args(tmp_path)
+    monkeypatch.setattr(fake_trainer, "training_args", lambda _: args)
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
+    monkeypatch.setattr(socket, "gethostname", lambda: "node-7.cluster.local")
+
+    def rank0_chose(obj: Any, src: int = 0) -> Any:
+        return (RUN, None) if obj == (None, None) else obj
+
+    monkeypatch.setattr(dist, "broadcast_object", rank0_chose)
+
+
+def _prof_args(tmp_path: Path, **kw: Any) -> ProfilingArguments:
+    return ProfilingArguments(
+        enable_profiling=True, profiler_output_dir=str(tmp_path / "traces"), profiler_run_name=RUN,
+        profiler_record_shapes=False, profiler_wait_steps=1, profiler_warmup_steps=1, profiler_active_steps=2, **kw
+    )
+
+
+def _names(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+# ---- dist: the identity functions themselves ---------------------------------------------------------
+
+
+def test_rank_and_world_come_from_the_launcher_environment_before_init(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert (dist.get_rank(), dist.get_world_size()) == (0, 1)
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert (dist.get_rank(), dist.get_world_size()) == (3, 4)
+    assert dist.is_distributed() is False
+
+
+def test_rank_and_world_come_from_the_process_group_once_it_exists(monkeypatch):
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setattr(dist.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist.dist, "get_rank", lambda: 5)
+    monkeypatch.setattr(dist.dist, "get_world_size", lambda: 8)
+    assert dist.is_distributed() is True
+    assert (dist.get_rank(), dist.get_world_size()) == (5, 8)
+
+
+@pytest.mark.parametrize(
+    ("raw", "short"),
+    [
+        ("node-7.cluster.local", "node-7"),
+        ("gpu_box 2", "gpu-box-2"),
+        ("host@#1.domain", "host-1"),
+        ("", "host"),
+        (".hidden", "host"),
+    ],
+)
+def test_hostname_is_short_and_safe_in_a_file_name(monkeypatch, raw, short):
+    monkeypatch.setattr(socket, "gethostname", lambda: raw)
+    assert dist.get_hostname() == short
+
+
+def test_without_a_process_group_collectives_are_local(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert dist.broadcast_object({"a": 1}) == {"a": 1}
+    assert dist.all_gather_object(7) == [7]
+    assert dist.all_gather_floats_async([1.5, 2.0]).result() == [[1.5, 2.0]]
+    dist.barrier()  # a no-op: returns
+
+
+def test_log_prefix_names_this_rank(rank3, caplog):
+    with caplog.at_level(logging.INFO):
+        dist.get_logger("hf_distprof.test").info("hello")
+    assert [r.getMessage() for r in caplog.records] == ["[RANK 3] hello"]
+
+
+# ---- paths and callbacks as rank 3 -------------------------------------------------------------------
+
+
+def test_rank3_joins_rank0s_folder_and_logs_to_its_own_file(rank3, tmp_path):
+    run_dir = paths.resolve_run_dir(tmp_path, RUN, owner=object())
+    assert run_dir == tmp_path.absolute() / RUN
+    logging.getLogger("some.library").warning("from rank 3")
+    (line,) = (run_dir / "rank3.log").read_text().splitlines()
+    assert line.endswith(" rank 3 node-7 WARNING some.library: from rank 3")
+    assert _names(run_dir) == ["rank3.log"]
+
+
+def test_rank3_does_not_create_the_folder_when_rank0_could_not(monkeypatch, rank3, tmp_path, caplog):
+    monkeypatch.setattr(dist, "broadcast_object", lambda obj, src=0: (None, "rank 0: disk full"))
+    with caplog.at_level(logging.WARNING):
+        assert paths.resolve_run_dir(tmp_path, RUN, owner=object()) is None
+    assert list(tmp_path.iterdir()) == []
+    assert [r.getMessage() for r in caplog.records] == [
+        "[RANK 3] rank 0: disk full; profiling files are not written, training goes on"
+    ]
+
+
+def test_profiler_as_rank3_writes_trace_and_summary_named_rank3_node7(rank3, tmp_path):
+    cb = ProfilerCallback(_prof_args(tmp_path))
+    fake_trainer.run([cb], 4, tmp_path)
+    run_dir = tmp_path / "traces" / RUN
+    assert cb.run_dir == run_dir.absolute()
+    # parallelism.json is rank 0's file; this rank writes its trace, summary and log only.
+    assert _names(run_dir) == [
+        "rank3.log", "rank3_node-7_step3-4.pt.trace.json.gz", "rank3_node-7_step3-4_summary.txt"
+    ]
+    summary = (run_dir / "rank3_node-7_step3-4_summary.txt").read_text()
+    assert summary.startswith("hf_distprof profiler summary: rank 3 of 4, host node-7, optimizer steps 3-4\n")
+    with gzip.open(run_dir / "rank3_node-7_step3-4.pt.trace.json.gz", "rt") as fh:
+        steps = sorted(e["name"] for e in json.load(fh)["traceEvents"] if e.get("name", "").startswith("Profiler"))
+    assert steps == ["ProfilerStep#3", "ProfilerStep#4"]
+
+
+@pytest.mark.parametrize(
+    ("ranks", "written"),
+    [("0", []), ("3", ["rank3_node-7_step3-4.pt.trace.json.gz"]), ("1,3", ["rank3_node-7_step3-4.pt.trace.json.gz"])],
+)
+def test_profile_ranks_decides_for_rank3(rank3, tmp_path, ranks, written):
+    cb = ProfilerCallback(_prof_args(tmp_path, profile_ranks=ranks))
+    fake_trainer.run([cb], 4, tmp_path)
+    run_dir = tmp_path / "traces" / RUN
+    assert sorted(n for n in _names(run_dir) if n.endswith(".gz")) == written
+
+
+def test_profile_ranks_0_writes_rank0s_trace(monkeypatch, tmp_path):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(socket, "gethostname", lambda: "node-0")
+    cb = ProfilerCallback(_prof_args(tmp_path, profile_ranks="0"))
+    fake_trainer.run([cb], 4, tmp_path)
+    assert [p.name for p in cb.written] == ["rank0_node-0_step3-4.pt.trace.json.gz", "rank0_node-0_step3-4_summary.txt"]
+    assert (tmp_path / "traces" / RUN / "rank0_node-0_step3-4.pt.trace.json.gz").stat().st_size > 0
+
+
+def test_step_timer_as_rank3_names_its_file_and_reports_rank3(rank3, tmp_path, monkeypatch):
+    sent: list[Any] = []
+
+    def gather(obj: Any) -> list[Any]:
+        sent.append(obj)
+        return [obj]  # what this rank contributes; rank 0 would receive it in position 3
+
+    monkeypatch.setattr(step_timer.dist, "all_gather_object", gather)
+    cb = StepTimerCallback(ProfilingArguments(enable_step_timing=True, profiler_output_dir=str(tmp_path / "prof"),
+                                              profiler_run_name=RUN))
+    args, state, control = fake_trainer.training_args(tmp_path), TrainerState(), TrainerControl()
+    model = torch.nn.Linear(4, 2)
+    cb.on_train_begin(args, state, control, model=model)
+    for _ in range(4):
+        cb.on_step_begin(args, state, control)
+        model(torch.randn(3, 4)).sum().backward()
+        cb.on_pre_optimizer_step(args, state, control)
+        cb.on_optimizer_step(args, state, control)
+        state.global_step += 1
+        control.should_log = state.global_step == 4
+        cb.on_step_end(args, state, control)
+    control.should_log = False
+    cb.on_log(args, state, control, logs={"loss": 1.0})
+    cb.on_train_end(args, state, control)
+    run_dir = tmp_path / "prof" / RUN
+    # No timing_summary.json: that is rank 0's.
+    assert _names(run_dir) == ["rank3.log", "timing_rank3.jsonl"]
+    # The parallelism report's gather (this rank's 10 parameters), the logging step's, the end-of-run one.
+    assert sent[0] == 10 and len(sent) == 3
+    for payload in sent[1:]:
+        assert (payload["run"]["rank"], payload["run"]["host"]) == (3, "node-7")
+    assert (sent[1]["interval"]["rank"], sent[1]["interval"]["host"]) == (3, "node-7")
+    lines = [json.loads(x) for x in (run_dir / "timing_rank3.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2, 3, 4]
