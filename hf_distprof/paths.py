@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from hf_distprof import dist
+from hf_distprof import dist, signals
 
 logger = dist.get_logger(__name__)
 
@@ -46,6 +46,11 @@ from hf_distprof.names import (  # noqa: E402, F401
     TRACE_NAME,
     TRACE_SUFFIX,
 )
+
+# In the name of every temporary file atomic_path makes: ".<final name>.<random>.tmp<suffix>".
+TEMP_MARK = ".tmp"
+# A temporary file this old is a leftover of a killed write (an export takes seconds), not a write in progress.
+STALE_TEMP_AGE_S = 3600.0
 
 # (output_dir, run_name, id(owner)) -> (owner, run folder): every callback of one train() call agrees on the
 # folder and the broadcast happens once. The owner (the Trainer's per-train() TrainerState) is kept alive in
@@ -96,6 +101,10 @@ def resolve_run_dir(
             chosen = _claim_new_run_dir(root, run_name or time.strftime("%Y%m%d-%H%M%S")).name
         except OSError as err:
             error = f"cannot create a run folder in --profiler-output-dir {root}: {err}"
+        else:
+            stale = remove_stale_temp_files(root)
+            if stale:
+                logger.info(f"removed {len(stale)} temporary file(s) left in {root} by an earlier killed run")
     # Rank 0's outcome, failure included, so that every rank takes the same path afterwards.
     chosen, error = dist.broadcast_object((chosen, error))
     run_dir: Path | None = None
@@ -164,17 +173,50 @@ def atomic_path(final: Path, suffix: str = "") -> Iterator[Path]:
     """Yield a temporary path in ``final``'s folder; rename it onto ``final`` only on success.
 
     A reader never sees a half-written file under the final name. ``suffix`` lets writers that choose
-    their format from the extension (``export_chrome_trace`` gzips ``*.gz``) see the right one.
+    their format from the extension (``export_chrome_trace`` gzips ``*.gz``) see the right one. SIGTERM and
+    SIGINT wait until the file is renamed or removed (:func:`hf_distprof.signals.deferred`), so a stopped
+    job leaves the whole file or nothing, never the temporary one.
     """
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=f".tmp{suffix}", dir=final.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        yield tmp
-        os.replace(tmp, final)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+    with signals.deferred():
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=f"{TEMP_MARK}{suffix}", dir=final.parent)
+        os.close(fd)
+        tmp = Path(tmp_name)
+        try:
+            yield tmp
+            os.replace(tmp, final)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+
+
+def is_temp_file(path: Path) -> bool:
+    """Whether ``path`` is one of :func:`atomic_path`'s temporary files (left behind only by SIGKILL)."""
+    return path.name.startswith(".") and TEMP_MARK in path.name
+
+
+def remove_stale_temp_files(folder: Path, older_than_s: float = STALE_TEMP_AGE_S) -> list[Path]:
+    """Delete the temporary files an earlier, killed write left in ``folder`` and its run folders.
+
+    Only files older than ``older_than_s`` go: a younger one may belong to a rank that is writing right now
+    (another run sharing the output folder).
+
+    Returns:
+        The files removed.
+    """
+    removed: list[Path] = []
+    now = time.time()
+    candidates = [*folder.glob(".*"), *folder.glob("*/.*")] if folder.is_dir() else []
+    for path in candidates:
+        if not is_temp_file(path):
+            continue
+        try:
+            if now - path.stat().st_mtime < older_than_s:
+                continue
+            path.unlink()
+        except OSError:
+            continue
+        removed.append(path)
+    return removed
 
 
 def atomic_write_text(final: Path, text: str) -> None:

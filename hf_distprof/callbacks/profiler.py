@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import os
 import signal
 import threading
 import warnings
@@ -16,7 +15,7 @@ import torch
 from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from hf_distprof import dist, paths
+from hf_distprof import dist, paths, signals
 from hf_distprof.parallelism import report_parallelism
 from hf_distprof.config import ProfilingArguments
 
@@ -116,7 +115,8 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
     gradient accumulation does not shrink the window) and stops at ``on_train_end``. Profiler step
     numbers are aligned with ``state.global_step``: ``ProfilerStep#4`` in the trace is optimizer step 4.
     Ranks not in ``--profile-ranks`` build no profiler. An export that fails becomes one warning and
-    training goes on; an exception or SIGTERM stops the profiler and flushes what was recorded.
+    training goes on; an exception, SIGTERM or SIGINT stops the profiler and flushes what was recorded,
+    and a signal that arrives while a trace is being written waits until it is complete.
 
     Args:
         args: The profiling flags.
@@ -128,8 +128,9 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         self.run_dir: Path | None = None
         self.written: list[Path] = []
         self._failed_exports = 0
-        self._lock = threading.Lock()
-        self._previous_sigterm: Any = None
+        self._lock = threading.RLock()  # close() may run again from a signal handler while it runs
+        self._previous_handlers: dict[int, Any] = {}  # signal -> the handler ours replaced
+        self._exports = 0  # on_trace_ready calls so far
         self._offset = 0  # global_step when training (re)started
         self._last_step = 0  # last optimizer step that completed
 
@@ -199,13 +200,24 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
     # ---- stopping ------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Stop the profiler, exporting a window that was still being recorded. Safe to call twice."""
-        with self._lock:
-            prof, self.prof = self.prof, None
-        if prof is None:
-            return
-        self._remove_exit_handlers()
+        """Stop the profiler, exporting a window that was still being recorded. Safe to call twice.
+
+        SIGTERM and SIGINT wait until the trace is written; the exit handlers are removed at the end, so a
+        signal that arrived meanwhile then reaches the handler that was there before ours.
+        """
+        with signals.deferred():
+            with self._lock:
+                prof, self.prof = self.prof, None
+            if prof is None:
+                return
+            try:
+                self._stop_and_flush(prof)
+            finally:
+                self._remove_exit_handlers()
+
+    def _stop_and_flush(self, prof: profile) -> None:
         recording = prof.current_action == ProfilerAction.RECORD
+        exports = self._exports
         try:
             with warnings.catch_warnings():
                 # torch warns "Incorrect schedule: RECORD followed by NONE" when stopped mid-window.
@@ -214,57 +226,71 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         except Exception as err:  # noqa: BLE001 - never let profiling break training
             logger.warning(f"stopping the profiler failed: {err!r}")
             return
-        # torch exports on stop only when the window was complete (RECORD_AND_SAVE); a window cut short
-        # by the end of training, an exception or SIGTERM is exported here with the steps it has.
-        if recording:
+        # A window cut short by the end of training, an exception or a signal holds the steps it has. torch
+        # 2.13 exports it from stop() (on_trace_ready); a version that does not is exported here, once.
+        if recording and self._exports == exports:
             self._export(prof)
 
     def _install_exit_handlers(self) -> None:
         atexit.register(self.close)
-        if threading.current_thread() is threading.main_thread():
-            self._previous_sigterm = signal.getsignal(signal.SIGTERM)
-            signal.signal(signal.SIGTERM, self._on_sigterm)
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in signals.TERMINATION_SIGNALS:
+            previous = signal.getsignal(signum)
+            if previous in (signal.SIG_IGN, None):
+                continue  # ignored on purpose, or a handler from outside Python we could not put back
+            self._previous_handlers[signum] = previous
+            signal.signal(signum, self._on_signal)
 
     def _remove_exit_handlers(self) -> None:
         atexit.unregister(self.close)
-        if self._previous_sigterm is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self._previous_sigterm)
-            self._previous_sigterm = None
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum, previous in self._previous_handlers.items():
+            # Put the old handler back only where ours is still installed (a later handler stays).
+            if signal.getsignal(signum) == self._on_signal:
+                signal.signal(signum, previous)
+        self._previous_handlers = {}
 
-    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
-        previous = self._previous_sigterm
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        previous = self._previous_handlers.get(signum, signal.SIG_DFL)
         self.close()
         if callable(previous):
-            previous(signum, frame)
+            previous(signum, frame)  # SIGINT's default raises KeyboardInterrupt: training unwinds as usual
         else:
-            # Default disposition: die of SIGTERM as if we had never been here.
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
+            # Default disposition: end with the signal's status, as if we had never been here.
+            signal.signal(signum, signal.SIG_DFL)
+            signal.raise_signal(signum)
 
     # ---- export --------------------------------------------------------------------------------
 
     def _export(self, prof: profile) -> None:
-        """``on_trace_ready``: write the trace and its summary atomically; failures only warn."""
+        """``on_trace_ready``: write the trace and its summary atomically; failures only warn.
+
+        SIGTERM and SIGINT wait until both files are written (or failed), then take effect.
+        """
         assert self.run_dir is not None
+        self._exports += 1
         last = self._last_step
         first = last - self._recorded_steps(last) + 1
         rank, host = dist.get_rank(), dist.get_hostname()
         trace = self.run_dir / paths.trace_file_name(rank, host, first, last)
-        try:
-            with paths.atomic_path(trace, suffix=".json.gz") as tmp:
-                prof.export_chrome_trace(str(tmp))
-        except Exception as err:  # noqa: BLE001 - an export failure must not stop training
-            self._failed_exports += 1
-            logger.warning(f"could not write profiler trace {trace}: {err!r}; training goes on")
-            return
-        self.written.append(trace)
-        summary = self.run_dir / paths.summary_file_name(rank, host, first, last)
-        try:
-            paths.atomic_write_text(summary, self._summary_text(prof, first, last))
-        except Exception as err:  # noqa: BLE001
-            logger.warning(f"could not write profiler summary {summary}: {err!r}")
-            return
-        self.written.append(summary)
+        with signals.deferred():
+            try:
+                with paths.atomic_path(trace, suffix=".json.gz") as tmp:
+                    prof.export_chrome_trace(str(tmp))
+            except Exception as err:  # noqa: BLE001 - an export failure must not stop training
+                self._failed_exports += 1
+                logger.warning(f"could not write profiler trace {trace}: {err!r}; training goes on")
+                return
+            self.written.append(trace)
+            summary = self.run_dir / paths.summary_file_name(rank, host, first, last)
+            try:
+                paths.atomic_write_text(summary, self._summary_text(prof, first, last))
+            except Exception as err:  # noqa: BLE001
+                logger.warning(f"could not write profiler summary {summary}: {err!r}")
+                return
+            self.written.append(summary)
 
     def _recorded_steps(self, last_step: int) -> int:
         """Active steps in the window ending at ``last_step`` (fewer when training stopped mid-window)."""

@@ -1,0 +1,54 @@
+"""Termination signals that wait for a write in progress.
+
+A scheduler stops a job with SIGTERM (SIGINT from a terminal) at any moment, also while a rank is writing a
+trace. Dying in the middle of that write loses the trace and leaves the temporary file behind. Inside
+:func:`deferred` the signal is noted instead of acted on; when the block ends, the signal is raised again for
+whatever handler was there before (the default one ends the process with the signal's status, as the
+scheduler expects). Writes are short (an export takes about a second), far inside the grace period
+schedulers and torchrun give before SIGKILL (30 s by default).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from types import FrameType
+
+# The signals a job is stopped with; both wait for a write to finish.
+TERMINATION_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def deferred(signals: tuple[signal.Signals, ...] = TERMINATION_SIGNALS) -> Iterator[list[int]]:
+    """Hold ``signals`` back until the block ends, then raise each one that arrived, once.
+
+    Only the main thread can install signal handlers: elsewhere (an export on a worker thread) the block
+    runs unprotected. Nesting is safe: an inner block hands its signals to the outer one's handler. A handler
+    installed inside the block replaces the one from before it and receives the held signals.
+
+    Yields:
+        The signal numbers that arrived so far (for tests and logging).
+    """
+    pending: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield pending
+        return
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        if signum not in pending:
+            pending.append(signum)
+
+    # A handler installed outside Python (getsignal() is None) cannot be put back: leave that signal alone.
+    previous = {s: signal.signal(s, hold) for s in signals if signal.getsignal(s) is not None}
+    try:
+        yield pending
+    finally:
+        for s, handler in previous.items():
+            # A handler installed inside the block (a callback putting back the one it replaced) stays.
+            if signal.getsignal(s) is hold:
+                signal.signal(s, handler)
+        for signum in pending:
+            # Delivered now to the handler in place after the block: the default one ends the process.
+            signal.raise_signal(signum)
