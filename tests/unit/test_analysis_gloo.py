@@ -44,8 +44,10 @@ def test_cpu_breakdown_adds_up_to_the_step(results: dict[str, AnalysisResult]) -
             assert rank.device == "cpu"
             for s in rank.steps:
                 c = s.cpu
-                parts = c.compute_us + c.communication_us + c.data_loading_us + c.other_us
-                assert parts == pytest.approx(s.duration_us)
+                # Disjoint parts (other is the remainder, so only the three measured ones can overrun the
+                # step; exact parts are checked on a hand-built step in test_analysis_cpu).
+                assert c.compute_us + c.communication_us + c.data_loading_us <= s.duration_us
+                assert c.compute_us > 0 and c.communication_us > 0
                 assert s.n_collectives == 2
                 assert c.comm_backward_overlap_pct is not None and 0 <= c.comm_backward_overlap_pct <= 100
 
@@ -59,9 +61,12 @@ def test_slow_rank_is_named_not_the_waiting_one(results: dict[str, AnalysisResul
     assert late[0] == 0.0 and late[1] is not None and late[1] > 25_000  # rank 1 sleeps 30 ms per step
     wait = {p.rank: p.comm_wait_us for p in cross.per_rank}
     assert wait[0] > 25_000 > wait[1]  # the fast rank is the one that waits
-    kinds = [f.kind for f in result.findings]
-    assert kinds[0] == "straggler" and result.findings[0].ranks == [1]
-    assert "imbalance" in kinds and result.imbalance_pct > 50
+    assert [(f.kind, f.ranks) for f in result.findings] == [
+        ("straggler", [1]), ("imbalance", [1]), ("communication_bound", [0])
+    ]
+    busy = {p.rank: p.busy_us for p in cross.per_rank}
+    assert result.imbalance_pct == pytest.approx(100 * (busy[1] / busy[0] - 1))
+    assert result.imbalance_pct == pytest.approx(101.86923811531842)  # rank 1 sleeps 30 ms in its forward
     assert "rank 1" in format_findings(result)
 
 
@@ -69,7 +74,8 @@ def test_clean_run_raises_no_alarm(results: dict[str, AnalysisResult]) -> None:
     result = results["clean"]
     assert result.findings == []
     assert result.cross_rank is not None and result.cross_rank.stragglers == []
-    assert result.imbalance_pct < 10
+    busy = {p.rank: p.busy_us for p in result.cross_rank.per_rank}
+    assert result.imbalance_pct == pytest.approx(100 * (busy[0] / busy[1] - 1)) == pytest.approx(1.6257287030430945)
     assert "No finding" in format_findings(result)
     # Both questions were asked and answered "no", each with the evidence why.
     verdicts = (result.cross_rank.straggler_verdict, result.cross_rank.imbalance_verdict)
@@ -97,9 +103,13 @@ def test_thresholds_are_options() -> None:
 
 def test_result_serialises_to_json(results: dict[str, AnalysisResult]) -> None:
     data = orjson.loads(results["slow_rank1"].to_json())
-    assert data["imbalance_pct"] == pytest.approx(results["slow_rank1"].imbalance_pct)
+    assert data["imbalance_pct"] == pytest.approx(101.86923811531842)
+    assert data["exposed_comm_pct"] == pytest.approx(27.794984464375865)
     assert [r["rank"] for r in data["ranks"]] == [0, 1]
-    assert data["findings"][0]["kind"] == "straggler"
+    assert [r["steps"][0]["step"] for r in data["ranks"]] == [2, 2] and len(data["ranks"][1]["steps"]) == 6
+    assert [(f["kind"], f["ranks"]) for f in data["findings"]] == [
+        ("straggler", [1]), ("imbalance", [1]), ("communication_bound", [0])
+    ]
 
 
 def test_every_finding_carries_a_confidence(results: dict[str, AnalysisResult]) -> None:

@@ -12,7 +12,7 @@ import sys
 import pytest
 from transformers import HfArgumentParser
 
-from hf_distprof import ProfilingArguments, add_profiling_args, build_callbacks
+from hf_distprof import ProfilingArguments, StepTimerCallback, add_profiling_args, build_callbacks
 from hf_distprof.callbacks.memory import MemoryLoggerCallback, SimpleGPUMemoryCallback
 from hf_distprof.callbacks.profiler import ProfilerCallback
 from hf_distprof.config import flags_markdown, parse_rank_list
@@ -123,11 +123,10 @@ def test_disabled_means_no_callbacks():
 
 def test_enabled_callbacks_are_built_in_order():
     callbacks = build_callbacks(ProfilingArguments(enable_profiling=True, enable_memory_logging=True))
-    kinds = [type(cb) for cb in callbacks]
-    assert kinds[:1] == [ProfilerCallback]
-    assert MemoryLoggerCallback in kinds
+    # The step timer comes with --enable-profiling (its default follows it).
+    assert [type(cb) for cb in callbacks] == [ProfilerCallback, MemoryLoggerCallback, StepTimerCallback]
     only_memory = build_callbacks(ProfilingArguments(enable_memory_logging=True))
-    assert [type(cb) for cb in only_memory if not isinstance(cb, MemoryLoggerCallback)] == []
+    assert [type(cb) for cb in only_memory] == [MemoryLoggerCallback]
     assert SimpleGPUMemoryCallback is MemoryLoggerCallback
 
 
