@@ -1,0 +1,201 @@
+"""The diagnosis engine: the exact findings (words and numbers) on the committed traces and on hand-built ranks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hf_distprof.analysis import AnalysisOptions, analyze_paths
+from hf_distprof.analysis.cross_rank import cross_rank
+from hf_distprof.analysis.diagnosis import diagnose, undecided
+from hf_distprof.analysis.gpu import gpu_breakdown
+from hf_distprof.analysis.model import CpuBreakdown, Finding, RankResult, StepResult
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+OPTS = AnalysisOptions(workers=1)
+GEMM = "void gemm<float>(Params)"
+DDP_ADVICE = (
+    "Overlap communication with compute: larger DDP buckets (bucket_cap_mb) or gradient accumulation to all-reduce "
+    "less often, FSDP prefetching and wrap granularity, fewer/larger collectives (the per-kind table says which); "
+    "if one rank is late (see straggler findings) the wait is its fault, not the network's."
+)
+BALANCE_ADVICE = (
+    "Give every rank the same amount of work: pack or bucket sequences by length, drop uneven last batches, shard "
+    "evenly; the other ranks idle in collectives until the busiest finishes."
+)
+CPU_NOTE = (
+    " On CPU (gloo) the training thread waits for each collective, so nothing hides it: there the levers are fewer "
+    "and smaller collectives."
+)
+
+
+def findings(scenario: str) -> list[Finding]:
+    return analyze_paths(sorted((DATA / scenario).glob("rank-*.json.gz")), OPTS).findings
+
+
+def check(f: Finding, kind: str, severity: float, title: str, ranks: list[int], evidence: str, advice: str,
+          numbers: dict[str, float], confidence: float) -> None:
+    assert (f.kind, f.title, f.ranks, f.evidence, f.recommendation) == (kind, title, ranks, evidence, advice)
+    assert f.severity == pytest.approx(severity)
+    assert f.numbers == pytest.approx(numbers)
+    assert f.confidence == pytest.approx(confidence)
+
+
+# ---- the committed traces ---------------------------------------------------------------------------------
+
+
+def test_slow_rank1_straggler_imbalance_and_comm_bound():
+    straggler, imbalance, comm = findings("slow_rank1")
+    check(straggler, "straggler", 51.15280953715626, "Straggler: rank 1", [1],
+          "rank 1 reaches a collective of each step 31.48 ms after the earliest rank (its latest arrival per step, "
+          "median over steps; 12 matched collectives; 51.2% of the 61.55 ms step); it waits 2.43 ms per step on "
+          "communication while its peers wait 31.88 ms; it is the last to arrive in 6 of 6 steps (p = 0.016 by "
+          "chance), beyond the step-to-step noise of 3.4%",
+          "Look at what rank 1 does before its first collective that its peers do not: uneven data (sequence "
+          "lengths, batch sizes), extra work on that rank (logging, eval, checkpointing), a slower device or a busy "
+          "host. Open the merged trace (hf-distprof merge) and compare the forward/backward of that rank with a peer.",
+          {"lateness_us": 31484.08349609375}, 1 - 0.5**6)
+    check(imbalance, "imbalance", 47.72636435466815, "Load imbalance across ranks", [1],
+          "busy time (GPU: compute kernels; CPU: compute + data loading): rank 1 58.21 ms per step vs 28.84 ms on a "
+          "typical peer; rank 1's busy time (GPU: compute kernels; CPU: compute + data loading) exceeds its peers' "
+          "by a median 102.8% (threshold 10%, step-to-step noise 2.8%); it is the slowest in 6 of 6 steps (p = 0.016 "
+          "in a balanced run of 2 ranks)", BALANCE_ADVICE,
+          {"imbalance_pct": 102.8139526129988, "max_busy_us": 58211.26025390625,
+           "typical_busy_us": 28836.122233072918, "slowest_in_steps": 6, "steps": 6}, 1 - 0.5**6)
+    check(comm, "communication_bound", 27.794984464375865, "Communication-bound", [0],
+          "the training thread waits on collectives for 27.8% of step time on average (rank 0: 51.9%; threshold "
+          "30%); exposed by kind on rank 0: all_reduce 95.7%", DDP_ADVICE,
+          {"exposed_comm_pct": 27.794984464375865, "worst_rank_exposed_comm_pct": 51.871527887146705}, 1.0)
+
+
+def test_slow_data_is_data_loading_bound():
+    (f,) = findings("slow_data")
+    check(f, "data_loading_bound", 37.77276811664502, "Data-loading bound", [0, 1],
+          "fetching the next batch takes 37.8% of step time (median over steps) on 2 of 2 ranks, above the 10% "
+          "threshold in most steps",
+          "Load data ahead of the step: DataLoader num_workers > 0, pin_memory=True, persistent_workers=True, "
+          "prefetch_factor; pre-tokenise the dataset instead of tokenising in __getitem__.",
+          {"data_loading_pct": 37.77276811664502}, 1.0)
+
+
+def test_fsdp2_findings_name_the_unit_and_the_phase():
+    comm, gather, scatter = findings("fsdp2")
+    check(comm, "communication_bound", 50.660891219389654, "Communication-bound", [0, 1],
+          "the training thread waits on collectives for 50.7% of step time on average (rank 0: 53.1%; threshold "
+          "30%); exposed by kind on rank 0: all_gather 26.0%, reduce_scatter 26.0%",
+          "FSDP's all-gathers and reduce-scatters: see the FSDP findings for which and where; if one rank is late "
+          "(see straggler findings) the wait is its fault, not the network's.",
+          {"exposed_comm_pct": 50.660891219389654, "worst_rank_exposed_comm_pct": 53.08410723298496}, 1.0)
+    check(gather, "fsdp_exposed_all_gather", 29.79343351650436, "Exposed FSDP all-gather before forward", [0, 1],
+          "on rank 1 the training waits 10.07 ms per step for all-gathers, 29.8% of the step (median over 2 steps; "
+          "threshold 10%): 6.49 ms in forward, 3.59 ms in backward, of 10.07 ms of all-gather in 6 calls (0.0% "
+          "hidden); most exposed unit: net.2 (forward, 4.74 ms per step)",
+          "Most of it is before forward: prefetch further ahead (FSDP2 gathers one unit ahead; "
+          "unit.set_modules_to_forward_prefetch([next units]); FSDP1 forward_prefetch=True), and check the wrap "
+          "granularity: many small units make latency-bound all-gathers (wrap coarser), one huge unit cannot hide "
+          "behind its predecessor's compute (wrap finer)." + CPU_NOTE,
+          {"exposed_us": 10072.17333984375, "exposed_pct": 29.79343351650436, "forward_exposed_us": 6487.0927734375,
+           "backward_exposed_us": 3585.08056640625, "time_us": 10072.17333984375}, 1.0)
+    check(scatter, "fsdp_exposed_reduce_scatter", 25.697421201782987, "Reduce-scatter not overlapped with backward",
+          [0, 1],
+          "on rank 0 9.29 ms of reduce-scatter per step (3 calls), 0.0% of it hidden behind backward computation: "
+          "9.29 ms exposed, 25.7% of the step (median over 2 steps; threshold 10%); most exposed unit: net.0 "
+          "(backward, 4.65 ms per step)",
+          "A unit's reduce-scatter can only hide behind the backward of the units before it, so the last one (the "
+          "root's) is always exposed: keep the root unit small and wrap finer; with gradient accumulation skip it on "
+          "all but the last micro-batch (set_requires_gradient_sync(False)); reduce in bf16 "
+          "(MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)) to halve the bytes." + CPU_NOTE,
+          {"exposed_us": 9288.65576171875, "exposed_pct": 25.697421201782987, "time_us": 9288.65576171875}, 1.0)
+
+
+def test_gpu_traces_comm_bound_with_overlap_and_imbalance():
+    comm, imbalance = findings("gpu_float_ts")
+    check(comm, "communication_bound", 28.01235436703417, "Communication-bound", [0, 1, 3],
+          "communication kernels run with no computation for 28.0% of step time on average (rank 3: 34.5%; "
+          "threshold 30%); only 7.1% of communication overlaps computation; exposed by kind on rank 3: all_gather "
+          "4.1%, all_reduce 30.4%", DDP_ADVICE,
+          {"exposed_comm_pct": 28.01235436703417, "worst_rank_exposed_comm_pct": 34.512471655328795}, 1.0)
+    # Severity: the busiest rank's excess over the typical peer, as % of the mean step (2980 us).
+    check(imbalance, "imbalance", 100 * (1990 - 1422) / 2979.875, "Load imbalance across ranks", [2],
+          "busy time (GPU: compute kernels; CPU: compute + data loading): rank 2 1.99 ms per step vs 1.42 ms on a "
+          "typical peer; rank 2's busy time (GPU: compute kernels; CPU: compute + data loading) exceeds its peers' "
+          "by a median 39.9% (threshold 10%, step-to-step noise 0.0%); it is the slowest in 3 of 3 steps (p = 0.016 "
+          "in a balanced run of 4 ranks)", BALANCE_ADVICE,
+          {"imbalance_pct": 39.943741209563996, "max_busy_us": 1990.0, "typical_busy_us": 1422.0,
+           "slowest_in_steps": 3, "steps": 3}, 1 - 0.25**3)
+
+
+def test_a_clean_run_has_no_finding_and_nothing_undecided():
+    result = analyze_paths(sorted((DATA / "clean").glob("rank-*.json.gz")), OPTS)
+    assert result.findings == [] and undecided(result.cross_rank) == [] and undecided(None) == []
+
+
+# ---- hand-built ranks -------------------------------------------------------------------------------------
+
+
+def gpu_rank(r: int, n_kernels: int, kernel_us: float, gap_us: float, steps: int = 6) -> RankResult:
+    """A GPU rank whose steps (1000 us each) run ``n_kernels`` kernels of ``kernel_us`` with gaps of ``gap_us``."""
+    out = []
+    for s in range(steps):
+        t0 = 1000.0 * s
+        starts = [t0 + i * (kernel_us + gap_us) for i in range(n_kernels)]
+        gpu = gpu_breakdown(starts, [t + kernel_us for t in starts], [GEMM] * n_kernels, tiny_kernel_us=10.0)
+        cpu = CpuBreakdown(1000.0, 900.0, 0.0, 0.0, 100.0, 0.0, None)
+        out.append(StepResult(step=s + 1, start_us=t0, duration_us=1000.0, cpu=cpu, gpu=gpu, n_collectives=0))
+    return RankResult(rank=r, path=f"rank{r}", device="gpu", backend="nccl", world_size=2, host=None, n_events=0,
+                      steps=out, gpu_total=None, kernel_categories_us={}, kernel_categories_count={}, top_kernels=[],
+                      collectives=[])
+
+
+def test_an_idle_gpu_of_tiny_kernels_is_low_utilisation_and_launch_bound():
+    # 40 kernels of 4 us, 16 us apart: busy 160 of the 784 us kernel span, idle 79.6%.
+    tiny = [gpu_rank(0, 40, 4.0, 16.0), gpu_rank(1, 40, 4.0, 16.0)]
+    low, launch = diagnose(tiny, None, OPTS)
+    busy_pct = 100 * 160 / 784
+    check(low, "low_utilisation", 100 - busy_pct, "Low GPU utilisation", [0, 1],
+          f"the GPU is busy for {busy_pct:.1f}% of its step span (median over steps) on 2 of 2 ranks (lowest: rank 0 "
+          f"at {busy_pct:.1f}%; threshold 80%)",
+          "The GPU waits for the host: look for CPU work, synchronisations (.item(), .cpu(), printing tensors) and "
+          "data loading between kernels; increase the batch size or use CUDA graphs.",
+          {"gpu_busy_pct": busy_pct}, 1.0)
+    check(launch, "launch_bound", (100 - busy_pct) / 2, "Launch-bound: many tiny kernels", [0, 1],
+          f"100% of the 40 kernels per step run under 10 us while the GPU idles {100 - busy_pct:.1f}% of the step",
+          "Fuse small ops (torch.compile, fused optimizers foreach=True/fused=True, fused layer norms), use CUDA "
+          "graphs, or raise the batch size so each kernel does more work.",
+          {"tiny_kernel_pct": 100.0, "gpu_idle_pct": 100 - busy_pct, "kernels_per_step": 40.0}, 1.0)
+
+
+def test_idle_gpu_with_long_kernels_is_low_utilisation_only_and_a_busy_one_is_neither():
+    # 4 kernels of 40 us, 160 us apart (idle 80%), on one rank of two; the other is busy.
+    slow = gpu_rank(1, 4, 40.0, 160.0)
+    (low,) = diagnose([gpu_rank(0, 10, 40.0, 1.0), slow], None, OPTS)
+    assert (low.kind, low.ranks) == ("low_utilisation", [1])
+    assert low.numbers == pytest.approx({"gpu_busy_pct": 100 * 160 / 640})
+    assert low.evidence.startswith("the GPU is busy for 25.0% of its step span (median over steps) on 1 of 2 ranks")
+    # Many tiny kernels on a busy GPU are not launch-bound: the GPU does not wait.
+    assert diagnose([gpu_rank(0, 100, 5.0, 0.0)], None, OPTS) == []
+
+
+def cpu_rank(r: int, step_us: float, steps: int = 6) -> RankResult:
+    cpu = CpuBreakdown(step_us, 0.5 * step_us, 0.0, 0.0, 0.5 * step_us, 0.0, None)
+    out = [StepResult(step=s + 1, start_us=s * 200_000.0, duration_us=step_us, cpu=cpu, gpu=None, n_collectives=0)
+           for s in range(steps)]
+    return RankResult(rank=r, path=f"rank{r}", device="cpu", backend="gloo", world_size=4, host=None, n_events=0,
+                      steps=out, gpu_total=None, kernel_categories_us={}, kernel_categories_count={}, top_kernels=[],
+                      collectives=[])
+
+
+def test_a_rank_whose_steps_stand_out_is_a_straggler_by_its_excess():
+    ranks = [cpu_rank(0, 100_000.0), cpu_rank(1, 101_000.0), cpu_rank(2, 99_000.0), cpu_rank(3, 150_000.0)]
+    cross = cross_rank(ranks, OPTS)
+    found = {f.kind: f for f in diagnose(ranks, cross, OPTS)}
+    straggler = found["straggler"]
+    excess = 100 * (150_000 / 100_500 - 1)  # against the median rank's 100.5 ms
+    assert (straggler.ranks, straggler.title, straggler.numbers) == ([3], "Straggler: rank 3",
+                                                                     pytest.approx({"step_excess_pct": excess}))
+    assert straggler.severity == pytest.approx(excess) and straggler.confidence is None
+    assert straggler.recommendation == (
+        "Compare this rank's step with a peer's in the merged trace; check its host and device."
+    )
+    assert straggler.evidence.startswith(f"rank 3's steps take 150.00 ms, {excess:.1f}% more than the median rank's")
