@@ -16,6 +16,14 @@ the folder)::
     hang_rank{R}_{host}.txt                              --hang-timeout: every thread's stack when steps stop
     flight_recorder_rank{R}_{host}.pkl                   --hang-timeout on NCCL with the flight recorder on
     rank{R}.log                                          every rank's log records
+
+``hf-distprof bench-collectives`` writes into its ``--output-dir`` (rank 0)::
+
+    collectives_bench.csv, collectives_bench_busbw.png   one row per op and size; busbw against size
+
+``hf-distprof compare A B --report DIR`` writes ``compare.md``, ``compare.json``, ``compare_phases.png``;
+``hf-distprof scaling --output-dir DIR`` writes ``nproc{N}/`` (one run each), ``scaling.csv``,
+``scaling.json``, ``scaling.png``.
 """
 
 from __future__ import annotations
@@ -37,3 +45,14 @@ HANG_DUMP_NAME = "hang_rank{rank}_{host}.txt"
 HANG_BACKSTOP_NAME = "hang_rank{rank}_{host}.faulthandler.txt"
 FLIGHT_RECORDER_NAME = "flight_recorder_rank{rank}_{host}.pkl"
 RANK_LOG_NAME = "rank{rank}.log"
+BENCH_CSV_NAME = "collectives_bench.csv"
+BENCH_PNG_NAME = "collectives_bench_busbw.png"
+# hf-distprof compare --report DIR
+COMPARE_MD = "compare.md"
+COMPARE_JSON = "compare.json"
+COMPARE_PNG = "compare_phases.png"
+# hf-distprof scaling --output-dir DIR: one run folder per process count, then the table and the curve
+SCALING_RUN_DIR = "nproc{nproc}"
+SCALING_CSV = "scaling.csv"
+SCALING_JSON = "scaling.json"
+SCALING_PNG = "scaling.png"

@@ -155,7 +155,9 @@ def load_text(data: ModelDataArguments) -> Dataset:
         return Dataset.from_dict({"text": stdlib_docstrings()})
     if data.text_column not in ds.column_names:
         raise ValueError(f"--text-column {data.text_column!r} is not in the data; columns: {ds.column_names}")
-    return ds.select_columns([data.text_column]).rename_column(data.text_column, "text")
+    ds = ds.select_columns([data.text_column])
+    # datasets refuses a rename onto the same name (a .txt file's column is already "text").
+    return ds if data.text_column == "text" else ds.rename_column(data.text_column, "text")
 
 
 def tokenize_into_blocks(ds: Dataset, tokenizer: Any, block: int) -> Dataset:
@@ -383,7 +385,8 @@ def main() -> None:
         model=model, args=training_args, train_dataset=train_ds, data_collator=collator,
         processing_class=tokenizer, callbacks=callbacks,
     )
-    trainer.train()
+    # --resume-from-checkpoint: the Trainer restores the step, and hf_distprof's schedule counts from it.
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
 
     if training_args.process_index == 0:
         run_dirs = {str(cb.run_dir) for cb in callbacks if getattr(cb, "run_dir", None) is not None}

@@ -391,6 +391,37 @@ class BandwidthStat:
 
 
 @dataclass
+class BandwidthVsReference:
+    """One :class:`BandwidthStat` row against a reference bandwidth measured by ``hf-distprof
+    bench-collectives`` (``analyze --bandwidth-ref``; :mod:`hf_distprof.analysis.bandwidth_ref`).
+
+    Of the row's time per rank, ``late_peer_us`` was spent waiting for the last rank to arrive; the rest,
+    ``time_us``, moved data at ``busbw_gbps`` and would have taken ``at_ref_us`` at the reference's busbw.
+    The difference, when positive, is ``slow_network_us``: time lost to a network slower than measured.
+    """
+
+    kind: str
+    group_size: int | None
+    bucket: str
+    mean_bytes: float
+    ref_bytes: int
+    """The reference size used: the nearest (in ratio) of the same kind."""
+    ref_world_size: int
+    ref_busbw_gbps: float
+    basis: str
+    """"transfer" (the matched collectives, waits taken out) or "whole" (one rank: waits cannot be told apart)."""
+    busbw_gbps: float
+    time_us: float
+    """Per rank: the transfer time (basis "transfer") or the whole time ("whole")."""
+    at_ref_us: float
+    """``time_us`` at the reference busbw."""
+    slow_network_us: float
+    """``time_us - at_ref_us``, 0 when the trace was at least as fast."""
+    late_peer_us: float | None
+    """Per rank: waiting for the last rank (basis "transfer"); None with basis "whole"."""
+
+
+@dataclass
 class MemoryStepStat:
     """One device's memory in one ``ProfilerStep#N``, from the ``[memory]`` events."""
 
@@ -602,6 +633,10 @@ class AnalysisResult:
     unsized_collectives: int = 0
     """Collectives (counted on every rank) without a size: without ``record_param_comms`` sizes (newer
     PyTorch with NCCL) they need recorded shapes, read on NCCL traces with ``message_sizes="shapes"``."""
+    bandwidth_reference: list[BandwidthVsReference] = field(default_factory=list)
+    """``bandwidth`` rows against ``analyze --bandwidth-ref``'s CSV (empty without it)."""
+    bandwidth_reference_file: str | None = None
+    """That CSV; None without ``--bandwidth-ref``."""
 
     @property
     def exposed_comm_pct(self) -> float:

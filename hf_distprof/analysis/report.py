@@ -10,6 +10,7 @@ from pathlib import Path
 from hf_distprof import names
 from hf_distprof.analysis.model import AnalysisResult
 from hf_distprof.analysis.text import format_bytes, format_gbps, format_summary, missing_sizes_note
+from hf_distprof.analysis.text import reference_lines
 
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
@@ -333,6 +334,9 @@ def _bandwidth_markdown(result: AnalysisResult) -> list[str]:
             )
     if note:
         lines += ["", note] if result.bandwidth else [note]
+    reference = reference_lines(result)
+    if reference:
+        lines += ["", "### Against the reference bandwidth (`--bandwidth-ref`)", "", "```", *reference, "```"]
     return lines
 
 

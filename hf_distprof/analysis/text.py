@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hf_distprof.analysis.bandwidth_ref import totals
 from hf_distprof.analysis.model import AnalysisResult, BandwidthStat, CommKindStat, DeviceMemory, RankResult
 
 # Per-rank rows of the per-kind table up to this many ranks; beyond, the mean over ranks only.
@@ -194,6 +195,42 @@ def _bandwidth_table(result: AnalysisResult) -> list[str]:
     return out
 
 
+def reference_lines(result: AnalysisResult) -> list[str]:
+    """The bandwidth rows against ``--bandwidth-ref``'s CSV and the per-rank totals; empty without one."""
+    source = result.bandwidth_reference_file
+    if source is None:
+        return []
+    if not result.bandwidth_reference:
+        kinds = sorted({row.kind for row in result.bandwidth}) or ["none with a size"]
+        return [f"Against {source}: no collective of the trace ({', '.join(kinds)}) has a reference there."]
+    head = (
+        f"{'kind':<15} {'n':>3} {'size':<16} {'ref size':>10} {'ref busbw':>9} {'busbw':>7} {'time ms':>9} "
+        f"{'at ref ms':>9} {'slow net ms':>11} {'late peer ms':>12}"
+    )
+    out = [
+        f"Against {source} (busbw GB/s; per rank; time: transfer time, waits taken out, or the whole time with "
+        "one rank; at ref: the same bytes at the reference busbw of the nearest size; slow net: the difference)",
+        head,
+        "-" * len(head),
+    ]
+    for r in result.bandwidth_reference:
+        late = "-" if r.late_peer_us is None else _ms(r.late_peer_us)
+        out.append(
+            f"{r.kind:<15} {r.group_size or '-':>3} {r.bucket:<16} {format_bytes(r.ref_bytes):>10} "
+            f"{format_gbps(r.ref_busbw_gbps):>9} {format_gbps(r.busbw_gbps):>7} {_ms(r.time_us):>9} "
+            f"{_ms(r.at_ref_us):>9} {_ms(r.slow_network_us):>11} {late:>12}"
+        )
+    time_us, at_ref, slow, late_total = totals(result.bandwidth_reference)
+    waited = "" if all(r.late_peer_us is None for r in result.bandwidth_reference) else (
+        f"{_ms(late_total)} ms waiting for a late peer; ")
+    spent = "of transfers" if waited else "in collectives (waits included: one rank)"
+    out.append(
+        f"Per rank: {waited}{_ms(time_us)} ms {spent} would take {_ms(at_ref)} ms at the reference speed: "
+        f"{_ms(slow)} ms lost to a slow network."
+    )
+    return out
+
+
 def _memory_section(result: AnalysisResult) -> list[str]:
     """Peak memory per rank and device, and the top allocating operators; empty without ``[memory]`` events.
 
@@ -269,6 +306,8 @@ def format_summary(result: AnalysisResult) -> str:
     out += _kind_table(result)
     out += _unit_table(result)
     out += _bandwidth_table(result)
+    ref = reference_lines(result)
+    out += ["", *ref] if ref else []
     out += _memory_section(result)
     cross = result.cross_rank
     if cross is not None:

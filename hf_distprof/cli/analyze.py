@@ -44,6 +44,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--report", metavar="DIR", help="also write report.md/report.html/PNGs/analysis.json to DIR"
     )
     parser.add_argument(
+        "--bandwidth-ref",
+        metavar="FILE",
+        help="a CSV of hf-distprof bench-collectives: set each collective's transfer time against the benchmark's "
+        "busbw at the nearest size, to tell time lost to a slow network from waiting for a late peer",
+    )
+    parser.add_argument(
         "--workers", type=int, default=0, help="parallel processes (0: one per file, at most one per CPU core)"
     )
     parser.add_argument(
@@ -88,11 +94,25 @@ def run(args: argparse.Namespace) -> int:
     except OptionValueError as exc:
         print(f"hf-distprof analyze: error: {exc.for_flag(_flag(exc.name))}", file=sys.stderr)
         return 2
+    reference = None
+    if args.bandwidth_ref:
+        from hf_distprof.collbench import load_reference
+
+        try:
+            reference = load_reference(args.bandwidth_ref)
+        except (OSError, ValueError) as exc:
+            print(f"hf-distprof analyze: error: --bandwidth-ref: {exc}", file=sys.stderr)
+            return 2
     try:
         result = analyze_paths(args.paths, options)
     except FileNotFoundError as exc:
         print(f"hf-distprof analyze: error: {exc}", file=sys.stderr)
         return 2
+    if reference is not None:
+        from hf_distprof.analysis.bandwidth_ref import compare_to_reference
+
+        result.bandwidth_reference = compare_to_reference(result.bandwidth, reference)
+        result.bandwidth_reference_file = args.bandwidth_ref
     if args.json:
         sys.stdout.write(result.to_json().decode() + "\n")
     elif args.findings:

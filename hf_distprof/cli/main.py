@@ -15,7 +15,9 @@ from collections.abc import Sequence
 from hf_distprof import __version__
 
 # Module names under hf_distprof.cli; each one registers itself on the sub-parser.
-SUBCOMMANDS: tuple[str, ...] = ("flags", "analyze", "merge", "hang_report", "doctor")
+SUBCOMMANDS: tuple[str, ...] = (
+    "flags", "analyze", "merge", "hang_report", "doctor", "bench_collectives", "compare", "scaling",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,7 +3,8 @@
 Five clean runs must raise no straggler or imbalance, neither live (the step timer's warnings) nor offline
 (the trace analysis at train end). A rank slowed by ~40% and by ~80% of its own work must be named by
 both. A data-loading stall on every rank is data-bound, not a straggler; a comm-heavy configuration is
-communication-bound, not a straggler. Every run uses ``--imbalance-threshold-pct 20`` (see THRESHOLD). The
+communication-bound, not a straggler. ``hf-distprof compare`` on the same folders names the slowed rank's data
+loading, and no rank between two clean runs. Every run uses ``--imbalance-threshold-pct 20`` (see THRESHOLD). The
 table this prints (``pytest -s``) is the one in the guide.
 """
 
@@ -19,6 +20,8 @@ from pathlib import Path
 import pytest
 
 from hf_distprof.analysis import AnalysisOptions, analyze_paths
+from hf_distprof.runs.compare import compare_runs
+from hf_distprof.runs.load import load_run
 
 from .launch import train_lambda
 
@@ -165,6 +168,25 @@ def test_timing_summary_and_analysis_carry_the_profiler_slowdown(outcomes):
         assert slowdown["options"] == {"record_shapes": False, "profile_memory": False, "with_stack": False,
                                        "with_flops": False}
         assert o.analysis["profiler_slowdown"] == slowdown
+
+
+def test_compare_names_the_slowed_rank_and_data_loading_and_nothing_between_clean_runs(outcomes):
+    # hf-distprof compare on the same folders: rank 1 slowed by 40% against a clean run, and two clean runs.
+    clean, other = (load_run(outcomes[name].run_dir) for name in ("clean0", "clean1"))
+    slowed = compare_runs(clean, load_run(outcomes["slow40%"].run_dir))
+    h = slowed.headline
+    assert (h.kind, h.rank, h.phase, h.metric) == ("localized", 1, "data", "data_load_s"), h.text
+    rows = {(r.metric, r.rank): r.diff for r in slowed.rows}
+    assert rows[("data_load_s", 1)].significant and not rows[("data_load_s", 0)].significant
+    # Warm-up step 1 and the profiler's steps 6-13 are left out: 2-5 and 14-20 are compared.
+    assert (slowed.steps_a, slowed.steps_b) == (11, 11)
+    same = compare_runs(clean, other)
+    # Between two clean runs no rank and no phase is named. A machine whose load changed between the two runs
+    # (other work on the shared cores) slows every rank alike: that is reported as such, never as one rank.
+    assert same.headline.rank is None and same.headline.kind in ("none", "uniform"), same.headline.text
+    step = next(r.diff for r in same.rows if (r.metric, r.rank) == ("step_s", None))
+    if not step.significant:  # the machine was as busy for both runs: then nothing at all is significant
+        assert [(r.metric, r.rank) for r in same.significant] == [], same.headline.text
 
 
 def test_a_rank_that_keeps_memory_alive_is_named_with_its_rate(tmp_path):

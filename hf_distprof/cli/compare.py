@@ -1,0 +1,95 @@
+"""``hf-distprof compare RUN_A RUN_B``: two run folders side by side, with what changed beyond their noise."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value}")
+    return value
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``compare`` on the ``hf-distprof`` sub-parsers.
+
+    Args:
+        subparsers: The object returned by ``ArgumentParser.add_subparsers``.
+
+    Returns:
+        The sub-parser.
+    """
+    parser = subparsers.add_parser(
+        "compare",
+        help="compare two runs: per-rank phases, throughput, comm, imbalance, memory, with significance",
+        description=(
+            "Compare two run folders (the step timer's timing_rank{R}.jsonl and timing_summary.json, the memory "
+            "logger's files and the trace analysis when present): step time, each phase, throughput, gradient "
+            "sync, imbalance and memory per rank, side by side with deltas (B - A), which differences are beyond "
+            "both runs' step-to-step noise, and what changed most. Exit status 0 when both folders were read."
+        ),
+    )
+    parser.add_argument("run_a", metavar="RUN_A", help="the baseline run folder")
+    parser.add_argument("run_b", metavar="RUN_B", help="the run folder compared with it")
+    parser.add_argument("--json", action="store_true", help="print the comparison as JSON instead of a table")
+    parser.add_argument("--report", metavar="DIR", help="also write compare.md, compare.json, compare_phases.png")
+    parser.add_argument(
+        "--significant-only", action="store_true", help="show only the significant rows in the table"
+    )
+    parser.add_argument(
+        "--warmup-steps",
+        type=_non_negative,
+        default=None,
+        metavar="N",
+        help="steps left out at the start of each run (default: what timing_summary.json says, else 1)",
+    )
+    parser.add_argument(
+        "--traces",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="analyse a run folder's traces when it has no analysis.json, to compare the traced steps' compute, "
+        "communication and data loading (default: on)",
+    )
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Compare and print.
+
+    Returns:
+        0 when both runs were read and compared, 2 when a folder is not a readable run folder or the report
+        cannot be written.
+    """
+    from hf_distprof.runs.compare import compare_runs
+    from hf_distprof.runs.compare_report import format_comparison
+    from hf_distprof.runs.load import RunFolderError, load_run
+
+    try:
+        a = load_run(args.run_a, args.warmup_steps, analyze_traces=args.traces)
+        b = load_run(args.run_b, args.warmup_steps, analyze_traces=args.traces)
+    except RunFolderError as exc:
+        print(f"hf-distprof compare: error: {exc}", file=sys.stderr)
+        return 2
+    comparison = compare_runs(a, b)
+    if args.json:
+        print(json.dumps(comparison.to_json(), indent=2))
+    else:
+        print(format_comparison(comparison, args.significant_only))
+    if args.report:
+        from hf_distprof.runs.compare_report import write_compare_report
+
+        try:
+            path = write_compare_report(comparison, args.report)
+        except OSError as exc:
+            print(f"hf-distprof compare: --report {args.report}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
+        print(f"report written to {path}", file=sys.stderr)
+    return 0

@@ -1,0 +1,306 @@
+"""Two runs side by side: every phase, throughput, communication, imbalance and memory, per rank, with deltas.
+
+Pure functions over :class:`~hf_distprof.runs.load.RunData`; the result is plain dataclasses that serialise to
+JSON. Each figure is compared step by step (:func:`hf_distprof.runs.stats.judge_difference`), so a difference
+is called significant only when it stands out from both runs' own step-to-step noise.
+
+What changed most (the headline) is looked for among each rank's own work (data loading, forward, backward
+compute, optimizer), because under DDP a slow rank makes every other rank's step, data wait (the Trainer's
+cross-rank token count) and collective wait longer too: those follow from the cause and do not name it. A
+change is *localized* on a rank when the same phase on the other ranks changed by less than half as much;
+the largest localized change is the headline. When every rank changed alike, the headline says so: then the
+machine (load, clocks, threads) or the whole workload changed, not one rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from statistics import median
+from typing import Any
+
+from hf_distprof.runs.load import RunData
+from hf_distprof.runs.stats import Difference, judge_difference, single_difference
+from hf_distprof.verdicts import imbalance_pct
+
+Record = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One compared figure: how to read it from a step record, and how to show it."""
+
+    key: str
+    label: str
+    phase: str
+    """Short name used in the headline and the JSON (``data``, ``forward``, ``backward``, ...)."""
+    unit: str
+    """``s``, ``samples/s``, ``tokens/s``, ``%`` or ``MB``."""
+
+
+# Per rank, from timing_rank{R}.jsonl; seconds per optimizer step unless said otherwise.
+STEP_METRICS: tuple[Metric, ...] = (
+    Metric("step_s", "step time", "step", "s"),
+    Metric("data_s", "data wait (incl. cross-rank token count)", "data_wait", "s"),
+    Metric("data_load_s", "data loading", "data", "s"),
+    Metric("forward_s", "forward", "forward", "s"),
+    Metric("backward_s", "backward (incl. gradient sync)", "backward_with_sync", "s"),
+    Metric("backward_compute_s", "backward compute", "backward", "s"),
+    Metric("sync_s", "gradient sync (backward - compute)", "sync", "s"),
+    Metric("optimizer_s", "optimizer", "optimizer", "s"),
+    Metric("pre_sync_s", "own work before the sync", "pre_sync", "s"),
+    Metric("wait_s", "waiting for other ranks", "wait", "s"),
+    Metric("samples_per_s", "throughput", "throughput", "samples/s"),
+    Metric("tokens_per_s", "throughput", "throughput", "tokens/s"),
+)
+# Across ranks, per step: what the run as a whole did.
+RUN_METRICS: tuple[Metric, ...] = (
+    Metric("step_s", "step time (slowest rank)", "step", "s"),
+    Metric("samples_per_s", "throughput (all ranks)", "throughput", "samples/s"),
+    Metric("tokens_per_s", "throughput (all ranks)", "throughput", "tokens/s"),
+    Metric("comm_pct", "gradient sync share of the step", "sync", "%"),
+    Metric("imbalance_pct", "imbalance of own work (max vs others)", "imbalance", "%"),
+)
+MEMORY_METRIC = Metric("memory_mb", "memory in use", "memory", "MB")
+PEAK_METRIC = Metric("peak_memory_mb", "peak memory over the run", "memory", "MB")
+TRACE_METRICS: tuple[Metric, ...] = (
+    Metric("compute_s", "traced compute", "trace_compute", "s"),
+    Metric("communication_s", "traced communication wait", "trace_comm", "s"),
+    Metric("data_loading_s", "traced data loading", "trace_data", "s"),
+)
+# The rank's own work, where a cause shows; the second key is the fallback when the first was not measured.
+OWN_WORK: tuple[tuple[str, str | None], ...] = (
+    ("data_load_s", "data_s"), ("forward_s", None), ("backward_compute_s", "backward_s"), ("optimizer_s", None),
+)
+LOCALIZED_SHARE = 0.5
+"""A change is localized on a rank when the other ranks' change of that phase is below this share of it."""
+
+
+@dataclass
+class Row:
+    """One figure of one rank (``rank`` None: the run as a whole), A against B."""
+
+    metric: str
+    label: str
+    phase: str
+    unit: str
+    rank: int | None
+    diff: Difference
+
+
+@dataclass
+class Headline:
+    """What changed most."""
+
+    kind: str
+    """``localized`` (one rank's phase), ``uniform`` (every rank alike), ``other`` or ``none``."""
+    rank: int | None
+    phase: str | None
+    metric: str | None
+    text: str
+
+
+@dataclass
+class Comparison:
+    """Run B against run A."""
+
+    run_a: str
+    run_b: str
+    ranks_a: list[int]
+    ranks_b: list[int]
+    steps_a: int
+    """Steps compared per rank in run A (warm-up and profiled steps left out), the fewest over ranks."""
+    steps_b: int
+    rows: list[Row]
+    headline: Headline
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def significant(self) -> list[Row]:
+        return [r for r in self.rows if r.diff.significant]
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (each row's difference inline)."""
+        return dataclasses.asdict(self)
+
+
+def step_value(record: Record, key: str) -> float | None:
+    """One per-rank figure of one step record; None when the step timer did not measure it."""
+    if key == "sync_s":
+        bwd, compute = record.get("backward_s"), record.get("backward_compute_s")
+        return None if bwd is None or compute is None else float(bwd) - float(compute)
+    if key in ("samples_per_s", "tokens_per_s"):
+        count, step = record.get(key.split("_")[0], 0) or 0, record.get("step_s") or 0.0
+        return float(count) / float(step) if count and step > 0 else None
+    value = record.get(key)
+    return None if value is None else float(value)
+
+
+def _per_step(records: list[Record], key: str) -> list[float]:
+    return [v for v in (step_value(r, key) for r in records) if v is not None]
+
+
+def run_series(run: RunData) -> dict[str, list[float]]:
+    """Per-step figures of the run as a whole, over the steps every rank recorded."""
+    by_step: dict[int, dict[int, Record]] = {}
+    for rank in run.ranks:
+        for record in run.counted(rank):
+            by_step.setdefault(int(record["step"]), {})[rank] = record
+    out: dict[str, list[float]] = {m.key: [] for m in RUN_METRICS}
+    for step in sorted(by_step):
+        got = by_step[step]
+        if len(got) != len(run.ranks):
+            continue
+        step_s = max(float(r["step_s"]) for r in got.values())
+        out["step_s"].append(step_s)
+        for key in ("samples", "tokens"):
+            total = sum(int(r.get(key, 0) or 0) for r in got.values())
+            if total and step_s > 0:
+                out[f"{key}_per_s"].append(total / step_s)
+        syncs = [step_value(r, "sync_s") for r in got.values()]
+        if all(s is not None for s in syncs) and step_s > 0:
+            out["comm_pct"].append(100.0 * sum(s or 0.0 for s in syncs) / len(syncs) / step_s)
+        pre = [float(r["pre_sync_s"]) for r in got.values() if r.get("pre_sync_s") is not None]
+        if len(pre) == len(got) > 1:
+            out["imbalance_pct"].append(imbalance_pct(pre))
+    return out
+
+
+def memory_series(run: RunData, rank: int) -> list[float]:
+    """The rank's memory in use (MB) at each memory logging step after the warm-up: GPU allocated, else RSS."""
+    records = run.memory.get(rank, [])
+    key = "allocated_mb" if any("allocated_mb" in r for r in records) else "rss_mb"
+    first = min((int(r["step"]) for r in run.steps.get(rank, [])), default=1)
+    return [float(r[key]) for r in records if key in r and int(r["step"]) >= first + run.warmup_steps]
+
+
+def peak_memory_mb(run: RunData, rank: int) -> float | None:
+    """The rank's peak memory over the run (MB): the memory logger's summary, else the step timer's."""
+    rows = (run.memory_summary or {}).get("per_rank") or []
+    basis = (run.memory_summary or {}).get("peak_basis")
+    for row in rows:
+        if row.get("rank") == rank and basis in row:
+            return float(row[basis])
+    for row in (run.summary or {}).get("per_rank") or []:
+        if row.get("rank") == rank and row.get("peak_memory_bytes") is not None:
+            return float(row["peak_memory_bytes"]) / 2**20
+    return None
+
+
+def _median_step(run: RunData) -> float | None:
+    steps = run_series(run)["step_s"]
+    return median(steps) if steps else None
+
+
+def compare_runs(a: RunData, b: RunData) -> Comparison:
+    """Compare run B with run A.
+
+    Args:
+        a: The baseline run.
+        b: The run compared with it.
+
+    Returns:
+        Every figure side by side with its delta and significance, and the headline.
+    """
+    notes: list[str] = []
+    ranks = sorted(set(a.ranks) & set(b.ranks))
+    if a.ranks != b.ranks:
+        notes.append(f"run A has ranks {a.ranks}, run B {b.ranks}: per-rank rows are for ranks {ranks} only")
+    step_a = _median_step(a)
+    rows: list[Row] = []
+
+    def add(metric: Metric, rank: int | None, xs: list[float], ys: list[float]) -> None:
+        if not xs and not ys:
+            return
+        diff = judge_difference(
+            xs, ys, points=metric.unit == "%", step_s=step_a if metric.unit == "s" and metric.key != "step_s" else None
+        )
+        rows.append(Row(metric.key, metric.label, metric.phase, metric.unit, rank, diff))
+
+    series_a, series_b = run_series(a), run_series(b)
+    run_metrics = {m.key: m for m in RUN_METRICS}
+    for metric in STEP_METRICS:
+        if metric.key in run_metrics:
+            add(run_metrics[metric.key], None, series_a[metric.key], series_b[metric.key])
+        for rank in ranks:
+            add(metric, rank, _per_step(a.counted(rank), metric.key), _per_step(b.counted(rank), metric.key))
+    for key in ("comm_pct", "imbalance_pct"):
+        add(run_metrics[key], None, series_a[key], series_b[key])
+    for rank in ranks:
+        add(MEMORY_METRIC, rank, memory_series(a, rank), memory_series(b, rank))
+    for rank in ranks:
+        peaks = peak_memory_mb(a, rank), peak_memory_mb(b, rank)
+        if peaks != (None, None):
+            m = PEAK_METRIC
+            rows.append(Row(m.key, m.label, m.phase, m.unit, rank, single_difference(*peaks)))
+    if a.trace_steps and b.trace_steps:
+        for metric in TRACE_METRICS:
+            for rank in ranks:
+                add(metric, rank, [s[metric.key] for s in a.trace_steps.get(rank, [])],
+                    [s[metric.key] for s in b.trace_steps.get(rank, [])])
+    if a.traced_steps or b.traced_steps:
+        notes.append("steps inside a profiler window are left out of the step-timer figures (the profiler slows them)")
+    counted = [min((len(r.counted(k)) for k in ranks), default=0) for r in (a, b)]
+    return Comparison(str(a.path), str(b.path), a.ranks, b.ranks, counted[0], counted[1], rows,
+                      headline(rows, ranks), notes)
+
+
+def _own_work_rows(rows: list[Row], ranks: list[int]) -> list[Row]:
+    """Per rank, the own-work phases that were measured (the fallback key where the first is missing)."""
+    by_key = {(r.metric, r.rank): r for r in rows}
+    out = []
+    for first, fallback in OWN_WORK:
+        key = first if any((first, k) in by_key for k in ranks) else fallback
+        out += [by_key[(key, k)] for k in ranks if key is not None and (key, k) in by_key]
+    return out
+
+
+def _fmt_delta(row: Row) -> str:
+    d = row.diff
+    pct = "" if d.delta_pct is None else f", {d.delta_pct:+.0f}%"
+    return f"{d.median_a:.4f} -> {d.median_b:.4f} {row.unit} per step ({d.delta:+.4f}{pct})"
+
+
+def headline(rows: list[Row], ranks: list[int]) -> Headline:
+    """What changed most: the largest localized change of a rank's own work, else a uniform or other change.
+
+    Args:
+        rows: The compared rows.
+        ranks: The ranks both runs have.
+
+    Returns:
+        The headline.
+    """
+    own = [r for r in _own_work_rows(rows, ranks) if r.diff.significant and r.diff.delta is not None]
+
+    def peers(row: Row) -> float:
+        others = [o.diff.delta or 0.0 for o in _own_work_rows(rows, ranks) if o.metric == row.metric
+                  and o.rank != row.rank and o.diff.delta is not None]
+        return median(others) if others else 0.0
+
+    def excess(row: Row) -> float:
+        return abs((row.diff.delta or 0.0) - peers(row))
+
+    localized = [r for r in own if abs(peers(r)) < LOCALIZED_SHARE * abs(r.diff.delta or 0.0)]
+    if localized:
+        top = max(localized, key=excess)
+        beside = f", against {peers(top):+.4f} s on the other ranks" if len(ranks) > 1 else ""
+        return Headline("localized", top.rank, top.phase, top.metric,
+                        f"rank {top.rank}, {top.label}: {_fmt_delta(top)}{beside}")
+    if own:
+        top = max(own, key=lambda r: abs(r.diff.delta or 0.0))
+        changed = ", ".join(sorted({r.label for r in own}))
+        step = next((r for r in rows if r.metric == "step_s" and r.rank is None), None)
+        whole = f"step time {_fmt_delta(step)}; " if step is not None and step.diff.delta is not None else ""
+        return Headline("uniform", None, top.phase, top.metric,
+                        f"every rank changed alike: {whole}{changed} (largest: rank {top.rank} {top.label} "
+                        f"{_fmt_delta(top)}): the machine (load, clocks, threads) or the whole workload changed, "
+                        "not one rank")
+    others = [r for r in rows if r.diff.significant]
+    if others:
+        top = max(others, key=lambda r: abs(r.diff.delta_pct or 0.0))
+        who = "the run" if top.rank is None else f"rank {top.rank}"
+        return Headline("other", top.rank, top.phase, top.metric,
+                        f"{who}, {top.label}: {top.diff.median_a:.4g} -> {top.diff.median_b:.4g} {top.unit} "
+                        f"({top.diff.delta:+.4g}); no rank's own work changed beyond the noise")
+    return Headline("none", None, None, None, "no significant difference: every change is within the runs' noise")

@@ -1,0 +1,232 @@
+"""Read a run folder (what the step timer, the memory logger and the profiler wrote) into plain data.
+
+The one place that knows the files of a run folder for ``compare`` and ``scaling``: ``timing_rank{R}.jsonl``
+(required), ``timing_summary.json``, ``memory_rank{R}.jsonl``, ``memory_summary.json``, the traces'
+file names (their step windows) and ``analysis.json`` (the trace analysis, per traced step). No torch, no
+transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hf_distprof import names
+
+WARMUP_STEPS = 1
+"""Steps left out at the start when ``timing_summary.json`` does not say (the step timer's own default)."""
+
+_TIMING_RE = re.compile(re.escape(names.TIMING_LOG_NAME).replace(r"\{rank\}", r"(\d+)") + "$")
+_MEMORY_RE = re.compile(re.escape(names.MEMORY_LOG_NAME).replace(r"\{rank\}", r"(\d+)") + "$")
+_TRACE_WINDOW_RE = re.compile(r"^rank\d+_.*_step(\d+)-(\d+)" + re.escape(names.TRACE_SUFFIX) + "$")
+
+
+class RunFolderError(ValueError):
+    """A run folder that cannot be read: missing, without timing files, or with a malformed file."""
+
+
+@dataclass
+class RunData:
+    """Everything ``compare`` and ``scaling`` read from one run folder.
+
+    Attributes:
+        path: The run folder.
+        steps: rank -> its ``timing_rank{R}.jsonl`` records (one dict per optimizer step), in file order.
+        summary: ``timing_summary.json``, when rank 0 wrote it.
+        memory: rank -> its ``memory_rank{R}.jsonl`` records (one per memory logging step).
+        memory_summary: ``memory_summary.json``, when present.
+        traced_steps: Optimizer steps inside a profiler window (from the trace files' names): the profiler
+            slows them down, so they are left out of the comparisons.
+        trace_steps: rank -> per traced step, ``{"step", "compute_s", "communication_s", "data_loading_s"}``
+            from ``analysis.json`` (the trace analysis); empty when the folder has none.
+        warmup_steps: Steps left out at the start of every rank's records.
+    """
+
+    path: Path
+    steps: dict[int, list[dict[str, Any]]]
+    summary: dict[str, Any] | None = None
+    memory: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    memory_summary: dict[str, Any] | None = None
+    traced_steps: set[int] = field(default_factory=set)
+    trace_steps: dict[int, list[dict[str, float]]] = field(default_factory=dict)
+    warmup_steps: int = WARMUP_STEPS
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted(self.steps)
+
+    def counted(self, rank: int) -> list[dict[str, Any]]:
+        """The rank's step records used in comparisons: warm-up and profiled steps left out."""
+        records = self.steps.get(rank, [])
+        first = min((int(r["step"]) for r in records), default=0)
+        return [
+            r for r in records
+            if int(r["step"]) >= first + self.warmup_steps and int(r["step"]) not in self.traced_steps
+        ]
+
+
+def find_run_dir(path: str | Path) -> Path:
+    """The run folder at ``path``: ``path`` itself when it holds timing files, else its only such subfolder.
+
+    So both ``<profiler-output-dir>/<run-name>`` and a ``--profiler-output-dir`` holding one run are accepted.
+
+    Raises:
+        RunFolderError: ``path`` does not exist, or neither it nor exactly one subfolder holds timing files.
+    """
+    folder = Path(path)
+    if not folder.is_dir():
+        raise RunFolderError(f"{folder}: no such folder")
+    if _timing_files(folder):
+        return folder
+    try:
+        subfolders = [p for p in folder.iterdir() if p.is_dir()]
+    except OSError as err:
+        raise RunFolderError(f"{folder}: cannot be read ({err.strerror or err})") from err
+    candidates = sorted(p for p in subfolders if _timing_files(p))
+    if len(candidates) == 1:
+        return candidates[0]
+    if candidates:
+        listed = ", ".join(p.name for p in candidates)
+        raise RunFolderError(f"{folder}: holds several run folders ({listed}); name one of them")
+    raise RunFolderError(
+        f"{folder}: no {names.TIMING_LOG_NAME.format(rank='*')} files here or in a subfolder: not a run folder of "
+        "the step timer (train with --enable-step-timing or --enable-profiling)"
+    )
+
+
+def _timing_files(folder: Path) -> dict[int, Path]:
+    out: dict[int, Path] = {}
+    try:
+        entries = list(folder.iterdir())
+    except OSError:  # a subfolder we may not read is not a run folder
+        return out
+    for p in entries:
+        m = _TIMING_RE.match(p.name)
+        if m and p.is_file():
+            out[int(m.group(1))] = p
+    return out
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    records = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as err:
+        raise RunFolderError(f"{path}: cannot be read ({err.strerror or err})") from err
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            if number == len(lines):
+                break  # a last line cut short by a run that was killed: the lines before it hold
+            raise RunFolderError(f"{path}, line {number}: not JSON ({err.msg})") from err
+        if not isinstance(record, dict) or "step" not in record:
+            raise RunFolderError(f"{path}, line {number}: a record without a 'step'")
+        records.append(record)
+    return records
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as err:
+        raise RunFolderError(f"{path}: not readable JSON ({err})") from err
+    if not isinstance(data, dict):
+        raise RunFolderError(f"{path}: expected a JSON object")
+    return data
+
+
+def _trace_steps(analysis: dict[str, Any]) -> dict[int, list[dict[str, float]]]:
+    """Per rank and traced step, the CPU-side breakdown of the trace analysis, in seconds."""
+    out: dict[int, list[dict[str, float]]] = {}
+    for rank in analysis.get("ranks") or []:
+        rows = []
+        for step in rank.get("steps") or []:
+            cpu = step.get("cpu") or {}
+            rows.append({
+                "step": float(step.get("step", 0)),
+                "compute_s": float(cpu.get("compute_us", 0.0)) / 1e6,
+                "communication_s": float(cpu.get("communication_us", 0.0)) / 1e6,
+                "data_loading_s": float(cpu.get("data_loading_us", 0.0)) / 1e6,
+            })
+        if rows:
+            out[int(rank.get("rank", len(out)))] = rows
+    return out
+
+
+def _profiler_warmup(traced: set[int], summary: dict[str, Any] | None) -> set[int]:
+    """The profiler's warm-up steps before a single traced window: it runs over them too, without writing them.
+
+    The trace file names give the recorded window only; the step timer's ``profiler_slowdown`` counts every step
+    the profiler ran over. Only for one contiguous window (a repeating schedule leaves it ambiguous).
+    """
+    inside = int(((summary or {}).get("profiler_slowdown") or {}).get("steps_inside") or 0)
+    if not traced or max(traced) - min(traced) + 1 != len(traced) or inside <= len(traced):
+        return set()
+    return set(range(max(traced) - inside + 1, min(traced)))
+
+
+def _analyze_traces(folder: Path) -> dict[str, Any] | None:
+    """The trace analysis of the folder's traces (what ``--profiler-analyze`` would have written)."""
+    from hf_distprof.analysis import analyze_paths
+
+    try:
+        result = analyze_paths([folder])
+    except (FileNotFoundError, OSError) as err:
+        raise RunFolderError(f"{folder}: its traces cannot be analysed ({err})") from err
+    return result.to_dict() if result.ranks else None
+
+
+def load_run(path: str | Path, warmup_steps: int | None = None, analyze_traces: bool = False) -> RunData:
+    """Read one run folder.
+
+    Args:
+        path: The run folder (or a folder holding exactly one, see :func:`find_run_dir`).
+        warmup_steps: Steps to leave out at the start; None: what ``timing_summary.json`` says it left out of
+            its means, else :data:`WARMUP_STEPS`.
+        analyze_traces: When the folder has traces but no ``analysis.json``, analyse them (seconds per run) for
+            the traced steps' breakdown.
+
+    Returns:
+        The run's data.
+
+    Raises:
+        RunFolderError: The folder is missing, has no timing files, or a file in it is malformed.
+    """
+    folder = find_run_dir(path)
+    steps = {rank: _read_jsonl(p) for rank, p in sorted(_timing_files(folder).items())}
+    if not any(steps.values()):
+        raise RunFolderError(f"{folder}: the timing files hold no step")
+    summary = _read_json(folder / names.TIMING_SUMMARY_NAME)
+    memory: dict[int, list[dict[str, Any]]] = {}
+    traced: set[int] = set()
+    for p in folder.iterdir():
+        m = _MEMORY_RE.match(p.name)
+        if m:
+            memory[int(m.group(1))] = _read_jsonl(p)
+        w = _TRACE_WINDOW_RE.match(p.name)
+        if w:
+            traced.update(range(int(w.group(1)), int(w.group(2)) + 1))
+    traced |= _profiler_warmup(traced, summary)
+    analysis = _read_json(folder / names.ANALYSIS_NAME)
+    if analysis is None and traced and analyze_traces:
+        analysis = _analyze_traces(folder)
+    if warmup_steps is None:
+        warmup_steps = int((summary or {}).get("warmup_steps_excluded", WARMUP_STEPS))
+    return RunData(
+        path=folder,
+        steps=steps,
+        summary=summary,
+        memory=memory,
+        memory_summary=_read_json(folder / names.MEMORY_SUMMARY_NAME),
+        traced_steps=traced,
+        trace_steps=_trace_steps(analysis) if analysis else {},
+        warmup_steps=warmup_steps,
+    )

@@ -1,0 +1,250 @@
+"""``hf-distprof compare``: reading run folders, the significance decision, the headline, the CLI and report."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from hf_distprof import names
+from hf_distprof.cli.main import main
+from hf_distprof.runs.compare import compare_runs, run_series
+from hf_distprof.runs.load import RunFolderError, find_run_dir, load_run
+from hf_distprof.runs.stats import judge_difference, mann_whitney_p, scaled_mad
+
+from .fake_runs import clean_run, jitter, record, write_run
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def rows_by(comparison):
+    return {(r.metric, r.rank): r for r in comparison.rows}
+
+
+# ---- statistics ---------------------------------------------------------------------------------------------
+
+
+def test_rank_sum_p_value_matches_the_normal_approximation_with_continuity_correction():
+    # U = 0 for 5 vs 5: z = (12.5 - 0.5) / sqrt(25 * 11 / 12) = 2.5067, two-sided p = 0.012186
+    # (scipy.stats.mannwhitneyu(..., method="asymptotic") gives the same).
+    assert mann_whitney_p([1, 2, 3, 4, 5], [6, 7, 8, 9, 10]) == pytest.approx(0.0121857, abs=1e-6)
+    assert mann_whitney_p([6, 7, 8, 9, 10], [1, 2, 3, 4, 5]) == mann_whitney_p([1, 2, 3, 4, 5], [6, 7, 8, 9, 10])
+    # Ties: a = [1, 2, 2], b = [2, 3, 3]: mid-ranks 1, 3, 3 | 3, 5.5, 5.5; U1 = 7 - 6 = 1, tie term 24 + 6 = 30,
+    # var = 9 / 12 * (7 - 30 / 30) = 4.5, z = (4.5 - 1 - 0.5) / sqrt(4.5) = 1.41421, p = erfc(1) = 0.157299.
+    assert mann_whitney_p([1, 2, 2], [2, 3, 3]) == pytest.approx(0.157299, abs=1e-6)
+    assert mann_whitney_p([1.0] * 6, [1.0] * 6) == 1.0
+    assert mann_whitney_p([], [1.0]) == 1.0
+
+
+def test_scaled_mad_is_the_median_absolute_deviation_times_1_4826():
+    assert scaled_mad([1.0, 2.0, 3.0, 4.0, 100.0]) == pytest.approx(1.4826)
+    assert scaled_mad([5.0]) == 0.0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_samples_of_one_distribution_are_not_significant_and_a_30pct_slowdown_is(seed):
+    rng = random.Random(seed)
+    a = [rng.gauss(1.0, 0.05) for _ in range(29)]
+    same = [rng.gauss(1.0, 0.05) for _ in range(29)]
+    slower = [rng.gauss(1.3, 0.05) for _ in range(29)]
+    assert judge_difference(a, same).status == "not significant"
+    verdict = judge_difference(a, slower)
+    assert verdict.status == "significant" and verdict.p_value < 1e-6
+
+
+def test_each_gate_has_its_reason():
+    base = [1.0 + jitter(s) for s in range(30)]
+    assert judge_difference(base, [x * 1.05 for x in base]).reason == "change below 10%"
+    noisy = [1.0 + jitter(s, scale=0.1) for s in range(30)]  # +-0.5 around 1.0, scaled MAD 0.44
+    assert judge_difference(noisy, [x + 0.2 for x in noisy]).reason == "within the step-to-step noise"
+    small = [0.01 + jitter(s, scale=1e-5) for s in range(30)]
+    material = judge_difference(small, [x + 0.01 for x in small], step_s=1.0)
+    assert material.reason == "less than 5% of the step time" and material.delta_pct == pytest.approx(100.0)
+    shares = [10.0 + jitter(s, scale=0.1) for s in range(30)]
+    assert judge_difference(shares, [x + 5 for x in shares], points=True).reason == "change below 10 points"
+    assert judge_difference(base[:4], [x * 2 for x in base[:4]]).status == "too few steps"
+    assert judge_difference([], base).status == "too few steps"
+
+
+# ---- reading run folders ------------------------------------------------------------------------------------
+
+
+def test_a_folder_without_timing_files_is_an_error_naming_it(tmp_path):
+    with pytest.raises(RunFolderError, match=f"^{tmp_path}: no timing_rank\\*.jsonl files here or in a subfolder"):
+        load_run(tmp_path)
+    with pytest.raises(RunFolderError, match="no such folder"):
+        load_run(tmp_path / "missing")
+
+
+def test_a_parent_with_one_run_folder_is_accepted_and_with_two_is_refused(tmp_path):
+    clean_run(tmp_path / "prof" / "a")
+    assert find_run_dir(tmp_path / "prof") == tmp_path / "prof" / "a"
+    clean_run(tmp_path / "prof" / "b")
+    with pytest.raises(RunFolderError, match=r"holds several run folders \(a, b\)"):
+        find_run_dir(tmp_path / "prof")
+
+
+def test_a_malformed_line_names_the_file_and_line_but_a_cut_last_line_is_tolerated(tmp_path):
+    folder = write_run(tmp_path / "run", {0: [record(1), record(2)]})
+    path = folder / "timing_rank0.jsonl"
+    path.write_text(path.read_text() + '{"step": 3, "data')
+    assert [r["step"] for r in load_run(folder).steps[0]] == [1, 2]
+    path.write_text(json.dumps(record(1)) + "\nnot json\n" + json.dumps(record(3)) + "\n")
+    with pytest.raises(RunFolderError, match=f"{path}, line 2: not JSON"):
+        load_run(folder)
+
+
+def test_warm_up_and_every_step_the_profiler_ran_over_are_left_out(tmp_path):
+    folder = clean_run(tmp_path / "run", steps=20)
+    for rank in (0, 1):
+        (folder / f"rank{rank}_host_step10-12{names.TRACE_SUFFIX}").write_bytes(b"")
+    # The trace names hold the recorded steps 10-12; the step timer counted 5 profiled steps: 8-9 were its warm-up.
+    summary = {"warmup_steps_excluded": 1, "profiler_slowdown": {"steps_inside": 5}}
+    (folder / "timing_summary.json").write_text(json.dumps(summary))
+    run = load_run(folder)
+    assert run.traced_steps == {8, 9, 10, 11, 12}
+    assert [r["step"] for r in run.counted(1)] == [2, 3, 4, 5, 6, 7, 13, 14, 15, 16, 17, 18, 19, 20]
+    assert [r["step"] for r in load_run(folder, warmup_steps=3).counted(0)][:3] == [4, 5, 6]
+
+
+# ---- the comparison -----------------------------------------------------------------------------------------
+
+
+def test_run_series_gives_the_imbalance_and_the_sync_share_per_step(tmp_path):
+    # Rank 1's own work (0.6 s) is 20% over rank 0's (0.5 s); each syncs 0.05 s of a 0.5 s step: 10%.
+    rank0 = [record(s, load=0.0, fwd=0.2, compute=0.3, bwd=0.35, data=0.0, opt=0.0, step_s=0.5) for s in (1, 2, 3)]
+    rank1 = [record(s, load=0.0, fwd=0.3, compute=0.3, bwd=0.35, data=0.0, opt=0.0, step_s=0.5) for s in (1, 2, 3)]
+    series = run_series(load_run(write_run(tmp_path / "r", {0: rank0, 1: rank1})))
+    assert series["imbalance_pct"] == pytest.approx([20.0, 20.0])  # steps 2 and 3; step 1 is the warm-up
+    assert series["comm_pct"] == pytest.approx([10.0, 10.0])
+    assert series["samples_per_s"] == pytest.approx([32.0, 32.0])  # 16 samples of both ranks per 0.5 s
+
+
+def test_one_ranks_slower_data_loading_is_named_with_exact_deltas(tmp_path):
+    a = load_run(clean_run(tmp_path / "a"))
+    # Rank 1's loader sleeps 0.2 s per batch; both ranks' data wait and step grow (the cross-rank token count
+    # waits for it), and rank 0 waits in the sync: none of those is the cause.
+    b = load_run(clean_run(tmp_path / "b", load_rank1=0.2, data=0.2))
+    c = compare_runs(a, b)
+    rows = rows_by(c)
+    slow = rows[("data_load_s", 1)].diff
+    assert slow.status == "significant"
+    assert (slow.median_a, slow.delta, slow.delta_pct) == pytest.approx((0.005, 0.2, 4000.0))
+    assert rows[("data_load_s", 0)].diff.delta == pytest.approx(0.0, abs=1e-12)
+    assert rows[("data_load_s", 0)].diff.status == "not significant"
+    assert rows[("step_s", None)].diff.delta == pytest.approx(0.2) and rows[("step_s", None)].diff.significant
+    assert rows[("wait_s", 0)].diff.significant and not rows[("wait_s", 1)].diff.significant
+    assert not rows[("forward_s", 0)].diff.significant and not rows[("forward_s", 1)].diff.significant
+    h = c.headline
+    assert (h.kind, h.rank, h.phase, h.metric) == ("localized", 1, "data", "data_load_s")
+    assert h.text.startswith("rank 1, data loading: 0.0050 -> 0.2050 s per step (+0.2000, +4000%)")
+    assert (c.steps_a, c.steps_b, c.ranks_a, c.ranks_b) == (29, 29, [0, 1], [0, 1])
+
+
+def test_two_runs_of_the_same_distribution_show_no_significant_difference(tmp_path):
+    c = compare_runs(load_run(clean_run(tmp_path / "a")), load_run(clean_run(tmp_path / "b", phase=5)))
+    assert c.significant == [] and len(c.rows) == 29
+    assert (c.headline.kind, c.headline.rank, c.headline.phase) == ("none", None, None)
+
+
+def test_a_uniformly_slower_run_names_no_rank(tmp_path):
+    c = compare_runs(load_run(clean_run(tmp_path / "a")), load_run(clean_run(tmp_path / "b", factor=1.5)))
+    rows = rows_by(c)
+    for rank in (0, 1):
+        assert rows[("forward_s", rank)].diff.delta_pct == pytest.approx(50.0, abs=1.0)
+        assert rows[("forward_s", rank)].diff.significant and rows[("backward_compute_s", rank)].diff.significant
+    assert (c.headline.kind, c.headline.rank) == ("uniform", None)
+    assert "every rank changed alike" in c.headline.text
+
+
+def test_a_slower_sync_on_every_rank_is_named_outside_the_ranks_own_work(tmp_path):
+    # Backward grows by 0.1 s on both ranks but its compute does not: the gradient sync went 0.05 -> 0.15 s.
+    c = compare_runs(load_run(clean_run(tmp_path / "a")), load_run(clean_run(tmp_path / "b", bwd=0.1)))
+    assert (c.headline.kind, c.headline.rank, c.headline.phase, c.headline.metric) == ("other", 0, "sync", "sync_s")
+    assert c.headline.text == ("rank 0, gradient sync (backward - compute): 0.05 -> 0.15 s (+0.1); no rank's own "
+                               "work changed beyond the noise")
+
+
+def test_one_rank_runs_name_the_phase_without_peers(tmp_path):
+    c = compare_runs(load_run(clean_run(tmp_path / "a", ranks=1)), load_run(clean_run(tmp_path / "b", ranks=1,
+                                                                                        fwd=0.1)))
+    assert c.headline.text == "rank 0, forward: 0.2000 -> 0.3000 s per step (+0.1000, +50%)"
+
+
+def test_traced_steps_of_the_trace_analysis_are_compared_in_seconds(tmp_path):
+    def analysis(comm_us):
+        steps = [{"step": s, "cpu": {"compute_us": 4e5, "communication_us": comm_us + 100 * (s % 3),
+                                     "data_loading_us": 5e3}} for s in range(8, 14)]
+        return {"ranks": [{"rank": r, "steps": steps} for r in (0, 1)]}
+
+    a, b = clean_run(tmp_path / "a"), clean_run(tmp_path / "b")
+    (a / names.ANALYSIS_NAME).write_text(json.dumps(analysis(2e4)))
+    (b / names.ANALYSIS_NAME).write_text(json.dumps(analysis(2e5)))
+    rows = rows_by(compare_runs(load_run(a), load_run(b)))
+    comm = rows[("communication_s", 1)].diff
+    assert (comm.median_a, comm.delta, comm.steps_a, comm.status) == (
+        pytest.approx(0.0201), pytest.approx(0.18), 6, "significant")  # median of +0, +100, +200 us: +100
+    assert rows[("compute_s", 0)].diff.delta == 0.0
+
+
+def test_memory_samples_are_compared_and_the_peak_is_shown_unjudged(tmp_path):
+    def memory(base):
+        return {r: [{"step": s, "rank": r, "rss_mb": base + r + jitter(s)} for s in range(2, 13)] for r in (0, 1)}
+
+    def peaks(base):
+        return {"peak_basis": "peak_rss_mb", "per_rank": [{"rank": r, "peak_rss_mb": base + r} for r in (0, 1)]}
+
+    steps = {0: [record(s) for s in range(1, 13)], 1: [record(s) for s in range(1, 13)]}
+    a = load_run(write_run(tmp_path / "a", steps, memory=memory(600.0), memory_summary=peaks(650.0)))
+    b = load_run(write_run(tmp_path / "b", steps, memory=memory(700.0), memory_summary=peaks(760.0)))
+    rows = rows_by(compare_runs(a, b))
+    assert rows[("memory_mb", 1)].diff.delta == pytest.approx(100.0) and rows[("memory_mb", 1)].diff.significant
+    peak = rows[("peak_memory_mb", 0)].diff
+    assert (peak.median_a, peak.median_b, peak.delta, peak.status) == (650.0, 760.0, 110.0, "one value")
+
+
+def test_ranks_missing_from_one_run_are_noted(tmp_path):
+    c = compare_runs(load_run(clean_run(tmp_path / "a", ranks=2)), load_run(clean_run(tmp_path / "b", ranks=1)))
+    assert {r.rank for r in c.rows} == {None, 0}
+    assert c.notes == ["run A has ranks [0, 1], run B [0]: per-rank rows are for ranks [0] only"]
+
+
+# ---- the command --------------------------------------------------------------------------------------------
+
+
+def test_compare_cli_table_json_and_report(tmp_path, capsys):
+    a, b = clean_run(tmp_path / "a"), clean_run(tmp_path / "b", load_rank1=0.2, data=0.2)
+    assert main(["compare", str(a), str(b), "--significant-only"]) == 0
+    out = capsys.readouterr().out
+    assert "What changed most: rank 1, data loading: 0.0050 -> 0.2050 s per step" in out
+    assert "forward" not in out  # not significant: left out with --significant-only
+    assert main(["compare", str(a), str(b), "--json", "--report", str(tmp_path / "rep")]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["headline"]["rank"], data["headline"]["phase"]) == (1, "data")
+    assert (tmp_path / "rep" / names.COMPARE_PNG).read_bytes()[:8] == PNG_MAGIC
+    assert json.loads((tmp_path / "rep" / names.COMPARE_JSON).read_text()) == data
+    md = (tmp_path / "rep" / names.COMPARE_MD).read_text()
+    assert "**What changed most:** rank 1, data loading" in md and f"]({names.COMPARE_PNG})" in md
+
+
+def test_compare_cli_refuses_a_folder_without_timing_files_without_a_traceback(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["compare", str(empty), str(clean_run(tmp_path / "b"))]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"hf-distprof compare: error: {empty}: no timing_rank*.jsonl files")
+    assert "Traceback" not in err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["compare", str(empty), str(empty), "--warmup-steps", "-1"])
+    assert exit_info.value.code == 2 and "--warmup-steps: must be an integer >= 0, got -1" in capsys.readouterr().err
+
+
+def test_reading_and_comparing_runs_imports_neither_torch_nor_transformers():
+    import subprocess
+    import sys
+
+    code = ("import sys, hf_distprof.runs.compare, hf_distprof.runs.scaling, hf_distprof.cli.compare, "
+            "hf_distprof.cli.scaling; print('torch' in sys.modules, 'transformers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]  # a JSON reader needs no seconds of imports
