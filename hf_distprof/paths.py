@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -124,6 +125,18 @@ def resolve_run_dir(
     return run_dir
 
 
+class _RankLogHandler(logging.FileHandler):
+    """The per-rank log file; a write that fails (full disk) is said once on stderr, not once per record."""
+
+    failed = False
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        if not self.failed:
+            self.failed = True
+            error = sys.exc_info()[1]
+            sys.stderr.write(f"hf_distprof: cannot write {self.baseFilename}: {error!r}; its records are dropped\n")
+
+
 _RANK_LOG: logging.FileHandler | None = None
 
 
@@ -147,7 +160,7 @@ def log_to_run_dir(run_dir: Path) -> Path | None:
         _RANK_LOG.close()
         _RANK_LOG = None
     try:
-        handler = logging.FileHandler(path, encoding="utf-8", delay=False)
+        handler = _RankLogHandler(path, encoding="utf-8", delay=False)
     except OSError as err:
         logger.warning(f"cannot write {path}: {err!r}; this rank's log stays on the console only")
         return None

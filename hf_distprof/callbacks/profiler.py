@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import atexit
+import gzip
+import os
+import shutil
 import signal
 import threading
 import warnings
@@ -16,12 +19,17 @@ from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from hf_distprof import dist, paths, signals
+from hf_distprof.capture import RECORD, RECORD_AND_SAVE, WARMUP
+from hf_distprof.capture_triggers import CaptureTriggers
 from hf_distprof.parallelism import report_parallelism
 from hf_distprof.config import ProfilingArguments
 
 logger = dist.get_logger(__name__)
 
 SUMMARY_ROWS = 25
+# How the windows opened on demand or on anomaly (hf_distprof.capture) drive the profiler.
+_PHASE_ACTIONS = {WARMUP: ProfilerAction.WARMUP, RECORD: ProfilerAction.RECORD,
+                  RECORD_AND_SAVE: ProfilerAction.RECORD_AND_SAVE}
 
 
 def supported_activities() -> list[ProfilerActivity]:
@@ -108,6 +116,37 @@ def recorded_steps(args: ProfilingArguments, offset: int = 0) -> Callable[[int],
     return lambda step: step > offset and base(step - offset - 1) in on
 
 
+def _why_unwritable(folder: Path) -> str:
+    try:
+        stats = os.statvfs(folder)
+    except OSError as err:
+        return f"cannot read the file system: {err.strerror}"
+    if stats.f_bavail * stats.f_frsize < 1 << 20:
+        return "No space left on device"
+    return "the folder may not be writable"
+
+
+def write_trace(prof: profile, trace: Path) -> None:
+    """Export ``prof``'s trace to ``trace`` (gzipped JSON) atomically, leaving no temporary file on failure.
+
+    torch's own ``*.gz`` export goes through a temporary JSON file in the system's temp folder that it does not
+    remove when gzipping fails (a full disk): a whole uncompressed trace left behind. Here both temporary files
+    sit beside the trace, hidden, and are removed whatever happens.
+    """
+    with paths.atomic_path(trace, suffix=".json.gz") as tmp:
+        raw = tmp.with_name(tmp.name.removesuffix(".gz"))
+        try:
+            prof.export_chrome_trace(str(raw))
+            if not raw.is_file():  # kineto reports a failed write in its log only
+                raise OSError(f"torch.profiler wrote no trace ({_why_unwritable(trace.parent)})")
+            with open(raw, "rb") as source, gzip.open(tmp, "wb", compresslevel=6) as target:
+                shutil.copyfileobj(source, target, 1 << 20)
+        finally:
+            # Kineto writes "<raw>.tmp" and renames it; a failed write (full disk) leaves that one behind too.
+            for leftover in (raw, raw.with_name(raw.name + ".tmp")):
+                leftover.unlink(missing_ok=True)
+
+
 class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
     """Drives ``torch.profiler`` over optimizer steps and writes one gzipped Kineto trace per rank.
 
@@ -117,6 +156,8 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
     Ranks not in ``--profile-ranks`` build no profiler. An export that fails becomes one warning and
     training goes on; an exception, SIGTERM or SIGINT stops the profiler and flushes what was recorded,
     and a signal that arrives while a trace is being written waits until it is complete.
+    With ``--profile-on-demand`` or ``--profile-on-anomaly``, :class:`~hf_distprof.capture_triggers.CaptureTriggers`
+    (on every rank) adds windows to the schedule, the same on every rank.
 
     Args:
         args: The profiling flags.
@@ -133,6 +174,8 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         self._exports = 0  # on_trace_ready calls so far
         self._offset = 0  # global_step when training (re)started
         self._last_step = 0  # last optimizer step that completed
+        self._base: Callable[[int], ProfilerAction] | None = None  # the flags' schedule, counting from 0
+        self._triggers: CaptureTriggers | None = None  # --profile-on-demand / --profile-on-anomaly
 
     # ---- Trainer hooks -------------------------------------------------------------------------
 
@@ -145,6 +188,10 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         report_parallelism(kwargs.get("model"), args, state, self.run_dir)
         if self.run_dir is None:
             return  # nowhere to write (already warned): no profiler, training goes on
+        if self.args.profile_on_demand or self.args.profile_on_anomaly:
+            # On every rank, profiled or not: a request or a slow step on any rank opens the window everywhere.
+            self._triggers = CaptureTriggers(self.args, self.run_dir, state.global_step, state.max_steps,
+                                             state.logging_steps, traced_steps(self.args, state.global_step))
         rank = dist.get_rank()
         ranks = self.args.profile_rank_set
         if ranks is not None:
@@ -155,17 +202,19 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
             if rank not in ranks:
                 return
         message = schedule_warning(self.args, state.max_steps)
+        if self._triggers is not None and state.max_steps < first_active_step(self.args):
+            message = None  # no regular window: profiling on demand or on anomaly only, as asked
         if message is not None:
             logger.warning(message)
         a = self.args
-        base = base_schedule(a)
+        self._base = base_schedule(a)
         # Profiler step numbers follow the Trainer's 1-based global_step (also when resuming from a
         # checkpoint), so ProfilerStep#N in the trace is optimizer step N; the schedule is shifted to match.
         self._offset = state.global_step
         offset = self._offset
         self.prof = profile(
             activities=supported_activities(),
-            schedule=lambda step: base(step - offset - 1) if step > offset else ProfilerAction.NONE,
+            schedule=self._action,
             on_trace_ready=self._export,
             record_shapes=a.profiler_record_shapes,
             profile_memory=a.profiler_profile_memory,
@@ -181,19 +230,49 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        if self.prof is None:
-            return
-        self._last_step = state.global_step
-        if state.global_step >= state.max_steps:
-            # Close right after the last real step so the trace holds no step that never ran.
-            self.close()
-        else:
-            self.prof.step()
+        if self._triggers is not None:
+            # Before the profiler steps into the next step, whose action an agreement here may set.
+            self._triggers.step_end(state.global_step)
+        if self.prof is not None:
+            self._last_step = state.global_step
+            if state.global_step >= state.max_steps:
+                # Close right after the last real step so the trace holds no step that never ran.
+                self.close()
+            else:
+                self.prof.step()
+        self._step_boundary()
+
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+        self._step_boundary()
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+        self._step_boundary()
+
+    def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+        self._step_boundary()
+
+    def _step_boundary(self) -> None:
+        # The anomaly clock restarts after exports, logging, checkpoints and evaluation: they are not steps.
+        if self._triggers is not None:
+            self._triggers.boundary()
+
+    def _action(self, step: int) -> ProfilerAction:
+        """The profiler's schedule: the flags' cycle shifted to ``global_step``, plus the windows opened on
+        demand or on anomaly in the steps the cycle leaves idle."""
+        if step <= self._offset or self._base is None:
+            return ProfilerAction.NONE
+        action = self._base(step - self._offset - 1)
+        if action == ProfilerAction.NONE and self._triggers is not None:
+            return _PHASE_ACTIONS.get(self._triggers.plan.phase(step) or "", ProfilerAction.NONE)
+        return action
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         self.close()
+        if self._triggers is not None:
+            self._triggers.close()
+            self._triggers = None
         if self.written:
             logger.info("profiler wrote: " + ", ".join(str(p) for p in self.written))
 
@@ -277,8 +356,7 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         trace = self.run_dir / paths.trace_file_name(rank, host, first, last)
         with signals.deferred():
             try:
-                with paths.atomic_path(trace, suffix=".json.gz") as tmp:
-                    prof.export_chrome_trace(str(tmp))
+                write_trace(prof, trace)
             except Exception as err:  # noqa: BLE001 - an export failure must not stop training
                 self._failed_exports += 1
                 logger.warning(f"could not write profiler trace {trace}: {err!r}; training goes on")
@@ -293,13 +371,15 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
             self.written.append(summary)
 
     def _recorded_steps(self, last_step: int) -> int:
-        """Active steps in the window ending at ``last_step`` (fewer when training stopped mid-window)."""
-        a = self.args
-        # Position of the step inside its wait/warmup/active cycle.
-        since_start = last_step - self._offset - a.profiler_skip_first - 1
-        cycle = a.profiler_wait_steps + a.profiler_warmup_steps + a.profiler_active_steps
-        position = since_start % cycle
-        return max(1, position - a.profiler_wait_steps - a.profiler_warmup_steps + 1)
+        """Recorded steps in the window ending at ``last_step`` (fewer when training stopped mid-window).
+
+        Counted back through the schedule actually followed, the regular cycle's windows and the extra ones
+        alike: every recorded step before a window's last is RECORD; the step before its first is not.
+        """
+        count, step = 1, last_step - 1
+        while step > self._offset and self._action(step) == ProfilerAction.RECORD:
+            count, step = count + 1, step - 1
+        return count
 
     def _summary_text(self, prof: profile, first: int, last: int) -> str:
         header = (

@@ -1,0 +1,104 @@
+"""A real Trainer on a tiny model with hf_distprof's callbacks, for fault tests: starts in seconds on 2 gloo ranks.
+
+Flags: hf_distprof's and the Trainer's (``--max-steps``, ``--save-steps``, ``--resume-from-checkpoint`` ...).
+Faults, from the environment (test-only):
+
+- ``TINY_FAULT="<rank>:<step>:<kill|raise|term-launcher>"``: when that optimizer step ends, the rank SIGKILLs
+  itself, raises, or sends SIGTERM to its launcher (torchrun, which forwards it to every rank, as a scheduler's
+  stop does); ``<step>`` = ``export`` sends the SIGTERM from inside the rank's first trace export instead.
+- ``TINY_STEP_S``: seconds each step sleeps (so a run lasts long enough to be interrupted).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from transformers import HfArgumentParser, Trainer, TrainerCallback, TrainingArguments
+
+from hf_distprof import ProfilingArguments, build_callbacks
+
+FAULT_ENV = "TINY_FAULT"
+STEP_S_ENV = "TINY_STEP_S"
+
+
+class TinyModel(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64))
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"loss": (self.net(x) - labels).square().mean()}
+
+
+class RandomData(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    def __len__(self) -> int:
+        return 100_000
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        g = torch.Generator().manual_seed(i)
+        return {"x": torch.randn(64, generator=g), "labels": torch.randn(64, generator=g)}
+
+
+class FaultCallback(TrainerCallback):  # type: ignore[misc]
+    def __init__(self, step: int, how: str, step_s: float) -> None:
+        self.step, self.how, self.step_s = step, how, step_s
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        time.sleep(self.step_s)
+        if state.global_step != self.step:
+            return
+        if self.how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif self.how == "term-launcher":
+            os.kill(os.getppid(), signal.SIGTERM)
+        else:
+            raise RuntimeError(f"simulated crash after step {self.step}")
+
+
+def signal_launcher_from_first_export() -> None:
+    from torch.profiler import profile
+
+    original = profile.export_chrome_trace
+
+    def export(self: profile, path: str) -> Any:
+        os.kill(os.getppid(), signal.SIGTERM)
+        time.sleep(0.5)  # torchrun forwards it to every rank meanwhile: it arrives during this export
+        return original(self, path)
+
+    profile.export_chrome_trace = export
+
+
+def main() -> None:
+    logging.basicConfig(format="%(asctime)s %(name)s: %(message)s", level=logging.WARNING)
+    prof_args, training_args = HfArgumentParser((ProfilingArguments, TrainingArguments)).parse_args_into_dataclasses()
+    rank = training_args.process_index
+    callbacks = build_callbacks(prof_args)
+    fault = os.environ.get(FAULT_ENV, "")
+    step_s = float(os.environ.get(STEP_S_ENV, "0"))
+    fault_cb = FaultCallback(-1, "", step_s)
+    if fault:
+        who, step, how = fault.split(":")
+        if int(who) == rank:
+            if step == "export":
+                signal_launcher_from_first_export()
+            else:
+                fault_cb = FaultCallback(int(step), how, step_s)
+    trainer = Trainer(model=TinyModel(), args=training_args, train_dataset=RandomData(),
+                      callbacks=[*callbacks, fault_cb])
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    finally:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    sys.exit(0)
