@@ -92,3 +92,26 @@ def test_on_gpu_the_wait_ops_only_enqueue_and_count_as_compute():
 )
 def test_op_kinds(name, kind):
     assert _op_kind(name) == kind
+
+
+def test_a_fully_accounted_step_has_no_other_time_and_a_tiny_collective_still_has_an_overlap():
+    ops = [(0.0, 60.0, "aten::mm"), (60.0, 100.0, "autograd::engine::evaluate_function: MmBackward0")]
+    b = breakdown_of(split_main_thread(ops, [(99.5, 100.0)], 0.0, 100.0), 100.0)
+    assert (b.compute_us, b.communication_us, b.other_us) == (100.0, 0.0, 0.0)
+    assert b.comm_busy_us == 0.5 and b.comm_backward_overlap_pct == 100.0
+
+
+def test_an_op_nested_to_the_end_of_a_wait_is_work_and_one_spanning_two_waits_is_not_nested():
+    # The copy-in ends exactly where its wait ends: still inside it, so the wait's self time is 100-110 only.
+    flush = [(100.0, 130.0, "FSDP::all_gather (layers.0)"), (110.0, 130.0, "fsdp::all_gather_copy_in")]
+    split = split_main_thread(flush, [(100.0, 130.0)], 100.0, 130.0)
+    assert (split.compute, split.communication) == ([(110.0, 130.0)], [(100.0, 110.0)])
+    # An op from inside the first wait to inside the second is not nested in either: both waits lose it whole.
+    spanning = [
+        (100.0, 200.0, "FSDP::all_gather (layers.0)"),
+        (150.0, 350.0, "aten::copy_"),
+        (300.0, 400.0, "FSDP::all_gather (layers.1)"),
+    ]
+    split = split_main_thread(spanning, [(100.0, 400.0)], 100.0, 400.0)
+    assert split.communication == [(100.0, 200.0), (300.0, 400.0)]
+    assert split.compute == [(200.0, 300.0)]

@@ -10,7 +10,7 @@ from hf_distprof.analysis import AnalysisOptions, analyze_paths
 from hf_distprof.analysis.cross_rank import cross_rank
 from hf_distprof.analysis.diagnosis import diagnose, undecided
 from hf_distprof.analysis.gpu import gpu_breakdown
-from hf_distprof.analysis.model import CpuBreakdown, Finding, RankResult, StepResult
+from hf_distprof.analysis.model import Collective, CommKindStat, CpuBreakdown, Finding, RankResult, StepResult
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 OPTS = AnalysisOptions(workers=1)
@@ -199,3 +199,94 @@ def test_a_rank_whose_steps_stand_out_is_a_straggler_by_its_excess():
         "Compare this rank's step with a peer's in the merged trace; check its host and device."
     )
     assert straggler.evidence.startswith(f"rank 3's steps take 150.00 ms, {excess:.1f}% more than the median rank's")
+
+
+# ---- FSDP on GPU, by hand: which unit, which phase, in how many steps -------------------------------------
+
+
+def fsdp_gpu_rank(r: int, gather_exposed: list[float], scatter_exposed: list[float], module: str | None = "",
+                  phase: str | None = "backward") -> RankResult:
+    """A GPU rank of 4 steps of 1000 us; per step one all-gather (root unit by default) and one reduce-scatter
+    of ``layers.0`` exposed by the given microseconds; comm rows as the comm analyzer would build them."""
+    base = gpu_rank(r, 10, 90.0, 5.0, steps=len(gather_exposed))
+    collectives = []
+    for s, (g, rs) in enumerate(zip(gather_exposed, scatter_exposed)):
+        collectives.append(Collective(step=s + 1, kind="all_gather", index=0, start_us=0.0, end_us=300.0,
+                                      module=module, phase=phase, exposed_us=g))
+        collectives.append(Collective(step=s + 1, kind="reduce_scatter", index=0, start_us=0.0, end_us=200.0,
+                                      module="layers.0", phase=None, exposed_us=rs))
+    n = len(gather_exposed)
+    g_mean, rs_mean = sum(gather_exposed) / n, sum(scatter_exposed) / n
+    base.collectives = collectives
+    base.comm_by_kind = [
+        CommKindStat("all_gather", ["all_gather"], 1.0, 300.0, g_mean, g_mean / 10, sorted(gather_exposed)[n // 2] / 10,
+                     0.0 if phase == "backward" else g_mean, g_mean if phase == "backward" else 0.0),
+        CommKindStat("reduce_scatter", ["reduce_scatter"], 1.0, 200.0, rs_mean, rs_mean / 10,
+                     sorted(scatter_exposed)[n // 2] / 10, 0.0, 0.0),
+        CommKindStat("all_reduce", ["all_reduce"], 1.0, 50.0, 0.0, 0.0, 0.0, 0.0, 0.0),
+    ]
+    return base
+
+
+def test_fsdp_findings_on_gpu_name_the_root_unit_and_count_the_steps_above_the_threshold():
+    # Exposed all-gather 300, 300, 50, 300 us of 1000 us steps: above 10% in 3 of 4 steps.
+    rank = fsdp_gpu_rank(0, [300.0, 300.0, 50.0, 300.0], [150.0, 80.0, 150.0, 150.0])
+    found = {f.kind: f for f in diagnose([rank], None, OPTS)}
+    assert sorted(found) == ["fsdp_exposed_all_gather", "fsdp_exposed_reduce_scatter"]
+    gather = found["fsdp_exposed_all_gather"]
+    assert gather.title == "Exposed FSDP all-gather in backward"
+    assert gather.evidence == (
+        "on rank 0 the training waits 0.24 ms per step for all-gathers, 30.0% of the step (median over 4 steps; "
+        "threshold 10%): 0.00 ms in forward, 0.24 ms in backward, of 0.30 ms of all-gather in 1 calls (20.8% "
+        "hidden); most exposed unit: (root) (backward, 0.24 ms per step)"
+    )
+    assert gather.recommendation.startswith("Most of it is in backward, re-gathering the parameters that forward")
+    assert gather.recommendation.endswith("FSDP1: backward_prefetch=BACKWARD_PRE.")  # no CPU note on GPU
+    assert gather.confidence == 0.75 and gather.severity == 30.0
+    scatter = found["fsdp_exposed_reduce_scatter"]
+    assert scatter.evidence == (
+        "on rank 0 0.20 ms of reduce-scatter per step (1 calls), 33.8% of it hidden behind backward computation: "
+        "0.13 ms exposed, 15.0% of the step (median over 4 steps; threshold 10%); most exposed unit: layers.0 "
+        "(0.13 ms per step)"
+    )
+    assert scatter.recommendation.endswith("to halve the bytes.")
+    assert scatter.confidence == 0.75 and scatter.numbers == pytest.approx(
+        {"exposed_us": 132.5, "exposed_pct": 15.0, "time_us": 200.0})
+
+
+def test_exposure_exactly_at_the_fsdp_threshold_is_not_above_it():
+    # 100 us of 1000 us is 10%, the threshold itself: no step counts, though the median row says 30%.
+    rank = fsdp_gpu_rank(0, [100.0, 100.0, 100.0], [0.0, 0.0, 0.0])
+    rank.comm_by_kind[0].exposed_pct_median = 30.0
+    (gather,) = [f for f in diagnose([rank], None, OPTS) if f.kind == "fsdp_exposed_all_gather"]
+    assert gather.confidence == 0.0
+
+
+def test_collectives_without_an_fsdp_unit_make_no_fsdp_finding():
+    rank = fsdp_gpu_rank(0, [300.0] * 3, [300.0] * 3, module=None)
+    for c in rank.collectives:
+        c.module = None
+    assert [f.kind for f in diagnose([rank], None, OPTS)] == []
+
+
+def test_kind_split_lists_only_exposed_kinds():
+    # GPU steps whose communication is fully exposed 40%: comm-bound; only kinds with exposed time are listed.
+    ranks = [gpu_rank(0, 1, 400.0, 0.0), gpu_rank(1, 1, 400.0, 0.0)]
+    for r in ranks:
+        for s in r.steps:
+            s.gpu = gpu_breakdown([s.start_us, s.start_us + 400.0], [s.start_us + 400.0, s.start_us + 1000.0],
+                                  [GEMM, "ncclDevKernel_AllReduce_Sum_f32_RING_LL(x)"], tiny_kernel_us=10.0)
+    ranks[0].comm_by_kind = [
+        CommKindStat("all_gather", ["all_gather"], 1.0, 5.0, 0.5, 0.05, 0.05, 0.0, 0.0),
+        CommKindStat("all_reduce", ["all_reduce"], 1.0, 600.0, 600.0, 60.0, 60.0, 0.0, 0.0),
+        CommKindStat("reduce_scatter", ["reduce_scatter"], 1.0, 5.0, 0.0, 0.0, 0.0, 0.0, 0.0),
+    ]
+    (comm,) = diagnose(ranks, None, OPTS)
+    assert comm.evidence == (
+        "communication kernels run with no computation for 60.0% of step time on average (rank 0: 60.0%; "
+        "threshold 30%); only 0.0% of communication overlaps computation; exposed by kind on rank 0: "
+        "all_gather 0.1%, all_reduce 60.0%"
+    )
+    ranks[0].comm_by_kind = []
+    (comm,) = diagnose(ranks, None, OPTS)
+    assert comm.evidence.endswith("only 0.0% of communication overlaps computation")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hf_distprof.analysis.gpu import category_overlap, display_name, gpu_breakdown, kernel_stats
+from hf_distprof.analysis.gpu import _mask_label, category_overlap, display_name, gpu_breakdown, kernel_stats
 from hf_distprof.analysis.kernels import COMMUNICATION, COMPUTATION, MEMORY, OTHER
 from hf_distprof.analysis.model import KernelStat
 
@@ -71,6 +71,25 @@ def test_three_way_overlap_labels_in_hta_order():
         "MEMORY": 1.0,
     }
     assert category_overlap({}) == {}
+
+
+def test_kernels_starting_together_leave_no_zero_length_row():
+    merged = {COMPUTATION: [(0.0, 10.0)], COMMUNICATION: [(0.0, 10.0)]}
+    assert category_overlap(merged) == {"COMPUTATION overlapping COMMUNICATION": 10.0}
+
+
+@pytest.mark.parametrize(
+    ("mask", "label"),
+    [
+        (0b001, "COMPUTATION"),
+        (0b010, "COMMUNICATION"),
+        (0b100, "MEMORY"),
+        (0b101, "COMPUTATION overlapping MEMORY"),
+        (0b111, "COMPUTATION overlapping COMMUNICATION overlapping MEMORY"),
+    ],
+)
+def test_mask_labels_name_the_running_categories_in_hta_order(mask, label):
+    assert _mask_label(mask) == label
 
 
 def test_kernel_stats_count_sum_min_max_and_keep_the_top_per_category():

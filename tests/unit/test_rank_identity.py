@@ -201,3 +201,82 @@ def test_step_timer_as_rank3_names_its_file_and_reports_rank3(rank3, tmp_path, m
     assert (sent[1]["interval"]["rank"], sent[1]["interval"]["host"]) == (3, "node-7")
     lines = [json.loads(x) for x in (run_dir / "timing_rank3.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == [1, 2, 3, 4]
+
+
+# ---- dist's collectives over a (fake) process group ------------------------------------------------------
+
+
+class FakeGroup:
+    """torch.distributed as a process group of ``world`` ranks would answer, with every call recorded."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, world: int, backend: str = "gloo", rank: int = 1) -> None:
+        self.calls: list[tuple] = []
+        self.waits = 0
+        d = dist.dist
+        monkeypatch.setattr(d, "is_initialized", lambda: True)
+        monkeypatch.setattr(d, "get_world_size", lambda: world)
+        monkeypatch.setattr(d, "get_rank", lambda: rank)
+        monkeypatch.setattr(d, "get_backend", lambda: backend)
+        monkeypatch.setattr(d, "barrier", lambda: self.calls.append(("barrier",)))
+        monkeypatch.setattr(d, "broadcast_object_list", self.broadcast_object_list)
+        monkeypatch.setattr(d, "all_gather_object", self.all_gather_object)
+        monkeypatch.setattr(d, "all_gather", self.all_gather)
+
+    def broadcast_object_list(self, holder: list, src: int) -> None:
+        self.calls.append(("broadcast", list(holder), src))
+        holder[0] = ("from", src)
+
+    def all_gather_object(self, out: list, obj: Any) -> None:
+        self.calls.append(("all_gather_object", len(out), obj))
+        out[:] = [(r, obj) for r in range(len(out))]
+
+    def all_gather(self, out: list, local: torch.Tensor, async_op: bool) -> Any:
+        self.calls.append(("all_gather", len(out), local.dtype, async_op))
+        for r, t in enumerate(out):
+            t.copy_(local + 10 * r)
+        group = self
+
+        class Work:
+            def wait(self) -> None:
+                group.waits += 1
+
+        return Work()
+
+
+def test_collectives_go_through_the_group_when_there_is_one(monkeypatch):
+    group = FakeGroup(monkeypatch, world=3)
+    assert dist.broadcast_object("mine", src=2) == ("from", 2)
+    assert dist.all_gather_object("x") == [(0, "x"), (1, "x"), (2, "x")]
+    pending = dist.all_gather_floats_async([1.5, 2.25])
+    assert pending.result() == [[1.5, 2.25], [11.5, 12.25], [21.5, 22.25]]
+    assert pending.result() == [[1.5, 2.25], [11.5, 12.25], [21.5, 22.25]]  # waits once only
+    dist.barrier()
+    assert group.calls == [
+        ("broadcast", ["mine"], 2),
+        ("all_gather_object", 3, "x"),
+        ("all_gather", 3, torch.float64, True),
+        ("barrier",),
+    ]
+    assert group.waits == 1
+
+
+def test_a_group_of_one_needs_no_collective(monkeypatch):
+    group = FakeGroup(monkeypatch, world=1, rank=0)
+    assert dist.broadcast_object("mine") == "mine" and dist.all_gather_object(3) == [3]
+    assert dist.all_gather_floats_async([0.1]).result() == [[0.1]]
+    dist.barrier()
+    assert group.calls == []
+
+
+def test_on_nccl_the_floats_travel_on_this_ranks_gpu(monkeypatch):
+    FakeGroup(monkeypatch, world=2, backend="nccl")
+    moved: list[torch.device] = []
+
+    def to(self: torch.Tensor, device: torch.device) -> torch.Tensor:
+        moved.append(device)
+        return self  # a CPU build has no CUDA tensor to make
+
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    monkeypatch.setattr(dist.torch.cuda, "current_device", lambda: 3)
+    assert dist.all_gather_floats_async([1.0]).result() == [[1.0], [11.0]]
+    assert moved == [torch.device("cuda", 3)]
