@@ -104,7 +104,16 @@ _Decode = Callable[[bytes | bytearray | memoryview], list[Any]]
 def _decoder(event_type: type[Event]) -> _Decode:
     # Events that are not objects decode to plain values, so that the reader's "not a trace" check names them.
     schema = list[event_type | list[Any] | str | int | float | bool | None]  # type: ignore[valid-type]
-    return msgspec.json.Decoder(schema).decode
+    decode = msgspec.json.Decoder(schema).decode
+
+    def decode_bounded(data: bytes | bytearray | memoryview) -> list[Any]:
+        try:
+            return decode(data)
+        except RecursionError:
+            # Nesting deeper than the interpreter allows: invalid for a trace, reported like other bad JSON.
+            raise ValueError("JSON nested too deeply") from None
+
+    return decode_bounded
 
 
 # (shapes, memory) -> the event type, its args type, and the decoder of a chunk of such events.

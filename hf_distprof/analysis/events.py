@@ -34,6 +34,7 @@ import sys
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import msgspec
@@ -379,15 +380,18 @@ def parse_trace(path: str | os.PathLike[str], shapes: bool | None = None) -> Par
     gpu, launches = got.gpu, got.launches
     # The thread that annotates the steps is the training loop's thread.
     main_tid = max(steps_by_tid, key=lambda t: len(steps_by_tid[t]))
-    steps = sorted(steps_by_tid[main_tid], key=lambda s: s.start)
+    # A trace written or concatenated twice holds every event twice: each list is sorted, and its exact repeats
+    # dropped (in one pass once sorted), so that nothing is counted twice.
+    steps = _unique_sorted(steps_by_tid[main_tid], key=lambda s: (s.start, s.end, s.number))
     main_ops = _spans(path, [ev for ev in got.ops if ev.tid == main_tid])
     memory = _memory_events(path, got.memory, got.ops, main_tid, main_ops) if got.memory else None
-    main_ops += _spans(path, [ev for ev in got.annotations if ev.tid == main_tid])
-    main_ops.sort()
+    main_ops = _unique_sorted(main_ops + _spans(path, [ev for ev in got.annotations if ev.tid == main_tid]))
     c10d_ops = [s for s in main_ops if s[2].startswith("c10d::")]
-    comm_spans.sort()
-    nccl_ops.sort()
-    fsdp_spans.sort()
+    comm_spans = _unique_sorted(comm_spans)
+    nccl_ops = _unique_sorted(nccl_ops)
+    fsdp_spans = _unique_sorted(fsdp_spans)
+    if len(steps) < len(steps_by_tid[main_tid]):
+        gpu = _unique_gpu(gpu)  # only then: hashing every kernel of a large GPU trace is not free
     raw_info = meta.get("distributedInfo")
     info: dict[str, Any] = raw_info if isinstance(raw_info, dict) else {}
     # record_param_comms states sizes for NCCL only, whose collectives nccl:* annotations name.
@@ -413,6 +417,32 @@ def parse_trace(path: str | os.PathLike[str], shapes: bool | None = None) -> Par
         message_sizes=_message_sizes(path, sized),
         memory=memory,
     )
+
+
+def _unique_sorted(items: list[_T], key: Callable[[_T], Any] | None = None) -> list[_T]:
+    """``items`` sorted, each exact repeat dropped."""
+    ordered = sorted(items, key=key)  # type: ignore[type-var, arg-type]
+    out: list[_T] = []
+    for item in ordered:
+        if not out or item != out[-1]:
+            out.append(item)
+    return out
+
+
+def _unique_gpu(gpu: GpuEvent) -> GpuEvent:
+    """The GPU columns without events repeated exactly (same start, end, stream, correlation and name)."""
+    seen: set[tuple[Any, ...]] = set()
+    out = GpuEvent()
+    for row in zip(gpu.start, gpu.end, gpu.name, gpu.stream, gpu.correlation, strict=True):
+        if row in seen:
+            continue
+        seen.add(row)
+        out.start.append(row[0])
+        out.end.append(row[1])
+        out.name.append(row[2])
+        out.stream.append(row[3])
+        out.correlation.append(row[4])
+    return out
 
 
 def _message_sizes(path: Path, events: list[Event]) -> dict[Span, MessageSize]:

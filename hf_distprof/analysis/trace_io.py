@@ -27,6 +27,10 @@ TORCH_TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
 # rank3_host_step4-5.pt.trace.json.gz (this project), worker3_step_12...json (HTA, PARAM), rank-3.json.gz
 _RANK_IN_NAME = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
 _EVENTS_KEY = b'"traceEvents"'
+# Bounds that keep a hostile or broken file (a gzip bomb, one endless string) from holding unbounded memory: the
+# metadata before the events array, and the bytes of one run of events, are never this large in a real trace.
+MAX_HEAD_BYTES = 64 << 20
+MAX_PENDING_BYTES = 256 << 20
 
 
 class TraceReadError(ValueError):
@@ -137,6 +141,10 @@ class _ChunkedTrace:
             self.head += block
             key = self.head.find(_EVENTS_KEY)
             if key < 0:
+                if len(self.head) > MAX_HEAD_BYTES:
+                    raise TraceReadError(
+                        self.path, f"not a trace: no traceEvents array in the first {MAX_HEAD_BYTES >> 20} MB"
+                    )
                 return []
             bracket = self.head.find(b"[", key)
             if bracket < 0:
@@ -194,6 +202,10 @@ class _ChunkedTrace:
         # valid JSON. Failing now, rather than at end of file, keeps a corrupt file from costing O(n^2).
         if last_error is not None and len(buf) > 3 * CHUNK_BYTES:
             raise TraceReadError(self.path, f"invalid JSON in traceEvents ({last_error})")
+        if len(buf) > MAX_PENDING_BYTES:
+            raise TraceReadError(
+                self.path, f"no complete event in {len(buf) >> 20} MB of traceEvents: not a profiler trace"
+            )
         return []  # no complete event yet: wait for more bytes
 
     def finish(self) -> tuple[dict[str, Any], list[Any]]:

@@ -1,0 +1,223 @@
+"""The analyzer on hostile files: bounded work and memory, a clear error naming the file, never a crash.
+
+A huge single line, deep nesting, wrong types in every field read, non-UTF-8 file names, unsorted and duplicated
+events, a gzip bomb; and no pickle is loaded unless it is plain data.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import pickle
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from hf_distprof.analysis import AnalysisOptions, TraceReadError, analyze_paths, trace_io
+from hf_distprof.analysis.events import parse_trace
+from hf_distprof.hang_report import parse_recorder
+
+from ..conftest import REPO_ROOT
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+OPTS = AnalysisOptions(workers=1)
+
+
+def clean_doc(rank: int = 0) -> dict:
+    return orjson.loads(gzip.decompress((DATA / "clean" / f"rank-{rank}.json.gz").read_bytes()))
+
+
+def write(path: Path, doc: dict | bytes) -> Path:
+    # json, not orjson: the hostile values include integers beyond 64 bits.
+    path.write_bytes(doc if isinstance(doc, bytes) else json.dumps(doc).encode())
+    return path
+
+
+def reason(path: Path) -> str:
+    with pytest.raises(TraceReadError) as info:
+        parse_trace(path)
+    assert info.value.path == str(path)
+    return info.value.reason
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONIOENCODING": "utf-8"}
+    return subprocess.run([sys.executable, "-m", "hf_distprof.cli.main", *args], capture_output=True, text=True,
+                          env=env, timeout=120)
+
+
+# ---- bounded: a bomb or an endless string is refused early, not read into memory ---------------------------
+
+
+def test_a_gzip_bomb_without_events_is_refused_after_the_metadata_bound(tmp_path, monkeypatch):
+    monkeypatch.setattr(trace_io, "MAX_HEAD_BYTES", 8 << 20)
+    bomb = tmp_path / "rank0.json.gz"
+    with gzip.open(bomb, "wb", compresslevel=9) as fh:
+        fh.write(b'{"padding": "')
+        for _ in range(64):  # 64 MiB of zeros in ~64 KiB of gzip
+            fh.write(b"0" * (1 << 20))
+        fh.write(b'"}')
+    assert bomb.stat().st_size < 1 << 20
+    assert reason(bomb) == "not a trace: no traceEvents array in the first 8 MB"
+
+
+def test_a_gzip_bomb_inside_the_events_array_is_refused_after_the_event_bound(tmp_path, monkeypatch):
+    monkeypatch.setattr(trace_io, "MAX_PENDING_BYTES", 16 << 20)
+    bomb = tmp_path / "rank0.json.gz"
+    with gzip.open(bomb, "wb", compresslevel=9) as fh:
+        fh.write(b'{"traceEvents": [')
+        for _ in range(64):
+            fh.write(b" " * (1 << 20))
+        fh.write(b"]}")
+    assert reason(bomb).startswith("no complete event in ")
+
+
+def test_one_huge_line_holding_one_endless_string_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(trace_io, "MAX_PENDING_BYTES", 16 << 20)
+    huge = write(tmp_path / "rank0.json", b'{"traceEvents": [{"name": "' + b"x" * (40 << 20) + b'", "ts": 1}]}')
+    assert reason(huge).startswith("no complete event in ")
+
+
+def test_a_real_trace_on_one_line_reads_like_the_indented_one(tmp_path):
+    doc = clean_doc()
+    one_line = write(tmp_path / "rank0.json", orjson.dumps(doc))
+    indented = write(tmp_path / "rank1.json", orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    assert b"\n" not in one_line.read_bytes()
+    a, b = parse_trace(one_line), parse_trace(indented)
+    ref = parse_trace(DATA / "clean" / "rank-0.json.gz")
+    assert a.n_events == b.n_events == ref.n_events > 0 and a.steps == b.steps == ref.steps
+
+
+def test_deeply_nested_json_is_invalid_json_naming_the_file(tmp_path):
+    deep = b"[" * 100_000 + b"]" * 100_000
+    nested = write(tmp_path / "rank0.json", b'{"traceEvents": [{"name": "a", "ts": 1, "args": ' + deep + b"}]}")
+    assert reason(nested).startswith("invalid JSON in traceEvents")
+    meta = write(tmp_path / "rank1.json", b'{"deviceProperties": ' + deep + b', "traceEvents": []}')
+    assert reason(meta).startswith("invalid JSON outside traceEvents")
+
+
+# ---- wrong types in every field the analysis reads ----------------------------------------------------------
+
+FIELDS_READ = ("name", "ts", "dur", "tid", "pid", "cat", "ph", "args")
+ARGS_READ = ("stream", "correlation", "In msg nelems", "Out msg nelems", "dtype", "Group size", "External id")
+WRONG = ("text", -1.5, [1, 2], {"a": 1}, None, True, 10**30)
+
+
+def _with_field(doc: dict, field: str, value: object, in_args: bool = False) -> dict:
+    """The clean trace with ``field`` set to ``value`` on every event that has ``cat`` (ops, kernels, ...)."""
+    events = []
+    for event in doc["traceEvents"]:
+        event = dict(event)
+        if "cat" in event:
+            if in_args:
+                event["args"] = {**(event.get("args") if isinstance(event.get("args"), dict) else {}), field: value}
+            else:
+                event[field] = value
+        events.append(event)
+    return {**doc, "traceEvents": events}
+
+
+@pytest.mark.parametrize("value", WRONG, ids=[type(v).__name__ + str(i) for i, v in enumerate(WRONG)])
+@pytest.mark.parametrize(("field", "in_args"), [(f, False) for f in FIELDS_READ] + [(f, True) for f in ARGS_READ])
+def test_a_wrong_type_in_any_field_read_is_a_named_file_error_or_ignored_never_a_crash(tmp_path, field, in_args,
+                                                                                      value):
+    doc = clean_doc()
+    path = write(tmp_path / "rank0_h_step1-2.pt.trace.json", _with_field(doc, field, value, in_args))
+    try:
+        result = analyze_paths([path], OPTS)
+    except TraceReadError as err:
+        assert err.path == str(path) and err.reason
+        return
+    # Read: it analysed the rank, or said why it could not.
+    assert [r.rank for r in result.ranks] == [0] or result.errors
+
+
+# ---- file names, order and duplicates -----------------------------------------------------------------------
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="non-UTF-8 file names are a POSIX matter")
+def test_a_non_utf8_file_name_is_analysed_and_printed_without_crashing(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    name = os.fsdecode(b"rank0_h\xff\xfe_step1-2.pt.trace.json.gz")
+    (folder / name).write_bytes((DATA / "clean" / "rank-0.json.gz").read_bytes())
+    proc = cli("analyze", str(folder))
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stdout.startswith("Analysed 1 rank(s), 0 file(s) skipped.")
+
+
+def without_paths(result: dict) -> dict:
+    for rank in result["ranks"]:
+        assert rank.pop("path").endswith(f"_rank{rank['rank']}.json")
+    return result
+
+
+def test_unsorted_events_give_the_same_analysis_as_sorted_ones(tmp_path):
+    docs = {r: clean_doc(r) for r in (0, 1)}
+    for rank, doc in docs.items():
+        write(tmp_path / f"sorted{rank}_rank{rank}.json", doc)
+        shuffled = list(doc["traceEvents"])
+        random.Random(rank).shuffle(shuffled)
+        write(tmp_path / f"shuffled{rank}_rank{rank}.json", {**doc, "traceEvents": shuffled})
+    a = without_paths(analyze_paths(sorted(tmp_path.glob("sorted*")), OPTS).to_dict())
+    b = without_paths(analyze_paths(sorted(tmp_path.glob("shuffled*")), OPTS).to_dict())
+    assert orjson.dumps(a, option=orjson.OPT_SORT_KEYS) == orjson.dumps(b, option=orjson.OPT_SORT_KEYS)
+
+
+def test_duplicated_events_are_counted_once(tmp_path):
+    docs = {r: clean_doc(r) for r in (0, 1)}
+    for rank, doc in docs.items():
+        write(tmp_path / f"once{rank}_rank{rank}.json", doc)
+        write(tmp_path / f"twice{rank}_rank{rank}.json", {**doc, "traceEvents": doc["traceEvents"] * 2})
+    a = without_paths(analyze_paths(sorted(tmp_path.glob("once*")), OPTS).to_dict())
+    b = without_paths(analyze_paths(sorted(tmp_path.glob("twice*")), OPTS).to_dict())
+    assert [r.pop("n_events") * 2 for r in a["ranks"]] == [r.pop("n_events") for r in b["ranks"]]
+    assert orjson.dumps(a, option=orjson.OPT_SORT_KEYS) == orjson.dumps(b, option=orjson.OPT_SORT_KEYS)
+
+
+def test_temporary_files_of_a_killed_write_are_not_read_as_traces(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    trace = (DATA / "clean" / "rank-0.json.gz").read_bytes()
+    (folder / "rank0_h_step1-2.pt.trace.json.gz").write_bytes(trace)
+    (folder / ".rank1_h_step1-2.pt.trace.json.gz.k3j2.tmp.json.gz").write_bytes(trace[: len(trace) // 2])
+    (folder / ".rank1_h_step1-2.pt.trace.json.gz.k3j2.tmp.json").write_bytes(b'{"traceEvents": [{"na')
+    assert [p.name for p in trace_io.discover_trace_files([folder])] == ["rank0_h_step1-2.pt.trace.json.gz"]
+
+
+# ---- pickles: plain data only ---------------------------------------------------------------------------------
+
+
+class _Exploit:
+    def __reduce__(self):  # what a hostile pickle does: call something on load
+        return (os.system, ("touch PWNED",))
+
+
+def test_a_flight_recorder_pickle_that_would_run_code_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    dump = tmp_path / "flight_recorder_rank0_h.pkl"
+    dump.write_bytes(pickle.dumps({"entries": [_Exploit()]}))
+    with pytest.raises(ValueError, match="refusing to load posix.system"):
+        parse_recorder(dump)
+    assert not (tmp_path / "PWNED").exists()
+    plain = tmp_path / "flight_recorder_rank1_h.pkl"
+    buf = io.BytesIO()
+    pickle.dump({"entries": [{"collective_seq_id": 3, "profiling_name": "gloo:all_reduce", "state": "started"}]}, buf)
+    plain.write_bytes(buf.getvalue())
+    assert parse_recorder(plain).seq == 3
+
+
+def test_no_module_loads_a_pickle_or_torch_file_except_the_plain_data_unpickler():
+    sources = {p: p.read_text(encoding="utf-8") for p in (REPO_ROOT / "hf_distprof").rglob("*.py")}
+    loaders = ("pickle.load(", "pickle.loads(", "torch.load(", "Unpickler(", "yaml.load(", "yaml.unsafe_load(")
+    users = sorted(str(p.relative_to(REPO_ROOT)) for p, text in sources.items() if any(s in text for s in loaders))
+    assert users == ["hf_distprof/hang_report.py"]
+    text = sources[REPO_ROOT / "hf_distprof" / "hang_report.py"]
+    assert "pickle.load(" not in text and "pickle.loads(" not in text and "_PlainUnpickler(" in text
