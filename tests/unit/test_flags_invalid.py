@@ -1,0 +1,89 @@
+"""Every flag's invalid values, table-driven from the flag dataclasses: exit 2, the flag's name, its valid range.
+
+The table is derived from each field's type, so a new flag is covered the day it is added; a field whose type
+has no invalid value (free text) must be listed in FREE_TEXT, or the coverage test fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+
+import pytest
+from transformers import HfArgumentParser
+
+from hf_distprof import ProfilingArguments
+from hf_distprof.config import (
+    AboveOneFloat,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    RankList,
+)
+from hf_distprof.debug_env import DebugArguments
+from hf_distprof.strategy import StrategyArguments
+
+# type -> (invalid values, words the error must hold)
+INVALID: dict[object, tuple[tuple[str, ...], str]] = {
+    NonNegativeInt: (("-1", "1.5", "many", ""), "must be an integer"),
+    PositiveInt: (("0", "-3", "2.5", "x"), "must be an integer"),
+    NonNegativeFloat: (("-0.5", "nan", "inf", "abc"), "must be a"),
+    PositiveFloat: (("0", "-1", "nan", "fast"), "must be a"),
+    AboveOneFloat: (("1", "0.5", "-inf", "x"), "must be a"),
+    RankList: (("x", "-1", "0,,1", "1;2"), "must be 'all' or a comma-separated list"),
+    bool: (("maybe", "2", "yes please"), "true/false"),
+}
+# Fields whose values are free text (any string is valid) or a Literal's choices.
+FREE_TEXT = {"profiler_output_dir", "profiler_run_name", "nccl_debug_subsys"}
+
+
+def flag(field: dataclasses.Field) -> str:
+    return "--" + field.name.replace("_", "-")
+
+
+def base_type(tp: object) -> object:
+    """``X | None`` -> ``X``."""
+    if typing.get_origin(tp) not in (typing.Union, types.UnionType):
+        return tp
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    return args[0] if len(args) == 1 else tp
+
+
+def cases(cls: type) -> list[tuple[type, str, str, str]]:
+    hints = typing.get_type_hints(cls)
+    out = []
+    for field in dataclasses.fields(cls):
+        kind = base_type(hints[field.name])
+        if typing.get_origin(kind) is typing.Literal:
+            out.append((cls, flag(field), "NOT-A-CHOICE", "invalid choice"))
+            continue
+        if kind in INVALID:
+            values, words = INVALID[kind]
+            out += [(cls, flag(field), value, words) for value in values]
+    return out
+
+
+CLASSES = (ProfilingArguments, DebugArguments, StrategyArguments)
+CASES = [c for cls in CLASSES for c in cases(cls)]
+
+
+def test_every_flag_has_invalid_values_or_is_free_text():
+    covered = {c[1] for c in CASES}
+    for cls in CLASSES:
+        for field in dataclasses.fields(cls):
+            assert flag(field) in covered or field.name in FREE_TEXT, f"{cls.__name__}.{field.name}: no invalid value"
+    assert len(CASES) > 100
+
+
+@pytest.mark.parametrize(("cls", "name", "value", "words"), CASES,
+                         ids=[f"{c[1]}={c[2] or 'EMPTY'}" for c in CASES])
+def test_an_invalid_value_exits_2_naming_the_flag_and_the_valid_range(cls, name, value, words, capsys):
+    parser = HfArgumentParser(cls)
+    with pytest.raises(SystemExit) as info:
+        parser.parse_args_into_dataclasses([f"{name}={value}"] if value.startswith("-") else [name, value])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert name in err and words in err, err
+    assert "Traceback" not in err
