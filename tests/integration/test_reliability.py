@@ -170,7 +170,8 @@ def test_resumed_run_counts_the_schedule_from_the_checkpoint_step(tmp_path):
         assert timing == [5, 6, 7, 8, 9]
 
 
-# Runs torchrun in a private mount namespace. "full": the output folder is a 32 MiB tmpfs, filled up once both
+# Runs torchrun in a private mount namespace. "readonly-start": the output folder is read-only from the start.
+# "full": the output folder is a 32 MiB tmpfs, filled up once both
 # ranks wrote their first window. "readonly": once both ranks wrote their first window, a read-only tmpfs is
 # mounted over the run folder (files already open stay writable, as on a remount that a busy folder refuses;
 # nothing new can be created), and taken off again before the run folder is copied out for the test to read.
@@ -180,6 +181,12 @@ NAMESPACE_SCRIPT = textwrap.dedent(
     out="$1"; fault="$2"; shift 2
     mkdir -p "$out"
     if [ "$fault" = full ]; then mount -t tmpfs -o size=32m tmpfs "$out" || exit 97; fi
+    if [ "$fault" = readonly-start ]; then
+        mount -t tmpfs -o ro tmpfs "$out" || exit 96
+        "$@"; status=$?
+        umount "$out"
+        exit $status
+    fi
     "$@" &
     pid=$!
     for _ in $(seq 600); do
@@ -229,3 +236,23 @@ def test_disk_full_or_unwritable_folder_mid_run_is_one_warning_and_training_goes
     assert len(warnings) == 2 and all("training goes on" in w for w in warnings), proc.stderr[-3000:]
     reason = "No space left on device" if fault == "full" else "Read-only file system"
     assert all(reason in w for w in warnings), warnings
+
+
+def test_an_output_folder_unwritable_from_the_start_is_one_warning_per_rank_and_training_goes_on(tmp_path):
+    if shutil.which("unshare") is None or not namespaces_work():
+        pytest.skip("needs `unshare -rm` (user and mount namespaces) to make a read-only file system")
+    script = tmp_path / "ns.sh"
+    script.write_text(NAMESPACE_SCRIPT)
+    proc = torchrun(tmp_path, "--max-steps", "6", "--profiler-wait-steps", "1", "--profiler-warmup-steps", "0",
+                    "--profiler-active-steps", "2",
+                    prefix=("unshare", "-rm", "bash", str(script), str(tmp_path / "P"), "readonly-start"))
+    survived = proc.returncode == 0
+    reliability.record("output folder read-only from the start (2 ranks)", survived=survived, expected=0, present=0,
+                       temp_left=0)
+    assert survived, proc.stderr[-3000:]
+    warnings = [line for line in proc.stderr.splitlines()
+                if "cannot create a run folder in --profiler-output-dir" in line]
+    assert len(warnings) == 2 and all("Read-only file system" in w and "training goes on" in w for w in warnings), (
+        proc.stderr[-3000:])
+    assert "Traceback" not in proc.stderr
+    assert "'train_loss'" in proc.stdout  # the Trainer's final line: all 6 steps ran
