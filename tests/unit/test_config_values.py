@@ -44,3 +44,14 @@ def test_valid_range_texts(kind, text):
 
 def test_help_metadata():
     assert config._help("What it does.") == {"help": "What it does."}
+
+
+def test_plain_argparse_group_and_bool_metavar():
+    parser = argparse.ArgumentParser(prog="train.py")
+    group = config.add_profiling_args(parser)
+    assert group.title == "hf_distprof profiling"
+    usage = parser.format_help()
+    assert "hf_distprof profiling:\n" in usage
+    assert "--enable-profiling [BOOL], --enable_profiling [BOOL]" in usage
+    assert parser.parse_args(["--enable-profiling"]).enable_profiling is True
+    assert parser.parse_args(["--enable-profiling", "f"]).enable_profiling is False
