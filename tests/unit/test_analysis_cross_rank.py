@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hf_distprof.analysis.cross_rank import cross_rank
+from hf_distprof.analysis.cross_rank import clock_offsets, cross_rank, match_collectives
 from hf_distprof.analysis.model import AnalysisOptions, Collective, CpuBreakdown, RankResult, StepResult
 
 STEP_US = 100_000.0
@@ -86,3 +86,64 @@ def test_step_time_outlier_needs_three_ranks():
         "rank 2's steps take 200.00 ms, 100.0% more than the median rank's 100.00 ms and more than 3 scaled "
         "median absolute deviations (0.00 ms) from it across the 3 ranks"
     )
+
+
+def _shifted(r: int, clock_us: float, late_first_us: float = 0.0, drop: tuple[int, str, int] | None = None,
+             extra: bool = False) -> RankResult:
+    """``rank`` with its clock ``clock_us`` ahead, optionally missing one collective or holding one more."""
+    res = rank(r, late_first_us)
+    for c in res.collectives:
+        c.start_us += clock_us
+        c.end_us += clock_us
+    if drop is not None:
+        res.collectives = [c for c in res.collectives if (c.step, c.kind, c.index) != drop]
+    if extra:
+        res.collectives.append(Collective(step=1, kind="broadcast", index=0, start_us=1.0, end_us=2.0))
+    return res
+
+
+def test_collectives_are_matched_only_when_every_rank_has_them():
+    ranks = [_shifted(0, 0.0, extra=True), _shifted(1, 0.0, extra=True), _shifted(2, 0.0, drop=(3, "all_reduce", 2))]
+    matched = match_collectives(ranks)
+    assert len(matched) == 6 * 4 - 1
+    assert (3, "all_reduce", 2) not in matched and (1, "broadcast", 0) not in matched
+    assert sorted(matched[(1, "all_reduce", 0)]) == [0, 1, 2]
+    # Rank 0 alone holds a collective: not matched either.
+    assert (1, "broadcast", 0) not in match_collectives([_shifted(0, 0.0, extra=True), _shifted(1, 0.0)])
+    assert match_collectives([]) == {}
+
+
+def test_clocks_are_put_on_the_first_ranks_clock():
+    ranks = [_shifted(3, 0.0), _shifted(5, 2_500.0, late_first_us=30_000.0)]
+    assert clock_offsets(ranks, match_collectives(ranks)) == {3: 0.0, 5: 2_500.0}
+    result = cross_rank(ranks, AnalysisOptions())
+    assert result.ranks == [3, 5]
+    assert [(p.rank, p.clock_offset_us) for p in result.per_rank] == [(3, 0.0), (5, 2_500.0)]
+    assert result.per_rank[1].lateness_per_step_us == [30_000.0] * 6
+    assert result.per_rank[0].lateness_per_step_us == [0.0] * 6
+    # Nothing matched: no offset at all.
+    lonely = [_slow_steps(0, STEP_US), _slow_steps(1, STEP_US)]
+    assert clock_offsets(lonely, {}) == {0: 0.0, 1: 0.0}
+    assert [p.clock_offset_us for p in cross_rank(lonely, AnalysisOptions()).per_rank] == [0.0, 0.0]
+    assert clock_offsets([], {}) == {}
+
+
+def test_one_rank_has_no_cross_rank_verdict():
+    result = cross_rank([rank(0, 0.0)], AnalysisOptions())
+    assert (result.ranks, result.stragglers) == ([0], [])
+    assert result.straggler_verdict is None and result.imbalance_verdict is None
+    assert result.imbalance_pct == 0.0
+
+
+def test_busier_by_more_than_the_threshold_but_a_trifle_of_the_step_is_quiet():
+    # Rank 1 computes 12% more (6 ms over 50 ms): material in 100 ms steps, a trifle (0.06%) in 10 s steps.
+    ranks = [rank(0, 0.0), rank(1, 0.0)]
+    for s in ranks[1].steps:
+        s.cpu = CpuBreakdown(STEP_US, 56_000.0, 10_000.0, 0.0, 34_000.0, 20_000.0, None)
+    assert cross_rank(ranks, AnalysisOptions()).imbalance_verdict.status == "raised"
+    for r in ranks:
+        for s in r.steps:
+            s.duration_us = 100 * STEP_US
+    verdict = cross_rank(ranks, AnalysisOptions()).imbalance_verdict
+    assert verdict.status == "quiet"
+    assert verdict.reason.endswith("but that costs its peers only 0.1% of the step (less than 5%)")
