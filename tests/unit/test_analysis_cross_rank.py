@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from hf_distprof.analysis.cross_rank import clock_offsets, cross_rank, match_collectives
+import pytest
+
+from hf_distprof.analysis.cross_rank import _common_steps, clock_offsets, cross_rank, match_collectives
 from hf_distprof.analysis.model import AnalysisOptions, Collective, CpuBreakdown, RankResult, StepResult
 
 STEP_US = 100_000.0
@@ -147,3 +149,19 @@ def test_busier_by_more_than_the_threshold_but_a_trifle_of_the_step_is_quiet():
     verdict = cross_rank(ranks, AnalysisOptions()).imbalance_verdict
     assert verdict.status == "quiet"
     assert verdict.reason.endswith("but that costs its peers only 0.1% of the step (less than 5%)")
+
+
+def test_step_spread_per_step_is_max_minus_min_over_the_median():
+    ranks = [_slow_steps(r, STEP_US) for r in range(3)]
+    for r, durations in zip(ranks, ([90.0, 0.0], [100.0, 0.0], [130.0, 0.0])):
+        r.steps = r.steps[:2]
+        for s, d in zip(r.steps, durations):
+            s.duration_us = d
+    ranks[2].steps[1].step = 9  # a step of rank 2 alone
+    spread = cross_rank(ranks, AnalysisOptions()).step_spread
+    assert [(s.step, s.min_us, s.max_us, s.spread_pct) for s in spread] == [
+        (1, 90.0, 130.0, pytest.approx(40.0)),  # (130 - 90) / 100
+        (2, 0.0, 0.0, 0.0),  # a zero median: no percentage
+        (9, 0.0, 0.0, 0.0),
+    ]
+    assert _common_steps({}) == {} and _common_steps({0: {1: 2.0, 2: 3.0}, 1: {2: 4.0}}) == {0: [3.0], 1: [4.0]}
