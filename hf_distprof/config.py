@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     RankList = str
     NonNegativeFloat = float
     PositiveFloat = float
+    AboveOneFloat = float
 else:
 
     class NonNegativeInt(int):
@@ -75,6 +76,15 @@ else:
             number = _parse_float(value)
             if number <= 0:
                 raise argparse.ArgumentTypeError(f"must be a number > 0, got {value!r}")
+            return super().__new__(cls, number)
+
+    class AboveOneFloat(float):
+        """A finite ``float`` that is > 1 (a factor over a normal value)."""
+
+        def __new__(cls, value: Any) -> AboveOneFloat:
+            number = _parse_float(value)
+            if number <= 1:
+                raise argparse.ArgumentTypeError(f"must be a number > 1, got {value!r}")
             return super().__new__(cls, number)
 
 
@@ -175,6 +185,32 @@ class ProfilingArguments:
     )
     profiler_with_flops: bool = field(
         default=False, metadata=_help("Estimate FLOPs of matmul/conv ops in the trace.")
+    )
+    profile_on_demand: bool = field(
+        default=False,
+        metadata=_help(
+            "Open one extra profiler window, on every profiling rank at the same step, when PROFILE_NOW appears in "
+            "the run folder (the file is consumed) or any rank gets SIGUSR1; agreed at the next logging step. "
+            "Costs one small all-gather per logging step. Needs --enable-profiling."
+        ),
+    )
+    profile_on_anomaly: bool = field(
+        default=False,
+        metadata=_help(
+            "Open one extra profiler window, on every profiling rank at the same step, when a step on any rank "
+            "takes longer than --anomaly-factor times that rank's running median step time; agreed at the next "
+            "logging step. Costs one small all-gather per logging step. Needs --enable-profiling."
+        ),
+    )
+    anomaly_factor: AboveOneFloat = field(
+        default=2.0,
+        metadata=_help(
+            "--profile-on-anomaly: a step slower than this many times the median of the rank's last 20 untraced "
+            "steps is an anomaly."
+        ),
+    )
+    max_anomaly_captures: PositiveInt = field(
+        default=1, metadata=_help("--profile-on-anomaly: at most this many windows are opened by anomalies.")
     )
     profiler_analyze: bool = field(
         default=False,
@@ -317,6 +353,9 @@ class ProfilingArguments:
                     raise ValueError(f"{flag_name(f.name)}: {err}") from None
         if self.profiler_analyze and not self.enable_profiling:
             raise ValueError("--profiler-analyze analyses the run's traces: it needs --enable-profiling")
+        for name in ("profile_on_demand", "profile_on_anomaly"):
+            if getattr(self, name) and not self.enable_profiling:
+                raise ValueError(f"{flag_name(name)} opens profiler windows: it needs --enable-profiling")
         if self.enable_step_timing is None:
             self.enable_step_timing = bool(self.enable_profiling or self.measure_comm_overhead > 0 or self.nvtx)
         elif not self.enable_step_timing and self.measure_comm_overhead > 0:
@@ -349,7 +388,9 @@ class ProfilingArguments:
         return cls(**{f.name: getattr(namespace, f.name) for f in dataclasses.fields(cls)})
 
 
-_VALIDATED: tuple[type, ...] = (NonNegativeInt, PositiveInt, RankList, NonNegativeFloat, PositiveFloat)
+_VALIDATED: tuple[type, ...] = (
+    NonNegativeInt, PositiveInt, RankList, NonNegativeFloat, PositiveFloat, AboveOneFloat
+)
 
 
 def _field_types() -> dict[str, Any]:
@@ -412,6 +453,7 @@ def _valid_range(kind: Any) -> str:
         RankList: "`all` or ranks like `0,3`",
         NonNegativeFloat: "number >= 0",
         PositiveFloat: "number > 0",
+        AboveOneFloat: "number > 1",
     }.get(kind, "string")
 
 

@@ -16,6 +16,7 @@ the folder)::
     hang_rank{R}_{host}.txt                              --hang-timeout: every thread's stack when steps stop
     flight_recorder_rank{R}_{host}.pkl                   --hang-timeout on NCCL with the flight recorder on
     rank{R}.log                                          every rank's log records
+    PROFILE_NOW                                          touched by you: one profiler window (consumed)
 
 ``hf-distprof bench-collectives`` writes into its ``--output-dir`` (rank 0)::
 
@@ -45,6 +46,8 @@ HANG_DUMP_NAME = "hang_rank{rank}_{host}.txt"
 HANG_BACKSTOP_NAME = "hang_rank{rank}_{host}.faulthandler.txt"
 FLIGHT_RECORDER_NAME = "flight_recorder_rank{rank}_{host}.pkl"
 RANK_LOG_NAME = "rank{rank}.log"
+# Read, not written: --profile-on-demand opens one profiler window when this file appears in the run folder.
+PROFILE_NOW_NAME = "PROFILE_NOW"
 BENCH_CSV_NAME = "collectives_bench.csv"
 BENCH_PNG_NAME = "collectives_bench_busbw.png"
 # hf-distprof compare --report DIR

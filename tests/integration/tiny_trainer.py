@@ -7,6 +7,10 @@ Faults, from the environment (test-only):
   itself, raises, or sends SIGTERM to its launcher (torchrun, which forwards it to every rank, as a scheduler's
   stop does); ``<step>`` = ``export`` sends the SIGTERM from inside the rank's first trace export instead.
 - ``TINY_STEP_S``: seconds each step sleeps (so a run lasts long enough to be interrupted).
+- ``TINY_STALL="<rank|all>:<step|*>:<seconds>[,...]"``: at the start of that optimizer step (``*``: of every step)
+  the rank sleeps that long, inside the step (a slow step for ``--profile-on-anomaly``).
+- ``TINY_TRIGGER="<rank>:<step>:<touch|usr1>[,...]"``: at the start of that step the rank touches ``PROFILE_NOW``
+  in the run folder, or sends itself SIGUSR1 (``--profile-on-demand``).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,6 +31,8 @@ from hf_distprof import ProfilingArguments, build_callbacks
 
 FAULT_ENV = "TINY_FAULT"
 STEP_S_ENV = "TINY_STEP_S"
+STALL_ENV = "TINY_STALL"
+TRIGGER_ENV = "TINY_TRIGGER"
 
 
 class TinyModel(torch.nn.Module):
@@ -62,6 +69,29 @@ class FaultCallback(TrainerCallback):  # type: ignore[misc]
             raise RuntimeError(f"simulated crash after step {self.step}")
 
 
+class StepStartCallback(TrainerCallback):  # type: ignore[misc]
+    """TINY_STALL and TINY_TRIGGER: what this rank does at the start of given optimizer steps."""
+
+    def __init__(self, rank: int, run_dir: Path) -> None:
+        self.actions: dict[int, list[str]] = {}
+        self.every: list[str] = []
+        specs = [s for env in (STALL_ENV, TRIGGER_ENV) for s in os.environ.get(env, "").split(",") if s]
+        for spec in specs:
+            who, step, what = spec.split(":")
+            if who == "all" or int(who) == rank:
+                (self.every if step == "*" else self.actions.setdefault(int(step), [])).append(what)
+        self.request_file = run_dir / "PROFILE_NOW"
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        for what in [*self.every, *self.actions.get(state.global_step + 1, [])]:
+            if what == "touch":
+                self.request_file.touch()
+            elif what == "usr1":
+                os.kill(os.getpid(), signal.SIGUSR1)
+            else:
+                time.sleep(float(what))
+
+
 def signal_launcher_from_first_export() -> None:
     from torch.profiler import profile
 
@@ -90,8 +120,9 @@ def main() -> None:
                 signal_launcher_from_first_export()
             else:
                 fault_cb = FaultCallback(int(step), how, step_s)
+    run_dir = Path(prof_args.profiler_output_dir) / str(prof_args.profiler_run_name)
     trainer = Trainer(model=TinyModel(), args=training_args, train_dataset=RandomData(),
-                      callbacks=[*callbacks, fault_cb])
+                      callbacks=[*callbacks, fault_cb, StepStartCallback(rank, run_dir)])
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
 
 
