@@ -64,6 +64,8 @@ SUMMARY_3_5 = f"rank0_{HOST}_step3-5_summary.txt"
 TRACE_3 = f"rank0_{HOST}_step3-3.pt.trace.json.gz"
 SUMMARY_3 = f"rank0_{HOST}_step3-3_summary.txt"
 
+MOMENTS = {"before": "before the window", "inside": "inside the window", "export": "during the trace export",
+           "summary": "during the summary after it"}
 # moment -> the files the run folder must hold afterwards (besides parallelism.json and rank0.log).
 EXPECTED = {
     "before": [],  # no window started: nothing to write
@@ -96,7 +98,7 @@ def test_a_signal_at_any_moment_leaves_whole_traces_and_the_signals_status(tmp_p
     # Ours are hidden files in the run folder; torch's are *.json files in TMPDIR (it gzips through one).
     temp_left = [n for n in names if n.startswith(".")] + sorted(p.name for p in tmpdir.glob("*.json"))
     expected = EXPECTED[moment]
-    reliability.record(f"{signame} {moment} window (1 rank)", survived=proc.returncode == -getattr(signal, signame),
+    reliability.record(f"{signame} {MOMENTS[moment]} (1 rank)", survived=proc.returncode == -getattr(signal, signame),
                        expected=len(expected), present=sum(n in names for n in expected), temp_left=len(temp_left))
     assert proc.returncode == -getattr(signal, signame), proc.stderr[-3000:]
     assert "survived the signal" not in proc.stdout
