@@ -148,7 +148,10 @@ def medians_of_the_others(values: Sequence[float]) -> list[float]:
     return out
 
 
-def _scaled_mad(values: Sequence[float]) -> float:
+def scaled_mad(values: Sequence[float]) -> float:
+    """Median absolute deviation, scaled to a standard deviation for normal noise; 0 for fewer than 2 values."""
+    if len(values) < 2:
+        return 0.0
     mid = median(values)
     return MAD_SCALE * median(abs(v - mid) for v in values)
 
@@ -256,7 +259,7 @@ def _standing_out(per_step: Mapping[int, Sequence[float]]) -> set[int]:
         return set(per_step)
     mids = {r: median(v) for r, v in per_step.items()}
     center = median(mids.values())
-    spread = _scaled_mad(list(mids.values()))
+    spread = scaled_mad(list(mids.values()))
     return {r for r, m in mids.items() if m - center > 3.0 * spread}
 
 
@@ -265,7 +268,7 @@ def _noise_pct(values: Sequence[float], scale: Sequence[float] | None) -> float:
     if len(values) < 2:
         return 0.0
     denom = median(values) if scale is None else median(scale[: len(values)])
-    return 100.0 * _scaled_mad(values) / denom if denom > 0 else 0.0
+    return 100.0 * scaled_mad(values) / denom if denom > 0 else 0.0
 
 
 @dataclass

@@ -7,15 +7,7 @@ import json
 import sys
 from typing import Any
 
-
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value}")
-    return value
+from hf_distprof.config import NonNegativeInt
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -46,7 +38,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--warmup-steps",
-        type=_non_negative,
+        type=NonNegativeInt,
         default=None,
         metavar="N",
         help="steps left out at the start of each run (default: what timing_summary.json says, else 1)",

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from statistics import median
 from typing import Any
 
-from hf_distprof.verdicts import MAD_SCALE, MATERIAL_PCT
+from hf_distprof.verdicts import MATERIAL_PCT, scaled_mad
 
 MIN_EFFECT_PCT = 10.0
 """Smallest relative change of a median that can be significant, in % of run A's median."""
@@ -43,14 +43,6 @@ MIN_STEPS = 5
 SIGNIFICANT, NOT_SIGNIFICANT, TOO_FEW = "significant", "not significant", "too few steps"
 ONE_VALUE = "one value"
 """A figure each run has once (a peak): shown with its delta, never judged."""
-
-
-def scaled_mad(values: Sequence[float]) -> float:
-    """Median absolute deviation, scaled to a standard deviation for normal noise; 0 for fewer than 2 values."""
-    if len(values) < 2:
-        return 0.0
-    mid = median(values)
-    return MAD_SCALE * median(abs(v - mid) for v in values)
 
 
 def mann_whitney_p(a: Sequence[float], b: Sequence[float]) -> float:

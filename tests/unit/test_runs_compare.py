@@ -237,7 +237,7 @@ def test_compare_cli_refuses_a_folder_without_timing_files_without_a_traceback(t
     assert "Traceback" not in err
     with pytest.raises(SystemExit) as exit_info:
         main(["compare", str(empty), str(empty), "--warmup-steps", "-1"])
-    assert exit_info.value.code == 2 and "--warmup-steps: must be an integer >= 0, got -1" in capsys.readouterr().err
+    assert exit_info.value.code == 2 and "--warmup-steps: must be an integer >= 0, got '-1'" in capsys.readouterr().err
 
 
 def test_reading_and_comparing_runs_imports_neither_torch_nor_transformers():
