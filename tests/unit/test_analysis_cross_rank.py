@@ -165,3 +165,52 @@ def test_step_spread_per_step_is_max_minus_min_over_the_median():
         (9, 0.0, 0.0, 0.0),
     ]
     assert _common_steps({}) == {} and _common_steps({0: {1: 2.0, 2: 3.0}, 1: {2: 4.0}}) == {0: [3.0], 1: [4.0]}
+
+
+def test_stragglers_late_together_are_named_with_their_evidence():
+    minority = [0.0, 0.0, 20_000.0, 21_000.0, 0.0, 22_000.0, 1_000.0, 0.0]
+    result = cross_rank([rank(r, late) for r, late in enumerate(minority)], AnalysisOptions())
+    head = (
+        "rank {r} reaches a collective of each step {ms:.2f} ms after the earliest rank (its latest arrival per step, "
+        "median over steps; 24 matched collectives; {ms:.1f}% of the 100.00 ms step); it waits 10.00 ms per step on "
+        "communication while its peers wait 10.00 ms; "
+    )
+    assert [(s.rank, s.reason, s.lateness_us, s.step_excess_pct) for s in result.stragglers] == [
+        (5, "late_collectives", 22_000.0, None), (3, "late_collectives", 21_000.0, None),
+        (2, "late_collectives", 20_000.0, None),
+    ]
+    assert result.stragglers[0].evidence == head.format(r=5, ms=22.0) + (
+        "it is the last to arrive in 6 of 6 steps (p = 0.000 by chance), beyond the step-to-step noise of 0.0%"
+    )
+    for s in result.stragglers[1:]:
+        assert s.evidence == head.format(r=s.rank, ms=s.lateness_us / 1e3) + (
+            "late together with rank 5, standing out from the other ranks, beyond the step-to-step noise of 0.0%"
+        )
+
+
+def _steps_of(ms: list[float]) -> list[RankResult]:
+    ranks = []
+    for r, step_ms in enumerate(ms):
+        res = rank(r, 0.0)  # in lockstep at every collective: only the step times differ
+        for s in res.steps:
+            s.duration_us = step_ms * 1e3
+        ranks.append(res)
+    return ranks
+
+
+def test_a_slow_rank_among_noisy_peers_stands_out_by_three_scaled_mads():
+    # Median 101 ms; absolute deviations 1, 1, 3, 0, 49: MAD 1 ms, scaled 1.4826 ms, three of them 4.45 ms.
+    result = cross_rank(_steps_of([100, 102, 98, 101, 150]), AnalysisOptions())
+    (s,) = result.stragglers
+    excess = 100 * (150 / 101 - 1)
+    assert (s.rank, s.reason, s.lateness_us, s.step_excess_pct) == (4, "slow_steps", 0.0, pytest.approx(excess))
+    assert s.evidence == (
+        "rank 4's steps take 150.00 ms, 48.5% more than the median rank's 101.00 ms and more than 3 scaled median "
+        "absolute deviations (4.45 ms) from it across the 5 ranks"
+    )
+    # An excess exactly at --step-outlier-pct is not above it.
+    at = cross_rank(_steps_of([100, 102, 98, 101, 150]), AnalysisOptions(step_outlier_pct=excess))
+    assert at.stragglers == []
+    # Within 3 scaled MADs of a spread-out group, however far above the median: nobody stands out.
+    wide = cross_rank(_steps_of([100, 130, 70, 101, 112]), AnalysisOptions())
+    assert wide.stragglers == []
