@@ -116,3 +116,11 @@ def test_display_names():
     )
     assert display_name(KernelStat(GEMM, COMPUTATION, "", 1, 1, 1, 1)) == "void gemm<float>"
     assert KernelStat("k", COMPUTATION, "", 0, 0, 0, 0).mean_us == 0.0
+
+
+def test_half_a_microsecond_of_communication_alone_is_still_measured():
+    g = gpu_breakdown([0.0], [0.5], [ALLREDUCE], tiny_kernel_us=10)
+    assert g is not None
+    assert (g.kernel_time_us, g.compute_us, g.comm_us, g.exposed_comm_us) == (0.5, 0.0, 0.5, 0.5)
+    assert (g.non_compute_pct, g.exposed_comm_pct, g.comm_comp_overlap_pct) == (100.0, 100.0, 0.0)
+    assert g.category_overlap_us == {"COMMUNICATION": 0.5}
