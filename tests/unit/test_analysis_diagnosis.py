@@ -290,3 +290,30 @@ def test_kind_split_lists_only_exposed_kinds():
     ranks[0].comm_by_kind = []
     (comm,) = diagnose(ranks, None, OPTS)
     assert comm.evidence.endswith("only 0.0% of communication overlaps computation")
+
+
+def test_a_slow_steps_straggler_with_collectives_keeps_its_own_severity_and_advice():
+    from .test_analysis_cross_rank import _steps_of
+
+    ranks = _steps_of([100, 102, 98, 101, 150])
+    (straggler,) = [f for f in diagnose(ranks, cross_rank(ranks, OPTS), OPTS) if f.kind == "straggler"]
+    assert straggler.severity == pytest.approx(100 * (150 / 101 - 1))
+    assert straggler.numbers == pytest.approx({"lateness_us": 0.0, "step_excess_pct": 100 * (150 / 101 - 1)})
+    assert straggler.recommendation.startswith("Compare this rank's step with a peer's")
+
+
+def test_imbalance_compares_with_the_median_peer_of_many():
+    from .test_analysis_cross_rank import rank as cpu_rank_with_collectives
+
+    ranks = [cpu_rank_with_collectives(r, 0.0) for r in range(7)]
+    for r, compute_ms in zip(ranks, [50, 51, 52, 53, 54, 55, 90]):
+        for s in r.steps:
+            s.cpu = CpuBreakdown(100_000.0, compute_ms * 1e3, 10_000.0, 0.0, 90_000.0 - compute_ms * 1e3, 20_000.0,
+                                 None)
+    (imbalance,) = [f for f in diagnose(ranks, cross_rank(ranks, OPTS), OPTS) if f.kind == "imbalance"]
+    assert imbalance.evidence.startswith(
+        "busy time (GPU: compute kernels; CPU: compute + data loading): rank 6 90.00 ms per step vs 53.00 ms on a "
+        "typical peer; "
+    )
+    assert imbalance.severity == pytest.approx(37.0)  # (90 - 53) ms of a 100 ms step
+    assert imbalance.numbers["typical_busy_us"] == 53_000.0
