@@ -326,3 +326,55 @@ def test_imbalance_compares_with_the_median_peer_of_many():
     )
     assert imbalance.severity == pytest.approx(37.0)  # (90 - 53) ms of a 100 ms step
     assert imbalance.numbers["typical_busy_us"] == 53_000.0
+
+
+def test_fsdp_findings_skip_plain_ranks_and_ranks_without_that_kind():
+    plain = fsdp_gpu_rank(0, [300.0] * 3, [300.0] * 3)
+    for c in plain.collectives:
+        c.module = None  # not issued by FSDP
+    sharded = fsdp_gpu_rank(1, [300.0] * 3, [300.0] * 3)
+    sharded.comm_by_kind = [row for row in sharded.comm_by_kind if row.kind != "reduce_scatter"]
+    assert [(f.kind, f.ranks) for f in diagnose([plain, sharded], None, OPTS)] == [("fsdp_exposed_all_gather", [1])]
+
+
+def test_as_much_forward_as_backward_exposure_reads_before_forward():
+    rank = fsdp_gpu_rank(0, [300.0] * 3, [0.0] * 3)
+    rank.comm_by_kind[0].forward_exposed_us = rank.comm_by_kind[0].backward_exposed_us = 150.0
+    (gather,) = diagnose([rank], None, OPTS)
+    assert gather.title == "Exposed FSDP all-gather before forward"
+
+
+def test_undecided_names_each_question_with_its_reason():
+    from .test_analysis_cross_rank import rank as cpu_rank_with_collectives
+
+    ranks = [cpu_rank_with_collectives(0, 0.0, steps=3), cpu_rank_with_collectives(1, 30_000.0, steps=3)]
+    for s in ranks[1].steps:
+        s.cpu = CpuBreakdown(100_000.0, 80_000.0, 10_000.0, 0.0, 10_000.0, 20_000.0, None)
+    assert undecided(cross_rank(ranks, OPTS)) == [
+        "straggler: not enough evidence: rank 1's arrival at the step's collectives exceeds its peers' by a median "
+        "30.0% (threshold 10%), but 3 steps of 2 ranks cannot tell a slow rank from chance; at least 6 are needed",
+        "imbalance: not enough evidence: rank 1's busy time (GPU: compute kernels; CPU: compute + data loading) "
+        "exceeds its peers' by a median 60.0% (threshold 10%), but 3 steps of 2 ranks cannot tell a slow rank from "
+        "chance; at least 6 are needed",
+    ]
+
+
+def test_low_utilisation_names_the_lowest_rank_and_launch_bound_looks_past_ranks_without_kernels():
+    # Rank 0 busy 160 of 784 us (20.4%), rank 1 busy 80 of 764 us (10.5%): the lowest is rank 1.
+    no_kernels = gpu_rank(2, 0, 4.0, 16.0)
+    for s in no_kernels.steps:
+        s.gpu = None
+    ranks = [no_kernels, gpu_rank(0, 40, 4.0, 16.0), gpu_rank(1, 20, 4.0, 36.0)]
+    low, launch = diagnose(ranks, None, OPTS)
+    assert low.ranks == [0, 1] and "(lowest: rank 1 at 10.5%; threshold 80%)" in low.evidence
+    assert launch.ranks == [0, 1]
+
+
+def test_launch_bound_from_half_the_kernels_tiny():
+    # Per step 20 kernels of 4 us and 20 of 10 us (not under 10 us), 30 us apart: exactly 50% tiny.
+    rank = gpu_rank(0, 40, 4.0, 26.0)
+    for s in rank.steps:
+        starts = [s.start_us + 30.0 * i for i in range(40)]
+        ends = [t + (4.0 if i % 2 else 10.0) for i, t in enumerate(starts)]
+        s.gpu = gpu_breakdown(starts, ends, [GEMM] * 40, tiny_kernel_us=10.0)
+    assert [f.kind for f in diagnose([rank], None, OPTS)] == ["low_utilisation", "launch_bound"]
