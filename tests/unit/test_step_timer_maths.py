@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hf_distprof.timing.report import RankSummary, format_bytes, memory_warning
+from hf_distprof.timing.report import RankSummary, cross_rank_report, format_bytes, format_table, memory_warning
 
 ADVICE = (
     ". Look for work only that rank does (logging, evaluation, checkpoint saving on rank 0), uneven batch shapes "
@@ -41,3 +41,46 @@ def test_memory_warning_counts_an_unknown_peak_as_zero():
 )
 def test_format_bytes(n, text):
     assert format_bytes(n) == text
+
+
+HEADER = [
+    "seconds per optimizer step (means); pre-sync = load + forward + backward compute",
+    "rank       data      load   forward  backward (compute)     optim      step  pre-sync      wait  samples/s   "
+    "tokens/s   peak mem",
+]
+
+
+def test_the_end_of_training_table_line_by_line():
+    from .test_step_timer_report import ddp_rank
+
+    r0, r1 = ddp_rank(0, 0.01, mem=3 * 2**30), ddp_rank(1, 0.4, mem=2**30)
+    r1.data_load_s = None  # a phase this rank did not measure
+    report = cross_rank_report([r0, r1], memory_threshold_pct=20, flops=4e13, peak_tflops=100.0)
+    comm = {"passes": 3, "compute_s": 0.3, "with_sync_s": 0.4, "comm_s": 0.1, "overhead_pct": 25.0}
+    assert format_table(report, comm, title="Step timing").splitlines() == ["Step timing", *HEADER] + [
+        "0        0.3000    0.0100    0.1000    0.5500    0.2000    0.0500    1.0000    0.3100    0.6400        8.0"
+        "       1024    3.0 GiB",
+        "1        0.3000       n/a    0.1000    0.5500    0.2000    0.0500    1.0000    0.7000    0.2500        8.0"
+        "       1024    1.0 GiB  <- slowest",
+        "step time mean/min/max: 1.0000 / 1.0000 / 1.0000 s; imbalance (pre-sync): 125.8% (threshold 10%), slowest "
+        "rank 1 (data)",
+        "peak memory imbalance: 200.0% (threshold 20%)",
+        "throughput (all ranks): 16.0 samples/s, 2048 tokens/s; MFU 2.0%",
+        "comm overhead (3 passes per mode): compute 0.3000s, with sync 0.4000s, communication 0.1000s = 25.0% of the "
+        "step's forward+backward",
+        "1 warning(s) follow in the log.",
+    ]
+
+
+def test_one_rank_table_marks_no_slowest_and_says_what_is_unknown():
+    from .test_step_timer_report import ddp_rank
+
+    report = cross_rank_report([ddp_rank(0, 0.01, mem=None)])
+    assert format_table(report).splitlines() == HEADER + [
+        "0        0.3000    0.0100    0.1000    0.5500    0.2000    0.0500    1.0000    0.3100    0.6400        8.0"
+        "       1024        n/a",
+        "step time mean/min/max: 1.0000 / 1.0000 / 1.0000 s; imbalance (pre-sync): 0.0% (threshold 10%), slowest "
+        "rank 0 (data)",
+        "peak memory imbalance: n/a (threshold 20%)",
+        "throughput (all ranks): 8.0 samples/s, 1024 tokens/s; MFU n/a (no --peak-tflops and no known GPU)",
+    ]
