@@ -20,7 +20,7 @@ from statistics import median
 from typing import Any
 
 from hf_distprof.runs.load import RunData
-from hf_distprof.runs.stats import Difference, judge_difference, single_difference
+from hf_distprof.runs.stats import PROFILED, Difference, judge_difference, single_difference
 from hf_distprof.verdicts import imbalance_pct
 
 Record = dict[str, Any]
@@ -236,8 +236,12 @@ def compare_runs(a: RunData, b: RunData) -> Comparison:
     if a.trace_steps and b.trace_steps:
         for metric in TRACE_METRICS:
             for rank in ranks:
+                before = len(rows)
                 add(metric, rank, [s[metric.key] for s in a.trace_steps.get(rank, [])],
                     [s[metric.key] for s in b.trace_steps.get(rank, [])])
+                if len(rows) > before:
+                    rows[-1] = dataclasses.replace(rows[-1], diff=dataclasses.replace(
+                        rows[-1].diff, status=PROFILED, reason="inside a profiler window: shown, not judged"))
     if a.traced_steps or b.traced_steps:
         notes.append("steps inside a profiler window are left out of the step-timer figures (the profiler slows them)")
     counted = [min((len(r.counted(k)) for k in ranks), default=0) for r in (a, b)]

@@ -183,8 +183,10 @@ def test_traced_steps_of_the_trace_analysis_are_compared_in_seconds(tmp_path):
     (b / names.ANALYSIS_NAME).write_text(json.dumps(analysis(2e5)))
     rows = rows_by(compare_runs(load_run(a), load_run(b)))
     comm = rows[("communication_s", 1)].diff
-    assert (comm.median_a, comm.delta, comm.steps_a, comm.status) == (
-        pytest.approx(0.0201), pytest.approx(0.18), 6, "significant")  # median of +0, +100, +200 us: +100
+    # Shown with its delta, never judged: the profiler distorts the steps it traces (a clean pair of CI runs once
+    # differed by 17% in one rank's traced compute).
+    assert (comm.median_a, comm.delta, comm.steps_a, comm.status, comm.significant) == (
+        pytest.approx(0.0201), pytest.approx(0.18), 6, "profiled steps", False)  # median of +0, +100, +200 us
     assert rows[("compute_s", 0)].diff.delta == 0.0
 
 
