@@ -269,7 +269,9 @@ def test_a_group_of_one_needs_no_collective(monkeypatch):
 
 
 def test_on_nccl_the_floats_travel_on_this_ranks_gpu(monkeypatch):
-    FakeGroup(monkeypatch, world=2, backend="nccl")
+    group = FakeGroup(monkeypatch, world=2, backend="nccl")
+    dist.barrier()
+    assert group.calls == [("barrier",)]  # two ranks are enough to wait for each other
     moved: list[torch.device] = []
 
     def to(self: torch.Tensor, device: torch.device) -> torch.Tensor:
