@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -66,3 +67,43 @@ def test_each_run_folder_gets_this_ranks_log(tmp_path, monkeypatch):
     assert line.endswith(f"rank 0 {host} WARNING hf_distprof.test: [RANK 0] into the second")
     assert paths.log_to_run_dir(second) == second / "rank0.log"  # the same folder again: one handler
     assert sum(getattr(h, "baseFilename", "").endswith("rank0.log") for h in logging.getLogger().handlers) == 1
+
+
+def test_a_run_folder_is_made_with_its_missing_parents(tmp_path):
+    run = paths._claim_new_run_dir(tmp_path / "a" / "b", "exp")
+    assert run == tmp_path / "a" / "b" / "exp" and run.is_dir()
+
+
+def test_ten_thousand_taken_names_are_an_error_naming_the_folder(tmp_path, monkeypatch):
+    tries: list[str] = []
+
+    def taken(self, *args, **kwargs):
+        if self.parent == tmp_path:
+            tries.append(self.name)
+            raise FileExistsError(self)
+
+    monkeypatch.setattr(Path, "mkdir", taken)
+    with pytest.raises(FileExistsError) as info:
+        paths._claim_new_run_dir(tmp_path, "exp")
+    assert str(info.value) == f"no free run folder for 'exp' in {tmp_path} after 10000 tries"
+    assert len(tries) == 10_000 and tries[:2] == ["exp", "exp-1"] and tries[-1] == "exp-9999"
+
+
+def test_stale_temp_files_go_young_ones_and_other_hidden_files_stay(tmp_path, monkeypatch):
+    assert paths.remove_stale_temp_files(tmp_path / "missing") == []
+    run = tmp_path / "run"
+    run.mkdir()
+    now = 1_000_000.0
+    monkeypatch.setattr(paths.time, "time", lambda: now)
+    files = {
+        ".aaa_hidden_notes": now - 7200,  # hidden but not a temporary file: stays, and the scan goes on
+        f".t.json.gz.x{paths.TEMP_MARK}.gz": now - 3600,  # exactly the age limit: stale
+        f".young{paths.TEMP_MARK}": now - 3599,
+    }
+    for name, mtime in files.items():
+        (run / name).write_text("x")
+        os.utime(run / name, (mtime, mtime))
+    assert [p.name for p in paths.remove_stale_temp_files(tmp_path, older_than_s=3600)] == [
+        f".t.json.gz.x{paths.TEMP_MARK}.gz"
+    ]
+    assert sorted(p.name for p in run.iterdir()) == [".aaa_hidden_notes", f".young{paths.TEMP_MARK}"]
