@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from hf_distprof.timing.report import RankSummary, cross_rank_report, format_bytes, format_table, memory_warning
+from hf_distprof.timing.report import (
+    RankSummary,
+    StepSeries,
+    _phase_components,
+    _slowest_phase,
+    cross_rank_report,
+    format_bytes,
+    format_table,
+    memory_warning,
+)
 
 ADVICE = (
     ". Look for work only that rank does (logging, evaluation, checkpoint saving on rank 0), uneven batch shapes "
@@ -84,3 +93,38 @@ def test_one_rank_table_marks_no_slowest_and_says_what_is_unknown():
         "peak memory imbalance: n/a (threshold 20%)",
         "throughput (all ranks): 8.0 samples/s, 1024 tokens/s; MFU n/a (no --peak-tflops and no known GPU)",
     ]
+
+
+def test_step_series_keeps_whole_steps_the_slowest_step_time_and_the_latest_steps():
+    series = StepSeries(2, max_steps=3)
+    # [step, step_s, pre_sync_s] rows per rank; step 2 is missing on rank 1, so it is dropped.
+    series.add([[[1, 1.0, 0.5], [2, 1.1, 0.6], [3, 1.2, 0.4]], [[1, 1.5, 0.7], [3, 1.3, 0.9]]])
+    assert len(series) == 2 and series.step_times() == {1: 1.5, 3: 1.3}
+    series.add([[[4, 2.0, 0.1]], [[4, 2.5, 0.2]]])
+    assert series.step_times() == {1: 1.5, 3: 1.3, 4: 2.5}  # exactly max_steps: all kept
+    series.add([[[5, 3.0, 0.1]], [[5, 3.5, 0.2]]])
+    assert series.step_times() == {3: 1.3, 4: 2.5, 5: 3.5}  # the oldest goes first
+
+
+def test_step_series_verdict_leaves_out_the_excluded_steps():
+    series = StepSeries(2)
+    # Rank 1's pre-sync work is 50% longer in steps 1-8 and 10% shorter in 9-16.
+    series.add([[[s, 1.0, 0.4] for s in range(1, 17)], [[s, 1.0, 0.6 if s <= 8 else 0.36] for s in range(1, 17)]])
+    assert series.verdict(10.0).status != "raised"  # a mixed run
+    only_slow = series.verdict(10.0, exclude=lambda step: step > 8)
+    assert (only_slow.status, only_slow.rank, only_slow.steps) == ("raised", 1, 8)
+    assert only_slow.reason.startswith("rank 1's pre-sync work (data + forward + backward compute) exceeds")
+    assert StepSeries(1).verdict(10.0) is None
+
+
+def test_slowest_phase_reads_data_load_when_measured_else_data():
+    from .test_step_timer_report import ddp_rank
+
+    fast, slow = ddp_rank(0, 0.01), ddp_rank(1, 0.4)
+    assert _slowest_phase([fast, slow], slow) == ("data", pytest.approx(0.39))
+    fast.data_load_s = slow.data_load_s = None  # not measured: the whole data phase (0.3 s on both) counts
+    slow.forward_s = 0.35
+    assert _slowest_phase([fast, slow], slow) == ("forward", pytest.approx(0.25))
+    assert _phase_components(RankSummary(rank=0, host="h", steps=1, total_s=1.0, samples=1, tokens=1,
+                                         samples_per_s=1.0, tokens_per_s=1.0, peak_memory_bytes=None)) == {
+        "data": 0.0, "forward": 0.0, "backward": 0.0}
