@@ -238,6 +238,11 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
             if state.global_step >= state.max_steps:
                 # Close right after the last real step so the trace holds no step that never ran.
                 self.close()
+            elif self.prof.current_action == ProfilerAction.RECORD_AND_SAVE:
+                # The window's last step: step() stops the trace, then exports it. A signal in between would
+                # find the window neither recording nor written, so signals wait for the whole transition.
+                with signals.deferred():
+                    self.prof.step()
             else:
                 self.prof.step()
         self._step_boundary()

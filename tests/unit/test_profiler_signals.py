@@ -46,6 +46,12 @@ CHILD = textwrap.dedent(
         profile.export_chrome_trace = signal_self_then(profile.export_chrome_trace)
     if moment == "summary":
         profile.key_averages = signal_self_then(profile.key_averages)
+    if moment == "stop":  # between the window's stop_trace and its export, inside the profiler's step()
+        stop_trace = profile.stop_trace
+        def stop_then_signal(self):
+            stop_trace(self)
+            os.kill(os.getpid(), signum)
+        profile.stop_trace = stop_then_signal
     # Window: steps 3-5 (wait 1, warmup 1, active 3); the fake trainer runs 6 steps. Three active steps, so that
     # "inside" (after step 3) stops the profiler in RECORD, not in the window's last step (RECORD_AND_SAVE).
     cb = ProfilerCallback(ProfilingArguments(enable_profiling=True, profiler_output_dir=str(out),
@@ -64,12 +70,14 @@ SUMMARY_3_5 = f"rank0_{HOST}_step3-5_summary.txt"
 TRACE_3 = f"rank0_{HOST}_step3-3.pt.trace.json.gz"
 SUMMARY_3 = f"rank0_{HOST}_step3-3_summary.txt"
 
-MOMENTS = {"before": "before the window", "inside": "inside the window", "export": "during the trace export",
+MOMENTS = {"before": "before the window", "inside": "inside the window",
+           "stop": "between the window's stop and its export", "export": "during the trace export",
            "summary": "during the summary after it"}
 # moment -> the files the run folder must hold afterwards (besides parallelism.json and rank0.log).
 EXPECTED = {
     "before": [],  # no window started: nothing to write
     "inside": [TRACE_3, SUMMARY_3],  # cut short after step 3: a whole partial trace
+    "stop": [TRACE_3_5, SUMMARY_3_5],  # the signal waits for the whole end of the window
     "export": [TRACE_3_5, SUMMARY_3_5],  # the signal waits for the export
     "summary": [TRACE_3_5, SUMMARY_3_5],  # and for the summary after it
 }
