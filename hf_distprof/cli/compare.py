@@ -7,7 +7,8 @@ import json
 import sys
 from typing import Any
 
-from hf_distprof.config import NonNegativeInt
+from hf_distprof.config import NonNegativeInt, PositiveFloat
+from hf_distprof.runs.stats import MIN_EFFECT_PCT
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -44,6 +45,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="steps left out at the start of each run (default: what timing_summary.json says, else 1)",
     )
     parser.add_argument(
+        "--min-effect-pct",
+        type=PositiveFloat,
+        default=MIN_EFFECT_PCT,
+        metavar="PCT",
+        help="smallest change of a median, in %% of run A's, that can be significant (default: %(default)g); raise it above "
+        "the drift between two identical runs on your machine (on a busy shared machine one rank's phase drifted "
+        "by 23%%)",
+    )
+    parser.add_argument(
         "--traces",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -70,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     except RunFolderError as exc:
         print(f"hf-distprof compare: error: {exc}", file=sys.stderr)
         return 2
-    comparison = compare_runs(a, b)
+    comparison = compare_runs(a, b, args.min_effect_pct)
     if args.json:
         print(json.dumps(comparison.to_json(), indent=2))
     else:

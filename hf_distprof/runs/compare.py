@@ -20,7 +20,7 @@ from statistics import median
 from typing import Any
 
 from hf_distprof.runs.load import RunData
-from hf_distprof.runs.stats import PROFILED, Difference, judge_difference, single_difference
+from hf_distprof.runs.stats import MIN_EFFECT_PCT, PROFILED, Difference, judge_difference, single_difference
 from hf_distprof.verdicts import imbalance_pct
 
 Record = dict[str, Any]
@@ -192,12 +192,14 @@ def _median_step(run: RunData) -> float | None:
     return median(steps) if steps else None
 
 
-def compare_runs(a: RunData, b: RunData) -> Comparison:
+def compare_runs(a: RunData, b: RunData, min_effect_pct: float = MIN_EFFECT_PCT) -> Comparison:
     """Compare run B with run A.
 
     Args:
         a: The baseline run.
         b: The run compared with it.
+        min_effect_pct: Smallest change of a median, in % of A's, that can be significant (above the drift
+            between two identical runs on the machine: see the guide's "Comparing runs").
 
     Returns:
         Every figure side by side with its delta and significance, and the headline.
@@ -213,7 +215,8 @@ def compare_runs(a: RunData, b: RunData) -> Comparison:
         if not xs and not ys:
             return
         diff = judge_difference(
-            xs, ys, points=metric.unit == "%", step_s=step_a if metric.unit == "s" and metric.key != "step_s" else None
+            xs, ys, points=metric.unit == "%", step_s=step_a if metric.unit == "s" and metric.key != "step_s" else None,
+            min_effect_pct=min_effect_pct,
         )
         rows.append(Row(metric.key, metric.label, metric.phase, metric.unit, rank, diff))
 

@@ -124,6 +124,7 @@ def judge_difference(
     *,
     points: bool = False,
     step_s: float | None = None,
+    min_effect_pct: float = MIN_EFFECT_PCT,
 ) -> Difference:
     """Decide whether ``b``'s steps differ from ``a``'s beyond their noise (see the module docstring).
 
@@ -133,6 +134,8 @@ def judge_difference(
         points: The values are percentages: the effect threshold is :data:`MIN_EFFECT_POINTS` points.
         step_s: Run A's median step time when the values are seconds of a phase: the change must also be
             :data:`MATERIAL_PCT` of it. None: no materiality check.
+        min_effect_pct: Smallest relative change of the median that can be significant, in % of ``a``'s median
+            (``compare --min-effect-pct``); figures that are percentages keep :data:`MIN_EFFECT_POINTS`.
 
     Returns:
         The difference with its decision.
@@ -155,8 +158,8 @@ def judge_difference(
     if points:
         if abs(delta) < MIN_EFFECT_POINTS:
             return result(NOT_SIGNIFICANT, f"change below {MIN_EFFECT_POINTS:g} points")
-    elif delta_pct is None or abs(delta_pct) < MIN_EFFECT_PCT:
-        return result(NOT_SIGNIFICANT, f"change below {MIN_EFFECT_PCT:g}%")
+    elif delta_pct is None or abs(delta_pct) < min_effect_pct:
+        return result(NOT_SIGNIFICANT, f"change below {min_effect_pct:g}%")
     if abs(delta) <= NOISE_FACTOR * noise:
         return result(NOT_SIGNIFICANT, "within the step-to-step noise")
     if step_s is not None and step_s > 0 and abs(delta) < MATERIAL_PCT / 100.0 * step_s:

@@ -148,6 +148,25 @@ def test_two_runs_of_the_same_distribution_show_no_significant_difference(tmp_pa
     assert (c.headline.kind, c.headline.rank, c.headline.phase) == ("none", None, None)
 
 
+def test_min_effect_pct_raises_the_floor_a_change_must_clear(tmp_path, capsys):
+    # Rank 0's backward compute +0.08 s on 0.35 s (+23%, what one rank drifted between two clean runs on a busy
+    # shared machine): named at the default 10%, below a 30% floor; the 0.2 s data loading stays named at 30%.
+    a = load_run(clean_run(tmp_path / "a"))
+    drift = load_run(clean_run(tmp_path / "b", compute_rank0=0.08, bwd_rank0=0.08))
+    row = rows_by(compare_runs(a, drift))[("backward_compute_s", 0)].diff
+    assert row.significant and row.delta_pct == pytest.approx(22.86, abs=0.5)
+    floor = compare_runs(a, drift, min_effect_pct=30.0)
+    assert rows_by(floor)[("backward_compute_s", 0)].diff.reason == "change below 30%"
+    assert floor.headline.rank is None
+    slowed = compare_runs(a, load_run(clean_run(tmp_path / "c", load_rank1=0.2, data=0.2)), min_effect_pct=30.0)
+    assert (slowed.headline.kind, slowed.headline.rank, slowed.headline.metric) == ("localized", 1, "data_load_s")
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--min-effect-pct", "30", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["headline"]["rank"] is None
+    with pytest.raises(SystemExit) as exit_info:
+        main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--min-effect-pct", "0"])
+    assert exit_info.value.code == 2 and "--min-effect-pct: must be a number > 0, got '0'" in capsys.readouterr().err
+
+
 def test_a_uniformly_slower_run_names_no_rank(tmp_path):
     c = compare_runs(load_run(clean_run(tmp_path / "a")), load_run(clean_run(tmp_path / "b", factor=1.5)))
     rows = rows_by(c)
