@@ -62,11 +62,17 @@ class Note:
         demand: The on-demand requests seen (:data:`FILE_REQUEST`, :data:`SIGNAL_REQUEST`), in that order.
         anomaly: The slowest step against the median since the previous agreement step, if any was over the
             factor.
+        pre_sync: ``--profile-ranks auto``: this rank's ``(step, pre-sync seconds)`` of the untraced steps
+            finished since its previous note (:mod:`hf_distprof.rank_targeting`).
+        trace_bytes_per_step: ``--max-trace-mb``: bytes per recorded step of this rank's first trace; None
+            before it (:mod:`hf_distprof.trace_budget`).
     """
 
     rank: int
     demand: tuple[str, ...] = ()
     anomaly: Anomaly | None = None
+    pre_sync: tuple[tuple[int, float], ...] = ()
+    trace_bytes_per_step: float | None = None
 
 
 @dataclass(frozen=True)

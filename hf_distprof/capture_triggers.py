@@ -4,7 +4,9 @@ The runtime side of :mod:`hf_distprof.capture`, owned by the profiler callback o
 that ``--profile-ranks`` leaves out: a request or a slow step on any rank counts). Per step it costs one clock
 read and, with ``--profile-on-anomaly``, one median over the last 20 step times; no device sync, no collective.
 On agreement steps (``global_step`` a multiple of the Trainer's logging interval, the same on every rank) it
-looks for ``PROFILE_NOW`` and does one small all-gather of every rank's :class:`~hf_distprof.capture.Note`.
+looks for ``PROFILE_NOW`` and does one small all-gather of every rank's :class:`~hf_distprof.capture.Note`; with
+``--profile-ranks auto`` or ``--max-trace-mb`` the note also carries what those decide from
+(:mod:`hf_distprof.window_policy`), and the agreement steps happen for them alone too.
 """
 
 from __future__ import annotations
@@ -16,12 +18,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hf_distprof import dist
 from hf_distprof.capture import FILE_REQUEST, SIGNAL_REQUEST, Anomaly, CapturePlan, Note, SlowStepDetector
 from hf_distprof.config import ProfilingArguments
 from hf_distprof.names import PROFILE_NOW_NAME
+
+if TYPE_CHECKING:
+    from hf_distprof.window_policy import WindowPolicy
 
 logger = dist.get_logger(__name__)
 
@@ -39,11 +44,14 @@ class CaptureTriggers:
         max_steps: The run's last optimizer step.
         logging_steps: The Trainer's logging interval (``state.logging_steps``): the agreement steps.
         busy: Whether the regular schedule traces a step.
+        policy: ``--profile-ranks auto`` / ``--max-trace-mb``: what this rank adds to its note, and who takes the
+            gathered notes besides the plan.
     """
 
     def __init__(self, args: ProfilingArguments, run_dir: Path, start_step: int, max_steps: int,
-                 logging_steps: int, busy: Callable[[int], bool]) -> None:
+                 logging_steps: int, busy: Callable[[int], bool], policy: WindowPolicy | None = None) -> None:
         self.run_dir = run_dir
+        self.policy = policy
         self.max_steps = max_steps
         self.interval = max(1, int(logging_steps))
         self.plan = CapturePlan(
@@ -72,7 +80,8 @@ class CaptureTriggers:
             if anomaly is not None and (self._anomaly is None or anomaly.ratio > self._anomaly.ratio):
                 self._anomaly = anomaly
         # Every rank reaches the same agreement steps: the same step numbers, the same plan state.
-        if step % self.interval == 0 and step < self.max_steps and self.plan.listening:
+        listening = self.plan.listening or (self.policy is not None and self.policy.listening)
+        if step % self.interval == 0 and step < self.max_steps and listening:
             self._agree(step)
 
     def boundary(self) -> None:
@@ -98,7 +107,8 @@ class CaptureTriggers:
         if self._signalled:
             self._signalled = False
             demand.append(SIGNAL_REQUEST)
-        note = Note(dist.get_rank(), tuple(demand), self._anomaly)
+        extra = self.policy.note_fields() if self.policy is not None else {}
+        note = Note(dist.get_rank(), tuple(demand), self._anomaly, **extra)
         self._anomaly = None
         notes = dist.all_gather_object(note)
         if seen_file:
@@ -107,6 +117,8 @@ class CaptureTriggers:
                 request_file.unlink(missing_ok=True)
             except OSError as err:
                 logger.warning(f"could not remove {request_file}: {err!r}; it will open another window")
+        if self.policy is not None:
+            self.policy.agree(step, notes)
         decision = self.plan.agree(step, notes)
         if decision.message:
             # The whole story on rank 0's console; every rank's own log has it too.

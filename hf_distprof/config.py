@@ -47,15 +47,15 @@ else:
             return super().__new__(cls, number)
 
     class RankList(str):
-        """``all``, or a comma-separated list of distinct ranks >= 0 such as ``0,3``."""
+        """``all``, ``auto``, or a comma-separated list of distinct ranks >= 0 such as ``0,3``."""
 
         def __new__(cls, value: Any) -> RankList:
             text = str(value).strip().lower()
-            if text != "all":
+            if text not in ("all", "auto"):
                 parts = [p.strip() for p in text.split(",")]
                 if not parts or any(not p.isdigit() for p in parts):
                     raise argparse.ArgumentTypeError(
-                        f"must be 'all' or a comma-separated list of ranks >= 0 such as '0,3', got {value!r}"
+                        f"must be 'all', 'auto' or a comma-separated list of ranks >= 0 such as '0,3', got {value!r}"
                     )
                 text = ",".join(str(r) for r in sorted({int(p) for p in parts}))
             return super().__new__(cls, text)
@@ -112,9 +112,10 @@ def _parse_float(value: Any) -> float:
 
 
 def parse_rank_list(spec: str) -> frozenset[int] | None:
-    """Ranks named by a ``--profile-ranks`` value; None means all ranks."""
+    """Ranks named by a ``--profile-ranks`` value; None means all ranks (``auto``: every rank builds a profiler,
+    and each window picks its ranks, see :mod:`hf_distprof.window_policy`)."""
     spec = RankList(spec)
-    return None if spec == "all" else frozenset(int(r) for r in spec.split(","))
+    return None if spec in ("all", "auto") else frozenset(int(r) for r in spec.split(","))
 
 
 def _help(text: str) -> dict[str, Any]:
@@ -168,7 +169,13 @@ class ProfilingArguments:
     )
     profile_ranks: RankList = field(
         default="all",
-        metadata=_help("Ranks that profile: 'all' or a comma-separated list such as '0,3'. Others build no profiler."),
+        metadata=_help(
+            "Ranks that profile: 'all', a comma-separated list such as '0,3' (others build no profiler), or 'auto': "
+            "each window is traced on the slowest rank and the median rank by pre-sync step time, as gathered at the "
+            "last logging step before it (the same choice on every rank; one small all-gather per logging step); "
+            "before any logging step has step times from every rank, ranks 0 and the last; with 1 or 2 ranks, every "
+            "rank. Each choice and its evidence go to the log and to profile_ranks.json. Needs step timing."
+        ),
     )
     profiler_record_shapes: bool = field(
         default=False,
@@ -185,6 +192,16 @@ class ProfilingArguments:
     )
     profiler_with_flops: bool = field(
         default=False, metadata=_help("Estimate FLOPs of matmul/conv ops in the trace.")
+    )
+    max_trace_mb: PositiveFloat | None = field(
+        default=None,
+        metadata=_help(
+            "Largest trace file (gzipped, decimal MB) a window may write. The first window is the measurement (kept "
+            "whole, warned about when over); the largest rank's bytes per recorded step, agreed on the next logging "
+            "step, shorten every later window to the active steps that fit, the same steps on every rank, or skip "
+            "it when not one step fits; a warning says so and names the costliest option to turn off. Options are "
+            "never changed mid-run. Default: no limit."
+        ),
     )
     profile_on_demand: bool = field(
         default=False,
@@ -356,8 +373,15 @@ class ProfilingArguments:
         for name in ("profile_on_demand", "profile_on_anomaly"):
             if getattr(self, name) and not self.enable_profiling:
                 raise ValueError(f"{flag_name(name)} opens profiler windows: it needs --enable-profiling")
+        if self.max_trace_mb is not None and not self.enable_profiling:
+            raise ValueError("--max-trace-mb limits the profiler's traces: it needs --enable-profiling")
         if self.enable_step_timing is None:
             self.enable_step_timing = bool(self.enable_profiling or self.measure_comm_overhead > 0 or self.nvtx)
+        elif not self.enable_step_timing and self.enable_profiling and self.profile_ranks == "auto":
+            raise ValueError(
+                "--profile-ranks auto chooses ranks by their step times, but --enable-step-timing is false: drop one "
+                "of the two"
+            )
         elif not self.enable_step_timing and self.measure_comm_overhead > 0:
             raise ValueError(
                 f"--measure-comm-overhead {self.measure_comm_overhead} needs step timing, but "
@@ -450,7 +474,7 @@ def _valid_range(kind: Any) -> str:
         bool: "true/false",
         NonNegativeInt: "integer >= 0",
         PositiveInt: "integer >= 1",
-        RankList: "`all` or ranks like `0,3`",
+        RankList: "`all`, `auto` or ranks like `0,3`",
         NonNegativeFloat: "number >= 0",
         PositiveFloat: "number > 0",
         AboveOneFloat: "number > 1",
@@ -466,6 +490,7 @@ _DEFAULT_TEXT: dict[str, str] = {
     "profiler_run_name": "(start time)",
     "enable_step_timing": "(= --enable-profiling)",
     "peak_tflops": "(GPU table)",
+    "max_trace_mb": "(no limit)",
 }
 
 

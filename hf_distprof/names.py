@@ -17,6 +17,7 @@ the folder)::
     flight_recorder_rank{R}_{host}.pkl                   --hang-timeout on NCCL with the flight recorder on
     rank{R}.log                                          every rank's log records
     PROFILE_NOW                                          touched by you: one profiler window (consumed)
+    profile_ranks.json                                   rank 0, --profile-ranks auto: ranks chosen per window
 
 ``hf-distprof bench-collectives`` writes into its ``--output-dir`` (rank 0)::
 
@@ -48,6 +49,8 @@ FLIGHT_RECORDER_NAME = "flight_recorder_rank{rank}_{host}.pkl"
 RANK_LOG_NAME = "rank{rank}.log"
 # Read, not written: --profile-on-demand opens one profiler window when this file appears in the run folder.
 PROFILE_NOW_NAME = "PROFILE_NOW"
+# --profile-ranks auto (rank 0): one record per window, the ranks chosen and the per-rank evidence.
+PROFILE_RANKS_NAME = "profile_ranks.json"
 BENCH_CSV_NAME = "collectives_bench.csv"
 BENCH_PNG_NAME = "collectives_bench_busbw.png"
 # hf-distprof compare --report DIR

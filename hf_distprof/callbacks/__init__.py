@@ -22,10 +22,12 @@ def build_callbacks(args: ProfilingArguments) -> list[TrainerCallback]:
         The callbacks to pass to ``Trainer(callbacks=...)``.
     """
     callbacks: list[TrainerCallback] = []
+    profiler = None
     if args.enable_profiling:
         from hf_distprof.callbacks.profiler import ProfilerCallback
 
-        callbacks.append(ProfilerCallback(args))
+        profiler = ProfilerCallback(args)
+        callbacks.append(profiler)
     if args.enable_memory_logging:
         from hf_distprof.callbacks.memory import MemoryLoggerCallback
 
@@ -37,7 +39,10 @@ def build_callbacks(args: ProfilingArguments) -> list[TrainerCallback]:
     if args.enable_step_timing:
         from hf_distprof.callbacks.step_timer import StepTimerCallback
 
-        callbacks.append(StepTimerCallback(args))
+        step_timer = StepTimerCallback(args)
+        callbacks.append(step_timer)
+        if profiler is not None:
+            profiler.step_timer = step_timer  # --profile-ranks auto chooses ranks by their step times
     if args.hang_timeout > 0:
         from hf_distprof.callbacks.hang import HangWatchdogCallback
 

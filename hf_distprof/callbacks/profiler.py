@@ -21,6 +21,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from hf_distprof import dist, paths, signals
 from hf_distprof.capture import RECORD, RECORD_AND_SAVE, WARMUP
 from hf_distprof.capture_triggers import CaptureTriggers
+from hf_distprof.window_policy import WindowPolicy
 from hf_distprof.parallelism import report_parallelism
 from hf_distprof.config import ProfilingArguments
 
@@ -157,7 +158,9 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
     training goes on; an exception, SIGTERM or SIGINT stops the profiler and flushes what was recorded,
     and a signal that arrives while a trace is being written waits until it is complete.
     With ``--profile-on-demand`` or ``--profile-on-anomaly``, :class:`~hf_distprof.capture_triggers.CaptureTriggers`
-    (on every rank) adds windows to the schedule, the same on every rank.
+    (on every rank) adds windows to the schedule, the same on every rank. With ``--profile-ranks auto`` or
+    ``--max-trace-mb``, :class:`~hf_distprof.window_policy.WindowPolicy` decides at each window's first step
+    which ranks trace it and how many steps it records.
 
     Args:
         args: The profiling flags.
@@ -176,6 +179,8 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         self._last_step = 0  # last optimizer step that completed
         self._base: Callable[[int], ProfilerAction] | None = None  # the flags' schedule, counting from 0
         self._triggers: CaptureTriggers | None = None  # --profile-on-demand / --profile-on-anomaly
+        self._policy: WindowPolicy | None = None  # --profile-ranks auto / --max-trace-mb
+        self.step_timer: Any = None  # set by build_callbacks: --profile-ranks auto reads its step times
 
     # ---- Trainer hooks -------------------------------------------------------------------------
 
@@ -188,10 +193,13 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         report_parallelism(kwargs.get("model"), args, state, self.run_dir)
         if self.run_dir is None:
             return  # nowhere to write (already warned): no profiler, training goes on
-        if self.args.profile_on_demand or self.args.profile_on_anomaly:
+        if self.args.profile_ranks == "auto" or self.args.max_trace_mb is not None:
+            self._policy = WindowPolicy(self.args, self.run_dir, self._scheduled, state.global_step, self.step_timer)
+        if self.args.profile_on_demand or self.args.profile_on_anomaly or self._policy is not None:
             # On every rank, profiled or not: a request or a slow step on any rank opens the window everywhere.
             self._triggers = CaptureTriggers(self.args, self.run_dir, state.global_step, state.max_steps,
-                                             state.logging_steps, traced_steps(self.args, state.global_step))
+                                             state.logging_steps, traced_steps(self.args, state.global_step),
+                                             policy=self._policy)
         rank = dist.get_rank()
         ranks = self.args.profile_rank_set
         if ranks is not None:
@@ -202,7 +210,8 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
             if rank not in ranks:
                 return
         message = schedule_warning(self.args, state.max_steps)
-        if self._triggers is not None and state.max_steps < first_active_step(self.args):
+        on_request = self._triggers is not None and self._triggers.plan.listening
+        if on_request and state.max_steps < first_active_step(self.args):
             message = None  # no regular window: profiling on demand or on anomaly only, as asked
         if message is not None:
             logger.warning(message)
@@ -224,6 +233,8 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         self.prof.step_num = offset
         self._last_step = offset
         self.prof.start()
+        if self._policy is not None:
+            self._policy.window_start(offset + 1)
         self.prof.step()  # now recording ProfilerStep#<offset+1>, the first step of this run
         self._install_exit_handlers()
 
@@ -235,6 +246,8 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
             self._triggers.step_end(state.global_step)
         if self.prof is not None:
             self._last_step = state.global_step
+            if self._policy is not None:
+                self._policy.window_start(state.global_step + 1)  # after the agreement, before stepping into it
             if state.global_step >= state.max_steps:
                 # Close right after the last real step so the trace holds no step that never ran.
                 self.close()
@@ -262,7 +275,13 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
             self._triggers.boundary()
 
     def _action(self, step: int) -> ProfilerAction:
-        """The profiler's schedule: the flags' cycle shifted to ``global_step``, plus the windows opened on
+        """The profiler's schedule on this rank: :meth:`_scheduled`, after the window policy's decisions
+        (``--profile-ranks auto``, ``--max-trace-mb``)."""
+        action = self._scheduled(step)
+        return action if self._policy is None else self._policy.filter(step, action)
+
+    def _scheduled(self, step: int) -> ProfilerAction:
+        """The schedule of every rank: the flags' cycle shifted to ``global_step``, plus the windows opened on
         demand or on anomaly in the steps the cycle leaves idle."""
         if step <= self._offset or self._base is None:
             return ProfilerAction.NONE
@@ -367,6 +386,8 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
                 logger.warning(f"could not write profiler trace {trace}: {err!r}; training goes on")
                 return
             self.written.append(trace)
+            if self._policy is not None:
+                self._policy.exported(trace, last - first + 1)
             summary = self.run_dir / paths.summary_file_name(rank, host, first, last)
             try:
                 paths.atomic_write_text(summary, self._summary_text(prof, first, last))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -100,6 +101,8 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self._streak: dict[str, int | None] = {}  # what was over its threshold at the previous logging step
         # rank 0: each rank's MB in use at each logging step, for the memory-growth verdict
         self._growth_watch = GrowthWatch(args.memory_growth_threshold_pct, "process RSS", self._distorts_memory)
+        # Called with each resolved step after the warm-up (--profile-ranks auto keeps this rank's step times).
+        self.step_listeners: list[Callable[[StepTiming], None]] = []
 
     # ---- setup and teardown -------------------------------------------------------------------
 
@@ -280,6 +283,14 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
                 logger.warning(f"cannot write {self._jsonl.name}: {err!r}; stopped writing per-step timing")
                 self._close_jsonl()
 
+    def flush(self) -> None:
+        """Resolve the steps finished so far now, as a logging step does (on GPU: one wait for the device).
+
+        For callers that need this rank's step times on a logging step before this callback's ``on_log``.
+        """
+        if self._recorder is not None:
+            self._guarded(self._drain)
+
     def _close_jsonl(self) -> None:
         """Close the jsonl file; a close that fails (flushing onto a full disk) is one warning."""
         jsonl, self._jsonl = self._jsonl, None
@@ -296,6 +307,8 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             return
         self._interval.add(timing)
         self._run.add(timing)
+        for listener in self.step_listeners:
+            listener(timing)
         if timing.pre_sync_s is not None:
             self._rows.append([timing.step, timing.step_s, timing.pre_sync_s])
 

@@ -11,6 +11,8 @@ Faults, from the environment (test-only):
   the rank sleeps that long, inside the step (a slow step for ``--profile-on-anomaly``).
 - ``TINY_TRIGGER="<rank>:<step>:<touch|usr1>[,...]"``: at the start of that step the rank touches ``PROFILE_NOW``
   in the run folder, or sends itself SIGUSR1 (``--profile-on-demand``).
+- ``TINY_SLOW_FORWARD="<rank>:<seconds>"``: that rank's forward sleeps that long in every step: a slow rank by its
+  own work (pre-sync time), which its peers wait for in the gradient all-reduce (``--profile-ranks auto``).
 """
 
 from __future__ import annotations
@@ -33,14 +35,18 @@ FAULT_ENV = "TINY_FAULT"
 STEP_S_ENV = "TINY_STEP_S"
 STALL_ENV = "TINY_STALL"
 TRIGGER_ENV = "TINY_TRIGGER"
+SLOW_FORWARD_ENV = "TINY_SLOW_FORWARD"
 
 
 class TinyModel(torch.nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, slow_s: float = 0.0) -> None:
         super().__init__()
         self.net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64))
+        self.slow_s = slow_s
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self.slow_s:
+            time.sleep(self.slow_s)
         return {"loss": (self.net(x) - labels).square().mean()}
 
 
@@ -121,7 +127,9 @@ def main() -> None:
             else:
                 fault_cb = FaultCallback(int(step), how, step_s)
     run_dir = Path(prof_args.profiler_output_dir) / str(prof_args.profiler_run_name)
-    trainer = Trainer(model=TinyModel(), args=training_args, train_dataset=RandomData(),
+    slow_rank, _, slow_s = os.environ.get(SLOW_FORWARD_ENV, "-1:0").partition(":")
+    model = TinyModel(float(slow_s) if int(slow_rank) == rank else 0.0)
+    trainer = Trainer(model=model, args=training_args, train_dataset=RandomData(),
                       callbacks=[*callbacks, fault_cb, StepStartCallback(rank, run_dir)])
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
 

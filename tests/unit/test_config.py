@@ -58,8 +58,9 @@ BAD_VALUES = [
     ("--memory-tracker-depth", "0", "must be an integer >= 1"),
     ("--memory-tracker", "sometimes", "true/false"),
     ("--profiler-active-steps", "three", "must be an integer"),
-    ("--profile-ranks", "0,x", "must be 'all' or a comma-separated list of ranks >= 0"),
-    ("--profile-ranks", "-1", "must be 'all' or a comma-separated list of ranks >= 0"),
+    ("--profile-ranks", "0,x", "must be 'all', 'auto' or a comma-separated list of ranks >= 0"),
+    ("--profile-ranks", "-1", "must be 'all', 'auto' or a comma-separated list of ranks >= 0"),
+    ("--max-trace-mb", "0", "must be a number > 0"),
     ("--enable-profiling", "maybe", "true/false"),
 ]
 
@@ -115,6 +116,7 @@ def test_rank_list():
     assert parse_rank_list("all") is None
     assert parse_rank_list(" ALL ") is None
     assert parse_rank_list("5,1,1") == frozenset({1, 5})
+    assert parse_rank_list(" Auto ") is None  # every rank builds a profiler; each window picks its ranks
 
 
 def test_disabled_means_no_callbacks():

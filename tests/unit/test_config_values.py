@@ -32,7 +32,7 @@ def test_bools_pass_through_and_anything_else_is_refused():
         (bool, "true/false"),
         (NonNegativeInt, "integer >= 0"),
         (PositiveInt, "integer >= 1"),
-        (RankList, "`all` or ranks like `0,3`"),
+        (RankList, "`all`, `auto` or ranks like `0,3`"),
         (NonNegativeFloat, "number >= 0"),
         (PositiveFloat, "number > 0"),
         (str, "string"),

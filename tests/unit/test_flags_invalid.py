@@ -32,7 +32,7 @@ INVALID: dict[object, tuple[tuple[str, ...], str]] = {
     NonNegativeFloat: (("-0.5", "nan", "inf", "abc"), "must be a"),
     PositiveFloat: (("0", "-1", "nan", "fast"), "must be a"),
     AboveOneFloat: (("1", "0.5", "-inf", "x"), "must be a"),
-    RankList: (("x", "-1", "0,,1", "1;2"), "must be 'all' or a comma-separated list"),
+    RankList: (("x", "-1", "0,,1", "1;2"), "must be 'all', 'auto' or a comma-separated list"),
     bool: (("maybe", "2", "yes please"), "true/false"),
 }
 # Fields whose values are free text (any string is valid) or a Literal's choices.
