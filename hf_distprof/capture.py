@@ -38,6 +38,10 @@ RECORD_AND_SAVE = "record_and_save"
 FILE_REQUEST = "PROFILE_NOW"
 SIGNAL_REQUEST = "SIGUSR1"
 
+# What opened an extra window (Window.causes; the run manifest's "reasons").
+ON_DEMAND = "on_demand"
+ANOMALY = "anomaly"
+
 
 @dataclass(frozen=True)
 class Anomaly:
@@ -84,6 +88,8 @@ class Window:
     last: int
     agreed_at: int
     reason: str
+    causes: tuple[str, ...] = ()
+    """:data:`ON_DEMAND` and/or :data:`ANOMALY`: what opened it."""
 
     def phase(self, step: int) -> str | None:
         """What the profiler does at ``step`` in this window; None outside it."""
@@ -219,7 +225,8 @@ class CapturePlan:
                                   f"active steps) between step {step + 1} and the end of training (step "
                                   f"{self.max_steps}) outside the regular schedule's; no window")
         window = Window(first=start, first_recorded=start + self.warmup_steps,
-                        last=start + self.warmup_steps + self.active_steps - 1, agreed_at=step, reason=why)
+                        last=start + self.warmup_steps + self.active_steps - 1, agreed_at=step, reason=why,
+                        causes=(ON_DEMAND,) * bool(demand) + (ANOMALY,) * bool(anomalies))
         self.windows.append(window)
         if anomalies:
             self.anomaly_captures += 1

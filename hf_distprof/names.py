@@ -16,6 +16,8 @@ the folder)::
     hang_rank{R}_{host}.txt                              --hang-timeout: every thread's stack when steps stop
     flight_recorder_rank{R}_{host}.pkl                   --hang-timeout on NCCL with the flight recorder on
     rank{R}.log                                          every rank's log records
+    manifest_rank{R}_{host}.json                         every rank's part of the run manifest (start, each window)
+    manifest.json                                        rank 0, train end: the run manifest (hosts, windows, files)
     PROFILE_NOW                                          touched by you: one profiler window (consumed)
     profile_ranks.json                                   rank 0, --profile-ranks auto: ranks chosen per window
 
@@ -47,6 +49,9 @@ HANG_DUMP_NAME = "hang_rank{rank}_{host}.txt"
 HANG_BACKSTOP_NAME = "hang_rank{rank}_{host}.faulthandler.txt"
 FLIGHT_RECORDER_NAME = "flight_recorder_rank{rank}_{host}.pkl"
 RANK_LOG_NAME = "rank{rank}.log"
+# The run manifest: one part per rank, rewritten as its windows are written; rank 0 combines them at train end.
+MANIFEST_NAME = "manifest.json"
+MANIFEST_PART_NAME = "manifest_rank{rank}_{host}.json"
 # Read, not written: --profile-on-demand opens one profiler window when this file appears in the run folder.
 PROFILE_NOW_NAME = "PROFILE_NOW"
 # --profile-ranks auto (rank 0): one record per window, the ranks chosen and the per-rank evidence.

@@ -15,6 +15,7 @@ from hf_distprof.analysis import bandwidth, comm, memory
 from hf_distprof.analysis.cross_rank import cross_rank
 from hf_distprof import names
 from hf_distprof.analysis.diagnosis import diagnose, undecided
+from hf_distprof.analysis.manifest import run_summary_beside
 from hf_distprof.analysis.events import parse_trace
 from hf_distprof.analysis.model import (
     AnalysisOptions,
@@ -120,6 +121,8 @@ def analyze_paths(
     findings = diagnose(ranks, cross, options) + slowdown_findings(slowdown)
     findings, withheld = withhold_in_a_distorted_window(findings, slowdown, timer_verdict_beside(files))
     findings.sort(key=lambda f: -f.severity)
+    run, manifest_errors = run_summary_beside(files)  # hosts, windows and why, files lost since
+    errors += [FileError(path, reason) for path, reason in manifest_errors]
     errors.sort(key=lambda e: e.path)
     return AnalysisResult(
         ranks=ranks,
@@ -133,6 +136,7 @@ def analyze_paths(
         profiler_slowdown=slowdown,
         bandwidth=bandwidth.collective_bandwidth(ranks),
         unsized_collectives=bandwidth.unsized(ranks),
+        run=run,
     )
 
 

@@ -5,7 +5,14 @@ Clock alignment (``align="collectives"``, the default): every rank's timestamps 
 ends of the same collective (a collective ends at nearly the same moment on every rank). This removes
 clock skew between hosts and the different ``baseTimeNanoseconds`` of each trace. ``align="none"`` only
 applies ``baseTimeNanoseconds``, trusting the hosts' clocks (fine on one host). Without a matched
-collective, ``collectives`` falls back to ``none``.
+collective, ``collectives`` falls back to ``clock``, else to ``none``.
+
+``align="clock"``: ``baseTimeNanoseconds`` corrected by the clock offsets the run manifest measured at train
+start (:mod:`hf_distprof.manifest`: each host's clock against rank 0's, within half the shortest ping-pong round
+trip). It removes the hosts' clock offsets as they were at start, whatever the trace holds (no collective
+needed, and a rank that really leaves a collective late stays late); it cannot remove drift after the start,
+a clock stepped during the run, or a network path slower one way than the other (within the stated
+uncertainty). Without a manifest covering every rank, ``clock`` falls back to ``none``.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from hf_distprof.analysis.cross_rank import clock_offsets, match_collectives
 from hf_distprof.analysis.model import AnalysisOptions, AnalysisResult, FileError
 from hf_distprof.analysis.trace_io import iter_trace_events
 
-ALIGN_MODES = ("collectives", "none")
+ALIGN_MODES = ("collectives", "clock", "none")
 _PROCESS_META = frozenset({"process_name", "process_labels", "process_sort_index"})
 
 
@@ -37,10 +44,12 @@ class MergeResult:
     shifts_us: dict[int, float]
     """Microseconds added to each rank's timestamps."""
     align: str
-    """The alignment actually used ("collectives" or "none")."""
+    """The alignment actually used ("collectives", "clock" or "none")."""
     matched_collectives: int
     n_events: int
     errors: list[FileError]
+    clock_uncertainty_us: float | None = None
+    """With ``align == "clock"``: the largest uncertainty of the manifest's offsets used."""
 
 
 def merge_traces(
@@ -54,7 +63,7 @@ def merge_traces(
     Args:
         paths: Trace files and/or folders (one file per rank).
         output: The merged trace to write (``.json.gz``); written atomically.
-        align: ``"collectives"`` or ``"none"`` (see the module docstring).
+        align: ``"collectives"``, ``"clock"`` or ``"none"`` (see the module docstring).
         options: Options of the analysis pass that finds the collectives (parallelism).
 
     Returns:
@@ -76,7 +85,7 @@ def write_merged(result: AnalysisResult, output: str | os.PathLike[str], align: 
         result: The analysis of the run's traces; its ranks' files are read again and rewritten.
         output: The merged trace to write (``.json.gz``). Written to a temporary file in the same folder,
             renamed onto ``output`` only when complete, and removed on failure.
-        align: ``"collectives"`` or ``"none"`` (see the module docstring).
+        align: ``"collectives"``, ``"clock"`` or ``"none"`` (see the module docstring).
 
     Returns:
         What was written, with the shift applied to each rank.
@@ -96,14 +105,22 @@ def write_merged(result: AnalysisResult, output: str | os.PathLike[str], align: 
         raise ValueError(f"no trace could be read ({reasons})")
     ranks = result.ranks
     matched = match_collectives(ranks) if len(ranks) > 1 else {}
-    used = "collectives" if align == "collectives" and matched else "none"
+    clocks = {c.rank: c for c in result.run.clocks if c.offset_us is not None} if result.run is not None else {}
+    measured = all(r.rank in clocks for r in ranks)
+    used = "collectives" if align == "collectives" and matched else "clock" if measured and align != "none" else "none"
     ref = ranks[0]
     shifts: dict[int, float] = {}
+    uncertainty = None
     if used == "collectives":
         offsets = clock_offsets(ranks, matched)
         shifts = {r.rank: -offsets[r.rank] for r in ranks}
     else:
         shifts = {r.rank: (r.base_time_ns - ref.base_time_ns) / 1e3 for r in ranks}
+    if used == "clock":
+        # An event stamped t on rank r happened at t - offset_r on rank 0's clock.
+        ref_offset = float(clocks[ref.rank].offset_us or 0.0)
+        shifts = {r: s - (float(clocks[r].offset_us or 0.0) - ref_offset) for r, s in shifts.items()}
+        uncertainty = max(float(clocks[r.rank].uncertainty_us or 0.0) for r in ranks)
     out = Path(output)
     if out.is_dir():  # checked first: otherwise the whole trace is written before the rename fails
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(out))
@@ -127,7 +144,8 @@ def write_merged(result: AnalysisResult, output: str | os.PathLike[str], align: 
         # Only the output can fail here (an unreadable input trace raises TraceReadError, a ValueError);
         # the temporary file's name means nothing to the caller, so the error names the output.
         raise type(exc)(exc.errno, exc.strerror or str(exc), str(out)) from exc
-    return MergeResult(str(out), [r.rank for r in ranks], shifts, used, len(matched), n_events, result.errors)
+    return MergeResult(str(out), [r.rank for r in ranks], shifts, used, len(matched), n_events, result.errors,
+                       uncertainty)
 
 
 def _check_align(align: str) -> None:

@@ -5,11 +5,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from hf_distprof.verdicts import SlowRankVerdict
+
+if TYPE_CHECKING:
+    from hf_distprof.analysis.manifest import RunSummary
 
 
 # Values of AnalysisOptions.message_sizes.
@@ -637,6 +640,9 @@ class AnalysisResult:
     """``bandwidth`` rows against ``analyze --bandwidth-ref``'s CSV (empty without it)."""
     bandwidth_reference_file: str | None = None
     """That CSV; None without ``--bandwidth-ref``."""
+    run: RunSummary | None = None
+    """The run manifest beside the traces (hosts, each window and why it was taken, files it lists that are
+    missing); None without one."""
 
     @property
     def exposed_comm_pct(self) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from hf_distprof.analysis.bandwidth_ref import totals
+from hf_distprof.analysis.manifest import format_run
 from hf_distprof.analysis.model import AnalysisResult, BandwidthStat, CommKindStat, DeviceMemory, RankResult
 
 # Per-rank rows of the per-kind table up to this many ranks; beyond, the mean over ranks only.
@@ -18,18 +19,19 @@ def _ms(us: float) -> str:
 
 
 def format_findings(result: AnalysisResult) -> str:
-    """The ranked findings as text (what the end-of-training hook prints), then the skipped files.
+    """The ranked findings as text (what the end-of-training hook prints), then the skipped files and the lost ones.
 
     Args:
         result: An analysis result.
 
     Returns:
         A headline and one numbered paragraph per finding (or a one-line all-clear), then one line per
-        skipped file. Only the skipped files when no rank could be analysed: a headline of zeros would
-        read as a clean run.
+        skipped file and one per file the run manifest lists that is missing. Only those when no rank could be
+        analysed: a headline of zeros would read as a clean run.
     """
     lines = _findings_lines(result)
     lines += [f"Skipped {err.path}: {err.reason}" for err in result.errors]
+    lines += [f"Warning: {text}" for text in (result.run.missing_files if result.run else [])]
     return "\n".join(lines)
 
 
@@ -309,6 +311,7 @@ def format_summary(result: AnalysisResult) -> str:
     ref = reference_lines(result)
     out += ["", *ref] if ref else []
     out += _memory_section(result)
+    out += ["", *format_run(result.run)] if result.run is not None else []
     cross = result.cross_rank
     if cross is not None:
         out += ["", f"Across ranks ({cross.matched_collectives} collectives matched):"]

@@ -21,6 +21,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from hf_distprof import dist, paths, signals
 from hf_distprof.capture import RECORD, RECORD_AND_SAVE, WARMUP
 from hf_distprof.capture_triggers import CaptureTriggers
+from hf_distprof.manifest import RunManifest, window_reasons
 from hf_distprof.window_policy import WindowPolicy
 from hf_distprof.parallelism import report_parallelism
 from hf_distprof.config import ProfilingArguments
@@ -179,6 +180,7 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         self._last_step = 0  # last optimizer step that completed
         self._base: Callable[[int], ProfilerAction] | None = None  # the flags' schedule, counting from 0
         self._triggers: CaptureTriggers | None = None  # --profile-on-demand / --profile-on-anomaly
+        self._manifest: RunManifest | None = None  # this rank's part of the run manifest, on every rank
         self._policy: WindowPolicy | None = None  # --profile-ranks auto / --max-trace-mb
         self.step_timer: Any = None  # set by build_callbacks: --profile-ranks auto reads its step times
 
@@ -191,6 +193,7 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         # (a broadcast and a gather).
         self.run_dir = paths.resolve_run_dir(self.args.profiler_output_dir, self.args.profiler_run_name, state)
         report_parallelism(kwargs.get("model"), args, state, self.run_dir)
+        self._manifest = RunManifest.start(self.run_dir, self.args)  # hosts and clock offsets: collectives
         if self.run_dir is None:
             return  # nowhere to write (already warned): no profiler, training goes on
         if self.args.profile_ranks == "auto" or self.args.max_trace_mb is not None:
@@ -224,7 +227,7 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         self.prof = profile(
             activities=supported_activities(),
             schedule=self._action,
-            on_trace_ready=self._export,
+            on_trace_ready=self._export_and_record,
             record_shapes=a.profiler_record_shapes,
             profile_memory=a.profiler_profile_memory,
             with_stack=a.profiler_with_stack,
@@ -297,6 +300,9 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         if self._triggers is not None:
             self._triggers.close()
             self._triggers = None
+        if self._manifest is not None:
+            self._manifest.finish(self._failed_exports)  # a gather: rank 0 writes manifest.json
+            self._manifest = None
         if self.written:
             logger.info("profiler wrote: " + ", ".join(str(p) for p in self.written))
 
@@ -332,7 +338,7 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         # A window cut short by the end of training, an exception or a signal holds the steps it has. torch
         # 2.13 exports it from stop() (on_trace_ready); a version that does not is exported here, once.
         if recording and self._exports == exports:
-            self._export(prof)
+            self._export_and_record(prof)
 
     def _install_exit_handlers(self) -> None:
         atexit.register(self.close)
@@ -366,6 +372,17 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
             signal.raise_signal(signum)
 
     # ---- export --------------------------------------------------------------------------------
+
+    def _export_and_record(self, prof: profile) -> None:
+        """``on_trace_ready``: :meth:`_export`, then the window, and why it was taken, in the run manifest."""
+        self._export(prof)
+        if self._manifest is None:
+            return
+        last = self._last_step
+        first = last - self._recorded_steps(last) + 1
+        scheduled = self._base is not None and self._base(first - self._offset - 1) != ProfilerAction.NONE
+        reasons, detail = window_reasons(first, scheduled, self._triggers.plan.windows if self._triggers else [])
+        self._manifest.window_written(first, last, reasons, detail, self._action(last) == ProfilerAction.RECORD)
 
     def _export(self, prof: profile) -> None:
         """``on_trace_ready``: write the trace and its summary atomically; failures only warn.

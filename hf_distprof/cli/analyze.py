@@ -121,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
         print(format_summary(result))
     for err in result.errors:
         print(f"hf-distprof analyze: skipped {err.path}: {err.reason}", file=sys.stderr)
+    for text in result.run.missing_files if result.run is not None else []:
+        print(f"hf-distprof analyze: warning: {text}", file=sys.stderr)
     if args.report:
         from hf_distprof.analysis.report import write_report
 

@@ -26,7 +26,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="merge per-rank traces into one trace (open in ui.perfetto.dev)",
         description=(
             "Write one gzipped Chrome/Perfetto trace of all ranks: one process per rank named 'rank N', "
-            "clocks aligned on the ends of matched collectives (--align collectives) or by wall clock "
+            "clocks aligned on the ends of matched collectives (--align collectives), by the run manifest's "
+            "clock offsets measured at train start (--align clock; also collectives' fallback) or by wall clock "
             "(--align none)."
         ),
     )
@@ -80,8 +81,8 @@ def run(args: argparse.Namespace) -> int:
     for err in res.errors:
         print(f"hf-distprof merge: skipped {err.path}: {err.reason}", file=sys.stderr)
     shifts = ", ".join(f"rank {r}: {s / 1e3:+.3f} ms" for r, s in res.shifts_us.items())
-    print(
-        f"wrote {res.output}: {len(res.ranks)} ranks, {res.n_events} events; clocks aligned by {res.align}"
-        f" ({res.matched_collectives} collectives matched; shifts {shifts})"
-    )
+    how = (f"the run manifest's clock offsets, within {res.clock_uncertainty_us:.0f} us"
+           if res.clock_uncertainty_us is not None else f"{res.matched_collectives} collectives matched")
+    print(f"wrote {res.output}: {len(res.ranks)} ranks, {res.n_events} events; clocks aligned by {res.align}"
+          f" ({how}; shifts {shifts})")
     return 0

@@ -35,6 +35,8 @@ EXPECTED_RUN_FILES = sorted(
     + ["parallelism.json"]
     # every rank's log records
     + ["rank0.log", "rank1.log"]
+    # the run manifest: each rank's part, and rank 0's combined file
+    + [f"manifest_rank{r}_{HOST}.json" for r in (0, 1)] + ["manifest.json"]
 )
 # The first run adds --memory-tracker and --track-activation-memory.
 MEMORY_VIEW_FILES = sorted(

@@ -45,8 +45,8 @@ def profiler_steps(trace: Path) -> list[str]:
 
 
 def files(run_dir: Path) -> list[str]:
-    """The run folder's files, the per-rank log (tested in test_paths) left out."""
-    return sorted(p.name for p in run_dir.iterdir() if not p.name.endswith(".log"))
+    """The run folder's files, the per-rank log (tested in test_paths) and the run manifest (test_manifest) left out."""
+    return sorted(p.name for p in run_dir.iterdir() if not p.name.endswith(".log") and "manifest" not in p.name)
 
 
 # Written at train start by every run whose callbacks see a model (hf_distprof.parallelism).

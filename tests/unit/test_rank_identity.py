@@ -136,8 +136,9 @@ def test_profiler_as_rank3_writes_trace_and_summary_named_rank3_node7(rank3, tmp
     fake_trainer.run([cb], 4, tmp_path)
     run_dir = tmp_path / "traces" / RUN
     assert cb.run_dir == run_dir.absolute()
-    # parallelism.json is rank 0's file; this rank writes its trace, summary and log only.
+    # parallelism.json and manifest.json are rank 0's files; this rank writes its trace, summary, log and manifest part.
     assert _names(run_dir) == [
+        "manifest_rank3_node-7.json",
         "rank3.log", "rank3_node-7_step3-4.pt.trace.json.gz", "rank3_node-7_step3-4_summary.txt"
     ]
     summary = (run_dir / "rank3_node-7_step3-4_summary.txt").read_text()

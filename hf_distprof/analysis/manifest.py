@@ -1,0 +1,328 @@
+"""The run manifest: reading it, assembling it from its per-rank parts, and what ``analyze`` and ``merge`` take from it.
+
+Every rank of a profiled run writes its part, ``manifest_rank{R}_{host}.json``, at train start (its host, its
+clock offset against rank 0, the library versions) and again after each profiler window it writes (the window,
+why it was taken, its files). At train end rank 0 gathers the parts and writes the combined ``manifest.json``.
+A run stopped early (SIGTERM, a rank killed) has no combined file: :func:`load_manifest` then assembles the
+parts it finds, so the manifest is as complete as the files that survived, and says so (``complete`` false,
+the ranks that never finished, the ranks without a part).
+
+Pure code over JSON documents and file names: the runtime side (the clock measurement, the writes) is
+:mod:`hf_distprof.manifest`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hf_distprof.capture import ANOMALY, ON_DEMAND  # noqa: F401 - the other reasons, re-exported
+from hf_distprof.names import MANIFEST_NAME, MANIFEST_PART_NAME, PROFILE_RANKS_NAME
+
+FORMAT = "hf_distprof.manifest"
+PART_FORMAT = "hf_distprof.manifest.part"
+VERSION = 1
+
+# Why a window was taken (a window's "reasons"; a window opened by a request and an anomaly at the same
+# agreement step has both). The capture's own words are in its "detail".
+SCHEDULE = "schedule"
+# The ranks of the window were chosen by --profile-ranks auto (its record is the window's "rank_choice").
+AUTO_RANKS = "auto_ranks"
+# Part "status": still training (or stopped before train end), or past train end.
+RUNNING = "running"
+FINISHED = "finished"
+
+
+class ManifestError(ValueError):
+    """A manifest file that cannot be read; the message names the file and what is wrong with it."""
+
+    def __init__(self, path: str | Path, reason: str) -> None:
+        self.path = str(path)
+        self.reason = reason
+        super().__init__(f"{self.path}: {reason}")
+
+
+def part_glob() -> str:
+    """The glob that finds every rank's part in a run folder."""
+    return MANIFEST_PART_NAME.format(rank="*", host="*")
+
+
+def assemble(parts: Sequence[Mapping[str, Any]], combined: bool = False,
+             rank_choices: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """The run manifest from the ranks' parts (any order, any subset of the ranks).
+
+    Args:
+        parts: Per-rank part documents (as written by :class:`hf_distprof.manifest.RunManifest`).
+        combined: Whether rank 0 gathered the parts at train end (True) or a reader found them on disk.
+        rank_choices: ``--profile-ranks auto``'s records (``profile_ranks.json``'s ``windows``): each window takes
+            the record whose ``window_first`` is the latest at or before its first recorded step and after the
+            previous window, as ``rank_choice``, and ``auto_ranks`` among its reasons (neither without one).
+
+    Returns:
+        The manifest document: run-wide fields, ``hosts``, ``ranks``, ``windows`` and ``files``, sorted by rank
+        and step.
+
+    Raises:
+        ValueError: ``parts`` is empty, or two parts claim the same rank.
+    """
+    if not parts:
+        raise ValueError("no manifest part to assemble")
+    by_rank: dict[int, Mapping[str, Any]] = {}
+    for part in parts:
+        rank = int(part["rank"])
+        if rank in by_rank:
+            raise ValueError(f"two manifest parts for rank {rank} (hosts {by_rank[rank]['host']} and {part['host']})")
+        by_rank[rank] = part
+    ranks = sorted(by_rank)
+    first = by_rank[ranks[0]]
+    world = max(int(p.get("world_size") or 0) for p in parts) or ranks[-1] + 1
+    hosts: dict[str, list[int]] = {}
+    for rank in ranks:
+        hosts.setdefault(str(by_rank[rank]["host"]), []).append(rank)
+    reference = by_rank.get(0, first).get("versions") or {}
+    windows: dict[tuple[int, int], dict[str, Any]] = {}
+    files: list[dict[str, Any]] = []
+    rows = [_rank_row(rank, by_rank[rank]) for rank in ranks]
+    for rank in ranks:
+        part = by_rank[rank]
+        for w in part.get("windows") or []:
+            key = (int(w["first"]), int(w["last"]))
+            row = windows.setdefault(key, {
+                "first": key[0], "last": key[1], "reasons": list(w.get("reasons") or []),
+                "detail": str(w.get("detail") or ""), "ranks": [], "cut_short_ranks": [], "rank_choice": None,
+            })
+            row["ranks"].append(rank)
+            if w.get("cut_short"):
+                row["cut_short_ranks"].append(rank)
+            files += _file_rows(w.get("files"), rank, part["host"], list(key))
+        files += _file_rows(part.get("files"), rank, part["host"], None)
+    _match_rank_choices([windows[k] for k in sorted(windows)], rank_choices)
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "complete": combined and len(ranks) == world and all(r["status"] == FINISHED for r in rows),
+        "source": "combined by rank 0 at train end" if combined else f"assembled from {len(ranks)} part(s)",
+        "run_name": first.get("run_name"),
+        "world_size": world,
+        "profile_ranks": first.get("profile_ranks"),
+        "started_at": by_rank.get(0, first).get("started_at"),
+        "versions": dict(reference),
+        "versions_differ": [{"rank": r, "versions": by_rank[r]["versions"]} for r in ranks
+                            if by_rank[r].get("versions") and by_rank[r]["versions"] != reference],
+        "hosts": [{"host": host, "ranks": members} for host, members in sorted(hosts.items(), key=lambda h: h[1][0])],
+        "ranks": rows,
+        "absent_ranks": [r for r in range(world) if r not in by_rank],
+        "unfinished_ranks": [r["rank"] for r in rows if r["status"] != FINISHED],
+        "windows": [windows[k] for k in sorted(windows)],
+        "files": sorted(files, key=lambda f: (f["rank"], f["window"] or [0, 0], f["name"])),
+    }
+
+
+def _match_rank_choices(windows: list[dict[str, Any]], records: Sequence[Mapping[str, Any]]) -> None:
+    previous_last = 0
+    for w in windows:
+        fits = [r for r in records if previous_last < int(r.get("window_first") or 0) <= w["first"]]
+        if fits:
+            w["rank_choice"] = dict(max(fits, key=lambda r: int(r["window_first"])))
+            w["reasons"].append(AUTO_RANKS)
+        previous_last = w["last"]
+
+
+def read_rank_choices(folder: Path) -> list[dict[str, Any]]:
+    """``--profile-ranks auto``'s records in ``folder`` (``profile_ranks.json``); [] without the file.
+
+    Raises:
+        ManifestError: The file is there but unreadable or not the records.
+    """
+    path = folder / PROFILE_RANKS_NAME
+    if not path.is_file():
+        return []
+    try:
+        records = json.loads(path.read_text(encoding="utf-8"))["windows"]
+        return [dict(r) for r in records if isinstance(r, dict)]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ManifestError(path, f"not --profile-ranks auto's records ({err!r})") from err
+
+
+def _rank_row(rank: int, part: Mapping[str, Any]) -> dict[str, Any]:
+    clock = part.get("clock") or {}
+    return {
+        "rank": rank, "host": part["host"], "local_rank": part.get("local_rank"), "pid": part.get("pid"),
+        "status": part.get("status", RUNNING), "clock_offset_us": clock.get("offset_us"),
+        "clock_uncertainty_us": clock.get("uncertainty_us"), "clock_measured_on_rank": clock.get("measured_on_rank"),
+        "windows": len(part.get("windows") or []), "failed_exports": int(part.get("failed_exports") or 0),
+    }
+
+
+def _file_rows(names: Sequence[str] | None, rank: int, host: str, window: list[int] | None) -> list[dict[str, Any]]:
+    return [{"name": name, "rank": rank, "host": host, "window": window} for name in names or []]
+
+
+def _read_json(path: Path, expected_format: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise ManifestError(path, f"cannot read it ({err.strerror or err})") from err
+    except (UnicodeDecodeError, ValueError) as err:
+        raise ManifestError(path, f"not valid JSON ({err})") from err
+    if not isinstance(doc, dict) or doc.get("format") != expected_format:
+        raise ManifestError(path, f"not a {expected_format} document (its \"format\" must be {expected_format!r})")
+    if int(doc.get("version") or 0) > VERSION:
+        raise ManifestError(path, f"version {doc.get('version')} is newer than this hf_distprof reads ({VERSION})")
+    return doc
+
+
+def load_manifest(folder: str | Path) -> dict[str, Any] | None:
+    """The run manifest of a run folder: ``manifest.json``, else assembled from the parts there; None without either.
+
+    Raises:
+        ManifestError: A manifest file there is unreadable, not JSON or not a manifest (the error names it).
+    """
+    folder = Path(folder)
+    combined = folder / MANIFEST_NAME
+    if combined.is_file():
+        return _read_json(combined, FORMAT)
+    parts = [_read_json(p, PART_FORMAT) for p in sorted(folder.glob(part_glob())) if not p.name.startswith(".")]
+    if not parts:
+        return None
+    try:
+        return assemble(parts, rank_choices=read_rank_choices(folder))
+    except (KeyError, TypeError, ValueError) as err:
+        raise ManifestError(folder / part_glob(), f"the parts do not assemble ({err!r})") from err
+
+
+@dataclass
+class RankClock:
+    """One rank's clock against rank 0's, measured at train start (None: not measured)."""
+
+    rank: int
+    host: str
+    offset_us: float | None
+    """This rank's clock minus rank 0's, in microseconds."""
+    uncertainty_us: float | None
+    """Half the shortest round trip of the measurement: the true offset lies within this of ``offset_us``."""
+
+
+@dataclass
+class WindowInfo:
+    """One profiler window as the manifest has it."""
+
+    first: int
+    last: int
+    reasons: list[str]
+    detail: str
+    ranks: list[int]
+    cut_short_ranks: list[int] = field(default_factory=list)
+
+
+@dataclass
+class RunSummary:
+    """What ``analyze`` reports from a run folder's manifest."""
+
+    path: str
+    """The manifest file read, or the parts' glob when it was assembled from them."""
+    complete: bool
+    world_size: int
+    hosts: list[dict[str, Any]]
+    clocks: list[RankClock]
+    windows: list[WindowInfo]
+    missing_files: list[str]
+    """One sentence per file the manifest lists that the folder does not hold (a lost trace)."""
+    unfinished_ranks: list[int] = field(default_factory=list)
+    absent_ranks: list[int] = field(default_factory=list)
+
+    def clock_offsets_us(self) -> dict[int, float]:
+        """Measured offsets by rank (ranks without a measurement left out)."""
+        return {c.rank: c.offset_us for c in self.clocks if c.offset_us is not None}
+
+
+def missing_files(manifest: Mapping[str, Any], folder: Path) -> list[str]:
+    """One sentence per file that ``manifest`` lists and ``folder`` does not hold."""
+    out = []
+    for f in manifest.get("files") or []:
+        if (folder / f["name"]).exists():
+            continue
+        where = f"rank {f['rank']} on host {f['host']}"
+        if f.get("window"):
+            where += f", steps {f['window'][0]}-{f['window'][1]}"
+        what = "a lost trace" if str(f["name"]).endswith((".json.gz", ".json")) else "a lost file"
+        out.append(f"the run manifest lists {f['name']} ({where}) but {folder} does not hold it: {what} "
+                   "(or one left in another host's node-local folder)")
+    return out
+
+
+def summarize(manifest: Mapping[str, Any], folder: Path) -> RunSummary:
+    """The manifest of the run in ``folder`` as ``analyze`` reports it, with the files it lists and lacks."""
+    combined = folder / MANIFEST_NAME
+    return RunSummary(
+        path=str(combined if combined.is_file() else folder / part_glob()),
+        complete=bool(manifest.get("complete")),
+        world_size=int(manifest.get("world_size") or 0),
+        hosts=[dict(h) for h in manifest.get("hosts") or []],
+        clocks=[RankClock(int(r["rank"]), str(r["host"]), r.get("clock_offset_us"), r.get("clock_uncertainty_us"))
+                for r in manifest.get("ranks") or []],
+        windows=[WindowInfo(int(w["first"]), int(w["last"]), list(w.get("reasons") or []), str(w.get("detail") or ""),
+                            list(w.get("ranks") or []), list(w.get("cut_short_ranks") or []))
+                 for w in manifest.get("windows") or []],
+        missing_files=missing_files(manifest, folder),
+        unfinished_ranks=list(manifest.get("unfinished_ranks") or []),
+        absent_ranks=list(manifest.get("absent_ranks") or []),
+    )
+
+
+def run_summary_beside(files: Sequence[str | Path]) -> tuple[RunSummary | None, list[tuple[str, str]]]:
+    """The manifest of the run folder the trace files are in (the first folder with one, in name order).
+
+    Returns:
+        The summary (None when no folder holds a manifest), and ``(file, reason)`` for each manifest that could
+        not be read.
+    """
+    errors: list[tuple[str, str]] = []
+    for folder in sorted({Path(f).parent for f in files}):
+        try:
+            manifest = load_manifest(folder)
+        except ManifestError as err:
+            errors.append((err.path, err.reason))
+            continue
+        if manifest is not None:
+            return summarize(manifest, folder), errors
+    return None, errors
+
+
+def format_run(run: RunSummary) -> list[str]:
+    """The run section of ``analyze``'s text: hosts, each window and why it was taken, what is missing."""
+    state = "complete" if run.complete else "incomplete (the run stopped before train end, or a rank was lost)"
+    hosts = "; ".join(f"{h['host']}: ranks {_ranks(h['ranks'])}" for h in run.hosts)
+    lines = [f"Run manifest ({run.path}), {state}: {run.world_size} rank(s) on {len(run.hosts)} host(s): {hosts}"]
+    measured = [c for c in run.clocks if c.offset_us is not None and c.uncertainty_us is not None]
+    if len({c.host for c in run.clocks}) > 1 and measured:
+        worst = max(measured, key=lambda c: abs(c.offset_us or 0.0))
+        lines.append(f"  clocks at start: largest offset from rank 0 {worst.offset_us:+.0f} us (rank {worst.rank}, "
+                     f"+/- {worst.uncertainty_us:.0f} us)")
+    for w in run.windows:
+        why = " + ".join(w.reasons) or "unknown"
+        detail = f": {w.detail}" if w.detail else ""
+        cut = f"; cut short on ranks {_ranks(w.cut_short_ranks)}" if w.cut_short_ranks else ""
+        lines.append(f"  window steps {w.first}-{w.last} on ranks {_ranks(w.ranks)}, taken by {why}{detail}{cut}")
+    if run.unfinished_ranks:
+        lines.append(f"  ranks that never reached train end: {_ranks(run.unfinished_ranks)}")
+    if run.absent_ranks:
+        lines.append(f"  ranks without a manifest part: {_ranks(run.absent_ranks)}")
+    if run.missing_files:
+        # Listed one per line on stderr by the CLI, like the skipped files.
+        lines.append(f"  {len(run.missing_files)} file(s) listed in the manifest are missing from the folder")
+    return lines
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    """``0-3, 6`` for [0, 1, 2, 3, 6]."""
+    spans: list[list[int]] = []
+    for r in sorted(ranks):
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans) or "-"
