@@ -4,6 +4,7 @@ Run from the repository root (HTA is in the ``bench`` extra: ``pip install holis
 
     python benchmarks/bench_analyze.py                      # tiles to >= 50 MB per rank
     python benchmarks/bench_analyze.py --mb-per-rank 10     # quicker
+    python benchmarks/bench_analyze.py --mb-per-rank 200 --compact --skip-hta --skip-bare   # compact files
 
 What it does, side by side in one run:
 
@@ -20,6 +21,10 @@ What it does, side by side in one run:
    wall time, peak RSS of the process tree, and the ratios. On a shared machine absolute times move
    with the load, so each ratio is taken within one round (the contenders run back to back) and the
    median over rounds is reported, next to the best time of each contender.
+4. With ``--compact``: writes every trace's compact file (``hf-distprof analyze --write-compact``, timed), then
+   adds a contender that re-analyses from them, checks that its whole result (``AnalysisResult.to_dict()``) is
+   the one from the JSON, and prints the speed-up (target: >= 5x) and the JSON analysis's peak RSS (target at
+   200 MB per rank: under 1.5 GB). "Ours" always reads the JSON (``read_compact=False``).
 """
 
 from __future__ import annotations
@@ -102,8 +107,10 @@ OURS_CODE = """
 import sys, json
 from hf_distprof.analysis import AnalysisOptions, analyze_paths
 if __name__ == "__main__":  # the worker processes are spawned and re-import this script
-    res = analyze_paths([sys.argv[1]], AnalysisOptions(workers=int(sys.argv[3]), progress=False))
+    res = analyze_paths([sys.argv[1]], AnalysisOptions(workers=int(sys.argv[3]), progress=False),
+                        read_compact=READ_COMPACT)
     assert not res.errors, res.errors
+    open(sys.argv[2] + ".full.json", "wb").write(res.to_json())
     out = {r.rank: {"idle_pct": r.gpu_total.idle_pct, "compute_pct": r.gpu_total.compute_pct,
                     "non_compute_pct": r.gpu_total.non_compute_pct,
                     "overlap_pct": r.gpu_total.comm_comp_overlap_pct}
@@ -195,6 +202,10 @@ def main() -> None:
     parser.add_argument("--mb-per-rank", type=float, default=50.0)
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--skip-hta", action="store_true")
+    parser.add_argument("--skip-bare", action="store_true", help="leave out the bare orjson and simdjson parses")
+    parser.add_argument(
+        "--compact", action="store_true", help="also re-analyse from compact files (written first) and compare"
+    )
     parser.add_argument("--repeat", type=int, default=1, help="rounds; each runs every contender once")
     parser.add_argument(
         "--traces", type=Path, help="keep the tiled set in this folder and reuse it (default: a temp folder)"
@@ -210,11 +221,22 @@ def main() -> None:
         raw = sum(len(gzip.decompress(p.read_bytes())) for p in files)
         gz = sum(p.stat().st_size for p in files)
         print(f"tiled set: {len(files)} ranks, {raw / 1e6:.0f} MB JSON ({gz / 1e6:.0f} MB gzipped)")
-        contenders = {
+        contenders = {} if args.skip_bare else {
             "bare orjson parse": (BARE_CODE, "bare.txt"),
             "bare simdjson parse": (SIMDJSON_CODE, "simdjson.txt"),
-            "hf-distprof analyze": (OURS_CODE, "ours.json"),
         }
+        contenders["hf-distprof analyze"] = (OURS_CODE.replace("READ_COMPACT", "False"), "ours.json")
+        if args.compact:
+            t0 = time.perf_counter()
+            cli = [sys.executable, "-m", "hf_distprof.cli.main", "analyze", str(traces), "--findings"]
+            write = subprocess.run([*cli, "--no-compact", "--write-compact", "--workers", str(args.workers)],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            if write.returncode != 0:
+                raise SystemExit(f"analyze --write-compact failed:\n{write.stderr[-2000:]}")
+            compact_mb = sum(p.stat().st_size for p in traces.glob("*.compact.msgpack")) / 1e6
+            print(f"compact files: {compact_mb:.1f} MB, written by analyze --write-compact in "
+                  f"{time.perf_counter() - t0:.2f} s")
+            contenders["analyze from compact"] = (OURS_CODE.replace("READ_COMPACT", "True"), "compact.json")
         if not args.skip_hta:
             contenders["HTA 0.5.0"] = (HTA_CODE, "hta.json")
         runs: dict[str, list[tuple[float, float]]] = {name: [] for name in contenders}
@@ -247,8 +269,17 @@ def main() -> None:
             return f"{_median(per_round):.2f}x (rounds: {', '.join(f'{x:.2f}' for x in per_round)})"
 
         # Targets: HTA / ours >= 5 (time) and > 1 (peak RSS); ours / fastest bare parse <= 1.5.
-        print(f"ours / bare simdjson parse: time {ratio(ours, runs['bare simdjson parse'])}")
-        print(f"ours / bare orjson parse:   time {ratio(ours, runs['bare orjson parse'])}")
+        if args.compact:
+            same = (tmp / "ours.json.full.json").read_bytes() == (tmp / "compact.json.full.json").read_bytes()
+            print(f"JSON / compact files: time {ratio(ours, runs['analyze from compact'])} (target >= 5x); "
+                  f"whole results equal: {same}")
+            print(f"peak RSS of analyze from JSON at {raw / len(files) / 1e6:.0f} MB JSON per rank x {len(files)} "
+                  f"ranks: {max(m for _, m in ours):.0f} MB (target at 200 MB per rank: < 1536 MB)")
+            if not same:
+                raise SystemExit("MISMATCH: the analysis from the compact files differs from the one from JSON")
+        if not args.skip_bare:
+            print(f"ours / bare simdjson parse: time {ratio(ours, runs['bare simdjson parse'])}")
+            print(f"ours / bare orjson parse:   time {ratio(ours, runs['bare orjson parse'])}")
         if not args.skip_hta:
             hta_runs = runs["HTA 0.5.0"]
             print(f"HTA / ours: time {ratio(hta_runs, ours)}, peak RSS {ratio(hta_runs, ours, memory=True)}")

@@ -5,6 +5,7 @@ the folder)::
 
     rank{R}_{host}_step{first}-{last}.pt.trace.json.gz   the profiler's trace, per rank and window
     rank{R}_{host}_step{first}-{last}_summary.txt        its operator tables
+    rank{R}_{host}_step{first}-{last}.pt.trace.json.gz.compact.msgpack   its compact summary for analyze
     memory_rank{R}.jsonl, memory_summary.json            the memory logger (summary: rank 0)
     rank{R}_memory_stats.yaml                            the memory views (--memory-tracker, ...)
     rank{R}_memory_modules.txt / .json                   --memory-tracker's per-module table
@@ -34,6 +35,8 @@ from __future__ import annotations
 
 TRACE_SUFFIX = ".pt.trace.json.gz"
 TRACE_NAME = "rank{rank}_{host}_step{first}-{last}" + TRACE_SUFFIX
+# Beside each trace, its name plus this: the events the analyzer reads, as columns (hf_distprof.analysis.compact).
+COMPACT_SUFFIX = ".compact.msgpack"
 SUMMARY_NAME = "rank{rank}_{host}_step{first}-{last}_summary.txt"
 MEMORY_LOG_NAME = "memory_rank{rank}.jsonl"
 MEMORY_SUMMARY_NAME = "memory_summary.json"

@@ -486,6 +486,12 @@ def _cpu_backend(head: bytes) -> bool:
     return match is not None and match.group(1) != b"nccl"
 
 
+def default_shapes(path: str | os.PathLike[str]) -> bool:
+    """What :func:`parse_trace` with ``shapes=None`` does on this trace: read recorded shapes (a header naming a
+    backend other than NCCL) or not."""
+    return _cpu_backend(_header(Path(path)))
+
+
 def _memory_events(
     path: Path, events: list[Event], ops: list[Event], main_tid: Any, main_cpu_ops: list[Span]
 ) -> MemoryEvents:

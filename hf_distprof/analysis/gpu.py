@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import islice
 
 from hf_distprof.analysis import intervals as iv
 from hf_distprof.analysis.kernels import (
@@ -99,12 +100,18 @@ def category_overlap(merged_by_cat: dict[str, list[iv.Interval]]) -> dict[str, f
             edges.append((end, -(1 << bit)))
     edges.sort()
     out: dict[str, float] = {}
+    if not edges:
+        return out
     running = 0
-    for (time, delta), (next_time, _) in zip(edges, edges[1:] + [(edges[-1][0] if edges else 0.0, 0)]):
+    labels = _MASK_LABELS
+    time, delta = edges[0]
+    # Each edge with the next one's time (the last edge has none: nothing runs after it).
+    for next_time, next_delta in islice(edges, 1, None):
         running += delta
         if running > 0 and next_time > time:
-            label = _MASK_LABELS.get(running) or _mask_label(running)
+            label = labels.get(running) or _mask_label(running)
             out[label] = out.get(label, 0.0) + (next_time - time)
+        time, delta = next_time, next_delta
     return out
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from bisect import bisect_left, bisect_right
 from itertools import islice
 
 Interval = tuple[float, float]
@@ -76,4 +77,16 @@ def subtract(a: list[Interval], b: list[Interval]) -> list[Interval]:
 
 def clip(merged: list[Interval], start: float, end: float) -> list[Interval]:
     """The part of disjoint intervals that lies within ``[start, end]``."""
-    return [(max(s, start), min(e, end)) for s, e in merged if e > start and s < end]
+    # Sorted and disjoint, so the intervals that reach into the window are one run, found by bisection: a
+    # step's clip costs its own intervals, not the whole trace's.
+    lo = bisect_right(merged, start, key=_end)
+    hi = bisect_left(merged, end, lo, key=_start)
+    return [(max(s, start), min(e, end)) for s, e in merged[lo:hi] if e > start and s < end]
+
+
+def _start(interval: Interval) -> float:
+    return interval[0]
+
+
+def _end(interval: Interval) -> float:
+    return interval[1]

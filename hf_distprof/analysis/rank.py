@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections import Counter
 
 from hf_distprof.analysis import comm
 from hf_distprof.analysis import intervals as iv
@@ -209,8 +210,9 @@ def analyze_rank(trace: ParsedTrace, options: AnalysisOptions) -> RankResult:
         split_main_thread(trace.main_ops, in_flight, step.start, step.end, op_starts, waits_block=not on_gpu)
         for step in trace.steps
     ]
+    per_step = Counter(c.step for c in collectives)
     steps = [
-        _step_result(trace, step, indices, split, collectives, options)
+        _step_result(trace, step, indices, split, per_step[step.number], options)
         for step, indices, split in zip(trace.steps, gpu_steps, splits)
     ]
     comm.attribute(collectives, trace.fsdp_spans)
@@ -252,7 +254,7 @@ def _step_result(
     step: Step,
     indices: list[int],
     split: MainThreadSplit,
-    collectives: list[Collective],
+    n_collectives: int,
     options: AnalysisOptions,
 ) -> StepResult:
     gpu = trace.gpu
@@ -268,5 +270,5 @@ def _step_result(
         duration_us=step.duration,
         cpu=breakdown_of(split, step.duration),
         gpu=breakdown,
-        n_collectives=sum(1 for c in collectives if c.step == step.number),
+        n_collectives=n_collectives,
     )

@@ -22,6 +22,7 @@ from hf_distprof import dist, paths, signals
 from hf_distprof.capture import RECORD, RECORD_AND_SAVE, WARMUP
 from hf_distprof.capture_triggers import CaptureTriggers
 from hf_distprof.manifest import RunManifest, window_reasons
+from hf_distprof.compact_export import CompactExports
 from hf_distprof.window_policy import WindowPolicy
 from hf_distprof.parallelism import report_parallelism
 from hf_distprof.config import ProfilingArguments
@@ -183,6 +184,7 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         self._manifest: RunManifest | None = None  # this rank's part of the run manifest, on every rank
         self._policy: WindowPolicy | None = None  # --profile-ranks auto / --max-trace-mb
         self.step_timer: Any = None  # set by build_callbacks: --profile-ranks auto reads its step times
+        self._compacts = CompactExports()  # each trace's compact summary, written on a thread
 
     # ---- Trainer hooks -------------------------------------------------------------------------
 
@@ -322,6 +324,7 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
             try:
                 self._stop_and_flush(prof)
             finally:
+                self._compacts.join()  # before the handlers go: a signal meanwhile waits for these files too
                 self._remove_exit_handlers()
 
     def _stop_and_flush(self, prof: profile) -> None:
@@ -403,6 +406,7 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
                 logger.warning(f"could not write profiler trace {trace}: {err!r}; training goes on")
                 return
             self.written.append(trace)
+            self._compacts.submit(trace)
             if self._policy is not None:
                 self._policy.exported(trace, last - first + 1)
             summary = self.run_dir / paths.summary_file_name(rank, host, first, last)

@@ -53,6 +53,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--workers", type=int, default=0, help="parallel processes (0: one per file, at most one per CPU core)"
     )
     parser.add_argument(
+        "--no-compact",
+        dest="read_compact",
+        action="store_false",
+        help="read every trace's JSON, ignoring the compact files beside them (<trace>.compact.msgpack, written at "
+        "export); the result is the same either way",
+    )
+    parser.add_argument(
+        "--write-compact",
+        action="store_true",
+        help="write a compact file beside each trace that has no usable one (with --no-compact: beside every "
+        "trace), so that the next analyze of these traces reads it instead of the JSON",
+    )
+    parser.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -104,7 +117,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"hf-distprof analyze: error: --bandwidth-ref: {exc}", file=sys.stderr)
             return 2
     try:
-        result = analyze_paths(args.paths, options)
+        result = analyze_paths(
+            args.paths, options, read_compact=args.read_compact, write_compact=args.write_compact
+        )
     except FileNotFoundError as exc:
         print(f"hf-distprof analyze: error: {exc}", file=sys.stderr)
         return 2

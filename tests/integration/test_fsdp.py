@@ -44,6 +44,7 @@ def test_run_folder_has_the_expected_files(fsdp_run):
     _, run_dir = fsdp_run
     assert sorted(p.name for p in run_dir.iterdir()) == sorted(
         [f"rank{r}_{HOST}_step4-5.pt.trace.json.gz" for r in (0, 1)]
+        + [f"rank{r}_{HOST}_step4-5.pt.trace.json.gz.compact.msgpack" for r in (0, 1)]
         + [f"rank{r}_{HOST}_step4-5_summary.txt" for r in (0, 1)]
         + [f"memory_rank{r}.jsonl" for r in (0, 1)] + ["memory_summary.json"]
         + [f"rank{r}_memory_stats.yaml" for r in (0, 1)]

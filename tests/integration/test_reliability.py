@@ -190,7 +190,9 @@ NAMESPACE_SCRIPT = textwrap.dedent(
     "$@" &
     pid=$!
     for _ in $(seq 600); do
-        [ "$(ls "$out"/run/*_step3-4_summary.txt 2>/dev/null | wc -l)" = 2 ] && break
+        # The first window is written: both ranks' summaries and compact summaries (written on a thread).
+        [ "$(ls "$out"/run/*_step3-4_summary.txt "$out"/run/*_step3-4.pt.trace.json.gz.compact.msgpack 2>/dev/null \
+            | wc -l)" = 4 ] && break
         sleep 0.1
     done
     if [ "$fault" = full ]; then

@@ -25,6 +25,7 @@ ARGS = ("--enable-profiling", "--enable-memory-logging", "--memory-tracker", "--
         "--profiler-output-dir", "OUT", *SHORT_SCHEDULE)
 EXPECTED_RUN_FILES = sorted(
     [f"rank{r}_{HOST}_step4-5.pt.trace.json.gz" for r in (0, 1)]
+    + [f"rank{r}_{HOST}_step4-5.pt.trace.json.gz.compact.msgpack" for r in (0, 1)]
     + [f"rank{r}_{HOST}_step4-5_summary.txt" for r in (0, 1)]
     + [f"memory_rank{r}.jsonl" for r in (0, 1)]
     + ["memory_summary.json"]

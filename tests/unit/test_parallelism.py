@@ -245,7 +245,8 @@ def test_every_callback_works_on_an_fsdp_model(tmp_path, monkeypatch, caplog, wr
     run_dir = tmp_path / "out" / "run"
     host = dist.get_hostname()
     assert sorted(p.name for p in run_dir.iterdir()) == sorted(
-        [f"rank0_{host}_step3-4.pt.trace.json.gz", f"rank0_{host}_step3-4_summary.txt", "memory_rank0.jsonl",
+        [f"rank0_{host}_step3-4.pt.trace.json.gz", f"rank0_{host}_step3-4.pt.trace.json.gz.compact.msgpack",
+         f"rank0_{host}_step3-4_summary.txt", "memory_rank0.jsonl",
          "memory_summary.json", "timing_rank0.jsonl", "timing_summary.json", "parallelism.json",
          "rank0_memory_stats.yaml", "rank0.log", f"manifest_rank0_{host}.json", "manifest.json"]
         + (["rank0_memory_modules.txt", "rank0_memory_modules.json"] if built == "fsdp2" else [])

@@ -73,6 +73,7 @@ def test_each_window_writes_one_trace_and_summary_named_by_its_steps(tmp_path, s
     expected = []
     for first, last in windows:
         expected += [f"rank0_{HOST}_step{first}-{last}.pt.trace.json.gz",
+                     f"rank0_{HOST}_step{first}-{last}.pt.trace.json.gz.compact.msgpack",
                      f"rank0_{HOST}_step{first}-{last}_summary.txt"]
     assert cb.run_dir is not None
     assert files(cb.run_dir) == sorted([*expected, PARALLELISM])
@@ -95,6 +96,7 @@ def test_run_folders_never_collide(tmp_path):
     assert a.run_dir is not None and b.run_dir is not None
     assert (a.run_dir.name, b.run_dir.name) == ("exp", "exp-1")
     assert files(a.run_dir) == files(b.run_dir) == [PARALLELISM, f"rank0_{HOST}_step1-1.pt.trace.json.gz",
+                                                    f"rank0_{HOST}_step1-1.pt.trace.json.gz.compact.msgpack",
                                                     f"rank0_{HOST}_step1-1_summary.txt"]
 
 
@@ -104,7 +106,8 @@ def test_close_mid_window_flushes_the_recorded_steps(tmp_path):
     cb.close()  # what the atexit hook and the SIGTERM handler call
     assert cb.run_dir is not None
     trace = cb.run_dir / f"rank0_{HOST}_step3-4.pt.trace.json.gz"
-    assert files(cb.run_dir) == [PARALLELISM, trace.name, f"rank0_{HOST}_step3-4_summary.txt"]
+    assert files(cb.run_dir) == [PARALLELISM, trace.name, trace.name + ".compact.msgpack",
+                                 f"rank0_{HOST}_step3-4_summary.txt"]
     # Step 5 had begun when training died: its partial record is kept too.
     assert profiler_steps(trace) == ["ProfilerStep#3", "ProfilerStep#4", "ProfilerStep#5"]
     cb.close()  # idempotent
@@ -206,7 +209,9 @@ def test_sigterm_or_exception_mid_window_flushes_the_trace(tmp_path, how):
     else:
         assert proc.returncode == 1 and "boom in step 5" in proc.stderr
     run_dir = tmp_path / "out" / "run"
+    # The compact summary too: the signal's handler waits for its thread.
     assert files(run_dir) == [PARALLELISM, f"rank0_{HOST}_step3-4.pt.trace.json.gz",
+                              f"rank0_{HOST}_step3-4.pt.trace.json.gz.compact.msgpack",
                               f"rank0_{HOST}_step3-4_summary.txt"]
     assert profiler_steps(run_dir / f"rank0_{HOST}_step3-4.pt.trace.json.gz")[:2] == ["ProfilerStep#3",
                                                                                       "ProfilerStep#4"]

@@ -46,6 +46,9 @@ CHILD = textwrap.dedent(
         profile.export_chrome_trace = signal_self_then(profile.export_chrome_trace)
     if moment == "summary":
         profile.key_averages = signal_self_then(profile.key_averages)
+    if moment == "compact":  # on the thread writing the compact summary, after the trace and its summary
+        from hf_distprof.analysis import compact
+        compact.encode = signal_self_then(compact.encode)
     if moment == "stop":  # between the window's stop_trace and its export, inside the profiler's step()
         stop_trace = profile.stop_trace
         def stop_then_signal(self):
@@ -69,17 +72,20 @@ TRACE_3_5 = f"rank0_{HOST}_step3-5.pt.trace.json.gz"
 SUMMARY_3_5 = f"rank0_{HOST}_step3-5_summary.txt"
 TRACE_3 = f"rank0_{HOST}_step3-3.pt.trace.json.gz"
 SUMMARY_3 = f"rank0_{HOST}_step3-3_summary.txt"
+COMPACT = ".compact.msgpack"
 
 MOMENTS = {"before": "before the window", "inside": "inside the window",
            "stop": "between the window's stop and its export", "export": "during the trace export",
-           "summary": "during the summary after it"}
+           "summary": "during the summary after it", "compact": "while its compact summary is written"}
 # moment -> the files the run folder must hold afterwards (besides parallelism.json and rank0.log).
+# Each trace's compact summary too: its thread is joined before the signal takes effect.
 EXPECTED = {
     "before": [],  # no window started: nothing to write
-    "inside": [TRACE_3, SUMMARY_3],  # cut short after step 3: a whole partial trace
-    "stop": [TRACE_3_5, SUMMARY_3_5],  # the signal waits for the whole end of the window
-    "export": [TRACE_3_5, SUMMARY_3_5],  # the signal waits for the export
-    "summary": [TRACE_3_5, SUMMARY_3_5],  # and for the summary after it
+    "inside": [TRACE_3, SUMMARY_3, TRACE_3 + COMPACT],  # cut short after step 3: a whole partial trace
+    "stop": [TRACE_3_5, SUMMARY_3_5, TRACE_3_5 + COMPACT],  # the signal waits for the whole end of the window
+    "export": [TRACE_3_5, SUMMARY_3_5, TRACE_3_5 + COMPACT],  # the signal waits for the export
+    "summary": [TRACE_3_5, SUMMARY_3_5, TRACE_3_5 + COMPACT],  # and for the summary after it
+    "compact": [TRACE_3_5, SUMMARY_3_5, TRACE_3_5 + COMPACT],  # and for the compact summary's thread
 }
 
 

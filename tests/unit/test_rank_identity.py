@@ -139,7 +139,8 @@ def test_profiler_as_rank3_writes_trace_and_summary_named_rank3_node7(rank3, tmp
     # parallelism.json and manifest.json are rank 0's files; this rank writes its trace, summary, log and manifest part.
     assert _names(run_dir) == [
         "manifest_rank3_node-7.json",
-        "rank3.log", "rank3_node-7_step3-4.pt.trace.json.gz", "rank3_node-7_step3-4_summary.txt"
+        "rank3.log", "rank3_node-7_step3-4.pt.trace.json.gz", "rank3_node-7_step3-4.pt.trace.json.gz.compact.msgpack",
+        "rank3_node-7_step3-4_summary.txt"
     ]
     summary = (run_dir / "rank3_node-7_step3-4_summary.txt").read_text()
     assert summary.startswith("hf_distprof profiler summary: rank 3 of 4, host node-7, optimizer steps 3-4\n")
