@@ -63,7 +63,8 @@ class DebugArguments:
         metadata={
             "help": (
                 "NCCL's log level (NCCL_DEBUG); the log goes to one file per host and process, "
-                f"<--profiler-output-dir>/{DEBUG_DIR_NAME}[/<--profiler-run-name>]/{NCCL_LOG_NAME} (NCCL_DEBUG_FILE)."
+                f"<--profiler-output-dir>/{DEBUG_DIR_NAME}[/<--profiler-run-name>]/nccl_<host>_<pid>.log "
+                "(NCCL_DEBUG_FILE)."
             )
         },
     )

@@ -30,6 +30,7 @@ from hf_distprof.callbacks.profiler import traced_steps
 from hf_distprof.config import ProfilingArguments
 from hf_distprof.timing import comm_overhead, publish
 from hf_distprof.timing.clock import default_clock
+from hf_distprof.timing.cpu_wait import RunQueueClock
 from hf_distprof.timing.instrument import (
     ModelHooks,
     PhaseLabels,
@@ -94,7 +95,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self._flos_begin = 0.0
         self._warned: set[tuple[str, int]] = set()
         self._failed = False
-        # Per-step rows ([step, step_s, pre_sync_s]) not yet sent to rank 0, and rank 0's record of all ranks.
+        # Per-step rows ([step, step_s, own_work_s]) not yet sent to rank 0, and rank 0's record of all ranks.
         self._rows: deque[list[float]] = deque(maxlen=ROWS_KEPT)
         self._series: StepSeries | None = None
         self._traced: Any = None  # step -> whether the profiler ran over it
@@ -120,7 +121,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         if self.args.measure_comm_overhead > 0 and model is not None and loader is not None:
             self.comm = self._measure_comm(model, loader, args.per_device_train_batch_size)
 
-        recorder = StepRecorder(default_clock(self._device))
+        recorder = StepRecorder(default_clock(self._device), run_queue=RunQueueClock())
         # NVTX is a CUDA API; without CUDA the Nsight callback says once that --nvtx does nothing.
         labels = self._labels = PhaseLabels(nvtx=self.args.nvtx and torch.cuda.is_available())
         self._undo_loader = (
@@ -310,7 +311,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         for listener in self.step_listeners:
             listener(timing)
         if timing.pre_sync_s is not None:
-            self._rows.append([timing.step, timing.step_s, timing.pre_sync_s])
+            self._rows.append([timing.step, timing.step_s, timing.own_work_s])
 
     def _summaries(self, totals: PhaseTotals) -> dict[str, Any] | None:
         if totals.steps == 0:

@@ -49,8 +49,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=PositiveFloat,
         default=MIN_EFFECT_PCT,
         metavar="PCT",
-        help="smallest change of a median, in %% of run A's, that can be significant (default: %(default)g); raise it above "
-        "the drift between two identical runs on your machine (on a busy shared machine one rank's phase drifted "
+        help="smallest change of a median, in %% of run A's, that can be significant (default: %(default)g); raise it "
+        "above the drift between two identical runs on your machine (on a busy shared machine one rank's phase drifted "
         "by 23%%)",
     )
     parser.add_argument(

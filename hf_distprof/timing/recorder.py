@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from hf_distprof.timing.clock import Clock, Mark
+from hf_distprof.timing.cpu_wait import RunQueueClock, waited
 
 
 @dataclass
@@ -44,6 +45,8 @@ class StepTiming:
         micro_batches: Forward passes in the step (the gradient accumulation steps).
         samples: Samples in the step on this rank.
         tokens: Tokens in the step on this rank (non-padding ones when an attention mask was given).
+        cpu_wait_s: Seconds the training thread was ready to run but waiting for a CPU (Linux run-queue
+            delay) from the start of the data wait to the optimizer step; None where the kernel does not say.
     """
 
     step: int
@@ -57,6 +60,7 @@ class StepTiming:
     micro_batches: int = 0
     samples: int = 0
     tokens: int = 0
+    cpu_wait_s: float | None = None
 
     @property
     def pre_sync_s(self) -> float:
@@ -67,6 +71,15 @@ class StepTiming:
         """
         data = self.data_load_s if self.data_load_s is not None else self.data_s
         return data + (self.forward_s or 0.0) + (self.backward_compute_s or 0.0)
+
+    @property
+    def own_work_s(self) -> float:
+        """``pre_sync_s`` less the time the thread waited for a CPU: the work itself, what ranks are compared on.
+
+        A rank whose host has more runnable threads than cores takes longer in wall time for the same work;
+        that is the machine's doing, reported as CPU wait, not a slow rank.
+        """
+        return max(0.0, self.pre_sync_s - (self.cpu_wait_s or 0.0))
 
     @property
     def wait_s(self) -> float:
@@ -101,6 +114,8 @@ class _Marks:
     step: int = 0
     samples: int = 0
     tokens: list[Any] = field(default_factory=list)  # ints, or 0-d device tensors read on resolve
+    run_queue_begin: float | None = None  # RunQueueClock readings at the data wait's start and at pre_opt
+    run_queue_end: float | None = None
 
     def all_marks(self) -> list[Mark]:
         marks = [self.prev_end, self.begin, self.pre_opt, self.opt, self.end]
@@ -119,10 +134,12 @@ class StepRecorder:
             was never called (its batches came from a loader that is not instrumented).
     """
 
-    def __init__(self, clock: Clock, loader_timed: bool = False) -> None:
+    def __init__(self, clock: Clock, loader_timed: bool = False, run_queue: RunQueueClock | None = None) -> None:
         self.clock = clock
         self.loader_timed = loader_timed
+        self.run_queue = run_queue
         self._prev_end: Mark = None
+        self._prev_run_queue: float | None = None
         self._load_s = 0.0
         self._load_calls = 0
         self._current: _Marks | None = None
@@ -146,6 +163,7 @@ class StepRecorder:
         """Mark where the next step's data wait starts (end of a step, of logging, of saving...)."""
         old = self._prev_end
         self._prev_end = self.clock.mark()
+        self._prev_run_queue = self._run_queue()
         if old is not None:
             self.clock.release([old])
 
@@ -162,7 +180,9 @@ class StepRecorder:
         # (on resume the Trainer iterates a skip_first_batches copy for the rest of the epoch): unknown.
         load = self._load_s if self.loader_timed and self._load_calls else None
         self._load_s, self._load_calls = 0.0, 0
-        self._current = _Marks(prev_end=self._prev_end, begin=self.clock.mark(), load_s=load)
+        waited_from = self._prev_run_queue if self._prev_end is not None else self._run_queue()
+        self._current = _Marks(prev_end=self._prev_end, begin=self.clock.mark(), load_s=load,
+                               run_queue_begin=waited_from)
         self._prev_end = None
 
     def forward_begin(self, samples: int = 0, tokens: Any = 0) -> None:
@@ -208,6 +228,7 @@ class StepRecorder:
         if cur is None:
             return
         cur.pre_opt = self.clock.mark()
+        cur.run_queue_end = self._run_queue()
         if cur.micros and cur.micros[-1].bwd_end is None:
             self._close_micro(cur.micros[-1], cur.pre_opt)
 
@@ -226,6 +247,9 @@ class StepRecorder:
         self._pending.append(cur)
         self._current = None
         self.boundary()
+
+    def _run_queue(self) -> float | None:
+        return self.run_queue.read() if self.run_queue is not None else None
 
     def _close_micro(self, micro: _Micro, mark: Mark) -> None:
         micro.bwd_end = mark
@@ -287,6 +311,7 @@ class StepRecorder:
             micro_batches=len(m.micros),
             samples=m.samples,
             tokens=tokens,
+            cpu_wait_s=waited(m.run_queue_begin, m.run_queue_end),
         )
 
 

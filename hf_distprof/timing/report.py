@@ -22,7 +22,7 @@ from hf_distprof.verdicts import SlowRankVerdict, imbalance_pct, judge_slow_rank
 
 # Mean phases carried per rank; the optional ones are None when not measured on some step.
 PHASES: tuple[str, ...] = ("data_s", "forward_s", "backward_s", "optimizer_s", "step_s")
-OPTIONAL_PHASES: tuple[str, ...] = ("data_load_s", "backward_compute_s")
+OPTIONAL_PHASES: tuple[str, ...] = ("data_load_s", "backward_compute_s", "cpu_wait_s")
 DERIVED: tuple[str, ...] = ("pre_sync_s", "wait_s")
 
 # Dense BF16/FP16 tensor-core peak TFLOPs per device, from the vendors' datasheets (no sparsity).
@@ -135,6 +135,8 @@ class RankSummary:
     backward_compute_s: float | None = None
     pre_sync_s: float | None = None
     wait_s: float | None = None
+    cpu_wait_s: float | None = None
+    """Seconds per step the training thread waited for a CPU (run queue) before the optimizer; None: unknown."""
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RankSummary:
@@ -342,7 +344,11 @@ class StepSeries:
         self._steps: OrderedDict[int, tuple[list[float], float]] = OrderedDict()
 
     def add(self, per_rank: Sequence[Sequence[Sequence[float]]]) -> None:
-        """Add the ``[step, step_s, pre_sync_s]`` rows of every rank; steps missing on a rank are dropped."""
+        """Add the ``[step, step_s, own_work_s]`` rows of every rank; steps missing on a rank are dropped.
+
+        ``own_work_s`` is the pre-sync time less the time the rank's thread waited for a CPU
+        (:attr:`StepTiming.own_work_s`).
+        """
         by_step: dict[int, dict[int, tuple[float, float]]] = {}
         for rank, rows in enumerate(per_rank):
             for step, step_s, pre in rows:
@@ -377,7 +383,7 @@ class StepSeries:
         return judge_slow_rank(
             per_rank,
             threshold_pct,
-            what="pre-sync work (data + forward + backward compute)",
+            what="pre-sync work (data + forward + backward compute, less its wait for a CPU)",
             step_time=[step_s for _, step_s in kept],
         )
 
@@ -414,6 +420,13 @@ def format_table(report: CrossRankReport, comm: dict[str, Any] | None = None, ti
         f"imbalance (pre-sync): {report.imbalance_pct:.1f}% (threshold {report.time_threshold_pct:g}%), "
         f"slowest rank {report.slowest_rank} ({report.slowest_phase})"
     )
+    waits = [r.cpu_wait_s for r in report.ranks]
+    if all(w is not None for w in waits):
+        lines.append(
+            "waiting for a CPU (run queue, before the optimizer): "
+            + ", ".join(f"rank {r.rank} {r.cpu_wait_s:.4f}s" for r in report.ranks)
+            + " per step; ranks are compared on pre-sync less this wait"
+        )
     mem = "n/a" if report.memory_imbalance_pct is None else f"{report.memory_imbalance_pct:.1f}%"
     lines.append(f"peak memory imbalance: {mem} (threshold {report.memory_threshold_pct:g}%)")
     mfu = "n/a (no --peak-tflops and no known GPU)" if report.mfu_pct is None else f"{report.mfu_pct:.1f}%"

@@ -172,6 +172,18 @@ def test_training_script_accepts_good_flags(script, monkeypatch) -> None:
     assert (prof.enable_profiling, prof.profiler_analyze, prof.enable_step_timing) == (True, True, True)
 
 
+def test_training_script_help_lists_every_group_of_flags(script, monkeypatch, capsys) -> None:
+    # A '%' in a help text is an argparse format directive: `--help` once crashed on NCCL's "%h" file pattern.
+    monkeypatch.setattr(sys, "argv", ["train_modernBERT.py", "--help"])
+    with pytest.raises(SystemExit) as exc:
+        script.parse_args(script.build_parser())
+    out = capsys.readouterr().out
+    assert exc.value.code == 0
+    for flag in ("--tiny-vocab-size", "--strategy", "--nccl-debug", "--enable-profiling", "--max_steps"):
+        assert flag in out, flag
+    assert "nccl_<host>_<pid>.log" in out
+
+
 # ---- hang-report: the errors its section names ------------------------------------------------------------
 
 

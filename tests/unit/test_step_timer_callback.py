@@ -13,7 +13,7 @@ from transformers import ModernBertForMaskedLM, Trainer, TrainerCallback, Traini
 from hf_distprof.models import tiny_modernbert_config
 from hf_distprof import ProfilingArguments, StepTimerCallback, dist
 from hf_distprof.timing.instrument import base_dataloader
-from hf_distprof.timing.recorder import StepRecorder
+from hf_distprof.timing.recorder import StepRecorder, StepTiming
 
 SEQ = 8
 
@@ -120,6 +120,7 @@ def test_per_step_lines_and_summary(trained):
         assert line["micro_batches"] == 2 and line["samples"] == 4
         assert line["forward_s"] is not None and line["backward_compute_s"] is not None
         assert line["data_load_s"] is not None  # the Trainer's loader was instrumented
+        assert line["cpu_wait_s"] is not None and 0.0 <= line["cpu_wait_s"] <= line["step_s"]  # Linux schedstat
         assert line["step_s"] >= line["forward_s"] + line["backward_s"] + line["optimizer_s"]
     # Non-padding tokens: 4 rows of 8, 7 or 6 real tokens per step; 11 of the 32 rows have no padding,
     # so 24 rows can never all be full.
@@ -376,6 +377,18 @@ def test_memory_growth_leaves_the_steps_the_profiler_traced_out(tmp_path, caplog
     with caplog.at_level(logging.WARNING):
         _live(tmp_path, [(0.3, 0.3)] * 5, memory=rss)  # the same numbers, nothing traced: growth, twice in a row
     assert [r for r in caplog.records if "grows" in r.getMessage()]
+
+
+def test_ranks_are_compared_on_their_work_less_their_wait_for_a_cpu(tmp_path):
+    # Rank 0's 0.3 s of pre-sync time held 0.1 s of waiting for a CPU: the row it sends carries 0.2 s; the
+    # table's means and the per-step file keep the wall time and the wait beside it.
+    cb = StepTimerCallback(ProfilingArguments(profiler_output_dir=str(tmp_path)))
+    timing = StepTiming(step=5, data_s=0.05, forward_s=0.1, backward_s=0.2, optimizer_s=0.01, step_s=0.4,
+                        data_load_s=0.05, backward_compute_s=0.15, cpu_wait_s=0.1)
+    cb._add(timing)
+    assert list(cb._rows) == [[5, 0.4, pytest.approx(0.2)]]
+    summary = cb._run.to_rank_summary(0)
+    assert (summary.pre_sync_s, summary.cpu_wait_s) == (pytest.approx(0.3), pytest.approx(0.1))
 
 
 def test_memory_growth_is_left_to_the_memory_logger_when_it_runs(tmp_path, caplog):

@@ -81,6 +81,18 @@ def test_the_end_of_training_table_line_by_line():
     ]
 
 
+def test_the_table_says_how_long_each_rank_waited_for_a_cpu_when_every_rank_measured_it():
+    from .test_step_timer_report import ddp_rank
+
+    r0, r1 = ddp_rank(0, 0.01, mem=None), ddp_rank(1, 0.01, mem=None)
+    r0.cpu_wait_s, r1.cpu_wait_s = 0.0625, 0.003
+    lines = format_table(cross_rank_report([r0, r1])).splitlines()
+    assert lines[5] == ("waiting for a CPU (run queue, before the optimizer): rank 0 0.0625s, rank 1 0.0030s per "
+                        "step; ranks are compared on pre-sync less this wait")
+    r1.cpu_wait_s = None  # not known on one rank: no line
+    assert not any("waiting for a CPU" in line for line in format_table(cross_rank_report([r0, r1])).splitlines())
+
+
 def test_one_rank_table_marks_no_slowest_and_says_what_is_unknown():
     from .test_step_timer_report import ddp_rank
 
@@ -113,7 +125,9 @@ def test_step_series_verdict_leaves_out_the_excluded_steps():
     assert series.verdict(10.0).status != "raised"  # a mixed run
     only_slow = series.verdict(10.0, exclude=lambda step: step > 8)
     assert (only_slow.status, only_slow.rank, only_slow.steps) == ("raised", 1, 8)
-    assert only_slow.reason.startswith("rank 1's pre-sync work (data + forward + backward compute) exceeds")
+    assert only_slow.reason.startswith(
+        "rank 1's pre-sync work (data + forward + backward compute, less its wait for a CPU) exceeds"
+    )
     assert StepSeries(1).verdict(10.0) is None
 
 

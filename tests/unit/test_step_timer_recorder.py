@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import threading
+
 import pytest
 import torch
 
 from hf_distprof.timing.clock import CpuClock, CudaEventClock, default_clock
+from hf_distprof.timing.cpu_wait import SCHEDSTAT, RunQueueClock, waited
 from hf_distprof.timing.recorder import StepRecorder
 
 
@@ -288,3 +293,81 @@ def test_real_cuda_events_time_a_step():
     t_rec.step_end(1)
     (s,) = t_rec.resolve()
     assert y.shape == x.shape and s.forward_s is not None and s.forward_s > 0 and s.tokens == 4
+
+
+class FakeRunQueue:
+    """Run-queue seconds that advance only when the test says so (the thread waited for a CPU)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.reads = 0
+
+    def read(self) -> float:
+        self.reads += 1
+        return self.now
+
+
+def test_cpu_wait_counts_from_the_data_wait_to_the_optimizer_and_is_taken_out_of_own_work():
+    t, rq = Timeline(), FakeRunQueue()
+    rec = StepRecorder(FakeCpuClock(t), loader_timed=True, run_queue=rq)
+    rec.boundary()
+    rq.now += 0.25  # waited during the data wait
+    rec.add_load_time(0.375)
+    rec.step_begin()
+    rec.forward_begin(samples=4)
+    t.advance(1.0)
+    rq.now += 0.125  # and during the forward
+    rec.forward_end()
+    t.advance(2.0)
+    rec.grad_ready()
+    rec.optimizer_begin()
+    rq.now += 4.0  # during the optimizer: not counted
+    rec.optimizer_end()
+    rec.step_end(1)
+    (s,) = rec.resolve()
+    assert s.cpu_wait_s == pytest.approx(0.375)
+    assert s.pre_sync_s == pytest.approx(0.375 + 1.0 + 2.0)
+    assert s.own_work_s == pytest.approx(3.0) and s.to_json()["cpu_wait_s"] == pytest.approx(0.375)
+    # Reads: the boundary at start, pre_opt, the boundary at step end; none per gradient hook.
+    assert rq.reads == 3
+    # The wait never makes own work negative, and an unknown wait takes nothing out.
+    assert dataclasses.replace(s, cpu_wait_s=99.0).own_work_s == 0.0
+    assert dataclasses.replace(s, cpu_wait_s=None).own_work_s == s.pre_sync_s
+
+
+def test_without_a_run_queue_clock_the_wait_is_unknown():
+    t = Timeline()
+    rec = StepRecorder(FakeCpuClock(t))
+    rec.boundary()
+    run_step(rec, t, step=1)
+    (s,) = rec.resolve()
+    assert s.cpu_wait_s is None and s.own_work_s == s.pre_sync_s
+
+
+def test_run_queue_clock_reads_the_second_schedstat_field_and_gives_up_on_a_bad_file(tmp_path):
+    stat = tmp_path / "schedstat"
+    stat.write_text("123456789 2500000000 77\n")
+    clock = RunQueueClock(str(stat))
+    assert clock.read() == 2.5
+    stat.write_text("123456789 3750000000 78\n")  # the same open file, read again from offset 0
+    assert clock.read() == 3.75
+    clock.close()
+    bad = RunQueueClock(str(tmp_path / "missing"))
+    assert bad.read() is None and bad.read() is None
+    garbled = tmp_path / "garbled"
+    garbled.write_text("x\n")
+    assert RunQueueClock(str(garbled)).read() is None
+    assert waited(1.0, 1.5) == 0.5 and waited(None, 1.0) is None and waited(2.0, 1.0) is None
+
+
+@pytest.mark.skipif(not os.path.exists(SCHEDSTAT), reason="no /proc/thread-self/schedstat (not Linux or no schedstats)")
+def test_the_real_schedstat_is_this_threads_and_grows():
+    clock = RunQueueClock()
+    first = clock.read()
+    assert first is not None and first >= 0.0
+    seen: list[float | None] = []
+    worker = threading.Thread(target=lambda: seen.append(RunQueueClock().read()))
+    worker.start()
+    worker.join()
+    assert seen[0] is not None and seen[0] < first + 1.0  # a new thread's own, small count
+    assert clock.read() >= first

@@ -1,0 +1,68 @@
+"""How long the calling thread was ready to run but waiting for a CPU: Linux's per-thread run-queue delay.
+
+``/proc/thread-self/schedstat`` holds three numbers: nanoseconds on a CPU, nanoseconds runnable but waiting in a
+run queue, and time slices. The second is what a rank loses when its host has more runnable threads than cores
+(other jobs, data-loader workers, intra-op thread pools): its own work then takes longer in wall time although
+it did no more work. The step timer reads it at the start and end of each step (two ``pread`` calls of a few
+microseconds, no sync) and takes this wait out of the pre-sync time the slow-rank verdict compares, so that a
+rank starved of CPU by its machine is reported as such instead of as a straggler.
+
+Where the file does not exist (not Linux, no schedstats in the kernel) every read returns None and nothing is
+taken out.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+SCHEDSTAT = "/proc/thread-self/schedstat"
+
+
+class RunQueueClock:
+    """Reads the calling thread's cumulative run-queue delay, in seconds.
+
+    The file is opened once per thread and read again with ``pread`` (the kernel regenerates it on each read
+    from offset 0). Reads on a thread other than the one that opened it open their own file: the numbers are
+    always the calling thread's.
+
+    Args:
+        path: The schedstat file (a test can point it elsewhere).
+    """
+
+    def __init__(self, path: str = SCHEDSTAT) -> None:
+        self.path = path
+        self._local = threading.local()
+        self._broken = False
+
+    def read(self) -> float | None:
+        """Seconds this thread has spent runnable but not running since it started; None when unknown."""
+        if self._broken:
+            return None
+        fd = getattr(self._local, "fd", None)
+        try:
+            if fd is None:
+                fd = os.open(self.path, os.O_RDONLY)
+                self._local.fd = fd
+            fields = os.pread(fd, 128, 0).split()
+            return int(fields[1]) / 1e9
+        except (OSError, ValueError, IndexError):
+            self._broken = True  # one failure means the file is not what we expect here: stop trying
+            return None
+
+    def close(self) -> None:
+        """Close the calling thread's file."""
+        fd = getattr(self._local, "fd", None)
+        if fd is not None:
+            self._local.fd = None
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def waited(begin: float | None, end: float | None) -> float | None:
+    """Run-queue seconds between two reads; None when either is unknown (or the counter went back)."""
+    if begin is None or end is None or end < begin:
+        return None
+    return end - begin
