@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from hf_distprof import dist
+from hf_distprof.analysis.manifest import load_manifest, missing_files
 
 from .. import reliability
 from ..conftest import REPO_ROOT
@@ -147,6 +148,12 @@ def test_a_dead_or_crashed_rank_costs_no_file_already_written(tmp_path, how):
     survivor = sorted(p.name for p in run_dir.glob("rank0_*.pt.trace.json.gz"))
     assert survivor[0] == trace(0, 3, 4) and len(survivor) == 2 and survivor[1].startswith(f"rank0_{HOST}_step7-")
     assert all(whole(run_dir / n) for n in survivor)
+    # No manifest.json (train end never came); the ranks' parts assemble into one that lists every file still there.
+    manifest = load_manifest(run_dir)
+    assert manifest is not None and not manifest["complete"] and manifest["unfinished_ranks"] == [0, 1]
+    second = [0] if how == "kill" else [0, 1]  # a killed rank never finished its second window
+    assert [(w["first"], w["ranks"]) for w in manifest["windows"]] == [(3, [0, 1]), (7, second)]
+    assert missing_files(manifest, run_dir) == []
 
 
 def test_resumed_run_counts_the_schedule_from_the_checkpoint_step(tmp_path):
