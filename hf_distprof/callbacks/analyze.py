@@ -15,10 +15,17 @@ logger = dist.get_logger(__name__)
 
 
 def analysis_options(args: ProfilingArguments) -> Any:
-    """The analysis thresholds the training flags set: the same numbers live and offline."""
+    """The analysis thresholds the training flags set: the same numbers live and offline.
+
+    One file at a time, in the training process (``workers=1``): it has a thread per library, so a process
+    pool would spawn fresh interpreters, and each re-imports the training script (torch, transformers) as
+    ``__mp_main__``: 10-30 s per worker on a small run, far more than analysing the run's own traces, which
+    the profiler also wrote as compact files.
+    """
     from hf_distprof.analysis import AnalysisOptions
 
     return AnalysisOptions(
+        workers=1,
         imbalance_pct=float(args.imbalance_threshold_pct),
         memory_imbalance_pct=float(args.memory_imbalance_threshold_pct),
         profiler_slowdown_threshold=float(args.profiler_slowdown_threshold),

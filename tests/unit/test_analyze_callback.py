@@ -75,3 +75,5 @@ def test_the_training_flags_set_the_analysis_thresholds():
         profiler_slowdown_threshold=1.5,
     ))
     assert (options.imbalance_pct, options.memory_imbalance_pct, options.profiler_slowdown_threshold) == (15, 30, 1.5)
+    # In the training process: no process pool (spawned workers would re-import the training script).
+    assert options.workers == 1
