@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import hashlib
 import itertools
 import json
 import logging
@@ -102,9 +103,40 @@ class ModelDataArguments:
     tiny_vocab_size: int = field(default=8192, metadata={"help": "Vocabulary of the locally trained tokenizer."})
 
 
+def corpus_cache_file(root: Path, min_chars: int) -> Path:
+    """Where the demo corpus of this Python's standard library is kept between runs (and between ranks)."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hf_distprof"
+    key = hashlib.sha256(f"{sys.version}|{root}|{min_chars}".encode()).hexdigest()[:16]
+    return base / f"stdlib_docstrings_{key}.json"
+
+
 def stdlib_docstrings(min_chars: int = 40) -> list[str]:
-    """Docstrings of the standard library's top-level modules, parsed (never imported) with ``ast``."""
+    """Docstrings of the standard library's top-level modules, parsed (never imported) with ``ast``.
+
+    Parsing takes ~4 s; the text is kept in ``~/.cache/hf_distprof`` (``$XDG_CACHE_HOME``), keyed by this
+    Python's version and standard library path, so that the other ranks and the next runs read it instead. A
+    cache that cannot be read or written is ignored.
+    """
     root = Path(sysconfig.get_paths()["stdlib"])
+    cache = corpus_cache_file(root, min_chars)
+    try:
+        cached = json.loads(cache.read_text(encoding="utf-8"))
+        if isinstance(cached, list) and cached and all(isinstance(t, str) for t in cached):
+            return cached
+    except (OSError, ValueError):
+        pass
+    texts = _parse_stdlib_docstrings(root, min_chars)
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(texts), encoding="utf-8")
+        os.replace(tmp, cache)
+    except OSError:
+        pass
+    return texts
+
+
+def _parse_stdlib_docstrings(root: Path, min_chars: int) -> list[str]:
     texts: list[str] = []
     for path in sorted(root.glob("*.py")):
         try:

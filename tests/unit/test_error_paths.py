@@ -184,6 +184,27 @@ def test_training_script_help_lists_every_group_of_flags(script, monkeypatch, ca
     assert "nccl_<host>_<pid>.log" in out
 
 
+def test_the_demo_corpus_is_parsed_once_and_kept_and_a_bad_cache_is_parsed_again(script, monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    parsed: list[int] = []
+
+    def parse(root, min_chars):
+        parsed.append(min_chars)
+        return ["first docstring", "second docstring"]
+
+    monkeypatch.setattr(script, "_parse_stdlib_docstrings", parse)
+    assert script.stdlib_docstrings() == ["first docstring", "second docstring"] and parsed == [40]
+    (cache,) = (tmp_path / "hf_distprof").iterdir()
+    assert cache.name.startswith("stdlib_docstrings_") and cache.suffix == ".json"
+    assert script.stdlib_docstrings() == ["first docstring", "second docstring"] and parsed == [40]  # read back
+    cache.write_text("{not json")
+    assert script.stdlib_docstrings() == ["first docstring", "second docstring"] and parsed == [40, 40]
+    assert sorted(p.name for p in (tmp_path / "hf_distprof").iterdir()) == [cache.name]  # no temp file left
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file"))
+    (tmp_path / "file").write_text("")  # the cache cannot be created: parsed every time, no error
+    assert script.stdlib_docstrings() == ["first docstring", "second docstring"] and parsed == [40, 40, 40]
+
+
 # ---- hang-report: the errors its section names ------------------------------------------------------------
 
 
