@@ -23,6 +23,7 @@ from hf_distprof.debug_env import (
 )
 
 from ..conftest import REPO_ROOT
+from . import training_script
 
 SCRIPT = REPO_ROOT / "python_scripts" / "train_modernBERT.py"
 
@@ -164,9 +165,9 @@ def _parse_only(cwd, *args: str) -> subprocess.CompletedProcess[str]:
 def test_the_training_script_exits_2_before_anything_runs(tmp_path, args, message):
     if torch.cuda.is_available() and "DETAIL" in args:
         pytest.skip("a CPU-machine message: DDP on NCCL builds no gloo logger")
-    proc = _parse_only(tmp_path, *args)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert message in proc.stderr and "Traceback" not in proc.stderr
+    status, err = training_script.parse(*args)
+    assert status == 2, err[-2000:]
+    assert message in err and "Traceback" not in err
 
 
 def test_the_launchers_flag_check_sets_nothing_and_creates_nothing(tmp_path):

@@ -3,9 +3,7 @@ equal to the script's defaults, and flag errors that exit 2 before anything runs
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,8 +16,8 @@ from hf_distprof.models import tiny_modernbert_config
 from hf_distprof.strategy import StrategyArguments, fsdp_blocks, fsdp_config, fsdp_plan, shards_at_load
 
 from ..conftest import REPO_ROOT
+from . import training_script
 
-SCRIPT = REPO_ROOT / "python_scripts" / "train_modernBERT.py"
 YAML = REPO_ROOT / "local_scripts" / "accelerate" / "fsdp2.yaml"
 
 
@@ -104,12 +102,6 @@ def test_flags_that_go_together(tmp_path):
     StrategyArguments(strategy="fsdp", fsdp_cpu_offload=True).check(_trainer_args(tmp_path), cuda=True)
 
 
-def _parse_only(*args: str) -> subprocess.CompletedProcess[str]:
-    path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "HF_DISTPROF_PARSE_ONLY": "1", "PYTHONPATH": path}
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=120)
-
-
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -121,11 +113,11 @@ def _parse_only(*args: str) -> subprocess.CompletedProcess[str]:
 def test_bad_strategy_flags_exit_2_naming_the_flag(args, message):
     if torch.cuda.is_available() and args != ("--strategy", "zero3"):
         pytest.skip("a CPU-machine message: with a GPU offload is valid, and TrainingArguments judges --fsdp first")
-    proc = _parse_only(*args)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert message in proc.stderr and "Traceback" not in proc.stderr
+    status, err = training_script.parse(*args)
+    assert status == 2, err[-2000:]
+    assert message in err and "Traceback" not in err
     if args == ("--strategy", "zero3"):  # the valid choices, however this Python's argparse quotes them
-        choices = proc.stderr.split("choose from ", 1)[1]
+        choices = err.split("choose from ", 1)[1]
         assert "ddp" in choices and "fsdp" in choices
 
 
