@@ -324,6 +324,7 @@ def _parsed(f: _File, path: str, shapes: bool) -> ParsedTrace:
         n_events=f.n_events,
         message_sizes=message_sizes,
         memory=memory,
+        main_op_columns=(f.main_ops.start, f.main_ops.end, f.main_ops.name, table),
     )
 
 

@@ -116,6 +116,33 @@ def split_main_thread(
             busy.append(span)
             if kind == _BACKWARD:
                 backward.append(span)
+    return combine_split(loading, enqueue, waits, busy, iv.merge(busy), iv.merge(backward), comm, start, end)
+
+
+def combine_split(
+    loading: list[iv.Interval],
+    enqueue: list[iv.Interval],
+    waits: list[iv.Interval],
+    busy: list[iv.Interval],
+    busy_m: list[iv.Interval],
+    backward_m: list[iv.Interval],
+    comm: list[iv.Interval],
+    start: float,
+    end: float,
+) -> MainThreadSplit:
+    """The step's split from its ops' spans (clipped to the step), sorted by what they count as.
+
+    Args:
+        loading: Data-loading ops.
+        enqueue: ``c10d::*`` ops.
+        waits: Ops that block until a collective completes (only where they do).
+        busy: Every other op (read only when ``waits`` holds some).
+        busy_m: ``iv.merge(busy)``.
+        backward_m: ``iv.merge`` of the backward ops among ``busy``.
+        comm: As for :func:`split_main_thread`.
+        start: Step start (us).
+        end: Step end (us).
+    """
     loading_m = iv.merge(loading)
     enqueue_m = iv.subtract(iv.merge(enqueue), loading_m)
     taken = iv.merge(loading_m + enqueue_m)
@@ -132,7 +159,7 @@ def split_main_thread(
         # communication nor compute ("other", like a gap with nothing in flight).
         waiting = iv.intersect(wait_self, comm_in_step)
         taken = iv.merge(taken + wait_self)
-    compute_m = iv.subtract(iv.merge(busy), taken)
+    compute_m = iv.subtract(busy_m, taken)
     gaps = iv.subtract([(start, end)], iv.merge(taken + compute_m))
     waiting = iv.merge(waiting + iv.intersect(gaps, comm_in_step))
     return MainThreadSplit(
@@ -140,7 +167,7 @@ def split_main_thread(
         compute=compute_m,
         communication=iv.merge(enqueue_m + waiting),
         comm_in_step=comm_in_step,
-        backward=iv.merge(backward),
+        backward=backward_m,
     )
 
 

@@ -163,6 +163,11 @@ class ParsedTrace:
     thread) and ``c10d::*`` ops (main thread), keyed by the event's span as it stands in the other lists."""
     memory: MemoryEvents | None = None
     """The ``[memory]`` events; None unless the header says the profiler recorded them."""
+    main_op_columns: tuple[list[Any], list[Any], list[int], list[str]] | None = field(
+        default=None, repr=False, compare=False
+    )
+    """``main_ops`` as columns (starts, ends, name indices into a string table, the table) when the trace was
+    read from its compact file, which stores them so: the vectorised analyzers read them as they are."""
 
 
 @dataclass

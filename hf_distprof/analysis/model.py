@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from dataclasses import dataclass, field
@@ -656,7 +657,7 @@ class AnalysisResult:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict, with the headline numbers and per-rank derived values included."""
-        out = dataclasses.asdict(self)
+        out = _asdict(self)
         out["exposed_comm_pct"] = self.exposed_comm_pct
         out["imbalance_pct"] = self.imbalance_pct
         for rank_out, rank in zip(out["ranks"], self.ranks):
@@ -675,6 +676,31 @@ class AnalysisResult:
     def to_json(self) -> bytes:
         """The result as indented JSON bytes."""
         return orjson.dumps(self.to_dict(), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
+
+
+_ATOMS = frozenset({str, int, float, bool, type(None)})
+
+
+def _asdict(obj: Any) -> Any:
+    """``dataclasses.asdict(obj)``, the same dict, without copying each rank's collectives (``to_dict`` drops
+    them: an empty list stands in) and without deep-copying numbers and strings (asdict's cost is nearly all
+    in those two)."""
+    kind = type(obj)
+    if kind in _ATOMS:
+        return obj
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        skip = kind is RankResult
+        return {
+            f.name: [] if skip and f.name == "collectives" else _asdict(getattr(obj, f.name))
+            for f in dataclasses.fields(obj)
+        }
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a named tuple, rebuilt field by field as asdict does
+        return kind(*[_asdict(v) for v in obj])
+    if isinstance(obj, (list, tuple)):
+        return kind(_asdict(v) for v in obj)
+    if isinstance(obj, dict):
+        return kind((_asdict(k), _asdict(v)) for k, v in obj.items())
+    return copy.deepcopy(obj)
 
 
 def _add_hidden_pct(rows_out: list[dict[str, Any]], rows: list[CommKindStat]) -> None:

@@ -9,7 +9,7 @@ from hf_distprof.analysis import comm
 from hf_distprof.analysis import intervals as iv
 from hf_distprof.analysis.bandwidth import message_bytes
 from hf_distprof.analysis.cpu import MainThreadSplit, breakdown_of, split_main_thread
-from hf_distprof.analysis.events import RECORD_PARAM_COMMS, ParsedTrace, Span, Step
+from hf_distprof.analysis.events import RECORD_PARAM_COMMS, ParsedTrace, Span
 from hf_distprof.analysis.message_sizes import MessageSize
 from hf_distprof.analysis.gpu import gpu_breakdown, kernel_stats
 from hf_distprof.analysis.memory import analyze_memory
@@ -23,7 +23,7 @@ from hf_distprof.analysis.kernels import (
     nccl_kind,
     nccl_op_kind,
 )
-from hf_distprof.analysis.model import AnalysisOptions, Collective, RankResult, StepResult
+from hf_distprof.analysis.model import AnalysisOptions, Collective, GpuBreakdown, RankResult, StepResult
 
 # The gloo span a c10d collective runs as, when it is not the collective's own kind.
 GLOO_RUNS_AS = {"reduce_scatter": "all_reduce"}
@@ -197,26 +197,50 @@ def analyze_rank(trace: ParsedTrace, options: AnalysisOptions) -> RankResult:
         Per-step breakdowns, the HTA-compatible GPU aggregate, kernel stats, the collectives, and the memory
         per device when the trace holds ``[memory]`` events.
     """
+    # Imported here, in the worker: numpy starts a thread at import, and the parent process of the workers must
+    # have none to fork them rather than spawn them (see api._start_method).
+    from hf_distprof.analysis import fast
+
     gpu = trace.gpu
     on_gpu = bool(len(gpu))
-    gpu_steps = assign_gpu_events_to_steps(trace)
+    # Int64 columns for the vectorised analyzers (the same results), when every time is an int.
+    columns = fast.GpuColumns.of(gpu) if on_gpu else None
+    step_events = issued = None
+    if columns is not None:
+        issued = fast.int_column(list(map(trace.launches.get, gpu.correlation, gpu.start)))
+        if issued is not None:
+            step_events = columns.per_step([s.start for s in trace.steps], issued)
+    if step_events is None or issued is None:
+        columns = None
+    if columns is not None and step_events is not None:
+        # Only the NCCL kernels of each step are read to find its collectives.
+        gpu_steps = [ix[columns.bits[ix] == fast.COMM_BIT].tolist() for ix in step_events]
+        breakdowns = [columns.breakdown(ix, options.tiny_kernel_us) for ix in step_events]
+    else:
+        gpu_steps = assign_gpu_events_to_steps(trace)
+        breakdowns = [_gpu_breakdown_of(trace, indices, options) for indices in gpu_steps]
     collectives = _collectives(trace, gpu_steps)
     if on_gpu:
         in_flight = iv.merge((c.start_us, c.end_us) for c in collectives)
     else:
         in_flight = iv.merge((s, e) for s, e, _ in trace.comm_spans)
-    op_starts = [op[0] for op in trace.main_ops]
-    splits = [
-        split_main_thread(trace.main_ops, in_flight, step.start, step.end, op_starts, waits_block=not on_gpu)
-        for step in trace.steps
-    ]
+    splits = _splits(trace, in_flight, waits_block=not on_gpu)
     per_step = Counter(c.step for c in collectives)
     steps = [
-        _step_result(trace, step, indices, split, per_step[step.number], options)
-        for step, indices, split in zip(trace.steps, gpu_steps, splits)
+        StepResult(
+            step=step.number,
+            start_us=step.start,
+            duration_us=step.duration,
+            cpu=breakdown_of(split, step.duration),
+            gpu=breakdown,
+            n_collectives=per_step[step.number],
+        )
+        for step, breakdown, split in zip(trace.steps, breakdowns, splits)
     ]
     comm.attribute(collectives, trace.fsdp_spans)
-    if on_gpu:
+    if columns is not None:
+        fast.set_exposure(collectives, columns.merged(fast.COMP_BIT))
+    elif on_gpu:
         compute = iv.merge(
             (s, e) for s, e, name in zip(gpu.start, gpu.end, gpu.name) if kernel_category(name) == COMPUTATION
         )
@@ -224,11 +248,17 @@ def analyze_rank(trace: ParsedTrace, options: AnalysisOptions) -> RankResult:
     else:
         waiting = iv.merge(w for split in splits for w in split.communication)
         comm.set_exposure(collectives, waiting, hidden_when_covered=False)
-    selected = hta_selection(trace)
-    starts = [gpu.start[i] for i in selected]
-    ends = [gpu.end[i] for i in selected]
-    names = [gpu.name[i] for i in selected]
-    cat_us, cat_n, top = kernel_stats(gpu.start, gpu.end, gpu.name, options.top_kernels)
+    if columns is not None and issued is not None:
+        selected = columns.hta_selection(trace, issued)
+        gpu_total = columns.breakdown(selected, options.tiny_kernel_us)
+        cat_us, cat_n, top = fast.kernel_stats(columns.starts, columns.ends, gpu.name, options.top_kernels)
+    else:
+        selected_list = hta_selection(trace)
+        starts = [gpu.start[i] for i in selected_list]
+        ends = [gpu.end[i] for i in selected_list]
+        names = [gpu.name[i] for i in selected_list]
+        gpu_total = gpu_breakdown(starts, ends, names, options.tiny_kernel_us)
+        cat_us, cat_n, top = kernel_stats(gpu.start, gpu.end, gpu.name, options.top_kernels)
     return RankResult(
         rank=trace.rank,
         path=trace.path,
@@ -238,7 +268,7 @@ def analyze_rank(trace: ParsedTrace, options: AnalysisOptions) -> RankResult:
         host=trace.host,
         n_events=trace.n_events,
         steps=steps,
-        gpu_total=gpu_breakdown(starts, ends, names, options.tiny_kernel_us),
+        gpu_total=gpu_total,
         kernel_categories_us=cat_us,
         kernel_categories_count=cat_n,
         top_kernels=top,
@@ -249,26 +279,29 @@ def analyze_rank(trace: ParsedTrace, options: AnalysisOptions) -> RankResult:
     )
 
 
-def _step_result(
-    trace: ParsedTrace,
-    step: Step,
-    indices: list[int],
-    split: MainThreadSplit,
-    n_collectives: int,
-    options: AnalysisOptions,
-) -> StepResult:
+def _splits(trace: ParsedTrace, in_flight: list[iv.Interval], waits_block: bool) -> list[MainThreadSplit]:
+    """The main thread's split of every step (vectorised when every op and step time is an int)."""
+    from hf_distprof.analysis import fast  # imported in the worker, see analyze_rank
+
+    columns = fast.MainOpColumns.of(trace) if trace.main_ops else None
+    if columns is None:
+        op_starts = [op[0] for op in trace.main_ops]
+        return [
+            split_main_thread(trace.main_ops, in_flight, step.start, step.end, op_starts, waits_block)
+            for step in trace.steps
+        ]
+    bounds = columns.step_bounds(trace.steps)
+    return [
+        columns.split(bounds[2 * k], bounds[2 * k + 1], in_flight, step.start, step.end, waits_block)
+        for k, step in enumerate(trace.steps)
+    ]
+
+
+def _gpu_breakdown_of(trace: ParsedTrace, indices: list[int], options: AnalysisOptions) -> GpuBreakdown | None:
     gpu = trace.gpu
-    breakdown = gpu_breakdown(
+    return gpu_breakdown(
         [gpu.start[i] for i in indices],
         [gpu.end[i] for i in indices],
         [gpu.name[i] for i in indices],
         options.tiny_kernel_us,
-    )
-    return StepResult(
-        step=step.number,
-        start_us=step.start,
-        duration_us=step.duration,
-        cpu=breakdown_of(split, step.duration),
-        gpu=breakdown,
-        n_collectives=n_collectives,
     )
