@@ -77,10 +77,9 @@ def resolve_run_dir(
 ) -> Path | None:
     """Return this run's output folder, creating it; identical on every rank of the run.
 
-    Must be called by every rank at the same point (it broadcasts once from rank 0), at train start.
-    A folder that cannot be created (read-only or full file system, a file in the way) is one warning
-    and ``None``, on every rank when rank 0 cannot create it: profiling then writes no files, and
-    training goes on.
+    Must be called by every rank at the same point (a broadcast from rank 0, then a gather), at train start.
+    A folder that cannot be created (read-only or full file system, a file in the way) on any rank is one
+    warning and ``None`` on every rank: profiling then writes no files, and training goes on.
 
     Args:
         output_dir: The ``--profiler-output-dir`` folder.
@@ -109,14 +108,19 @@ def resolve_run_dir(
     # Rank 0's outcome, failure included, so that every rank takes the same path afterwards.
     chosen, error = dist.broadcast_object((chosen, error))
     run_dir: Path | None = None
-    if error is None:
+    if error is None:  # the same on every rank: rank 0's outcome
         run_dir = root / str(chosen)
+        local: str | None = None
         try:
             # Other ranks may be on other hosts with a node-local output folder: create it there too.
             run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as err:
-            error = f"cannot create the run folder {run_dir}: {err}"
-            run_dir = None
+            local = f"rank {dist.get_rank()}: cannot create the run folder {run_dir}: {err}"
+        # Every rank must take the same path afterwards (the callbacks build their collectives on having a
+        # folder), so a folder one rank cannot create (on its node) means no folder on any rank.
+        failed = [e for e in dist.all_gather_object(local) if e is not None]
+        if failed:
+            error, run_dir = local or failed[0], None
     if error is not None:
         logger.warning(f"{error}; profiling files are not written, training goes on")
     _RUN_DIRS[key] = (owner, run_dir)

@@ -23,13 +23,14 @@ from hf_distprof import dist, paths
 from hf_distprof.capture import Note
 from hf_distprof.config import ProfilingArguments
 from hf_distprof.names import PROFILE_RANKS_NAME
-from hf_distprof.rank_targeting import AUTO, RankChoice, RankView, choose_ranks
+from hf_distprof.rank_targeting import AUTO, VIEW_STEPS, RankChoice, RankView, choose_ranks
 from hf_distprof.trace_budget import TraceBudget
 
 logger = dist.get_logger(__name__)
 
-# This rank's untraced step times waiting for the next agreement step (more than any view keeps is useless).
-ROWS_KEPT = 256
+# This rank's untraced step times waiting for the next agreement step: no more than the view keeps (every rank
+# receives every rank's rows, so at 1000+ ranks each extra row is kilobytes per logging step).
+ROWS_KEPT = VIEW_STEPS
 
 
 @dataclass(frozen=True)

@@ -378,19 +378,21 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
 
     def _export_and_record(self, prof: profile) -> None:
         """``on_trace_ready``: :meth:`_export`, then the window, and why it was taken, in the run manifest."""
-        self._export(prof)
-        if self._manifest is None:
-            return
+        if not self._export(prof) or self._manifest is None:
+            return  # no trace on this rank: its part of the manifest does not claim the window
         last = self._last_step
         first = last - self._recorded_steps(last) + 1
         scheduled = self._base is not None and self._base(first - self._offset - 1) != ProfilerAction.NONE
         reasons, detail = window_reasons(first, scheduled, self._triggers.plan.windows if self._triggers else [])
         self._manifest.window_written(first, last, reasons, detail, self._action(last) == ProfilerAction.RECORD)
 
-    def _export(self, prof: profile) -> None:
+    def _export(self, prof: profile) -> bool:
         """``on_trace_ready``: write the trace and its summary atomically; failures only warn.
 
         SIGTERM and SIGINT wait until both files are written (or failed), then take effect.
+
+        Returns:
+            Whether the trace was written (its summary may still have failed).
         """
         assert self.run_dir is not None
         self._exports += 1
@@ -404,7 +406,7 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
             except Exception as err:  # noqa: BLE001 - an export failure must not stop training
                 self._failed_exports += 1
                 logger.warning(f"could not write profiler trace {trace}: {err!r}; training goes on")
-                return
+                return False
             self.written.append(trace)
             self._compacts.submit(trace)
             if self._policy is not None:
@@ -414,8 +416,9 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
                 paths.atomic_write_text(summary, self._summary_text(prof, first, last))
             except Exception as err:  # noqa: BLE001
                 logger.warning(f"could not write profiler summary {summary}: {err!r}")
-                return
+                return True
             self.written.append(summary)
+        return True
 
     def _recorded_steps(self, last_step: int) -> int:
         """Recorded steps in the window ending at ``last_step`` (fewer when training stopped mid-window).

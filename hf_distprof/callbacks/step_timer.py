@@ -95,6 +95,9 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self._flos_begin = 0.0
         self._warned: set[tuple[str, int]] = set()
         self._failed = False
+        # Phases timed on the host clock (CPU training): only then is the thread's wait for a CPU part of them
+        # and taken out of the pre-sync time compared across ranks (on GPU the phases are device time).
+        self._host_timed = True
         # Per-step rows ([step, step_s, own_work_s]) not yet sent to rank 0, and rank 0's record of all ranks.
         self._rows: deque[list[float]] = deque(maxlen=ROWS_KEPT)
         self._series: StepSeries | None = None
@@ -122,6 +125,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             self.comm = self._measure_comm(model, loader, args.per_device_train_batch_size)
 
         recorder = StepRecorder(default_clock(self._device), run_queue=RunQueueClock())
+        self._host_timed = recorder.clock.cheap_marks
         # NVTX is a CUDA API; without CUDA the Nsight callback says once that --nvtx does nothing.
         labels = self._labels = PhaseLabels(nvtx=self.args.nvtx and torch.cuda.is_available())
         self._undo_loader = (
@@ -311,7 +315,8 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         for listener in self.step_listeners:
             listener(timing)
         if timing.pre_sync_s is not None:
-            self._rows.append([timing.step, timing.step_s, timing.own_work_s])
+            work = timing.own_work_s if self._host_timed else timing.pre_sync_s
+            self._rows.append([timing.step, timing.step_s, work])
 
     def _summaries(self, totals: PhaseTotals) -> dict[str, Any] | None:
         if totals.steps == 0:

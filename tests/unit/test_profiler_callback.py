@@ -145,6 +145,8 @@ def test_a_failed_export_is_one_warning_and_training_goes_on(tmp_path, caplog):
     assert len(warnings) == 2
     assert "training goes on" in warnings[0] and f"rank0_{HOST}_step2-2" in warnings[0]
     assert cb._failed_exports == 2 and cb.written == []
+    # This rank's part of the run manifest claims no window it did not write.
+    assert cb._manifest is not None and cb._manifest.part["windows"] == []
 
 
 def test_schedule_warning_texts():

@@ -131,6 +131,25 @@ def test_rank3_does_not_create_the_folder_when_rank0_could_not(monkeypatch, rank
     ]
 
 
+def test_a_folder_one_rank_cannot_create_means_no_folder_on_any_rank(monkeypatch, rank3, tmp_path, caplog):
+    # Rank 1's node-local folder failed: rank 3 created its own, but takes the same path as rank 1 (the
+    # callbacks' collectives depend on it), with rank 1's reason.
+    gathered: list[Any] = []
+
+    def gather(obj: Any) -> list[Any]:
+        gathered.append(obj)
+        return [None, "rank 1: cannot create the run folder /x/run: [Errno 28] No space left on device", None, obj]
+
+    monkeypatch.setattr(dist, "all_gather_object", gather)
+    with caplog.at_level(logging.WARNING):
+        assert paths.resolve_run_dir(tmp_path, RUN, owner=object()) is None
+    assert gathered == [None]  # this rank's own folder was created
+    assert [r.getMessage() for r in caplog.records] == [
+        "[RANK 3] rank 1: cannot create the run folder /x/run: [Errno 28] No space left on device; profiling files "
+        "are not written, training goes on"
+    ]
+
+
 def test_profiler_as_rank3_writes_trace_and_summary_named_rank3_node7(rank3, tmp_path):
     cb = ProfilerCallback(_prof_args(tmp_path))
     fake_trainer.run([cb], 4, tmp_path)
@@ -196,11 +215,12 @@ def test_step_timer_as_rank3_names_its_file_and_reports_rank3(rank3, tmp_path, m
     run_dir = tmp_path / "prof" / RUN
     # No timing_summary.json: that is rank 0's.
     assert _names(run_dir) == ["rank3.log", "timing_rank3.jsonl"]
-    # The parallelism report's gather (this rank's 10 parameters), the logging step's, the end-of-run one.
-    assert sent[0] == 10 and len(sent) == 3
-    for payload in sent[1:]:
+    # The run folder's agreement (no error here), the parallelism report's gather (this rank's 10 parameters),
+    # the logging step's, the end-of-run one.
+    assert sent[:2] == [None, 10] and len(sent) == 4
+    for payload in sent[2:]:
         assert (payload["run"]["rank"], payload["run"]["host"]) == (3, "node-7")
-    assert (sent[1]["interval"]["rank"], sent[1]["interval"]["host"]) == (3, "node-7")
+    assert (sent[2]["interval"]["rank"], sent[2]["interval"]["host"]) == (3, "node-7")
     lines = [json.loads(x) for x in (run_dir / "timing_rank3.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == [1, 2, 3, 4]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 
@@ -143,7 +144,7 @@ def test_per_step_lines_and_summary(trained):
 def test_one_gather_per_logging_step_and_resolution_only_there(trained):
     _, _, gathers, resolves, _, _ = trained
     # The parallelism report at train start, on_log at steps 3 and 6, then the end-of-run gather; none between.
-    assert gathers == [0, 3, 6, 6]
+    assert gathers == [0, 0, 3, 6, 6]  # train start: the run folder, the parallelism report
     assert [n for n in resolves if n] == [3, 3]  # marks were turned into seconds on logging steps only
 
 
@@ -389,6 +390,10 @@ def test_ranks_are_compared_on_their_work_less_their_wait_for_a_cpu(tmp_path):
     assert list(cb._rows) == [[5, 0.4, pytest.approx(0.2)]]
     summary = cb._run.to_rank_summary(0)
     assert (summary.pre_sync_s, summary.cpu_wait_s) == (pytest.approx(0.3), pytest.approx(0.1))
+    # On GPU the phases are device time (CUDA events): the host thread's wait is shown, not taken out.
+    cb._host_timed = False
+    cb._add(dataclasses.replace(timing, step=6))
+    assert list(cb._rows)[-1] == [6, 0.4, pytest.approx(0.3)]
 
 
 def test_memory_growth_is_left_to_the_memory_logger_when_it_runs(tmp_path, caplog):

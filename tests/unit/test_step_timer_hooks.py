@@ -69,7 +69,7 @@ def test_only_the_trainers_logging_steps_gather(tmp_path, monkeypatch):
     run.log({"eval_loss": 0.5})
     run.end()
     # The parallelism report at train start, the logging step, then the end-of-run gather; nothing else.
-    assert run.gathers == [0, 2, 4]
+    assert run.gathers == [0, 0, 2, 4]
     lines = (run.callback.run_dir / "timing_rank0.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2, 3, 4]
 
@@ -81,7 +81,7 @@ def test_a_log_at_a_later_step_does_not_use_a_stale_logging_flag(tmp_path, monke
     run.log({"custom": 1.0})  # rank 0 only, at step 2: must not gather for step 1's flag
     run.step(should_log=True)
     run.log({"loss": 1.0})
-    assert run.gathers == [0, 3]  # the train-start parallelism report, then step 3's logging step
+    assert run.gathers == [0, 0, 3]  # train start: run folder, parallelism report; step 3's logging step
 
 
 class FullDiskFile:
@@ -120,7 +120,7 @@ def test_a_full_disk_stops_the_jsonl_with_one_warning_and_the_gathers_go_on(tmp_
                 run.log({"loss": 1.0})
         run.end()
     # Train start, every logging step and the end, as on the ranks with disk space.
-    assert run.gathers == [0, 2, 4, 6, 6]
+    assert run.gathers == [0, 0, 2, 4, 6, 6]
     assert full.writes == 1 and full.closed  # tried once, then the file was given up
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "No space left" in warnings[0] and full.name in warnings[0]
