@@ -174,10 +174,15 @@ def measure_clocks(hosts: Sequence[str], rounds: int = CLOCK_ROUNDS) -> list[dic
     if len(leaders) > 1 and dist.is_distributed():
         group = None if torch_dist.get_backend() == "gloo" else torch_dist.new_group(ranks=leaders, backend="gloo")
         for leader in leaders[1:]:
-            if rank == 0:
-                measured[leader] = ping(_ProcessGroupTransport(leader, group), rounds=rounds)
-            elif rank == leader:
-                pong(_ProcessGroupTransport(0, group), rounds=rounds)
+            # A failed exchange leaves that host unmeasured; every rank still reaches the broadcast below, or
+            # the ranks' later collectives would pair wrongly.
+            try:
+                if rank == 0:
+                    measured[leader] = ping(_ProcessGroupTransport(leader, group), rounds=rounds)
+                elif rank == leader:
+                    pong(_ProcessGroupTransport(0, group), rounds=rounds)
+            except Exception as err:  # noqa: BLE001 - a clock measurement must not stop training
+                logger.warning(f"clock offset of rank {leader} against rank 0 not measured: {err!r}")
     measured = dist.broadcast_object(measured)
     return rank_clocks(hosts, measured)
 

@@ -322,3 +322,25 @@ def test_a_manifest_that_cannot_be_written_is_one_warning(tmp_path, caplog):
         manifest.window_written(1, 2, ["schedule"], "", False)
     warnings = [r.getMessage() for r in caplog.records if "run manifest: could not write" in r.getMessage()]
     assert len(warnings) == 1 and "manifest_rank0_h.json" in warnings[0] and "training goes on" in warnings[0]
+
+
+def test_a_failed_clock_exchange_leaves_that_host_unmeasured_and_still_reaches_the_broadcast(monkeypatch, caplog):
+    import hf_distprof.manifest as manifest_module
+
+    broadcasts: list[Any] = []
+
+    def failing_ping(transport, rounds):
+        raise RuntimeError("gloo: connection reset")
+
+    monkeypatch.setattr(manifest_module.dist, "is_distributed", lambda: True)
+    monkeypatch.setattr(manifest_module.dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(manifest_module.torch_dist, "get_backend", lambda: "gloo")
+    monkeypatch.setattr(manifest_module, "ping", failing_ping)
+    monkeypatch.setattr(manifest_module.dist, "broadcast_object", lambda obj: broadcasts.append(obj) or obj)
+    with caplog.at_level(logging.WARNING):
+        clocks = manifest_module.measure_clocks(["a", "a", "b", "b"])
+    assert broadcasts == [{}]
+    assert [c["offset_us"] for c in clocks] == [0.0, 0.0, None, None]
+    assert [r.getMessage() for r in caplog.records] == [
+        "[RANK 0] clock offset of rank 2 against rank 0 not measured: RuntimeError('gloo: connection reset')"
+    ]
