@@ -107,3 +107,30 @@ def test_stale_temp_files_go_young_ones_and_other_hidden_files_stay(tmp_path, mo
         f".t.json.gz.x{paths.TEMP_MARK}.gz"
     ]
     assert sorted(p.name for p in run.iterdir()) == [".aaa_hidden_notes", f".young{paths.TEMP_MARK}"]
+
+
+def test_a_log_file_that_cannot_be_written_is_said_once_on_stderr(tmp_path, capsys):
+    import logging
+
+    run = paths.resolve_run_dir(tmp_path, "full", owner=object())
+    log = run / "rank0.log"
+    handler = next(h for h in logging.getLogger().handlers if getattr(h, "baseFilename", "") == str(log))
+    handler.stream.close()  # every later write fails, as on a full disk
+    for _ in range(3):
+        logging.getLogger("some.library").warning("dropped")
+    err = capsys.readouterr().err
+    assert err.count(f"hf_distprof: cannot write {log}: ValueError(") == 1 and "its records are dropped" in err
+    assert "Traceback" not in err
+
+
+def test_an_output_folder_that_is_a_file_is_one_warning_and_no_run_folder(tmp_path, caplog):
+    import logging
+
+    blocker = tmp_path / "out"
+    blocker.write_text("a file in the way")
+    with caplog.at_level(logging.WARNING):
+        assert paths.resolve_run_dir(blocker, "run", owner=object()) is None
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert message.startswith(f"[RANK 0] cannot create a run folder in --profiler-output-dir {blocker}: ")
+    assert message.endswith("; profiling files are not written, training goes on")
+    assert blocker.read_text() == "a file in the way"
