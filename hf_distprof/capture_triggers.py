@@ -64,6 +64,7 @@ class CaptureTriggers:
         self._signalled = False
         self._previous_handler: Any = None
         self._mark = time.perf_counter()
+        self.exporting: Callable[[], bool] = lambda: False  # the profiler sets its compact writer's ``busy``
         if args.profile_on_demand:
             self._install_signal_handler()
             if dist.get_rank() == 0:
@@ -76,7 +77,10 @@ class CaptureTriggers:
         """At the end of optimizer step ``step``, before the profiler is stepped into ``step + 1``."""
         seconds = time.perf_counter() - self._mark
         if self.detector is not None and self.plan.watching_anomalies:
-            anomaly = self.detector.add(step, seconds, traced=self.plan.traced(step))
+            # A step during which this rank wrote a compact summary (a thread parsing the trace just written)
+            # is the profiler's doing, like a traced one: never an anomaly, never in the median.
+            traced = self.plan.traced(step) or self.exporting()
+            anomaly = self.detector.add(step, seconds, traced=traced)
             if anomaly is not None and (self._anomaly is None or anomaly.ratio > self._anomaly.ratio):
                 self._anomaly = anomaly
         # Every rank reaches the same agreement steps: the same step numbers, the same plan state.

@@ -41,6 +41,10 @@ class CompactExports:
         thread.start()
         self._threads.append(thread)
 
+    def busy(self) -> bool:
+        """Whether a compact file is being written now (its thread competes with training for the GIL)."""
+        return any(t.is_alive() for t in self._threads)
+
     def join(self) -> None:
         """Wait until every compact file started so far is written (or has failed)."""
         threads, self._threads = self._threads, []

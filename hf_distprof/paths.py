@@ -161,7 +161,10 @@ def log_to_run_dir(run_dir: Path) -> Path | None:
         if _RANK_LOG.baseFilename == str(path.absolute()):
             return path
         logging.getLogger().removeHandler(_RANK_LOG)
-        _RANK_LOG.close()
+        try:
+            _RANK_LOG.close()
+        except (OSError, ValueError):  # its file failed (full disk, closed under it): nothing left to flush
+            pass
         _RANK_LOG = None
     try:
         handler = _RankLogHandler(path, encoding="utf-8", delay=False)

@@ -205,6 +205,7 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
             self._triggers = CaptureTriggers(self.args, self.run_dir, state.global_step, state.max_steps,
                                              state.logging_steps, traced_steps(self.args, state.global_step),
                                              policy=self._policy)
+            self._triggers.exporting = self._compacts.busy
         rank = dist.get_rank()
         ranks = self.args.profile_rank_set
         if ranks is not None:

@@ -280,3 +280,27 @@ def test_without_the_flags_nothing_is_watched(tmp_path):
     assert seen == [(None, before)] * 6
     assert traces(triggers.run_dir) == []
     assert (triggers.run_dir / "PROFILE_NOW").exists()  # not consumed: nobody looks
+
+
+def test_a_step_slowed_by_a_compact_summary_being_written_is_never_an_anomaly(tmp_path, monkeypatch):
+    import hf_distprof.capture_triggers as triggers_module
+
+    args = ProfilingArguments(enable_profiling=True, profile_on_anomaly=True, profiler_wait_steps=1000)
+    triggers = triggers_module.CaptureTriggers(args, tmp_path, 0, 100, 50, never)
+    clock = {"now": 0.0}
+    monkeypatch.setattr(triggers_module.time, "perf_counter", lambda: clock["now"])
+
+    def step(number: int, seconds: float) -> None:
+        triggers.boundary()
+        clock["now"] += seconds
+        triggers.step_end(number)
+
+    for number in range(1, 12):
+        step(number, 0.2)
+    triggers.exporting = lambda: True  # the thread parsing the trace just written holds the GIL
+    step(12, 1.0)
+    assert triggers._anomaly is None
+    triggers.exporting = lambda: False
+    step(13, 1.0)
+    anomaly = triggers._anomaly
+    assert anomaly is not None and (anomaly.step, anomaly.step_s) == (13, pytest.approx(1.0))

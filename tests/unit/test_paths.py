@@ -121,6 +121,10 @@ def test_a_log_file_that_cannot_be_written_is_said_once_on_stderr(tmp_path, caps
     err = capsys.readouterr().err
     assert err.count(f"hf_distprof: cannot write {log}: ValueError(") == 1 and "its records are dropped" in err
     assert "Traceback" not in err
+    # The next run folder takes the log over although the broken file cannot even be flushed on close.
+    nxt = paths.resolve_run_dir(tmp_path, "next", owner=object())
+    logging.getLogger("some.library").warning("into the next run's log")
+    assert (nxt / "rank0.log").read_text().rstrip().endswith("into the next run's log")
 
 
 def test_an_output_folder_that_is_a_file_is_one_warning_and_no_run_folder(tmp_path, caplog):
