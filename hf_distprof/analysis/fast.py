@@ -158,31 +158,12 @@ def gpu_breakdown(starts: np.ndarray, ends: np.ndarray, bits: np.ndarray, tiny_k
     for bit in (COMP_BIT, COMM_BIT, MEM_BIT):
         mask = bits == bit
         by_bit[bit] = merge(starts[mask], ends[mask])
-    compute = _total(by_bit[COMP_BIT])
-    comm_total = _total(by_bit[COMM_BIT])
+    from hf_distprof.analysis.gpu import breakdown_from_totals
+
     category_overlap, overlap = _kernel_types(by_bit)
-    exposed = comm_total - overlap
-    non_compute = kernel_time - compute - idle
-
-    def pct(value: float) -> float:
-        return 100.0 * value / kernel_time if kernel_time > 0 else 0.0
-
-    return GpuBreakdown(
-        kernel_time_us=kernel_time,
-        idle_us=idle,
-        compute_us=compute,
-        non_compute_us=non_compute,
-        idle_pct=pct(idle),
-        compute_pct=pct(compute),
-        non_compute_pct=pct(non_compute),
-        comm_us=comm_total,
-        comm_comp_overlap_pct=100.0 * overlap / comm_total if comm_total > 0 else None,
-        exposed_comm_us=exposed,
-        exposed_comm_pct=pct(exposed),
-        memory_us=_total(by_bit[MEM_BIT]),
-        n_kernels=len(starts),
-        n_tiny_kernels=int(np.count_nonzero((ends - starts) < tiny_kernel_us)),
-        category_overlap_us=category_overlap,
+    return breakdown_from_totals(
+        kernel_time, idle, _total(by_bit[COMP_BIT]), _total(by_bit[COMM_BIT]), overlap, _total(by_bit[MEM_BIT]),
+        len(starts), int(np.count_nonzero((ends - starts) < tiny_kernel_us)), category_overlap,
     )
 
 

@@ -56,9 +56,19 @@ def gpu_breakdown(
     comp = iv.merge(by_cat.get(COMPUTATION, []))
     comm = iv.merge(by_cat.get(COMMUNICATION, []))
     memory = iv.merge(by_cat.get(MEMORY, []))
-    compute = iv.total(comp)
     comm_total = iv.total(comm)
-    overlap = iv.total(iv.intersect(comm, comp))
+    return breakdown_from_totals(
+        kernel_time, idle, iv.total(comp), comm_total, iv.total(iv.intersect(comm, comp)), iv.total(memory),
+        len(starts), n_tiny, category_overlap({COMPUTATION: comp, COMMUNICATION: comm, MEMORY: memory}),
+    )
+
+
+def breakdown_from_totals(
+    kernel_time: float, idle: float, compute: float, comm_total: float, overlap: float, memory: float,
+    n_kernels: int, n_tiny: int, category_overlap_us: dict[str, float],
+) -> GpuBreakdown:
+    """The breakdown's derived figures (shares, exposed communication) from its totals, for both code paths
+    (this module's intervals and :mod:`hf_distprof.analysis.fast`'s numpy sweep)."""
     exposed = comm_total - overlap
     non_compute = kernel_time - compute - idle
 
@@ -77,10 +87,10 @@ def gpu_breakdown(
         comm_comp_overlap_pct=100.0 * overlap / comm_total if comm_total > 0 else None,
         exposed_comm_us=exposed,
         exposed_comm_pct=pct(exposed),
-        memory_us=iv.total(memory),
-        n_kernels=len(starts),
+        memory_us=memory,
+        n_kernels=n_kernels,
         n_tiny_kernels=n_tiny,
-        category_overlap_us=category_overlap({COMPUTATION: comp, COMMUNICATION: comm, MEMORY: memory}),
+        category_overlap_us=category_overlap_us,
     )
 
 
