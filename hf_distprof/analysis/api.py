@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import multiprocessing
 import os
 import sys
@@ -167,10 +168,11 @@ def profiler_slowdown_beside(
     for folder in folders:
         try:
             summary = json.loads((folder / names.TIMING_SUMMARY_NAME).read_text())
-            if summary.get("profiler_slowdown"):
-                return dict(summary["profiler_slowdown"])
         except (OSError, ValueError):
-            pass
+            continue
+        found_json = _slowdown_json(summary.get("profiler_slowdown") if isinstance(summary, dict) else None)
+        if found_json is not None:
+            return found_json
     step_s: dict[int, float] = {}
     for folder in folders:
         for log in sorted(folder.glob(names.TIMING_LOG_NAME.format(rank="*"))):
@@ -179,12 +181,36 @@ def profiler_slowdown_beside(
             except (OSError, ValueError):
                 continue
             for row in rows[1:]:
+                if not isinstance(row, dict):
+                    continue
                 step, t = row.get("step"), row.get("step_s")
                 if isinstance(step, int) and isinstance(t, (int, float)):
                     step_s[step] = max(step_s.get(step, 0.0), float(t))
     traced = {s.step for r in ranks for s in r.steps}
     found = profiler_slowdown(step_s, traced, {}, threshold_ratio=options.profiler_slowdown_threshold)
     return found.to_json() if found is not None else None
+
+
+def _slowdown_json(doc: Any) -> dict[str, Any] | None:
+    """``timing_summary.json``'s ``profiler_slowdown`` when every field the analysis reads has its type, else None
+    (a file edited by hand or from another tool is then ignored, as an unreadable one is)."""
+    if not isinstance(doc, dict) or not doc:
+        return None
+
+    def number(key: str, optional: bool = True) -> bool:
+        value = doc.get(key)
+        if value is None:
+            return optional
+        return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+    warning = doc.get("warning")
+    if not (number("ratio") and number("threshold_ratio", optional=False) and number("confidence")):
+        return None
+    if not (warning is None or isinstance(warning, str)):
+        return None
+    if warning and not (number("ratio", optional=False) and doc["ratio"] > 0):  # the finding divides by it
+        return None
+    return dict(doc)
 
 
 def timer_verdict_beside(files: list[str]) -> dict[str, Any] | None:

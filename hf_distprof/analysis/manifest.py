@@ -14,6 +14,7 @@ Pure code over JSON documents and file names: the runtime side (the clock measur
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -170,8 +171,11 @@ def _read_json(path: Path, expected_format: str) -> dict[str, Any]:
         raise ManifestError(path, f"not valid JSON ({err})") from err
     if not isinstance(doc, dict) or doc.get("format") != expected_format:
         raise ManifestError(path, f"not a {expected_format} document (its \"format\" must be {expected_format!r})")
-    if int(doc.get("version") or 0) > VERSION:
-        raise ManifestError(path, f"version {doc.get('version')} is newer than this hf_distprof reads ({VERSION})")
+    version = doc.get("version") or 0
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise ManifestError(path, f"its \"version\" must be an integer, got {version!r}")
+    if version > VERSION:
+        raise ManifestError(path, f"version {version} is newer than this hf_distprof reads ({VERSION})")
     return doc
 
 
@@ -190,7 +194,7 @@ def load_manifest(folder: str | Path) -> dict[str, Any] | None:
         return None
     try:
         return assemble(parts, rank_choices=read_rank_choices(folder))
-    except (KeyError, TypeError, ValueError) as err:
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError) as err:
         raise ManifestError(folder / part_glob(), f"the parts do not assemble ({err!r})") from err
 
 
@@ -240,9 +244,15 @@ class RunSummary:
 
 
 def missing_files(manifest: Mapping[str, Any], folder: Path) -> list[str]:
-    """One sentence per file that ``manifest`` lists and ``folder`` does not hold."""
+    """One sentence per file that ``manifest`` lists and ``folder`` does not hold.
+
+    Raises:
+        TypeError: A listed file's name is not a string.
+    """
     out = []
     for f in manifest.get("files") or []:
+        if not isinstance(f["name"], str):
+            raise TypeError(f"a file name must be a string, got {f['name']!r}")
         if (folder / f["name"]).exists():
             continue
         where = f"rank {f['rank']} on host {f['host']}"
@@ -255,22 +265,68 @@ def missing_files(manifest: Mapping[str, Any], folder: Path) -> list[str]:
 
 
 def summarize(manifest: Mapping[str, Any], folder: Path) -> RunSummary:
-    """The manifest of the run in ``folder`` as ``analyze`` reports it, with the files it lists and lacks."""
+    """The manifest of the run in ``folder`` as ``analyze`` reports it, with the files it lists and lacks.
+
+    Every field read is checked for its type here, so that printing the summary cannot fail on a manifest
+    someone edited or wrote by hand.
+
+    Raises:
+        ManifestError: A field read is missing or has the wrong type (the error names the manifest).
+    """
     combined = folder / MANIFEST_NAME
-    return RunSummary(
-        path=str(combined if combined.is_file() else folder / part_glob()),
-        complete=bool(manifest.get("complete")),
-        world_size=int(manifest.get("world_size") or 0),
-        hosts=[dict(h) for h in manifest.get("hosts") or []],
-        clocks=[RankClock(int(r["rank"]), str(r["host"]), r.get("clock_offset_us"), r.get("clock_uncertainty_us"))
-                for r in manifest.get("ranks") or []],
-        windows=[WindowInfo(int(w["first"]), int(w["last"]), list(w.get("reasons") or []), str(w.get("detail") or ""),
-                            list(w.get("ranks") or []), list(w.get("cut_short_ranks") or []))
-                 for w in manifest.get("windows") or []],
-        missing_files=missing_files(manifest, folder),
-        unfinished_ranks=list(manifest.get("unfinished_ranks") or []),
-        absent_ranks=list(manifest.get("absent_ranks") or []),
-    )
+    path = combined if combined.is_file() else folder / part_glob()
+    try:
+        return RunSummary(
+            path=str(path),
+            complete=bool(manifest.get("complete")),
+            world_size=_int(manifest.get("world_size") or 0),
+            hosts=[{**h, "host": _str(h["host"]), "ranks": _ints(h["ranks"])} for h in _list(manifest.get("hosts"))],
+            clocks=[RankClock(_int(r["rank"]), _str(r["host"]), _number(r.get("clock_offset_us")),
+                              _number(r.get("clock_uncertainty_us")))
+                    for r in _list(manifest.get("ranks"))],
+            windows=[WindowInfo(_int(w["first"]), _int(w["last"]), [_str(x) for x in _list(w.get("reasons"))],
+                                _str(w.get("detail") or ""), _ints(w.get("ranks")), _ints(w.get("cut_short_ranks")))
+                     for w in _list(manifest.get("windows"))],
+            missing_files=missing_files(manifest, folder),
+            unfinished_ranks=_ints(manifest.get("unfinished_ranks")),
+            absent_ranks=_ints(manifest.get("absent_ranks")),
+        )
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError) as err:
+        raise ManifestError(path, f"a field is missing or of the wrong type ({err!r})") from err
+
+
+def _list(value: Any) -> list[Any]:
+    """A manifest list (absent or null: empty)."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise TypeError(f"expected a list, got {value!r}")
+    return value
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an integer, got {value!r}")
+    return value
+
+
+def _ints(value: Any) -> list[int]:
+    return [_int(v) for v in _list(value)]
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {value!r}")
+    return value
+
+
+def _number(value: Any) -> float | None:
+    """A finite number, or None where the manifest has none."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise TypeError(f"expected a finite number, got {value!r}")
+    return float(value)
 
 
 def run_summary_beside(files: Sequence[str | Path]) -> tuple[RunSummary | None, list[tuple[str, str]]]:
@@ -287,8 +343,12 @@ def run_summary_beside(files: Sequence[str | Path]) -> tuple[RunSummary | None, 
         except ManifestError as err:
             errors.append((err.path, err.reason))
             continue
-        if manifest is not None:
+        if manifest is None:
+            continue
+        try:
             return summarize(manifest, folder), errors
+        except ManifestError as err:
+            errors.append((err.path, err.reason))
     return None, errors
 
 

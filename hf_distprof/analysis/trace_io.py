@@ -347,8 +347,9 @@ def trace_rank(path: str | os.PathLike[str], meta: dict[str, Any]) -> int:
         TraceReadError: Neither gives a rank.
     """
     info = meta.get("distributedInfo")
-    if isinstance(info, dict) and isinstance(info.get("rank"), int):
-        return int(info["rank"])
+    rank = info.get("rank") if isinstance(info, dict) else None
+    if isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0:  # JSON true is a Python int too
+        return rank
     rank = rank_from_file_name(path)
     if rank is None:
         raise TraceReadError(

@@ -80,7 +80,14 @@ def run(args: argparse.Namespace) -> int:
     except RunFolderError as exc:
         print(f"hf-distprof compare: error: {exc}", file=sys.stderr)
         return 2
-    comparison = compare_runs(a, b, args.min_effect_pct)
+    try:
+        comparison = compare_runs(a, b, args.min_effect_pct)
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        # The JSON summaries beside the timing files (timing_summary.json, memory_summary.json, analysis.json)
+        # are read as this tool writes them; one edited by hand or written by another tool lands here.
+        print(f"hf-distprof compare: error: {args.run_a} or {args.run_b}: a summary file holds a value of the "
+              f"wrong type ({exc!r})", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(comparison.to_json(), indent=2))
     else:

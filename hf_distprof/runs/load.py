@@ -9,6 +9,7 @@ transformers.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -127,8 +128,21 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
             raise RunFolderError(f"{path}, line {number}: not JSON ({err.msg})") from err
         if not isinstance(record, dict) or "step" not in record:
             raise RunFolderError(f"{path}, line {number}: a record without a 'step'")
+        # The step timer and the memory logger write numbers only: anything else is not their file.
+        wrong = next((k for k, v in record.items() if not _is_number(v, integer=k == "step")), None)
+        if wrong is not None:
+            raise RunFolderError(f"{path}, line {number}: {wrong!r} is {record[wrong]!r}, not a number")
         records.append(record)
     return records
+
+
+def _is_number(value: Any, integer: bool = False) -> bool:
+    """A finite JSON number (an integer when ``integer``), or null where a number may be missing."""
+    if value is None:
+        return not integer
+    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+        return False
+    return math.isfinite(value)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
