@@ -157,7 +157,9 @@ class AnalysisOptions:
             value = getattr(self, f.name)
             if isinstance(value, bool) or value is None:
                 continue
-            if isinstance(value, (int, float)) and (value < 0 or math.isnan(value)):
+            if isinstance(value, (int, float)) and not math.isfinite(value):  # inf would switch a check off unseen
+                raise OptionValueError(f.name, value, "must be a finite number >= 0")
+            if isinstance(value, (int, float)) and value < 0:
                 raise OptionValueError(f.name, value, "must be >= 0")
         for name in ("comm_bound_pct", "low_util_pct", "data_loading_pct", "launch_bound_tiny_pct", "fsdp_exposed_pct"):
             if getattr(self, name) > 100:

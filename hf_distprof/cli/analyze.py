@@ -17,6 +17,21 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def number_type(kind: type) -> Any:
+    """An argparse ``type`` for an option of :class:`AnalysisOptions`: text that is not a ``kind`` fails with the
+    valid range (the range itself is checked by ``AnalysisOptions``, for the API's callers too)."""
+
+    def parse(text: str) -> Any:
+        try:
+            return kind(text)
+        except ValueError:
+            what = "an integer" if kind is int else "a finite number"
+            raise argparse.ArgumentTypeError(f"must be {what} >= 0, got {text!r}") from None
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``analyze`` on the ``hf-distprof`` sub-parsers.
 
@@ -50,7 +65,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "busbw at the nearest size, to tell time lost to a slow network from waiting for a late peer",
     )
     parser.add_argument(
-        "--workers", type=int, default=0, help="parallel processes (0: one per file, at most one per CPU core)"
+        "--workers", type=number_type(int), default=0,
+        help="parallel processes (0: one per file, at most one per CPU core)",
     )
     parser.add_argument(
         "--no-compact",
@@ -78,7 +94,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         choices = MESSAGE_SIZES if f.name == "message_sizes" else None
         thresholds.add_argument(
             _flag(f.name),
-            type=type(f.default),
+            type=str if choices else number_type(type(f.default)),
             default=f.default,
             choices=choices,
             metavar="{" + ",".join(choices) + "}" if choices else "N",

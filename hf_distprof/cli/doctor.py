@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import os
 import platform
 import statistics
@@ -59,10 +60,17 @@ _SYMBOL = {"pass": "✓", "fail": "✗", "skip": "-"}
 def _at_least(kind: type, low: float, strict: bool = True) -> Callable[[str], Any]:
     """An argparse ``type``: a ``kind`` above ``low`` (or equal to it, unless ``strict``)."""
 
+    what = "an integer" if kind is int else "a number"
+    bound = f"{'>' if strict else '>='} {low:g}"
+
     def parse(text: str) -> Any:
-        value = kind(text)
-        if value < low or (strict and value == low):
-            raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {low:g}, got {text}")
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {what} {bound}, got {text!r}") from None
+        # NaN compares false with everything and infinity overflows the timers: both are refused.
+        if not math.isfinite(value) or value < low or (strict and value == low):
+            raise argparse.ArgumentTypeError(f"must be {what} {bound}, got {text}")
         return value
 
     return parse

@@ -20,6 +20,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         The sub-parser.
     """
     from hf_distprof.analysis.merge import ALIGN_MODES
+    from hf_distprof.cli.analyze import number_type
 
     parser = subparsers.add_parser(
         "merge",
@@ -39,7 +40,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--align", choices=ALIGN_MODES, default="collectives", help="clock alignment (default: collectives)"
     )
     parser.add_argument(
-        "--workers", type=int, default=0, help="parallel processes (0: one per file, at most one per CPU core)"
+        "--workers", type=number_type(int), default=0,
+        help="parallel processes (0: one per file, at most one per CPU core)",
     )
     return parser
 
