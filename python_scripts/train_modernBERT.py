@@ -21,12 +21,14 @@ group under a launcher, and the group reads them.
 
 from __future__ import annotations
 
+import argparse
 import ast
 import dataclasses
 import hashlib
 import itertools
 import json
 import logging
+import math
 import os
 import socket
 import sys
@@ -35,7 +37,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -54,6 +56,7 @@ from transformers import (
 )
 
 from hf_distprof import ProfilingArguments, build_callbacks
+from hf_distprof.config import PositiveInt
 from hf_distprof.debug_env import DEBUG_ENV_VARS, DebugArguments, apply_debug_env
 from hf_distprof.dist import get_logger
 from hf_distprof.models import tiny_modernbert_config
@@ -85,6 +88,23 @@ SPECIAL_TOKENS = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS
                   "mask_token": "[MASK]"}
 
 
+if TYPE_CHECKING:
+    Fraction = float
+else:
+
+    class Fraction(float):
+        """A number strictly between 0 and 1; its constructor is the argparse ``type`` of ``--mlm-probability``."""
+
+        def __new__(cls, value: Any) -> Fraction:
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                number = math.nan
+            if not 0 < number < 1:  # NaN fails too
+                raise argparse.ArgumentTypeError(f"must be a number in (0, 1), got {value!r}")
+            return super().__new__(cls, number)
+
+
 @dataclass
 class ModelDataArguments:
     """What to train on. Leave everything unset for the offline tiny-model demo."""
@@ -96,11 +116,27 @@ class ModelDataArguments:
     dataset_config_name: str | None = field(default=None, metadata={"help": "Config of --dataset-name."})
     train_file: str | None = field(default=None, metadata={"help": "A local .txt, .json/.jsonl or .csv file."})
     text_column: str = field(default="text", metadata={"help": "Column holding the text."})
-    max_seq_length: int = field(default=128, metadata={"help": "Tokens per training sequence."})
-    mlm_probability: float = field(default=0.3, metadata={"help": "Fraction of tokens masked (ModernBERT: 0.3)."})
-    tiny_hidden_size: int = field(default=128, metadata={"help": "Hidden size of the tiny default model."})
-    tiny_num_layers: int = field(default=4, metadata={"help": "Encoder layers of the tiny default model."})
-    tiny_vocab_size: int = field(default=8192, metadata={"help": "Vocabulary of the locally trained tokenizer."})
+    max_seq_length: PositiveInt = field(default=128, metadata={"help": "Tokens per training sequence."})
+    mlm_probability: Fraction = field(
+        default=0.3, metadata={"help": "Fraction of tokens masked, a number in (0, 1) (ModernBERT: 0.3)."}
+    )
+    tiny_hidden_size: PositiveInt = field(
+        default=128, metadata={"help": "Hidden size of the tiny default model, a multiple of 8 (4 heads, even width)."}
+    )
+    tiny_num_layers: PositiveInt = field(default=4, metadata={"help": "Encoder layers of the tiny default model."})
+    tiny_vocab_size: PositiveInt = field(
+        default=8192, metadata={"help": "Vocabulary of the locally trained tokenizer."}
+    )
+
+    def __post_init__(self) -> None:
+        # Checked here, before any work: a bad value would otherwise fail in the first step, on every rank.
+        if not 0 < self.mlm_probability < 1:  # built directly, not parsed
+            raise ValueError(f"--mlm-probability: must be a number in (0, 1), got {self.mlm_probability!r}")
+        if self.tiny_hidden_size % 8:
+            raise ValueError(
+                f"--tiny-hidden-size: must be a multiple of 8 (4 attention heads of an even width for the rotary "
+                f"embedding), got {self.tiny_hidden_size}"
+            )
 
 
 def corpus_cache_file(root: Path, min_chars: int) -> Path:

@@ -11,7 +11,7 @@ import types
 import typing
 
 import pytest
-from transformers import HfArgumentParser
+from transformers import HfArgumentParser, TrainingArguments
 
 from hf_distprof import ProfilingArguments
 from hf_distprof.config import (
@@ -24,6 +24,8 @@ from hf_distprof.config import (
 )
 from hf_distprof.debug_env import DebugArguments
 from hf_distprof.strategy import StrategyArguments
+
+from . import training_script
 
 # type -> (invalid values, words the error must hold)
 INVALID: dict[object, tuple[tuple[str, ...], str]] = {
@@ -87,3 +89,37 @@ def test_an_invalid_value_exits_2_naming_the_flag_and_the_valid_range(cls, name,
     err = capsys.readouterr().err
     assert name in err and words in err, err
     assert "Traceback" not in err
+
+
+# The training script's own flags (python_scripts/train_modernBERT.py), through its real parse path: the same
+# type-derived values, plus the cross-value checks of its __post_init__.
+SCRIPT_FREE_TEXT = {"model_name_or_path", "dataset_name", "dataset_config_name", "train_file", "text_column"}
+SCRIPT_EXTRA = [
+    *[("--mlm-probability", v, f"--mlm-probability: must be a number in (0, 1), got '{v}'")
+      for v in ("0", "1", "-0.1", "nan", "half")],
+    ("--tiny-hidden-size", "12", "--tiny-hidden-size: must be a multiple of 8 (4 attention heads of an even width"),
+]
+
+
+def script_cases() -> list[tuple[str, str, str]]:
+    cls = training_script.load().ModelDataArguments
+    return [(name, value, words) for _, name, value, words in cases(cls)] + SCRIPT_EXTRA
+
+
+def test_every_flag_of_the_training_script_has_invalid_values_or_is_free_text():
+    script = training_script.load()
+    covered = {c[0] for c in script_cases()}
+    for field in dataclasses.fields(script.ModelDataArguments):
+        assert flag(field) in covered or field.name in SCRIPT_FREE_TEXT, f"ModelDataArguments.{field.name}"
+    # Every other dataclass the script parses is covered above, or is the Trainer's own (TrainingArguments).
+    parsed = set(script.build_parser().dataclass_types)
+    assert parsed - {script.ModelDataArguments, *CLASSES} == {TrainingArguments}
+
+
+@pytest.mark.parametrize(("name", "value", "words"), script_cases(), ids=[f"{c[0]}={c[1]}" for c in script_cases()])
+def test_the_training_script_refuses_an_invalid_value_with_status_2_naming_the_flag(name, value, words):
+    status, err = training_script.parse(f"{name}={value}")
+    assert status == 2, err
+    assert name in err and words in err, err
+    assert "Traceback" not in err
+
