@@ -20,7 +20,14 @@ from statistics import median
 from typing import Any
 
 from hf_distprof.runs.load import RunData
-from hf_distprof.runs.stats import MIN_EFFECT_PCT, PROFILED, Difference, judge_difference, single_difference
+from hf_distprof.runs.stats import (
+    MIN_EFFECT_PCT,
+    PROFILED,
+    TOO_FEW,
+    Difference,
+    judge_difference,
+    single_difference,
+)
 from hf_distprof.verdicts import imbalance_pct
 
 Record = dict[str, Any]
@@ -93,7 +100,8 @@ class Headline:
     """What changed most."""
 
     kind: str
-    """``localized`` (one rank's phase), ``uniform`` (every rank alike), ``other`` or ``none``."""
+    """``localized`` (one rank's phase), ``uniform`` (every rank alike), ``other``, ``none``, or ``too_few_steps``
+    (nothing significant, and the step time had too few steps to be judged at all)."""
     rank: int | None
     phase: str | None
     metric: str | None
@@ -114,6 +122,8 @@ class Comparison:
     rows: list[Row]
     headline: Headline
     notes: list[str] = field(default_factory=list)
+    min_effect_pct: float = MIN_EFFECT_PCT
+    """The effect floor the rows were judged with (``--min-effect-pct``)."""
 
     @property
     def significant(self) -> list[Row]:
@@ -249,7 +259,7 @@ def compare_runs(a: RunData, b: RunData, min_effect_pct: float = MIN_EFFECT_PCT)
         notes.append("steps inside a profiler window are left out of the step-timer figures (the profiler slows them)")
     counted = [min((len(r.counted(k)) for k in ranks), default=0) for r in (a, b)]
     return Comparison(str(a.path), str(b.path), a.ranks, b.ranks, counted[0], counted[1], rows,
-                      headline(rows, ranks), notes)
+                      headline(rows, ranks), notes, min_effect_pct)
 
 
 def _own_work_rows(rows: list[Row], ranks: list[int]) -> list[Row]:
@@ -310,4 +320,8 @@ def headline(rows: list[Row], ranks: list[int]) -> Headline:
         return Headline("other", top.rank, top.phase, top.metric,
                         f"{who}, {top.label}: {top.diff.median_a:.4g} -> {top.diff.median_b:.4g} {top.unit} "
                         f"({top.diff.delta:+.4g}); no rank's own work changed beyond the noise")
+    step = next((r for r in rows if r.metric == "step_s" and r.rank is None), None)
+    if step is not None and step.diff.status == TOO_FEW:
+        return Headline("too_few_steps", None, None, None,
+                        f"nothing can be judged: {step.diff.reason} (step time); run more steps")
     return Headline("none", None, None, None, "no significant difference: every change is within the runs' noise")

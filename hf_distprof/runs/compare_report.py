@@ -9,6 +9,8 @@ from pathlib import Path
 
 from hf_distprof import names
 from hf_distprof.runs.compare import Comparison, Row
+from hf_distprof.runs.stats import ALPHA, MIN_EFFECT_POINTS
+from hf_distprof.verdicts import MATERIAL_PCT
 
 # Phases drawn in the report's plot, in step order, with the key the step timer writes.
 PLOT_PHASES: tuple[tuple[str, str], ...] = (
@@ -136,7 +138,8 @@ def _markdown(comparison: Comparison) -> str:
         "",
         f"{len(c.significant)} significant difference(s) of {len(c.rows)} compared. Medians over steps, warm-up "
         "and profiled steps left out; delta = B - A. Significant: beyond both runs' step-to-step noise, at least "
-        "10% (10 points for shares), at least 5% of the step time for a phase, and a rank-sum p below 0.01.",
+        f"{c.min_effect_pct:g}% ({MIN_EFFECT_POINTS:g} points for shares), at least {MATERIAL_PCT:g}% of the step "
+        f"time for a phase, and a rank-sum p below {ALPHA:g}.",
         "",
         *[f"> note: {n}" for n in c.notes],
         "",

@@ -12,7 +12,8 @@ A difference is *significant* only when every one of these holds:
   50% change of a 2 ms optimizer step in a 300 ms step is not news;
 - **rank-sum**: a two-sided Mann-Whitney U test says the two sets of steps are unlikely to come from one
   distribution (``p <`` :data:`ALPHA`);
-- **enough steps**: at least :data:`MIN_STEPS` steps in each run.
+- **enough steps**: at least :data:`MIN_STEPS` steps in each run, and enough for the rank-sum test to reach
+  ``p <`` :data:`ALPHA` at all (:func:`smallest_p`): 5 steps against 5 cannot (0.012), 5 against 6 can.
 
 The thresholds were set from pairs of clean 2-rank CPU runs on a shared 2-core machine (see the guide's
 "Comparing runs"), where the run-to-run drift of a phase's median, not the rank-sum test, is what a clean pair
@@ -90,6 +91,12 @@ def mann_whitney_p(a: Sequence[float], b: Sequence[float]) -> float:
     return min(1.0, math.erfc(z / math.sqrt(2.0)))
 
 
+def smallest_p(n_a: int, n_b: int) -> float:
+    """The smallest p-value :func:`mann_whitney_p` can give for samples of ``n_a`` and ``n_b`` values: that of two
+    samples with no value in common."""
+    return mann_whitney_p(range(n_a), range(n_a, n_a + n_b))
+
+
 @dataclass
 class Difference:
     """Run B against run A for one figure, and whether the change is beyond the runs' noise."""
@@ -155,6 +162,8 @@ def judge_difference(
 
     if min(n_a, n_b) < MIN_STEPS:
         return result(TOO_FEW, f"fewer than {MIN_STEPS} steps in a run")
+    if smallest_p(n_a, n_b) >= ALPHA:  # then even runs with no step in common would come out "not significant"
+        return result(TOO_FEW, f"{n_a} and {n_b} steps: the rank-sum test cannot reach p < {ALPHA:g}")
     if points:
         if abs(delta) < MIN_EFFECT_POINTS:
             return result(NOT_SIGNIFICANT, f"change below {MIN_EFFECT_POINTS:g} points")
