@@ -222,7 +222,7 @@ class BenchRow:
     backend: str
     iters: int
     time_us: float | None
-    """The slowest rank's mean time per iteration (nccl-tests' convention)."""
+    """The slowest rank's mean time per iteration (nccl-tests' ``-a 3``; their default averages the ranks)."""
     algbw_gbps: float | None
     busbw_gbps: float | None
     status: str

@@ -3,7 +3,7 @@
 For each op and size: fill rank-dependent inputs (:func:`hf_distprof.collbench.pattern`), run the op once and
 check the result on this rank, then ``warmup`` untimed and ``iters`` timed back-to-back runs; the mean time
 per iteration is this rank's. One ``all_gather_object`` at the end gives every rank every rank's outcome,
-and :func:`hf_distprof.collbench.make_row` keeps the slowest rank's time, as nccl-tests do.
+and :func:`hf_distprof.collbench.make_row` keeps the slowest rank's time (nccl-tests' ``-a 3``).
 """
 
 from __future__ import annotations

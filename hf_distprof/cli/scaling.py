@@ -28,14 +28,19 @@ LAUNCH_LOG = "launch.log"  # the command's output, in each nproc{N} folder
 PLACEHOLDERS = ("{nproc}", "{output_dir}", "{steps}", "{batch}")
 
 
-def _positive(text: str) -> int:
+def _positive(text: str, low: int = 1, why: str = "") -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
+        raise argparse.ArgumentTypeError(f"must be an integer >= {low}{why}, got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be an integer >= {low}{why}, got {value}")
     return value
+
+
+def _steps(text: str) -> int:
+    """``--steps``: the step timer leaves the first step out as the warm-up, so one step would leave none."""
+    return _positive(text, 2, " (the first step is the warm-up, left out)")
 
 
 def _nprocs(text: str) -> list[int]:
@@ -74,8 +79,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--nprocs", type=_nprocs, default=[1, 2], metavar="N,N,...",
                         help="process counts to run (default: 1,2)")
-    parser.add_argument("--steps", type=_positive, default=20, metavar="K",
-                        help="optimizer steps per run; the first (warm-up) is left out (default: 20)")
+    parser.add_argument("--steps", type=_steps, default=20, metavar="K",
+                        help="optimizer steps per run, 2 or more; the first (warm-up) is left out (default: 20)")
     parser.add_argument("--mode", choices=MODES, default="weak",
                         help="weak: fixed per-rank batch (default); strong: fixed global batch")
     parser.add_argument("--batch-size", type=_positive, default=8, metavar="B",

@@ -112,7 +112,9 @@ def test_a_failing_run_stops_the_study_with_its_output(tmp_path, capsys):
     ("argv", "message"),
     [
         (["--nprocs", "0,2"], "--nprocs: must be distinct integers >= 1 separated by commas, got '0,2'"),
-        (["--steps", "0"], "--steps: must be an integer >= 1, got 0"),
+        (["--steps", "1"], "--steps: must be an integer >= 2 (the first step is the warm-up, left out), got 1"),
+        (["--steps", "x"], "--steps: must be an integer >= 2 (the first step is the warm-up, left out), got 'x'"),
+        (["--batch-size", "0"], "--batch-size: must be an integer >= 1, got 0"),
         (["--mode", "diagonal"], "--mode: invalid choice: 'diagonal'"),
         (["--", "torchrun", "train.py", "{output_dir}"], "the command template must contain {nproc}"),
         (["--", "run", "{nproc}"], "the command template must contain {output_dir}"),
