@@ -6,6 +6,7 @@ import json
 import math
 import multiprocessing
 import os
+import re
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -31,6 +32,7 @@ from hf_distprof.analysis.trace_io import TraceReadError, discover_trace_files
 from hf_distprof.verdicts import profiler_slowdown
 
 PROGRESS_MIN_FILES = 8
+_TIMING_RE = re.compile(re.escape(names.TIMING_LOG_NAME).replace(r"\{rank\}", r"(\d+)") + "$")
 
 
 def analyze_file(
@@ -131,7 +133,7 @@ def analyze_paths(
     outcomes = _run_all(files, options, read_compact, write_compact)
     errors = [o for o in outcomes if isinstance(o, FileError)]
     ranks = _one_result_per_rank([o for o in outcomes if isinstance(o, RankResult)], errors)
-    cross = cross_rank(ranks, options) if len(ranks) > 1 else None
+    cross = cross_rank(ranks, options, cpu_wait_beside(files)) if len(ranks) > 1 else None
     slowdown = profiler_slowdown_beside(files, ranks, options)
     findings = diagnose(ranks, cross, options) + slowdown_findings(slowdown)
     findings, withheld = withhold_in_a_distorted_window(findings, slowdown, timer_verdict_beside(files))
@@ -189,6 +191,30 @@ def profiler_slowdown_beside(
     traced = {s.step for r in ranks for s in r.steps}
     found = profiler_slowdown(step_s, traced, {}, threshold_ratio=options.profiler_slowdown_threshold)
     return found.to_json() if found is not None else None
+
+
+def cpu_wait_beside(files: list[str]) -> dict[int, dict[int, float]]:
+    """rank -> step -> seconds its training thread waited for a CPU in that step (the step timer's
+    ``cpu_wait_s``, read from ``timing_rank{R}.jsonl`` in the traces' folders); empty without them.
+
+    A file that cannot be read, or a row without the number, is skipped; the cross-rank view uses the
+    figures only when it has one for every rank and step it judges.
+    """
+    out: dict[int, dict[int, float]] = {}
+    for folder in sorted({Path(f).parent for f in files}):
+        for log in sorted(folder.glob(names.TIMING_LOG_NAME.format(rank="*"))):
+            found = _TIMING_RE.match(log.name)
+            try:
+                lines = log.read_text(encoding="utf-8").splitlines() if found else []
+                rows = [json.loads(line) for line in lines if line.strip()]
+            except (OSError, ValueError):
+                continue
+            for row in rows:
+                step, wait = (row.get("step"), row.get("cpu_wait_s")) if isinstance(row, dict) else (None, None)
+                if (isinstance(step, int) and not isinstance(wait, bool) and isinstance(wait, (int, float))
+                        and math.isfinite(wait) and wait >= 0):
+                    out.setdefault(int(found.group(1)), {})[step] = float(wait)  # type: ignore[union-attr]
+    return out
 
 
 def _slowdown_json(doc: Any) -> dict[str, Any] | None:

@@ -62,16 +62,24 @@ def clock_offsets(
     return offsets
 
 
-def cross_rank(ranks: list[RankResult], options: AnalysisOptions) -> CrossRankResult:
+def cross_rank(
+    ranks: list[RankResult], options: AnalysisOptions, cpu_wait: dict[int, dict[int, float]] | None = None
+) -> CrossRankResult:
     """Compare ranks: step spread, imbalance of busy time, collective lateness, stragglers.
 
     The straggler and imbalance decisions are :func:`hf_distprof.verdicts.judge_slow_rank`'s, step by
     step: a rank is named only when it is late (or busier) in most steps, more often than chance, by more
     than the threshold and the run's own noise; a window too short to tell is "not enough evidence".
 
+    On CPU a rank's busy time holds the time its thread sat in the run queue, waiting for a core another
+    process (or the other rank) held: on a shared host that is most of the difference between clean ranks.
+    When the step timer measured that wait for every rank and traced step (``cpu_wait``), the imbalance
+    verdict judges busy time less it, as the live verdict judges pre-sync work.
+
     Args:
         ranks: Per-rank results, sorted by rank.
         options: Straggler and imbalance thresholds.
+        cpu_wait: rank -> step -> seconds waited for a CPU (``timing_rank{R}.jsonl``'s ``cpu_wait_s``).
 
     Returns:
         The cross-rank view.
@@ -106,12 +114,17 @@ def cross_rank(ranks: list[RankResult], options: AnalysisOptions) -> CrossRankRe
     if len(ranks) > 1:
         durations = {r.rank: {s.step: s.duration_us for s in r.steps} for r in ranks}
         late_steps = sorted(set.intersection(*(set(v) for v in per_step.values())))
-        busy = _common_steps({r.rank: {s.step: s.busy_us(r.device) for s in r.steps} for r in ranks})
+        busy_by_step = {r.rank: {s.step: s.busy_us(r.device) for s in r.steps} for r in ranks}
+        what = "busy time (GPU: compute kernels; CPU: compute + data loading)"
+        own = less_cpu_wait(ranks, busy_by_step, cpu_wait or {})
+        if own is not None:
+            busy_by_step, what = own, "busy time (CPU: compute + data loading, less its wait for a CPU)"
+        busy = _common_steps(busy_by_step)
         common = sorted(set.intersection(*(set(d) for d in durations.values())))
         imbalance = judge_slow_rank(
             busy,
             options.imbalance_pct,
-            what="busy time (GPU: compute kernels; CPU: compute + data loading)",
+            what=what,
             step_time=[median(d[s] for d in durations.values()) for s in common],
         )
         straggler = judge_slow_rank(
@@ -131,6 +144,18 @@ def cross_rank(ranks: list[RankResult], options: AnalysisOptions) -> CrossRankRe
         straggler_verdict=straggler,
         imbalance_verdict=imbalance,
     )
+
+
+def less_cpu_wait(
+    ranks: list[RankResult], busy: dict[int, dict[int, float]], cpu_wait: dict[int, dict[int, float]]
+) -> dict[int, dict[int, float]] | None:
+    """Busy time (us) less the step timer's wait for a CPU, when every rank is a CPU rank and has the wait for
+    every traced step; None otherwise (GPU ranks: their busy time is kernel time, which no host wait is in)."""
+    if not ranks or any(r.device != "cpu" for r in ranks):
+        return None
+    if any(step not in cpu_wait.get(rank, {}) for rank, steps in busy.items() for step in steps):
+        return None
+    return {rank: {s: max(0.0, v - 1e6 * cpu_wait[rank][s]) for s, v in steps.items()} for rank, steps in busy.items()}
 
 
 def _common_steps(values: dict[int, dict[int, float]]) -> dict[int, list[float]]:

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from hf_distprof.analysis.cross_rank import _common_steps, clock_offsets, cross_rank, match_collectives
+from hf_distprof.analysis.cross_rank import (
+    _common_steps,
+    clock_offsets,
+    cross_rank,
+    less_cpu_wait,
+    match_collectives,
+)
 from hf_distprof.analysis.model import AnalysisOptions, Collective, CpuBreakdown, RankResult, StepResult
 
 STEP_US = 100_000.0
@@ -214,3 +220,44 @@ def test_a_slow_rank_among_noisy_peers_stands_out_by_three_scaled_mads():
     # Within 3 scaled MADs of a spread-out group, however far above the median: nobody stands out.
     wide = cross_rank(_steps_of([100, 130, 70, 101, 112]), AnalysisOptions())
     assert wide.stragglers == []
+
+
+def busy_ranks(compute_ms: dict[int, float]) -> list[RankResult]:
+    """Two CPU ranks in lockstep at their collectives, whose compute per step is ``compute_ms[rank]``."""
+    out = []
+    for r, ms in compute_ms.items():
+        result = rank(r, 0.0)
+        for s in result.steps:
+            s.cpu.compute_us = ms * 1e3
+        out.append(result)
+    return out
+
+
+def test_on_cpu_the_imbalance_verdict_judges_busy_time_less_the_wait_for_a_cpu():
+    # Rank 1 computes 60 ms per step; rank 0 62 ms, of which it spent 15 ms in the run queue (another
+    # process held its core). The trace alone sees rank 0 as slightly busier; less the wait, rank 1 works 28%
+    # longer than rank 0 in every step.
+    ranks = busy_ranks({0: 62.0, 1: 60.0})
+    raw = cross_rank(ranks, AnalysisOptions()).imbalance_verdict
+    assert (raw.status, raw.rank, raw.effect_pct) == ("quiet", 0, pytest.approx(100 * 2 / 60))
+    waits = {0: {s: 0.015 for s in range(1, 7)}, 1: {s: 0.0 for s in range(1, 7)}}
+    own = cross_rank(ranks, AnalysisOptions(), waits).imbalance_verdict
+    assert (own.status, own.rank, own.slowest_in, own.test) == ("raised", 1, 6, "signed-rank")
+    assert own.effect_pct == pytest.approx(100 * (60 - 47) / 47)
+    assert "busy time (CPU: compute + data loading, less its wait for a CPU)" in own.reason
+    # A rank whose extra busy time is all run-queue wait is no slow rank.
+    waited = cross_rank(busy_ranks({0: 50.0, 1: 65.0}), AnalysisOptions(), {0: dict.fromkeys(range(1, 7), 0.0),
+                                                                           1: dict.fromkeys(range(1, 7), 0.015)})
+    assert waited.imbalance_verdict.status == "quiet" and waited.imbalance_verdict.effect_pct == 0.0
+
+
+def test_the_wait_is_taken_out_only_when_every_rank_has_it_for_every_step():
+    ranks = busy_ranks({0: 62.0, 1: 60.0})
+    waits = {0: {s: 0.015 for s in range(1, 7)}, 1: {s: 0.0 for s in range(1, 6)}}  # rank 1's step 6 missing
+    verdict = cross_rank(ranks, AnalysisOptions(), waits).imbalance_verdict
+    assert (verdict.status, verdict.rank) == ("quiet", 0) and "less its wait" not in verdict.reason
+    for r in ranks:  # GPU ranks: busy time is kernel time, which holds no host wait
+        r.device = "gpu"
+    full = {0: {s: 0.015 for s in range(1, 7)}, 1: {s: 0.0 for s in range(1, 7)}}
+    assert less_cpu_wait(ranks, {0: {1: 1.0}, 1: {1: 1.0}}, full) is None
+    assert less_cpu_wait([], {}, full) is None

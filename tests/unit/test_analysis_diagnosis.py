@@ -60,7 +60,7 @@ def test_slow_rank1_straggler_imbalance_and_comm_bound():
           "busy time (GPU: compute kernels; CPU: compute + data loading): rank 1 58.21 ms per step vs 28.84 ms on a "
           "typical peer; rank 1's busy time (GPU: compute kernels; CPU: compute + data loading) exceeds its peers' "
           "by a median 102.8% (threshold 10%, step-to-step noise 2.8%); it is the slowest in 6 of 6 steps (p = 0.016 "
-          "in a balanced run of 2 ranks)", BALANCE_ADVICE,
+          "in a balanced run of 2 ranks, signed-rank test of the per-step difference)", BALANCE_ADVICE,
           {"imbalance_pct": 102.8139526129988, "max_busy_us": 58211.26025390625,
            "typical_busy_us": 28836.122233072918, "slowest_in_steps": 6, "steps": 6}, 1 - 0.5**6)
     check(comm, "communication_bound", 27.794984464375865, "Communication-bound", [0],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import gzip
 from pathlib import Path
 
@@ -142,9 +144,10 @@ def test_the_profilers_slowdown_is_read_from_the_timer_files_beside_the_traces(t
     assert finding.numbers == {"ratio": pytest.approx(2.0)} and finding.confidence == 1.0
     assert "2.00x" in finding.evidence
     # A run folder's timing_summary.json, when there, is what the timer measured with the options in effect.
-    (tmp_path / "timing_summary.json").write_text('{"profiler_slowdown": {"ratio": 1.1, "warning": null}}')
+    written = {"ratio": 1.1, "threshold_ratio": 1.25, "warning": None}
+    (tmp_path / "timing_summary.json").write_text(json.dumps({"profiler_slowdown": written}))
     again = analyze_paths([tmp_path / "rank-0.json.gz", tmp_path / "rank-1.json.gz"], AnalysisOptions(workers=1))
-    assert again.profiler_slowdown == {"ratio": 1.1, "warning": None}
+    assert again.profiler_slowdown == written
     assert "profiler_slowdown" not in {f.kind for f in again.findings}
 
 
@@ -162,7 +165,7 @@ def test_rank_findings_of_a_distorted_window_against_a_quiet_timer_are_withheld(
     for rank in (0, 1):
         shutil.copy(DATA / "slow_rank1" / f"rank-{rank}.json.gz", tmp_path / f"rank-{rank}.json.gz")
     files = [tmp_path / "rank-0.json.gz", tmp_path / "rank-1.json.gz"]
-    summary = {"profiler_slowdown": {"ratio": 1.4, "warning": "the profiler slows ..."},
+    summary = {"profiler_slowdown": {"ratio": 1.4, "threshold_ratio": 1.25, "warning": "the profiler slows ..."},
                "imbalance_verdict": {"status": "quiet", "reason": "rank 1 ... within the 10% threshold"}}
     (tmp_path / "timing_summary.json").write_text(json.dumps(summary))
     result = analyze_paths(files, AnalysisOptions(workers=1))
@@ -176,6 +179,22 @@ def test_rank_findings_of_a_distorted_window_against_a_quiet_timer_are_withheld(
     kinds = {f.kind for f in analyze_paths(files, AnalysisOptions(workers=1)).findings}
     assert {"straggler", "imbalance"} <= kinds
     # An undistorted window keeps them too, whatever the timer says.
-    summary = {"profiler_slowdown": {"ratio": 1.1, "warning": None}, "imbalance_verdict": {"status": "quiet"}}
+    summary = {"profiler_slowdown": {"ratio": 1.1, "threshold_ratio": 1.25, "warning": None},
+               "imbalance_verdict": {"status": "quiet"}}
     (tmp_path / "timing_summary.json").write_text(json.dumps(summary))
     assert {"straggler", "imbalance"} <= {f.kind for f in analyze_paths(files, AnalysisOptions(workers=1)).findings}
+
+
+def test_the_wait_for_a_cpu_is_read_from_the_timer_files_beside_the_traces(tmp_path: Path) -> None:
+    from hf_distprof.analysis.api import cpu_wait_beside
+
+    for rank, wait in ((0, 0.02), (1, 0.0)):
+        rows = [{"step": s, "step_s": 0.1, "cpu_wait_s": wait} for s in range(1, 4)]
+        rows += [{"step": 4, "cpu_wait_s": "x"}, {"step": 5, "cpu_wait_s": -1.0}, {"step": 6, "cpu_wait_s": True},
+                 ["not", "a", "row"], {"step": "7", "cpu_wait_s": 0.1}]
+        (tmp_path / f"timing_rank{rank}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "timing_rank2.jsonl").write_text("{not json\n")  # unreadable: skipped
+    (tmp_path / "timing_rankX.jsonl").write_text('{"step": 1, "cpu_wait_s": 0.5}\n')  # no rank in the name
+    files = [str(tmp_path / "rank-0.json.gz"), str(tmp_path / "rank-1.json.gz")]
+    assert cpu_wait_beside(files) == {0: {1: 0.02, 2: 0.02, 3: 0.02}, 1: {1: 0.0, 2: 0.0, 3: 0.0}}
+    assert cpu_wait_beside([str(tmp_path / "elsewhere" / "rank-0.json.gz")]) == {}

@@ -15,6 +15,7 @@ from hf_distprof.verdicts import (
     memory_growth,
     min_steps,
     profiler_slowdown,
+    signed_rank_p,
 )
 
 
@@ -47,6 +48,54 @@ def test_a_persistently_slow_rank_is_raised_with_its_evidence():
     assert v.effect_pct == pytest.approx(20.0) and v.p_value == pytest.approx(1 / 256)
     assert v.confidence == pytest.approx(255 / 256) and v.to_json()["confidence"] == v.confidence
     assert "slowest in 8 of 8 steps (p = 0.004" in v.reason
+
+
+def brute_signed_rank_p(d: list[float]) -> float:
+    """P(W+ >= observed) by enumerating every sign pattern, mid-ranks for ties, zeros dropped."""
+    d = [x for x in d if x != 0]
+    mags = sorted(abs(x) for x in d)
+    rank = {m: sum(i + 1 for i, v in enumerate(mags) if v == m) / mags.count(m) for m in mags}
+    w = sum(rank[abs(x)] for x in d if x > 0)
+    hits = sum(
+        sum(rank[abs(x)] for j, x in enumerate(d) if signs >> j & 1) >= w - 1e-9 for signs in range(2 ** len(d))
+    )
+    return hits / 2 ** len(d)
+
+
+@pytest.mark.parametrize("d", [
+    [5, 4, 3, 6, 7, 8, 9, 10, 11, -1, -2],  # slower in 9 of 11 by a lot, faster in 2 by a little
+    [3, -3, 2, 2, -2, 1, 0, 5, -1, 4],  # ties and a zero
+    [1, 1, 1, 1, 1, 1],
+    [-1, -2, -3, 4],
+    [0.3, -0.1, 0.25, 0.25, -0.25, 0.7, 0.1, -0.05, 0.9, 0.4, 0.35, -0.3],
+])
+def test_signed_rank_p_is_the_exact_tail_of_the_signed_rank_sum(d):
+    assert signed_rank_p(d) == pytest.approx(brute_signed_rank_p(d), abs=1e-12)
+
+
+def test_signed_rank_p_edges_and_its_normal_approximation():
+    assert signed_rank_p([]) == 1.0 and signed_rank_p([0.0, 0.0]) == 1.0
+    assert signed_rank_p([2.0] * 6) == 2.0**-6 and signed_rank_p([-2.0] * 6) == 1.0
+    assert signed_rank_p([5, 4, 3, 6, 7, 8, 9, 10, 11, -1, -2]) == 5 / 2048  # W+ = 63 of 66: 5 of 2048 patterns
+    # Past 50 differences the normal approximation: 40 positive of 60 distinct magnitudes, alternating.
+    d = [(i if i % 3 else -i) for i in range(1, 61)]
+    w, mean, sd = sum(i for i in range(1, 61) if i % 3), 60 * 61 / 4, math.sqrt(60 * 61 * 121 / 24)
+    assert signed_rank_p(d) == pytest.approx(0.5 * math.erfc((w - 0.5 - mean) / sd / math.sqrt(2)), rel=1e-12)
+    assert signed_rank_p(d) == pytest.approx(0.01811, abs=1e-5)
+
+
+def test_two_ranks_weigh_how_much_slower_not_only_how_often():
+    # Rank 1 slower by ~20% in 9 of 11 steps and faster by ~1% in 2: the arrival count alone (9 of 11,
+    # p = 0.033) is not below 0.02; the signed-rank test on the per-step difference is (p = 5/2048).
+    base = [1.0] * 11
+    slow = [1.2 + 0.01 * i for i in range(9)] + [0.99, 0.985]
+    v = judge_slow_rank({0: base, 1: slow}, 10.0)
+    assert (v.status, v.rank, v.slowest_in, v.test) == ("raised", 1, 9, "signed-rank")
+    assert v.p_value == pytest.approx(5 / 2048) and binomial_tail(9, 11, 0.5) == pytest.approx(67 / 2048)
+    assert "signed-rank test of the per-step difference" in v.reason
+    # The same counts with 3 ranks use the arrival order (binomial at 1/3).
+    v3 = judge_slow_rank({0: base, 1: slow, 2: base}, 10.0)
+    assert v3.test == "binomial" and v3.p_value == pytest.approx(binomial_tail(9, 11, 1 / 3))
 
 
 def test_below_the_threshold_is_quiet():
