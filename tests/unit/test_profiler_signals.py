@@ -1,7 +1,8 @@
 """ProfilerCallback under SIGTERM and SIGINT at every moment of a window: whole traces, no temp file, no false alarm.
 
-Each case runs the callback in a child process (the fake trainer: real torch ops, no Trainer) that signals itself
-at one moment, and checks what the run folder holds afterwards, the exit status and the log.
+Each case runs the callback in its own process (the fake trainer: real torch ops, no Trainer) that signals itself at
+one moment, and checks what the run folder holds afterwards, the exit status and the log. One driver process
+imports torch and transformers once and forks a process per case (an import per case cost ~5 s each).
 """
 
 from __future__ import annotations
@@ -19,52 +20,80 @@ import pytest
 
 from hf_distprof import dist
 
-from ..conftest import REPO_ROOT
 from .. import reliability
+from ..conftest import REPO_ROOT
 
 HOST = dist.get_hostname()
+SIGNALS = ("SIGTERM", "SIGINT")
 
-CHILD = textwrap.dedent(
+DRIVER = textwrap.dedent(
     """
-    import os, signal, sys
+    import json, os, signal, sys, tempfile
     from pathlib import Path
     sys.path.insert(0, {tests!r})
     from torch.profiler import profile
     from unit import fake_trainer
     from hf_distprof import ProfilerCallback, ProfilingArguments
 
-    out, signame, moment = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
-    signum = getattr(signal, signame)
+    def scenario(out, signum, moment):
+        def signal_self_then(original):
+            def wrapper(*args, **kwargs):
+                os.kill(os.getpid(), signum)  # delivered at once unless something holds it back
+                return original(*args, **kwargs)
+            return wrapper
 
-    def signal_self_then(original):
-        def wrapper(*args, **kwargs):
-            os.kill(os.getpid(), signum)  # delivered at once unless something holds it back
-            return original(*args, **kwargs)
-        return wrapper
-
-    if moment == "export":
-        profile.export_chrome_trace = signal_self_then(profile.export_chrome_trace)
-    if moment == "summary":
-        profile.key_averages = signal_self_then(profile.key_averages)
-    if moment == "compact":  # on the thread writing the compact summary, after the trace and its summary
-        from hf_distprof.analysis import compact
-        compact.encode = signal_self_then(compact.encode)
-    if moment == "stop":  # between the window's stop_trace and its export, inside the profiler's step()
-        stop_trace = profile.stop_trace
-        def stop_then_signal(self):
-            stop_trace(self)
+        if moment == "export":
+            profile.export_chrome_trace = signal_self_then(profile.export_chrome_trace)
+        if moment == "summary":
+            profile.key_averages = signal_self_then(profile.key_averages)
+        if moment == "compact":  # on the thread writing the compact summary, after the trace and its summary
+            from hf_distprof.analysis import compact
+            compact.encode = signal_self_then(compact.encode)
+        if moment == "stop":  # between the window's stop_trace and its export, inside the profiler's step()
+            stop_trace = profile.stop_trace
+            def stop_then_signal(self):
+                stop_trace(self)
+                os.kill(os.getpid(), signum)
+            profile.stop_trace = stop_then_signal
+        # Window: steps 3-5 (wait 1, warmup 1, active 3); the fake trainer runs 6 steps. Three active steps, so that
+        # "inside" (after step 3) stops the profiler in RECORD, not in the window's last step (RECORD_AND_SAVE).
+        cb = ProfilerCallback(ProfilingArguments(enable_profiling=True, profiler_output_dir=str(out),
+                              profiler_run_name="run", profiler_wait_steps=1, profiler_warmup_steps=1,
+                              profiler_active_steps=3, profiler_record_shapes=False))
+        stop_after = {{"before": 1, "inside": 3}}.get(moment)
+        fake_trainer.run([cb], 6, out, stop_after=stop_after)
+        if stop_after is not None:
             os.kill(os.getpid(), signum)
-        profile.stop_trace = stop_then_signal
-    # Window: steps 3-5 (wait 1, warmup 1, active 3); the fake trainer runs 6 steps. Three active steps, so that
-    # "inside" (after step 3) stops the profiler in RECORD, not in the window's last step (RECORD_AND_SAVE).
-    cb = ProfilerCallback(ProfilingArguments(enable_profiling=True, profiler_output_dir=str(out),
-                          profiler_run_name="run", profiler_wait_steps=1, profiler_warmup_steps=1,
-                          profiler_active_steps=3, profiler_record_shapes=False))
-    stop_after = {{"before": 1, "inside": 3}}.get(moment)
-    fake_trainer.run([cb], 6, out, stop_after=stop_after)
-    if stop_after is not None:
-        os.kill(os.getpid(), signum)
-    print("survived the signal", flush=True)
+        print("survived the signal", flush=True)
+
+    root = Path(sys.argv[1])
+    fake_trainer.training_args(root)  # its first call imports most of transformers: once, before forking
+    status = {{}}
+    for case in sys.argv[2:]:
+        signame, moment = case.split("-")
+        folder = root / case
+        (folder / "tmp").mkdir(parents=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            log = os.open(folder / "output.txt", os.O_WRONLY | os.O_CREAT)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            tempfile.tempdir = os.environ["TMPDIR"] = str(folder / "tmp")  # torch gzips through a file there
+            try:
+                scenario(folder / "out", getattr(signal, signame), moment)
+            except KeyboardInterrupt:
+                # What CPython does when a KeyboardInterrupt ends the program: die of SIGINT.
+                sys.stderr.flush()
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGINT)
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(0)
+        status[case] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    print(json.dumps(status))
     """
 )
 
@@ -95,32 +124,43 @@ def trace_steps(trace: Path) -> list[str]:
     return sorted({e["name"] for e in events if e.get("name", "").startswith("ProfilerStep#")})
 
 
-@pytest.mark.parametrize(
-    ("signame", "moment"),
-    [("SIGTERM", moment) for moment in EXPECTED] + [("SIGINT", "inside"), ("SIGINT", "export")],
-)
-def test_a_signal_at_any_moment_leaves_whole_traces_and_the_signals_status(tmp_path, signame, moment):
-    script = tmp_path / "child.py"
-    script.write_text(CHILD.format(tests=str(REPO_ROOT / "tests")))
-    tmpdir = tmp_path / "tmp"  # torch gzips through a temporary file here
-    tmpdir.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TMPDIR": str(tmpdir)}
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "out"), signame, moment],
-                          capture_output=True, text=True, env=env, timeout=120)
-    run_dir = tmp_path / "out" / "run"
+CASES = [f"{signame}-{moment}" for signame in SIGNALS for moment in EXPECTED]
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, int]]:
+    """Every case run once: the folder holding one subfolder per case, and each case's exit status."""
+    root = tmp_path_factory.mktemp("signals")
+    script = root / "driver.py"
+    script.write_text(DRIVER.format(tests=str(REPO_ROOT / "tests")))
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.run([sys.executable, str(script), str(root), *CASES], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return root, json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_signal_at_any_moment_leaves_whole_traces_and_the_signals_status(outcomes, case):
+    root, status = outcomes
+    signame, moment = case.split("-")
+    run_dir = root / case / "out" / "run"
+    output = (root / case / "output.txt").read_text(errors="replace")
     names = sorted(p.name for p in run_dir.iterdir())
     # Ours are hidden files in the run folder; torch's are *.json files in TMPDIR (it gzips through one).
-    temp_left = [n for n in names if n.startswith(".")] + sorted(p.name for p in tmpdir.glob("*.json"))
+    temp_left = [n for n in names if n.startswith(".")] + sorted(p.name for p in (root / case / "tmp").glob("*.json"))
     expected = EXPECTED[moment]
-    reliability.record(f"{signame} {MOMENTS[moment]} (1 rank)", survived=proc.returncode == -getattr(signal, signame),
-                       expected=len(expected), present=sum(n in names for n in expected), temp_left=len(temp_left))
-    assert proc.returncode == -getattr(signal, signame), proc.stderr[-3000:]
-    assert "survived the signal" not in proc.stdout
+    survived = status[case] == -getattr(signal, signame)
+    reliability.record(f"{signame} {MOMENTS[moment]} (1 rank)", survived=survived, expected=len(expected),
+                       present=sum(n in names for n in expected), temp_left=len(temp_left))
+    assert survived, output[-3000:]
+    assert "survived the signal" not in output
     # The run manifest: this rank's part only (rank 0 combines the parts at train end, which never came).
     assert names == sorted(["parallelism.json", "rank0.log", f"manifest_rank0_{HOST}.json", *expected])
     assert temp_left == []
-    for false_alarm in ("could not write", "already saved", "stopping the profiler failed"):
-        assert false_alarm not in proc.stderr
+    for false_alarm in ("could not write", "already saved", "stopping the profiler failed", "Traceback"):
+        assert false_alarm not in output
+        assert false_alarm not in (run_dir / "rank0.log").read_text()
     if expected:
         # "inside": step 4 had begun (its range opens when step 3 ends) when the signal came; it is in the trace,
         # cut short, and the file is named by the steps that completed.
