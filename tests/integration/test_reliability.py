@@ -70,6 +70,13 @@ def profiler_steps(path: Path) -> list[int]:
     return sorted(int(n.split("#")[1]) for n in names)
 
 
+def window_files(run_dir: Path, rank: int, default: str) -> list[str]:
+    """The rank's trace of its one window and its summary; ``default`` names the trace when there is none (lost)."""
+    found = sorted(p.name for p in run_dir.glob(f"rank{rank}_*.pt.trace.json.gz"))
+    name = found[0] if found else default
+    return [name, name.replace(".pt.trace.json.gz", "_summary.txt")]
+
+
 def outcome(fault: str, run_dir: Path, expected: list[str], survived: bool) -> list[str]:
     """Record the fault in the table and return the temporary files left."""
     names = sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else []
@@ -85,7 +92,7 @@ def test_sigterm_to_torchrun_mid_window_flushes_both_ranks_without_a_false_alarm
                     "--profiler-active-steps", "20", env={"TINY_FAULT": "0:5:term-launcher", "TINY_STEP_S": "0.05"})
     run_dir = tmp_path / "P" / "run"
     traces = {r: sorted(run_dir.glob(f"rank{r}_*.pt.trace.json.gz")) for r in (0, 1)}
-    expected = [p.name for r in (0, 1) for p in traces[r]]
+    expected = [name for r in (0, 1) for name in window_files(run_dir, r, trace(r, 3, 5))]
     temp = outcome("SIGTERM to torchrun mid-window (2 ranks)", run_dir, expected, proc.returncode != 0)
     assert proc.returncode != 0
     assert "SIGTERM" in proc.stderr  # torchrun: "Received Signals.SIGTERM death signal, shutting down workers"
@@ -110,7 +117,7 @@ def test_sigterm_during_an_export_waits_for_the_trace_on_both_ranks(tmp_path):
                     "--profiler-active-steps", "10", env={"TINY_FAULT": "0:export:term-launcher",
                                                           "TINY_STEP_S": "0.05"})
     run_dir = tmp_path / "P" / "run"
-    expected = [trace(0, 3, 12), summary(0, 3, 12)]
+    expected = [trace(0, 3, 12), summary(0, 3, 12), *window_files(run_dir, 1, trace(1, 3, 12))]
     temp = outcome("SIGTERM to torchrun during an export (2 ranks)", run_dir, expected, proc.returncode != 0)
     assert proc.returncode != 0 and "SIGTERM" in proc.stderr
     assert temp == []
@@ -119,9 +126,11 @@ def test_sigterm_during_an_export_waits_for_the_trace_on_both_ranks(tmp_path):
     # Rank 1 got the signal at the same moment: before, during or after its own export of the same window.
     rank1 = sorted(run_dir.glob("rank1_*.pt.trace.json.gz"))
     assert [p.name for p in rank1] in ([trace(1, 3, 12)], [trace(1, 3, 11)]), rank1
-    assert whole(rank1[0])
+    assert whole(rank1[0]) and profiler_steps(rank1[0])[0] == 3
+    assert whole(run_dir / expected[3]), expected[3]
     for alarm in FALSE_ALARMS:
         assert alarm not in proc.stderr + proc.stdout
+        assert alarm not in "".join((run_dir / f"rank{r}.log").read_text() for r in (0, 1))
 
 
 @pytest.mark.parametrize("how", ["kill", "raise"])
