@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import sys
 import tempfile
 import time
@@ -48,10 +49,14 @@ from hf_distprof.names import (  # noqa: E402, F401
     TRACE_SUFFIX,
 )
 
-# In the name of every temporary file atomic_path makes: ".<final name>.<random>.tmp<suffix>".
+# In the name of every temporary file atomic_path makes: ".<final name>.~<pid>@<host>~<random>.tmp<suffix>".
 TEMP_MARK = ".tmp"
 # A temporary file this old is a leftover of a killed write (an export takes seconds), not a write in progress.
 STALE_TEMP_AGE_S = 3600.0
+# A temporary file whose writer (its pid on this host, from its name) is gone, and unchanged for this long, is a
+# leftover too. The age guards against a pid reused or one in another pid namespace with the same host name.
+DEAD_WRITER_AGE_S = 60.0
+_WRITER = re.compile(r"\.~(?P<pid>\d+)@(?P<host>[^~/]+)~[^~/]*" + re.escape(TEMP_MARK))
 
 # (output_dir, run_name, id(owner)) -> (owner, run folder): every callback of one train() call agrees on the
 # folder and the broadcast happens once. The owner (the Trainer's per-train() TrainerState) is kept alive in
@@ -198,7 +203,10 @@ def atomic_path(final: Path, suffix: str = "") -> Iterator[Path]:
     job leaves the whole file or nothing, never the temporary one.
     """
     with signals.deferred():
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=f"{TEMP_MARK}{suffix}", dir=final.parent)
+        # The writer in the name: the next run on this host removes what a killed process left at once.
+        writer = f"~{os.getpid()}@{dist.get_hostname()}~"
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.{writer}", suffix=f"{TEMP_MARK}{suffix}",
+                                        dir=final.parent)
         os.close(fd)
         tmp = Path(tmp_name)
         try:
@@ -214,11 +222,28 @@ def is_temp_file(path: Path) -> bool:
     return path.name.startswith(".") and TEMP_MARK in path.name
 
 
-def remove_stale_temp_files(folder: Path, older_than_s: float = STALE_TEMP_AGE_S) -> list[Path]:
+def _writer_gone(name: str) -> bool:
+    """Whether the temporary file ``name`` was made by a process of this host that no longer runs."""
+    match = _WRITER.search(name)
+    if match is None or match["host"] != dist.get_hostname() or int(match["pid"]) == os.getpid():
+        return False
+    try:
+        os.kill(int(match["pid"]), 0)
+    except ProcessLookupError:
+        return True
+    except (OSError, OverflowError):  # alive under another user, or no such pid number
+        return False
+    return False
+
+
+def remove_stale_temp_files(
+    folder: Path, older_than_s: float = STALE_TEMP_AGE_S, dead_writer_age_s: float = DEAD_WRITER_AGE_S
+) -> list[Path]:
     """Delete the temporary files an earlier, killed write left in ``folder`` and its run folders.
 
-    Only files older than ``older_than_s`` go: a younger one may belong to a rank that is writing right now
-    (another run sharing the output folder).
+    A file goes when its writer, a process of this host, is gone and the file is ``dead_writer_age_s`` old, or
+    when it is ``older_than_s`` old whoever wrote it: a younger one may belong to a rank that is writing right now
+    (another run sharing the output folder, on this host or another).
 
     Returns:
         The files removed.
@@ -230,7 +255,8 @@ def remove_stale_temp_files(folder: Path, older_than_s: float = STALE_TEMP_AGE_S
         if not is_temp_file(path):
             continue
         try:
-            if now - path.stat().st_mtime < older_than_s:
+            age = now - path.stat().st_mtime
+            if age < older_than_s and not (age >= dead_writer_age_s and _writer_gone(path.name)):
                 continue
             path.unlink()
         except OSError:

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from hf_distprof import paths, signals
+from hf_distprof import dist, paths, signals
 
 from ..conftest import REPO_ROOT
 
@@ -127,6 +127,31 @@ def test_temporary_files_are_recognised_and_only_stale_ones_removed(tmp_path):
     assert not any(paths.is_temp_file(p) for p in keep)
     assert paths.remove_stale_temp_files(tmp_path) == [stale]
     assert sorted(p.name for p in run.iterdir()) == sorted([fresh.name, "x.pt.trace.json.gz", *(p.name for p in keep)])
+
+
+def test_a_temporary_file_of_a_dead_writer_on_this_host_goes_after_a_minute_not_an_hour(tmp_path):
+    run = tmp_path / "run-a"
+    run.mkdir()
+    with paths.atomic_path(run / "rank0_h_step1-2.pt.trace.json.gz", suffix=".json.gz") as tmp:
+        assert f".~{os.getpid()}@{dist.get_hostname()}~" in tmp.name and tmp.name.endswith(".tmp.json.gz")
+        template = tmp.name
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)  # exited and reaped: no process has this pid now (pids wrap only after ~4M)
+    mine = f"~{os.getpid()}@{dist.get_hostname()}~"
+    files = {
+        "dead": template.replace(mine, f"~{dead_pid}@{dist.get_hostname()}~"),
+        "dead-but-fresh": template.replace(mine, f"~{dead_pid}@{dist.get_hostname()}~").replace(".rank0", ".rank1"),
+        "alive": template.replace(mine, f"~{os.getppid()}@{dist.get_hostname()}~"),
+        "other-host": template.replace(mine, f"~{dead_pid}@{dist.get_hostname()}x~"),
+        "unnamed-writer": ".rank0_h_step1-2.pt.trace.json.gz.k3j2.tmp.json.gz",
+    }
+    for key, name in files.items():
+        (run / name).write_text("killed write")
+        age = 30 if key == "dead-but-fresh" else 2 * paths.DEAD_WRITER_AGE_S
+        os.utime(run / name, (time.time() - age, time.time() - age))
+    assert paths.remove_stale_temp_files(tmp_path) == [run / files["dead"]]
+    kept = [n for k, n in files.items() if k != "dead"]
+    assert sorted(p.name for p in run.iterdir()) == sorted([*kept, "rank0_h_step1-2.pt.trace.json.gz"])
 
 
 def test_a_new_run_folder_clears_stale_temp_files_of_earlier_runs(tmp_path):
