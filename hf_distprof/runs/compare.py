@@ -272,6 +272,13 @@ def _own_work_rows(rows: list[Row], ranks: list[int]) -> list[Row]:
     return out
 
 
+def _alike_on_every_rank(rows: list[Row], row: Row, ranks: list[int]) -> bool:
+    """Whether ``row``'s figure changed significantly, the same way, on every one of 2+ ranks."""
+    same = [r for r in rows if r.metric == row.metric and r.rank is not None and r.diff.significant
+            and r.diff.delta is not None and (r.diff.delta > 0) == ((row.diff.delta or 0.0) > 0)]
+    return len(ranks) > 1 and {r.rank for r in same} >= set(ranks)
+
+
 def _fmt_delta(row: Row) -> str:
     d = row.diff
     pct = "" if d.delta_pct is None else f", {d.delta_pct:+.0f}%"
@@ -317,6 +324,14 @@ def headline(rows: list[Row], ranks: list[int]) -> Headline:
     if others:
         top = max(others, key=lambda r: abs(r.diff.delta_pct or 0.0))
         who = "the run" if top.rank is None else f"rank {top.rank}"
+        if top.rank is not None and _alike_on_every_rank(rows, top, ranks):
+            # Not one rank's change: name every rank, with the run's own row when it has one.
+            top = next((r for r in others if r.metric == top.metric and r.rank is None), top)
+            who = "every rank alike"
+            return Headline("other", None, top.phase, top.metric,
+                            f"{who}: {top.label} {top.diff.median_a:.4g} -> {top.diff.median_b:.4g} {top.unit} "
+                            f"({top.diff.delta:+.4g}{'' if top.rank is None else f' on rank {top.rank}'}); "
+                            "no rank's own work changed beyond the noise")
         return Headline("other", top.rank, top.phase, top.metric,
                         f"{who}, {top.label}: {top.diff.median_a:.4g} -> {top.diff.median_b:.4g} {top.unit} "
                         f"({top.diff.delta:+.4g}); no rank's own work changed beyond the noise")

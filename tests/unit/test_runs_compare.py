@@ -203,9 +203,30 @@ def test_a_uniformly_slower_run_names_no_rank(tmp_path):
 def test_a_slower_sync_on_every_rank_is_named_outside_the_ranks_own_work(tmp_path):
     # Backward grows by 0.1 s on both ranks but its compute does not: the gradient sync went 0.05 -> 0.15 s.
     c = compare_runs(load_run(clean_run(tmp_path / "a")), load_run(clean_run(tmp_path / "b", bwd=0.1)))
-    assert (c.headline.kind, c.headline.rank, c.headline.phase, c.headline.metric) == ("other", 0, "sync", "sync_s")
-    assert c.headline.text == ("rank 0, gradient sync (backward - compute): 0.05 -> 0.15 s (+0.1); no rank's own "
-                               "work changed beyond the noise")
+    # It moved on every rank alike: no rank is named.
+    assert (c.headline.kind, c.headline.rank, c.headline.phase, c.headline.metric) == ("other", None, "sync",
+                                                                                        "sync_s")
+    assert c.headline.text == ("every rank alike: gradient sync (backward - compute) 0.05 -> 0.15 s (+0.1 on rank 0); "
+                               "no rank's own work changed beyond the noise")
+    # On one rank only, that rank is named.
+    one = compare_runs(load_run(clean_run(tmp_path / "c")), load_run(clean_run(tmp_path / "d", bwd_rank1=0.1)))
+    assert (one.headline.kind, one.headline.rank, one.headline.metric) == ("other", 1, "sync_s")
+    assert one.headline.text.startswith("rank 1, gradient sync (backward - compute): 0.05 -> 0.15 s (+0.1)")
+
+
+def test_throughput_up_on_every_rank_with_no_own_work_changed_names_no_rank(tmp_path):
+    # A machine that got less busy: every step is shorter (less waiting for a CPU), own work the same.
+    a = load_run(clean_run(tmp_path / "a"))
+    folder = clean_run(tmp_path / "b", phase=1)
+    for log in folder.glob("timing_rank*.jsonl"):
+        rows = [json.loads(line) for line in log.read_text().splitlines()]
+        log.write_text("".join(json.dumps({**r, "step_s": 0.75 * r["step_s"], "wait_s": 0.0}) + "\n" for r in rows))
+    c = compare_runs(a, load_run(folder))
+    significant = {(r.metric, r.rank) for r in c.significant}
+    assert {("samples_per_s", 0), ("samples_per_s", 1)} <= significant
+    assert not any(m in ("forward_s", "backward_compute_s", "data_load_s") for m, _ in significant)
+    assert (c.headline.kind, c.headline.rank) == ("other", None)
+    assert c.headline.text.startswith("every rank alike: ")
 
 
 def test_one_rank_runs_name_the_phase_without_peers(tmp_path):
