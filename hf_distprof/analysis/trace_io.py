@@ -31,6 +31,11 @@ _EVENTS_KEY = b'"traceEvents"'
 # metadata before the events array, and the bytes of one run of events, are never this large in a real trace.
 MAX_HEAD_BYTES = 64 << 20
 MAX_PENDING_BYTES = 256 << 20
+# A gzip bomb made of valid events passes both bounds above, and every event it holds is kept: the inflated size is
+# bounded too. Kineto traces inflate 12-18x (this repository's and HTA's test traces); deflate's limit is ~1000x.
+# A file inflating beyond MAX_GZIP_RATIO times its size, and beyond MIN_INFLATED_BOUND, is refused.
+MAX_GZIP_RATIO = 100
+MIN_INFLATED_BOUND = 64 << 20
 
 
 class TraceReadError(ValueError):
@@ -99,6 +104,8 @@ def _decompressed_blocks(path: Path) -> Iterator[bytes]:
             return
         # wbits=47: gzip or zlib header, so the gzip magic check above is the only sniffing needed.
         inflater = zlib.decompressobj(wbits=47)
+        bound = max(MIN_INFLATED_BOUND, MAX_GZIP_RATIO * os.fstat(fh.fileno()).st_size)
+        inflated = 0
         while True:
             data = inflater.unconsumed_tail or fh.read(CHUNK_BYTES // 8)
             if not data:
@@ -108,6 +115,13 @@ def _decompressed_blocks(path: Path) -> Iterator[bytes]:
                 out = inflater.decompress(data, CHUNK_BYTES)
             except zlib.error as exc:
                 raise TraceReadError(path, f"corrupt gzip data ({exc})") from None
+            inflated += len(out)
+            if inflated > bound:
+                raise TraceReadError(
+                    path,
+                    f"inflates to more than {MAX_GZIP_RATIO}x its size ({inflated >> 20} MB read, {bound >> 20} MB "
+                    "allowed; traces inflate 12-18x): a gzip bomb, not a trace",
+                )
             if out:
                 yield out
             # A gzip file may hold several members (``cat a.gz b.gz``); continue into the next one.
@@ -115,6 +129,7 @@ def _decompressed_blocks(path: Path) -> Iterator[bytes]:
                 rest = inflater.unused_data
                 inflater = zlib.decompressobj(wbits=47)
                 out = inflater.decompress(rest, CHUNK_BYTES)
+                inflated += len(out)
                 if out:
                     yield out
         if not inflater.eof:

@@ -80,6 +80,34 @@ def test_a_gzip_bomb_inside_the_events_array_is_refused_after_the_event_bound(tm
     assert reason(bomb).startswith("no complete event in ")
 
 
+def test_a_gzip_bomb_of_valid_events_is_refused_once_it_inflates_past_the_ratio_bound(tmp_path, monkeypatch):
+    monkeypatch.setattr(trace_io, "MIN_INFLATED_BOUND", 1 << 20)
+    event = b'{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1, "dur": 1},'
+    bomb = tmp_path / "rank0.json.gz"
+    with gzip.open(bomb, "wb", compresslevel=9) as fh:
+        fh.write(b'{"traceEvents": [')
+        for _ in range(64):  # 64 x 1 MB of whole events, each one kept by the parser: ~0.8 M events
+            fh.write(event * ((1 << 20) // len(event)))
+        fh.write(b'{"ph": "i", "name": "end", "pid": 1, "tid": 1, "ts": 2}]}')
+    bound = trace_io.MAX_GZIP_RATIO * bomb.stat().st_size
+    assert 1 << 20 < bound < 32 << 20  # refused half-way through at most
+    events = 0
+    with pytest.raises(TraceReadError) as info:
+        for chunk in trace_io.iter_trace_events(bomb, {}):
+            events += len(chunk)
+    assert info.value.reason.startswith("inflates to more than 100x its size (")
+    assert info.value.reason.endswith(f" MB read, {bound >> 20} MB allowed; traces inflate 12-18x): a gzip bomb, not "
+                                      "a trace")
+    assert events * len(event) <= bound  # what was parsed before the refusal
+    assert reason(bomb) == info.value.reason
+
+
+def test_real_traces_inflate_well_inside_the_ratio_bound():
+    for trace in sorted(DATA.glob("*/*.json.gz")):
+        inflated = len(gzip.decompress(trace.read_bytes()))
+        assert inflated < trace_io.MAX_GZIP_RATIO / 4 * trace.stat().st_size, trace
+
+
 def test_one_huge_line_holding_one_endless_string_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(trace_io, "MAX_PENDING_BYTES", 16 << 20)
     huge = write(tmp_path / "rank0.json", b'{"traceEvents": [{"name": "' + b"x" * (40 << 20) + b'", "ts": 1}]}')
