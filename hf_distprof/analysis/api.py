@@ -170,7 +170,7 @@ def profiler_slowdown_beside(
     for folder in folders:
         try:
             summary = json.loads((folder / names.TIMING_SUMMARY_NAME).read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):  # RecursionError: nested too deeply
             continue
         found_json = _slowdown_json(summary.get("profiler_slowdown") if isinstance(summary, dict) else None)
         if found_json is not None:
@@ -180,7 +180,7 @@ def profiler_slowdown_beside(
         for log in sorted(folder.glob(names.TIMING_LOG_NAME.format(rank="*"))):
             try:
                 rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-            except (OSError, ValueError):
+            except (OSError, ValueError, RecursionError):
                 continue
             for row in rows[1:]:
                 if not isinstance(row, dict):
@@ -207,7 +207,7 @@ def cpu_wait_beside(files: list[str]) -> dict[int, dict[int, float]]:
             try:
                 lines = log.read_text(encoding="utf-8").splitlines() if found else []
                 rows = [json.loads(line) for line in lines if line.strip()]
-            except (OSError, ValueError):
+            except (OSError, ValueError, RecursionError):
                 continue
             for row in rows:
                 step, wait = (row.get("step"), row.get("cpu_wait_s")) if isinstance(row, dict) else (None, None)
@@ -244,7 +244,7 @@ def timer_verdict_beside(files: list[str]) -> dict[str, Any] | None:
     for folder in sorted({Path(f).parent for f in files}):
         try:
             verdict = json.loads((folder / names.TIMING_SUMMARY_NAME).read_text()).get("imbalance_verdict")
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError, AttributeError, RecursionError):
             continue
         if isinstance(verdict, dict):
             return verdict

@@ -144,7 +144,7 @@ def read_rank_choices(folder: Path) -> list[dict[str, Any]]:
     try:
         records = json.loads(path.read_text(encoding="utf-8"))["windows"]
         return [dict(r) for r in records if isinstance(r, dict)]
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as err:
         raise ManifestError(path, f"not --profile-ranks auto's records ({err!r})") from err
 
 
@@ -169,6 +169,8 @@ def _read_json(path: Path, expected_format: str) -> dict[str, Any]:
         raise ManifestError(path, f"cannot read it ({err.strerror or err})") from err
     except (UnicodeDecodeError, ValueError) as err:
         raise ManifestError(path, f"not valid JSON ({err})") from err
+    except RecursionError as err:
+        raise ManifestError(path, "not valid JSON (nested too deeply)") from err
     if not isinstance(doc, dict) or doc.get("format") != expected_format:
         raise ManifestError(path, f"not a {expected_format} document (its \"format\" must be {expected_format!r})")
     version = doc.get("version") or 0

@@ -117,6 +117,8 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as err:
         raise RunFolderError(f"{path}: cannot be read ({err.strerror or err})") from err
+    except UnicodeDecodeError as err:
+        raise RunFolderError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from err
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -126,6 +128,8 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
             if number == len(lines):
                 break  # a last line cut short by a run that was killed: the lines before it hold
             raise RunFolderError(f"{path}, line {number}: not JSON ({err.msg})") from err
+        except RecursionError as err:
+            raise RunFolderError(f"{path}, line {number}: not a record (nested too deeply)") from err
         if not isinstance(record, dict) or "step" not in record:
             raise RunFolderError(f"{path}, line {number}: a record without a 'step'")
         # The step timer and the memory logger write numbers only: anything else is not their file.
@@ -150,8 +154,10 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as err:
+    except (OSError, ValueError) as err:  # ValueError: not UTF-8, not JSON
         raise RunFolderError(f"{path}: not readable JSON ({err})") from err
+    except RecursionError as err:
+        raise RunFolderError(f"{path}: not readable JSON (nested too deeply)") from err
     if not isinstance(data, dict):
         raise RunFolderError(f"{path}: expected a JSON object")
     return data

@@ -255,6 +255,41 @@ def test_step_timer_files_with_wrong_types_beside_the_traces_are_ignored(tmp_pat
     format_summary(result)
 
 
+DEEP = b"[" * 100_000 + b"]" * 100_000
+BESIDE_TRACES = {  # what analyze reads beside the traces: a named error (manifests) or ignored (step timer files)
+    "manifest.json": "not valid JSON (nested too deeply)",
+    "manifest_rank0_h.json": "not valid JSON (nested too deeply)",
+    "timing_summary.json": "",
+    "timing_rank0.jsonl": "",
+}
+
+
+@pytest.mark.parametrize("name", BESIDE_TRACES)
+def test_deeply_nested_json_beside_the_traces_is_no_crash(tmp_path, name):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "rank0_h_step1-2.pt.trace.json.gz").write_bytes((DATA / "clean" / "rank-0.json.gz").read_bytes())
+    (folder / name).write_bytes(DEEP)
+    result = analyze_paths([folder], OPTS)
+    assert [r.rank for r in result.ranks] == [0]
+    assert [(Path(e.path).name, e.reason) for e in result.errors] == ([(name, BESIDE_TRACES[name])] if
+                                                                       BESIDE_TRACES[name] else [])
+
+
+@pytest.mark.parametrize(("name", "content", "words"), [
+    ("timing_rank0.jsonl", DEEP, "timing_rank0.jsonl, line 1: not a record (nested too deeply)"),
+    ("timing_rank0.jsonl", b'{"step": 1, "step_s": 0.1}\n\xff\xfe\n', "timing_rank0.jsonl: not UTF-8 text"),
+    ("timing_summary.json", DEEP, "timing_summary.json: not readable JSON (nested too deeply)"),
+    ("timing_summary.json", b"\xff\xfe{}", "timing_summary.json: not readable JSON ('utf-8' codec can't decode"),
+])
+def test_compare_names_a_deeply_nested_or_non_utf8_file(tmp_path, name, content, words):
+    (tmp_path / "timing_rank0.jsonl").write_text('{"step": 1, "step_s": 0.1}\n{"step": 2, "step_s": 0.1}\n')
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(RunFolderError) as info:
+        load_run(tmp_path)
+    assert str(info.value).startswith(f"{tmp_path}{os.sep}{words}"), info.value
+
+
 @pytest.mark.parametrize(("line", "words"), [
     ('{"step": "3", "step_s": 0.1}', "'step' is '3', not a number"),
     ('{"step": true, "step_s": 0.1}', "'step' is True, not a number"),
