@@ -79,6 +79,9 @@ class SlowRankVerdict:
     also: list[int] = field(default_factory=list)
     """With 3+ ranks, other ranks that pass the same tests beside the candidate (a late minority)."""
     per_step_excess_pct: list[float] = field(default_factory=list)
+    gate: str = ""
+    """Which test kept a ``quiet`` verdict quiet: ``threshold``, ``material``, ``noise``, ``persistence`` or
+    ``stand_out`` (empty when raised, undecided, or nothing to compare)."""
     test: str = "binomial"
     """Which persistence test gave ``p_value``: ``binomial`` (arrival order) or ``signed-rank`` (2 ranks)."""
     confidence: float = field(init=False)
@@ -266,12 +269,13 @@ def judge_slow_rank(
                 per_step_excess_pct=excess[candidate], test=test)
     late = f"rank {candidate}'s {what} exceeds its peers' by a median {effect:.1f}%"
     if effect <= threshold_pct or effect_abs <= min_abs:
-        return SlowRankVerdict(QUIET, **base, reason=f"{late}, within the {threshold_pct:g}% threshold")
+        return SlowRankVerdict(QUIET, **base, gate="threshold",
+                               reason=f"{late}, within the {threshold_pct:g}% threshold")
     if step_time is not None:
         cost = median(100.0 * e / t if t > 0 else 0.0 for e, t in zip(excess_abs[candidate], step_time))
         if cost <= min_step_pct:
             return SlowRankVerdict(
-                QUIET, **base,
+                QUIET, **base, gate="material",
                 reason=f"{late}, but that costs its peers only {cost:.1f}% of the step (less than {min_step_pct:g}%)",
             )
     if n < need:
@@ -282,15 +286,15 @@ def judge_slow_rank(
         )
     if effect <= noise:
         return SlowRankVerdict(
-            QUIET, **base,
+            QUIET, **base, gate="noise",
             reason=f"{late}, but the run's own step-to-step variation is {noise:.1f}%: within the noise",
         )
     if k <= MOST * n or p >= alpha:
-        return SlowRankVerdict(QUIET, **base, reason=f"{late}, but {order}: not persistent")
+        return SlowRankVerdict(QUIET, **base, gate="persistence", reason=f"{late}, but {order}: not persistent")
     standing_out = _standing_out({r: per_step[r][:n] for r in ranks})
     if len(ranks) >= 3 and candidate not in standing_out:
         return SlowRankVerdict(
-            QUIET, **base,
+            QUIET, **base, gate="stand_out",
             reason=f"{late}, but its arrival does not stand out from the spread across the {len(ranks)} ranks "
             "(3 scaled median absolute deviations): several ranks are late together, an imbalance rather than "
             "one straggler",
@@ -304,6 +308,58 @@ def judge_slow_rank(
         RAISED, **base, also=also,
         reason=f"{late} (threshold {threshold_pct:g}%, step-to-step noise {noise:.1f}%); {order}",
     )
+
+
+def fisher_p(p1: float, p2: float) -> float:
+    """Fisher's combination of two independent p-values: P(chi2 with 4 degrees of freedom >= -2 ln(p1 p2))."""
+    q = max(p1, 0.0) * max(p2, 0.0)
+    return 0.0 if q <= 0.0 else min(1.0, q * (1.0 - math.log(q)))
+
+
+def across_the_run(window: SlowRankVerdict, outside: Mapping[str, Any] | None, *, combine: bool) -> SlowRankVerdict:
+    """A traced window's verdict, weighed with the step timer's verdict over the run's other steps.
+
+    The window holds a few steps; the step timer judged the untraced ones with the same rules. The two look
+    at disjoint steps, so their evidence adds up, and a rank is slow in the run only when the evidence holds
+    across it (persistence):
+
+    - the window names a rank, but the timer, with enough steps to decide, names none: the window's rank was
+      slow in the window only, and the verdict is ``quiet`` (gate ``outside``);
+    - with ``combine`` (the two measure the same thing: a rank's own work), the window has the effect but not
+      the persistence (gate ``persistence``, slowest in most of its steps) and the timer names the same rank:
+      the two p-values together (:func:`fisher_p`) decide against ``alpha``.
+
+    Args:
+        window: The verdict over the traced steps.
+        outside: ``timing_summary.json``'s ``imbalance_verdict`` (status, rank, p_value, steps, reason); a
+            missing or malformed one leaves ``window`` as it is.
+        combine: Whether the timer's evidence may complete the window's (imbalance of work, not lateness).
+
+    Returns:
+        ``window``, or a new verdict with the reason extended.
+    """
+    if not isinstance(outside, Mapping):
+        return window
+    status, rank, p, steps = (outside.get(k) for k in ("status", "rank", "p_value", "steps"))
+    reason = outside.get("reason") if isinstance(outside.get("reason"), str) else status
+    if status not in (RAISED, QUIET) or not isinstance(steps, int) or isinstance(steps, bool) or steps <= 0:
+        return window
+    fields = {k: getattr(window, k) for k in window.__dataclass_fields__ if k != "confidence"}
+    if window.raised and status == QUIET:
+        fields.update(status=QUIET, gate="outside", reason=(
+            f"{window.reason}; but over the run's {steps} untraced steps the step timer names no slow rank "
+            f"({reason}): slow in the traced window only, not across the run"))
+        return SlowRankVerdict(**fields)
+    valid_p = not isinstance(p, bool) and isinstance(p, (int, float)) and 0.0 <= p <= 1.0
+    if (combine and status == RAISED and valid_p and rank == window.rank and window.gate == "persistence"
+            and window.slowest_in > MOST * window.steps):
+        both = fisher_p(window.p_value, float(p))
+        if both < ALPHA:
+            fields.update(status=RAISED, gate="", p_value=both, test=f"{window.test} + step timer", reason=(
+                f"{window.reason} in the traced window alone; the step timer names rank {rank} over the run's "
+                f"{steps} untraced steps too (p = {float(p):.3f}): together p = {both:.4f} (Fisher)"))
+            return SlowRankVerdict(**fields)
+    return window
 
 
 def _standing_out(per_step: Mapping[int, Sequence[float]]) -> set[int]:

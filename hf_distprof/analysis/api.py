@@ -133,10 +133,11 @@ def analyze_paths(
     outcomes = _run_all(files, options, read_compact, write_compact)
     errors = [o for o in outcomes if isinstance(o, FileError)]
     ranks = _one_result_per_rank([o for o in outcomes if isinstance(o, RankResult)], errors)
-    cross = cross_rank(ranks, options, cpu_wait_beside(files)) if len(ranks) > 1 else None
+    timer = timer_verdict_beside(files)
+    cross = cross_rank(ranks, options, cpu_wait_beside(files), timer) if len(ranks) > 1 else None
     slowdown = profiler_slowdown_beside(files, ranks, options)
     findings = diagnose(ranks, cross, options) + slowdown_findings(slowdown)
-    findings, withheld = withhold_in_a_distorted_window(findings, slowdown, timer_verdict_beside(files))
+    findings, withheld = withhold_in_a_distorted_window(findings, slowdown, timer)
     findings.sort(key=lambda f: -f.severity)
     run, manifest_errors = run_summary_beside(files)  # hosts, windows and why, files lost since
     errors += [FileError(path, reason) for path, reason in manifest_errors]

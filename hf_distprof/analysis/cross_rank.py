@@ -15,9 +15,11 @@ them, and the slower rank's excess (d/2) is always below 3 scaled MADs (3 * 1.48
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from statistics import median
+from typing import Any
 
-from hf_distprof.verdicts import SlowRankVerdict, imbalance_pct, judge_slow_rank
+from hf_distprof.verdicts import SlowRankVerdict, across_the_run, imbalance_pct, judge_slow_rank
 from hf_distprof.analysis.model import (
     AnalysisOptions,
     Collective,
@@ -63,7 +65,10 @@ def clock_offsets(
 
 
 def cross_rank(
-    ranks: list[RankResult], options: AnalysisOptions, cpu_wait: dict[int, dict[int, float]] | None = None
+    ranks: list[RankResult],
+    options: AnalysisOptions,
+    cpu_wait: dict[int, dict[int, float]] | None = None,
+    timer: Mapping[str, Any] | None = None,
 ) -> CrossRankResult:
     """Compare ranks: step spread, imbalance of busy time, collective lateness, stragglers.
 
@@ -80,6 +85,10 @@ def cross_rank(
         ranks: Per-rank results, sorted by rank.
         options: Straggler and imbalance thresholds.
         cpu_wait: rank -> step -> seconds waited for a CPU (``timing_rank{R}.jsonl``'s ``cpu_wait_s``).
+        timer: The step timer's verdict over the untraced steps (``timing_summary.json``'s
+            ``imbalance_verdict``): both verdicts are weighed with it
+            (:func:`hf_distprof.verdicts.across_the_run`), so that a rank slow in the window only is not named and
+            a window too short to show persistence on its own is completed by the rest of the run.
 
     Returns:
         The cross-rank view.
@@ -127,6 +136,7 @@ def cross_rank(
             what=what,
             step_time=[median(d[s] for d in durations.values()) for s in common],
         )
+        imbalance = across_the_run(imbalance, timer, combine=True)
         straggler = judge_slow_rank(
             {rank: [per_step[rank][s] for s in late_steps] for rank in per_step},
             options.straggler_pct,
@@ -134,6 +144,7 @@ def cross_rank(
             min_abs=options.straggler_min_us,
             what="arrival at the step's collectives",
         )
+        straggler = across_the_run(straggler, timer, combine=False)
     return CrossRankResult(
         ranks=[r.rank for r in ranks],
         per_rank=per_rank,

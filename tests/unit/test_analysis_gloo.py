@@ -178,11 +178,20 @@ def test_rank_findings_of_a_distorted_window_against_a_quiet_timer_are_withheld(
     (tmp_path / "timing_summary.json").write_text(json.dumps(summary))
     kinds = {f.kind for f in analyze_paths(files, AnalysisOptions(workers=1)).findings}
     assert {"straggler", "imbalance"} <= kinds
-    # An undistorted window keeps them too, whatever the timer says.
+    # An undistorted window keeps them when the timer could not judge the other steps.
     summary = {"profiler_slowdown": {"ratio": 1.1, "threshold_ratio": 1.25, "warning": None},
-               "imbalance_verdict": {"status": "quiet"}}
+               "imbalance_verdict": {"status": "undecided", "steps": 3}}
     (tmp_path / "timing_summary.json").write_text(json.dumps(summary))
     assert {"straggler", "imbalance"} <= {f.kind for f in analyze_paths(files, AnalysisOptions(workers=1)).findings}
+    # But when the timer judged them and names no slow rank, rank 1 was slow in the window only: no finding.
+    summary["imbalance_verdict"] = {"status": "quiet", "rank": 0, "p_value": 0.5, "steps": 11, "reason": "r0 ..."}
+    (tmp_path / "timing_summary.json").write_text(json.dumps(summary))
+    result = analyze_paths(files, AnalysisOptions(workers=1))
+    assert {"straggler", "imbalance"}.isdisjoint(f.kind for f in result.findings)
+    assert result.cross_rank.stragglers == []
+    for verdict in (result.cross_rank.straggler_verdict, result.cross_rank.imbalance_verdict):
+        assert (verdict.status, verdict.gate, verdict.rank) == ("quiet", "outside", 1)
+        assert verdict.reason.endswith("(r0 ...): slow in the traced window only, not across the run")
 
 
 def test_the_wait_for_a_cpu_is_read_from_the_timer_files_beside_the_traces(tmp_path: Path) -> None:

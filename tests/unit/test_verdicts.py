@@ -15,6 +15,8 @@ from hf_distprof.verdicts import (
     memory_growth,
     min_steps,
     profiler_slowdown,
+    across_the_run,
+    fisher_p,
     signed_rank_p,
 )
 
@@ -221,3 +223,44 @@ def test_medians_of_the_others_match_the_direct_definition():
         direct = [median(v for j, v in enumerate(values) if j != i) for i in range(n)]
         assert medians_of_the_others(values) == pytest.approx(direct)
     assert medians_of_the_others([3.0]) == [0.0]
+
+
+def test_fisher_p_combines_two_independent_p_values():
+    q = 0.031 * 0.001
+    assert fisher_p(0.031, 0.001) == pytest.approx(q * (1 - math.log(q)))
+    assert fisher_p(1.0, 1.0) == 1.0 and fisher_p(0.0, 0.5) == 0.0 and fisher_p(0.5, 0.5) > 0.5
+
+
+def five_of_six() -> dict[int, list[float]]:
+    """Rank 1 20% slower in 5 of 6 steps and 1% faster in one: effect, but p = 2/64 > 0.02 alone."""
+    return {0: [1.0] * 6, 1: [0.99] + [1.2] * 5}
+
+
+def test_the_timer_completes_a_window_too_short_to_show_persistence_on_its_own():
+    window = judge_slow_rank(five_of_six(), 10.0)
+    assert (window.status, window.gate, window.p_value) == ("quiet", "persistence", 2 / 64)
+    timer = {"status": "raised", "rank": 1, "p_value": 0.001, "steps": 11, "reason": "rank 1 ..."}
+    both = across_the_run(window, timer, combine=True)
+    assert (both.status, both.rank, both.gate) == ("raised", 1, "")
+    assert both.p_value == pytest.approx(fisher_p(2 / 64, 0.001)) and both.confidence == 1 - both.p_value
+    assert both.test == "signed-rank + step timer" and "together p = 0.0004 (Fisher)" in both.reason
+    # Not for lateness (combine=False), not for another rank, not for a weak timer, not past another gate.
+    assert across_the_run(window, timer, combine=False) is window
+    assert across_the_run(window, {**timer, "rank": 0}, combine=True) is window
+    assert across_the_run(window, {**timer, "p_value": 0.5}, combine=True) is window
+    below = judge_slow_rank({0: [1.0] * 6, 1: [0.99] + [1.05] * 5}, 10.0)
+    assert below.gate == "threshold" and across_the_run(below, timer, combine=True) is below
+
+
+def test_a_rank_slow_in_the_window_only_is_not_named_when_the_timer_finds_none():
+    window = judge_slow_rank(steady(1.3, 6), 10.0)
+    assert window.status == "raised"
+    quiet = {"status": "quiet", "rank": 0, "p_value": 0.4, "steps": 11, "reason": "rank 0 ... within the noise"}
+    seen = across_the_run(window, quiet, combine=False)
+    assert (seen.status, seen.gate, seen.rank, seen.effect_pct) == ("quiet", "outside", 1, window.effect_pct)
+    assert seen.reason == (f"{window.reason}; but over the run's 11 untraced steps the step timer names no slow rank "
+                           "(rank 0 ... within the noise): slow in the traced window only, not across the run")
+    # A timer that could not decide, or a summary that is not one, leaves the window as it is.
+    for bad in ({**quiet, "status": "undecided"}, {**quiet, "steps": 0}, {**quiet, "steps": True},
+                {**quiet, "steps": "11"}, {"status": "quiet"}, None, ["quiet"]):
+        assert across_the_run(window, bad, combine=True) is window, bad
