@@ -172,6 +172,8 @@ class _PlainUnpickler(pickle.Unpickler):
 def parse_recorder(path: Path) -> Recorder:
     """The last collective of one rank's flight-recorder dump (plain-data pickle only).
 
+    A field of another type than the recorder writes (a dump from another tool, or edited) is read as absent.
+
     Raises:
         ValueError: Not a readable flight-recorder dump (the message names the file).
     """
@@ -182,17 +184,34 @@ def parse_recorder(path: Path) -> Recorder:
         data = _PlainUnpickler(io.BytesIO(path.read_bytes())).load()
     except (OSError, pickle.UnpicklingError, EOFError, ValueError) as err:
         raise ValueError(f"{path}: not a readable flight-recorder dump: {err}") from None
+    except (AttributeError, IndexError, KeyError, OverflowError, TypeError) as err:  # malformed opcodes
+        raise ValueError(f"{path}: not a readable flight-recorder dump: {err!r}") from None
     entries = data.get("entries") if isinstance(data, dict) else None
     if not isinstance(entries, list):
         raise ValueError(f"{path}: no 'entries' list in the flight-recorder dump")
-    collectives = [e for e in entries if isinstance(e, dict) and not e.get("is_p2p")]
-    if not collectives:
+    numbered = [e for e in entries if isinstance(e, dict) and not e.get("is_p2p") and _seq(e) is not None]
+    if not numbered:
         return Recorder(int(match["rank"]), None, None, None)
-    last = max(collectives, key=lambda e: int(e.get("collective_seq_id", -1)))
+    last = max(numbered, key=lambda e: _seq(e) or 0)
+    name, state = last.get("profiling_name"), last.get("state")
     return Recorder(
-        int(match["rank"]), int(last.get("collective_seq_id", -1)), last.get("profiling_name"), last.get("state"),
-        last.get("input_sizes"),
+        int(match["rank"]), _seq(last), name if isinstance(name, str) else None,
+        state if isinstance(state, str) else None, _shapes(last.get("input_sizes")),
     )
+
+
+def _seq(entry: dict[str, Any]) -> int | None:
+    seq = entry.get("collective_seq_id")
+    return seq if isinstance(seq, int) and not isinstance(seq, bool) else None
+
+
+def _shapes(sizes: Any) -> list[list[int]] | None:
+    """Input sizes as the recorder writes them (a list of shapes, each a list of ints), else None."""
+    if not isinstance(sizes, list) or not all(isinstance(s, list) for s in sizes):
+        return None
+    if not all(isinstance(d, int) and not isinstance(d, bool) for s in sizes for d in s):
+        return None
+    return sizes
 
 
 def hang_report(folder: Path) -> HangReport:

@@ -1,0 +1,135 @@
+"""Hostile files beside the traces: the run manifest, the step timer's files, and compare's timing records.
+
+``analyze`` reads them for its run section and the profiler's slowdown: a wrong type or deep nesting is one error
+naming the manifest (the traces are still analysed) or the step timer file is ignored; ``compare`` names the file and
+line it cannot use. Never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from hf_distprof.analysis import analyze_paths, format_summary
+from hf_distprof.analysis.manifest import FORMAT, PART_FORMAT
+from hf_distprof.runs.load import RunFolderError, load_run
+
+from .test_hostile_input import DATA, OPTS, write
+
+MANIFEST_HEAD = {"format": FORMAT, "version": 1}
+HOSTILE_MANIFESTS = {
+    "not-an-object": [MANIFEST_HEAD],
+    "version-text": {**MANIFEST_HEAD, "version": "x"},
+    "world-size-text": {**MANIFEST_HEAD, "world_size": "abc"},
+    "files-not-objects": {**MANIFEST_HEAD, "files": [1]},
+    "file-name-number": {**MANIFEST_HEAD, "files": [{"name": 7, "rank": 0, "host": "h"}]},
+    "window-first-text": {**MANIFEST_HEAD, "windows": [{"first": "a", "last": 2}]},
+    "window-reasons-numbers": {**MANIFEST_HEAD, "windows": [{"first": 1, "last": 2, "reasons": [1]}]},
+    "host-name-number": {**MANIFEST_HEAD, "hosts": [{"host": 1, "ranks": [0]}]},
+    "ranks-number": {**MANIFEST_HEAD, "ranks": 5},
+    "clock-offset-text": {**MANIFEST_HEAD, "ranks": [{"rank": 0, "host": "h", "clock_offset_us": "x"}]},
+    "clock-offset-nan": {**MANIFEST_HEAD, "ranks": [{"rank": 0, "host": "h", "clock_offset_us": float("nan")}]},
+    "unfinished-text": {**MANIFEST_HEAD, "unfinished_ranks": "0"},
+}
+
+
+@pytest.mark.parametrize("doc", HOSTILE_MANIFESTS.values(), ids=HOSTILE_MANIFESTS)
+def test_a_run_manifest_with_wrong_types_is_a_named_error_and_the_traces_are_still_analysed(tmp_path, doc):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "rank0_h_step1-2.pt.trace.json.gz").write_bytes((DATA / "clean" / "rank-0.json.gz").read_bytes())
+    write(folder / "manifest.json", json.dumps(doc).encode())
+    result = analyze_paths([folder], OPTS)
+    assert [r.rank for r in result.ranks] == [0] and result.run is None
+    assert [e.path for e in result.errors] == [str(folder / "manifest.json")] and result.errors[0].reason
+    assert format_summary(result).startswith("Analysed 1 rank(s), 1 file(s) skipped.")
+
+
+def test_a_manifest_part_with_wrong_types_is_a_named_error(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "rank0_h_step1-2.pt.trace.json.gz").write_bytes((DATA / "clean" / "rank-0.json.gz").read_bytes())
+    part = {"format": PART_FORMAT, "version": 1, "rank": 0, "host": "h", "windows": 5}
+    write(folder / "manifest_rank0_h.json", json.dumps(part).encode())
+    result = analyze_paths([folder], OPTS)
+    assert [r.rank for r in result.ranks] == [0] and result.run is None
+    assert [e.path for e in result.errors] == [str(folder / "manifest_rank*_*.json")]
+    assert result.errors[0].reason.startswith("the parts do not assemble")
+
+
+HOSTILE_TIMING = {
+    "summary-list": ("timing_summary.json", b"[1, 2]"),
+    "slowdown-number": ("timing_summary.json", b'{"profiler_slowdown": 5}'),
+    "slowdown-ratio-text": ("timing_summary.json",
+                            b'{"profiler_slowdown": {"warning": "w", "ratio": "x", "threshold_ratio": 1.25}}'),
+    "slowdown-ratio-zero": ("timing_summary.json",
+                            b'{"profiler_slowdown": {"warning": "w", "ratio": 0, "threshold_ratio": 1.25}}'),
+    "slowdown-no-ratio": ("timing_summary.json", b'{"profiler_slowdown": {"warning": "w", "threshold_ratio": 1.25}}'),
+    "verdict-number": ("timing_summary.json", b'{"imbalance_verdict": 5}'),
+    "records-not-objects": ("timing_rank0.jsonl", b"[1, 2]\n[3]\n\"x\"\n"),
+}
+
+
+@pytest.mark.parametrize(("name", "content"), HOSTILE_TIMING.values(), ids=HOSTILE_TIMING)
+def test_step_timer_files_with_wrong_types_beside_the_traces_are_ignored(tmp_path, name, content):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "rank0_h_step1-2.pt.trace.json.gz").write_bytes((DATA / "clean" / "rank-0.json.gz").read_bytes())
+    (folder / name).write_bytes(content)
+    result = analyze_paths([folder], OPTS)
+    assert [r.rank for r in result.ranks] == [0] and result.errors == [] and result.profiler_slowdown is None
+    assert not any(f.kind == "profiler_slowdown" for f in result.findings)
+    format_summary(result)
+
+
+DEEP = b"[" * 100_000 + b"]" * 100_000
+BESIDE_TRACES = {  # what analyze reads beside the traces: a named error (manifests) or ignored (step timer files)
+    "manifest.json": "not valid JSON (nested too deeply)",
+    "manifest_rank0_h.json": "not valid JSON (nested too deeply)",
+    "timing_summary.json": "",
+    "timing_rank0.jsonl": "",
+}
+
+
+@pytest.mark.parametrize("name", BESIDE_TRACES)
+def test_deeply_nested_json_beside_the_traces_is_no_crash(tmp_path, name):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "rank0_h_step1-2.pt.trace.json.gz").write_bytes((DATA / "clean" / "rank-0.json.gz").read_bytes())
+    (folder / name).write_bytes(DEEP)
+    result = analyze_paths([folder], OPTS)
+    assert [r.rank for r in result.ranks] == [0]
+    assert [(Path(e.path).name, e.reason) for e in result.errors] == ([(name, BESIDE_TRACES[name])] if
+                                                                       BESIDE_TRACES[name] else [])
+
+
+@pytest.mark.parametrize(("name", "content", "words"), [
+    ("timing_rank0.jsonl", DEEP, "timing_rank0.jsonl, line 1: not a record (nested too deeply)"),
+    ("timing_rank0.jsonl", b'{"step": 1, "step_s": 0.1}\n\xff\xfe\n', "timing_rank0.jsonl: not UTF-8 text"),
+    ("timing_summary.json", DEEP, "timing_summary.json: not readable JSON (nested too deeply)"),
+    ("timing_summary.json", b"\xff\xfe{}", "timing_summary.json: not readable JSON ('utf-8' codec can't decode"),
+])
+def test_compare_names_a_deeply_nested_or_non_utf8_file(tmp_path, name, content, words):
+    (tmp_path / "timing_rank0.jsonl").write_text('{"step": 1, "step_s": 0.1}\n{"step": 2, "step_s": 0.1}\n')
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(RunFolderError) as info:
+        load_run(tmp_path)
+    assert str(info.value).startswith(f"{tmp_path}{os.sep}{words}"), info.value
+
+
+@pytest.mark.parametrize(("line", "words"), [
+    ('{"step": "3", "step_s": 0.1}', "'step' is '3', not a number"),
+    ('{"step": true, "step_s": 0.1}', "'step' is True, not a number"),
+    ('{"step": 3, "step_s": "slow"}', "'step_s' is 'slow', not a number"),
+    ('{"step": 3, "step_s": NaN}', "'step_s' is nan, not a number"),
+    ('{"step": 3, "step_s": {"a": 1}}', "'step_s' is {'a': 1}, not a number"),
+])
+def test_compare_refuses_a_timing_record_with_a_wrong_type_naming_the_file_and_line(tmp_path, line, words):
+    good = '{"step": 1, "step_s": 0.1}\n{"step": 2, "step_s": 0.1}\n'
+    (tmp_path / "timing_rank0.jsonl").write_text(good + line + "\n")
+    with pytest.raises(RunFolderError) as info:
+        load_run(tmp_path)
+    assert str(info.value) == f"{tmp_path / 'timing_rank0.jsonl'}, line 3: {words}"
