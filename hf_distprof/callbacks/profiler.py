@@ -329,7 +329,8 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
                 self._remove_exit_handlers()
 
     def _stop_and_flush(self, prof: profile) -> None:
-        recording = prof.current_action == ProfilerAction.RECORD
+        # RECORD_AND_SAVE: stopped in the window's last step, before that step's end exported it.
+        recording = prof.current_action in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
         exports = self._exports
         try:
             with warnings.catch_warnings():

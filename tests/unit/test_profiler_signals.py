@@ -60,7 +60,7 @@ DRIVER = textwrap.dedent(
         cb = ProfilerCallback(ProfilingArguments(enable_profiling=True, profiler_output_dir=str(out),
                               profiler_run_name="run", profiler_wait_steps=1, profiler_warmup_steps=1,
                               profiler_active_steps=3, profiler_record_shapes=False))
-        stop_after = {{"before": 1, "inside": 3}}.get(moment)
+        stop_after = {{"before": 1, "inside": 3, "last": 4}}.get(moment)
         fake_trainer.run([cb], 6, out, stop_after=stop_after)
         if stop_after is not None:
             os.kill(os.getpid(), signum)
@@ -103,7 +103,10 @@ TRACE_3 = f"rank0_{HOST}_step3-3.pt.trace.json.gz"
 SUMMARY_3 = f"rank0_{HOST}_step3-3_summary.txt"
 COMPACT = ".compact.msgpack"
 
-MOMENTS = {"before": "before the window", "inside": "inside the window",
+TRACE_3_4 = f"rank0_{HOST}_step3-4.pt.trace.json.gz"
+SUMMARY_3_4 = f"rank0_{HOST}_step3-4_summary.txt"
+
+MOMENTS = {"before": "before the window", "inside": "inside the window", "last": "in the window's last step",
            "stop": "between the window's stop and its export", "export": "during the trace export",
            "summary": "during the summary after it", "compact": "while its compact summary is written"}
 # moment -> the files the run folder must hold afterwards (besides parallelism.json and rank0.log).
@@ -111,6 +114,7 @@ MOMENTS = {"before": "before the window", "inside": "inside the window",
 EXPECTED = {
     "before": [],  # no window started: nothing to write
     "inside": [TRACE_3, SUMMARY_3, TRACE_3 + COMPACT],  # cut short after step 3: a whole partial trace
+    "last": [TRACE_3_4, SUMMARY_3_4, TRACE_3_4 + COMPACT],  # cut in step 5, whose action is to stop and save
     "stop": [TRACE_3_5, SUMMARY_3_5, TRACE_3_5 + COMPACT],  # the signal waits for the whole end of the window
     "export": [TRACE_3_5, SUMMARY_3_5, TRACE_3_5 + COMPACT],  # the signal waits for the export
     "summary": [TRACE_3_5, SUMMARY_3_5, TRACE_3_5 + COMPACT],  # and for the summary after it
@@ -163,7 +167,7 @@ def test_a_signal_at_any_moment_leaves_whole_traces_and_the_signals_status(outco
         assert false_alarm not in (run_dir / "rank0.log").read_text()
     if expected:
         # "inside": step 4 had begun (its range opens when step 3 ends) when the signal came; it is in the trace,
-        # cut short, and the file is named by the steps that completed.
-        steps = [3, 4] if moment == "inside" else [3, 4, 5]
+        # cut short, and the file is named by the steps that completed ("last": the same with step 5).
+        steps = {"inside": [3, 4], "last": [3, 4, 5]}.get(moment, [3, 4, 5])
         assert trace_steps(run_dir / expected[0]) == [f"ProfilerStep#{n}" for n in steps]
         assert (run_dir / expected[1]).read_text().startswith("hf_distprof profiler summary: rank 0 of 1")
