@@ -316,50 +316,59 @@ def fisher_p(p1: float, p2: float) -> float:
     return 0.0 if q <= 0.0 else min(1.0, q * (1.0 - math.log(q)))
 
 
-def across_the_run(window: SlowRankVerdict, outside: Mapping[str, Any] | None, *, combine: bool) -> SlowRankVerdict:
+def across_the_run(window: SlowRankVerdict, outside: Mapping[str, Any] | None) -> SlowRankVerdict:
     """A traced window's verdict, weighed with the step timer's verdict over the run's other steps.
 
-    The window holds a few steps; the step timer judged the untraced ones with the same rules. The two look
-    at disjoint steps, so their evidence adds up, and a rank is slow in the run only when the evidence holds
-    across it (persistence):
+    The window holds a few steps; the step timer judged the untraced ones with the same rules. The two look at
+    disjoint steps, so their persistence tests are independent and their p-values combine (Fisher's method,
+    :func:`fisher_p`). The window still decides the effect (threshold, noise, materiality); whether the rank is
+    slow *across the run* is decided by the window's p for its candidate together with the timer's p for that
+    same rank: the timer's own p when that rank is its candidate too; with 2 ranks, ``1 - p`` when the timer
+    leans to the other rank; with more, 1 (no support). Against ``alpha``:
 
-    - the window names a rank, but the timer, with enough steps to decide, names none: the window's rank was
-      slow in the window only, and the verdict is ``quiet`` (gate ``outside``);
-    - with ``combine`` (the two measure the same thing: a rank's own work), the window has the effect but not
-      the persistence (gate ``persistence``, slowest in most of its steps) and the timer names the same rank:
-      the two p-values together (:func:`fisher_p`) decide against ``alpha``.
+    - a rank slow in the window but not outside it is not named: 6 of 6 in the window (p = 0.016) against a
+      timer that sees nothing (p = 0.5) is p = 0.047 together (gate ``outside``);
+    - a window too short to show persistence on its own, slowest in 5 of 6 (p = 0.031), is completed by a
+      timer that leans the same way (p = 0.001): p = 0.0004 together.
+
+    Only a window that passed every other gate is reconsidered: ``raised``, or ``quiet`` at the persistence
+    gate with the rank slowest in most of its steps.
 
     Args:
         window: The verdict over the traced steps.
-        outside: ``timing_summary.json``'s ``imbalance_verdict`` (status, rank, p_value, steps, reason); a
-            missing or malformed one leaves ``window`` as it is.
-        combine: Whether the timer's evidence may complete the window's (imbalance of work, not lateness).
+        outside: ``timing_summary.json``'s ``imbalance_verdict`` (status, rank, ranks, p_value, steps, reason);
+            a missing or malformed one leaves ``window`` as it is.
 
     Returns:
-        ``window``, or a new verdict with the reason extended.
+        ``window``, or a new verdict whose p-value and reason are the combined ones.
     """
-    if not isinstance(outside, Mapping):
+    if not isinstance(outside, Mapping) or window.rank is None:
+        return window
+    if not (window.raised or (window.status == QUIET and window.gate == "persistence")):
         return window
     status, rank, p, steps = (outside.get(k) for k in ("status", "rank", "p_value", "steps"))
-    reason = outside.get("reason") if isinstance(outside.get("reason"), str) else status
-    if status not in (RAISED, QUIET) or not isinstance(steps, int) or isinstance(steps, bool) or steps <= 0:
+    if status not in (RAISED, QUIET, UNDECIDED) or isinstance(rank, bool) or not isinstance(rank, int):
         return window
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
+        return window
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+        return window
+    p_same = float(p) if rank == window.rank else (1.0 - float(p) if window.ranks == 2 else 1.0)
+    both = fisher_p(window.p_value, p_same)
+    said = outside.get("reason") if isinstance(outside.get("reason"), str) else status
+    timer = (f"over the run's {steps} untraced steps the step timer says: {said} (p = {p_same:.3f} for rank "
+             f"{window.rank})")
     fields = {k: getattr(window, k) for k in window.__dataclass_fields__ if k != "confidence"}
-    if window.raised and status == QUIET:
-        fields.update(status=QUIET, gate="outside", reason=(
-            f"{window.reason}; but over the run's {steps} untraced steps the step timer names no slow rank "
-            f"({reason}): slow in the traced window only, not across the run"))
-        return SlowRankVerdict(**fields)
-    valid_p = not isinstance(p, bool) and isinstance(p, (int, float)) and 0.0 <= p <= 1.0
-    if (combine and status == RAISED and valid_p and rank == window.rank and window.gate == "persistence"
-            and window.slowest_in > MOST * window.steps):
-        both = fisher_p(window.p_value, float(p))
-        if both < ALPHA:
-            fields.update(status=RAISED, gate="", p_value=both, test=f"{window.test} + step timer", reason=(
-                f"{window.reason} in the traced window alone; the step timer names rank {rank} over the run's "
-                f"{steps} untraced steps too (p = {float(p):.3f}): together p = {both:.4f} (Fisher)"))
-            return SlowRankVerdict(**fields)
-    return window
+    fields.update(p_value=both, test=f"{window.test} + step timer")
+    if both < ALPHA and window.slowest_in > MOST * window.steps:
+        fields.update(status=RAISED, gate="", reason=(
+            f"{window.reason}{'' if window.raised else ' in the traced window alone'}; {timer}; together "
+            f"p = {both:.4f} (Fisher): slow across the run"))
+    else:
+        fields.update(status=QUIET, gate="outside" if window.raised else window.gate, reason=(
+            f"{window.reason}; but {timer}; together p = {both:.3f} (Fisher), not below {ALPHA:g}: slow in "
+            "the traced window, not across the run"))
+    return SlowRankVerdict(**fields)
 
 
 def _standing_out(per_step: Mapping[int, Sequence[float]]) -> set[int]:

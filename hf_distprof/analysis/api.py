@@ -137,7 +137,11 @@ def analyze_paths(
     cross = cross_rank(ranks, options, cpu_wait_beside(files), timer) if len(ranks) > 1 else None
     slowdown = profiler_slowdown_beside(files, ranks, options)
     findings = diagnose(ranks, cross, options) + slowdown_findings(slowdown)
-    findings, withheld = withhold_in_a_distorted_window(findings, slowdown, timer)
+    # A window whose verdicts were weighed with the timer's (across_the_run) already answers for the whole run.
+    weighed = cross is not None and any(
+        v is not None and v.test.endswith("+ step timer") for v in (cross.imbalance_verdict, cross.straggler_verdict)
+    )
+    findings, withheld = withhold_in_a_distorted_window(findings, slowdown, None if weighed else timer)
     findings.sort(key=lambda f: -f.severity)
     run, manifest_errors = run_summary_beside(files)  # hosts, windows and why, files lost since
     errors += [FileError(path, reason) for path, reason in manifest_errors]

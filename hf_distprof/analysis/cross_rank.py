@@ -87,8 +87,8 @@ def cross_rank(
         cpu_wait: rank -> step -> seconds waited for a CPU (``timing_rank{R}.jsonl``'s ``cpu_wait_s``).
         timer: The step timer's verdict over the untraced steps (``timing_summary.json``'s
             ``imbalance_verdict``): both verdicts are weighed with it
-            (:func:`hf_distprof.verdicts.across_the_run`), so that a rank slow in the window only is not named and
-            a window too short to show persistence on its own is completed by the rest of the run.
+            (:func:`hf_distprof.verdicts.across_the_run`): a rank slow in the window only is not named, and a
+            window too short to show persistence on its own is completed by the rest of the run.
 
     Returns:
         The cross-rank view.
@@ -136,7 +136,7 @@ def cross_rank(
             what=what,
             step_time=[median(d[s] for d in durations.values()) for s in common],
         )
-        imbalance = across_the_run(imbalance, timer, combine=True)
+        imbalance = across_the_run(imbalance, timer)
         straggler = judge_slow_rank(
             {rank: [per_step[rank][s] for s in late_steps] for rank in per_step},
             options.straggler_pct,
@@ -144,7 +144,7 @@ def cross_rank(
             min_abs=options.straggler_min_us,
             what="arrival at the step's collectives",
         )
-        straggler = across_the_run(straggler, timer, combine=False)
+        straggler = across_the_run(straggler, timer)
     return CrossRankResult(
         ranks=[r.rank for r in ranks],
         per_rank=per_rank,

@@ -240,27 +240,36 @@ def test_the_timer_completes_a_window_too_short_to_show_persistence_on_its_own()
     window = judge_slow_rank(five_of_six(), 10.0)
     assert (window.status, window.gate, window.p_value) == ("quiet", "persistence", 2 / 64)
     timer = {"status": "raised", "rank": 1, "p_value": 0.001, "steps": 11, "reason": "rank 1 ..."}
-    both = across_the_run(window, timer, combine=True)
+    both = across_the_run(window, timer)
     assert (both.status, both.rank, both.gate) == ("raised", 1, "")
     assert both.p_value == pytest.approx(fisher_p(2 / 64, 0.001)) and both.confidence == 1 - both.p_value
-    assert both.test == "signed-rank + step timer" and "together p = 0.0004 (Fisher)" in both.reason
-    # Not for lateness (combine=False), not for another rank, not for a weak timer, not past another gate.
-    assert across_the_run(window, timer, combine=False) is window
-    assert across_the_run(window, {**timer, "rank": 0}, combine=True) is window
-    assert across_the_run(window, {**timer, "p_value": 0.5}, combine=True) is window
+    assert both.test == "signed-rank + step timer"
+    assert both.reason == (f"{window.reason} in the traced window alone; over the run's 11 untraced steps the step "
+                           "timer says: rank 1 ... (p = 0.001 for rank 1); together p = 0.0004 (Fisher): slow across "
+                           "the run")
+    # A timer leaning the same way without a verdict of its own completes it too; one leaning away does not.
+    assert across_the_run(window, {**timer, "status": "quiet", "p_value": 0.03}).status == "raised"
+    away = across_the_run(window, {**timer, "rank": 0, "p_value": 0.001})
+    assert (away.status, away.gate, away.p_value) == ("quiet", "persistence", pytest.approx(fisher_p(2 / 64, 0.999)))
+    # With 3+ ranks a timer naming another rank gives this one no support (p = 1).
+    three = judge_slow_rank({**five_of_six(), 2: [1.0] * 6}, 10.0)
+    assert across_the_run(three, {**timer, "rank": 2}).p_value == pytest.approx(fisher_p(three.p_value, 1.0))
+    # A window stopped by another gate is not reconsidered.
     below = judge_slow_rank({0: [1.0] * 6, 1: [0.99] + [1.05] * 5}, 10.0)
-    assert below.gate == "threshold" and across_the_run(below, timer, combine=True) is below
+    assert below.gate == "threshold" and across_the_run(below, timer) is below
 
 
-def test_a_rank_slow_in_the_window_only_is_not_named_when_the_timer_finds_none():
+def test_a_rank_slow_in_the_window_only_is_not_named_when_the_timer_does_not_bear_it_out():
     window = judge_slow_rank(steady(1.3, 6), 10.0)
-    assert window.status == "raised"
-    quiet = {"status": "quiet", "rank": 0, "p_value": 0.4, "steps": 11, "reason": "rank 0 ... within the noise"}
-    seen = across_the_run(window, quiet, combine=False)
+    assert window.status == "raised" and window.p_value == 1 / 64
+    neutral = {"status": "quiet", "rank": 0, "p_value": 0.5, "steps": 11, "reason": "rank 0 ... within the noise"}
+    seen = across_the_run(window, neutral)
     assert (seen.status, seen.gate, seen.rank, seen.effect_pct) == ("quiet", "outside", 1, window.effect_pct)
-    assert seen.reason == (f"{window.reason}; but over the run's 11 untraced steps the step timer names no slow rank "
-                           "(rank 0 ... within the noise): slow in the traced window only, not across the run")
-    # A timer that could not decide, or a summary that is not one, leaves the window as it is.
-    for bad in ({**quiet, "status": "undecided"}, {**quiet, "steps": 0}, {**quiet, "steps": True},
-                {**quiet, "steps": "11"}, {"status": "quiet"}, None, ["quiet"]):
-        assert across_the_run(window, bad, combine=True) is window, bad
+    assert seen.p_value == pytest.approx(fisher_p(1 / 64, 0.5)) and seen.p_value > 0.02
+    assert seen.reason.startswith(f"{window.reason}; but over the run's 11 untraced steps the step timer says: "
+                                  "rank 0 ... within the noise (p = 0.500 for rank 1); together p = 0.046")
+    # A summary that is not a verdict leaves the window as it is.
+    for bad in ({**neutral, "steps": 0}, {**neutral, "steps": True}, {**neutral, "steps": "11"}, {"status": "quiet"},
+                {**neutral, "status": "maybe"}, {**neutral, "rank": None}, {**neutral, "rank": True},
+                {**neutral, "p_value": 1.5}, {**neutral, "p_value": False}, None, ["quiet"]):
+        assert across_the_run(window, bad) is window, bad
