@@ -329,7 +329,8 @@ def across_the_run(window: SlowRankVerdict, outside: Mapping[str, Any] | None) -
     - a rank slow in the window but not outside it is not named: 6 of 6 in the window (p = 0.016) against a
       timer that sees nothing (p = 0.5) is p = 0.047 together (gate ``outside``);
     - a window too short to show persistence on its own, slowest in 5 of 6 (p = 0.031), is completed by a
-      timer that leans the same way (p = 0.001): p = 0.0004 together.
+      timer that names the same rank (p = 0.001): p = 0.0004 together. A timer that only leans that way
+      (quiet, its effect under the threshold) does not complete it.
 
     Only a window that passed every other gate is reconsidered: ``raised``, or ``quiet`` at the persistence
     gate with the rank slowest in most of its steps.
@@ -360,7 +361,11 @@ def across_the_run(window: SlowRankVerdict, outside: Mapping[str, Any] | None) -
              f"{window.rank})")
     fields = {k: getattr(window, k) for k in window.__dataclass_fields__ if k != "confidence"}
     fields.update(p_value=both, test=f"{window.test} + step timer")
-    if both < ALPHA and window.slowest_in > MOST * window.steps:
+    # To turn a window that alone is not persistent into a finding, the timer must name the same rank itself
+    # (effect above the threshold outside the window too): a timer merely leaning that way is not enough, as
+    # rank 0's own small extra work (logging, the progress bar) leans every clean run's timer a little.
+    completes = window.raised or (status == RAISED and rank == window.rank)
+    if both < ALPHA and window.slowest_in > MOST * window.steps and completes:
         fields.update(status=RAISED, gate="", reason=(
             f"{window.reason}{'' if window.raised else ' in the traced window alone'}; {timer}; together "
             f"p = {both:.4f} (Fisher): slow across the run"))

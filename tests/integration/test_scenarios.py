@@ -1,11 +1,11 @@
 """The diagnosis against real 2-rank CPU runs of the demo script, profiling at its defaults.
 
 Five clean runs must raise no straggler or imbalance, neither live (the step timer's warnings) nor offline
-(the trace analysis at train end). A rank slowed by ~40% and by ~80% of its own work must be named by
+(the trace analysis at train end). A rank slowed by 15% and by 50% of its own work must be named by
 both. A data-loading stall on every rank is data-bound, not a straggler; a comm-heavy configuration is
 communication-bound, not a straggler. ``hf-distprof compare`` on the same folders names the slowed rank's data
-loading, and no rank between two clean runs. Every run uses ``--imbalance-threshold-pct 20`` (see THRESHOLD). The
-table this prints (``pytest -s``) is the one in the guide.
+loading, and no rank between two clean runs. Every run uses the default thresholds (``--imbalance-threshold-pct``
+10) but the comm-heavy one (25%, see there). The table this prints (``pytest -s``) is the one in the guide.
 """
 
 from __future__ import annotations
@@ -27,19 +27,16 @@ from .launch import train_lambda
 
 pytestmark = pytest.mark.integration
 
-STEPS = 20  # default schedule: wait 5, warmup 2, active 6 -> steps 6-13 traced; 2-5 and 14-20 not
+STEPS = 30  # default schedule: wait 5, warmup 2, active 6 -> steps 6-13 traced; 2-5 and 14-30 not (21 judged live)
+LEAK_STEPS = 20
 BATCH = 8
 CLEAN_RUNS = 5
-# On this shared 2-core machine clean runs show a persistent rank asymmetry of up to ~17% of pre-sync work in
-# some runs (rank 0's extra threads, the test harness on the same cores), so the suite runs at a 20%
-# threshold and slows rank 1 well above it; at the default 10%, 15% was caught in quiet runs and missed in a
-# busy one (see the guide).
-THRESHOLD = ("--imbalance-threshold-pct", "20")
 # compare's effect floor for the same reason: between two clean runs of the suite one rank's backward compute
 # drifted by 23% (a CI run under load), above compare's default 10%; the slowed rank's data loading grows by
 # thousands of %.
 COMPARE_MIN_EFFECT_PCT = 30.0
-SLOWDOWNS = (0.4, 0.8)  # share of a clean rank's pre-sync work added as a sleep on rank 1
+SLOWDOWNS = (0.15, 0.5)  # share of a clean rank's pre-sync work added as a sleep on rank 1
+COMM_HEAVY_IMBALANCE_PCT = 25
 STALL_S = 0.3  # per batch on every rank: far more than a step's compute
 SLOW_ENV = "HF_DISTPROF_SIMULATE_SLOW_RANK"
 LEAK_ENV = "HF_DISTPROF_SIMULATE_LEAK"
@@ -80,7 +77,7 @@ def run(tmp: Path, name: str, *extra: str, batch: int = BATCH, slow: str | None 
     proc = train_lambda(
         tmp, "--enable-profiling", "--profiler-analyze", "--max-steps", str(STEPS), "--logging-steps", "4",
         "--per-device-train-batch-size", str(batch), "--output-dir", str(tmp / name),
-        "--profiler-output-dir", str(tmp / "prof"), "--profiler-run-name", name, *THRESHOLD, *extra, env=env,
+        "--profiler-output-dir", str(tmp / "prof"), "--profiler-run-name", name, *extra, env=env,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     run_dir = tmp / "prof" / name
@@ -97,18 +94,23 @@ def run(tmp: Path, name: str, *extra: str, batch: int = BATCH, slow: str | None 
 def outcomes(tmp_path_factory) -> dict[str, Outcome]:
     tmp = tmp_path_factory.mktemp("scenarios")
     out = {f"clean{i}": run(tmp, f"clean{i}") for i in range(CLEAN_RUNS)}
-    # Slow rank 1 by a share of what a clean rank's own work takes here, on this machine, now.
-    pre_sync = statistics.median(r["pre_sync_s"] for o in out.values() for r in o.summary["per_rank"])
+    # Slow rank 1 by a share of what a clean rank's own work takes here, on this machine, now: its pre-sync
+    # work less the time its thread waited for a CPU (the other rank, the harness).
+    own = statistics.median(r["pre_sync_s"] - r["cpu_wait_s"] for o in out.values() for r in o.summary["per_rank"])
     for share in SLOWDOWNS:
-        out[f"slow{share:.0%}"] = run(tmp, f"slow{share:.0%}", slow=f"1:{share * pre_sync:.4f}")
+        out[f"slow{share:.0%}"] = run(tmp, f"slow{share:.0%}", slow=f"1:{share * own:.4f}")
     out["data_stall"] = run(tmp, "data_stall", slow=f"all:{STALL_S}")
     # One sequence of 16 tokens per step, a 32k vocabulary (4.7 M parameters) and one DDP bucket, so the whole
     # gradient all-reduce waits for the end of backward: as comm-heavy as 2 shared CPU cores get. Steps this
     # small make rank 0's own per-step work (its progress bar) a few % of the step, enough for a true but
     # unrelated "rank 0 is late" finding in 1 CI run of 2 (see the guide); the bar is off here.
+    # Its steps are ~60 ms with ~30 ms of own work per rank, and in some runs one rank's own work is 15-21% above
+    # the other's in most steps (on equal token counts; seen live and in the trace, 3 development runs of 5):
+    # a few ms, but persistent and above 5% of the step, so at the default 10% a true imbalance finding. What
+    # this scenario asks is whether communication is named and no straggler: its imbalance threshold is 25%.
     out["comm_heavy"] = run(
         tmp, "comm_heavy", "--max-seq-length", "16", "--tiny-vocab-size", "32768", "--ddp-bucket-cap-mb", "1000",
-        "--disable-tqdm", "true", batch=1,
+        "--disable-tqdm", "true", "--imbalance-threshold-pct", str(COMM_HEAVY_IMBALANCE_PCT), batch=1,
     )
     rows = ["| scenario | timer names | analysis names | findings | profiler slowdown |", "|---|---|---|---|---|"]
     for o in out.values():
@@ -175,26 +177,32 @@ def test_timing_summary_and_analysis_carry_the_profiler_slowdown(outcomes):
 
 
 def test_compare_names_the_slowed_rank_and_data_loading_and_nothing_between_clean_runs(outcomes):
-    # hf-distprof compare on the same folders: rank 1 slowed by 40% against a clean run, and two clean runs.
+    # hf-distprof compare on the same folders: rank 1 slowed by 50% against a clean run, and two clean runs.
     clean, other = (load_run(outcomes[name].run_dir) for name in ("clean0", "clean1"))
-    slowed = compare_runs(clean, load_run(outcomes["slow40%"].run_dir), COMPARE_MIN_EFFECT_PCT)
+    slowed = compare_runs(clean, load_run(outcomes["slow50%"].run_dir), COMPARE_MIN_EFFECT_PCT)
     h = slowed.headline
     assert (h.kind, h.rank, h.phase, h.metric) == ("localized", 1, "data", "data_load_s"), h.text
     rows = {(r.metric, r.rank): r.diff for r in slowed.rows}
     assert rows[("data_load_s", 1)].significant and not rows[("data_load_s", 0)].significant
-    # Warm-up step 1 and the profiler's steps 6-13 are left out: 2-5 and 14-20 are compared.
-    assert (slowed.steps_a, slowed.steps_b) == (11, 11)
+    # Warm-up step 1 and the profiler's steps 6-13 are left out: 2-5 and 14-30 are compared.
+    assert (slowed.steps_a, slowed.steps_b) == (21, 21)
     same = compare_runs(clean, other, COMPARE_MIN_EFFECT_PCT)
     # Between two clean runs no rank and no phase is named. A machine whose load changed between the two runs
     # (other work on the shared cores) slows every rank alike: that is reported as such, never as one rank.
-    assert same.headline.rank is None and same.headline.kind in ("none", "uniform"), same.headline.text
+    # "uniform": every rank's own work moved alike (CI once: +16% on both); "other" without a rank: only figures
+    # outside the ranks' own work moved, alike on every rank (throughput +33% on both once, when other work on
+    # the machine stopped between the two runs: less waiting for a CPU, the same own work).
+    assert same.headline.rank is None and same.headline.kind in ("none", "uniform", "other"), same.headline.text
     if same.headline.kind == "none":  # the machine was as busy for both runs: then nothing at all is significant
         assert [(r.metric, r.rank) for r in same.significant] == [], same.headline.text
-    else:  # a busier machine: every rank's own work moved the same way, on every rank (CI once: +16% on both)
+    else:
         delta = {(r.metric, r.rank): r.diff.delta for r in same.rows if r.diff.delta is not None}
-        own = [r for r in same.significant if r.rank is not None and r.unit == "s"]
-        assert own and len({r.diff.delta > 0 for r in own}) == 1, same.headline.text
-        for r in own:  # the other rank's same phase moved the same way
+        moved = [r for r in same.significant if r.rank is not None]
+        assert moved, same.headline.text
+        if same.headline.kind == "uniform":
+            own = [r for r in moved if r.unit == "s"]
+            assert own and len({r.diff.delta > 0 for r in own}) == 1, same.headline.text
+        for r in moved:  # the other rank's same figure moved the same way
             assert (delta[(r.metric, 1 - r.rank)] > 0) == (r.diff.delta > 0), (r.metric, r.rank, same.headline.text)
 
 
@@ -203,7 +211,7 @@ def test_a_rank_that_keeps_memory_alive_is_named_with_its_rate(tmp_path):
     # while it traces, its own buffers grow the RSS of every rank, and those intervals are left out.
     proc = train_lambda(
         tmp_path, "--enable-memory-logging", "--memory-log-steps", "2", "--enable-step-timing", "--max-steps",
-        str(STEPS), "--logging-steps", "4", "--output-dir", str(tmp_path / "leak"), "--profiler-output-dir",
+        str(LEAK_STEPS), "--logging-steps", "4", "--output-dir", str(tmp_path / "leak"), "--profiler-output-dir",
         str(tmp_path / "prof"), "--profiler-run-name", "leak",
         env={"SKIP_PREFLIGHT": "1", LEAK_ENV: f"1:{LEAK_MIB}"},
     )
@@ -216,7 +224,7 @@ def test_a_rank_that_keeps_memory_alive_is_named_with_its_rate(tmp_path):
     (growth,) = summary["memory_growth"]
     assert growth["rank"] == 1 and growth["what"] == "process RSS"
     assert 0.8 * LEAK_MIB <= growth["rate_mb_per_step"] <= 1.3 * LEAK_MIB
-    assert (growth["first_step"], growth["last_step"]) == (4, STEPS)  # samples at 2..20, 2 -> 4 is warm-up
+    assert (growth["first_step"], growth["last_step"]) == (4, LEAK_STEPS)  # samples at 2..20, 2 -> 4 is warm-up
     # The memory logger owns the verdict when it runs; the step timer leaves it to it.
     assert json.loads((run_dir / "timing_summary.json").read_text())["memory_growth"] == []
     assert summary["highest_peak_rank"] == 1

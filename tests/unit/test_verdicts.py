@@ -247,8 +247,9 @@ def test_the_timer_completes_a_window_too_short_to_show_persistence_on_its_own()
     assert both.reason == (f"{window.reason} in the traced window alone; over the run's 11 untraced steps the step "
                            "timer says: rank 1 ... (p = 0.001 for rank 1); together p = 0.0004 (Fisher): slow across "
                            "the run")
-    # A timer leaning the same way without a verdict of its own completes it too; one leaning away does not.
-    assert across_the_run(window, {**timer, "status": "quiet", "p_value": 0.03}).status == "raised"
+    # A timer leaning the same way without naming the rank itself does not complete it, nor one leaning away.
+    leaning = across_the_run(window, {**timer, "status": "quiet", "p_value": 0.03})
+    assert (leaning.status, leaning.gate) == ("quiet", "persistence") and leaning.p_value < 0.02
     away = across_the_run(window, {**timer, "rank": 0, "p_value": 0.001})
     assert (away.status, away.gate, away.p_value) == ("quiet", "persistence", pytest.approx(fisher_p(2 / 64, 0.999)))
     # With 3+ ranks a timer naming another rank gives this one no support (p = 1).
