@@ -297,6 +297,14 @@ class ProfilingArguments:
             "noise (see the guide). Also the trace analysis's --imbalance-pct under --profiler-analyze."
         ),
     )
+    straggler_threshold_pct: NonNegativeFloat = field(
+        default=10.0,
+        metadata=_help(
+            "Under --profiler-analyze: the trace analysis's --straggler-pct. A rank that reaches each step's "
+            "collectives later than its peers by a median of more than this percentage of the step, in most "
+            "steps and beyond the run's noise, is a straggler."
+        ),
+    )
     memory_imbalance_threshold_pct: NonNegativeFloat = field(
         default=20.0,
         metadata=_help(

@@ -61,7 +61,7 @@ class AnalysisOptions:
             "help": (
                 "A rank arriving at each step's collectives later than its peers by a median of more than this % "
                 "of step time, last in most steps (more often than chance) and beyond the run's noise, is a "
-                "straggler."
+                "straggler. Under --profiler-analyze: the training's --straggler-threshold-pct."
             )
         },
     )

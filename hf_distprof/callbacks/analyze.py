@@ -27,6 +27,7 @@ def analysis_options(args: ProfilingArguments) -> Any:
     return AnalysisOptions(
         workers=1,
         imbalance_pct=float(args.imbalance_threshold_pct),
+        straggler_pct=float(args.straggler_threshold_pct),
         memory_imbalance_pct=float(args.memory_imbalance_threshold_pct),
         profiler_slowdown_threshold=float(args.profiler_slowdown_threshold),
     )

@@ -72,8 +72,9 @@ def test_the_training_flags_set_the_analysis_thresholds():
 
     options = analysis_options(ProfilingArguments(
         enable_profiling=True, imbalance_threshold_pct=15, memory_imbalance_threshold_pct=30,
-        profiler_slowdown_threshold=1.5,
+        profiler_slowdown_threshold=1.5, straggler_threshold_pct=25,
     ))
     assert (options.imbalance_pct, options.memory_imbalance_pct, options.profiler_slowdown_threshold) == (15, 30, 1.5)
+    assert options.straggler_pct == 25
     # In the training process: no process pool (spawned workers would re-import the training script).
     assert options.workers == 1

@@ -35,6 +35,7 @@ EXPECTED_DEFAULTS = {
     "profiler_with_stack": False,
     "profiler_with_flops": False,
     "imbalance_threshold_pct": 10.0,
+    "straggler_threshold_pct": 10.0,
     "memory_imbalance_threshold_pct": 20.0,
     "memory_growth_threshold_pct": 20.0,
     "profiler_slowdown_threshold": 1.25,
