@@ -4,6 +4,7 @@ something and leaves the model exactly as it was. (Clean runs staying quiet: tes
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -171,10 +172,9 @@ def test_comm_probe_leaves_state_bit_identical(tmp_path, mode, method):
         kept = ("params", "grads", "buffers", "optimizer", "rng", "ranks_in_sync_after")
         assert {k: checks[k] for k in kept} == dict.fromkeys(kept, True)
         assert out["result"]["method"] == method
-        if mode == "ddp":
-            # The all-reduce of every gradient is twice the tiny model's compute: far above noise. FSDP2
-            # keeps its parameter all-gathers with sync off, so only a small reduce-scatter differs there.
-            assert out["result"]["comm_s"] > 0
+        # comm_s is one timed difference (a step with sync less one without): a number, whose sign a busy
+        # machine can flip (-1.3 ms once in CI for DDP); what it reports is checked in the test above.
+        assert math.isfinite(out["result"]["comm_s"])
         # What the parallelism report sees on each rank, and what each rank holds.
         seen = out["parallelism"]
         assert (seen["built"], seen["world_size"], seen["backend"], seen["warning"]) == (mode, 2, "gloo", None)
