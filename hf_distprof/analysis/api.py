@@ -6,7 +6,6 @@ import json
 import math
 import multiprocessing
 import os
-import re
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -29,10 +28,10 @@ from hf_distprof.analysis.model import (
 )
 from hf_distprof.analysis.rank import analyze_rank
 from hf_distprof.analysis.trace_io import TraceReadError, discover_trace_files
+from hf_distprof.runs.load import TIMING_RE
 from hf_distprof.verdicts import profiler_slowdown
 
 PROGRESS_MIN_FILES = 8
-_TIMING_RE = re.compile(re.escape(names.TIMING_LOG_NAME).replace(r"\{rank\}", r"(\d+)") + "$")
 
 
 def analyze_file(
@@ -208,7 +207,7 @@ def cpu_wait_beside(files: list[str]) -> dict[int, dict[int, float]]:
     out: dict[int, dict[int, float]] = {}
     for folder in sorted({Path(f).parent for f in files}):
         for log in sorted(folder.glob(names.TIMING_LOG_NAME.format(rank="*"))):
-            found = _TIMING_RE.match(log.name)
+            found = TIMING_RE.match(log.name)
             try:
                 lines = log.read_text(encoding="utf-8").splitlines() if found else []
                 rows = [json.loads(line) for line in lines if line.strip()]

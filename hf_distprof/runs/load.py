@@ -20,7 +20,8 @@ from hf_distprof import names
 WARMUP_STEPS = 1
 """Steps left out at the start when ``timing_summary.json`` does not say (the step timer's own default)."""
 
-_TIMING_RE = re.compile(re.escape(names.TIMING_LOG_NAME).replace(r"\{rank\}", r"(\d+)") + "$")
+TIMING_RE = re.compile(re.escape(names.TIMING_LOG_NAME).replace(r"\{rank\}", r"(\d+)") + "$")
+"""A step timer file's name; group 1 is the rank."""
 _MEMORY_RE = re.compile(re.escape(names.MEMORY_LOG_NAME).replace(r"\{rank\}", r"(\d+)") + "$")
 _TRACE_WINDOW_RE = re.compile(r"^rank\d+_.*_step(\d+)-(\d+)" + re.escape(names.TRACE_SUFFIX) + "$")
 
@@ -105,7 +106,7 @@ def _timing_files(folder: Path) -> dict[int, Path]:
     except OSError:  # a subfolder we may not read is not a run folder
         return out
     for p in entries:
-        m = _TIMING_RE.match(p.name)
+        m = TIMING_RE.match(p.name)
         if m and p.is_file():
             out[int(m.group(1))] = p
     return out
