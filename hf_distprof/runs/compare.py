@@ -7,8 +7,11 @@ is called significant only when it stands out from both runs' own step-to-step n
 What changed most (the headline) is looked for among each rank's own work (data loading, forward, backward
 compute, optimizer), because under DDP a slow rank makes every other rank's step, data wait (the Trainer's
 cross-rank token count) and collective wait longer too: those follow from the cause and do not name it. A
-change is *localized* on a rank when the same phase on the other ranks changed by less than half as much;
-the largest localized change is the headline. When every rank changed alike, the headline says so: then the
+change is *localized* on a rank when the same phase on the other ranks changed by less than half as much and
+the rank's excess over their change is itself a change the comparison would call significant (at least
+``min_effect_pct`` of run A's median, and beyond the noise): between two clean runs on a busy machine one rank's
+forward once grew 48% while its peer's grew 23%, an excess of 25% that is the machine's drift, not one rank.
+The largest localized change is the headline. When every rank changed alike, the headline says so: then the
 machine (load, clocks, threads) or the whole workload changed, not one rank.
 """
 
@@ -22,6 +25,7 @@ from typing import Any
 from hf_distprof.runs.load import RunData
 from hf_distprof.runs.stats import (
     MIN_EFFECT_PCT,
+    NOISE_FACTOR,
     PROFILED,
     TOO_FEW,
     Difference,
@@ -259,7 +263,7 @@ def compare_runs(a: RunData, b: RunData, min_effect_pct: float = MIN_EFFECT_PCT)
         notes.append("steps inside a profiler window are left out of the step-timer figures (the profiler slows them)")
     counted = [min((len(r.counted(k)) for k in ranks), default=0) for r in (a, b)]
     return Comparison(str(a.path), str(b.path), a.ranks, b.ranks, counted[0], counted[1], rows,
-                      headline(rows, ranks), notes, min_effect_pct)
+                      headline(rows, ranks, min_effect_pct), notes, min_effect_pct)
 
 
 def _own_work_rows(rows: list[Row], ranks: list[int]) -> list[Row]:
@@ -285,12 +289,14 @@ def _fmt_delta(row: Row) -> str:
     return f"{d.median_a:.4f} -> {d.median_b:.4f} {row.unit} per step ({d.delta:+.4f}{pct})"
 
 
-def headline(rows: list[Row], ranks: list[int]) -> Headline:
+def headline(rows: list[Row], ranks: list[int], min_effect_pct: float = MIN_EFFECT_PCT) -> Headline:
     """What changed most: the largest localized change of a rank's own work, else a uniform or other change.
 
     Args:
         rows: The compared rows.
         ranks: The ranks both runs have.
+        min_effect_pct: The comparison's effect floor: a rank's excess over its peers' change must clear it
+            (in % of run A's median of that figure) to localize the change on that rank.
 
     Returns:
         The headline.
@@ -305,7 +311,12 @@ def headline(rows: list[Row], ranks: list[int]) -> Headline:
     def excess(row: Row) -> float:
         return abs((row.diff.delta or 0.0) - peers(row))
 
-    localized = [r for r in own if abs(peers(r)) < LOCALIZED_SHARE * abs(r.diff.delta or 0.0)]
+    def stands_out(row: Row) -> bool:
+        d = row.diff
+        return (d.median_a is not None and excess(row) >= min_effect_pct / 100.0 * abs(d.median_a)
+                and excess(row) > NOISE_FACTOR * d.noise)
+
+    localized = [r for r in own if abs(peers(r)) < LOCALIZED_SHARE * abs(r.diff.delta or 0.0) and stands_out(r)]
     if localized:
         top = max(localized, key=excess)
         beside = f", against {peers(top):+.4f} s on the other ranks" if len(ranks) > 1 else ""

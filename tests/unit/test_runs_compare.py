@@ -190,6 +190,25 @@ def test_runs_of_6_steps_name_nothing_and_say_they_are_too_short(tmp_path, capsy
     assert (seven.headline.kind, seven.headline.rank, seven.headline.metric) == ("localized", 1, "data_load_s")
 
 
+def test_a_rank_is_named_only_when_its_excess_over_its_peers_clears_the_effect_floor(tmp_path):
+    # Two clean CI runs on a busy machine: rank 0's forward +48%, rank 1's +23% (under half of it). The excess,
+    # 25% of A's median, is below a 30% floor: the machine drifted, no rank is named (CI once named rank 0).
+    a = load_run(clean_run(tmp_path / "a"))
+    drift = load_run(clean_run(tmp_path / "b", fwd_rank0=0.096, fwd_rank1=0.046))
+    floor = compare_runs(a, drift, min_effect_pct=30.0)
+    rows = rows_by(floor)
+    assert rows[("forward_s", 0)].diff.significant and not rows[("forward_s", 1)].diff.significant
+    assert (floor.headline.kind, floor.headline.rank, floor.headline.metric) == ("uniform", None, "forward_s")
+    # At the default 10% floor the same 25% excess is one rank's change.
+    default = compare_runs(a, drift)
+    assert (default.headline.kind, default.headline.rank, default.headline.metric) == ("localized", 0, "forward_s")
+    assert default.headline.text == ("rank 0, forward: 0.2000 -> 0.2960 s per step (+0.0960, +48%), against +0.0460 s "
+                                     "on the other ranks")
+    # An excess just above the floor (31%) is named at 30%.
+    named = compare_runs(a, load_run(clean_run(tmp_path / "c", fwd_rank0=0.108, fwd_rank1=0.046)), min_effect_pct=30.0)
+    assert (named.headline.kind, named.headline.rank) == ("localized", 0)
+
+
 def test_a_uniformly_slower_run_names_no_rank(tmp_path):
     c = compare_runs(load_run(clean_run(tmp_path / "a")), load_run(clean_run(tmp_path / "b", factor=1.5)))
     rows = rows_by(c)
