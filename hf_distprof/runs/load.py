@@ -164,6 +164,58 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data
 
 
+def _wrong(path: Path, where: str, value: Any, expected: str) -> RunFolderError:
+    return RunFolderError(f"{path}: {where} is {value!r}, not {expected}")
+
+
+def _check_rows(path: Path, data: dict[str, Any], numbers: tuple[str, ...]) -> None:
+    """``per_rank`` is a list of objects whose ``rank`` is an integer and whose ``numbers`` are numbers or null."""
+    rows = data.get("per_rank")
+    if rows is None:
+        return
+    if not isinstance(rows, list):
+        raise _wrong(path, "'per_rank'", rows, "a list")
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise _wrong(path, f"per_rank[{i}]", row, "an object")
+        if "rank" in row and not _is_number(row["rank"], integer=True):
+            raise _wrong(path, f"per_rank[{i}].rank", row["rank"], "an integer")
+        for key in numbers:
+            if row.get(key) is not None and not _is_number(row[key]):
+                raise _wrong(path, f"per_rank[{i}].{key}", row[key], "a number")
+
+
+def _check_object(path: Path, data: dict[str, Any], key: str, numbers: tuple[str, ...]) -> None:
+    """``data[key]``, when present and not null, is an object whose ``numbers`` are numbers or null."""
+    value = data.get(key)
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise _wrong(path, repr(key), value, "an object")
+    for name in numbers:
+        if value.get(name) is not None and not _is_number(value[name]):
+            raise _wrong(path, f"{key}.{name}", value[name], "a number")
+
+
+def _check_timing_summary(path: Path, data: dict[str, Any]) -> None:
+    """The fields of ``timing_summary.json`` that compare and scaling read, checked so that a file edited by hand
+    or written by another tool is named in a clear error, never a traceback."""
+    warmup = data.get("warmup_steps_excluded")
+    if warmup is not None and not (_is_number(warmup, integer=True) and warmup >= 0):
+        raise _wrong(path, "'warmup_steps_excluded'", warmup, "an integer >= 0")
+    _check_rows(path, data, ("peak_memory_bytes",))
+    _check_object(path, data, "profiler_slowdown", ("steps_inside",))
+    _check_object(path, data, "comm_overhead", ("overhead_pct",))
+
+
+def _check_memory_summary(path: Path, data: dict[str, Any]) -> None:
+    """``memory_summary.json``: ``peak_basis`` names a numeric field of its ``per_rank`` rows."""
+    basis = data.get("peak_basis")
+    if basis is not None and not isinstance(basis, str):
+        raise _wrong(path, "'peak_basis'", basis, "a string")
+    _check_rows(path, data, (basis,) if basis else ())
+
+
 def _trace_steps(analysis: dict[str, Any]) -> dict[int, list[dict[str, float]]]:
     """Per rank and traced step, the CPU-side breakdown of the trace analysis, in seconds."""
     out: dict[int, list[dict[str, float]]] = {}
@@ -226,6 +278,11 @@ def load_run(path: str | Path, warmup_steps: int | None = None, analyze_traces: 
     if not any(steps.values()):
         raise RunFolderError(f"{folder}: the timing files hold no step")
     summary = _read_json(folder / names.TIMING_SUMMARY_NAME)
+    if summary is not None:
+        _check_timing_summary(folder / names.TIMING_SUMMARY_NAME, summary)
+    memory_summary = _read_json(folder / names.MEMORY_SUMMARY_NAME)
+    if memory_summary is not None:
+        _check_memory_summary(folder / names.MEMORY_SUMMARY_NAME, memory_summary)
     memory: dict[int, list[dict[str, Any]]] = {}
     traced: set[int] = set()
     for p in folder.iterdir():
@@ -241,13 +298,18 @@ def load_run(path: str | Path, warmup_steps: int | None = None, analyze_traces: 
         analysis = _analyze_traces(folder)
     if warmup_steps is None:
         warmup_steps = int((summary or {}).get("warmup_steps_excluded", WARMUP_STEPS))
+    try:
+        trace_steps = _trace_steps(analysis) if analysis else {}
+    except (AttributeError, TypeError, ValueError) as err:
+        where = folder / names.ANALYSIS_NAME
+        raise RunFolderError(f"{where}: a traced step's field has the wrong type ({err})") from err
     return RunData(
         path=folder,
         steps=steps,
         summary=summary,
         memory=memory,
-        memory_summary=_read_json(folder / names.MEMORY_SUMMARY_NAME),
+        memory_summary=memory_summary,
         traced_steps=traced,
-        trace_steps=_trace_steps(analysis) if analysis else {},
+        trace_steps=trace_steps,
         warmup_steps=warmup_steps,
     )

@@ -15,6 +15,7 @@ import pytest
 
 from hf_distprof.analysis import analyze_paths, format_summary
 from hf_distprof.analysis.manifest import FORMAT, PART_FORMAT
+from hf_distprof.cli.main import main
 from hf_distprof.runs.load import RunFolderError, load_run
 
 from .test_hostile_input import DATA, OPTS, write
@@ -133,3 +134,37 @@ def test_compare_refuses_a_timing_record_with_a_wrong_type_naming_the_file_and_l
     with pytest.raises(RunFolderError) as info:
         load_run(tmp_path)
     assert str(info.value) == f"{tmp_path / 'timing_rank0.jsonl'}, line 3: {words}"
+
+
+@pytest.mark.parametrize(("name", "doc", "words"), [
+    ("timing_summary.json", {"warmup_steps_excluded": "x"}, "'warmup_steps_excluded' is 'x', not an integer >= 0"),
+    ("timing_summary.json", {"warmup_steps_excluded": -1}, "'warmup_steps_excluded' is -1, not an integer >= 0"),
+    ("timing_summary.json", {"per_rank": 5}, "'per_rank' is 5, not a list"),
+    ("timing_summary.json", {"per_rank": ["r0"]}, "per_rank[0] is 'r0', not an object"),
+    ("timing_summary.json", {"per_rank": [{"rank": "a"}]}, "per_rank[0].rank is 'a', not an integer"),
+    ("timing_summary.json", {"per_rank": [{"rank": 0, "peak_memory_bytes": "z"}]},
+     "per_rank[0].peak_memory_bytes is 'z', not a number"),
+    ("timing_summary.json", {"profiler_slowdown": [3]}, "'profiler_slowdown' is [3], not an object"),
+    ("timing_summary.json", {"profiler_slowdown": {"steps_inside": "3"}},
+     "profiler_slowdown.steps_inside is '3', not a number"),
+    ("timing_summary.json", {"comm_overhead": {"overhead_pct": "high"}},
+     "comm_overhead.overhead_pct is 'high', not a number"),
+    ("memory_summary.json", {"peak_basis": 3}, "'peak_basis' is 3, not a string"),
+    ("memory_summary.json", {"peak_basis": "rss_mb", "per_rank": [{"rank": 0, "rss_mb": "big"}]},
+     "per_rank[0].rss_mb is 'big', not a number"),
+    ("analysis.json", {"ranks": 5}, "a traced step's field has the wrong type"),
+    ("analysis.json", {"ranks": [{"rank": 0, "steps": [{"step": 3, "cpu": {"compute_us": "x"}}]}]},
+     "a traced step's field has the wrong type"),
+])
+def test_compare_names_a_summary_file_and_field_of_the_wrong_type(tmp_path, capsys, name, doc, words):
+    # A summary edited by hand or written by another tool: one error naming the file and the field, exit 2.
+    for folder in (tmp_path / "a", tmp_path / "b"):
+        folder.mkdir()
+        (folder / "timing_rank0.jsonl").write_text("".join(
+            json.dumps({"step": s, "step_s": 0.1}) + "\n" for s in range(1, 9)))
+    (tmp_path / "b" / name).write_text(json.dumps(doc))
+    with pytest.raises(RunFolderError) as info:
+        load_run(tmp_path / "b")
+    assert str(info.value).startswith(f"{tmp_path / 'b' / name}: {words}"), info.value
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 2
+    assert capsys.readouterr().err.startswith(f"hf-distprof compare: error: {tmp_path / 'b' / name}: {words}")
