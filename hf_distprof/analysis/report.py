@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from hf_distprof import names
+from hf_distprof.analysis.manifest import format_run
 from hf_distprof.analysis.model import AnalysisResult
 from hf_distprof.analysis.text import format_bytes, format_gbps, format_summary, missing_sizes_note
 from hf_distprof.analysis.text import reference_lines
@@ -226,6 +227,7 @@ def _markdown(result: AnalysisResult) -> str:
         f"**Load imbalance:** {result.imbalance_pct:.1f}%  ",
         f"**Ranks analysed:** {len(result.ranks)}; files skipped: {len(result.errors)}",
         "",
+        *_run_markdown(result),
         "## Findings",
         "",
     ]
@@ -267,6 +269,15 @@ def _markdown(result: AnalysisResult) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _run_markdown(result: AnalysisResult) -> list[str]:
+    """The run manifest's section: hosts, each window and why it was taken, files listed but missing."""
+    if result.run is None:
+        return []
+    head, *rest = format_run(result.run)
+    missing = [f"- Missing: {text}" for text in result.run.missing_files]
+    return ["## Run", "", head, "", *[f"- {line.strip()}" for line in rest], *missing, ""]
 
 
 def _comm_markdown(result: AnalysisResult) -> list[str]:

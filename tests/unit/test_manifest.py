@@ -19,6 +19,7 @@ from hf_distprof import ProfilerCallback, ProfilingArguments
 from hf_distprof.analysis import AnalysisOptions, analyze_paths, format_findings, format_summary
 from hf_distprof.analysis.manifest import ManifestError, assemble, load_manifest, missing_files
 from hf_distprof.analysis.merge import merge_traces
+from hf_distprof.analysis.report import write_report
 from hf_distprof.capture import CapturePlan, Note, Window
 from hf_distprof.cli.main import main
 from hf_distprof.manifest import (
@@ -255,6 +256,28 @@ def test_analyze_reports_hosts_and_why_each_window_was_taken_and_warns_of_a_lost
                                                                   "uncertainty_us": 40.0}
     assert main(["analyze", str(folder), "--workers", "1", "--findings"]) == 0
     assert f"hf-distprof analyze: warning: {result.run.missing_files[0]}" in capsys.readouterr().err
+
+
+def test_the_report_has_a_run_section_from_the_manifest(tmp_path):
+    folder = run_with_manifest(tmp_path, "clean", 1500.0, lost=True)
+    result = analyze_paths([folder], AnalysisOptions(workers=1))
+    write_report(result, tmp_path / "report")
+    text = (tmp_path / "report" / "report.md").read_text()
+    head = text.split("## Findings")[0]
+    section = head.split("## Run\n\n")[1].splitlines()
+    assert section == [
+        f"Run manifest ({folder / 'manifest.json'}), complete: 2 rank(s) on 2 host(s): hostA: ranks 0; hostB: ranks 1",
+        "",
+        "- clocks at start: largest offset from rank 0 +1500 us (rank 1, +/- 40 us)",
+        "- window steps 1-5 on ranks 0-1, taken by anomaly: rank 1's step 9 took 3 s",
+        "- 1 file(s) listed in the manifest are missing from the folder",
+        f"- Missing: {result.run.missing_files[0]}",
+        "",
+    ]
+    # Without a manifest there is no such section.
+    bare = analyze_paths([DATA / "clean"], AnalysisOptions(workers=1))
+    write_report(bare, tmp_path / "bare")
+    assert "## Run" not in (tmp_path / "bare" / "report.md").read_text()
 
 
 def test_analyze_skips_a_broken_manifest_with_its_name_and_still_analyses(tmp_path):
