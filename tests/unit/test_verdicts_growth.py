@@ -1,0 +1,258 @@
+"""Exact tests of the profiler-slowdown and memory-growth verdicts (hf_distprof.verdicts), numbers by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from hf_distprof.verdicts import GrowthWatch, MemoryGrowth, ProfilerSlowdown, memory_growth, profiler_slowdown
+
+ADVICE = (
+    "look for tensors kept across steps (losses appended to a list without .item(), caches, hooks holding "
+    "activations)"
+)
+
+
+# --- profiler_slowdown -------------------------------------------------------------------------------------
+
+
+def test_profiler_slowdown_every_field_with_two_steps_before_and_the_default_threshold():
+    # Exactly min_outside=2 steps before the window are the reference (the slower steps after it are not):
+    # ratio 1.5 / 1.0 = 1.5 > the default 1.25. Confidence: 1.25 is not above 1.25 x 1.0, so 2 of 3 steps.
+    # The options that are on are named most costly first, comma separated; the ones off are not named.
+    steps = {1: 1.0, 2: 1.0, 3: 1.25, 4: 1.5, 5: 1.6, 6: 2.0, 7: 2.0}
+    options = {"record_shapes": True, "with_stack": True, "with_flops": False, "profile_memory": True}
+    out = profiler_slowdown(steps, {3, 4, 5}, options)
+    assert out == ProfilerSlowdown(
+        steps_inside=3, steps_before=2, steps_after=2,
+        median_step_s_inside=1.5, median_step_s_before=1.0, median_step_s_after=2.0,
+        ratio=1.5, threshold_ratio=1.25, options=options,
+        warning=(
+            "the profiler slows the steps it traces by 1.50x (median 1.5000s inside its window vs 1.0000s outside; "
+            "threshold 1.25x): times and findings from the trace describe a slower run than yours; the likely "
+            "cost: --profiler-with-stack, --profiler-record-shapes, --profiler-profile-memory (turn off what you "
+            "do not need)."
+        ),
+        confidence=2 / 3,
+    )
+    assert type(out.options) is dict and out.options is not options  # a copy, plain dict
+
+
+def test_profiler_slowdown_one_step_before_takes_the_steps_after_too_and_names_no_option():
+    # One step before (< min_outside): the reference is before + after = [1.0, 1.0, 1.2], median 1.0.
+    # No costly option on: the message says the per-op bookkeeping is the cost.
+    steps = {1: 1.0, 2: 3.0, 3: 3.0, 4: 1.0, 5: 1.2}
+    out = profiler_slowdown(steps, {2, 3}, {"with_stack": False}, threshold_ratio=2.5)
+    assert out == ProfilerSlowdown(
+        steps_inside=2, steps_before=1, steps_after=2,
+        median_step_s_inside=3.0, median_step_s_before=1.0, median_step_s_after=1.1,
+        ratio=3.0, threshold_ratio=2.5, options={"with_stack": False},
+        warning=(
+            "the profiler slows the steps it traces by 3.00x (median 3.0000s inside its window vs 1.0000s outside; "
+            "threshold 2.5x): times and findings from the trace describe a slower run than yours; no costly option "
+            "is on: the profiler's own per-op bookkeeping is the cost; trace fewer steps."
+        ),
+        confidence=1.0,
+    )
+
+
+def test_profiler_slowdown_with_too_few_reference_steps_gives_no_ratio_and_no_confidence():
+    # One step outside the window (< min_outside=2): no ratio, no confidence, no warning, nothing after.
+    out = profiler_slowdown({1: 1.0, 2: 5.0}, {2}, {})
+    assert out == ProfilerSlowdown(
+        steps_inside=1, steps_before=1, steps_after=0,
+        median_step_s_inside=5.0, median_step_s_before=1.0, median_step_s_after=None,
+        ratio=None, threshold_ratio=1.25, options={}, warning=None, confidence=None,
+    )
+    # With min_outside=1 the same single step is enough.
+    one = profiler_slowdown({1: 1.0, 2: 5.0}, {2}, {}, min_outside=1)
+    assert one is not None and (one.ratio, one.confidence) == (5.0, 1.0)
+
+
+def test_profiler_slowdown_with_a_zero_reference_median_gives_no_ratio():
+    # Reference steps timed at 0 s: no ratio (and no division by zero), no confidence.
+    out = profiler_slowdown({1: 0.0, 2: 0.0, 3: 1.0}, {3}, {"with_stack": True})
+    assert out is not None
+    assert (out.ratio, out.confidence, out.warning, out.median_step_s_before) == (None, None, None, 0.0)
+
+
+def test_profiler_slowdown_exactly_at_the_threshold_is_quiet():
+    # ratio 1.25 / 1.0 == threshold 1.25: not above, so no warning; the step at exactly 1.25x is not counted.
+    out = profiler_slowdown({1: 1.0, 2: 1.0, 3: 1.25}, {3}, {"with_stack": True})
+    assert out is not None and (out.ratio, out.warning, out.confidence) == (1.25, None, 0.0)
+    # Just above it warns (default threshold 1.25).
+    above = profiler_slowdown({1: 1.0, 2: 1.0, 3: 1.26}, {3}, {})
+    assert above is not None and above.warning is not None and above.warning.startswith(
+        "the profiler slows the steps it traces by 1.26x (median 1.2600s inside its window vs 1.0000s outside; "
+        "threshold 1.25x)"
+    )
+
+
+def test_profiler_slowdown_steps_between_two_windows_count_as_after():
+    # Windows {3, 4} and {7}: steps 5, 6 (between) and 8 are "after" the first window; 1, 2 are before.
+    steps = {1: 1.0, 2: 1.0, 3: 2.0, 4: 2.0, 5: 1.4, 6: 1.4, 7: 2.0, 8: 1.6}
+    out = profiler_slowdown(steps, {3, 4, 7}, {})
+    assert out is not None
+    assert (out.steps_inside, out.steps_before, out.steps_after) == (3, 2, 3)
+    assert (out.median_step_s_before, out.median_step_s_after, out.ratio) == (1.0, 1.4, 2.0)
+
+
+# --- memory_growth -----------------------------------------------------------------------------------------
+
+
+def test_memory_growth_every_field_and_the_message_with_the_defaults():
+    # 3 intervals (min_points 4 - 1), none left out as warm-up: +10 MB per 10 steps, +30% over 100 MB.
+    # Defaults: rank 0, "memory".
+    out = memory_growth([0, 10, 20, 30], [100, 110, 120, 130], 20.0)
+    assert out == MemoryGrowth(
+        rank=0, rate_mb_per_step=1.0, growth_pct=30.0, first_step=0, last_step=30, first_mb=100.0,
+        last_mb=130.0, rises=3, intervals=3, threshold_pct=20.0, what="memory",
+    )
+    assert out.message == (
+        "rank 0: memory grows 1.0 MB per step (100 -> 130 MB, +30.0% from step 0 to 30; rose in 3 of 3 logging "
+        "intervals; threshold 20%): " + ADVICE
+    )
+
+
+def test_memory_growth_from_zero_mb_is_no_verdict():
+    # The first judged sample is 0 MB: no percentage to compute, so no verdict (not a division by zero).
+    assert memory_growth([0, 1, 2, 3], [0, 10, 20, 30], 5.0) is None
+
+
+def test_memory_growth_from_one_mb_is_judged():
+    # 1 MB at the first judged sample is a real base: 1 -> 4 MB is +300%.
+    out = memory_growth([0, 1, 2, 3], [1.0, 2.0, 3.0, 4.0], 50.0)
+    assert out is not None and (out.growth_pct, out.first_mb, out.last_mb, out.rate_mb_per_step) == (
+        300.0, 1.0, 4.0, 1.0
+    )
+
+
+def test_memory_growth_rising_in_exactly_three_of_four_intervals_is_enough_and_flat_is_not_a_rise():
+    # 5 intervals, the first left out as warm-up; the 4 judged: +10, 0, +10, +10: 3 rises of 4 = 0.75.
+    out = memory_growth([0, 10, 20, 30, 40, 50], [50, 100, 110, 110, 120, 130], 20.0, rank=2, what="process RSS")
+    assert out == MemoryGrowth(
+        rank=2, rate_mb_per_step=1.0, growth_pct=30.0, first_step=10, last_step=50, first_mb=100.0,
+        last_mb=130.0, rises=3, intervals=4, threshold_pct=20.0, what="process RSS",
+    )
+    # +10, 0, 0, +30: two flat intervals are not rises, 2 of 4 < 0.75: no verdict though +40%.
+    assert memory_growth([0, 10, 20, 30, 40, 50], [50, 100, 110, 110, 110, 140], 20.0) is None
+
+
+def test_memory_growth_exactly_at_the_threshold_is_no_verdict():
+    # +5, +3, +2 over 100 MB: exactly +10%, not above a 10% threshold; above a 9.5% one.
+    assert memory_growth([0, 1, 2, 3], [100, 105, 108, 110], 10.0) is None
+    out = memory_growth([0, 1, 2, 3], [100, 105, 108, 110], 9.5)
+    assert out is not None and out.growth_pct == 10.0 and out.rate_mb_per_step == 3.0  # slopes 5, 3, 2
+
+
+def test_memory_growth_without_any_step_between_samples_has_rate_zero():
+    # Every sample at the same step: no slope can be computed, the rate is 0.0 (the growth still counts).
+    out = memory_growth([7, 7, 7, 7], [100, 110, 120, 130], 20.0)
+    assert out is not None and (out.rate_mb_per_step, out.growth_pct, out.first_step, out.last_step) == (
+        0.0, 30.0, 7, 7
+    )
+
+
+# --- GrowthWatch -------------------------------------------------------------------------------------------
+
+
+def _growth(**fields) -> MemoryGrowth:
+    base = dict(rank=1, rate_mb_per_step=1.0, threshold_pct=20.0, what="process RSS")
+    return MemoryGrowth(**(base | fields))
+
+
+def test_growth_watch_warns_on_the_second_consecutive_hit_and_resets_after_a_miss():
+    watch = GrowthWatch(20.0, "process RSS")
+    # Samples 10..30: fewer than 3 intervals, no verdict.
+    assert [watch.add(1, s, v) for s, v in ((10, 100), (20, 110), (30, 120))] == [None, None, None]
+    assert watch.verdict(1) is None
+    # Step 40: the verdict holds for the first time (3 intervals, +30%): not yet returned, but verdict() has it.
+    assert watch.add(1, 40, 130) is None
+    first = _growth(growth_pct=30.0, first_step=10, last_step=40, first_mb=100.0, last_mb=130.0, rises=3, intervals=3)
+    assert watch.verdict(1) == first and watch.verdicts() == [first]
+    # Step 50: held at this sample and the previous one: returned. The first interval is now warm-up.
+    second = _growth(
+        growth_pct=100.0 * 30 / 110, first_step=20, last_step=50, first_mb=110.0, last_mb=140.0, rises=3, intervals=3
+    )
+    assert watch.add(1, 50, 140) == second
+    # Step 60: memory falls back (-10 MB over the judged intervals): a miss.
+    assert watch.add(1, 60, 100) is None and watch.verdict(1) is None and watch.verdicts() == []
+    # Step 70: a hit again, but the previous sample missed: not returned.
+    assert watch.add(1, 70, 200) is None and watch.verdict(1) is not None
+    # Step 80: second consecutive hit: returned. Slopes 1, 1, 1, -4, 10, 1: median 1.0; +100 MB over 110 MB.
+    assert watch.add(1, 80, 210) == _growth(
+        growth_pct=100.0 * 100 / 110, first_step=20, last_step=80, first_mb=110.0, last_mb=210.0, rises=5,
+        intervals=6,
+    )
+
+
+def test_growth_watch_keeps_each_ranks_persistence_apart():
+    # Ranks 0 and 1 grow alike, samples interleaved: each warns on its own second hit, not on the other's.
+    watch = GrowthWatch(20.0, "allocated CUDA memory")
+    got = []
+    for step, value in ((10, 100), (20, 110), (30, 120), (40, 130), (50, 140)):
+        got += [watch.add(0, step, value), watch.add(1, step, value)]
+    assert got[:8] == [None] * 8
+    assert [v.rank for v in got[8:]] == [0, 1]
+    assert got[8].what == "allocated CUDA memory" and got[9].first_step == 20
+    assert watch.verdict(2) is None  # a rank never sampled
+
+
+def test_growth_watch_verdicts_in_rank_order_without_the_quiet_ranks():
+    # Ranks added 3, 0, 1: rank 0 flat (quiet), 1 and 3 growing; verdicts() lists 1 then 3.
+    watch = GrowthWatch(20.0, "process RSS")
+    for step, value in ((10, 100), (20, 110), (30, 120), (40, 130)):
+        watch.add(3, step, 2 * value)
+        watch.add(0, step, 100)
+        watch.add(1, step, value)
+    out = watch.verdicts()
+    assert [(v.rank, v.first_mb, v.last_mb) for v in out] == [(1, 100.0, 130.0), (3, 200.0, 260.0)]
+
+
+# The profiler traced one step d. Samples every 10 steps; the interval (20, 30] holds a +100 MB jump.
+# An interval (previous, step] that holds d is left out, then the first interval left is warm-up.
+_STEPS = [10, 20, 30, 40, 50, 60, 70, 80]
+_VALUES = [100, 110, 210, 220, 230, 240, 250, 260]
+_JUMP_OUT = dict(growth_pct=100.0 * 50 / 210, first_step=30, first_mb=210.0, last_mb=260.0, intervals=5, rises=5)
+_JUMP_IN = dict(growth_pct=100.0 * 150 / 110, first_step=20, first_mb=110.0, last_mb=260.0, intervals=6, rises=6)
+
+
+@pytest.mark.parametrize(
+    ("traced", "expected"),
+    [
+        (21, _JUMP_OUT),  # first step of (20, 30]: the jump is left out
+        (25, _JUMP_OUT),
+        (30, _JUMP_OUT),  # last step of (20, 30]
+        (20, _JUMP_OUT),  # (10, 20] left out; (20, 30] is then the warm-up interval
+        # (30, 40] left out: (10, 20] is warm-up, the jump counts: +140 MB over 110 MB in 5 intervals, and
+        # last_mb is 110 + 140 (what the judged intervals added), not the last sample's 260.
+        (31, dict(growth_pct=100.0 * 140 / 110, first_step=20, first_mb=110.0, last_mb=250.0, intervals=5, rises=5)),
+        (None, _JUMP_IN),  # nothing traced: every interval counts
+    ],
+)
+def test_growth_watch_leaves_out_the_interval_that_holds_a_traced_step(traced, expected):
+    watch = GrowthWatch(20.0, "process RSS", distorting=lambda s: s == traced)
+    for step, value in zip(_STEPS, _VALUES):
+        watch.add(1, step, value)
+    assert watch.verdict(1) == _growth(last_step=80, **expected)
+
+
+def test_growth_watch_without_distorting_counts_every_interval():
+    watch = GrowthWatch(20.0, "process RSS")
+    for step, value in zip(_STEPS, _VALUES):
+        watch.add(1, step, value)
+    assert watch.verdict(1) == _growth(last_step=80, **_JUMP_IN)
+
+
+def test_growth_watch_asks_about_each_step_of_each_interval_once_starting_after_start():
+    # distorting is asked about the steps (previous sample, this sample]; the first interval starts after
+    # ``start`` (default 0).
+    asked: list[int] = []
+    watch = GrowthWatch(20.0, "process RSS", distorting=lambda s: asked.append(s) or False)
+    watch.add(0, 3, 100)
+    watch.add(0, 5, 100)
+    assert asked == [1, 2, 3, 4, 5]
+    asked.clear()
+    restarted = GrowthWatch(20.0, "process RSS", distorting=lambda s: asked.append(s) or False, start=7)
+    restarted.add(0, 9, 100)
+    restarted.add(4, 8, 100)  # another rank: its own first interval, from start
+    assert asked == [8, 9, 8]
