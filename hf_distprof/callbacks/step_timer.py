@@ -49,6 +49,7 @@ from hf_distprof.timing.report import (
     format_table,
     memory_warning,
     peak_tflops_for_device,
+    unresolved_note,
 )
 from hf_distprof.verdicts import GrowthWatch, MemoryGrowth, profiler_slowdown
 
@@ -510,7 +511,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
                 "median "
                 f"of ranks): compute {combined['compute_s']:.4f}s, with sync {combined['with_sync_s']:.4f}s, "
                 f"communication {combined['comm_s']:.4f}s = {combined['overhead_pct']:.1f}% "
-                "of forward+backward",
+                f"of forward+backward{unresolved_note(combined)}",
                 flush=True,
             )
         return combined

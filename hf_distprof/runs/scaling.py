@@ -96,7 +96,9 @@ def point_from_run(run: RunData, nproc: int) -> ScalingPoint:
         syncs = [step_value(r, "sync_s") for r in records]
         if step_s > 0 and all(s is not None for s in syncs):
             comm.append(100.0 * sum(s or 0.0 for s in syncs) / len(syncs) / step_s)
-    probe = ((run.summary or {}).get("comm_overhead") or {}).get("overhead_pct")
+    measured = (run.summary or {}).get("comm_overhead") or {}
+    # A probe whose difference is within its passes' spread measured nothing: left empty, not a number.
+    probe = measured.get("overhead_pct") if measured.get("resolved", True) is not False else None
     return ScalingPoint(
         nproc=nproc,
         steps=len(rows),

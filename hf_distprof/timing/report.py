@@ -388,6 +388,14 @@ class StepSeries:
         )
 
 
+def unresolved_note(comm: dict[str, Any]) -> str:
+    """``""`` when the probe resolved the communication, else the sentence saying it did not."""
+    if comm.get("resolved", True):
+        return ""
+    return (f"; not resolved: within the passes' own spread ({comm.get('noise_s', 0.0):.4f}s), run more passes "
+            "or on a quieter machine")
+
+
 def _cell(value: float | None, width: int, fmt: str = ".4f") -> str:
     return ("n/a" if value is None else format(value, fmt)).rjust(width)
 
@@ -438,7 +446,7 @@ def format_table(report: CrossRankReport, comm: dict[str, Any] | None = None, ti
         lines.append(
             f"comm overhead ({comm['passes']} passes per mode): compute {comm['compute_s']:.4f}s, "
             f"with sync {comm['with_sync_s']:.4f}s, communication {comm['comm_s']:.4f}s = "
-            f"{comm['overhead_pct']:.1f}% of the step's forward+backward"
+            f"{comm['overhead_pct']:.1f}% of the step's forward+backward{unresolved_note(comm)}"
         )
     if report.warnings:
         lines.append(f"{len(report.warnings)} warning(s) follow in the log.")

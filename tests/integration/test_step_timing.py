@@ -138,8 +138,16 @@ def test_measure_comm_overhead_reports_communication(slow_run):
     comm = read_summary(run_dir)["comm_overhead"]
     assert comm["method"] == "ddp.no_sync" and comm["passes"] == 3 and len(comm["per_rank"]) == 2
     assert all(len(r["no_sync_passes_s"]) == 3 and len(r["sync_passes_s"]) == 3 for r in comm["per_rank"])
-    assert comm["comm_s"] > 0 and comm["overhead_pct"] > 0
-    assert "hf_distprof comm overhead (ddp.no_sync, 3 passes per mode" in proc.stdout
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("hf_distprof comm overhead (ddp.no_sync, 3 passes"))
+    assert math.isfinite(comm["comm_s"]) and comm["noise_s"] >= 0
+    # The A/B is a difference of two timed passes: on a busy machine it can sink into the passes' own spread (CI
+    # once: -1.3 ms). Then it says so rather than report a number.
+    assert comm["resolved"] == (comm["comm_s"] > comm["noise_s"])
+    if comm["resolved"]:
+        assert comm["comm_s"] > 0 and comm["overhead_pct"] > 0 and "not resolved" not in line
+    else:
+        assert line.endswith(f"not resolved: within the passes' own spread ({comm['noise_s']:.4f}s), run more "
+                             "passes or on a quieter machine")
 
 
 # The probe's tiny ModernBERT (vocab 512, hidden 64, 2 layers): its parameter count.

@@ -38,6 +38,18 @@ def test_a_point_has_the_slowest_ranks_step_time_and_all_ranks_throughput(tmp_pa
         point_from_run(load_run(tmp_path / "r"), 4)
 
 
+def test_the_comm_probe_share_is_taken_only_when_the_probe_resolved_it(tmp_path):
+    ranks = {r: [record(s, step_s=0.5, samples=8) for s in range(1, 6)] for r in (0, 1)}
+
+    def probe(comm: dict) -> float | None:
+        folder = write_run(tmp_path / str(len(list(tmp_path.iterdir()))), ranks, summary={"comm_overhead": comm})
+        return point_from_run(load_run(folder), 2).probe_comm_pct
+
+    assert probe({"overhead_pct": 7.5, "resolved": True}) == 7.5
+    assert probe({"overhead_pct": 7.5}) == 7.5  # written before the probe judged its spread
+    assert probe({"overhead_pct": -0.6, "resolved": False}) is None
+
+
 def test_weak_scaling_speedup_and_efficiency_against_the_smallest_count(tmp_path):
     # Per-rank batch 8: 1 process at 0.1 s per step (80 samples/s), 2 at 0.125 s (128/s), 4 at 0.2 s (160/s).
     points = [point_from_run(load_run(fake_run(tmp_path / f"n{n}", n, t)), n) for n, t in ((4, 0.2), (1, 0.1),

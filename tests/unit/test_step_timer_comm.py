@@ -13,9 +13,11 @@ import pytest
 import torch
 from torch import nn
 
+from hf_distprof.timing.report import unresolved_note
 from hf_distprof.timing.comm_overhead import (
     _loss_of,
     measure_comm_overhead,
+    passes_noise,
     summarize_ranks,
     sync_switch,
 )
@@ -77,6 +79,8 @@ def test_state_is_bit_identical_after_the_measurement():
     assert model.sync_seen[-8:] == [True, False, False, False, False, True, True, True]
     assert result.method == "fsdp2.set_requires_gradient_sync" and result.passes == 3
     assert len(result.no_sync_passes_s) == 3 and len(result.sync_passes_s) == 3
+    assert result.noise_s == passes_noise(result.no_sync_passes_s, result.sync_passes_s)
+    assert result.resolved == (result.comm_s > result.noise_s)
     assert result.compute_s == min(result.no_sync_passes_s) and result.with_sync_s == min(
         result.sync_passes_s
     )
@@ -127,3 +131,21 @@ def test_ranks_combine_by_median():
     ]
     combined = summarize_ranks(ranks)
     assert combined["compute_s"] == 2.0 and combined["overhead_pct"] == 20.0 and combined["per_rank"] == ranks
+
+
+def test_a_difference_within_the_passes_spread_is_not_resolved():
+    # The spread is, over the two modes, the largest median pass less the fastest: 0.02 s (sync 0.30, 0.32, 0.33).
+    assert passes_noise([0.20, 0.21, 0.205], [0.30, 0.33, 0.32]) == pytest.approx(0.02)
+    assert passes_noise([0.2], [0.3]) == 0.0 and passes_noise() == 0.0
+    # Each rank's resolved = comm_s > noise_s; the run's: the median comm_s against the median noise_s.
+    ranks = [{"passes": 3, "method": "ddp.no_sync", "compute_s": 0.2, "with_sync_s": 0.2 + c, "comm_s": c,
+              "overhead_pct": 100 * c / (0.2 + c), "noise_s": n} for c, n in ((-0.0013, 0.004), (0.002, 0.003),
+                                                                             (0.010, 0.001))]
+    combined = summarize_ranks(ranks)
+    assert (combined["comm_s"], combined["noise_s"], combined["resolved"]) == (0.002, 0.003, False)
+    assert unresolved_note(combined) == ("; not resolved: within the passes' own spread (0.0030s), run more passes "
+                                         "or on a quieter machine")
+    ranks[1]["noise_s"] = 0.0019
+    assert summarize_ranks(ranks)["resolved"] is True and unresolved_note(summarize_ranks(ranks)) == ""
+    # A summary written before the spread was measured reads as resolved.
+    assert unresolved_note({"comm_s": 0.1}) == ""
