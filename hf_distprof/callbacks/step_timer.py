@@ -94,7 +94,8 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self._log_step: int | None = None
         self._flos_logged = 0.0
         self._flos_begin = 0.0
-        self._warned: set[tuple[str, int]] = set()
+        # (kind, rank) -> the step of its live warning (each is said once).
+        self._warned: dict[tuple[str, int], int] = {}
         self._failed = False
         # Phases timed on the host clock (CPU training): only then is the thread's wait for a CPU part of them
         # and taken out of the pre-sync time compared across ranks (on GPU the phases are device time).
@@ -430,8 +431,25 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
 
     def _warn_once(self, kind: str, rank: int, state: TrainerState, warning: str) -> None:
         if (kind, rank) not in self._warned:
-            self._warned.add((kind, rank))
+            self._warned[(kind, rank)] = state.global_step
             logger.warning(f"step {state.global_step}: {warning}")
+
+    def _live_time_warnings(self, final: Any) -> tuple[list[dict[str, Any]], list[str]]:
+        """Each live step-time warning, whether the verdict over the whole run still names its rank, and the
+        sentence withdrawing each one that does not: a rank slower for the first 20 steps of 30 (a shared
+        machine's drift) is warned about live, then found within the threshold over the run."""
+        rows: list[dict[str, Any]] = []
+        withdrawn: list[str] = []
+        for (kind, rank), step in sorted(self._warned.items(), key=lambda item: item[1]):
+            if kind != "time":
+                continue
+            held = bool(final is not None and final.raised and final.rank == rank)
+            rows.append({"rank": rank, "step": step, "held_at_end": held})
+            if not held:
+                why = final.reason if final is not None else "no verdict over the run"
+                withdrawn.append(f"The step-time warning of step {step} about rank {rank} did not hold over the "
+                                 f"whole run: {why}")
+        return rows, withdrawn
 
     def _write_summary(self, gathered: list[dict[str, Any]], state: TrainerState) -> None:
         runs = [g["run"] for g in gathered]
@@ -440,9 +458,12 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         # The Trainer counts FLOPs for every step; scale to the steps in the means (equal work per step).
         flops = (float(state.total_flos) - self._flos_begin) * counted / all_steps if all_steps else None
         self._add_rows(gathered)
-        report = self._report(runs, flops, self._verdict())
+        final = self._verdict()
+        report = self._report(runs, flops, final)
         if report is None:
             return
+        live, withdrawn = self._live_time_warnings(final)
+        report.warnings.extend(withdrawn)
         assert self._series is not None
         a = self.args
         slowdown = profiler_slowdown(
@@ -466,6 +487,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             "comm_overhead": self.comm,
             "profiler_slowdown": slowdown.to_json() if slowdown is not None else None,
             "memory_growth": [g.to_json() for g in map(self._growth, range(len(gathered))) if g is not None],
+            "live_time_warnings": live,
             "files": sorted(paths.TIMING_LOG_NAME.format(rank=r) for r in range(len(gathered))),
         }
         del summary["ranks"]

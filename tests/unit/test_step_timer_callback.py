@@ -135,6 +135,7 @@ def test_per_step_lines_and_summary(trained):
         and summary["warmup_steps_excluded"] == 1
     )
     assert summary["slowest_rank"] == 0 and summary["warnings"] == [] and summary["comm_overhead"] is None
+    assert summary["live_time_warnings"] == []
     (rank0,) = summary["per_rank"]
     assert rank0["steps"] == 5 and rank0["samples"] == 20 and rank0["samples_per_s"] > 0
     assert summary["mfu_pct"] is not None and summary["mfu_pct"] > 0  # --peak-tflops given: MFU even on CPU
@@ -342,6 +343,28 @@ def test_a_slow_rank_is_warned_about_live_once_the_verdict_held_twice(tmp_path, 
         _live(tmp_path, [(0.3, 0.45)] * 5)  # raised at windows 2, 3, 4, 5: said once, at window 3
     (warning,) = [r.getMessage() for r in caplog.records if "imbalance" in r.getMessage()]
     assert warning.startswith("[RANK 0] step 13: Step time imbalance 50.0% > 10%: rank 1 is the slowest")
+
+
+def test_a_live_warning_the_whole_run_does_not_bear_out_is_withdrawn_at_the_end(tmp_path, caplog):
+    # Rank 1 slower for 12 steps (warned at step 13), then rank 0 for 12: over the run the median excess is
+    # (50% - 33.3%) / 2 = 8.3%, under the 10% threshold. The end says the live warning did not hold.
+    with caplog.at_level(logging.WARNING):
+        cb = _live(tmp_path, [(0.3, 0.45)] * 3 + [(0.45, 0.3)] * 3)
+    assert [r.getMessage()[:45] for r in caplog.records if "imbalance" in r.getMessage()] == [
+        "[RANK 0] step 13: Step time imbalance 50.0% >"]
+    final = cb._verdict()
+    assert (final.status, final.gate, final.steps) == ("quiet", "threshold", 24)
+    rows, withdrawn = cb._live_time_warnings(final)
+    assert rows == [{"rank": 1, "step": 13, "held_at_end": False}]
+    assert withdrawn == [f"The step-time warning of step 13 about rank 1 did not hold over the whole run: "
+                         f"{final.reason}"]
+    assert final.reason.endswith("exceeds its peers' by a median 8.3%, within the 10% threshold")
+    # Borne out: rank 1 slower throughout; the warning stands and nothing is withdrawn.
+    held = _live(tmp_path, [(0.3, 0.45)] * 5)
+    assert held._live_time_warnings(held._verdict()) == ([{"rank": 1, "step": 13, "held_at_end": True}], [])
+    # No verdict at all over the run (1 rank, say): the warning is withdrawn with that said.
+    assert cb._live_time_warnings(None)[1] == [
+        "The step-time warning of step 13 about rank 1 did not hold over the whole run: no verdict over the run"]
 
 
 def test_steps_the_profiler_traced_are_left_out_of_the_live_verdict(tmp_path, caplog):
