@@ -7,7 +7,7 @@ Run from the repository root::
     GLOO_TRACES_OUT=/tmp/x python tests/data/make_gloo_traces.py slow_rank1  # elsewhere (integration test)
 
 Each scenario trains a tiny MLP under DDP on 2 gloo ranks (spawned with torch.multiprocessing) and
-records steps with ``torch.profiler`` (schedule wait=1, warmup=1, active=ACTIVE: six ``ProfilerStep#N``
+records steps with ``torch.profiler`` (schedule wait=WAIT (1), warmup=1, active=ACTIVE: six ``ProfilerStep#N``
 per trace, enough for a 2-rank verdict; ``fsdp2`` was recorded with two). Scenarios:
 
 - ``clean``: both ranks do the same work; no straggler, no imbalance.
@@ -39,11 +39,16 @@ from torch.utils.data import DataLoader, Dataset
 HERE = Path(__file__).resolve().parent
 OUT = Path(os.environ.get("GLOO_TRACES_OUT", HERE))
 SCENARIOS = ("clean", "slow_rank1", "slow_data", "fsdp2")
-SLOW_MS = 30
+# The committed traces were recorded with 30 ms; the integration test sleeps longer (GLOO_TRACES_SLOW_MS), well
+# above what a busy machine does to the other rank for a few steps.
+SLOW_MS = int(os.environ.get("GLOO_TRACES_SLOW_MS", "30"))
 # Active steps per trace: 2 ranks need 6 or more for any verdict (hf_distprof.verdicts.min_steps). The committed
 # traces hold 6; the integration test asks for more (GLOO_TRACES_ACTIVE), so that one step in which the slow rank
 # happens not to be last (a descheduled rank 0 on a busy machine) does not take the verdict away.
 ACTIVE = int(os.environ.get("GLOO_TRACES_ACTIVE", "6"))
+# Untraced steps before the profiler's warm-up step: 1 for the committed traces; the integration test skips more,
+# because the first steps of the suite's first run (cold page cache, first imports) are not the program's.
+WAIT = int(os.environ.get("GLOO_TRACES_WAIT", "1"))
 WORLD_SIZE = 2
 BATCH = 2048
 WIDTH = 256
@@ -104,11 +109,11 @@ def _worker(rank: int, scenario: str, port: int) -> None:
             model = DDP(TinyMLP(slow_forward), bucket_cap_mb=0.1)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         # The batch is large enough that compute, not the gradient all-reduce, dominates a clean step.
-        loader = DataLoader(RandomBatches(ACTIVE + 3, slow_data), batch_size=None)
+        loader = DataLoader(RandomBatches(WAIT + ACTIVE + 2, slow_data), batch_size=None)
         out_dir = OUT / scenario
         out_dir.mkdir(exist_ok=True)
         out = out_dir / f"rank-{rank}.json.gz"
-        schedule = torch.profiler.schedule(wait=1, warmup=1, active=ACTIVE, repeat=1)
+        schedule = torch.profiler.schedule(wait=WAIT, warmup=1, active=ACTIVE, repeat=1)
         with torch.profiler.profile(
             activities=[torch.profiler.ProfilerActivity.CPU],
             schedule=schedule,
@@ -117,7 +122,7 @@ def _worker(rank: int, scenario: str, port: int) -> None:
             on_trace_ready=lambda p: p.export_chrome_trace(str(out)),
         ) as prof:
             for step, (x, y) in enumerate(loader):
-                if step == ACTIVE + 3:
+                if step == WAIT + ACTIVE + 2:
                     break
                 loss = nn.functional.mse_loss(model(x), y)
                 opt.zero_grad(set_to_none=True)
