@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import re
 import socket
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -99,6 +101,30 @@ def barrier() -> None:
     """Wait for every rank; a no-op without a process group. Only used at train end."""
     if is_distributed() and get_world_size() > 1:
         dist.barrier()
+
+
+def finish(code: int = 0, exit_process: Any = os._exit) -> None:
+    """End a training process that has finished: destroy the process group, run the ``atexit`` handlers
+    (logging's flush among them), flush stdout/stderr, then leave without the interpreter's C++ teardown.
+
+    Even after ``destroy_process_group()``, about 1 FSDP2 run in 4 on gloo (and, more rarely, DDP) died at
+    that teardown with SIGABRT ("terminate called without an active exception": a joinable C++ thread
+    destroyed), turning a finished run into a failed job for the launcher. Call it only once training and
+    every file are done (a training script's last line); never from a library.
+
+    Args:
+        code: The exit status.
+        exit_process: What leaves (``os._exit``; a stand-in in tests).
+    """
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed, or a pipe whose reader is gone
+            pass
+    exit_process(code)
 
 
 class RankPrefixAdapter(logging.LoggerAdapter):  # type: ignore[type-arg]
