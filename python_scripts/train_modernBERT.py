@@ -82,6 +82,9 @@ HANG_ENV = "HF_DISTPROF_SIMULATE_HANG"
 # Test-only: a folder where every rank writes env_rank{R}.json once its process group exists: the debug flags'
 # variables it sees (hf_distprof.debug_env.DEBUG_ENV_VARS), c10d's debug level and the group's CPU backend.
 DUMP_ENV = "HF_DISTPROF_DUMP_ENV"
+# Test-only: "1" makes every rank move its main thread to the next CPU it may use at every batch, rank r on CPU
+# (r + batch) mod n: a crossover, so that a CPU that runs slower for a while slows each rank alike (AlternateCores).
+ALTERNATE_CORES_ENV = "HF_DISTPROF_ALTERNATE_CORES"
 # Set by train_lambda.sh for its pre-flight check: parse the flags, then exit before any work.
 PARSE_ONLY_ENV = "HF_DISTPROF_PARSE_ONLY"
 SPECIAL_TOKENS = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
@@ -287,6 +290,26 @@ class SlowRankCollator:
         return self.inner(features)
 
 
+class AlternateCores:
+    """Wraps a collator so that each batch moves the calling (main) thread to the next CPU: rank ``r`` runs its
+    ``n``-th batch on CPU ``cpus[(r + n) % len(cpus)]``.
+
+    The cores of a shared VM each switch between speeds ~20% apart for seconds at a time, independently of
+    each other (PROFILING_GUIDE.md, "Scenario suite"). A rank that stays on one core for a short run inherits
+    that core's speed, so a clean run can have a truly slower rank that is no rank's doing. Crossing the ranks
+    over the cores at every step gives each rank each core alike: for the tests of silence on clean runs.
+    """
+
+    def __init__(self, inner: Any, rank: int) -> None:
+        self.inner, self.rank, self.calls = inner, rank, 0
+        self.cpus = sorted(os.sched_getaffinity(0))
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+        os.sched_setaffinity(0, {self.cpus[(self.rank + self.calls) % len(self.cpus)]})  # 0: this thread
+        self.calls += 1
+        return self.inner(features)
+
+
 class HangCollator:
     """Wraps a collator so that from its ``from_call``-th call on it never returns: a hung rank for tests."""
 
@@ -442,6 +465,9 @@ def main() -> None:
         who, from_call = hang.split(":")
         if selected(who, rank):
             collator = HangCollator(collator, int(from_call))
+
+    if os.environ.get(ALTERNATE_CORES_ENV) == "1":
+        collator = AlternateCores(collator, rank)
 
     callbacks = build_callbacks(prof_args)
     leak = os.environ.get(LEAK_ENV)

@@ -88,7 +88,10 @@ def cross_rank(
         timer: The step timer's verdict over the untraced steps (``timing_summary.json``'s
             ``imbalance_verdict``): both verdicts are weighed with it
             (:func:`hf_distprof.verdicts.across_the_run`): a rank slow in the window only is not named, and a
-            window too short to show persistence on its own is completed by the rest of the run.
+            window too short to show persistence on its own is completed by the rest of the run. With
+            ``cpu_wait`` (the imbalance verdict then judges the timer's own figure: own work less the wait for
+            a CPU), a window whose imbalance is under the threshold is judged on the effect of all the run's
+            judged steps when the timer names the same rank (``pool_effect``).
 
     Returns:
         The cross-rank view.
@@ -136,7 +139,7 @@ def cross_rank(
             what=what,
             step_time=[median(d[s] for d in durations.values()) for s in common],
         )
-        imbalance = across_the_run(imbalance, timer)
+        imbalance = across_the_run(imbalance, timer, pool_effect=own is not None)
         straggler = judge_slow_rank(
             {rank: [per_step[rank][s] for s in late_steps] for rank in per_step},
             options.straggler_pct,

@@ -403,6 +403,59 @@ def test_across_the_run_raised_reason_exact():
     assert w.status == "raised" and w.reason.startswith("W in the traced window alone; over the run's 40")
 
 
+def below_threshold(effect: float = 8.0, slowest_in: int = 4, p: float = 0.05, noise: float = 1.0) -> SlowRankVerdict:
+    """A traced window of 6 steps quiet at the threshold gate: rank 1's own work 8% over its peer's."""
+    return SlowRankVerdict("quiet", 1, effect, 10.0, noise, slowest_in, 6, 2, p, 6, "W", gate="threshold",
+                           test="signed-rank")
+
+
+TIMER = {"status": "raised", "rank": 1, "p_value": 0.0005, "steps": 12, "effect_pct": 20.0, "reason": "R"}
+
+
+def test_pooled_effect_of_a_window_below_the_threshold_with_a_timer_naming_the_rank():
+    v = across_the_run(below_threshold(), TIMER, pool_effect=True)
+    both = fisher_p(0.05, 0.0005)
+    assert (v.status, v.gate, v.rank, v.p_value, v.test) == ("raised", "", 1, both, "signed-rank + step timer")
+    assert v.effect_pct == (6 * 8.0 + 12 * 20.0) / 18 == 16.0
+    assert v.reason == ("W in the traced window alone; over the run's 12 untraced steps the step timer says: R "
+                        "(p = 0.001 for rank 1); over the run's 18 judged steps its excess is 16.0% (the traced "
+                        "window's 8.0% weighted with the step timer's 20.0%), above the 10% threshold and the "
+                        f"window's noise (1.0%); together p = {both:.4f} (Fisher): slow across the run")
+    # Without pool_effect (the straggler verdict: lateness, not the timer's figure) the window stays as it was.
+    w = below_threshold()
+    assert across_the_run(w, TIMER) is w
+
+
+@pytest.mark.parametrize("timer", [
+    {**TIMER, "status": "quiet"},  # the timer does not name the rank itself
+    {**TIMER, "status": "undecided"},
+    {**TIMER, "rank": 0},  # it names the other rank
+    {k: v for k, v in TIMER.items() if k != "effect_pct"},  # no effect to pool
+    {**TIMER, "effect_pct": True},
+    {**TIMER, "effect_pct": "20"},
+    {**TIMER, "effect_pct": float("nan")},
+    {**TIMER, "effect_pct": 11.0},  # (48 + 132) / 18 = 10.0: at the threshold is not above it
+    {**TIMER, "p_value": 0.5},  # together not below alpha
+])
+def test_a_window_below_the_threshold_stays_quiet_unless_the_run_bears_the_rank_out(timer):
+    w = below_threshold()
+    assert across_the_run(w, timer, pool_effect=True) is w
+
+
+def test_a_pooled_effect_must_clear_the_windows_noise_and_the_window_must_lean_the_same_way():
+    noisy = below_threshold(noise=16.0)  # pooled 16.0 is not above a noise of 16.0
+    assert across_the_run(noisy, TIMER, pool_effect=True) is noisy
+    assert across_the_run(below_threshold(noise=15.9), TIMER, pool_effect=True).status == "raised"
+    half = below_threshold(slowest_in=3)  # slowest in 3 of 6: not most of the window's steps
+    assert across_the_run(half, TIMER, pool_effect=True) is half
+    # A window quiet at the noise gate (11% within a noise of 12%) pools too: 14.0% over the run clears both.
+    within = SlowRankVerdict("quiet", 1, 11.0, 10.0, 12.0, 4, 6, 2, 0.05, 6, "W", gate="noise")
+    v = across_the_run(within, {**TIMER, "effect_pct": 15.5}, pool_effect=True)
+    assert (v.status, v.effect_pct) == ("raised", 14.0) and "the window's noise (12.0%)" in v.reason
+    other = SlowRankVerdict("quiet", 1, 8.0, 10.0, 1.0, 4, 6, 2, 0.05, 6, "W", gate="material")  # another gate
+    assert across_the_run(other, TIMER, pool_effect=True) is other
+
+
 # ---------------------------------------------------------------- judge_share
 
 
