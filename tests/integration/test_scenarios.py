@@ -1,11 +1,14 @@
-"""The diagnosis against real 2-rank CPU runs of the demo script, profiling at its defaults.
+"""The diagnosis against real 2-rank CPU runs of the demo script, profiling and thresholds at their defaults.
 
 Five clean runs must raise no straggler or imbalance, neither live (the step timer's warnings) nor offline
-(the trace analysis at train end). A rank slowed by 40% and by 80% of its own work must be named by
-both. A data-loading stall on every rank is data-bound, not a straggler; a comm-heavy configuration is
-communication-bound, not a straggler. ``hf-distprof compare`` on the same folders names the slowed rank's data
-loading, and no rank between two clean runs. Every run uses ``--imbalance-threshold-pct`` and
-``--straggler-threshold-pct`` 20 (see THRESHOLD) but the comm-heavy one (25%, see there). The table this prints
+(the trace analysis at train end). A rank slowed by 50% of its own work must be named by both; one slowed by 15%,
+run twice, in at least one of the two (and no other rank in either; see RUNS). A data-loading stall on every rank is data-bound, not a straggler; a comm-heavy configuration is
+communication-bound, not a straggler (its slow-rank thresholds at 25%, see there). ``hf-distprof compare`` on the
+same folders names the slowed rank's data loading, and no rank between two clean runs.
+
+Every run crosses its ranks over the machine's cores (``HF_DISTPROF_ALTERNATE_CORES``, see ALTERNATE): each of
+this VM's two cores switches between two speeds ~20% apart for seconds at a time, independently of the other,
+and a rank that stayed on the slow one made one clean run in 40 truly slower on one rank. The table this prints
 (``pytest -s``) is the one in the guide.
 """
 
@@ -28,7 +31,9 @@ from .launch import train_lambda
 
 pytestmark = pytest.mark.integration
 
-STEPS = 20  # default schedule: wait 5, warmup 2, active 6 -> steps 6-13 traced; 2-5 and 14-20 not (11 judged live)
+# Default schedule: wait 5, warmup 2, active 6 -> steps 6-13 traced; 2-5 and 14-21 not: 12 judged live, an even
+# count, so that each rank spends as many judged steps on each core (ALTERNATE), 6 traced steps likewise.
+STEPS = 21
 LEAK_STEPS = 20
 BATCH = 8
 CLEAN_RUNS = 5
@@ -36,11 +41,20 @@ CLEAN_RUNS = 5
 # drifted by 23% (a CI run under load), above compare's default 10%; the slowed rank's data loading grows by
 # thousands of %.
 COMPARE_MIN_EFFECT_PCT = 30.0
-# On this shared 2-core VM a clean rank's own work is sometimes ~20% above its peer's for tens of steps (the
-# machine, not the model: 1 live warning in 40 clean runs at the default 10%, in a CI run), so the suite runs at
-# 20% and slows rank 1 well above it. The default 10% with 15% and 50% slowdowns is measured in the guide.
-THRESHOLD = ("--imbalance-threshold-pct", "20", "--straggler-threshold-pct", "20")
-SLOWDOWNS = (0.4, 0.8)  # share of a clean rank's pre-sync work added as a sleep on rank 1
+# Each core of this shared 2-core VM switches between two speeds ~20% apart for 1-20 s at a time, each on its own
+# (pinned matmul loops: 7.5 ms or 9.2 ms, nothing else running). A rank whose thread stays on the slow core for a
+# 20-step run (~11 s) does ~20% more own work than its peer: a clean run with a truly slower rank, the machine's
+# doing (1 live warning in 40 clean runs at the default 10%, in a CI run). Every run here moves rank r's main
+# thread to core (r + batch) mod 2 at every batch, so each rank gets each core alike (a crossover): the slowed
+# rank's sleep follows it, a core's speed does not.
+ALTERNATE = {"HF_DISTPROF_ALTERNATE_CORES": "1"}
+THRESHOLD: tuple[str, ...] = ()  # the defaults: --imbalance-threshold-pct 10 --straggler-threshold-pct 10
+SLOWDOWNS = (0.15, 0.5)  # share of a clean rank's pre-sync work added as a sleep on rank 1
+# Runs of each slowdown. The step timer measures a rank slowed by 15% at a median 11-19% over its peer (sd ~2.5%
+# from run to run, the same over 12 or 28 judged steps: the run, not the sample), so at the 10% threshold it is
+# named in ~19 runs of 20 (the guide's table). The suite runs it twice: rank 1 is the candidate in both, never
+# another rank, and named by both the timer and the analysis in at least one.
+RUNS = {0.15: 2, 0.5: 1}
 COMM_HEAVY_SLOW_RANK_PCT = "25"
 STALL_S = 0.3  # per batch on every rank: far more than a step's compute
 SLOW_ENV = "HF_DISTPROF_SIMULATE_SLOW_RANK"
@@ -78,10 +92,10 @@ class Outcome:
 
 
 def run(tmp: Path, name: str, *extra: str, batch: int = BATCH, slow: str | None = None,
-        threshold: tuple[str, ...] = THRESHOLD) -> Outcome:
-    env = {"SKIP_PREFLIGHT": "1", **({SLOW_ENV: slow} if slow else {})}
+        threshold: tuple[str, ...] = THRESHOLD, steps: int = STEPS) -> Outcome:
+    env = {"SKIP_PREFLIGHT": "1", **ALTERNATE, **({SLOW_ENV: slow} if slow else {})}
     proc = train_lambda(
-        tmp, "--enable-profiling", "--profiler-analyze", "--max-steps", str(STEPS), "--logging-steps", "4",
+        tmp, "--enable-profiling", "--profiler-analyze", "--max-steps", str(steps), "--logging-steps", "4",
         "--per-device-train-batch-size", str(batch), "--output-dir", str(tmp / name),
         "--profiler-output-dir", str(tmp / "prof"), "--profiler-run-name", name, *threshold, *extra, env=env,
     )
@@ -104,7 +118,9 @@ def outcomes(tmp_path_factory) -> dict[str, Outcome]:
     # work less the time its thread waited for a CPU (the other rank, the harness).
     own = statistics.median(r["pre_sync_s"] - r["cpu_wait_s"] for o in out.values() for r in o.summary["per_rank"])
     for share in SLOWDOWNS:
-        out[f"slow{share:.0%}"] = run(tmp, f"slow{share:.0%}", slow=f"1:{share * own:.4f}")
+        for i in range(RUNS[share]):
+            name = f"slow{share:.0%}" + (f"-{i + 1}" if i else "")
+            out[name] = run(tmp, name, slow=f"1:{share * own:.4f}")
     out["data_stall"] = run(tmp, "data_stall", slow=f"all:{STALL_S}")
     # One sequence of 16 tokens per step, a 32k vocabulary (4.7 M parameters) and one DDP bucket, so the whole
     # gradient all-reduce waits for the end of backward: as comm-heavy as 2 shared CPU cores get. Steps this
@@ -150,11 +166,22 @@ def test_clean_runs_raise_no_straggler_or_imbalance(outcomes):
 
 @pytest.mark.parametrize("share", SLOWDOWNS)
 def test_the_slowed_rank_is_named_live_and_offline(outcomes, share):
-    o = outcomes[f"slow{share:.0%}"]
-    assert o.timer_named == [1], o.summary["imbalance_verdict"]
-    assert o.live_imbalance and all("rank 1 is the slowest" in line for line in o.live_imbalance)
-    assert o.summary["slowest_rank"] == 1 and o.summary["slowest_phase"] == "data"
-    assert o.analysis_named == [1], o.analysis["cross_rank"]["straggler_verdict"]
+    runs = [o for name, o in outcomes.items() if name.split("-")[0] == f"slow{share:.0%}"]
+    assert len(runs) == RUNS[share]
+    named = []
+    for o in runs:
+        # Never another rank: rank 1 is the candidate, the slowest, and the only rank any warning names.
+        verdict = o.summary["imbalance_verdict"]
+        assert verdict["rank"] == 1 and verdict["effect_pct"] > 5.0, (o.name, verdict)
+        assert o.timer_named in ([], [1]) and o.analysis_named in ([], [1]), (o.name, verdict["reason"])
+        assert all("rank 1 is the slowest" in line for line in o.live_imbalance), o.name
+        assert o.summary["slowest_rank"] == 1 and o.summary["slowest_phase"] == "data", o.name
+        if o.timer_named == [1] and o.live_imbalance and o.analysis_named == [1]:
+            named.append(o.name)
+    reasons = [(o.name, o.summary["imbalance_verdict"]["reason"],
+                o.analysis["cross_rank"]["imbalance_verdict"]["reason"]) for o in runs]
+    # Named by both in every run of the 50% slowdown, in at least one of the two of 15%.
+    assert len(named) >= (1 if share < 0.5 else len(runs)), reasons
 
 
 def test_a_data_stall_on_every_rank_is_data_bound_not_a_straggler(outcomes):
@@ -187,15 +214,15 @@ def test_timing_summary_and_analysis_carry_the_profiler_slowdown(outcomes):
 
 
 def test_compare_names_the_slowed_rank_and_data_loading_and_nothing_between_clean_runs(outcomes):
-    # hf-distprof compare on the same folders: rank 1 slowed by 80% against a clean run, and two clean runs.
+    # hf-distprof compare on the same folders: rank 1 slowed by 50% against a clean run, and two clean runs.
     clean, other = (load_run(outcomes[name].run_dir) for name in ("clean0", "clean1"))
-    slowed = compare_runs(clean, load_run(outcomes["slow80%"].run_dir), COMPARE_MIN_EFFECT_PCT)
+    slowed = compare_runs(clean, load_run(outcomes["slow50%"].run_dir), COMPARE_MIN_EFFECT_PCT)
     h = slowed.headline
     assert (h.kind, h.rank, h.phase, h.metric) == ("localized", 1, "data", "data_load_s"), h.text
     rows = {(r.metric, r.rank): r.diff for r in slowed.rows}
     assert rows[("data_load_s", 1)].significant and not rows[("data_load_s", 0)].significant
-    # Warm-up step 1 and the profiler's steps 6-13 are left out: 2-5 and 14-20 are compared.
-    assert (slowed.steps_a, slowed.steps_b) == (11, 11)
+    # Warm-up step 1 and the profiler's steps 6-13 are left out: 2-5 and 14-21 are compared.
+    assert (slowed.steps_a, slowed.steps_b) == (12, 12)
     same = compare_runs(clean, other, COMPARE_MIN_EFFECT_PCT)
     # Between two clean runs no rank and no phase is named. A machine whose load changed between the two runs
     # (other work on the shared cores) slows every rank alike: that is reported as such, never as one rank.
