@@ -1,10 +1,11 @@
 """The diagnosis against real 2-rank CPU runs of the demo script, profiling and thresholds at their defaults.
 
 Five clean runs must raise no straggler or imbalance, neither live (the step timer's warnings) nor offline
-(the trace analysis at train end). A rank slowed by 50% of its own work must be named by both; one slowed by 15%,
-run twice, in at least one of the two (and no other rank in either; see RUNS). A data-loading stall on every rank is data-bound, not a straggler; a comm-heavy configuration is
-communication-bound, not a straggler (its slow-rank thresholds at 25%, see there). ``hf-distprof compare`` on the
-same folders names the slowed rank's data loading, and no rank between two clean runs.
+(the trace analysis at train end). A rank slowed by 50% of its own work must be named by both; one slowed by
+15%, run twice, in at least one of the two (and no other rank in either; see RUNS). A data-loading stall on every
+rank is data-bound, not a straggler; a comm-heavy configuration is communication-bound, not a straggler (its
+slow-rank thresholds at 25%, see there). ``hf-distprof compare`` on the same folders names the slowed rank's data
+loading, and no rank between two clean runs.
 
 Every run crosses its ranks over the machine's cores (``HF_DISTPROF_ALTERNATE_CORES``, see ALTERNATE): each of
 this VM's two cores switches between two speeds ~20% apart for seconds at a time, independently of the other,
