@@ -274,7 +274,11 @@ class ProfilingArguments:
         ),
     )
     memory_log_steps: PositiveInt = field(
-        default=10, metadata=_help("Log memory every N optimizer steps (the only steps with a cross-rank gather).")
+        default=10,
+        metadata=_help(
+            "Sample memory every N optimizer steps; the samples reach rank 0 (TensorBoard, growth check) in one "
+            "gather on the Trainer's logging steps."
+        ),
     )
     enable_step_timing: bool | None = field(
         default=None,

@@ -81,6 +81,12 @@ class TraceAnalysisCallback(TrainerCallback):  # type: ignore[misc]
         )
         writer = tensorboard.get_writer(tensorboard.tensorboard_dir(args.output_dir, self.run_dir))
         if writer is not None:
-            writer.add_scalar("analysis/exposed_comm_pct", self.result.exposed_comm_pct, state.global_step)
-            writer.add_scalar("analysis/imbalance_pct", self.result.imbalance_pct, state.global_step)
+            tensorboard.add_scalars(
+                writer,
+                {
+                    "analysis/exposed_comm_pct": self.result.exposed_comm_pct,
+                    "analysis/imbalance_pct": self.result.imbalance_pct,
+                },
+                state.global_step,
+            )
             writer.flush()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from collections.abc import Sequence
 from typing import IO, Any
 
 import torch
@@ -57,7 +58,9 @@ def in_use_metric() -> tuple[str, str]:
 MODEL_STATE_METRICS = ("params_mb", "grads_mb", "optimizer_state_mb", "model_state_mb")
 
 
-def model_state_memory(model: torch.nn.Module, optimizer: Any) -> dict[str, float]:
+def model_state_memory(
+    model: torch.nn.Module, optimizer: Any, params: Sequence[torch.Tensor] | None = None
+) -> dict[str, float]:
     """This rank's share of the model state in MiB, from tensor sizes (no device access, no sync).
 
     Under DDP every rank holds all of it; under FSDP each rank holds its shard, which is where sharding
@@ -67,11 +70,13 @@ def model_state_memory(model: torch.nn.Module, optimizer: Any) -> dict[str, floa
     Args:
         model: The model the Trainer trains.
         optimizer: Its optimizer (or accelerate's wrapper of it), or None.
+        params: ``list(model.parameters())`` when the caller already has it (listing them walks every
+            submodule: ~150 us on a 4-layer ModernBERT, most of this function's cost).
 
     Returns:
         ``params_mb``, ``grads_mb``, ``optimizer_state_mb`` and their sum ``model_state_mb``.
     """
-    own = memory_tools.own_state_bytes(model, optimizer)
+    own = memory_tools.state_bytes(list(model.parameters()) if params is None else params, optimizer)
     out = {
         "params_mb": own["params"] / _MB,
         "grads_mb": own["grads"] / _MB,
@@ -81,6 +86,11 @@ def model_state_memory(model: torch.nn.Module, optimizer: Any) -> dict[str, floa
     return out
 
 
+MAX_UNGATHERED = 100
+"""Samples a rank keeps before gathering them without a logging step (``logging_strategy="no"``, or logging
+far rarer than sampling), so that rank 0's TensorBoard and growth check do not wait for train end."""
+
+
 class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
     """Logs memory every ``--memory-log-steps`` optimizer steps, watches it grow, and tabulates it at the end.
 
@@ -88,10 +98,12 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
     (:func:`read_memory`; its peaks are reset at each logging step, so a logged peak belongs to the steps
     since the previous one), and the rank's share of parameters, gradients and optimizer state
     (:func:`model_state_memory`, taken right after the optimizer step, when gradients still exist), which
-    makes FSDP's saving over DDP visible. On those steps only, the samples are gathered to rank 0 (without
-    waiting: published at the next logging step or train end), which writes TensorBoard scalars
-    ``memory/<metric>/rank{R}`` and ``memory/<metric>/max`` and warns, once per rank, when a rank's memory in
-    use keeps growing (:func:`hf_distprof.verdicts.memory_growth`). At the end of training rank 0 prints a
+    makes FSDP's saving over DDP visible. On the Trainer's logging steps only (and every
+    :data:`MAX_UNGATHERED` samples when it never logs), the samples taken since the previous gather are
+    gathered to rank 0 in one collective, started without waiting and published at the next gather or train
+    end. Rank 0 then writes TensorBoard scalars ``memory/<metric>/rank{R}`` and ``memory/<metric>/max`` at
+    each sample's step and warns, once per rank, when a rank's memory in use keeps growing
+    (:func:`hf_distprof.verdicts.memory_growth`). At the end of training rank 0 prints a
     table of every rank's memory and peak, with the imbalance of the peaks, and writes it to
     ``memory_summary.json``.
 
@@ -106,10 +118,14 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
         self.summary: dict[str, Any] | None = None  # rank 0, after training: what memory_summary.json holds
         self._jsonl: IO[str] | None = None
         self._writer: Any = None
-        # (step, metric names, started gather) of the last logging step, published at the next one.
-        self._pending: tuple[int, list[str], dist.PendingGather] | None = None
+        # This rank's samples since the last gather: (step, {metric: value}).
+        self._ungathered: list[tuple[int, dict[str, float]]] = []
+        # ([(step, metric names)] of the samples, started gather) of the last gather, published at the next.
+        self._pending: tuple[list[tuple[int, list[str]]], dist.PendingGather] | None = None
         # The model-state sample of the step being taken, from on_optimizer_step.
         self._model_state: dict[str, float] = {}
+        # (model, its parameters), listed at the first sample of each train() call and reused after.
+        self._params: tuple[torch.nn.Module, list[torch.Tensor]] | None = None
         self._size_failed = False  # warned once already
         # rank 0: each rank's MiB in use at each published logging step, for the growth verdict.
         self._growth = GrowthWatch(args.memory_growth_threshold_pct, in_use_metric()[1])
@@ -123,7 +139,11 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
         if (state.global_step + 1) % self.args.memory_log_steps != 0 or model is None:
             return
         try:
-            self._model_state = model_state_memory(model, kwargs.get("optimizer"))
+            # The parameters are listed once per train() call: a model does not change its parameters
+            # between optimizer steps (FSDP has sharded them before the first step).
+            if self._params is None or self._params[0] is not model:
+                self._params = (model, list(model.parameters()))
+            self._model_state = model_state_memory(model, kwargs.get("optimizer"), self._params[1])
         except Exception as err:  # noqa: BLE001 - an odd model must not stop training
             if not self._size_failed:
                 self._size_failed = True
@@ -136,6 +156,8 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
     ) -> None:
         self.run_dir = paths.resolve_run_dir(self.args.profiler_output_dir, self.args.profiler_run_name, state)
         report_parallelism(kwargs.get("model"), args, state, self.run_dir)
+        self._params = None
+        self._ungathered = []
         if self.run_dir is not None:
             self.jsonl_path = self.run_dir / paths.MEMORY_LOG_NAME.format(rank=dist.get_rank())
             try:
@@ -156,8 +178,14 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         step = state.global_step
-        if step % self.args.memory_log_steps != 0:
-            return
+        if step % self.args.memory_log_steps == 0:
+            self._sample(step)
+        # The one collective of this callback during training, on the Trainer's logging steps; every rank
+        # reaches it with the same samples (the same steps, the same metrics).
+        if self._ungathered and (control.should_log or len(self._ungathered) >= MAX_UNGATHERED):
+            self._gather()
+
+    def _sample(self, step: int) -> None:
         sample = {**read_memory(reset_peaks=True), **self._model_state}
         self._model_state = {}
         if self._jsonl is not None:
@@ -167,44 +195,59 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
                 # A full disk must not stop training, nor keep this rank from the gather below.
                 logger.warning(f"cannot write {self.jsonl_path}: {err!r}; memory goes to TensorBoard only")
                 self._close_jsonl()
-        # The one collective of this callback during training, on logging steps only; every rank reaches it.
-        # It is not waited for here: its result is published at the next logging step (or train end), so
-        # the gather adds no synchronisation point to the step. Every rank samples the same metrics (CUDA
-        # is on all ranks or none; the Trainer passes the model to every rank's hooks), so a flat float
-        # gather is enough.
+        self._ungathered.append((step, sample))
+
+    def _gather(self) -> None:
+        """Start gathering the samples since the last gather, after publishing the one before.
+
+        It is not waited for here: its result is published at the next gather (or train end), so the gather
+        adds no synchronisation point to the step. Every rank samples the same metrics at the same steps (CUDA
+        is on all ranks or none; the Trainer passes the model to every rank's hooks), so one flat float
+        gather carries them all.
+        """
         self._publish_pending()
-        metrics = sorted(sample)
-        self._pending = (step, metrics, dist.all_gather_floats_async([sample[m] for m in metrics]))
+        layout = [(step, sorted(sample)) for step, sample in self._ungathered]
+        flat = [sample[m] for (_, metrics), (_, sample) in zip(layout, self._ungathered) for m in metrics]
+        self._ungathered = []
+        self._pending = (layout, dist.all_gather_floats_async(flat))
 
     def _publish_pending(self) -> None:
         if self._pending is None:
             return
-        step, metrics, gather = self._pending
+        layout, gather = self._pending
         self._pending = None
         rows = gather.result()
         if dist.get_rank() != 0:
             return
         in_use = in_use_metric()[0]
-        if in_use in metrics:
-            column = metrics.index(in_use)
-            for rank, row in enumerate(rows):
-                # Warned once per rank, when the verdict held at this sample and the previous one.
-                growth = self._growth.add(rank, step, row[column])
-                if growth is not None and rank not in self._warned_growth:
-                    self._warned_growth.add(rank)
-                    logger.warning(f"step {step}: {growth.message}")
-        if self._writer is None:
-            return
-        for i, metric in enumerate(metrics):
-            values = [row[i] for row in rows]
-            for rank, value in enumerate(values):
-                self._writer.add_scalar(f"memory/{metric}/rank{rank}", value, step)
-            self._writer.add_scalar(f"memory/{metric}/max", max(values), step)
+        offset = 0
+        for step, metrics in layout:
+            values = [row[offset : offset + len(metrics)] for row in rows]  # [rank][metric]
+            offset += len(metrics)
+            if in_use in metrics:
+                column = metrics.index(in_use)
+                for rank, row in enumerate(values):
+                    # Warned once per rank, when the verdict held at this sample and the previous one.
+                    growth = self._growth.add(rank, step, row[column])
+                    if growth is not None and rank not in self._warned_growth:
+                        self._warned_growth.add(rank)
+                        logger.warning(f"step {step}: {growth.message}")
+            if self._writer is None:
+                continue
+            scalars: dict[str, float] = {}
+            for i, metric in enumerate(metrics):
+                for rank, row in enumerate(values):
+                    scalars[f"memory/{metric}/rank{rank}"] = row[i]
+                scalars[f"memory/{metric}/max"] = max(row[i] for row in values)
+            tensorboard.add_scalars(self._writer, scalars, step)
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        if self._ungathered:
+            self._gather()
         self._publish_pending()
+        self._params = None
         self._close_jsonl()
         self._final_table(state)
         if self._writer is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hf_distprof import tensorboard
 from hf_distprof.timing.report import PHASE_KEYS, CrossRankReport
 
 # Per-rank series written as timing/<key>/rank{R}.
@@ -43,25 +44,27 @@ def write_scalars(writer: Any, report: CrossRankReport, step: int) -> None:
         report: The cross-rank report of the steps since the previous logging step.
         step: The Trainer's ``global_step``.
     """
+    scalars: dict[str, float] = {}
     for r in report.ranks:
         for key in PER_RANK_KEYS:
             value = getattr(r, key)
             if value is not None:
-                writer.add_scalar(f"timing/{key}/rank{r.rank}", value, step)
-        writer.add_scalar(f"throughput/samples_per_s/rank{r.rank}", r.samples_per_s, step)
-        writer.add_scalar(f"throughput/tokens_per_s/rank{r.rank}", r.tokens_per_s, step)
-    writer.add_scalar("timing/step_s/mean", report.step_mean_s, step)
-    writer.add_scalar("timing/step_s/min", report.step_min_s, step)
-    writer.add_scalar("timing/step_s/max", report.step_max_s, step)
-    writer.add_scalar("timing/imbalance_pct", report.imbalance_pct, step)
-    writer.add_scalar("timing/step_imbalance_pct", report.step_imbalance_pct, step)
-    writer.add_scalar("timing/slowest_rank", report.slowest_rank, step)
+                scalars[f"timing/{key}/rank{r.rank}"] = value
+        scalars[f"throughput/samples_per_s/rank{r.rank}"] = r.samples_per_s
+        scalars[f"throughput/tokens_per_s/rank{r.rank}"] = r.tokens_per_s
+    scalars["timing/step_s/mean"] = report.step_mean_s
+    scalars["timing/step_s/min"] = report.step_min_s
+    scalars["timing/step_s/max"] = report.step_max_s
+    scalars["timing/imbalance_pct"] = report.imbalance_pct
+    scalars["timing/step_imbalance_pct"] = report.step_imbalance_pct
+    scalars["timing/slowest_rank"] = report.slowest_rank
     if report.memory_imbalance_pct is not None:
-        writer.add_scalar("timing/memory_imbalance_pct", report.memory_imbalance_pct, step)
-    writer.add_scalar("throughput/samples_per_s", report.samples_per_s, step)
-    writer.add_scalar("throughput/tokens_per_s", report.tokens_per_s, step)
+        scalars["timing/memory_imbalance_pct"] = report.memory_imbalance_pct
+    scalars["throughput/samples_per_s"] = report.samples_per_s
+    scalars["throughput/tokens_per_s"] = report.tokens_per_s
     if report.mfu_pct is not None:
-        writer.add_scalar("throughput/mfu_pct", report.mfu_pct, step)
+        scalars["throughput/mfu_pct"] = report.mfu_pct
+    tensorboard.add_scalars(writer, scalars, step)
 
 
 def headline_figures(report: CrossRankReport) -> dict[str, float | int]:

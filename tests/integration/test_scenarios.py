@@ -266,3 +266,21 @@ def test_a_rank_that_keeps_memory_alive_is_named_with_its_rate(tmp_path):
     # The memory logger owns the verdict when it runs; the step timer leaves it to it.
     assert json.loads((run_dir / "timing_summary.json").read_text())["memory_growth"] == []
     assert summary["highest_peak_rank"] == 1
+    # Two samples per gather (every 2 steps, gathered on logging steps every 4): each lands in TensorBoard at
+    # its own step with its own rank's value, as that rank wrote it to its JSON lines.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tb_dir = re.search(r"TensorBoard scalars \(loss, memory/\.\.\.\): (\S+)", proc.stdout)
+    assert tb_dir, proc.stdout[-2000:]
+    acc = EventAccumulator(str(tmp_path / tb_dir.group(1)))
+    acc.Reload()
+    jsonl = {
+        rank: [json.loads(line) for line in (run_dir / f"memory_rank{rank}.jsonl").read_text().splitlines()]
+        for rank in (0, 1)
+    }
+    for rank, rows in jsonl.items():
+        assert [r["step"] for r in rows] == list(range(2, LEAK_STEPS + 1, 2))
+        logged = [(e.step, e.value) for e in acc.Scalars(f"memory/rss_mb/rank{rank}")]
+        assert logged == [(r["step"], pytest.approx(r["rss_mb"], rel=1e-6)) for r in rows]
+    highest = [max(a["rss_mb"], b["rss_mb"]) for a, b in zip(jsonl[0], jsonl[1], strict=True)]
+    assert [e.value for e in acc.Scalars("memory/rss_mb/max")] == pytest.approx(highest, rel=1e-6)

@@ -8,6 +8,7 @@ import psutil
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from transformers import TrainerCallback
 
 from hf_distprof import MemoryLoggerCallback, ProfilingArguments, memstats, tensorboard
 from hf_distprof.callbacks import memory
@@ -193,7 +194,7 @@ def test_a_model_state_that_cannot_be_sized_is_nan_and_the_metrics_stay_the_same
     import logging
     import math
 
-    def broken(model, optimizer):
+    def broken(model, optimizer, params):
         raise RuntimeError("odd optimizer")
 
     monkeypatch.setattr(memory, "model_state_memory", broken)
@@ -282,3 +283,105 @@ def test_memory_summary_names_the_rank_that_peaks_highest():
     even = [{**r, "peak_rss_mb": 100.0 + r["rank"]} for r in rows]
     balanced = memory.memory_summary(even, ProfilingArguments(), 50, [])
     assert balanced["peak_over_threshold"] is False and balanced["peak_warning"] is None
+
+
+def test_the_parameters_are_listed_once_per_train_call_not_per_sample(tmp_path, monkeypatch):
+    """Listing a deep model's parameters costs more than sizing them: it happens at the first sample only."""
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
+    listed_by_sampling = []
+
+    def counting(model):
+        plain = model.parameters
+
+        def parameters(*a, **k):
+            import inspect
+
+            if any(f.function == "on_optimizer_step" for f in inspect.stack()[1:4]):
+                listed_by_sampling.append(1)
+            return plain(*a, **k)
+
+        model.parameters = parameters
+        return model
+
+    for max_steps in (2, 6, 2):
+        listed_by_sampling.clear()
+        cb = MemoryLoggerCallback(ProfilingArguments(enable_memory_logging=True, memory_log_steps=2,
+                                                     profiler_output_dir=str(tmp_path / f"out{max_steps}")))
+        fake_trainer.run([cb], max_steps, tmp_path, wrap=counting)
+        rows = [json.loads(line) for line in (cb.run_dir / "memory_rank0.jsonl").read_text().splitlines()]
+        assert len(rows) == max_steps // 2
+        assert len(listed_by_sampling) == 1
+        # The reused list sizes the same model state at every sample: 2632 float32 parameters, as above.
+        assert {(r["params_mb"], r["grads_mb"], r["optimizer_state_mb"]) for r in rows} == {(2632 * 4 / MB,) * 3}
+        assert cb._params is None  # released at train end
+    tensorboard.close_writers()
+
+
+class LogAt(TrainerCallback):
+    """Stands for the Trainer's DefaultFlowCallback: sets ``should_log`` at the given steps, before ours run."""
+
+    def __init__(self, steps):
+        self.steps = set(steps)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        control.should_log = state.global_step in self.steps
+
+
+def recording_gathers(monkeypatch):
+    """The number of floats of every gather the memory logger starts."""
+    started = []
+    real = memory.dist.all_gather_floats_async
+
+    def gather(values):
+        started.append(len(values))
+        return real(values)
+
+    monkeypatch.setattr(memory.dist, "all_gather_floats_async", gather)
+    return started
+
+
+def tensorboard_steps(tb_dir, tag):
+    acc = EventAccumulator(str(tb_dir))
+    acc.Reload()
+    return acc, [e.step for e in acc.Scalars(tag)]
+
+
+def test_samples_are_gathered_on_logging_steps_only_in_one_collective(tmp_path, monkeypatch):
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
+    started = recording_gathers(monkeypatch)
+    cb = MemoryLoggerCallback(ProfilingArguments(enable_memory_logging=True, memory_log_steps=2,
+                                                 profiler_output_dir=str(tmp_path / "out")))
+    gathered_at = []
+    real_gather = cb._gather
+
+    def gather():
+        gathered_at.append([step for step, _ in cb._ungathered])
+        real_gather()
+
+    cb._gather = gather
+    fake_trainer.run([LogAt({5, 10}), cb], 11, tmp_path)
+    tensorboard.close_writers()
+    # Samples at 2, 4 | 6, 8, 10 | 11 is no sample step: nothing is left for train end.
+    assert gathered_at == [[2, 4], [6, 8, 10]]
+    assert started == [2 * 7, 3 * 7]  # 7 metrics per sample (4 model-state ones + rss, vms, peak rss)
+    rows = [json.loads(line) for line in (cb.run_dir / "memory_rank0.jsonl").read_text().splitlines()]
+    acc, steps = tensorboard_steps(tmp_path / "tb", "memory/rss_mb/rank0")
+    assert steps == [r["step"] for r in rows] == [2, 4, 6, 8, 10]
+    # Each sample lands at its own step with its own value (float32 in TensorBoard).
+    assert [e.value for e in acc.Scalars("memory/rss_mb/rank0")] == pytest.approx(
+        [r["rss_mb"] for r in rows], rel=1e-6
+    )
+    assert [e.value for e in acc.Scalars("memory/vms_mb/max")] == pytest.approx([r["vms_mb"] for r in rows], rel=1e-6)
+
+
+def test_samples_left_at_train_end_and_runs_that_never_log_are_still_gathered(tmp_path, monkeypatch):
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
+    monkeypatch.setattr(memory, "MAX_UNGATHERED", 3)
+    started = recording_gathers(monkeypatch)
+    cb = MemoryLoggerCallback(ProfilingArguments(enable_memory_logging=True, memory_log_steps=1,
+                                                 profiler_output_dir=str(tmp_path / "out")))
+    fake_trainer.run([LogAt(set()), cb], 10, tmp_path)
+    tensorboard.close_writers()
+    # Never a logging step: every 3 samples, then the last one at train end.
+    assert started == [3 * 7, 3 * 7, 3 * 7, 1 * 7]
+    assert tensorboard_steps(tmp_path / "tb", "memory/params_mb/rank0")[1] == list(range(1, 11))
