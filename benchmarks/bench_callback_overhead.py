@@ -16,7 +16,16 @@ itself, and the Trainer logs every 10 steps in both.
 The order is A B, B A, A B, ... so that drift of a shared machine hits both variants alike, and the
 variants alternate every few seconds inside the same processes rather than across process launches.
 The figure is the median over pairs of (median step time of B) / (median step time of A), the first
-steps of every ``train()`` call excluded.
+steps of every ``train()`` call excluded, with a bootstrap 95% interval over the pairs: on a shared
+2-core VM whose cores change speed by ~20% for seconds at a time, the pairs spread by 5-10% and the
+interval says what the run can resolve.
+
+Variant B also times its own hf_distprof code directly (its *direct cost*): every callback hook, and
+the step timer's model hooks, data-loader hook and phase labels, each with two ``perf_counter()``
+calls, an outer call counted once. That figure is not blurred by the machine's speed changes, though
+it leaves out indirect costs (a writer thread, cache effects), which only the A/B ratio sees. Rank 0
+does more than the others (TensorBoard), and the step waits for the slowest rank, so both ranks'
+direct costs are printed, as milliseconds per step and as a share of B's median step time.
 """
 
 from __future__ import annotations
@@ -25,8 +34,10 @@ import argparse
 import contextlib
 import io
 import itertools
+import functools
 import json
 import os
+import random
 import socket
 import statistics
 import subprocess
@@ -37,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 WARMUP = 5  # steps excluded from each run's median (allocation, DDP bucket rebuild)
+ONCE_PER_CALL = ("on_init_end", "on_train_begin", "on_train_end")  # hooks that run once per train() call
 
 
 # The flag that switches each always-on callback on in variant B (--callbacks picks a subset).
@@ -45,6 +57,54 @@ CALLBACK_FLAGS: dict[str, str] = {
     "memory": "enable_memory_logging",
     "timer": "enable_step_timing",
 }
+
+
+class DirectCost:
+    """Seconds spent inside timed functions, per name; a timed call made inside another counts once."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.enabled = False
+        self._depth = 0
+
+    def reset(self) -> None:
+        self.seconds = {}
+
+    def wrap(self, fn: Any, name: str) -> Any:
+        """``fn`` timed under ``name`` while :attr:`enabled` is set."""
+
+        @functools.wraps(fn)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if not self.enabled or self._depth:
+                return fn(*args, **kwargs)
+            self._depth += 1
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+                self._depth -= 1
+
+        return timed
+
+    def instrument_class(self, cls: type, prefix: str) -> None:
+        """Time every public plain method of ``cls`` (properties and private helpers are left alone)."""
+        for attr, value in list(vars(cls).items()):
+            if not attr.startswith("_") and callable(value) and not isinstance(value, (staticmethod, classmethod)):
+                setattr(cls, attr, self.wrap(value, f"{prefix}.{attr}"))
+
+    def instrument_callback(self, callback: Any) -> None:
+        """Time each ``on_*`` hook of one callback instance."""
+        for attr in dir(type(callback)):
+            if attr.startswith("on_"):
+                setattr(callback, attr, self.wrap(getattr(callback, attr), f"{type(callback).__name__}.{attr}"))
+
+
+def bootstrap_interval(ratios: list[float], resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95% percentile-bootstrap interval of the median of ``ratios`` (pairs resampled with replacement)."""
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(resamples))
+    return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
 
 
 def variant_b_flags(names: str) -> dict[str, bool]:
@@ -66,6 +126,16 @@ def worker(pairs: int, steps: int, names: str, result: Path) -> None:
 
     from hf_distprof import ProfilingArguments, build_callbacks
     from hf_distprof.models import tiny_modernbert_config
+    from hf_distprof.timing.instrument import PhaseLabels, _TimedIterator
+    from hf_distprof.timing.recorder import StepRecorder
+
+    direct = DirectCost()
+    # The step timer's code that runs inside the Trainer's step rather than in a callback hook. The data
+    # loader hook's own cost is its on_fetch call (the phase label) and the recorder's data sink; the
+    # next() it wraps is the loader's time, not ours.
+    direct.instrument_class(StepRecorder, "StepRecorder")
+    direct.instrument_class(PhaseLabels, "PhaseLabels")
+    _TimedIterator.__next__ = _untimed_next(direct, _TimedIterator.__next__)  # type: ignore[method-assign]
 
     class StepClock(TrainerCallback):  # type: ignore[misc]
         def __init__(self) -> None:
@@ -99,6 +169,8 @@ def worker(pairs: int, steps: int, names: str, result: Path) -> None:
                     **variant_b_flags(names),
                 )
                 callbacks = build_callbacks(prof)
+                for callback in callbacks:
+                    direct.instrument_callback(callback)
             args = TrainingArguments(
                 output_dir=str(out / "out"),
                 use_cpu=True,
@@ -113,11 +185,48 @@ def worker(pairs: int, steps: int, names: str, result: Path) -> None:
                 dataloader_num_workers=0,
             )
             trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[*callbacks, clock])
+            direct.reset()
+            direct.enabled = variant == "B"
             with contextlib.redirect_stdout(io.StringIO()):  # the step timer's table, every train() call
                 trainer.train()
-            runs.append({"pair": pair, "variant": variant, "stamps": clock.stamps})
-    if dist.get_rank() == 0:
-        result.write_text(json.dumps(runs))
+            direct.enabled = False
+            runs.append({"pair": pair, "variant": variant, "stamps": clock.stamps, "direct_s": direct.seconds})
+    Path(f"{result}.rank{dist.get_rank()}").write_text(json.dumps(runs))
+
+
+def _untimed_next(direct: DirectCost, inner_next: Any) -> Any:
+    """``_TimedIterator.__next__`` with the loader's own ``next()`` taken out of the direct cost."""
+
+    @functools.wraps(inner_next)
+    def timed_next(self: Any) -> Any:
+        if not direct.enabled or direct._depth:
+            return inner_next(self)
+        inner = self._inner
+
+        class Untimed:  # the wrapped iterator, its next() paused out of the timing
+            def __next__(_self: Any) -> Any:
+                direct._depth -= 1
+                paused = time.perf_counter()
+                try:
+                    return next(inner)
+                finally:
+                    nonlocal excluded
+                    excluded += time.perf_counter() - paused
+                    direct._depth += 1
+
+        excluded = 0.0
+        self._inner = Untimed()
+        direct._depth += 1
+        start = time.perf_counter()
+        try:
+            return inner_next(self)
+        finally:
+            spent = time.perf_counter() - start - excluded
+            direct._depth -= 1
+            self._inner = inner
+            direct.seconds["data loader hook"] = direct.seconds.get("data loader hook", 0.0) + spent
+
+    return timed_next
 
 
 def free_port() -> int:
@@ -126,8 +235,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def launch(pairs: int, steps: int, names: str) -> list[dict[str, Any]]:
-    """One 2-rank launch running every pair; returns rank 0's runs with their per-step wall times."""
+def launch(pairs: int, steps: int, names: str) -> dict[int, list[dict[str, Any]]]:
+    """One 2-rank launch running every pair; returns each rank's runs with their per-step wall times."""
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "result.json"
         cmd = [
@@ -152,10 +261,11 @@ def launch(pairs: int, steps: int, names: str) -> list[dict[str, Any]]:
         proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             raise RuntimeError(f"the benchmark launch failed:\n{proc.stderr[-4000:]}")
-        runs = json.loads(result.read_text())
-    for run in runs:
-        run["step_s"] = [b - a for a, b in itertools.pairwise(run["stamps"])][WARMUP:]
-    return runs
+        per_rank = {rank: json.loads(Path(f"{result}.rank{rank}").read_text()) for rank in (0, 1)}
+    for runs in per_rank.values():
+        for run in runs:
+            run["step_s"] = [b - a for a, b in itertools.pairwise(run["stamps"])][WARMUP:]
+    return per_rank
 
 
 def main() -> int:
@@ -192,7 +302,8 @@ def main() -> int:
         f"{args.pairs} A/B pairs of {args.steps} steps, 2 CPU ranks (gloo), B = {label}; "
         "median step time in ms"
     )
-    runs = launch(args.pairs, args.steps, args.callbacks)
+    per_rank = launch(args.pairs, args.steps, args.callbacks)
+    runs = per_rank[0]
     ratios: list[float] = []
     medians: dict[str, list[float]] = {"A": [], "B": []}
     for pair in range(args.pairs):
@@ -209,10 +320,30 @@ def main() -> int:
         f"median step time: none {statistics.median(medians['A']) * 1e3:.1f} ms, "
         f"{label} {statistics.median(medians['B']) * 1e3:.1f} ms"
     )
+    low, high = bootstrap_interval(ratios)
     print(
         f"median step-time ratio ({label} / none): {statistics.median(ratios):.4f} "
-        f"(min {min(ratios):.4f}, max {max(ratios):.4f}; target <= 1.01)"
+        f"(95% interval {low:.4f}-{high:.4f}; pairs min {min(ratios):.4f}, max {max(ratios):.4f}; target <= 1.01)"
     )
+    step_b = statistics.median(medians["B"])
+    for rank, rank_runs in per_rank.items():
+        b_runs = [r for r in rank_runs if r["variant"] == "B"]
+        # Per step: each run's direct seconds over its steps, logging steps included (a mean, where the
+        # A/B ratio takes medians); what runs once per train() call is shown apart.
+        per_step, once, totals = [], [], {}
+        for r in b_runs:
+            steps = len(r["stamps"]) or 1
+            every = {n: sec for n, sec in r["direct_s"].items() if n.rsplit(".", 1)[-1] not in ONCE_PER_CALL}
+            per_step.append(sum(every.values()) / steps)
+            once.append(sum(r["direct_s"].values()) - sum(every.values()))
+            for name, sec in every.items():
+                totals[name] = totals.get(name, 0.0) + sec / steps / len(b_runs)
+        top = ", ".join(f"{name} {sec * 1e3:.2f}" for name, sec in sorted(totals.items(), key=lambda kv: -kv[1])[:3])
+        cost = statistics.median(per_step)
+        print(
+            f"direct cost, rank {rank}: {cost * 1e3:.2f} ms per step = {cost / step_b * 100:.2f}% of {label}'s "
+            f"median step (most: {top} ms); once per train() call: {statistics.median(once) * 1e3:.1f} ms"
+        )
     return 0
 
 
