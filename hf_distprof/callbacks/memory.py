@@ -95,7 +95,7 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
     """Logs memory every ``--memory-log-steps`` optimizer steps, watches it grow, and tabulates it at the end.
 
     Every rank appends its sample to ``<run folder>/memory_rank{R}.jsonl``: the process and device memory
-    (:func:`read_memory`; its peaks are reset at each logging step, so a logged peak belongs to the steps
+    (:func:`read_memory`; its peaks are reset at each sample, so a logged peak belongs to the steps
     since the previous one), and the rank's share of parameters, gradients and optimizer state
     (:func:`model_state_memory`, taken right after the optimizer step, when gradients still exist), which
     makes FSDP's saving over DDP visible. On the Trainer's logging steps only (and every
