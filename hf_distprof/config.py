@@ -277,7 +277,7 @@ class ProfilingArguments:
         default=10,
         metadata=_help(
             "Sample memory every N optimizer steps; the samples reach rank 0 (TensorBoard, growth check) in one "
-            "gather on the Trainer's logging steps."
+            "gather on the Trainer's logging steps (or once 10 wait)."
         ),
     )
     enable_step_timing: bool | None = field(

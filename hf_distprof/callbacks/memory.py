@@ -4,8 +4,8 @@ cross-rank table at the end of training."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import IO, Any
 
 import torch
@@ -86,9 +86,10 @@ def model_state_memory(
     return out
 
 
-MAX_UNGATHERED = 100
-"""Samples a rank keeps before gathering them without a logging step (``logging_strategy="no"``, or logging
-far rarer than sampling), so that rank 0's TensorBoard and growth check do not wait for train end."""
+MAX_UNGATHERED = 10
+"""Samples a rank keeps before gathering them without a logging step, so that rank 0's TensorBoard and
+memory-growth warning trail the samples by at most this many when the Trainer logs rarely (its default is
+every 500 steps) or never."""
 
 
 class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
@@ -98,8 +99,8 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
     (:func:`read_memory`; its peaks are reset at each sample, so a logged peak belongs to the steps
     since the previous one), and the rank's share of parameters, gradients and optimizer state
     (:func:`model_state_memory`, taken right after the optimizer step, when gradients still exist), which
-    makes FSDP's saving over DDP visible. On the Trainer's logging steps only (and every
-    :data:`MAX_UNGATHERED` samples when it never logs), the samples taken since the previous gather are
+    makes FSDP's saving over DDP visible. On the Trainer's logging steps (and after :data:`MAX_UNGATHERED`
+    samples without one), the samples taken since the previous gather are
     gathered to rank 0 in one collective, started without waiting and published at the next gather or train
     end. Rank 0 then writes TensorBoard scalars ``memory/<metric>/rank{R}`` and ``memory/<metric>/max`` at
     each sample's step and warns, once per rank, when a rank's memory in use keeps growing
