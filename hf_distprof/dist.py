@@ -72,6 +72,10 @@ class PendingGather:
     def __init__(self, work: Any, out: list[torch.Tensor]) -> None:
         self._work, self._out = work, out
 
+    def done(self) -> bool:
+        """Whether the gather has finished; never waits (``Work.is_completed``)."""
+        return self._work is None or bool(self._work.is_completed())
+
     def result(self) -> list[list[float]]:
         """Each rank's values, in rank order."""
         if self._work is not None:

@@ -199,7 +199,13 @@ def own_state_bytes(module: torch.nn.Module, optimizer: Any) -> dict[str, int]:
         local = p.to_local() if callable(getattr(p, "to_local", None)) else p
         device, address, size = _storage_key(local)
         storages[(device, address)] = size
-    return {**state_bytes(params, optimizer), "params_storage": sum(storages.values())}
+    own = state_bytes(params, optimizer)
+    return {
+        "params": own["params"],
+        "params_storage": sum(storages.values()),
+        "grads": own["grads"],
+        "optimizer_state": own["optimizer_state"],
+    }
 
 
 def _category_bytes(snapshot: dict[Any, dict[Any, int]]) -> dict[str, int]:

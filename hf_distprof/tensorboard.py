@@ -62,7 +62,7 @@ def get_writer(log_dir: Path) -> SummaryWriter | None:
     return writer
 
 
-def add_scalars(writer: Any, values: Mapping[str, float], step: int) -> None:
+def add_scalars(writer: Any, values: Mapping[str, float], step: int, walltime: float | None = None) -> None:
     """Write ``{tag: value}`` at ``step`` as one TensorBoard event; TensorBoard shows one series per tag.
 
     ``SummaryWriter.add_scalar`` makes one event per value, and its writer thread checksums each event in
@@ -75,18 +75,19 @@ def add_scalars(writer: Any, values: Mapping[str, float], step: int) -> None:
             per value).
         values: Tags and values, written in this order.
         step: The step they belong to (the Trainer's ``global_step``).
+        walltime: When they were measured (``time.time()``); now when None.
     """
     if not values:
         return
     file_writer = getattr(writer, "_get_file_writer", None)
     if file_writer is None:
         for tag, value in values.items():
-            writer.add_scalar(tag, value, step)
+            writer.add_scalar(tag, value, step, walltime=walltime)
         return
     from tensorboard.compat.proto.summary_pb2 import Summary
 
     summary = Summary(value=[Summary.Value(tag=tag, simple_value=float(v)) for tag, v in values.items()])
-    file_writer().add_summary(summary, step)
+    file_writer().add_summary(summary, step, walltime)
 
 
 def close_writers() -> None:

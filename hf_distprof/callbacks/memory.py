@@ -4,6 +4,7 @@ cross-rank table at the end of training."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -88,8 +89,7 @@ def model_state_memory(
 
 MAX_UNGATHERED = 10
 """Samples a rank keeps before gathering them without a logging step, so that rank 0's TensorBoard and
-memory-growth warning trail the samples by at most this many when the Trainer logs rarely (its default is
-every 500 steps) or never."""
+memory-growth warning do not wait for a rare logging step (the Trainer's default is every 500 steps)."""
 
 
 class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
@@ -100,12 +100,13 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
     since the previous one), and the rank's share of parameters, gradients and optimizer state
     (:func:`model_state_memory`, taken right after the optimizer step, when gradients still exist), which
     makes FSDP's saving over DDP visible. On the Trainer's logging steps (and after :data:`MAX_UNGATHERED`
-    samples without one), the samples taken since the previous gather are
-    gathered to rank 0 in one collective, started without waiting and published at the next gather or train
-    end. Rank 0 then writes TensorBoard scalars ``memory/<metric>/rank{R}`` and ``memory/<metric>/max`` at
-    each sample's step and warns, once per rank, when a rank's memory in use keeps growing
-    (:func:`hf_distprof.verdicts.memory_growth`). At the end of training rank 0 prints a
-    table of every rank's memory and peak, with the imbalance of the peaks, and writes it to
+    samples without one), the samples taken since the previous gather are gathered to rank 0 in one
+    collective, started without waiting and published at the first step end that finds it finished (at the
+    latest at the next gather or train end). Rank 0 then writes TensorBoard scalars
+    ``memory/<metric>/rank{R}`` and ``memory/<metric>/max`` at each sample's step and wall time, and warns,
+    once per rank, when a rank's memory in use keeps growing (:func:`hf_distprof.verdicts.memory_growth`).
+    At the end of training rank 0 prints a table of every rank's memory and peak, with the imbalance of the
+    peaks, and writes it to
     ``memory_summary.json``.
 
     Args:
@@ -119,16 +120,17 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
         self.summary: dict[str, Any] | None = None  # rank 0, after training: what memory_summary.json holds
         self._jsonl: IO[str] | None = None
         self._writer: Any = None
-        # This rank's samples since the last gather: (step, {metric: value}).
-        self._ungathered: list[tuple[int, dict[str, float]]] = []
-        # ([(step, metric names)] of the samples, started gather) of the last gather, published at the next.
-        self._pending: tuple[list[tuple[int, list[str]]], dist.PendingGather] | None = None
+        # This rank's samples since the last gather: (step, wall time, {metric: value}).
+        self._ungathered: list[tuple[int, float, dict[str, float]]] = []
+        # ([(step, wall time, metric names)] of the samples, started gather) of the last gather: published
+        # once finished.
+        self._pending: tuple[list[tuple[int, float, list[str]]], dist.PendingGather] | None = None
         # The model-state sample of the step being taken, from on_optimizer_step.
         self._model_state: dict[str, float] = {}
         # (model, its parameters), listed at the first sample of each train() call and reused after.
         self._params: tuple[torch.nn.Module, list[torch.Tensor]] | None = None
         self._size_failed = False  # warned once already
-        # rank 0: each rank's MiB in use at each published logging step, for the growth verdict.
+        # rank 0: each rank's MiB in use at each published sample, for the growth verdict.
         self._growth = GrowthWatch(args.memory_growth_threshold_pct, in_use_metric()[1])
         self._warned_growth: set[int] = set()
 
@@ -159,6 +161,7 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
         report_parallelism(kwargs.get("model"), args, state, self.run_dir)
         self._params = None
         self._ungathered = []
+        self._pending = None  # a gather left by a train() call that raised: not this run's samples
         if self.run_dir is not None:
             self.jsonl_path = self.run_dir / paths.MEMORY_LOG_NAME.format(rank=dist.get_rank())
             try:
@@ -179,6 +182,8 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         step = state.global_step
+        if self._pending is not None and self._pending[1].done():
+            self._publish_pending()  # finished: publish it now rather than at the next gather
         if step % self.args.memory_log_steps == 0:
             self._sample(step)
         # The one collective of this callback during training, on the Trainer's logging steps; every rank
@@ -187,6 +192,7 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
             self._gather()
 
     def _sample(self, step: int) -> None:
+        measured_at = time.time()
         sample = {**read_memory(reset_peaks=True), **self._model_state}
         self._model_state = {}
         if self._jsonl is not None:
@@ -196,19 +202,19 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
                 # A full disk must not stop training, nor keep this rank from the gather below.
                 logger.warning(f"cannot write {self.jsonl_path}: {err!r}; memory goes to TensorBoard only")
                 self._close_jsonl()
-        self._ungathered.append((step, sample))
+        self._ungathered.append((step, measured_at, sample))
 
     def _gather(self) -> None:
         """Start gathering the samples since the last gather, after publishing the one before.
 
-        It is not waited for here: its result is published at the next gather (or train end), so the gather
-        adds no synchronisation point to the step. Every rank samples the same metrics at the same steps (CUDA
-        is on all ranks or none; the Trainer passes the model to every rank's hooks), so one flat float
-        gather carries them all.
+        It is not waited for here: its result is published once finished (at the latest at the next gather or
+        train end), so the gather adds no synchronisation point to the step. Every rank samples the same
+        metrics at the same steps (CUDA is on all ranks or none; the Trainer passes the model to every rank's
+        hooks), so one flat float gather carries them all.
         """
         self._publish_pending()
-        layout = [(step, sorted(sample)) for step, sample in self._ungathered]
-        flat = [sample[m] for (_, metrics), (_, sample) in zip(layout, self._ungathered) for m in metrics]
+        layout = [(step, measured_at, sorted(sample)) for step, measured_at, sample in self._ungathered]
+        flat = [sample[m] for (*_, metrics), (*_, sample) in zip(layout, self._ungathered) for m in metrics]
         self._ungathered = []
         self._pending = (layout, dist.all_gather_floats_async(flat))
 
@@ -222,7 +228,7 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
             return
         in_use = in_use_metric()[0]
         offset = 0
-        for step, metrics in layout:
+        for step, measured_at, metrics in layout:
             values = [row[offset : offset + len(metrics)] for row in rows]  # [rank][metric]
             offset += len(metrics)
             if in_use in metrics:
@@ -240,7 +246,7 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
                 for rank, row in enumerate(values):
                     scalars[f"memory/{metric}/rank{rank}"] = row[i]
                 scalars[f"memory/{metric}/max"] = max(row[i] for row in values)
-            tensorboard.add_scalars(self._writer, scalars, step)
+            tensorboard.add_scalars(self._writer, scalars, step, measured_at)
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any

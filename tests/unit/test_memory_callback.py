@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import psutil
 import pytest
@@ -242,7 +243,7 @@ def test_a_rank_that_keeps_memory_alive_every_step_is_named_with_its_rate(tmp_pa
     with caplog.at_level(logging.WARNING):
         cb, _ = _run_with_leak(tmp_path, monkeypatch, mb=40)
     (warning,) = [r.getMessage() for r in caplog.records if "grows" in r.getMessage()]
-    # Samples at steps 1..9 are published one logging step late; four (after the warm-up sample) are enough.
+    # Samples at steps 1..9 reach rank 0 at train end (nothing logs here); four after the warm-up are enough.
     assert warning.startswith("[RANK 0] step ") and "rank 0: process RSS grows " in warning
     growth = cb.summary["memory_growth"]
     assert len(growth) == 1 and growth[0]["rank"] == 0 and growth[0]["first_step"] == 2
@@ -287,29 +288,35 @@ def test_memory_summary_names_the_rank_that_peaks_highest():
 
 def test_the_parameters_are_listed_once_per_train_call_not_per_sample(tmp_path, monkeypatch):
     """Listing a deep model's parameters costs more than sizing them: it happens at the first sample only."""
+    import inspect
+
     monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
     listed_by_sampling = []
+    first = []
 
-    def counting(model):
+    def same_model_counting(model):
+        """Every train() call trains the first call's model, whose listings by on_optimizer_step are counted."""
+        if first:
+            return first[0]
         plain = model.parameters
 
         def parameters(*a, **k):
-            import inspect
-
             if any(f.function == "on_optimizer_step" for f in inspect.stack()[1:4]):
                 listed_by_sampling.append(1)
             return plain(*a, **k)
 
         model.parameters = parameters
+        first.append(model)
         return model
 
-    for max_steps in (2, 6, 2):
+    cb = MemoryLoggerCallback(ProfilingArguments(enable_memory_logging=True, memory_log_steps=2,
+                                                 profiler_output_dir=str(tmp_path / "out")))
+    for max_steps in (6, 6, 2):
         listed_by_sampling.clear()
-        cb = MemoryLoggerCallback(ProfilingArguments(enable_memory_logging=True, memory_log_steps=2,
-                                                     profiler_output_dir=str(tmp_path / f"out{max_steps}")))
-        fake_trainer.run([cb], max_steps, tmp_path, wrap=counting)
+        fake_trainer.run([cb], max_steps, tmp_path, wrap=same_model_counting)
         rows = [json.loads(line) for line in (cb.run_dir / "memory_rank0.jsonl").read_text().splitlines()]
-        assert len(rows) == max_steps // 2
+        assert [r["step"] for r in rows][-(max_steps // 2):] == list(range(2, max_steps + 1, 2))
+        # Once per call: the same model in the next call is listed again (the call may have changed it).
         assert len(listed_by_sampling) == 1
         # The reused list sizes the same model state at every sample: 2632 float32 parameters, as above.
         assert {(r["params_mb"], r["grads_mb"], r["optimizer_state_mb"]) for r in rows} == {(2632 * 4 / MB,) * 3}
@@ -323,8 +330,11 @@ class LogAt(TrainerCallback):
     def __init__(self, steps):
         self.steps = set(steps)
 
+        self.step_ends = {}  # global step -> time.time() just before the memory logger's step end
+
     def on_step_end(self, args, state, control, **kwargs):
         control.should_log = state.global_step in self.steps
+        self.step_ends[state.global_step] = time.time()
 
 
 def recording_gathers(monkeypatch):
@@ -355,14 +365,26 @@ def test_samples_are_gathered_on_logging_steps_only_in_one_collective(tmp_path, 
     real_gather = cb._gather
 
     def gather():
-        gathered_at.append([step for step, _ in cb._ungathered])
+        gathered_at.append([step for step, *_ in cb._ungathered])
         real_gather()
 
     cb._gather = gather
-    fake_trainer.run([LogAt({5, 10}), cb], 11, tmp_path)
+    published = []  # (sample step, global step when written)
+    real_add = memory.tensorboard.add_scalars
+
+    def add_scalars(writer, values, step, walltime=None):
+        published.append((step, max(log_at.step_ends)))
+        real_add(writer, values, step, walltime)
+
+    monkeypatch.setattr(memory.tensorboard, "add_scalars", add_scalars)
+    log_at = LogAt({5, 10})
+    fake_trainer.run([log_at, cb], 11, tmp_path)
     tensorboard.close_writers()
     # Samples at 2, 4 | 6, 8, 10 | 11 is no sample step: nothing is left for train end.
     assert gathered_at == [[2, 4], [6, 8, 10]]
+    # Published at the first step end that finds the gather finished (at once, with one process), not at
+    # the next gather.
+    assert published == [(2, 6), (4, 6), (6, 11), (8, 11), (10, 11)]
     assert started == [2 * 7, 3 * 7]  # 7 metrics per sample (4 model-state ones + rss, vms, peak rss)
     rows = [json.loads(line) for line in (cb.run_dir / "memory_rank0.jsonl").read_text().splitlines()]
     acc, steps = tensorboard_steps(tmp_path / "tb", "memory/rss_mb/rank0")
@@ -372,6 +394,9 @@ def test_samples_are_gathered_on_logging_steps_only_in_one_collective(tmp_path, 
         [r["rss_mb"] for r in rows], rel=1e-6
     )
     assert [e.value for e in acc.Scalars("memory/vms_mb/max")] == pytest.approx([r["vms_mb"] for r in rows], rel=1e-6)
+    # ... and at its own wall time: after the step's end began, before the next step's.
+    for event in acc.Scalars("memory/rss_mb/rank0"):
+        assert log_at.step_ends[event.step] <= event.wall_time < log_at.step_ends[event.step + 1]
 
 
 def test_samples_left_at_train_end_and_runs_that_never_log_are_still_gathered(tmp_path, monkeypatch):

@@ -234,6 +234,7 @@ class FakeGroup:
     def __init__(self, monkeypatch: pytest.MonkeyPatch, world: int, backend: str = "gloo", rank: int = 1) -> None:
         self.calls: list[tuple] = []
         self.waits = 0
+        self.completed = False
         d = dist.dist
         monkeypatch.setattr(d, "is_initialized", lambda: True)
         monkeypatch.setattr(d, "get_world_size", lambda: world)
@@ -262,6 +263,9 @@ class FakeGroup:
             def wait(self) -> None:
                 group.waits += 1
 
+            def is_completed(self) -> bool:
+                return group.waits > 0 or group.completed
+
         return Work()
 
 
@@ -270,6 +274,9 @@ def test_collectives_go_through_the_group_when_there_is_one(monkeypatch):
     assert dist.broadcast_object("mine", src=2) == ("from", 2)
     assert dist.all_gather_object("x") == [(0, "x"), (1, "x"), (2, "x")]
     pending = dist.all_gather_floats_async([1.5, 2.25])
+    assert pending.done() is False  # asks the work, never waits on it
+    group.completed = True
+    assert pending.done() is True and group.waits == 0
     assert pending.result() == [[1.5, 2.25], [11.5, 12.25], [21.5, 22.25]]
     assert pending.result() == [[1.5, 2.25], [11.5, 12.25], [21.5, 22.25]]  # waits once only
     dist.barrier()
@@ -286,6 +293,7 @@ def test_a_group_of_one_needs_no_collective(monkeypatch):
     group = FakeGroup(monkeypatch, world=1, rank=0)
     assert dist.broadcast_object("mine") == "mine" and dist.all_gather_object(3) == [3]
     assert dist.all_gather_floats_async([0.1]).result() == [[0.1]]
+    assert dist.all_gather_floats_async([0.1]).done() is True  # nothing to wait for
     dist.barrier()
     assert group.calls == []
 

@@ -18,7 +18,9 @@ def events_and_scalars(log_dir):
 def test_one_event_per_call_and_one_series_per_tag(tmp_path):
     writer = SummaryWriter(str(tmp_path))
     tensorboard.add_scalars(writer, {"memory/rss_mb/rank0": 512.5, "memory/rss_mb/rank1": 640.25, "x/max": 3}, 10)
-    tensorboard.add_scalars(writer, {"memory/rss_mb/rank0": 513.0, "memory/rss_mb/rank1": 641.0, "x/max": 4}, 20)
+    tensorboard.add_scalars(
+        writer, {"memory/rss_mb/rank0": 513.0, "memory/rss_mb/rank1": 641.0, "x/max": 4}, 20, walltime=1e9
+    )
     tensorboard.add_scalars(writer, {}, 30)  # nothing to write: no event
     writer.close()
     _, scalars = events_and_scalars(tmp_path)
@@ -35,6 +37,7 @@ def test_one_event_per_call_and_one_series_per_tag(tmp_path):
     events = list(EventFileLoader(str(files[0])).Load())
     summaries = [e for e in events if e.HasField("summary")]
     assert [(e.step, len(e.summary.value)) for e in summaries] == [(10, 3), (20, 3)]
+    assert summaries[0].wall_time > 1.7e9 and summaries[1].wall_time == 1e9  # now, or the one given
 
 
 def test_values_are_32_bit_as_add_scalar_writes_them(tmp_path):
@@ -54,9 +57,9 @@ def test_a_writer_without_a_file_writer_gets_one_add_scalar_per_value():
         def __init__(self):
             self.calls = []
 
-        def add_scalar(self, tag, value, step):
-            self.calls.append((tag, value, step))
+        def add_scalar(self, tag, value, step, walltime=None):
+            self.calls.append((tag, value, step, walltime))
 
     rec = Recorder()
-    tensorboard.add_scalars(rec, {"b": 2.0, "a": 1.0}, 7)
-    assert rec.calls == [("b", 2.0, 7), ("a", 1.0, 7)]
+    tensorboard.add_scalars(rec, {"b": 2.0, "a": 1.0}, 7, walltime=123.5)
+    assert rec.calls == [("b", 2.0, 7, 123.5), ("a", 1.0, 7, 123.5)]
