@@ -67,13 +67,21 @@ def all_gather_object(obj: Any) -> list[Any]:
 
 
 class PendingGather:
-    """A started all-gather of floats; ``result()`` waits for it (by then usually long finished)."""
+    """A started all-gather of floats; ``result()`` waits for it (by then usually long finished).
 
-    def __init__(self, work: Any, out: list[torch.Tensor]) -> None:
-        self._work, self._out = work, out
+    Args:
+        work: The collective's work handle; None when there is nothing to wait for.
+        out: One tensor per rank, read by :meth:`result` (on NCCL: pinned host copies).
+        ready: On NCCL, a CUDA event recorded after the copies to the host; None elsewhere.
+    """
+
+    def __init__(self, work: Any, out: list[torch.Tensor], ready: Any = None) -> None:
+        self._work, self._out, self._ready = work, out, ready
 
     def done(self) -> bool:
-        """Whether the gather has finished; never waits (``Work.is_completed``)."""
+        """Whether the result is there to read; never waits (``Work.is_completed``, ``Event.query``)."""
+        if self._ready is not None:
+            return bool(self._ready.query())
         return self._work is None or bool(self._work.is_completed())
 
     def result(self) -> list[list[float]]:
@@ -81,6 +89,9 @@ class PendingGather:
         if self._work is not None:
             self._work.wait()
             self._work = None
+        if self._ready is not None:
+            self._ready.synchronize()
+            self._ready = None
         return [t.tolist() for t in self._out]
 
 
@@ -90,15 +101,29 @@ def all_gather_floats_async(values: Sequence[float]) -> PendingGather:
     ``all_gather_object`` would take two collectives and pickling, and waiting on the spot would add a
     synchronisation point to the step: instead the caller collects the result later (the next logging
     step, or train end). Every rank must call this at the same points with the same number of values.
-    On NCCL the tensor lives on the current CUDA device.
+
+    On NCCL the floats travel on the current CUDA device, and nothing makes the host wait for the GPU: the
+    upload is from pinned memory, the current stream waits for the gather (``Work.wait`` on NCCL holds the
+    stream, not the host), the results are copied to pinned host tensors on that stream, and an event
+    recorded after them says when they are there (:meth:`PendingGather.done`). A plain ``.to(device)`` and
+    ``.tolist()`` would each wait for every kernel the step had queued.
     """
     local = torch.tensor(list(values), dtype=torch.float64)
     if not is_distributed() or get_world_size() == 1:
         return PendingGather(None, [local])
-    if dist.get_backend() == "nccl":
-        local = local.to(torch.device("cuda", torch.cuda.current_device()))
-    out = [torch.empty_like(local) for _ in range(get_world_size())]
-    return PendingGather(dist.all_gather(out, local, async_op=True), out)
+    if dist.get_backend() != "nccl":
+        out = [torch.empty_like(local) for _ in range(get_world_size())]
+        return PendingGather(dist.all_gather(out, local, async_op=True), out)
+    device = torch.device("cuda", torch.cuda.current_device())
+    on_gpu = local.pin_memory().to(device, non_blocking=True)
+    gathered = [torch.empty_like(on_gpu) for _ in range(get_world_size())]
+    dist.all_gather(gathered, on_gpu, async_op=True).wait()
+    host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in gathered]
+    for dst, src in zip(host, gathered, strict=True):
+        dst.copy_(src, non_blocking=True)
+    ready = torch.cuda.Event()
+    ready.record()
+    return PendingGather(None, host, ready)
 
 
 def barrier() -> None:

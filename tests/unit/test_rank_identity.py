@@ -298,17 +298,94 @@ def test_a_group_of_one_needs_no_collective(monkeypatch):
     assert group.calls == []
 
 
-def test_on_nccl_the_floats_travel_on_this_ranks_gpu(monkeypatch):
+def test_on_nccl_the_floats_travel_on_this_ranks_gpu_and_the_host_never_waits(monkeypatch):
     group = FakeGroup(monkeypatch, world=2, backend="nccl")
     dist.barrier()
     assert group.calls == [("barrier",)]  # two ranks are enough to wait for each other
-    moved: list[torch.device] = []
+    seen: list[tuple] = []  # what happened, in order (a CPU build has no CUDA tensor to make: fakes)
 
-    def to(self: torch.Tensor, device: torch.device) -> torch.Tensor:
-        moved.append(device)
-        return self  # a CPU build has no CUDA tensor to make
+    def pin_memory(self: torch.Tensor) -> torch.Tensor:
+        seen.append(("pin", self.tolist()))
+        return self
 
+    def to(self: torch.Tensor, device: torch.device, non_blocking: bool = False) -> torch.Tensor:
+        seen.append(("upload", device, non_blocking))
+        return self
+
+    real_empty, real_copy = torch.empty, torch.Tensor.copy_
+
+    def empty(*shape: Any, pin_memory: bool = False, **kwargs: Any) -> torch.Tensor:
+        seen.append(("host buffer", pin_memory))
+        return real_empty(*shape, **kwargs)
+
+    def copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+        seen.append(("download", non_blocking))
+        return real_copy(self, src)
+
+    class Event:
+        finished = False
+
+        def record(self) -> None:
+            seen.append(("event recorded",))
+
+        def query(self) -> bool:
+            return self.finished
+
+        def synchronize(self) -> None:
+            seen.append(("host waits for the event",))
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
     monkeypatch.setattr(torch.Tensor, "to", to)
+    monkeypatch.setattr(dist.torch, "empty", empty)
     monkeypatch.setattr(dist.torch.cuda, "current_device", lambda: 3)
-    assert dist.all_gather_floats_async([1.0]).result() == [[1.0], [11.0]]
-    assert moved == [torch.device("cuda", 3)]
+    monkeypatch.setattr(dist.torch.cuda, "Event", Event)
+    group_gather = group.all_gather
+
+    def all_gather(out: list, local: torch.Tensor, async_op: bool) -> Any:
+        seen.append(("all_gather", async_op))
+        work = group_gather(out, local, async_op)
+        monkeypatch.setattr(torch.Tensor, "copy_", copy_)  # from here on, copies are the downloads
+        return work
+
+    monkeypatch.setattr(dist.dist, "all_gather", all_gather)
+    pending = dist.all_gather_floats_async([1.0, 2.5])
+    monkeypatch.setattr(torch.Tensor, "copy_", real_copy)
+    assert seen == [
+        ("pin", [1.0, 2.5]),
+        ("upload", torch.device("cuda", 3), True),
+        ("all_gather", True),
+        ("host buffer", True), ("host buffer", True),
+        ("download", True), ("download", True),
+        ("event recorded",),
+    ]
+    assert group.waits == 1  # Work.wait on NCCL: the stream waits for the gather, the host does not
+    assert pending.done() is False  # the event says so, without waiting
+    Event.finished = True
+    assert pending.done() is True
+    assert pending.result() == [[1.0, 2.5], [11.0, 12.5]]
+    assert seen[-1] == ("host waits for the event",)  # result() is the one place that may wait
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_starting_and_polling_the_gather_never_synchronises(monkeypatch):
+    """CUDA's sync debug mode raises on any operation that makes the host wait for the device."""
+    FakeGroup(monkeypatch, world=2, backend="nccl")
+
+    def all_gather(out: list, local: torch.Tensor, async_op: bool) -> Any:
+        for r, t in enumerate(out):
+            t.copy_(local + 10 * r)  # on the GPU, on the current stream
+
+        class Work:
+            def wait(self) -> None:
+                pass
+
+        return Work()
+
+    monkeypatch.setattr(dist.dist, "all_gather", all_gather)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        pending = dist.all_gather_floats_async([1.0, 2.5])
+        pending.done()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert pending.result() == [[1.0, 2.5], [11.0, 12.5]]
