@@ -29,7 +29,7 @@ import torch
 import torch.distributed as torch_dist
 
 import hf_distprof
-from hf_distprof import dist, paths
+from hf_distprof import dist, job, paths
 from hf_distprof.analysis.manifest import (
     FINISHED,
     PART_FORMAT,
@@ -236,7 +236,7 @@ class RunManifest:
             "format": PART_FORMAT, "version": VERSION, "rank": self.rank, "world_size": dist.get_world_size(),
             "host": self.host, "local_rank": _local_rank(), "pid": os.getpid(),
             "run_name": run_dir.name if run_dir is not None else None,
-            "profile_ranks": str(args.profile_ranks), "versions": dict(versions),
+            "profile_ranks": str(args.profile_ranks), "versions": dict(versions), "job": job.job_record(),
             "clock": dict(clocks[self.rank]) if self.rank < len(clocks) else {},
             "started_at": time.time(), "updated_at": time.time(), "status": RUNNING,
             "windows": [], "files": [], "failed_exports": 0,

@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from hf_distprof import dist, signals
+from hf_distprof import dist, job, signals
 
 logger = dist.get_logger(__name__)
 
@@ -88,7 +88,8 @@ def resolve_run_dir(
 
     Args:
         output_dir: The ``--profiler-output-dir`` folder.
-        run_name: A fixed run name; the start time when None.
+        run_name: A fixed run name; the start time when None. A job restarted by torchelastic or requeued by
+            SLURM adds its attempt (``-attempt1``, ``-requeue1``: :func:`hf_distprof.job.attempt_suffix`).
         owner: What one run is (callbacks pass the Trainer's ``state``, new for every ``train()`` call);
             calls with the same owner get the same folder.
 
@@ -103,7 +104,10 @@ def resolve_run_dir(
     error: str | None = None
     if dist.get_rank() == 0:
         try:
-            chosen = _claim_new_run_dir(root, run_name or time.strftime("%Y%m%d-%H%M%S")).name
+            # A job restarted by torchelastic or requeued by SLURM runs again under the same name: its folder says
+            # the attempt (run-attempt1), and the earlier attempt's folder stays as it was.
+            name = (run_name or time.strftime("%Y%m%d-%H%M%S")) + job.attempt_suffix(job.job_record())
+            chosen = _claim_new_run_dir(root, name).name
         except OSError as err:
             error = f"cannot create a run folder in --profiler-output-dir {root}: {err}"
         else:

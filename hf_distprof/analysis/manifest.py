@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from hf_distprof.capture import ANOMALY, ON_DEMAND  # noqa: F401 - the other reasons, re-exported
+from hf_distprof.job import COUNT_KEYS, ID_KEYS, describe_job
 from hf_distprof.names import MANIFEST_NAME, MANIFEST_PART_NAME, PROFILE_RANKS_NAME
 
 FORMAT = "hf_distprof.manifest"
@@ -110,6 +111,8 @@ def assemble(parts: Sequence[Mapping[str, Any]], combined: bool = False,
         "world_size": world,
         "profile_ranks": first.get("profile_ranks"),
         "started_at": by_rank.get(0, first).get("started_at"),
+        # Rank 0's launcher, job id and attempt (absent from parts written before hf_distprof recorded them).
+        "job": by_rank.get(0, first).get("job"),
         "versions": dict(reference),
         "versions_differ": [{"rank": r, "versions": by_rank[r]["versions"]} for r in ranks
                             if by_rank[r].get("versions") and by_rank[r]["versions"] != reference],
@@ -150,11 +153,13 @@ def read_rank_choices(folder: Path) -> list[dict[str, Any]]:
 
 def _rank_row(rank: int, part: Mapping[str, Any]) -> dict[str, Any]:
     clock = part.get("clock") or {}
+    job = part.get("job") or {}
     return {
         "rank": rank, "host": part["host"], "local_rank": part.get("local_rank"), "pid": part.get("pid"),
         "status": part.get("status", RUNNING), "clock_offset_us": clock.get("offset_us"),
         "clock_uncertainty_us": clock.get("uncertainty_us"), "clock_measured_on_rank": clock.get("measured_on_rank"),
         "windows": len(part.get("windows") or []), "failed_exports": int(part.get("failed_exports") or 0),
+        "slurm_node_id": job.get("slurm_node_id"), "slurm_proc_id": job.get("slurm_proc_id"),
     }
 
 
@@ -239,6 +244,8 @@ class RunSummary:
     """One sentence per file the manifest lists that the folder does not hold (a lost trace)."""
     unfinished_ranks: list[int] = field(default_factory=list)
     absent_ranks: list[int] = field(default_factory=list)
+    job: dict[str, Any] | None = None
+    """Rank 0's launcher, ids and restart counts (:func:`hf_distprof.job.job_record`); None in older manifests."""
 
     def clock_offsets_us(self) -> dict[int, float]:
         """Measured offsets by rank (ranks without a measurement left out)."""
@@ -292,9 +299,24 @@ def summarize(manifest: Mapping[str, Any], folder: Path) -> RunSummary:
             missing_files=missing_files(manifest, folder),
             unfinished_ranks=_ints(manifest.get("unfinished_ranks")),
             absent_ranks=_ints(manifest.get("absent_ranks")),
+            job=_job(manifest.get("job")),
         )
     except (AttributeError, IndexError, KeyError, TypeError, ValueError) as err:
         raise ManifestError(path, f"a field is missing or of the wrong type ({err!r})") from err
+
+
+def _job(value: Any) -> dict[str, Any] | None:
+    """The job record with each field's type checked (ids: strings, counts: integers, either may be null)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise TypeError(f"expected the job record, got {value!r}")
+    out: dict[str, Any] = {"launcher": _str(value.get("launcher") or "none")}
+    for key in ID_KEYS:
+        out[key] = None if value.get(key) is None else _str(value[key])
+    for key in COUNT_KEYS:
+        out[key] = None if value.get(key) is None else _int(value[key])
+    return out
 
 
 def _list(value: Any) -> list[Any]:
@@ -359,6 +381,9 @@ def format_run(run: RunSummary) -> list[str]:
     state = "complete" if run.complete else "incomplete (the run stopped before train end, or a rank was lost)"
     hosts = "; ".join(f"{h['host']}: ranks {_ranks(h['ranks'])}" for h in run.hosts)
     lines = [f"Run manifest ({run.path}), {state}: {run.world_size} rank(s) on {len(run.hosts)} host(s): {hosts}"]
+    job = describe_job(run.job) if run.job else ""
+    if job:
+        lines.append(f"  job: {job}")
     measured = [c for c in run.clocks if c.offset_us is not None and c.uncertainty_us is not None]
     if len({c.host for c in run.clocks}) > 1 and measured:
         worst = max(measured, key=lambda c: abs(c.offset_us or 0.0))
