@@ -1,21 +1,16 @@
 #!/usr/bin/env python
 """Every CUDA path of hf_distprof, checked on one GPU in under 8 minutes: one command, one report.
 
-Run from the repository root on a machine with one CUDA GPU (DEVELOPING.md, "Running the GPU check", says which
-wheels to bring to a machine without network)::
-
     python benchmarks/gpu_check.py --dry-run --out gpu_check_out    # any machine: the plan, every flag checked
-    python benchmarks/gpu_check.py --out gpu_check_out              # the GPU machine: run every check
+    python benchmarks/gpu_check.py --out gpu_check_out              # on the GPU machine, from the repository root
 
-The checks run in order, each as subprocesses with a timeout (the budgets add up to well under 8 minutes, so a
-retry fits in the same slot), and a failed check does not stop the next. ``<out>/gpu_check.json`` holds one
-record per check (name, passed, numbers, seconds, error), ``<out>/gpu_check.md`` the same as a table; both are
-rewritten after every check, and every command's output is kept in ``<out>/logs/``.
-
-``--dry-run`` prints the numbered plan and checks, for real, that every script exists, that every flag a command
-passes is in that command's ``--help``, that every test hook variable is read by the script it is meant for,
-and that every ``hf_distprof`` name the inline snippets import exists: a renamed flag breaks the dry run. Without
-CUDA the real run exits with status 2 and says so.
+Each check runs its commands as subprocesses with timeouts (the budgets add up to well under 8 minutes, so a retry
+fits in the same slot) and reads numbers back from the files they write; a failed check does not stop the next.
+``<out>/gpu_check.json`` holds one record per check (name, passed, numbers, seconds, error), ``gpu_check.md`` the
+same as a table, both rewritten after every check; each command's output is in ``<out>/logs/``. ``--dry-run``
+checks, for real, that every script exists, every flag is in its command's help, every test hook variable is read
+by its script and every ``hf_distprof`` name the inline programs import exists. Without CUDA the run exits 2.
+DEVELOPING.md ("Running the GPU check") says which wheels to bring to a GPU machine without network.
 """
 
 from __future__ import annotations
@@ -44,9 +39,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
-TRAIN, DEMO, LAUNCH = "python_scripts/train_modernBERT.py", "local_scripts/train_lambda_with_profiling.sh", \
-    "local_scripts/train_lambda.sh"
-BENCH = "benchmarks/bench_callback_overhead.py"
+TRAIN, BENCH = "python_scripts/train_modernBERT.py", "benchmarks/bench_callback_overhead.py"
+DEMO, LAUNCH = "local_scripts/train_lambda_with_profiling.sh", "local_scripts/train_lambda.sh"
 TOTAL_LIMIT_S = 480.0
 """The whole run must fit in 8 minutes; a check whose budget would pass that is skipped, saying so."""
 HTA_TOLERANCE_PP = 0.5
@@ -137,13 +131,10 @@ def expect(condition: Any, message: str) -> None:
 
 
 def run_cmd(cmd: Cmd, log: Path) -> tuple[int, str]:
-    """Run ``cmd`` from the repository root, its output into ``log``, killed (with its children) at its timeout.
-
-    Returns:
-        The exit status and the output.
+    """Run ``cmd`` from the repository root, its output into ``log``; its exit status and output.
 
     Raises:
-        CheckFailed: The command ran past its timeout.
+        CheckFailed: It ran past its timeout (it and its children were killed).
     """
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w", encoding="utf-8") as fh:
@@ -173,28 +164,25 @@ def succeeded(sh: Shell, cmd: Cmd) -> str:
 
 @dataclass(frozen=True)
 class Ctx:
-    """Where one run writes: every command's paths derive from ``out``."""
+    """Where a run writes. ``traces``: every training run's ``--profiler-output-dir`` (each names its run folder);
+    ``train``: their ``--output-dir``, one folder so that the demo tokenizer is trained once."""
 
     out: Path
 
     @property
     def traces(self) -> Path:
-        """``--profiler-output-dir`` of every training run; each names its run folder."""
         return self.out / "traces"
 
     @property
     def train(self) -> Path:
-        """``--output-dir`` of every training run: one folder, so the demo tokenizer is trained once."""
         return self.out / "train"
 
 
 @dataclass(frozen=True)
 class Check:
-    """One numbered check: its commands (``plan``) and what it reads back from them (``run``).
-
-    ``run(ctx, cmds, numbers, sh)`` runs ``cmds`` through ``sh``, puts what it measures into ``numbers`` and
-    raises :class:`CheckFailed` when an expectation fails; the numbers gathered so far are kept either way.
-    """
+    """One numbered check: its commands (``plan``) and ``run(ctx, cmds, numbers, sh)``, which runs them through
+    ``sh``, reads what they wrote into ``numbers`` and raises :class:`CheckFailed` when an expectation fails (the
+    numbers gathered so far are kept)."""
 
     name: str
     budget_s: float
@@ -251,11 +239,13 @@ def run_environment(ctx: Ctx, cmds: list[Cmd], n: dict[str, Any], sh: Shell) -> 
     expect(n["cuda_available"], "torch.cuda.is_available() is False")
     missing = [m for m in ("hf_distprof", "datasets", "orjson", "msgspec") if not n["modules"].get(m)]
     expect(not missing, f"not importable: {missing} (install the wheels: DEVELOPING.md)")
+    absent = [tool for tool in ("python", "accelerate") if not n["on_path"][tool]]
+    expect(not absent, f"the launch scripts call {absent}, not on PATH")
 
 
 def plan_demo(ctx: Ctx) -> list[Cmd]:
     env = {"NPROC": "1", "MAX_STEPS": "30", "OUTPUT_DIR": str(ctx.traces), "TRAIN_OUTPUT": str(ctx.train)}
-    return [Cmd("demo", ("--profiler-run-name", "demo", "--nvtx", "--report-to", "none"), 60, env)]
+    return [Cmd("demo", ("--profiler-run-name", "demo", "--nvtx"), 60, env)]
 
 
 def run_demo(ctx: Ctx, cmds: list[Cmd], n: dict[str, Any], sh: Shell) -> None:
@@ -269,8 +259,8 @@ def run_demo(ctx: Ctx, cmds: list[Cmd], n: dict[str, Any], sh: Shell) -> None:
     summary = read_json(run / "timing_summary.json")
     rank0 = summary["per_rank"][0]
     n.update({k: summary.get(k) for k in ("step_mean_s", "tokens_per_s", "mfu_pct", "peak_tflops")})
-    n["phases_s"] = {k: rank0.get(k) for k in ("data_s", "forward_s", "backward_s", "optimizer_s", "step_s")}
-    n["host_timed"] = "cpu_wait_s" in rank0  # phases on CUDA events have no CPU-wait share
+    # cpu_wait_s: None when the phases are timed on CUDA events rather than the host clock.
+    n["phases_s"] = {k: rank0.get(k) for k in ("data_s", "forward_s", "backward_s", "optimizer_s", "cpu_wait_s")}
     expect(all((rank0.get(k) or 0) > 0 for k in ("forward_s", "backward_s", "optimizer_s")),
            f"device phases missing or zero: {n['phases_s']}")
     expect(summary.get("peak_tflops") and (summary.get("mfu_pct") or 0) > 0,
@@ -374,9 +364,9 @@ def run_fsdp(ctx: Ctx, cmds: list[Cmd], n: dict[str, Any], sh: Shell) -> None:
 def plan_hang(ctx: Ctx) -> list[Cmd]:
     args = train_args(ctx, "hang", 50, "--hang-timeout", "4", "--hang-abort", "--flight-recorder-entries", "2000")
     # Rank 0's collator blocks from its 6th batch on: a hung data loader, on an NCCL group of one.
-    return [Cmd("train", args, 30, {"HF_DISTPROF_SIMULATE_HANG": "0:6"}, ("torchrun", ("--standalone",
-                                                                                      "--nproc-per-node", "1"))),
-            Cmd("hang-report", (str(ctx.traces / "hang"),), 10)]
+    torchrun = ("torchrun", ("--standalone", "--nproc-per-node", "1"))
+    return [Cmd("train", args, 35, {"HF_DISTPROF_SIMULATE_HANG": "0:6"}, torchrun),
+            Cmd("hang-report", (str(ctx.traces / "hang"),), 5)]
 
 
 def run_hang(ctx: Ctx, cmds: list[Cmd], n: dict[str, Any], sh: Shell) -> None:
@@ -392,13 +382,13 @@ def run_hang(ctx: Ctx, cmds: list[Cmd], n: dict[str, Any], sh: Shell) -> None:
 
 def plan_nvtx(ctx: Ctx) -> list[Cmd]:
     report = str(ctx.out / "nsys" / "nvtx")
-    nsys = ("--trace=cuda,nvtx", "--capture-range=cudaProfilerApi", "--capture-range-end=stop", "--force-overwrite",
-            "true", "-o", report)
+    nsys = ("--trace=cuda,nvtx", "--capture-range=cudaProfilerApi", "--capture-range-end=stop",
+            "--force-overwrite=true", "-o", report)
     args = train_args(ctx, "nsys", 12, "--nvtx", "--nsys-window", "--enable-step-timing",
                       "--profiler-wait-steps", "2", "--profiler-warmup-steps", "1", "--profiler-active-steps", "3")
     return [Cmd("train", args, 35, via=("nsys", nsys)),
-            Cmd("nsys-stats", ("--report", "nvtx_sum", "--format", "csv", "--force-export", "true",
-                               report + ".nsys-rep"), 10)]
+            Cmd("nsys-stats", ("--report", "nvtx_sum", "--format", "csv", "--force-export=true", report + ".nsys-rep"),
+                10)]
 
 
 def run_nvtx(ctx: Ctx, cmds: list[Cmd], n: dict[str, Any], sh: Shell) -> None:
@@ -410,6 +400,7 @@ def run_nvtx(ctx: Ctx, cmds: list[Cmd], n: dict[str, Any], sh: Shell) -> None:
     if shutil.which("nsys") is None:
         n["nsys"] = "not installed: NVTX ranges not observed by a tool; the --nvtx demo trained and labelled"
         return
+    (ctx.out / "nsys").mkdir(parents=True, exist_ok=True)
     succeeded(sh, cmds[0])
     rows = [line for line in succeeded(sh, cmds[1]).splitlines() if "hf_distprof/" in line]
     n["nsys_ranges"] = rows
@@ -451,7 +442,7 @@ CHECKS: list[Check] = [
 # ---- inline programs (run with the machine's interpreter, from the repository root) ----------------------------
 
 ENV_SNIPPET = """
-import importlib, json, os, platform, shutil, subprocess
+import importlib, json, os, platform, shutil, subprocess, sys
 import torch
 from hf_distprof.timing.report import peak_tflops_for_device
 info = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
@@ -478,6 +469,8 @@ for name in ("hf_distprof", "transformers", "accelerate", "datasets", "orjson", 
     shadow = any(str(getattr(m, "__file__", "")).startswith(p) for p in extra)
     info["modules"][name] = str(getattr(m, "__version__", "?")) + (" (PYTHONPATH)" if shadow else "")
 info["on_path"] = {t: shutil.which(t) for t in ("python", "accelerate", "nvidia-smi", "nsys")}
+same = os.path.realpath(info["on_path"]["python"] or "") == os.path.realpath(sys.executable)
+info["path_python_is_this_one"] = same  # the launch scripts call `python`
 print(json.dumps(info))
 """
 
@@ -583,9 +576,10 @@ SNIPPETS = {"env_snippet": ENV_SNIPPET, "sync_snippet": SYNC_SNIPPET, "oom_snipp
 # No network on the GPU machine: nothing may wait for the Hub. `python` in the launch scripts is this interpreter.
 BASE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
             "PATH": os.path.dirname(PY) + os.pathsep + os.environ.get("PATH", "")}
-OWN_DIRS = ("traces", "report", "hta_traces", "sync", "oom", "nsys", "logs")
-"""What a real run clears first in ``--out`` (a fixed run name taken would get a -1 suffix); ``train/`` keeps the
-demo tokenizer."""
+OWN_PATHS = ("traces", "report", "hta_traces", "sync", "oom", "nsys", "logs", "hta.json", "memory_snapshot.html",
+             "pytest_gpu.xml")
+"""What a real run clears first in ``--out``: a run name already taken would get a -1 suffix, and a file left by
+an earlier run must not pass for this one's. ``train/`` stays (the demo tokenizer, trained once)."""
 
 
 # ---- the dry run ----------------------------------------------------------------------------------------------
@@ -594,11 +588,7 @@ FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)")
 
 
 def help_text(tool: Tool) -> str:
-    """What ``tool``'s help command prints.
-
-    Raises:
-        RuntimeError: It exited with a non-zero status.
-    """
+    """What ``tool``'s help command prints (RuntimeError when it fails)."""
     assert tool.help_argv is not None
     proc = subprocess.run(tool.help_argv, cwd=REPO, capture_output=True, text=True, timeout=120,
                           env={**os.environ, **BASE_ENV})
@@ -676,11 +666,7 @@ def validate(checks: Sequence[Check], ctx: Ctx, help_of: HelpOf = help_text) -> 
 
 
 def dry_run(checks: Sequence[Check], ctx: Ctx, help_of: HelpOf = help_text) -> int:
-    """Print the numbered plan, then validate it.
-
-    Returns:
-        0 when every script, command and flag exists, else 1 (each problem on stderr).
-    """
+    """Print the numbered plan and validate it: 0 when every script, command and flag exists, else 1."""
     total = sum(c.budget_s for c in checks)
     print(f"gpu_check plan: {len(checks)} checks, budget {total:.0f} s (limit {TOTAL_LIMIT_S:.0f} s), out {ctx.out}")
     for i, check in enumerate(checks, 1):
@@ -707,11 +693,7 @@ def shell_for(out: Path, number: int, name: str) -> Shell:
 
 
 def run_checks(checks: Sequence[Check], ctx: Ctx) -> list[Result]:
-    """Run every check in order, each past the failures of the others; the results are written after each one.
-
-    Returns:
-        One result per check.
-    """
+    """Run every check in order, each past the failures of the others, writing the results after each one."""
     results: list[Result] = []
     start = time.monotonic()
     for i, check in enumerate(checks, 1):
@@ -787,8 +769,9 @@ def main(argv: Sequence[str] | None = None, checks: Sequence[Check] = CHECKS, he
         print(f"gpu_check: no CUDA device here (torch {torch.__version__}, torch.cuda.is_available() is False); "
               "run it on a machine with one CUDA GPU, or pass --dry-run", file=sys.stderr)
         return 2
-    for sub in OWN_DIRS:
-        shutil.rmtree(ctx.out / sub, ignore_errors=True)
+    for name in OWN_PATHS:
+        path = ctx.out / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     results = run_checks(checks, ctx)
     failed = [r.name for r in results if not r.passed]
     print(f"gpu_check: {len(results) - len(failed)} of {len(results)} passed; {ctx.out / 'gpu_check.md'}"
