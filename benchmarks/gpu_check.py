@@ -145,9 +145,14 @@ def run_cmd(cmd: Cmd, log: Path) -> tuple[int, str]:
         try:
             proc.wait(timeout=cmd.timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # its own session: the launcher's ranks go too
-            proc.wait()
             raise CheckFailed(f"timed out after {cmd.timeout_s:.0f} s (output: {log})") from None
+        finally:
+            # Its own session: a launcher's ranks left behind go too, and hold no GPU memory into the next check.
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
     return proc.returncode, log.read_text(encoding="utf-8", errors="replace")
 
 
@@ -459,7 +464,8 @@ if shutil.which("nvidia-smi"):
 extra = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
 extra = [p for p in extra if p != os.getcwd()]
 info["modules"] = {}
-for name in ("hf_distprof", "transformers", "accelerate", "datasets", "orjson", "msgspec", "hta", "numpy", "pandas"):
+for name in ("hf_distprof", "transformers", "accelerate", "datasets", "orjson", "msgspec", "hta", "numpy", "pandas",
+             "pyarrow", "pytest"):
     try:
         m = importlib.import_module(name)
     except Exception:
