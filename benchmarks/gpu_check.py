@@ -421,8 +421,9 @@ def run_pytest(ctx: Ctx, cmds: list[Cmd], n: dict[str, Any], sh: Shell) -> None:
     rc, out = sh(cmds[0])
     xml = ctx.out / "pytest_gpu.xml"
     expect(xml.is_file(), f"pytest exited {rc} without a report:\n" + "\n".join(out.splitlines()[-15:]))
-    suite = ET.parse(xml).getroot()
-    suite = suite.find("testsuite") if suite.tag == "testsuites" else suite
+    root = ET.parse(xml).getroot()
+    suite = root.find("testsuite") if root.tag == "testsuites" else root
+    expect(suite is not None, f"no testsuite in {xml}")
     assert suite is not None
     n.update({k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")})
     n["failed"] = [c.get("name") for c in suite.iter("testcase") if c.find("failure") is not None
