@@ -23,6 +23,8 @@ _LAZY: dict[str, str] = {
     "HangWatchdogCallback": "hf_distprof.callbacks.hang",
     "NsightCallback": "hf_distprof.callbacks.nsys",
     "StepTimerCallback": "hf_distprof.callbacks.step_timer",
+    "TraceAnalysisCallback": "hf_distprof.callbacks.analyze",
+    "RunSummaryCallback": "hf_distprof.callbacks.summary",
 }
 
 __all__ = [
@@ -32,8 +34,10 @@ __all__ = [
     "NsightCallback",
     "ProfilerCallback",
     "ProfilingArguments",
+    "RunSummaryCallback",
     "SimpleGPUMemoryCallback",
     "StepTimerCallback",
+    "TraceAnalysisCallback",
     "__version__",
     "add_profiling_args",
     "build_callbacks",
@@ -46,6 +50,8 @@ if TYPE_CHECKING:
     from hf_distprof.callbacks.nsys import NsightCallback
     from hf_distprof.callbacks.profiler import ProfilerCallback
     from hf_distprof.callbacks.step_timer import StepTimerCallback
+    from hf_distprof.callbacks.analyze import TraceAnalysisCallback
+    from hf_distprof.callbacks.summary import RunSummaryCallback
     from hf_distprof.callbacks import build_callbacks
     from hf_distprof.config import ProfilingArguments, add_profiling_args
 

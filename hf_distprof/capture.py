@@ -2,17 +2,21 @@
 
 Between agreement steps each rank only notes what it saw: a request (``PROFILE_NOW`` in the run folder,
 SIGUSR1) or a step slower than ``--anomaly-factor`` times its own running median (:class:`SlowStepDetector`).
-On an agreement step (a logging step, the same on every rank) the ranks gather their :class:`Note` s and every
-rank hands the same list to its own :class:`CapturePlan`, which therefore opens the same window on every rank:
-its warm-up starts at the first free step after the agreement step, so every rank starts tracing at the same
-optimizer step without a collective on any other step. The profiler's schedule asks :meth:`CapturePlan.phase`
-about every step its own schedule leaves idle.
+Agreement steps follow their own cadence, independent of the Trainer's logging interval: every
+:func:`agreement_interval` steps (1 to :data:`MAX_AGREE_EVERY`, from the measured step time and the agreement's
+own cost), the same step numbers on every rank. On an agreement step each rank starts a small non-blocking
+all-gather of its :class:`Note` (:func:`encode_note`); one step later every rank reads it, by then long done,
+and hands the same list to its own :class:`CapturePlan`, which therefore opens the same window on every rank:
+its warm-up starts at the first free step after the reading step, so every rank starts tracing at the same
+optimizer step without a blocking collective on any step. The profiler's schedule asks
+:meth:`CapturePlan.phase` about every step its own schedule leaves idle.
 
 Nothing here reads a clock, a file or a process group: :mod:`hf_distprof.capture_triggers` does that.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -28,6 +32,14 @@ MIN_HISTORY_STEPS = 5
 # How far past the agreement step a free slot for the window is looked for (a schedule repeating with no idle
 # steps leaves none).
 SEARCH_HORIZON_STEPS = 10_000
+
+# Agreement steps come at most this many steps apart: a request or an anomaly waits at most this many steps, plus
+# the one step its gather travels, plus the window's warm-up, before recording starts (8 at the defaults).
+MAX_AGREE_EVERY = 5
+# Agreements come every step when one costs at most this share of a step, else as often as that share allows.
+AGREEMENT_COST_SHARE = 0.001
+# Steps of the pre-sync times one note carries (--profile-ranks auto); a note has a fixed length on the wire.
+NOTE_ROWS = 16
 
 # What a window does at one step, as CapturePlan.phase says it (the profiler maps them to ProfilerAction).
 WARMUP = "warmup"
@@ -77,6 +89,61 @@ class Note:
     anomaly: Anomaly | None = None
     pre_sync: tuple[tuple[int, float], ...] = ()
     trace_bytes_per_step: float | None = None
+    step_s: float | None = None
+    """This rank's median untraced step time, seconds (the cadence)."""
+    agree_s: float | None = None
+    """What this rank's agreements cost it so far (median seconds of starting and reading the gather)."""
+
+
+_NOTE_HEAD = 10  # rank, 2 demand flags, anomaly (flag, step, s, median), bytes per step, step_s, agree_s
+NOTE_LENGTH = _NOTE_HEAD + 1 + 2 * NOTE_ROWS
+
+
+def _opt(value: float | None) -> float:
+    return math.nan if value is None else float(value)
+
+
+def _back(value: float) -> float | None:
+    return None if math.isnan(value) else value
+
+
+def encode_note(note: Note) -> list[float]:
+    """``note`` as :data:`NOTE_LENGTH` floats, for one fixed-size all-gather (the last :data:`NOTE_ROWS` rows)."""
+    a = note.anomaly
+    rows = note.pre_sync[-NOTE_ROWS:]
+    values = [float(note.rank), float(FILE_REQUEST in note.demand), float(SIGNAL_REQUEST in note.demand),
+              float(a is not None), float(a.step) if a else 0.0, a.step_s if a else 0.0, a.median_s if a else 0.0,
+              _opt(note.trace_bytes_per_step), _opt(note.step_s), _opt(note.agree_s), float(len(rows))]
+    for step, seconds in rows:
+        values += [float(step), float(seconds)]
+    values += [math.nan] * (NOTE_LENGTH - len(values))
+    return values
+
+
+def decode_note(values: Sequence[float]) -> Note:
+    """The :class:`Note` that :func:`encode_note` made ``values`` of."""
+    if len(values) != NOTE_LENGTH:
+        raise ValueError(f"a capture note has {NOTE_LENGTH} values, got {len(values)}")
+    demand = tuple(source for source, flag in ((FILE_REQUEST, values[1]), (SIGNAL_REQUEST, values[2])) if flag)
+    anomaly = Anomaly(int(values[4]), values[5], values[6]) if values[3] else None
+    count = int(values[_NOTE_HEAD])
+    rows = tuple((int(values[_NOTE_HEAD + 1 + 2 * i]), values[_NOTE_HEAD + 2 + 2 * i]) for i in range(count))
+    return Note(int(values[0]), demand, anomaly, rows, _back(values[7]), _back(values[8]), _back(values[9]))
+
+
+def agreement_interval(notes: Sequence[Note], max_every: int = MAX_AGREE_EVERY) -> int:
+    """Steps until the next agreement, from every rank's notes (so the same on every rank).
+
+    Every step when an agreement costs at most :data:`AGREEMENT_COST_SHARE` of a step (the slowest rank's cost
+    against the median rank's step time), else as rarely as keeps it there, at most every ``max_every`` steps;
+    ``max_every`` while nothing is measured yet.
+    """
+    steps = sorted(n.step_s for n in notes if n.step_s is not None and n.step_s > 0)
+    costs = [n.agree_s for n in notes if n.agree_s is not None and n.agree_s >= 0]
+    if not steps or not costs:
+        return max_every
+    step_s = steps[len(steps) // 2]
+    return max(1, min(max_every, math.ceil(max(costs) / (AGREEMENT_COST_SHARE * step_s) - 1e-9)))
 
 
 @dataclass(frozen=True)

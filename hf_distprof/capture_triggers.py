@@ -2,10 +2,12 @@
 
 The runtime side of :mod:`hf_distprof.capture`, owned by the profiler callback on every rank (also on ranks
 that ``--profile-ranks`` leaves out: a request or a slow step on any rank counts). Per step it costs one clock
-read and, with ``--profile-on-anomaly``, one median over the last 20 step times; no device sync, no collective.
-On agreement steps (``global_step`` a multiple of the Trainer's logging interval, the same on every rank) it
-looks for ``PROFILE_NOW`` and does one small all-gather of every rank's :class:`~hf_distprof.capture.Note`; with
-``--profile-ranks auto`` or ``--max-trace-mb`` the note also carries what those decide from
+read and, with ``--profile-on-anomaly``, one median over the last 20 step times; no device sync, no blocking
+collective. Agreement steps come on their own cadence, whatever the Trainer's logging interval
+(:func:`hf_distprof.capture.agreement_interval`: every step where steps are long, at most every
+:data:`~hf_distprof.capture.MAX_AGREE_EVERY` steps): there this rank looks for ``PROFILE_NOW`` and starts a small
+non-blocking all-gather of its :class:`~hf_distprof.capture.Note` (fixed-size floats), which every rank reads
+one step later. With ``--profile-ranks auto`` or ``--max-trace-mb`` the note also carries what those decide from
 (:mod:`hf_distprof.window_policy`), and the agreement steps happen for them alone too.
 """
 
@@ -13,15 +15,28 @@ from __future__ import annotations
 
 import os
 import signal
+import statistics
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from hf_distprof import dist
-from hf_distprof.capture import FILE_REQUEST, SIGNAL_REQUEST, Anomaly, CapturePlan, Note, SlowStepDetector
+from hf_distprof.capture import (
+    FILE_REQUEST,
+    MAX_AGREE_EVERY,
+    SIGNAL_REQUEST,
+    Anomaly,
+    CapturePlan,
+    Note,
+    SlowStepDetector,
+    agreement_interval,
+    decode_note,
+    encode_note,
+)
 from hf_distprof.config import ProfilingArguments
 from hf_distprof.names import PROFILE_NOW_NAME
 
@@ -32,28 +47,36 @@ logger = dist.get_logger(__name__)
 
 # The signal that asks for a window (SIGUSR2 stays free for whatever else the job uses).
 REQUEST_SIGNAL = signal.SIGUSR1
+# Step times and agreement costs in this rank's medians (the cadence's evidence).
+CADENCE_HISTORY = 20
 
 
 class CaptureTriggers:
-    """Notes requests and slow steps on this rank and agrees with the other ranks on logging steps.
+    """Notes requests and slow steps on this rank and agrees with the other ranks on its own cadence.
 
     Args:
         args: The profiling flags (``--profile-on-demand``, ``--profile-on-anomaly`` and the window's length).
         run_dir: The run folder (where ``PROFILE_NOW`` is looked for).
         start_step: ``global_step`` when training (re)started.
         max_steps: The run's last optimizer step.
-        logging_steps: The Trainer's logging interval (``state.logging_steps``): the agreement steps.
         busy: Whether the regular schedule traces a step.
         policy: ``--profile-ranks auto`` / ``--max-trace-mb``: what this rank adds to its note, and who takes the
             gathered notes besides the plan.
+        every: Agree every this many steps, fixed (tests); None: :func:`~hf_distprof.capture.agreement_interval`.
     """
 
     def __init__(self, args: ProfilingArguments, run_dir: Path, start_step: int, max_steps: int,
-                 logging_steps: int, busy: Callable[[int], bool], policy: WindowPolicy | None = None) -> None:
+                 busy: Callable[[int], bool], policy: WindowPolicy | None = None, every: int | None = None) -> None:
         self.run_dir = run_dir
         self.policy = policy
         self.max_steps = max_steps
-        self.interval = max(1, int(logging_steps))
+        self.fixed_every = every
+        self.interval = every or MAX_AGREE_EVERY
+        self.next_agreement = start_step + self.interval
+        self.agreements = 0  # started so far (tests, the benchmark)
+        self._pending: tuple[int, dist.PendingGather, bool] | None = None  # (read at step, gather, file seen)
+        self._step_times: deque[float] = deque(maxlen=CADENCE_HISTORY)
+        self._costs: deque[float] = deque(maxlen=CADENCE_HISTORY)
         self.plan = CapturePlan(
             args.profiler_warmup_steps, args.profiler_active_steps, max_steps, busy, on_demand=args.profile_on_demand,
             max_anomaly_captures=args.max_anomaly_captures if args.profile_on_anomaly else 0,
@@ -61,6 +84,7 @@ class CaptureTriggers:
         )
         self.detector = SlowStepDetector(args.anomaly_factor, start_step) if args.profile_on_anomaly else None
         self._anomaly: Anomaly | None = None  # the worst since the previous agreement step
+        self._cost_so_far = 0.0  # seconds the agreement in flight has cost this rank so far
         self._signalled = False
         self._previous_handler: Any = None
         self._mark = time.perf_counter()
@@ -70,30 +94,41 @@ class CaptureTriggers:
             if dist.get_rank() == 0:
                 # How to ask, with the exact path and a pid: the launcher's pid would be the wrong one to signal.
                 logger.warning(f"--profile-on-demand: `touch {run_dir / PROFILE_NOW_NAME}` or `kill -USR1 "
-                               f"{os.getpid()}` (rank 0; any rank will do) opens one profiler window from the next "
-                               f"logging step on")
+                               f"{os.getpid()}` (rank 0; any rank will do) opens one profiler window within "
+                               f"{MAX_AGREE_EVERY + 1} steps")
 
     def step_end(self, step: int) -> None:
         """At the end of optimizer step ``step``, before the profiler is stepped into ``step + 1``."""
         seconds = time.perf_counter() - self._mark
+        traced = self.plan.traced(step) or self.exporting()
+        if not traced:
+            self._step_times.append(seconds)
         if self.detector is not None and self.plan.watching_anomalies:
             # A step during which this rank wrote a compact summary (a thread parsing the trace just written)
             # is the profiler's doing, like a traced one: never an anomaly, never in the median.
-            traced = self.plan.traced(step) or self.exporting()
             anomaly = self.detector.add(step, seconds, traced=traced)
             if anomaly is not None and (self._anomaly is None or anomaly.ratio > self._anomaly.ratio):
                 self._anomaly = anomaly
         # Every rank reaches the same agreement steps: the same step numbers, the same plan state.
+        if self._pending is not None and step >= self._pending[0]:
+            self._finish_agreement(step)
         listening = self.plan.listening or (self.policy is not None and self.policy.listening)
-        if step % self.interval == 0 and step < self.max_steps and listening:
-            self._agree(step)
+        if step >= self.next_agreement and step < self.max_steps and listening:
+            self._start_agreement(step)
 
     def boundary(self) -> None:
         """Start the next step's clock here: what ran before (exports, logging, checkpoints) is not a step."""
         self._mark = time.perf_counter()
 
     def close(self) -> None:
-        """Put back the SIGUSR1 handler that was there before (where ours is still the one installed)."""
+        """Read a gather still on its way (every rank started it), then put back the SIGUSR1 handler that was
+        there before (where ours is still the one installed)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            try:
+                pending[1].result()
+            except Exception as err:  # noqa: BLE001 - a group torn down under us: nothing left to agree on
+                logger.info(f"the last capture agreement was not read: {err!r}")
         if self._previous_handler is None or threading.current_thread() is not threading.main_thread():
             return
         if signal.getsignal(REQUEST_SIGNAL) == self._on_signal:
@@ -102,21 +137,37 @@ class CaptureTriggers:
 
     # ---- internals -----------------------------------------------------------------------------
 
-    def _agree(self, step: int) -> None:
+    def _start_agreement(self, step: int) -> None:
+        """Look for requests and start gathering every rank's note; read at the next step end."""
+        began = time.perf_counter()
         demand: list[str] = []
-        request_file = self.run_dir / PROFILE_NOW_NAME
-        seen_file = self.plan.on_demand and request_file.exists()
+        seen_file = self.plan.on_demand and (self.run_dir / PROFILE_NOW_NAME).exists()
         if seen_file:
             demand.append(FILE_REQUEST)
         if self._signalled:
             self._signalled = False
             demand.append(SIGNAL_REQUEST)
         extra = self.policy.note_fields() if self.policy is not None else {}
-        note = Note(dist.get_rank(), tuple(demand), self._anomaly, **extra)
+        step_s = statistics.median(self._step_times) if self._step_times else None
+        agree_s = statistics.median(self._costs) if self._costs else None
+        note = Note(dist.get_rank(), tuple(demand), self._anomaly, step_s=step_s, agree_s=agree_s, **extra)
         self._anomaly = None
-        notes = dist.all_gather_object(note)
+        self._pending = (step + 1, dist.all_gather_floats_async(encode_note(note)), seen_file)
+        self.next_agreement = step + self.interval
+        self.agreements += 1
+        self._cost_so_far = time.perf_counter() - began
+
+    def _finish_agreement(self, step: int) -> None:
+        """Read the notes gathered since the previous step (the same list on every rank) and decide on them."""
+        assert self._pending is not None
+        began = time.perf_counter()
+        _, gather, seen_file = self._pending
+        self._pending = None
+        notes = [decode_note(values) for values in gather.result()]
+        self._costs.append(self._cost_so_far + time.perf_counter() - began)
         if seen_file:
             # Consumed by every rank that saw it; after the gather, so every rank looked before any removes it.
+            request_file = self.run_dir / PROFILE_NOW_NAME
             try:
                 request_file.unlink(missing_ok=True)
             except OSError as err:
@@ -124,6 +175,9 @@ class CaptureTriggers:
         if self.policy is not None:
             self.policy.agree(step, notes)
         decision = self.plan.agree(step, notes)
+        if self.fixed_every is None:
+            self.interval = agreement_interval(notes)
+            self.next_agreement = min(self.next_agreement, step + self.interval)
         if decision.message:
             # The whole story on rank 0's console; every rank's own log has it too.
             (logger.warning if dist.get_rank() == 0 else logger.info)(decision.message)

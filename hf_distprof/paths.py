@@ -15,16 +15,14 @@ folder and every rank of one run writes into the same one.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import re
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from hf_distprof import dist, job, signals
+from hf_distprof import dist, job, logs, signals
 
 logger = dist.get_logger(__name__)
 
@@ -138,53 +136,28 @@ def resolve_run_dir(
     return run_dir
 
 
-class _RankLogHandler(logging.FileHandler):
-    """The per-rank log file; a write that fails (full disk) is said once on stderr, not once per record."""
-
-    failed = False
-
-    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
-        if not self.failed:
-            self.failed = True
-            error = sys.exc_info()[1]
-            sys.stderr.write(f"hf_distprof: cannot write {self.baseFilename}: {error!r}; its records are dropped\n")
-
-
-_RANK_LOG: logging.FileHandler | None = None
+def run_dirs_of(owner: object) -> list[Path]:
+    """The run folders resolved for ``owner`` (the Trainer's ``state`` of one ``train()`` call), sorted."""
+    return sorted({d for (o, d) in _RUN_DIRS.values() if o is owner and d is not None})
 
 
 def log_to_run_dir(run_dir: Path) -> Path | None:
     """Copy this process's log records into ``<run_dir>/rank{R}.log`` (one file per rank, the rank on every line).
 
-    A handler on the root logger, so the training script's, the Trainer's and hf_distprof's records all go
-    there, at the levels the script configured (the console is left as it is). A later run folder in the same
-    process takes the file over. A file that cannot be opened is one warning.
+    hf_distprof's own records go there at INFO whatever level the script left on the root logger, and its
+    warnings reach the console even when the script configured none (:mod:`hf_distprof.logs`). A file that
+    cannot be opened is one warning.
 
     Returns:
         The log file, or None when it could not be opened.
     """
-    global _RANK_LOG
     rank = dist.get_rank()
     path = run_dir / RANK_LOG_NAME.format(rank=rank)
-    if _RANK_LOG is not None:
-        if _RANK_LOG.baseFilename == str(path.absolute()):
-            return path
-        logging.getLogger().removeHandler(_RANK_LOG)
-        try:
-            _RANK_LOG.close()
-        except (OSError, ValueError):  # its file failed (full disk, closed under it): nothing left to flush
-            pass
-        _RANK_LOG = None
     try:
-        handler = _RankLogHandler(path, encoding="utf-8", delay=False)
+        return logs.open_rank_log(path, rank, dist.get_hostname())
     except OSError as err:
         logger.warning(f"cannot write {path}: {err!r}; this rank's log stays on the console only")
         return None
-    host = dist.get_hostname()
-    handler.setFormatter(logging.Formatter(f"%(asctime)s rank {rank} {host} %(levelname)s %(name)s: %(message)s"))
-    logging.getLogger().addHandler(handler)
-    _RANK_LOG = handler
-    return path
 
 
 def trace_file_name(rank: int, host: str, first_step: int, last_step: int) -> str:

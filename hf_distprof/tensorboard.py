@@ -90,6 +90,11 @@ def add_scalars(writer: Any, values: Mapping[str, float], step: int, walltime: f
     file_writer().add_summary(summary, step, walltime)
 
 
+def open_folders() -> list[Path]:
+    """The folders this process writes TensorBoard events to (rank 0; empty elsewhere)."""
+    return list(_WRITERS)
+
+
 def close_writers() -> None:
     """Flush and close every shared writer."""
     for writer in _WRITERS.values():

@@ -432,7 +432,7 @@ def main() -> None:
     set_seed(training_args.seed)
     output_dir = Path(training_args.output_dir)
     # Fix the Trainer's TensorBoard folder up front so our memory scalars land in the same run as the loss.
-    tb_dir = os.environ.setdefault(
+    os.environ.setdefault(
         "TENSORBOARD_LOGGING_DIR", str(output_dir / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}_{socket.gethostname()}")
     )
 
@@ -482,28 +482,7 @@ def main() -> None:
     # --resume-from-checkpoint: the Trainer restores the step, and hf_distprof's schedule counts from it.
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
 
-    if training_args.process_index == 0:
-        run_dirs = {str(cb.run_dir) for cb in callbacks if getattr(cb, "run_dir", None) is not None}
-        print_where_to_look(prof_args, sorted(run_dirs), tb_dir)
-
-
-def print_where_to_look(prof_args: ProfilingArguments, run_dirs: list[str], tb_dir: str) -> None:
-    """Tell the user where the run's outputs are and the exact commands that open them."""
-    lines = ["", "=" * 78, "hf_distprof: training finished"]
-    for run_dir in run_dirs:
-        traces = sorted(Path(run_dir).glob("*.pt.trace.json.gz"))
-        lines.append(f"  run folder: {run_dir}  ({len(traces)} trace(s))")
-        lines += [f"    {t.name}" for t in traces]
-    lines.append(f"  TensorBoard scalars (loss, memory/...): {tb_dir}")
-    lines.append("")
-    lines.append("View them:")
-    lines.append(f"  tensorboard --logdir {Path(tb_dir).parent}          # scalars")
-    if prof_args.enable_profiling and run_dirs:
-        lines.append(f"  open https://ui.perfetto.dev and drag in a trace from {run_dirs[0]}")
-        lines.append(f"  pip install torch-tb-profiler && tensorboard --logdir {Path(run_dirs[0]).parent}")
-        lines.append(f"  hf-distprof analyze {run_dirs[0]}               # where the step time goes")
-    lines.append("=" * 78)
-    print("\n".join(lines), flush=True)
+    # hf_distprof.callbacks.summary.RunSummaryCallback (last of build_callbacks) printed where the files are.
 
 
 if __name__ == "__main__":

@@ -56,4 +56,9 @@ def build_callbacks(args: ProfilingArguments) -> list[TrainerCallback]:
         from hf_distprof.callbacks.analyze import TraceAnalysisCallback
 
         callbacks.append(TraceAnalysisCallback(args))
+    if callbacks:
+        # Last of all: rank 0 says where the files are once every other callback has written them.
+        from hf_distprof.callbacks.summary import RunSummaryCallback
+
+        callbacks.append(RunSummaryCallback(args))
     return callbacks

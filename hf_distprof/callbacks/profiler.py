@@ -184,6 +184,7 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         self._manifest: RunManifest | None = None  # this rank's part of the run manifest, on every rank
         self._policy: WindowPolicy | None = None  # --profile-ranks auto / --max-trace-mb
         self.step_timer: Any = None  # set by build_callbacks: --profile-ranks auto reads its step times
+        self.agree_every: int | None = None  # a fixed capture-agreement cadence (tests); None: measured
         self._compacts = CompactExports()  # each trace's compact summary, written on a thread
 
     # ---- Trainer hooks -------------------------------------------------------------------------
@@ -203,8 +204,8 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         if self.args.profile_on_demand or self.args.profile_on_anomaly or self._policy is not None:
             # On every rank, profiled or not: a request or a slow step on any rank opens the window everywhere.
             self._triggers = CaptureTriggers(self.args, self.run_dir, state.global_step, state.max_steps,
-                                             state.logging_steps, traced_steps(self.args, state.global_step),
-                                             policy=self._policy)
+                                             traced_steps(self.args, state.global_step), policy=self._policy,
+                                             every=self.agree_every)
             self._triggers.exporting = self._compacts.busy
         rank = dist.get_rank()
         ranks = self.args.profile_rank_set
@@ -220,7 +221,8 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         if on_request and state.max_steps < first_active_step(self.args):
             message = None  # no regular window: profiling on demand or on anomaly only, as asked
         if message is not None:
-            logger.warning(message)
+            # The same on every profiled rank: the console hears it once, every rank's log keeps it.
+            (logger.warning if rank == min(ranks or [0]) else logger.info)(message)
         a = self.args
         self._base = base_schedule(a)
         # Profiler step numbers follow the Trainer's 1-based global_step (also when resuming from a

@@ -8,7 +8,7 @@ import logging
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from hf_distprof import ProfilingArguments, build_callbacks, tensorboard
+from hf_distprof import ProfilingArguments, RunSummaryCallback, build_callbacks, tensorboard
 from hf_distprof.callbacks.analyze import TraceAnalysisCallback
 from hf_distprof.callbacks.profiler import ProfilerCallback
 
@@ -30,7 +30,8 @@ def test_is_built_last():
     callbacks = build_callbacks(ProfilingArguments(enable_profiling=True, enable_memory_logging=True,
                                                    profiler_analyze=True))
     assert isinstance(callbacks[0], ProfilerCallback)
-    assert isinstance(callbacks[-1], TraceAnalysisCallback)
+    # After every callback that writes files; only the end-of-run block comes after it.
+    assert [type(cb) for cb in callbacks[-2:]] == [TraceAnalysisCallback, RunSummaryCallback]
 
 
 def test_analyses_the_run_and_logs_headline_numbers(tmp_path, monkeypatch, capsys):
@@ -38,7 +39,7 @@ def test_analyses_the_run_and_logs_headline_numbers(tmp_path, monkeypatch, capsy
     callbacks = build_callbacks(args_for(tmp_path))
     fake_trainer.run(callbacks, 5, tmp_path)
     tensorboard.close_writers()
-    analysis = callbacks[-1]
+    analysis = callbacks[-2]
     assert analysis.run_dir is not None
     saved = json.loads((analysis.run_dir / "analysis.json").read_text())
     assert [r["rank"] for r in saved["ranks"]] == [0]
@@ -64,7 +65,7 @@ def test_a_failing_analysis_is_one_warning(tmp_path, monkeypatch, caplog):
         fake_trainer.run(callbacks, 5, tmp_path)  # must not raise
     hits = [r.getMessage() for r in caplog.records if "--profiler-analyze" in r.getMessage()]
     assert len(hits) == 1 and "analyzer exploded" in hits[0]
-    assert not (callbacks[-1].run_dir / "analysis.json").exists()
+    assert not (callbacks[-2].run_dir / "analysis.json").exists()
 
 
 def test_the_training_flags_set_the_analysis_thresholds():

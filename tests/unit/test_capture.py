@@ -200,14 +200,15 @@ def test_capture_flags_need_enable_profiling_and_default_off():
 
 
 class Triggers(TrainerCallback):
-    """Before the profiler: logs every 2 steps; at the start of given steps, touches PROFILE_NOW or sends SIGUSR1."""
+    """Before the profiler: logs every 500 steps (the Trainer's default: capture must not wait for it); at the start
+    of given steps, touches PROFILE_NOW or sends SIGUSR1."""
 
     def __init__(self, touch_at: int = 0, signal_at: int = 0) -> None:
         self.touch_at, self.signal_at = touch_at, signal_at
         self.run_dir: Path | None = None
 
     def on_train_begin(self, args, state, control, **kw):
-        state.logging_steps = 2
+        state.logging_steps = 500
 
     def on_step_begin(self, args, state, control, **kw):
         step = state.global_step + 1
@@ -235,15 +236,17 @@ def test_profile_now_and_sigusr1_each_open_exactly_one_window(tmp_path):
     triggers = Triggers(touch_at=2, signal_at=6)
     triggers.run_dir = tmp_path / "P" / "r"
     cb = ProfilerCallback(args)
+    cb.agree_every = 2
     before = signal.getsignal(signal.SIGUSR1)
     fake_trainer.run([triggers, cb], 12, tmp_path)
-    # PROFILE_NOW at step 2 -> agreed at step 2 -> warm-up 3, recorded 4-5; SIGUSR1 at step 6 -> 7, 8-9.
+    # PROFILE_NOW at step 2 -> its note gathered from step 2, read at step 3 -> warm-up 4, recorded 5-6;
+    # SIGUSR1 at step 6 -> gathered from 6, read at 7 -> 8, 9-10.
     assert traces(triggers.run_dir) == [
-        f"rank0_{HOST}_step4-5.pt.trace.json.gz", f"rank0_{HOST}_step4-5_summary.txt",
-        f"rank0_{HOST}_step8-9.pt.trace.json.gz", f"rank0_{HOST}_step8-9_summary.txt",
+        f"rank0_{HOST}_step5-6.pt.trace.json.gz", f"rank0_{HOST}_step5-6_summary.txt",
+        f"rank0_{HOST}_step9-10.pt.trace.json.gz", f"rank0_{HOST}_step9-10_summary.txt",
     ]
-    assert profiler_steps(triggers.run_dir / f"rank0_{HOST}_step4-5.pt.trace.json.gz") == [4, 5]
-    assert profiler_steps(triggers.run_dir / f"rank0_{HOST}_step8-9.pt.trace.json.gz") == [8, 9]
+    assert profiler_steps(triggers.run_dir / f"rank0_{HOST}_step5-6.pt.trace.json.gz") == [5, 6]
+    assert profiler_steps(triggers.run_dir / f"rank0_{HOST}_step9-10.pt.trace.json.gz") == [9, 10]
     assert not (triggers.run_dir / "PROFILE_NOW").exists()  # consumed
     assert signal.getsignal(signal.SIGUSR1) == before  # put back at train end
 
@@ -255,7 +258,9 @@ def test_an_on_demand_window_after_a_regular_one_is_named_by_its_own_steps(tmp_p
                               profile_on_demand=True)
     triggers = Triggers(touch_at=2)
     triggers.run_dir = tmp_path / "P" / "r"
-    fake_trainer.run([triggers, ProfilerCallback(args)], 10, tmp_path)
+    cb = ProfilerCallback(args)
+    cb.agree_every = 2
+    fake_trainer.run([triggers, cb], 10, tmp_path)
     assert traces(triggers.run_dir) == [
         f"rank0_{HOST}_step5-6.pt.trace.json.gz", f"rank0_{HOST}_step5-6_summary.txt",
         f"rank0_{HOST}_step8-9.pt.trace.json.gz", f"rank0_{HOST}_step8-9_summary.txt",
@@ -286,7 +291,7 @@ def test_a_step_slowed_by_a_compact_summary_being_written_is_never_an_anomaly(tm
     import hf_distprof.capture_triggers as triggers_module
 
     args = ProfilingArguments(enable_profiling=True, profile_on_anomaly=True, profiler_wait_steps=1000)
-    triggers = triggers_module.CaptureTriggers(args, tmp_path, 0, 100, 50, never)
+    triggers = triggers_module.CaptureTriggers(args, tmp_path, 0, 100, never, every=50)
     clock = {"now": 0.0}
     monkeypatch.setattr(triggers_module.time, "perf_counter", lambda: clock["now"])
 

@@ -12,7 +12,13 @@ import sys
 import pytest
 from transformers import HfArgumentParser
 
-from hf_distprof import ProfilingArguments, StepTimerCallback, add_profiling_args, build_callbacks
+from hf_distprof import (
+    ProfilingArguments,
+    RunSummaryCallback,
+    StepTimerCallback,
+    add_profiling_args,
+    build_callbacks,
+)
 from hf_distprof.callbacks.memory import MemoryLoggerCallback, SimpleGPUMemoryCallback
 from hf_distprof.callbacks.profiler import ProfilerCallback
 from hf_distprof.config import flags_markdown, parse_rank_list
@@ -127,9 +133,11 @@ def test_disabled_means_no_callbacks():
 def test_enabled_callbacks_are_built_in_order():
     callbacks = build_callbacks(ProfilingArguments(enable_profiling=True, enable_memory_logging=True))
     # The step timer comes with --enable-profiling (its default follows it).
-    assert [type(cb) for cb in callbacks] == [ProfilerCallback, MemoryLoggerCallback, StepTimerCallback]
+    # The end-of-run block comes last, with any of them.
+    assert [type(cb) for cb in callbacks] == [ProfilerCallback, MemoryLoggerCallback, StepTimerCallback,
+                                              RunSummaryCallback]
     only_memory = build_callbacks(ProfilingArguments(enable_memory_logging=True))
-    assert [type(cb) for cb in only_memory] == [MemoryLoggerCallback]
+    assert [type(cb) for cb in only_memory] == [MemoryLoggerCallback, RunSummaryCallback]
     assert SimpleGPUMemoryCallback is MemoryLoggerCallback
 
 

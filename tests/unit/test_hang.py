@@ -56,7 +56,7 @@ def _end_step(cb, state, clock, step, at):
 
 def test_only_built_when_a_timeout_is_set():
     assert not [c for c in build_callbacks(ProfilingArguments()) if isinstance(c, HangWatchdogCallback)]
-    (cb,) = build_callbacks(ProfilingArguments(hang_timeout=30))
+    cb, _ = build_callbacks(ProfilingArguments(hang_timeout=30))  # and the end-of-run block
     assert isinstance(cb, HangWatchdogCallback)
 
 

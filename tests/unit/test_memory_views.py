@@ -31,7 +31,7 @@ def _args(tmp_path, **kw):
 def test_the_views_are_built_only_when_asked():
     assert not [cb for cb in build_callbacks(ProfilingArguments()) if isinstance(cb, MemoryViewsCallback)]
     for flag in ("memory_snapshot", "memory_tracker", "track_activation_memory"):
-        (cb,) = build_callbacks(ProfilingArguments(**{flag: True}))
+        cb, _ = build_callbacks(ProfilingArguments(**{flag: True}))  # and the end-of-run block
         assert isinstance(cb, MemoryViewsCallback)
 
 

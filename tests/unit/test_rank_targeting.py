@@ -164,18 +164,20 @@ class LogEveryTwo(TrainerCallback):
 def test_build_callbacks_feeds_auto_with_the_step_timers_times(tmp_path, monkeypatch):
     monkeypatch.setattr(socket, "gethostname", lambda: "node-0")
     args = ProfilingArguments(enable_profiling=True, profile_ranks="auto", profiler_output_dir=str(tmp_path / "P"),
-                              profiler_run_name="r", profiler_wait_steps=4, profiler_warmup_steps=1,
+                              profiler_run_name="r", profiler_wait_steps=6, profiler_warmup_steps=1,
                               profiler_active_steps=1, profiler_record_shapes=False)
     callbacks = build_callbacks(args)
     (profiler,) = [c for c in callbacks if isinstance(c, ProfilerCallback)]
     (timer,) = [c for c in callbacks if isinstance(c, StepTimerCallback)]
     assert profiler.step_timer is timer
-    # Agreements at steps 2 and 4; the step timer's first step is its warm-up, and step 4 is still running at the
-    # agreement on it: the window (warm-up 5, recorded 6) is chosen from steps 2-3.
-    fake_trainer.run([LogEveryTwo(), *callbacks], 7, tmp_path)
+    profiler.agree_every = 2
+    # Notes gathered from steps 2, 4 and 6, each read one step later; the step timer's first step is its warm-up,
+    # and step 4 is still running when its note is made: the window (warm-up 7, recorded 8) is chosen from the
+    # view read at step 5, steps 2-3.
+    fake_trainer.run([LogEveryTwo(), *callbacks], 9, tmp_path)
     run_dir = tmp_path / "P" / "r"
     (window,) = json.loads((run_dir / "profile_ranks.json").read_text())["windows"]
     assert (window["window_first"], window["view_step"], window["ranks"], window["slowest"], window["median"],
-            window["steps"]) == (5, 4, [0], 0, None, [2, 3])
+            window["steps"]) == (7, 5, [0], 0, None, [2, 3])
     assert window["reason"].startswith("1 rank: every rank traces; rank 0 is the slowest (median pre-sync ")
-    assert sorted(p.name for p in run_dir.glob("*.pt.trace.json.gz")) == ["rank0_node-0_step6-6.pt.trace.json.gz"]
+    assert sorted(p.name for p in run_dir.glob("*.pt.trace.json.gz")) == ["rank0_node-0_step8-8.pt.trace.json.gz"]

@@ -6,7 +6,13 @@ import argparse
 
 import pytest
 
-from hf_distprof import ProfilingArguments, StepTimerCallback, add_profiling_args, build_callbacks
+from hf_distprof import (
+    ProfilingArguments,
+    RunSummaryCallback,
+    StepTimerCallback,
+    add_profiling_args,
+    build_callbacks,
+)
 from hf_distprof.config import flags_markdown
 
 from .test_config import hf_parse, plain_parse
@@ -91,7 +97,7 @@ def test_build_callbacks_adds_the_timer_only_when_enabled():
 
     assert kinds(ProfilingArguments(enable_profiling=True)).count(StepTimerCallback) == 1
     assert StepTimerCallback not in kinds(ProfilingArguments(enable_profiling=True, enable_step_timing=False))
-    assert kinds(ProfilingArguments(enable_step_timing=True)) == [StepTimerCallback]
+    assert kinds(ProfilingArguments(enable_step_timing=True)) == [StepTimerCallback, RunSummaryCallback]
     assert kinds(ProfilingArguments()) == []
     assert ProfilingArguments(enable_step_timing=True).any_enabled
 

@@ -122,24 +122,27 @@ class LogEveryTwo(TrainerCallback):
 
 
 def test_max_trace_mb_shortens_the_second_window_by_the_first_ones_size(tmp_path, caplog):
-    # Windows: recorded 2-5, then 7-10. The first measures; the agreement at step 6 shortens the second to the steps
-    # that fit in 0.01 MB (this small model writes about 4 kB per recorded step: 2 of 4 steps fit).
+    # Windows: recorded 4-7, then 11-14. The first measures (exported at the end of step 7); the note that says so
+    # is gathered from step 8 and read at step 9, which shortens the second window to the steps that fit in 0.01 MB
+    # (this small model writes about 4 kB per recorded step: 2 of 4 steps fit).
     limit_mb = 0.01
     args = ProfilingArguments(enable_profiling=True, profiler_output_dir=str(tmp_path / "P"), profiler_run_name="r",
-                              profiler_record_shapes=False, profiler_wait_steps=1, profiler_warmup_steps=0,
+                              profiler_record_shapes=False, profiler_wait_steps=3, profiler_warmup_steps=0,
                               profiler_active_steps=4, profiler_repeat=2, max_trace_mb=limit_mb)
+    profiler = ProfilerCallback(args)
+    profiler.agree_every = 1
     with caplog.at_level(logging.WARNING, logger="hf_distprof.window_policy"):
-        fake_trainer.run([LogEveryTwo(), ProfilerCallback(args)], 11, tmp_path)
+        fake_trainer.run([LogEveryTwo(), profiler], 15, tmp_path)
     run_dir = tmp_path / "P" / "r"
-    first = run_dir / f"rank0_{HOST}_step2-5.pt.trace.json.gz"
+    first = run_dir / f"rank0_{HOST}_step4-7.pt.trace.json.gz"
     per_step = first.stat().st_size / 4
     allowed = math.floor(limit_mb * 1e6 / per_step)
     assert 1 <= allowed < 4, per_step  # the case under test: a shorter, not a skipped, second window
     traces = sorted(p.name for p in run_dir.glob("*.pt.trace.json.gz"))
-    assert traces == sorted([first.name, f"rank0_{HOST}_step7-{6 + allowed}.pt.trace.json.gz"])
-    second = run_dir / f"rank0_{HOST}_step7-{6 + allowed}.pt.trace.json.gz"
-    assert profiler_steps(second) == list(range(7, 7 + allowed))
+    assert traces == sorted([first.name, f"rank0_{HOST}_step11-{10 + allowed}.pt.trace.json.gz"])
+    second = run_dir / f"rank0_{HOST}_step11-{10 + allowed}.pt.trace.json.gz"
+    assert profiler_steps(second) == list(range(11, 11 + allowed))
     messages = [r.getMessage() for r in caplog.records if "--max-trace-mb" in r.getMessage()]
-    assert any(f"step 6: --max-trace-mb 0.01: the first window's largest trace (rank 0) holds {per_step / 1e6:.3f} MB "
+    assert any(f"step 9: --max-trace-mb 0.01: the first window's largest trace (rank 0) holds {per_step / 1e6:.3f} MB "
                f"per recorded step: the windows that start from now on record {allowed} of 4 active steps" in m
                for m in messages), messages

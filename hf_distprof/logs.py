@@ -1,0 +1,191 @@
+"""Where hf_distprof's log records go: every record in ``rank{R}.log``, warnings on the console of the rank.
+
+Python drops a record before any handler sees it when its logger's effective level is above the record's (a
+script that calls ``logging.basicConfig()`` with no level leaves the root at WARNING), and its last-resort console
+handler runs only when no handler exists anywhere up the tree: once ``rank{R}.log`` hangs on the root logger, a
+script that configured no logging would print no warning of ours at all. So, once a run folder exists, the
+``hf_distprof`` logger gets a router (:class:`_Router`) and stops propagating; the router then
+
+- hands every record that the application's levels let through to the root logger's handlers, exactly as
+  propagation would have (the application's console and files, ``rank{R}.log``, Python's last resort);
+- writes our records that the application's levels drop (INFO under a WARNING root) to ``rank{R}.log`` only;
+- prints WARNING and ERROR to stderr itself when the root has handlers but none of them writes to the console
+  (the case where Python's last resort stays silent), so a warning is printed once, never twice.
+
+The ``hf_distprof`` logger is set to INFO only when nobody set its level: ``logging.getLogger("hf_distprof")
+.setLevel(logging.WARNING)`` keeps INFO out of the log file too.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import TextIO
+
+PACKAGE_LOGGER = "hf_distprof"
+# The rank is in every message of ours already ("[RANK n] ..."), from dist.RankPrefixAdapter.
+CONSOLE_FORMAT = "%(asctime)s hf_distprof %(levelname)s: %(message)s"
+
+
+class RankLogHandler(logging.FileHandler):
+    """The per-rank log file; a write that fails (full disk) is said once on stderr, not once per record."""
+
+    failed = False
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        if not self.failed:
+            self.failed = True
+            error = sys.exc_info()[1]
+            sys.stderr.write(f"hf_distprof: cannot write {self.baseFilename}: {error!r}; its records are dropped\n")
+
+
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is at the time (a test's capture, a redirected stream)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setFormatter(logging.Formatter(CONSOLE_FORMAT))
+
+    @property  # type: ignore[override]
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: TextIO) -> None:  # StreamHandler.__init__ assigns it
+        pass
+
+
+def _console_streams() -> tuple[object, ...]:
+    return (sys.stderr, sys.stdout, sys.__stderr__, sys.__stdout__)
+
+
+def has_console_handler(logger: logging.Logger) -> bool:
+    """Whether a handler on ``logger`` writes to stdout or stderr (a file handler does not count)."""
+    streams = _console_streams()
+    return any(isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
+               and getattr(h, "stream", None) in streams for h in logger.handlers)
+
+
+class _Router(logging.Handler):
+    """The one handler on the ``hf_distprof`` logger once it stops propagating (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.NOTSET)
+        self.rank_log: logging.Handler | None = None
+        self.console = _Stderr()
+        # The level we gave the package logger (INFO), so that it does not count as the application's.
+        self.our_level: int | None = None
+
+    def application_level(self, name: str) -> int:
+        """The effective level the application left for logger ``name``, without our INFO on the package."""
+        package = logging.getLogger(PACKAGE_LOGGER)
+        logger: logging.Logger | None = logging.getLogger(name)
+        while logger is not None:
+            level = logger.level
+            if level != logging.NOTSET and not (logger is package and level == self.our_level):
+                return level
+            logger = logger.parent
+        return logging.WARNING
+
+    def emit(self, record: logging.LogRecord) -> None:
+        root = logging.getLogger()
+        if record.levelno >= self.application_level(record.name):
+            self._propagate(root, record)
+            if record.levelno >= logging.WARNING and root.handlers and not has_console_handler(root):
+                self.console.handle(record)
+        elif self.rank_log is not None:
+            self.rank_log.handle(record)
+
+    def _propagate(self, root: logging.Logger, record: logging.LogRecord) -> None:
+        """What propagation to the root would have done: its handlers (rank{R}.log among them), Python's last
+        resort when there are none. A handler that sits on the package logger as well (pytest puts its capture
+        handlers on every logger that does not propagate) saw the record already."""
+        if root.disabled or not root.filter(record):
+            return
+        ours = logging.getLogger(PACKAGE_LOGGER).handlers
+        handlers = [h for h in root.handlers if h not in ours]
+        for handler in handlers:
+            if record.levelno >= handler.level:
+                handler.handle(record)
+        if not handlers and len(ours) == 1 and logging.lastResort is not None:
+            if record.levelno >= logging.lastResort.level:
+                logging.lastResort.handle(record)
+
+    def flush(self) -> None:
+        for handler in (self.rank_log, self.console):
+            if handler is not None:
+                handler.flush()
+
+
+_ROUTER = _Router()
+
+
+def route_package_logs() -> None:
+    """Install the router on the ``hf_distprof`` logger (idempotent); INFO records of ours are created from now on."""
+    package = logging.getLogger(PACKAGE_LOGGER)
+    if _ROUTER not in package.handlers:
+        package.addHandler(_ROUTER)
+    package.propagate = False
+    if package.level == logging.NOTSET:
+        package.setLevel(logging.INFO)
+        _ROUTER.our_level = logging.INFO
+
+
+def unroute_package_logs() -> None:
+    """Undo :func:`route_package_logs` (tests; a process that closes its rank log)."""
+    package = logging.getLogger(PACKAGE_LOGGER)
+    package.removeHandler(_ROUTER)
+    package.propagate = True
+    if _ROUTER.our_level is not None and package.level == _ROUTER.our_level:
+        package.setLevel(logging.NOTSET)
+    _ROUTER.our_level = None
+
+
+_RANK_LOG: RankLogHandler | None = None
+
+
+def open_rank_log(path: Path, rank: int, host: str) -> Path | None:
+    """Copy this process's log records into ``path`` (``rank{R}.log``), the rank and host on every line.
+
+    A handler on the root logger, so the training script's, the Trainer's and hf_distprof's records all go
+    there, at the levels the script configured, hf_distprof's at INFO whatever the root's level (the console
+    is left as it is). A later run folder in the same process takes the file over.
+
+    Returns:
+        The log file, or None when it could not be opened (then ``OSError`` was raised to the caller).
+
+    Raises:
+        OSError: The file cannot be opened.
+    """
+    global _RANK_LOG
+    route_package_logs()
+    if _RANK_LOG is not None:
+        if _RANK_LOG.baseFilename == str(path.absolute()):
+            return path
+        close_rank_log()
+    handler = RankLogHandler(path, encoding="utf-8", delay=False)
+    handler.setFormatter(logging.Formatter(f"%(asctime)s rank {rank} {host} %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger().addHandler(handler)
+    _RANK_LOG = handler
+    _ROUTER.rank_log = handler
+    return path
+
+
+def close_rank_log() -> None:
+    """Detach and close the rank log file, if one is open."""
+    global _RANK_LOG
+    if _RANK_LOG is None:
+        return
+    logging.getLogger().removeHandler(_RANK_LOG)
+    try:
+        _RANK_LOG.close()
+    except (OSError, ValueError):  # its file failed (full disk, closed under it): nothing left to flush
+        pass
+    _RANK_LOG = None
+    _ROUTER.rank_log = None
+
+
+def rank_log_handler() -> RankLogHandler | None:
+    """The open rank log handler, if any."""
+    return _RANK_LOG

@@ -1,0 +1,69 @@
+"""A Trainer script as users write it: a small GPT-2 built from its config, random tokens, ``Trainer.train()``.
+
+How it sets up logging and whether it passes hf_distprof's callbacks itself come from the environment (test-only):
+
+- ``PLAIN_LOGGING``: ``none`` (the default: configures nothing), ``basicconfig`` (``logging.basicConfig()`` with no
+  level, as transformers' ``run_clm.py`` does), ``tf-error`` (``transformers.logging.set_verbosity_error()``).
+- ``PLAIN_CALLBACKS=1``: parse hf_distprof's flags beside the Trainer's and pass ``build_callbacks(...)`` (the
+  two-line route); otherwise the script never imports hf_distprof (``hf-distprof run`` attaches it).
+- ``PLAIN_COLLATOR_SLEEP="<rank>:<seconds>"``: that rank's collator sleeps that long per batch (a slow loader).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from transformers import GPT2Config, GPT2LMHeadModel, HfArgumentParser, Trainer, TrainingArguments
+
+
+class RandomTokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    def __len__(self) -> int:
+        return 100_000
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        ids = torch.randint(0, 512, (32,), generator=torch.Generator().manual_seed(i))
+        return {"input_ids": ids, "labels": ids.clone()}
+
+
+def collate(rank: int, sleep_s: float) -> Any:
+    def fn(features: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        if sleep_s:
+            time.sleep(sleep_s)
+        return {k: torch.stack([f[k] for f in features]) for k in features[0]}
+
+    return fn
+
+
+def main() -> None:
+    style = os.environ.get("PLAIN_LOGGING", "none")
+    if style == "basicconfig":
+        logging.basicConfig()
+    elif style == "tf-error":
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+    callbacks: list[Any] = []
+    if os.environ.get("PLAIN_CALLBACKS") == "1":
+        from hf_distprof import ProfilingArguments, build_callbacks
+
+        prof_args, training_args = HfArgumentParser((ProfilingArguments, TrainingArguments)).parse_args_into_dataclasses()
+        callbacks = build_callbacks(prof_args)
+    else:
+        (training_args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses()
+    rank = training_args.process_index
+    who, _, seconds = os.environ.get("PLAIN_COLLATOR_SLEEP", "-1:0").partition(":")
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=512, n_positions=32, n_embd=32, n_layer=1, n_head=2))
+    trainer = Trainer(model=model, args=training_args, train_dataset=RandomTokens(), callbacks=callbacks,
+                      data_collator=collate(rank, float(seconds) if int(who) == rank else 0.0))
+    trainer.train()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
