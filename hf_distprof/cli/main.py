@@ -16,7 +16,7 @@ from hf_distprof import __version__
 
 # Module names under hf_distprof.cli; each one registers itself on the sub-parser.
 SUBCOMMANDS: tuple[str, ...] = (
-    "flags", "analyze", "merge", "hang_report", "doctor", "bench_collectives", "compare", "scaling",
+    "run", "flags", "analyze", "merge", "hang_report", "doctor", "bench_collectives", "compare", "scaling",
 )
 
 

@@ -1,0 +1,132 @@
+"""``hf-distprof run``'s attachment: every ``transformers.Trainer`` built in the process gets our callbacks.
+
+``hf-distprof run [flags] -- COMMAND`` puts :mod:`hf_distprof.autorun.pythonpath` first on ``PYTHONPATH`` and the
+flags, as JSON, in :data:`RUN_ARGS_ENV`; both pass through ``torchrun``, ``accelerate launch`` and ``srun`` to
+every worker. There Python runs our ``sitecustomize``, which calls :func:`install`: an import hook that, when
+``transformers.trainer`` is imported, wraps ``Trainer.__init__`` so that each new Trainer (subclasses included)
+gets the callbacks :func:`hf_distprof.callbacks.build_callbacks` builds for those flags, unless the script
+already passes callbacks of ours (then it gets none: no duplicates). The script's own parser never sees our
+flags. Nothing here imports torch or transformers until the script does.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.machinery
+import json
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+# The profiling flags (ProfilingArguments' fields, JSON) for every process of the command.
+RUN_ARGS_ENV = "HF_DISTPROF_RUN_ARGS"
+TRAINER_MODULE = "transformers.trainer"
+_ATTACHED = "_hf_distprof_attached"
+
+
+def _say(rank: int, message: str) -> None:
+    # Before any run folder or logging set-up of ours: straight to stderr, where the launcher shows it.
+    sys.stderr.write(f"hf_distprof: [RANK {rank}] {message}\n")
+    sys.stderr.flush()
+
+
+def _created_at() -> str:
+    """Where the script built the Trainer: the first frame outside transformers and this module."""
+    for frame in reversed(traceback.extract_stack()[:-2]):
+        if "transformers" not in frame.filename and __file__ != frame.filename:
+            return f"{frame.filename}:{frame.lineno}"
+    return "?"
+
+
+def attach(trainer: Any) -> list[Any]:
+    """Give ``trainer`` the callbacks for the flags in :data:`RUN_ARGS_ENV` (once per Trainer).
+
+    Returns:
+        The callbacks added; none when the script passes hf_distprof callbacks itself.
+    """
+    if getattr(trainer, _ATTACHED, False):
+        return []
+    setattr(trainer, _ATTACHED, True)
+    from hf_distprof.callbacks import build_callbacks
+    from hf_distprof.config import ProfilingArguments
+
+    rank = int(getattr(trainer.args, "process_index", 0))
+    where = f"{type(trainer).__name__} built at {_created_at()}"
+    ours = [type(cb).__name__ for cb in trainer.callback_handler.callbacks
+            if type(cb).__module__.startswith("hf_distprof.")]
+    if ours:
+        if rank == 0:
+            _say(rank, f"hf-distprof run: {where} already has {', '.join(ours)}; it gets no callbacks from "
+                       f"hf-distprof run (no duplicates)")
+        return []
+    callbacks = build_callbacks(ProfilingArguments(**json.loads(os.environ[RUN_ARGS_ENV])))
+    for callback in callbacks:
+        trainer.add_callback(callback)
+    if rank == 0:
+        _say(rank, f"hf-distprof run: attached {', '.join(type(cb).__name__ for cb in callbacks)} to {where}")
+    return callbacks
+
+
+def patch_trainer(module: ModuleType) -> None:
+    """Wrap ``module.Trainer.__init__`` so that every Trainer built from now on is attached."""
+    trainer_cls = module.Trainer
+    original = trainer_cls.__init__
+    if getattr(original, _ATTACHED, False):
+        return
+
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807 - the method it replaces
+        original(self, *args, **kwargs)
+        try:
+            attach(self)
+        except Exception as err:  # noqa: BLE001 - profiling never breaks training
+            _say(int(getattr(getattr(self, "args", None), "process_index", 0)),
+                 f"hf-distprof run: could not attach the callbacks: {err!r}; training goes on without them")
+
+    setattr(__init__, _ATTACHED, True)
+    trainer_cls.__init__ = __init__
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    """Runs ``transformers.trainer`` as usual, then patches its Trainer."""
+
+    def __init__(self, inner: importlib.abc.Loader) -> None:
+        self.inner = inner
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self.inner.exec_module(module)
+        patch_trainer(module)
+
+
+class _TrainerFinder(importlib.abc.MetaPathFinder):
+    """Finds ``transformers.trainer`` with the other finders and hands back a spec whose loader patches it."""
+
+    def find_spec(self, name: str, path: Sequence[str] | None, target: ModuleType | None = None) -> Any:
+        if name != TRAINER_MODULE:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                if spec.loader is not None:
+                    spec.loader = _PatchingLoader(spec.loader)
+                return spec
+        return None
+
+
+def install() -> None:
+    """Patch the Trainer now if transformers.trainer is imported already, else when it is."""
+    module = sys.modules.get(TRAINER_MODULE)
+    if module is not None:
+        patch_trainer(module)
+        return
+    if not any(isinstance(f, _TrainerFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _TrainerFinder())

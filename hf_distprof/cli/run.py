@@ -1,0 +1,98 @@
+"""``hf-distprof run [profiling flags] -- COMMAND ...``: profile a training script without editing it.
+
+COMMAND is whatever starts the training (``python train.py ...``, ``torchrun ...``, ``accelerate launch ...``, on
+each node of a multi-node job alike). Every ``transformers.Trainer`` built in its processes gets the callbacks
+those flags switch on (:mod:`hf_distprof.autorun`); the script's own flags go to the script untouched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from hf_distprof.config import ProfilingArguments, add_profiling_args
+
+PROG = "hf-distprof run"
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``run`` on the ``hf-distprof`` sub-parsers.
+
+    Args:
+        subparsers: The object returned by ``ArgumentParser.add_subparsers``.
+
+    Returns:
+        The sub-parser.
+    """
+    parser = subparsers.add_parser(
+        "run",
+        help="run a training command with hf_distprof's callbacks attached to every Trainer (no code change)",
+        description=(
+            "Run COMMAND (python script.py ..., torchrun ..., accelerate launch ...) so that every "
+            "transformers.Trainer built in its processes gets hf_distprof's callbacks for the profiling flags "
+            "given before '--'. The script needs no change and never sees these flags; a script that already "
+            "passes hf_distprof callbacks gets no second set. Works through torchrun's and accelerate's process "
+            "spawning (PYTHONPATH and HF_DISTPROF_RUN_ARGS pass to every worker); on several nodes run it on "
+            "each node. Not with `python -S` or `-I`, which skip sitecustomize."
+        ),
+        usage="hf-distprof run [profiling flags] -- COMMAND [ARGS ...]",
+    )
+    add_profiling_args(parser)
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after '--'")
+    return parser
+
+
+def command_environment(prof: ProfilingArguments, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment COMMAND runs in: our start-up hook first on ``PYTHONPATH``, the flags as JSON."""
+    from hf_distprof.autorun import RUN_ARGS_ENV
+
+    env = dict(os.environ if environ is None else environ)
+    hook_dir = str(Path(__file__).resolve().parent.parent / "autorun" / "pythonpath")
+    # The package itself must import in the workers too (a source checkout run without installing it).
+    package_root = str(Path(__file__).resolve().parent.parent.parent)
+    kept = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in (hook_dir, package_root)]
+    env["PYTHONPATH"] = os.pathsep.join([hook_dir, package_root, *kept])
+    env[RUN_ARGS_ENV] = json.dumps({f.name: getattr(prof, f.name) for f in dataclasses.fields(prof)})
+    return env
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check the flags and the command, then replace this process with COMMAND.
+
+    Returns:
+        2 on bad flags, a missing or unknown command, or no feature switched on; otherwise it does not return
+        (COMMAND's exit status is the process's).
+    """
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    try:
+        prof = ProfilingArguments.from_namespace(args)
+    except ValueError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
+    if not command:
+        print(f"{PROG}: error: no command: hf-distprof run [profiling flags] -- COMMAND [ARGS ...]", file=sys.stderr)
+        return 2
+    if command[0].startswith("-"):
+        print(f"{PROG}: error: unknown profiling flag {command[0]} (see `hf-distprof flags`), or '--' is missing "
+              f"before the command", file=sys.stderr)
+        return 2
+    if not prof.any_enabled:
+        print(f"{PROG}: error: no profiling flag switches anything on (e.g. --enable-profiling, "
+              f"--enable-memory-logging, --enable-step-timing)", file=sys.stderr)
+        return 2
+    executable = shutil.which(command[0])
+    if executable is None:
+        print(f"{PROG}: error: command not found: {command[0]}", file=sys.stderr)
+        return 2
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(executable, command, command_environment(prof))
+    return 0  # not reached
