@@ -412,7 +412,7 @@ class ProfilingArguments:
 
     @property
     def any_enabled(self) -> bool:
-        """Whether any callback is switched on (exactly when :func:`hf_distprof.callbacks.build_callbacks` builds one)."""
+        """Whether any callback is switched on (when :func:`~hf_distprof.callbacks.build_callbacks` builds one)."""
         return (
             self.enable_profiling or self.enable_memory_logging or bool(self.enable_step_timing)
             or self.memory_views_enabled or self.hang_timeout > 0 or self.nvtx or self.nsys_window
