@@ -85,6 +85,7 @@ class CaptureTriggers:
         self.detector = SlowStepDetector(args.anomaly_factor, start_step) if args.profile_on_anomaly else None
         self._anomaly: Anomaly | None = None  # the worst since the previous agreement step
         self._cost_so_far = 0.0  # seconds the agreement in flight has cost this rank so far
+        self._measured = False  # whether the cadence has been set from measurements yet
         self._signalled = False
         self._previous_handler: Any = None
         self._mark = time.perf_counter()
@@ -176,8 +177,20 @@ class CaptureTriggers:
             self.policy.agree(step, notes)
         decision = self.plan.agree(step, notes)
         if self.fixed_every is None:
-            self.interval = agreement_interval(notes)
-            self.next_agreement = min(self.next_agreement, step + self.interval)
+            interval = agreement_interval(notes)
+            # A cost near a step boundary would flip the cadence between neighbours at every agreement: it moves
+            # by two steps or more, or the first time it is measured.
+            if abs(interval - self.interval) < 2 and self._measured:
+                interval = self.interval
+            self._measured = self._measured or any(n.agree_s is not None for n in notes)
+            if interval != self.interval:
+                steps = sorted(n.step_s for n in notes if n.step_s)
+                costs = [n.agree_s for n in notes if n.agree_s is not None]
+                logger.info(f"step {step}: capture agreements every {interval} step(s) from now on (median step "
+                            f"{steps[len(steps) // 2] if steps else float('nan'):.3f} s, an agreement costs up to "
+                            f"{1e3 * max(costs, default=float('nan')):.2f} ms)")
+            self.interval = interval
+            self.next_agreement = min(self.next_agreement, step - 1 + self.interval)  # from the gather read now
         if decision.message:
             # The whole story on rank 0's console; every rank's own log has it too.
             (logger.warning if dist.get_rank() == 0 else logger.info)(decision.message)

@@ -1,0 +1,131 @@
+"""``hf-distprof run``: flags checked before the command starts, the start-up hook that attaches our callbacks to every
+Trainer (subclasses too) in the command's processes, no duplicates, and a sitecustomize of the user's still runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import types
+
+import pytest
+
+from hf_distprof import autorun
+from hf_distprof.cli.main import main
+from hf_distprof.cli.run import command_environment
+from hf_distprof.config import ProfilingArguments
+
+from ..conftest import REPO_ROOT
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--profiler-wait-steps", "-1", "--", "python", "x.py"], "--profiler-wait-steps"),
+        (["--profile-on-demand", "--", "python", "x.py"], "--profile-on-demand opens profiler windows: it needs"),
+        (["--enable-profiling"], "no command: hf-distprof run [profiling flags] -- COMMAND"),
+        (["--", "python", "x.py"], "no profiling flag switches anything on"),
+        (["--enable-profiling", "--", "no-such-command-here"], "command not found: no-such-command-here"),
+    ],
+)
+def test_bad_flags_or_commands_exit_2_before_anything_runs(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        sys.exit(main(["run", *argv]))
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_command_gets_the_hook_first_on_its_path_and_the_flags(tmp_path):
+    prof = ProfilingArguments(enable_profiling=True, profiler_active_steps=4)
+    env = command_environment(prof, {"PYTHONPATH": f"/theirs{os.pathsep}/more", "KEEP": "1"})
+    parts = env["PYTHONPATH"].split(os.pathsep)
+    assert parts[0] == str(REPO_ROOT / "hf_distprof" / "autorun" / "pythonpath")
+    assert parts[1:] == [str(REPO_ROOT), "/theirs", "/more"] and env["KEEP"] == "1"
+    assert ProfilingArguments(**json.loads(env[autorun.RUN_ARGS_ENV])) == prof
+
+
+class FakeHandler:
+    def __init__(self, callbacks: list[object]) -> None:
+        self.callbacks = callbacks
+
+
+def fake_trainer_module() -> types.ModuleType:
+    module = types.ModuleType("fake_trainer_module")
+
+    class Trainer:
+        def __init__(self, callbacks: list[object] | None = None, rank: int = 0) -> None:
+            self.args = types.SimpleNamespace(process_index=rank)
+            self.callback_handler = FakeHandler(list(callbacks or []))
+
+        def add_callback(self, callback: object) -> None:
+            self.callback_handler.callbacks.append(callback)
+
+    module.Trainer = Trainer
+    return module
+
+
+def test_every_trainer_and_subclass_gets_the_callbacks_once(monkeypatch, capsys):
+    monkeypatch.setenv(autorun.RUN_ARGS_ENV, json.dumps({"enable_step_timing": True, "hang_timeout": 30.0}))
+    module = fake_trainer_module()
+    autorun.patch_trainer(module)
+    autorun.patch_trainer(module)  # twice: still one wrapper
+
+    class Sub(module.Trainer):
+        def __init__(self) -> None:
+            super().__init__()
+
+    for trainer in (module.Trainer(), Sub()):
+        assert [type(cb).__name__ for cb in trainer.callback_handler.callbacks] == [
+            "StepTimerCallback", "HangWatchdogCallback", "RunSummaryCallback"]
+        assert autorun.attach(trainer) == []  # once per Trainer
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("hf_distprof: [RANK 0] hf-distprof run: attached StepTimerCallback, "
+                             "HangWatchdogCallback, RunSummaryCallback to Trainer built at ")
+    assert "test_autorun.py:" in err[0] and err[1].split(" to ", 1)[1].startswith("Sub built at ")
+
+
+def test_a_trainer_that_has_our_callbacks_gets_none_and_other_ranks_stay_quiet(monkeypatch, capsys):
+    from hf_distprof.callbacks.step_timer import StepTimerCallback
+
+    monkeypatch.setenv(autorun.RUN_ARGS_ENV, json.dumps({"enable_profiling": True}))
+    module = fake_trainer_module()
+    autorun.patch_trainer(module)
+    mine = StepTimerCallback(ProfilingArguments(enable_step_timing=True))
+    trainer = module.Trainer(callbacks=["theirs", mine])
+    assert trainer.callback_handler.callbacks == ["theirs", mine]
+    assert "already has StepTimerCallback; it gets no callbacks from hf-distprof run (no duplicates)" in \
+        capsys.readouterr().err
+    other = module.Trainer(rank=1)
+    assert len(other.callback_handler.callbacks) == 3 and capsys.readouterr().err == ""
+
+
+SCRIPT = textwrap.dedent("""
+    from transformers import Trainer, TrainingArguments
+    import torch
+
+    class MyTrainer(Trainer):
+        pass
+
+    model = torch.nn.Linear(2, 2)
+    args = TrainingArguments(output_dir="out", use_cpu=True, report_to="none")
+    trainer = MyTrainer(model=model, args=args)
+    print("callbacks:", [type(cb).__name__ for cb in trainer.callback_handler.callbacks][-3:])
+""")
+
+
+def test_a_real_script_run_under_hf_distprof_run_gets_them_and_a_users_sitecustomize_still_runs(tmp_path):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    # Ran by the hf-distprof process itself too (their PYTHONPATH), without our variable there.
+    (theirs / "sitecustomize.py").write_text("import os\nprint('theirs ran', 'HF_DISTPROF_RUN_ARGS' in os.environ)\n")
+    (tmp_path / "train.py").write_text(SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(theirs)}
+    proc = subprocess.run([sys.executable, "-m", "hf_distprof.cli.main", "run", "--enable-step-timing", "--",
+                           sys.executable, "train.py"], capture_output=True, text=True, cwd=tmp_path, env=env,
+                          timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == [
+        "theirs ran False", "theirs ran True", "callbacks: ['ProgressCallback', 'StepTimerCallback', 'RunSummaryCallback']"]
+    assert f"to MyTrainer built at {tmp_path / 'train.py'}:10" in proc.stderr

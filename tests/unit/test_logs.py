@@ -1,0 +1,72 @@
+"""Where hf_distprof's records go once a run folder exists, in a fresh interpreter per logging set-up (logging's state
+is per process): warnings on the console exactly once, every INFO of ours in rank{R}.log."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from ..conftest import REPO_ROOT
+
+SCRIPT = textwrap.dedent("""
+    import logging, sys
+    style, out = sys.argv[1], sys.argv[2]
+    if style == "basicconfig":
+        logging.basicConfig()
+    elif style == "info-console":
+        logging.basicConfig(level=logging.INFO)
+    elif style == "tf-error":
+        import transformers
+        transformers.logging.set_verbosity_error()
+    elif style == "quiet-package":
+        logging.getLogger("hf_distprof").setLevel(logging.WARNING)
+    from hf_distprof import dist, paths
+    paths.resolve_run_dir(out, "r", owner=object())
+    ours = dist.get_logger("hf_distprof.test")
+    ours.info("an info of ours")
+    ours.warning("a warning of ours")
+    logging.getLogger("other.lib").info("an info of theirs")
+    logging.getLogger("other.lib").warning("a warning of theirs")
+""")
+
+
+def run(style: str, tmp_path) -> tuple[list[str], str]:
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, style, str(tmp_path)], capture_output=True, text=True,
+                          cwd=REPO_ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if " of ours" in line or " of theirs" in line]
+    return lines, (tmp_path / "r" / "rank0.log").read_text()
+
+
+@pytest.mark.parametrize("style", ["none", "tf-error"])
+def test_a_script_without_a_console_handler_hears_our_warnings(style, tmp_path):
+    console, log = run(style, tmp_path)
+    # Ours, printed by our own console handler, with the rank; theirs stays as Python leaves it (in the log only).
+    (line,) = console
+    assert line.endswith(" hf_distprof WARNING: [RANK 0] a warning of ours")
+    assert "INFO hf_distprof.test: [RANK 0] an info of ours" in log
+    assert "WARNING hf_distprof.test: [RANK 0] a warning of ours" in log
+    assert "WARNING other.lib: a warning of theirs" in log and "an info of theirs" not in log
+
+
+def test_basicconfig_without_a_level_prints_each_warning_once_and_keeps_our_info_in_the_log(tmp_path):
+    console, log = run("basicconfig", tmp_path)
+    assert console == ["WARNING:hf_distprof.test:[RANK 0] a warning of ours", "WARNING:other.lib:a warning of theirs"]
+    assert log.count("an info of ours") == 1 and log.count("a warning of ours") == 1
+    assert "an info of theirs" not in log  # the script's level for everyone else
+
+
+def test_a_script_that_asks_for_info_on_its_console_gets_ours_there_once(tmp_path):
+    console, log = run("info-console", tmp_path)
+    assert console == ["INFO:hf_distprof.test:[RANK 0] an info of ours", "WARNING:hf_distprof.test:[RANK 0] a "
+                       "warning of ours", "INFO:other.lib:an info of theirs", "WARNING:other.lib:a warning of theirs"]
+    assert log.count("an info of ours") == 1 and log.count("an info of theirs") == 1
+
+
+def test_a_level_set_on_our_package_is_respected(tmp_path):
+    console, log = run("quiet-package", tmp_path)
+    assert [line.rsplit(": ", 1)[1] for line in console] == ["[RANK 0] a warning of ours"]
+    assert "an info of ours" not in log and "a warning of ours" in log
