@@ -172,9 +172,10 @@ class ProfilingArguments:
         metadata=_help(
             "Ranks that profile: 'all', a comma-separated list such as '0,3' (others build no profiler), or 'auto': "
             "each window is traced on the slowest rank and the median rank by pre-sync step time, as gathered at the "
-            "last logging step before it (the same choice on every rank; one small all-gather per logging step); "
-            "before any logging step has step times from every rank, ranks 0 and the last; with 1 or 2 ranks, every "
-            "rank. Each choice and its evidence go to the log and to profile_ranks.json. Needs step timing."
+            "last capture agreement before it (the same choice on every rank; agreements every 1-5 steps, "
+            "whatever the logging interval: see the guide); before step times from every rank arrive, ranks 0 "
+            "and the last; with 1 or 2 ranks, every rank. Each choice and its evidence go to the log and to "
+            "profile_ranks.json. Needs step timing."
         ),
     )
     profiler_record_shapes: bool = field(
@@ -197,9 +198,9 @@ class ProfilingArguments:
         default=None,
         metadata=_help(
             "Largest trace file (gzipped, decimal MB) a window may write. The first window is the measurement (kept "
-            "whole, warned about when over); the largest rank's bytes per recorded step, agreed on the next logging "
-            "step, shorten every later window to the active steps that fit, the same steps on every rank, or skip "
-            "it when not one step fits; a warning says so and names the costliest option to turn off. Options are "
+            "whole, warned about when over); the largest rank's bytes per recorded step, agreed at the next capture "
+            "agreement, shorten every later window to the active steps that fit, the same steps on every rank, or "
+            "skip it when not one step fits; a warning says so and names the costliest option to turn off. Options are "
             "never changed mid-run. Default: no limit."
         ),
     )
@@ -207,16 +208,18 @@ class ProfilingArguments:
         default=False,
         metadata=_help(
             "Open one extra profiler window, on every profiling rank at the same step, when PROFILE_NOW appears in "
-            "the run folder (the file is consumed) or any rank gets SIGUSR1; agreed at the next logging step. "
-            "Costs one small all-gather per logging step. Needs --enable-profiling."
+            "the run folder (the file is consumed) or any rank gets SIGUSR1; recording starts at most 5 + 1 + "
+            "warm-up steps later, whatever the logging interval (capture agreements every 1-5 steps: a small "
+            "non-blocking all-gather each). Needs --enable-profiling."
         ),
     )
     profile_on_anomaly: bool = field(
         default=False,
         metadata=_help(
             "Open one extra profiler window, on every profiling rank at the same step, when a step on any rank "
-            "takes longer than --anomaly-factor times that rank's running median step time; agreed at the next "
-            "logging step. Costs one small all-gather per logging step. Needs --enable-profiling."
+            "takes longer than --anomaly-factor times that rank's running median step time; recording starts at "
+            "most 5 + 1 + warm-up steps later, whatever the logging interval (see --profile-on-demand). Needs "
+            "--enable-profiling."
         ),
     )
     anomaly_factor: AboveOneFloat = field(

@@ -126,6 +126,6 @@ def test_a_real_script_run_under_hf_distprof_run_gets_them_and_a_users_sitecusto
                            sys.executable, "train.py"], capture_output=True, text=True, cwd=tmp_path, env=env,
                           timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.splitlines() == [
-        "theirs ran False", "theirs ran True", "callbacks: ['ProgressCallback', 'StepTimerCallback', 'RunSummaryCallback']"]
+    assert proc.stdout.splitlines() == ["theirs ran False", "theirs ran True",
+                                        "callbacks: ['ProgressCallback', 'StepTimerCallback', 'RunSummaryCallback']"]
     assert f"to MyTrainer built at {tmp_path / 'train.py'}:10" in proc.stderr
