@@ -51,12 +51,15 @@ WARMUP = 5  # steps excluded from each run's median (allocation, DDP bucket rebu
 ONCE_PER_CALL = ("on_init_end", "on_train_begin", "on_train_end")  # hooks that run once per train() call
 
 
-# The flag that switches each always-on callback on in variant B (--callbacks picks a subset).
-CALLBACK_FLAGS: dict[str, str] = {
-    "profiler": "enable_profiling",
-    "memory": "enable_memory_logging",
-    "timer": "enable_step_timing",
+# The flags that switch each always-on callback on in variant B (--callbacks picks a subset); "capture" is the
+# profiler's on-demand and anomaly watch, with its capture agreements (every 1-5 steps), and needs "profiler".
+CALLBACK_FLAGS: dict[str, tuple[str, ...]] = {
+    "profiler": ("enable_profiling",),
+    "memory": ("enable_memory_logging",),
+    "timer": ("enable_step_timing",),
+    "capture": ("profile_on_demand", "profile_on_anomaly"),
 }
+DEFAULT_CALLBACKS = "profiler,memory,timer"
 
 
 class DirectCost:
@@ -110,7 +113,7 @@ def bootstrap_interval(ratios: list[float], resamples: int = 2000, seed: int = 0
 def variant_b_flags(names: str) -> dict[str, bool]:
     """``"memory,timer"`` -> the ProfilingArguments switches for exactly those callbacks."""
     chosen = set(names.split(","))
-    return {flag: name in chosen for name, flag in CALLBACK_FLAGS.items()}
+    return {flag: name in chosen for name, flags in CALLBACK_FLAGS.items() for flag in flags}
 
 
 def worker(pairs: int, steps: int, names: str, result: Path) -> None:
@@ -276,8 +279,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=40, help="optimizer steps per train() call (default 40)")
     parser.add_argument(
         "--callbacks",
-        default=",".join(CALLBACK_FLAGS),
-        help="variant B's callbacks, comma-separated (default: profiler,memory,timer)",
+        default=DEFAULT_CALLBACKS,
+        help=f"variant B's callbacks, comma-separated, from {', '.join(CALLBACK_FLAGS)} (default: "
+             f"{DEFAULT_CALLBACKS}; capture needs profiler)",
     )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
@@ -296,7 +300,9 @@ def main() -> int:
     unknown = set(args.callbacks.split(",")) - set(CALLBACK_FLAGS)
     if unknown:
         parser.error(f"--callbacks: unknown {sorted(unknown)}; choose from {', '.join(CALLBACK_FLAGS)}")
-    label = "all" if set(args.callbacks.split(",")) == set(CALLBACK_FLAGS) else args.callbacks
+    if "capture" in args.callbacks.split(",") and "profiler" not in args.callbacks.split(","):
+        parser.error("--callbacks: capture needs profiler")
+    label = "all" if set(args.callbacks.split(",")) == set(DEFAULT_CALLBACKS.split(",")) else args.callbacks
 
     print(
         f"{args.pairs} A/B pairs of {args.steps} steps, 2 CPU ranks (gloo), B = {label}; "

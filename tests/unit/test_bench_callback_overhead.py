@@ -114,3 +114,9 @@ def test_the_interval_holds_the_median_and_narrows_with_more_pairs(bench):
     low4, high4 = bench.bootstrap_interval(few * 4)
     assert high4 - low4 < high - low
     assert bench.bootstrap_interval([1.0] * 5) == (1.0, 1.0)
+
+
+def test_variant_b_can_add_the_capture_watch(bench):
+    assert bench.variant_b_flags("profiler,capture") == {
+        "enable_profiling": True, "enable_memory_logging": False, "enable_step_timing": False,
+        "profile_on_demand": True, "profile_on_anomaly": True}
