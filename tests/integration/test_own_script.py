@@ -94,10 +94,13 @@ def test_hf_distprof_run_profiles_a_script_that_never_imports_it(tmp_path):
 
 
 def test_hf_distprof_run_adds_nothing_to_a_script_that_passes_our_callbacks(tmp_path):
-    # The script's own flags ask for a 2-step window; hf-distprof run's would ask for a 1-step window at step 2.
+    # Through accelerate launch this time (on CPU, --multi_gpu gives 2 gloo ranks). The script's own flags ask for a
+    # 2-step window; hf-distprof run's would ask for a 1-step window at step 2.
     run_flags = ["--enable-profiling", "--profiler-output-dir", "Q", "--profiler-wait-steps", "0",
                  "--profiler-warmup-steps", "1", "--profiler-active-steps", "1"]
-    cmd = [sys.executable, "-m", "hf_distprof.cli.main", "run", *run_flags, "--", *torchrun_cmd(), *trainer_flags(),
+    accelerate = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                  "--main_process_port", str(free_port()), str(PLAIN)]
+    cmd = [sys.executable, "-m", "hf_distprof.cli.main", "run", *run_flags, "--", *accelerate, *trainer_flags(),
            *PROFILING]
     proc = launch(tmp_path, cmd, PLAIN_CALLBACKS="1")
     (line,) = our_lines(proc.stderr, "hf-distprof run:")
