@@ -158,10 +158,10 @@ class ProfilingArguments:
         default=2, metadata=_help("Steps traced but discarded before the active steps (profiler overhead settles).")
     )
     profiler_active_steps: PositiveInt = field(
-        default=6,
+        default=3,
         metadata=_help(
-            "Steps recorded into each trace. With 2 ranks the analysis needs 6 or more to name a straggler "
-            "(fewer: 'not enough evidence')."
+            "Steps recorded into each trace. The analysis weighs a window too short for a slow-rank verdict of "
+            "its own (2 ranks: under 6 steps) together with the step timer's records of the run's other steps."
         ),
     )
     profiler_repeat: NonNegativeInt = field(
@@ -475,7 +475,10 @@ def add_profiling_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGro
     for f in dataclasses.fields(ProfilingArguments):
         names = [flag_name(f.name), f"--{f.name}"]
         kind = types[f.name]
-        kwargs: dict[str, Any] = {"dest": f.name, "default": f.default, "help": f.metadata["help"]}
+        # The default in the help, as the training script's HfArgumentParser shows it ("%(default)s" also keeps an
+        # ArgumentDefaultsHelpFormatter from adding it twice); the help of a default resolved at run time says it.
+        text = f.metadata["help"] + (" (default: %(default)s)" if f.default is not None else "")
+        kwargs: dict[str, Any] = {"dest": f.name, "default": f.default, "help": text}
         if kind is bool:
             kwargs.update(type=_str_to_bool, nargs="?", const=True, metavar="BOOL")
         else:

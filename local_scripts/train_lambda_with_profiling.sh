@@ -23,9 +23,6 @@ TRAIN_OUTPUT=${TRAIN_OUTPUT:-./outputs/modernbert}
   --enable-profiling \
   --enable-memory-logging \
   --profiler-output-dir "$OUTPUT_DIR" \
-  --profiler-wait-steps 5 \
-  --profiler-warmup-steps 2 \
-  --profiler-active-steps 6 \
   --memory-log-steps 5 \
   --logging-steps 5 \
   "$@"

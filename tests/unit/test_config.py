@@ -31,7 +31,7 @@ EXPECTED_DEFAULTS = {
     "profiler_output_dir": "./profiler_traces",
     "profiler_wait_steps": 5,
     "profiler_warmup_steps": 2,
-    "profiler_active_steps": 6,
+    "profiler_active_steps": 3,
     "profiler_repeat": 1,
     "memory_log_steps": 10,
     "profile_ranks": "all",
@@ -146,6 +146,33 @@ def _guide_flag_table() -> str:
     match = re.search(r"<!-- flags:start -->\n(.*?)<!-- flags:end -->", text, re.S)
     assert match, "PROFILING_GUIDE.md has no <!-- flags:start --> ... <!-- flags:end --> table"
     return match.group(1)
+
+
+# The schedule and memory cadence of the original profiling guide this project was specified from.
+ORIGINAL_DEFAULTS = {
+    "--profiler-wait-steps": "5",
+    "--profiler-warmup-steps": "2",
+    "--profiler-active-steps": "3",
+    "--profiler-repeat": "1",
+    "--memory-log-steps": "10",
+    "--profiler-output-dir": "./profiler_traces",
+}
+
+
+def test_the_original_guides_defaults_hold_in_the_dataclass_help_flags_and_guide():
+    args = ProfilingArguments()
+    assert {flag: str(getattr(args, flag[2:].replace("-", "_"))) for flag in ORIGINAL_DEFAULTS} == ORIGINAL_DEFAULTS
+    parser = argparse.ArgumentParser()
+    add_profiling_args(parser)
+    helped = {a.option_strings[0]: a.help % {"default": a.default} for a in parser._actions if a.option_strings}
+    for table in (flags_markdown(), _guide_flag_table()):
+        rows = dict(re.findall(r"^\| `(--[a-z-]+)` \| `([^`]*)` \|", table, re.M))
+        assert {flag: rows[flag] for flag in ORIGINAL_DEFAULTS} == ORIGINAL_DEFAULTS
+    for flag, default in ORIGINAL_DEFAULTS.items():
+        assert helped[flag].endswith(f" (default: {default})"), helped[flag]
+    guide = (REPO_ROOT / "PROFILING_GUIDE.md").read_text(encoding="utf-8")
+    assert "With the defaults (`skip_first 0, wait 5, warmup 2, active 3, repeat 1`" in guide
+    assert "and steps 8-10 are recorded into one trace per rank" in guide
 
 
 def test_guide_flag_table_matches_the_parser():
