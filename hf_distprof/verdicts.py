@@ -84,6 +84,9 @@ class SlowRankVerdict:
     ``stand_out`` (empty when raised, undecided, or nothing to compare)."""
     test: str = "binomial"
     """Which persistence test gave ``p_value``: ``binomial`` (arrival order) or ``signed-rank`` (2 ranks)."""
+    claim: str = ""
+    """The effect in words, which the reasons build on ("rank 1's pre-sync work exceeds its peers' by a median
+    20.1%"); empty with nothing to compare."""
     confidence: float = field(init=False)
     """``1 - p_value``: how unlikely the arrival order is in a balanced run."""
 
@@ -264,10 +267,10 @@ def judge_slow_rank(
     else:
         test, p = "binomial", binomial_tail(k, n, 1.0 / len(ranks))
         order = f"it is the slowest in {k} of {n} steps (p = {p:.3f} in a balanced run of {len(ranks)} ranks)"
+    late = f"rank {candidate}'s {what} exceeds its peers' by a median {effect:.1f}%"
     base = dict(rank=candidate, effect_pct=effect, threshold_pct=threshold_pct, noise_pct=noise, slowest_in=k,
                 steps=n, ranks=len(ranks), p_value=p, min_steps=need, effect_abs=effect_abs,
-                per_step_excess_pct=excess[candidate], test=test)
-    late = f"rank {candidate}'s {what} exceeds its peers' by a median {effect:.1f}%"
+                per_step_excess_pct=excess[candidate], test=test, claim=late)
     if effect <= threshold_pct or effect_abs <= min_abs:
         return SlowRankVerdict(QUIET, **base, gate="threshold",
                                reason=f"{late}, within the {threshold_pct:g}% threshold")
@@ -308,6 +311,25 @@ def judge_slow_rank(
         RAISED, **base, also=also,
         reason=f"{late} (threshold {threshold_pct:g}%, step-to-step noise {noise:.1f}%); {order}",
     )
+
+
+OWN_WORK = "pre-sync work (data + forward + backward compute, less its wait for a CPU)"
+"""What the step timer compares across ranks (``own_work_s`` in its records), as its verdicts name it."""
+KEPT_CELLS = 20_000
+"""Step x rank values the step timer's verdict judges at most (the latest steps): bounds its memory and time
+(40-180 ms per verdict on this machine at this size, 2 to 1024 ranks), whatever the run's length and world size."""
+
+
+def judge_own_work(
+    own_work: Mapping[int, Sequence[float]], threshold_pct: float, step_time: Sequence[float]
+) -> SlowRankVerdict:
+    """The step timer's slow-rank verdict: each rank's own work per step (pre-sync time less its wait for a CPU;
+    on GPU, pre-sync device time) against its peers', material against the step time.
+
+    The one rule for the live timer (:class:`hf_distprof.timing.report.StepSeries`) and for the analysis, which
+    judges the timer's records of the untraced steps again (:mod:`hf_distprof.analysis.timer_records`).
+    """
+    return judge_slow_rank(own_work, threshold_pct, what=OWN_WORK, step_time=step_time)
 
 
 def fisher_p(p1: float, p2: float) -> float:
@@ -352,6 +374,8 @@ def across_the_run(
     Returns:
         ``window``, or a new verdict whose p-value and reason are the combined ones.
     """
+    if window.status == UNDECIDED and window.rank is not None:
+        return _short_window(window, _timer_fields(outside), pool_effect)
     if not isinstance(outside, Mapping) or window.rank is None:
         return window
     below = pool_effect and window.status == QUIET and window.gate in ("threshold", "noise")
@@ -398,6 +422,85 @@ def across_the_run(
         fields.update(status=QUIET, gate="outside" if window.raised else window.gate, reason=(
             f"{window.reason}; but {timer}; together p = {both:.3f} (Fisher), not below {ALPHA:g}: slow in "
             "the traced window, not across the run"))
+    return SlowRankVerdict(**fields)
+
+
+TIMER_FILES = "timing_rank{R}.jsonl"
+
+
+def _timer_fields(outside: Mapping[str, Any] | None) -> tuple[str, int, float, int, float | None, str] | None:
+    """(status, rank, p, steps, effect or None, reason) of a usable step-timer verdict; None when it is absent or
+    malformed (a field missing or of the wrong type, p outside [0, 1], no step)."""
+    if not isinstance(outside, Mapping):
+        return None
+    status, rank, p, steps, effect = (outside.get(k) for k in ("status", "rank", "p_value", "steps", "effect_pct"))
+    if status not in (RAISED, QUIET, UNDECIDED) or isinstance(rank, bool) or not isinstance(rank, int):
+        return None
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
+        return None
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+        return None
+    number = not isinstance(effect, bool) and isinstance(effect, (int, float)) and math.isfinite(effect)
+    said = outside.get("reason") if isinstance(outside.get("reason"), str) else status
+    return str(status), rank, float(p), steps, float(effect) if number else None, str(said)
+
+
+def _short_window(
+    window: SlowRankVerdict, timer: tuple[str, int, float, int, float | None, str] | None, pool_effect: bool
+) -> SlowRankVerdict:
+    """A window too short for a verdict of its own (fewer steps than ``min_steps``), weighed with the step timer.
+
+    The window's effect already cleared the threshold and materiality (:func:`judge_slow_rank` checks those
+    before the steps); what it cannot show alone is persistence. The run's other steps can: the rank is named
+    when the step timer names the same rank over them, the window leans the same way (its candidate is the
+    slowest in most of its steps, its effect above its own step-to-step noise, or, with ``pool_effect``, the
+    steps-weighted mean of the two effects above both), and Fisher's combination of the two p-values is below
+    ``alpha``. A timer that judged enough steps and does not bear the rank out makes the answer ``quiet``
+    (gate ``outside``); "not enough evidence" remains only when the timer could not decide either, or is not
+    there, and then the reason says what would decide it.
+    """
+    fields = {k: getattr(window, k) for k in window.__dataclass_fields__ if k != "confidence"}
+    n, need, t = window.steps, window.min_steps, window.threshold_pct
+    short = (f"it is the slowest in {window.slowest_in} of {n} traced steps, too few to decide alone (at least "
+             f"{need} with {window.ranks} ranks)")
+    decide = (f"to decide, trace at least {need} steps (--profiler-active-steps {need}) or keep the step timer on "
+              "(--enable-step-timing, on with --enable-profiling) over more steps")
+    undecided = f"not enough evidence: {window.claim} in the traced window (threshold {t:g}%), but {short}"
+    if timer is None:
+        fields["reason"] = (f"{undecided}, and no step timer records of the run's other steps are beside the traces "
+                            f"({TIMER_FILES}); {decide}")
+        return SlowRankVerdict(**fields)
+    status, rank, p, steps, effect, said = timer
+    p_same = p if rank == window.rank else (1.0 - p if window.ranks == 2 else 1.0)
+    both = fisher_p(window.p_value, p_same)
+    said_timer = (f"over the run's {steps} untraced steps the step timer says: {said} (p = {p_same:.3f} for rank "
+                  f"{window.rank})")
+    fields.update(p_value=both, test=f"{window.test} + step timer")
+    if status == UNDECIDED:
+        fields["reason"] = f"{undecided}, and {said_timer}; {decide}"
+        return SlowRankVerdict(**fields)
+    names = status == RAISED and rank == window.rank
+    leans = window.slowest_in > MOST * n
+    clear = window.effect_pct > window.noise_pct
+    pooled = ""
+    if names and not clear and pool_effect and effect is not None:
+        mean = (n * window.effect_pct + steps * effect) / (n + steps)
+        if mean > max(t, window.noise_pct):
+            clear, fields["effect_pct"] = True, mean
+            pooled = (f"; over the run's {n + steps} judged steps its excess is {mean:.1f}% (the traced window's "
+                      f"{window.effect_pct:.1f}% weighted with the step timer's {effect:.1f}%)")
+    noise = f"step-to-step noise {window.noise_pct:.1f}%"
+    if names and clear and leans and both < ALPHA:
+        fields.update(status=RAISED, gate="", reason=(
+            f"{window.claim} in the traced window (threshold {t:g}%, {noise}); {short}; {said_timer}{pooled}; "
+            f"together p = {both:.4f} (Fisher): slow across the run"))
+        return SlowRankVerdict(**fields)
+    why = ("the window's excess is within its own " + noise if names and not clear
+           else f"the window's candidate is the slowest in only {window.slowest_in} of its {n} steps" if names
+           and not leans else f"together p = {both:.3f} (Fisher), not below {ALPHA:g}")
+    fields.update(status=QUIET, gate="outside", reason=(
+        f"{window.claim} in the traced window (threshold {t:g}%), but {short}; {said_timer}; {why}: not a slow rank "
+        "across the run"))
     return SlowRankVerdict(**fields)
 
 

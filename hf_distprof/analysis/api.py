@@ -27,8 +27,8 @@ from hf_distprof.analysis.model import (
     RankResult,
 )
 from hf_distprof.analysis.rank import analyze_rank
+from hf_distprof.analysis.timer_records import TimerRecords, read_timer_records
 from hf_distprof.analysis.trace_io import TraceReadError, discover_trace_files
-from hf_distprof.runs.load import TIMING_RE
 from hf_distprof.verdicts import profiler_slowdown
 
 PROGRESS_MIN_FILES = 8
@@ -132,9 +132,13 @@ def analyze_paths(
     outcomes = _run_all(files, options, read_compact, write_compact)
     errors = [o for o in outcomes if isinstance(o, FileError)]
     ranks = _one_result_per_rank([o for o in outcomes if isinstance(o, RankResult)], errors)
-    timer = timer_verdict_beside(files)
-    cross = cross_rank(ranks, options, cpu_wait_beside(files), timer) if len(ranks) > 1 else None
-    slowdown = profiler_slowdown_beside(files, ranks, options)
+    # The step timer's records of the same run: each traced step's wait for a CPU, the steps outside the window,
+    # and its verdict over those, judged again here (timing_summary.json's when the records cannot say).
+    records = read_timer_records(files)
+    judged = records.verdict(options.imbalance_pct, {s.step for r in ranks for s in r.steps})
+    timer = judged.to_json() if judged is not None else timer_verdict_beside(files)
+    cross = cross_rank(ranks, options, records.cpu_wait(), timer) if len(ranks) > 1 else None
+    slowdown = profiler_slowdown_beside(files, ranks, options, records)
     findings = diagnose(ranks, cross, options) + slowdown_findings(slowdown)
     # A window whose verdicts were weighed with the timer's (across_the_run) already answers for the whole run.
     weighed = cross is not None and any(
@@ -162,13 +166,14 @@ def analyze_paths(
 
 
 def profiler_slowdown_beside(
-    files: list[str], ranks: list[RankResult], options: AnalysisOptions
+    files: list[str], ranks: list[RankResult], options: AnalysisOptions, records: TimerRecords | None = None
 ) -> dict[str, Any] | None:
     """The profiler's own slowdown, from the step timer's files in the traces' folders; None without them.
 
     ``timing_summary.json`` holds it when training ended normally (with the profiler options in effect);
-    otherwise it is computed from ``timing_rank{R}.jsonl``: the traced steps against the others, each
-    file's first step (the timer's warm-up) left out. A file that cannot be read is skipped.
+    otherwise it is computed from ``timing_rank{R}.jsonl`` (``records``, read when None): the steps the profiler
+    ran over (the rows' marks; in older files the traces' steps) against the others, the timer's warm-up left
+    out. A file that cannot be read is skipped.
     """
     folders = sorted({Path(f).parent for f in files})
     for folder in folders:
@@ -179,21 +184,9 @@ def profiler_slowdown_beside(
         found_json = _slowdown_json(summary.get("profiler_slowdown") if isinstance(summary, dict) else None)
         if found_json is not None:
             return found_json
-    step_s: dict[int, float] = {}
-    for folder in folders:
-        for log in sorted(folder.glob(names.TIMING_LOG_NAME.format(rank="*"))):
-            try:
-                rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-            except (OSError, ValueError, RecursionError):
-                continue
-            for row in rows[1:]:
-                if not isinstance(row, dict):
-                    continue
-                step, t = row.get("step"), row.get("step_s")
-                if isinstance(step, int) and isinstance(t, (int, float)):
-                    step_s[step] = max(step_s.get(step, 0.0), float(t))
-    traced = {s.step for r in ranks for s in r.steps}
-    found = profiler_slowdown(step_s, traced, {}, threshold_ratio=options.profiler_slowdown_threshold)
+    records = records if records is not None else read_timer_records(files)
+    traced = {s.step for r in ranks for s in r.steps} | records.traced
+    found = profiler_slowdown(records.step_times(), traced, {}, threshold_ratio=options.profiler_slowdown_threshold)
     return found.to_json() if found is not None else None
 
 
@@ -204,21 +197,7 @@ def cpu_wait_beside(files: list[str]) -> dict[int, dict[int, float]]:
     A file that cannot be read, or a row without the number, is skipped; the cross-rank view uses the
     figures only when it has one for every rank and step it judges.
     """
-    out: dict[int, dict[int, float]] = {}
-    for folder in sorted({Path(f).parent for f in files}):
-        for log in sorted(folder.glob(names.TIMING_LOG_NAME.format(rank="*"))):
-            found = TIMING_RE.match(log.name)
-            try:
-                lines = log.read_text(encoding="utf-8").splitlines() if found else []
-                rows = [json.loads(line) for line in lines if line.strip()]
-            except (OSError, ValueError, RecursionError):
-                continue
-            for row in rows:
-                step, wait = (row.get("step"), row.get("cpu_wait_s")) if isinstance(row, dict) else (None, None)
-                if (isinstance(step, int) and not isinstance(wait, bool) and isinstance(wait, (int, float))
-                        and math.isfinite(wait) and wait >= 0):
-                    out.setdefault(int(found.group(1)), {})[step] = float(wait)  # type: ignore[union-attr]
-    return out
+    return read_timer_records(files).cpu_wait()
 
 
 def _slowdown_json(doc: Any) -> dict[str, Any] | None:

@@ -283,12 +283,22 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             self._add(timing)
         if self._jsonl is not None and timings:
             try:
-                self._jsonl.write("".join(json.dumps(t.to_json()) + "\n" for t in timings))
+                self._jsonl.write("".join(json.dumps(self._row(t)) + "\n" for t in timings))
                 self._jsonl.flush()
             except OSError as err:
                 # A full disk: say it once and stop writing; the caller still reaches its collective.
                 logger.warning(f"cannot write {self._jsonl.name}: {err!r}; stopped writing per-step timing")
                 self._close_jsonl()
+
+    def _row(self, timing: StepTiming) -> dict[str, Any]:
+        """One ``timing_rank{R}.jsonl`` line: the timing, what the ranks are compared on (``own_work_s``), and
+        whether the step is this timer's warm-up or one the profiler ran over: the analysis judges the same
+        steps on the same figure again (:mod:`hf_distprof.analysis.timer_records`)."""
+        row = timing.to_json()
+        row["own_work_s"] = timing.own_work_s if self._host_timed else timing.pre_sync_s
+        row["warmup"] = timing.step < self._first_step + WARMUP_STEPS
+        row["traced"] = bool(self._traced is not None and self._traced(timing.step))
+        return row
 
     def flush(self) -> None:
         """Resolve the steps finished so far now, as a logging step does (on GPU: one wait for the device).

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hf_distprof.timing.recorder import StepTiming
-from hf_distprof.verdicts import SlowRankVerdict, imbalance_pct, judge_slow_rank
+from hf_distprof.verdicts import KEPT_CELLS, SlowRankVerdict, imbalance_pct, judge_own_work
 
 # Mean phases carried per rank; the optional ones are None when not measured on some step.
 PHASES: tuple[str, ...] = ("data_s", "forward_s", "backward_s", "optimizer_s", "step_s")
@@ -324,9 +324,6 @@ def memory_warning(ranks: Sequence[RankSummary], mem_imbalance: float, threshold
     )
 
 
-# Step x rank values rank 0 keeps for the verdicts: bounds memory and the time of a verdict (judged on every
-# logging step: 40-180 ms on this machine at this size, 2 to 1024 ranks), whatever the run's length and world size.
-KEPT_CELLS = 20_000
 
 
 class StepSeries:
@@ -380,12 +377,7 @@ class StepSeries:
         if self.world_size < 2:
             return None
         per_rank = {r: [row[r] for row, _ in kept] for r in range(self.world_size)}
-        return judge_slow_rank(
-            per_rank,
-            threshold_pct,
-            what="pre-sync work (data + forward + backward compute, less its wait for a CPU)",
-            step_time=[step_s for _, step_s in kept],
-        )
+        return judge_own_work(per_rank, threshold_pct, [step_s for _, step_s in kept])
 
 
 def unresolved_note(comm: dict[str, Any]) -> str:

@@ -350,12 +350,16 @@ def test_undecided_names_each_question_with_its_reason():
     ranks = [cpu_rank_with_collectives(0, 0.0, steps=3), cpu_rank_with_collectives(1, 30_000.0, steps=3)]
     for s in ranks[1].steps:
         s.cpu = CpuBreakdown(100_000.0, 80_000.0, 10_000.0, 0.0, 10_000.0, 20_000.0, None)
+    # No step timer beside these traces: each says what would decide it.
+    short = ("in the traced window (threshold 10%), but it is the slowest in 3 of 3 traced steps, too few to decide "
+             "alone (at least 6 with 2 ranks), and no step timer records of the run's other steps are beside the "
+             "traces (timing_rank{R}.jsonl); to decide, trace at least 6 steps (--profiler-active-steps 6) or keep "
+             "the step timer on (--enable-step-timing, on with --enable-profiling) over more steps")
     assert undecided(cross_rank(ranks, OPTS)) == [
         "straggler: not enough evidence: rank 1's arrival at the step's collectives exceeds its peers' by a median "
-        "30.0% (threshold 10%), but 3 steps of 2 ranks cannot tell a slow rank from chance; at least 6 are needed",
+        f"30.0% {short}",
         "imbalance: not enough evidence: rank 1's busy time (GPU: compute kernels; CPU: compute + data loading) "
-        "exceeds its peers' by a median 60.0% (threshold 10%), but 3 steps of 2 ranks cannot tell a slow rank from "
-        "chance; at least 6 are needed",
+        f"exceeds its peers' by a median 60.0% {short}",
     ]
 
 

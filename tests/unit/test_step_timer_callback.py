@@ -123,6 +123,10 @@ def test_per_step_lines_and_summary(trained):
         assert line["data_load_s"] is not None  # the Trainer's loader was instrumented
         assert line["cpu_wait_s"] is not None and 0.0 <= line["cpu_wait_s"] <= line["step_s"]  # Linux schedstat
         assert line["step_s"] >= line["forward_s"] + line["backward_s"] + line["optimizer_s"]
+        # What the analysis judges again: the figure the ranks are compared on, and which steps it leaves out.
+        assert line["own_work_s"] == max(0.0, line["pre_sync_s"] - line["cpu_wait_s"])
+        assert line["traced"] is False  # no profiler
+    assert [line["warmup"] for line in lines] == [True, False, False, False, False, False]
     # Non-padding tokens: 4 rows of 8, 7 or 6 real tokens per step; 11 of the 32 rows have no padding,
     # so 24 rows can never all be full.
     assert all(4 * 6 <= line["tokens"] <= 4 * SEQ for line in lines)
