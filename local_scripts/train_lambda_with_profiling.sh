@@ -27,14 +27,8 @@ TRAIN_OUTPUT=${TRAIN_OUTPUT:-./outputs/modernbert}
   --logging-steps 5 \
   "$@"
 
+# The training script's last lines (rank 0) say where the traces, summaries and TensorBoard files are.
 LATEST=$(ls -1dt "$OUTPUT_DIR"/*/ 2>/dev/null | head -n 1 || true)
-echo
-echo "Profiling run finished."
-echo "  traces and summaries : ${LATEST:-$OUTPUT_DIR}"
-echo "  TensorBoard (loss, memory/...): tensorboard --logdir $TRAIN_OUTPUT/runs"
-echo "  trace viewer          : open https://ui.perfetto.dev and load a ${LATEST:-$OUTPUT_DIR}rank*.pt.trace.json.gz"
-echo "  operator summaries    : less ${LATEST:-$OUTPUT_DIR}rank0_*_summary.txt"
-echo "  full analysis         : hf-distprof analyze ${LATEST:-$OUTPUT_DIR} --report ${LATEST:-$OUTPUT_DIR}report"
 if [[ -n "$LATEST" ]]; then
   echo
   echo "Findings (hf-distprof analyze ${LATEST} --findings):"
