@@ -43,10 +43,10 @@ MIN_STEPS = 5
 
 SIGNIFICANT, NOT_SIGNIFICANT, TOO_FEW = "significant", "not significant", "too few steps"
 ONE_VALUE = "one value"
+"""A figure each run has once (a peak): shown with its delta, never judged."""
 PROFILED = "profiled steps"
 """A figure read from the profiler's window: shown with its delta, never judged (the profiler slows the steps it
 traces, by an amount that varies from run to run, and a window holds a few steps)."""
-"""A figure each run has once (a peak): shown with its delta, never judged."""
 
 
 def mann_whitney_p(a: Sequence[float], b: Sequence[float]) -> float:
