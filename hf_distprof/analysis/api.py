@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
-from hf_distprof.analysis import bandwidth, comm, memory
+from hf_distprof.analysis import bandwidth, comm, memory, whatif_timeline
 from hf_distprof.analysis.cross_rank import cross_rank
 from hf_distprof import names
 from hf_distprof.analysis.diagnosis import diagnose, undecided
@@ -27,6 +27,7 @@ from hf_distprof.analysis.model import (
     RankResult,
 )
 from hf_distprof.analysis.rank import analyze_rank
+from hf_distprof.analysis.whatif import apply_what_if
 from hf_distprof.analysis.timer_records import TimerRecords, read_timer_records
 from hf_distprof.analysis.trace_io import TraceReadError, discover_trace_files
 from hf_distprof.verdicts import profiler_slowdown
@@ -149,7 +150,7 @@ def analyze_paths(
     run, manifest_errors = run_summary_beside(files)  # hosts, windows and why, files lost since
     errors += [FileError(path, reason) for path, reason in manifest_errors]
     errors.sort(key=lambda e: e.path)
-    return AnalysisResult(
+    result = AnalysisResult(
         ranks=ranks,
         cross_rank=cross,
         findings=findings,
@@ -163,6 +164,8 @@ def analyze_paths(
         unsized_collectives=bandwidth.unsized(ranks),
         run=run,
     )
+    apply_what_if(result)  # the steps replayed across ranks: what one fix would save, and the critical path
+    return result
 
 
 def profiler_slowdown_beside(
@@ -337,6 +340,7 @@ def _combine(a: RankResult, b: RankResult) -> RankResult:
         base_time_ns=a.base_time_ns,
         comm_by_kind=comm.by_kind(steps, a.collectives + b.collectives, gpu=gpu),
         memory=memory.combine(a.memory, b.memory),
+        timeline=whatif_timeline.combine(a.timeline, b.timeline),
     )
 
 

@@ -14,6 +14,8 @@ from hf_distprof.verdicts import SlowRankVerdict
 
 if TYPE_CHECKING:
     from hf_distprof.analysis.manifest import RunSummary
+    from hf_distprof.analysis.whatif import CriticalSegment, WhatIfModel, WhatIfScenario
+    from hf_distprof.analysis.whatif_timeline import RankTimeline
 
 
 # Values of AnalysisOptions.message_sizes.
@@ -102,6 +104,16 @@ class AnalysisOptions:
             )
         },
     )
+    what_if_pct: float = field(
+        default=10.0,
+        metadata={
+            "help": (
+                "A what-if scenario (the traced steps replayed across ranks with one fix) that saves more than this "
+                "% of the step, and more than the model's error and the steps' own noise, opens the findings as "
+                "'what to fix first'."
+            )
+        },
+    )
     profiler_slowdown_threshold: float = field(
         default=1.25,
         metadata={
@@ -161,7 +173,8 @@ class AnalysisOptions:
                 raise OptionValueError(f.name, value, "must be a finite number >= 0")
             if isinstance(value, (int, float)) and value < 0:
                 raise OptionValueError(f.name, value, "must be >= 0")
-        for name in ("comm_bound_pct", "low_util_pct", "data_loading_pct", "launch_bound_tiny_pct", "fsdp_exposed_pct"):
+        for name in ("comm_bound_pct", "low_util_pct", "data_loading_pct", "launch_bound_tiny_pct", "fsdp_exposed_pct",
+                     "what_if_pct"):
             if getattr(self, name) > 100:
                 raise OptionValueError(name, getattr(self, name), "is a percentage in [0, 100]")
         if self.message_sizes not in MESSAGE_SIZES:
@@ -505,6 +518,8 @@ class RankResult:
     """Communication per collective kind, per step (see :mod:`hf_distprof.analysis.comm`)."""
     memory: list[DeviceMemory] = field(default_factory=list)
     """Memory per device, from ``[memory]`` events (``profile_memory``); empty without them."""
+    timeline: RankTimeline | None = None
+    """The what-if model's points (:mod:`hf_distprof.analysis.whatif_timeline`); not in ``to_dict``."""
 
     @property
     def mean_step_us(self) -> float:
@@ -646,6 +661,13 @@ class AnalysisResult:
     run: RunSummary | None = None
     """The run manifest beside the traces (hosts, each window and why it was taken, files it lists that are
     missing); None without one."""
+    what_if: list[WhatIfScenario] = field(default_factory=list)
+    """What one fix would save, the steps replayed across ranks, largest saving first
+    (:mod:`hf_distprof.analysis.whatif`)."""
+    critical_path: list[CriticalSegment] = field(default_factory=list)
+    """The chain of work and transfers that sets the median traced step's time."""
+    what_if_model: WhatIfModel | None = None
+    """The replay behind them: its residual (the error bar), the median step and its lanes; None without one."""
 
     @property
     def exposed_comm_pct(self) -> float:
@@ -667,6 +689,7 @@ class AnalysisResult:
             rank_out["exposed_comm_pct"] = rank.exposed_comm_pct
             rank_out["busy_us"] = rank.busy_us
             rank_out.pop("collectives")  # matched in cross_rank; too long to be useful in the output
+            rank_out.pop("timeline")  # the what-if model's input; its answer is what_if and critical_path
             if not rank.memory:
                 rank_out.pop("memory")  # only traces recorded with profile_memory have the key
             _add_hidden_pct(rank_out["comm_by_kind"], rank.comm_by_kind)
@@ -684,16 +707,16 @@ _ATOMS = frozenset({str, int, float, bool, type(None)})
 
 
 def _asdict(obj: Any) -> Any:
-    """``dataclasses.asdict(obj)``, the same dict, without copying each rank's collectives (``to_dict`` drops
-    them: an empty list stands in) and without deep-copying numbers and strings (asdict's cost is nearly all
-    in those two)."""
+    """``dataclasses.asdict(obj)``, the same dict, without copying each rank's collectives and timeline
+    (``to_dict`` drops them: an empty list stands in) and without deep-copying numbers and strings (asdict's cost
+    is nearly all in those two)."""
     kind = type(obj)
     if kind in _ATOMS:
         return obj
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         skip = kind is RankResult
         return {
-            f.name: [] if skip and f.name == "collectives" else _asdict(getattr(obj, f.name))
+            f.name: [] if skip and f.name in ("collectives", "timeline") else _asdict(getattr(obj, f.name))
             for f in dataclasses.fields(obj)
         }
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a named tuple, rebuilt field by field as asdict does

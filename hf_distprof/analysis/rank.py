@@ -24,6 +24,7 @@ from hf_distprof.analysis.kernels import (
     nccl_op_kind,
 )
 from hf_distprof.analysis.model import AnalysisOptions, Collective, GpuBreakdown, RankResult, StepResult
+from hf_distprof.analysis.whatif_timeline import rank_timeline
 
 # The gloo span a c10d collective runs as, when it is not the collective's own kind.
 GLOO_RUNS_AS = {"reduce_scatter": "all_reduce"}
@@ -276,7 +277,17 @@ def analyze_rank(trace: ParsedTrace, options: AnalysisOptions) -> RankResult:
         base_time_ns=trace.base_time_ns,
         comm_by_kind=comm.by_kind(steps, collectives, gpu=on_gpu),
         memory=analyze_memory(trace.memory, trace.steps),
+        timeline=rank_timeline(trace, collectives, splits, _gpu_busy(trace, columns) if on_gpu else None),
     )
+
+
+def _gpu_busy(trace: ParsedTrace, columns: object) -> list[iv.Interval]:
+    """The union of all GPU activity (the what-if timeline's busy and idle), from the int64 columns when there are."""
+    from hf_distprof.analysis import fast
+
+    if isinstance(columns, fast.GpuColumns):
+        return fast.as_list(fast.merge(columns.starts, columns.ends))
+    return iv.merge(zip(trace.gpu.start, trace.gpu.end))
 
 
 def _splits(trace: ParsedTrace, in_flight: list[iv.Interval], waits_block: bool) -> list[MainThreadSplit]:

@@ -12,6 +12,7 @@ from hf_distprof.analysis.manifest import format_run
 from hf_distprof.analysis.model import AnalysisResult
 from hf_distprof.analysis.text import format_bytes, format_gbps, format_summary, missing_sizes_note
 from hf_distprof.analysis.text import reference_lines
+from hf_distprof.analysis.whatif_report import CRITICAL_PATH_PNG, plot_critical_path, what_if_markdown
 
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
@@ -242,6 +243,7 @@ def _markdown(result: AnalysisResult) -> str:
             f"   - Recommendation: {f.recommendation}",
         ]
     lines += [f"- Not enough evidence, no verdict: {text}" for text in result.undecided]
+    lines += what_if_markdown(result, with_figure=bool(result.critical_path))
     lines += _comm_markdown(result)
     lines += _bandwidth_markdown(result)
     if result.errors:
@@ -434,6 +436,8 @@ def write_report(result: AnalysisResult, out_dir: str | os.PathLike[str]) -> Pat
     }
     if _has_memory(result):
         plots[MEMORY_PNG] = _memory_plot
+    if result.critical_path:
+        plots[CRITICAL_PATH_PNG] = plot_critical_path
     images = {name: out / name for name in plots}
     if result.ranks:
         for name, plot in plots.items():

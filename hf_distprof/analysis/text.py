@@ -5,6 +5,7 @@ from __future__ import annotations
 from hf_distprof.analysis.bandwidth_ref import totals
 from hf_distprof.analysis.manifest import format_run
 from hf_distprof.analysis.model import AnalysisResult, BandwidthStat, CommKindStat, DeviceMemory, RankResult
+from hf_distprof.analysis.whatif_report import what_if_lines
 
 # Per-rank rows of the per-kind table up to this many ranks; beyond, the mean over ranks only.
 KIND_TABLE_MAX_RANKS = 8
@@ -326,6 +327,7 @@ def format_summary(result: AnalysisResult) -> str:
         for name, verdict in (("straggler", cross.straggler_verdict), ("imbalance", cross.imbalance_verdict)):
             if verdict is not None:
                 out.append(f"{name} verdict: {verdict.status}: {verdict.reason}")
+    out += what_if_lines(result)
     findings = _findings_lines(result)
     if findings:
         out += ["", *findings]

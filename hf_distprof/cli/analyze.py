@@ -144,6 +144,9 @@ def run(args: argparse.Namespace) -> int:
 
         result.bandwidth_reference = compare_to_reference(result.bandwidth, reference)
         result.bandwidth_reference_file = args.bandwidth_ref
+        from hf_distprof.analysis.whatif import apply_what_if
+
+        apply_what_if(result, reference)  # adds the scenario "transfers at the reference bandwidth"
     if args.json:
         sys.stdout.write(result.to_json().decode() + "\n")
     elif args.findings:

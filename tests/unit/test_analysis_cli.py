@@ -23,10 +23,11 @@ from hf_distprof.analysis.report import (
     RESULT_JSON,
     STEPS_PNG,
 )
+from hf_distprof.analysis.whatif_report import CRITICAL_PATH_PNG
 from hf_distprof.cli.main import build_parser, main
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-PNGS = (BREAKDOWN_PNG, STEPS_PNG, PHASES_PNG, LATENESS_PNG, COMM_PNG)
+PNGS = (BREAKDOWN_PNG, STEPS_PNG, PHASES_PNG, LATENESS_PNG, COMM_PNG, CRITICAL_PATH_PNG)
 
 
 def test_subcommands_registered_and_thresholds_are_flags() -> None:
@@ -42,7 +43,8 @@ def test_analyze_json_and_report(tmp_path: Path, capsys: pytest.CaptureFixture[s
     )
     assert rc == 0
     data = orjson.loads(capsys.readouterr().out)
-    assert data["findings"][0]["kind"] == "straggler" and data["findings"][0]["ranks"] == [1]
+    # What to fix first opens the findings (test_analysis_whatif.py checks it); then the straggler.
+    assert [(f["kind"], f["ranks"]) for f in data["findings"][:2]] == [("what_to_fix_first", [1]), ("straggler", [1])]
     for name in (REPORT_MD, REPORT_HTML, RESULT_JSON):
         assert (tmp_path / "rep" / name).stat().st_size > 0
     for name in PNGS:

@@ -13,7 +13,9 @@ from hf_distprof.analysis.gpu import gpu_breakdown
 from hf_distprof.analysis.model import Collective, CommKindStat, CpuBreakdown, Finding, RankResult, StepResult
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-OPTS = AnalysisOptions(workers=1)
+# what_if_pct=100: these tests are about diagnose()'s findings; the what-if finding that would open the list is
+# tested in test_analysis_whatif.py.
+OPTS = AnalysisOptions(workers=1, what_if_pct=100)
 GEMM = "void gemm<float>(Params)"
 DDP_ADVICE = (
     "Overlap communication with compute: larger DDP buckets (bucket_cap_mb) or gradient accumulation to all-reduce "

@@ -19,8 +19,9 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, AnalysisResult]:
+    # what_if_pct=100: diagnose()'s findings alone (the what-if finding is tested in test_analysis_whatif.py).
     return {
-        name: analyze_paths([DATA / name], AnalysisOptions(workers=1))
+        name: analyze_paths([DATA / name], AnalysisOptions(workers=1, what_if_pct=100))
         for name in ("clean", "slow_rank1", "slow_data")
     }
 

@@ -29,7 +29,7 @@ HALF_CENT = 0.005 + 1e-9
 
 @pytest.fixture(scope="module")
 def result() -> AnalysisResult:
-    return analyze_paths(TRACES, AnalysisOptions(workers=1))
+    return analyze_paths(TRACES, AnalysisOptions(workers=1, what_if_pct=100))  # diagnose()'s findings alone
 
 
 def test_reference_is_hta_050_on_four_ranks() -> None:

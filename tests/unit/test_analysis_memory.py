@@ -240,7 +240,7 @@ def test_cli_prints_the_section_and_report_draws_memory(
     assert "Memory (from [memory] events" in out and "  rank 0 cpu: aten::" in out
     assert (tmp_path / "rep" / MEMORY_PNG).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"]({MEMORY_PNG})" in (tmp_path / "rep" / REPORT_MD).read_text()
-    assert (tmp_path / "rep" / REPORT_HTML).read_text().count("data:image/png;base64,") == 6
+    assert (tmp_path / "rep" / REPORT_HTML).read_text().count("data:image/png;base64,") == 7  # + the critical path
     # Without memory events, no plot.
     write_report(analyze_paths([Path(__file__).parents[1] / "data" / "clean"], AnalysisOptions(workers=1)),
                  tmp_path / "plain")
