@@ -9,8 +9,9 @@ script that configured no logging would print no warning of ours at all. So, onc
 - hands every record that the application's levels let through to the root logger's handlers, exactly as
   propagation would have (the application's console and files, ``rank{R}.log``, Python's last resort);
 - writes our records that the application's levels drop (INFO under a WARNING root) to ``rank{R}.log`` only;
-- prints WARNING and ERROR to stderr itself when the root has handlers but none of them writes to the console
-  (the case where Python's last resort stays silent), so a warning is printed once, never twice.
+- prints WARNING and ERROR to stderr itself when the root has handlers but none of them may print (only files,
+  null handlers, in-memory streams: the case where Python's last resort stays silent) and nobody put a console
+  handler on our logger, so a warning is printed once, never twice.
 
 The ``hf_distprof`` logger is set to INFO only when nobody set its level: ``logging.getLogger("hf_distprof")
 .setLevel(logging.WARNING)`` keeps INFO out of the log file too.
@@ -60,11 +61,19 @@ def _console_streams() -> tuple[object, ...]:
     return (sys.stderr, sys.stdout, sys.__stderr__, sys.__stdout__)
 
 
+def _is_console(handler: logging.Handler) -> bool:
+    """Whether ``handler`` may print: anything but a file, a null handler or a stream into memory (a test's capture).
+    A handler of another kind (rich's, absl's) counts: better no copy of ours than two."""
+    if isinstance(handler, (logging.FileHandler, logging.NullHandler, _Router)):
+        return False
+    if isinstance(handler, logging.StreamHandler):
+        return getattr(handler, "stream", None) in _console_streams()
+    return True
+
+
 def has_console_handler(logger: logging.Logger) -> bool:
-    """Whether a handler on ``logger`` writes to stdout or stderr (a file handler does not count)."""
-    streams = _console_streams()
-    return any(isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
-               and getattr(h, "stream", None) in streams for h in logger.handlers)
+    """Whether a handler on ``logger`` may print to the console (see :func:`_is_console`)."""
+    return any(_is_console(h) for h in logger.handlers)
 
 
 class _Router(logging.Handler):
@@ -79,20 +88,22 @@ class _Router(logging.Handler):
 
     def application_level(self, name: str) -> int:
         """The effective level the application left for logger ``name``, without our INFO on the package."""
-        package = logging.getLogger(PACKAGE_LOGGER)
+        package, root = logging.getLogger(PACKAGE_LOGGER), logging.getLogger()
         logger: logging.Logger | None = logging.getLogger(name)
-        while logger is not None:
+        while logger is not None and logger is not root:
             level = logger.level
             if level != logging.NOTSET and not (logger is package and level == self.our_level):
                 return level
             logger = logger.parent
-        return logging.WARNING
+        return root.level  # NOTSET there lets everything through, as Python does
 
     def emit(self, record: logging.LogRecord) -> None:
         root = logging.getLogger()
         if record.levelno >= self.application_level(record.name):
             self._propagate(root, record)
-            if record.levelno >= logging.WARNING and root.handlers and not has_console_handler(root):
+            package = logging.getLogger(PACKAGE_LOGGER)
+            if (record.levelno >= logging.WARNING and root.handlers and not has_console_handler(root)
+                    and not has_console_handler(package)):
                 self.console.handle(record)
         elif self.rank_log is not None:
             self.rank_log.handle(record)
@@ -100,9 +111,8 @@ class _Router(logging.Handler):
     def _propagate(self, root: logging.Logger, record: logging.LogRecord) -> None:
         """What propagation to the root would have done: its handlers (rank{R}.log among them), Python's last
         resort when there are none. A handler that sits on the package logger as well (pytest puts its capture
-        handlers on every logger that does not propagate) saw the record already."""
-        if root.disabled or not root.filter(record):
-            return
+        handlers on every logger that does not propagate) saw the record already. As in propagation, the root's
+        own filters and ``disabled`` do not apply to a child's record."""
         ours = logging.getLogger(PACKAGE_LOGGER).handlers
         handlers = [h for h in root.handlers if h not in ours]
         for handler in handlers:
@@ -124,10 +134,12 @@ _ROUTER = _Router()
 def route_package_logs() -> None:
     """Install the router on the ``hf_distprof`` logger (idempotent); INFO records of ours are created from now on."""
     package = logging.getLogger(PACKAGE_LOGGER)
+    # A handler the application put on our logger itself gets what it got before: no INFO of ours forced on it.
+    own_handlers = any(h is not _ROUTER for h in package.handlers)
     if _ROUTER not in package.handlers:
         package.addHandler(_ROUTER)
     package.propagate = False
-    if package.level == logging.NOTSET:
+    if package.level == logging.NOTSET and not own_handlers:
         package.setLevel(logging.INFO)
         _ROUTER.our_level = logging.INFO
 

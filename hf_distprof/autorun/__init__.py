@@ -17,6 +17,7 @@ import importlib.machinery
 import json
 import os
 import sys
+import threading
 import traceback
 from collections.abc import Sequence
 from types import ModuleType
@@ -24,8 +25,11 @@ from typing import Any
 
 # The profiling flags (ProfilingArguments' fields, JSON) for every process of the command.
 RUN_ARGS_ENV = "HF_DISTPROF_RUN_ARGS"
+# Where hf_distprof itself lies, appended to sys.path by the hook only when the worker cannot import it otherwise.
+PACKAGE_ROOT_ENV = "HF_DISTPROF_PACKAGE_ROOT"
 TRAINER_MODULE = "transformers.trainer"
 _ATTACHED = "_hf_distprof_attached"
+_AUTO = "_hf_distprof_auto_callbacks"  # on a Trainer: the callbacks hf-distprof run added
 
 
 def _say(rank: int, message: str) -> None:
@@ -34,12 +38,25 @@ def _say(rank: int, message: str) -> None:
     sys.stderr.flush()
 
 
+def _library_dirs() -> tuple[str, ...]:
+    """Folders whose frames are never "where the script built it": transformers, installed packages, this one."""
+    dirs = [os.path.dirname(os.path.abspath(__file__))]
+    transformers = sys.modules.get("transformers")
+    if transformers is not None and getattr(transformers, "__file__", None):
+        dirs.append(os.path.dirname(os.path.abspath(transformers.__file__)))
+    return tuple(dirs)
+
+
 def _created_at() -> str:
-    """Where the script built the Trainer: the first frame outside transformers and this module."""
-    for frame in reversed(traceback.extract_stack()[:-2]):
-        if "transformers" not in frame.filename and __file__ != frame.filename:
+    """Where the script built the Trainer: the innermost frame outside transformers, installed packages (TRL's
+    trainers) and this module; the outermost frame when every one is."""
+    frames = traceback.extract_stack()[:-2]
+    skip = _library_dirs()
+    for frame in reversed(frames):
+        path = os.path.abspath(frame.filename)
+        if not path.startswith(skip) and "-packages" + os.sep not in path and not frame.filename.startswith("<"):
             return f"{frame.filename}:{frame.lineno}"
-    return "?"
+    return f"{frames[0].filename}:{frames[0].lineno}" if frames else "?"
 
 
 def attach(trainer: Any) -> list[Any]:
@@ -56,8 +73,7 @@ def attach(trainer: Any) -> list[Any]:
 
     rank = int(getattr(trainer.args, "process_index", 0))
     where = f"{type(trainer).__name__} built at {_created_at()}"
-    ours = [type(cb).__name__ for cb in trainer.callback_handler.callbacks
-            if type(cb).__module__.startswith("hf_distprof.")]
+    ours = [type(cb).__name__ for cb in trainer.callback_handler.callbacks if _ours(cb)]
     if ours:
         if rank == 0:
             _say(rank, f"hf-distprof run: {where} already has {', '.join(ours)}; it gets no callbacks from "
@@ -66,17 +82,49 @@ def attach(trainer: Any) -> list[Any]:
     callbacks = build_callbacks(ProfilingArguments(**json.loads(os.environ[RUN_ARGS_ENV])))
     for callback in callbacks:
         trainer.add_callback(callback)
+    setattr(trainer, _AUTO, callbacks)
     if rank == 0:
         _say(rank, f"hf-distprof run: attached {', '.join(type(cb).__name__ for cb in callbacks)} to {where}")
     return callbacks
 
 
+def _ours(callback: Any) -> bool:
+    cls = callback if isinstance(callback, type) else type(callback)
+    return cls.__module__.startswith("hf_distprof.")
+
+
+def withdraw(trainer: Any, added: Any) -> None:
+    """The script added a callback of ours after the Trainer was built: take back the ones hf-distprof run added."""
+    auto = getattr(trainer, _AUTO, None)
+    if not auto or not _ours(added) or any(added is cb for cb in auto):
+        return
+    setattr(trainer, _AUTO, [])
+    for callback in auto:
+        trainer.remove_callback(callback)
+    if int(getattr(trainer.args, "process_index", 0)) == 0:
+        name = added.__name__ if isinstance(added, type) else type(added).__name__
+        _say(0, f"hf-distprof run: the script added {name} itself; the callbacks hf-distprof run attached are "
+                f"taken back (no duplicates)")
+
+
 def patch_trainer(module: ModuleType) -> None:
-    """Wrap ``module.Trainer.__init__`` so that every Trainer built from now on is attached."""
+    """Wrap ``module.Trainer.__init__`` so that every Trainer built from now on is attached, and ``add_callback`` so
+    that a callback of ours the script adds later replaces the attached ones."""
     trainer_cls = module.Trainer
     original = trainer_cls.__init__
     if getattr(original, _ATTACHED, False):
         return
+    original_add = trainer_cls.add_callback
+
+    @functools.wraps(original_add)
+    def add_callback(self: Any, callback: Any) -> None:
+        original_add(self, callback)
+        try:
+            withdraw(self, callback)
+        except Exception as err:  # noqa: BLE001 - profiling never breaks training
+            _say(0, f"hf-distprof run: could not take back the attached callbacks: {err!r}")
+
+    trainer_cls.add_callback = add_callback
 
     @functools.wraps(original)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807 - the method it replaces
@@ -108,17 +156,26 @@ class _PatchingLoader(importlib.abc.Loader):
 class _TrainerFinder(importlib.abc.MetaPathFinder):
     """Finds ``transformers.trainer`` with the other finders and hands back a spec whose loader patches it."""
 
+    def __init__(self) -> None:
+        self._busy = threading.local()  # another finder that asks every finder (as this one does) asks us back
+
     def find_spec(self, name: str, path: Sequence[str] | None, target: ModuleType | None = None) -> Any:
-        if name != TRAINER_MODULE:
+        if name != TRAINER_MODULE or getattr(self._busy, "on", False):
             return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                if spec.loader is not None:
-                    spec.loader = _PatchingLoader(spec.loader)
-                return spec
+        self._busy.on = True
+        try:
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(name, path, target)
+                if spec is not None:
+                    if spec.loader is not None:
+                        spec.loader = _PatchingLoader(spec.loader)
+                    return spec
+        except Exception:  # noqa: BLE001 - never in the way of the script's import: the usual finders take over
+            return None
+        finally:
+            self._busy.on = False
         return None
 
 

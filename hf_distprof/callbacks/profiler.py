@@ -192,6 +192,11 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        if self._triggers is not None:
+            # A train() call that ended without on_train_end (an exception; auto_find_batch_size's retry): its
+            # gather in flight is read (every rank has it) and its SIGUSR1 handler put back before new ones.
+            self._triggers.close()
+            self._triggers = None
         # Every rank takes part in agreeing on the run folder and in the parallelism report, profiled or not
         # (a broadcast and a gather).
         self.run_dir = paths.resolve_run_dir(self.args.profiler_output_dir, self.args.profiler_run_name, state)

@@ -50,14 +50,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def command_environment(prof: ProfilingArguments, environ: dict[str, str] | None = None) -> dict[str, str]:
     """The environment COMMAND runs in: our start-up hook first on ``PYTHONPATH``, the flags as JSON."""
-    from hf_distprof.autorun import RUN_ARGS_ENV
+    from hf_distprof.autorun import PACKAGE_ROOT_ENV, RUN_ARGS_ENV
 
     env = dict(os.environ if environ is None else environ)
     hook_dir = str(Path(__file__).resolve().parent.parent / "autorun" / "pythonpath")
-    # The package itself must import in the workers too (a source checkout run without installing it).
-    package_root = str(Path(__file__).resolve().parent.parent.parent)
-    kept = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in (hook_dir, package_root)]
-    env["PYTHONPATH"] = os.pathsep.join([hook_dir, package_root, *kept])
+    kept = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != hook_dir]
+    # Only the hook goes first: the user's own entries keep their order ahead of site-packages. Where the workers'
+    # interpreter cannot import hf_distprof (another venv, a source checkout), the hook appends this root last.
+    env["PYTHONPATH"] = os.pathsep.join([hook_dir, *kept])
+    env[PACKAGE_ROOT_ENV] = str(Path(__file__).resolve().parent.parent.parent)
     env[RUN_ARGS_ENV] = json.dumps({f.name: getattr(prof, f.name) for f in dataclasses.fields(prof)})
     return env
 
@@ -90,9 +91,16 @@ def run(args: argparse.Namespace) -> int:
         return 2
     executable = shutil.which(command[0])
     if executable is None:
-        print(f"{PROG}: error: command not found: {command[0]}", file=sys.stderr)
+        missing = os.sep in command[0] and not os.path.exists(command[0])
+        why = "not executable (chmod +x, or run it through bash/python)" if not missing and os.sep in command[0] \
+            else "command not found"
+        print(f"{PROG}: error: {why}: {command[0]}", file=sys.stderr)
         return 2
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(executable, command, command_environment(prof))
+    try:
+        os.execve(executable, command, command_environment(prof))
+    except OSError as err:  # e.g. a script without a #! line: "Exec format error"
+        print(f"{PROG}: error: cannot run {command[0]}: {err.strerror or err}", file=sys.stderr)
+        return 2
     return 0  # not reached

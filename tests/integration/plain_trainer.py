@@ -71,8 +71,9 @@ if __name__ == "__main__":
     if dist.is_initialized():
         dist.destroy_process_group()
     # Leave without the interpreter's C++ teardown, where gloo's worker threads now and then deadlock against the
-    # DDP reducer's destructor (seen here once in six 2-rank runs, with or without hf_distprof): a test must not
-    # hang on torch's exit. hf_distprof.dist.finish does the same in our own scripts.
+    # DDP reducer's destructor (seen here once in six 2-rank runs, in torch's own teardown): a test must not hang on
+    # torch's exit. hf_distprof.dist.finish does the same in our own scripts. A user's script without these lines
+    # can still meet that teardown hang or abort (FACTS.md), with or without hf_distprof; these tests do not.
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -41,9 +41,20 @@ def test_the_command_gets_the_hook_first_on_its_path_and_the_flags(tmp_path):
     prof = ProfilingArguments(enable_profiling=True, profiler_active_steps=4)
     env = command_environment(prof, {"PYTHONPATH": f"/theirs{os.pathsep}/more", "KEEP": "1"})
     parts = env["PYTHONPATH"].split(os.pathsep)
-    assert parts[0] == str(REPO_ROOT / "hf_distprof" / "autorun" / "pythonpath")
-    assert parts[1:] == [str(REPO_ROOT), "/theirs", "/more"] and env["KEEP"] == "1"
+    # Only the hook in front: the user's entries keep their place ahead of site-packages.
+    assert parts == [str(REPO_ROOT / "hf_distprof" / "autorun" / "pythonpath"), "/theirs", "/more"]
+    assert env[autorun.PACKAGE_ROOT_ENV] == str(REPO_ROOT) and env["KEEP"] == "1"
     assert ProfilingArguments(**json.loads(env[autorun.RUN_ARGS_ENV])) == prof
+
+
+def test_a_file_that_cannot_be_run_is_said_before_anything_starts(tmp_path, capsys):
+    plain = tmp_path / "train.sh"
+    plain.write_text("echo hi\n")
+    assert main(["run", "--enable-step-timing", "--", str(plain)]) == 2
+    assert f"not executable (chmod +x, or run it through bash/python): {plain}" in capsys.readouterr().err
+    plain.chmod(0o755)  # executable now, but without a #! line: the kernel refuses it
+    assert main(["run", "--enable-step-timing", "--", str(plain)]) == 2
+    assert f"cannot run {plain}: Exec format error" in capsys.readouterr().err
 
 
 class FakeHandler:
@@ -61,6 +72,9 @@ def fake_trainer_module() -> types.ModuleType:
 
         def add_callback(self, callback: object) -> None:
             self.callback_handler.callbacks.append(callback)
+
+        def remove_callback(self, callback: object) -> None:
+            self.callback_handler.callbacks.remove(callback)
 
     module.Trainer = Trainer
     return module
@@ -99,6 +113,23 @@ def test_a_trainer_that_has_our_callbacks_gets_none_and_other_ranks_stay_quiet(m
         capsys.readouterr().err
     other = module.Trainer(rank=1)
     assert len(other.callback_handler.callbacks) == 3 and capsys.readouterr().err == ""
+
+
+def test_a_callback_of_ours_added_after_the_trainer_was_built_replaces_the_attached_ones(monkeypatch, capsys):
+    from hf_distprof.callbacks.step_timer import StepTimerCallback
+
+    monkeypatch.setenv(autorun.RUN_ARGS_ENV, json.dumps({"enable_step_timing": True}))
+    module = fake_trainer_module()
+    autorun.patch_trainer(module)
+    trainer = module.Trainer(callbacks=["theirs"])
+    assert len(trainer.callback_handler.callbacks) == 3
+    mine = StepTimerCallback(ProfilingArguments(enable_step_timing=True))
+    trainer.add_callback(mine)
+    assert trainer.callback_handler.callbacks == ["theirs", mine]
+    assert "the script added StepTimerCallback itself; the callbacks hf-distprof run attached are taken back" in \
+        capsys.readouterr().err
+    trainer.add_callback("another of theirs")  # nothing more to take back
+    assert trainer.callback_handler.callbacks == ["theirs", mine, "another of theirs"]
 
 
 SCRIPT = textwrap.dedent("""

@@ -74,7 +74,7 @@ class Clock:
 
 
 def drive(monkeypatch, tmp_path, steps: int, step_s: float, touch_at: int = 0, every: int | None = None,
-          gather_s: float = 0.0, logging_steps: int = 500):
+          gather_s: float = 0.0, start: int = 0, close: bool = True):
     """One process through ``steps`` optimizer steps of ``step_s`` seconds; returns (triggers, gather steps)."""
     clock = Clock()
     monkeypatch.setattr(triggers_module.time, "perf_counter", clock)
@@ -89,16 +89,17 @@ def drive(monkeypatch, tmp_path, steps: int, step_s: float, touch_at: int = 0, e
     monkeypatch.setattr(triggers_module.dist, "all_gather_floats_async", gather)
     args = ProfilingArguments(enable_profiling=True, profile_on_demand=True, profiler_wait_steps=1000,
                               profiler_warmup_steps=1, profiler_active_steps=2)
-    triggers = triggers_module.CaptureTriggers(args, tmp_path, 0, steps, never, every=every)
+    triggers = triggers_module.CaptureTriggers(args, tmp_path, start, steps, never, every=every)
     current = {"step": 0}
-    for step in range(1, steps + 1):
+    for step in range(start + 1, steps + 1):
         current["step"] = step
         if step == touch_at:
             (tmp_path / "PROFILE_NOW").touch()
         triggers.boundary()
         clock.now += step_s
         triggers.step_end(step)
-    triggers.close()
+    if close:
+        triggers.close()
     return triggers, started
 
 
@@ -128,6 +129,66 @@ def test_the_measured_cadence_stays_at_five_when_steps_are_short(monkeypatch, tm
 
 
 def test_no_gather_on_the_last_step_and_none_left_unread(monkeypatch, tmp_path):
-    triggers, started = drive(monkeypatch, tmp_path, 10, 0.2, every=5)
+    triggers, started = drive(monkeypatch, tmp_path, 10, 0.2, every=5, close=False)
     assert started == [5]  # not at step 10, the last: nobody would read it
-    assert triggers._pending is None
+    assert triggers._pending is None  # before close(): the gather of step 5 was read at step 6
+
+
+def test_a_resumed_run_counts_its_cadence_from_the_step_it_resumed_at(monkeypatch, tmp_path):
+    triggers, started = drive(monkeypatch, tmp_path, 130, 0.02, touch_at=112, start=100, gather_s=0.001)
+    assert started == [105, 110, 115, 120, 125]
+    (window,) = triggers.plan.windows
+    assert (window.agreed_at, window.first_recorded) == (116, 118)
+
+
+class PairedGather:
+    """Two simulated ranks in lockstep: each rank's n-th gather returns both ranks' n-th values."""
+
+    def __init__(self) -> None:
+        self.sent: dict[int, list[list[float]]] = {0: [], 1: []}
+        self.rank = 0
+
+    def start(self, values):
+        rank, index = self.rank, len(self.sent[self.rank])
+        self.sent[rank].append(list(values))
+        sent = self.sent
+
+        class Pending:
+            def result(self):
+                return [sent[0][index], sent[1][index]]
+
+        return Pending()
+
+
+def test_two_ranks_with_different_timings_gather_and_decide_at_the_same_steps(monkeypatch, tmp_path):
+    clock = Clock()
+    monkeypatch.setattr(triggers_module.time, "perf_counter", clock)
+    paired = PairedGather()
+    starts: dict[int, list[int]] = {0: [], 1: []}
+    current = {"step": 0}
+
+    def gather(values):
+        starts[paired.rank].append(current["step"])
+        clock.now += (0.0001, 0.0009)[paired.rank]  # rank 1's gathers cost it 9x more
+        return paired.start(values)
+
+    monkeypatch.setattr(triggers_module.dist, "all_gather_floats_async", gather)
+    monkeypatch.setattr(triggers_module.dist, "get_rank", lambda: paired.rank)
+    args = ProfilingArguments(enable_profiling=True, profile_on_demand=True, profile_on_anomaly=True,
+                              profiler_wait_steps=1000, profiler_warmup_steps=1, profiler_active_steps=2)
+    ranks = [triggers_module.CaptureTriggers(args, tmp_path, 0, 60, never) for _ in range(2)]
+    for step in range(1, 61):
+        current["step"] = step
+        for rank, triggers in enumerate(ranks):
+            paired.rank = rank
+            triggers.boundary()
+            # Rank 0's steps take 0.30 s, rank 1's 0.25 s; rank 1 stalls at step 20 (an anomaly on rank 1 only).
+            clock.now += 2.0 if (rank == 1 and step == 20) else (0.30, 0.25)[rank]
+            if rank == 1 and step == 40:
+                triggers._signalled = True  # SIGUSR1 on rank 1 only
+            triggers.step_end(step)
+    assert starts[0] == starts[1] and len(starts[0]) > 12
+    assert [(w.first, w.last, w.causes) for w in ranks[0].plan.windows] == \
+        [(w.first, w.last, w.causes) for w in ranks[1].plan.windows]
+    assert [w.causes for w in ranks[0].plan.windows] == [("anomaly",), ("on_demand",)]
+    assert ranks[0].interval == ranks[1].interval

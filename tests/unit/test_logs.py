@@ -23,6 +23,16 @@ SCRIPT = textwrap.dedent("""
         transformers.logging.set_verbosity_error()
     elif style == "quiet-package":
         logging.getLogger("hf_distprof").setLevel(logging.WARNING)
+    elif style == "notset":
+        logging.basicConfig(level=logging.NOTSET)
+    elif style in ("rich-like", "root-filter", "package-handler"):
+        class Printer(logging.Handler):  # a console handler that is no StreamHandler (rich's, absl's)
+            def emit(self, record):
+                sys.stderr.write("printer: " + record.getMessage() + "\\n")
+        target = logging.getLogger("hf_distprof" if style == "package-handler" else "")
+        target.addHandler(Printer())
+        if style == "root-filter":
+            logging.getLogger().addFilter(lambda record: False)  # applies to the root's own records only
     from hf_distprof import dist, paths
     paths.resolve_run_dir(out, "r", owner=object())
     ours = dist.get_logger("hf_distprof.test")
@@ -70,3 +80,28 @@ def test_a_level_set_on_our_package_is_respected(tmp_path):
     console, log = run("quiet-package", tmp_path)
     assert [line.rsplit(": ", 1)[1] for line in console] == ["[RANK 0] a warning of ours"]
     assert "an info of ours" not in log and "a warning of ours" in log
+
+
+def test_a_console_handler_that_is_no_stream_handler_prints_our_warnings_once(tmp_path):
+    console, log = run("rich-like", tmp_path)
+    assert console == ["printer: [RANK 0] a warning of ours", "printer: a warning of theirs"]
+    assert "an info of ours" in log
+
+
+def test_a_handler_on_our_logger_gets_what_it_got_before_and_nothing_twice(tmp_path):
+    console, log = run("package-handler", tmp_path)
+    # Our level stays the application's (WARNING): no INFO forced on their handler, and no copy of ours.
+    assert console == ["printer: [RANK 0] a warning of ours"]
+    assert "a warning of ours" in log and "an info of ours" not in log
+
+
+def test_a_filter_on_the_root_does_not_drop_our_records(tmp_path):
+    console, log = run("root-filter", tmp_path)
+    assert console == ["printer: [RANK 0] a warning of ours", "printer: a warning of theirs"]
+    assert "a warning of ours" in log
+
+
+def test_a_root_at_notset_lets_our_info_through_as_python_does(tmp_path):
+    console, _ = run("notset", tmp_path)
+    assert console[:2] == ["INFO:hf_distprof.test:[RANK 0] an info of ours",
+                           "WARNING:hf_distprof.test:[RANK 0] a warning of ours"]

@@ -11,11 +11,16 @@ import sys
 
 
 def _attach() -> None:
+    if not os.environ.get("HF_DISTPROF_RUN_ARGS"):
+        return
     try:
-        from hf_distprof.autorun import RUN_ARGS_ENV, install
+        if importlib.util.find_spec("hf_distprof") is None and os.environ.get("HF_DISTPROF_PACKAGE_ROOT"):
+            # This interpreter does not have hf_distprof (hf-distprof run came from another environment): last on
+            # the path, so it shadows nothing of the script's own.
+            sys.path.append(os.environ["HF_DISTPROF_PACKAGE_ROOT"])
+        from hf_distprof.autorun import install
 
-        if os.environ.get(RUN_ARGS_ENV):
-            install()
+        install()
     except Exception as err:  # noqa: BLE001 - start-up must never fail because of us
         sys.stderr.write(f"hf_distprof: hf-distprof run could not attach its callbacks: {err!r}\n")
 
