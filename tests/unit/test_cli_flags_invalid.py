@@ -13,14 +13,18 @@ from pathlib import Path
 
 import pytest
 
+from hf_distprof import ProfilingArguments
 from hf_distprof.analysis.model import AnalysisOptions
 from hf_distprof.cli.main import build_parser, main
+
+from .test_flags_invalid import FREE_TEXT, cases
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 CLEAN = str(DATA / "clean")
 # What a subcommand needs before its options so that only the option under test is wrong.
 POSITIONALS = {"analyze": [CLEAN], "merge": [CLEAN], "compare": [CLEAN, CLEAN], "hang-report": [CLEAN]}
 SCALING_COMMAND = ["--", "python", "train.py", "--nproc", "{nproc}", "--out", "{output_dir}"]
+RUN_COMMAND = ["--", "python", "train.py"]
 
 PERCENT = ("comm_bound_pct", "low_util_pct", "data_loading_pct", "launch_bound_tiny_pct", "fsdp_exposed_pct")
 
@@ -87,6 +91,8 @@ TABLE: list[tuple[str, str, str, str]] = [
     ("scaling", "--mode", "medium", "argument --mode: invalid choice: 'medium' (choose from 'weak', 'strong')"),
     ("scaling", "--batch-size", "0", "argument --batch-size: must be an integer >= 1, got 0"),
     ("scaling", "--timeout", "-5", "argument --timeout: must be an integer >= 1, got -5"),
+    # hf-distprof run takes the profiling flags: the same invalid values as the training script's parser.
+    *[("run", flag, value, words) for _, flag, value, words in cases(ProfilingArguments)],
 ]
 # Options no value of which is invalid on the command line: switches, and paths (a path that cannot be read or
 # written is a file error when it is used, tested with each subcommand).
@@ -99,6 +105,7 @@ NO_INVALID_VALUE = {
     ("bench-collectives", "--output-dir"), ("bench-collectives", "--progress"),
     ("compare", "--json"), ("compare", "--report"), ("compare", "--significant-only"), ("compare", "--traces"),
     ("scaling", "--output-dir"), ("scaling", "--overwrite"), ("scaling", "--reuse"),
+    *[("run", "--" + name.replace("_", "-")) for name in FREE_TEXT if name in ProfilingArguments.__dataclass_fields__],
 }
 
 
@@ -128,6 +135,8 @@ def test_an_invalid_option_exits_2_naming_the_flag_and_the_valid_range(sub, flag
     argv = [sub, *POSITIONALS.get(sub, []), f"{flag}={value}"]
     if sub == "scaling":
         argv += SCALING_COMMAND
+    if sub == "run":
+        argv += RUN_COMMAND
     try:
         status = main(argv)
     except SystemExit as exc:  # argparse's own errors
