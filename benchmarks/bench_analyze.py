@@ -25,6 +25,9 @@ What it does, side by side in one run:
    adds a contender that re-analyses from them, checks that its whole result (``AnalysisResult.to_dict()``) is
    the one from the JSON, and prints the speed-up (target: >= 5x) and the JSON analysis's peak RSS (target at
    200 MB per rank: under 1.5 GB). "Ours" always reads the JSON (``read_compact=False``).
+5. With ``--what-if-cost``: adds the same analysis without the what-if model (no per-rank timeline in the workers,
+   no replay, scenarios or critical path: ``hf_distprof.analysis.whatif``), from JSON and, with ``--compact``,
+   from the compact files, and prints what the model adds to each (target: at most 10%).
 """
 
 from __future__ import annotations
@@ -106,6 +109,10 @@ json.dump(out, open(sys.argv[2], "w"))
 OURS_CODE = """
 import sys, json
 from hf_distprof.analysis import AnalysisOptions, analyze_paths
+if not WHAT_IF:  # the what-if model off: no timeline in the (forked) workers, no replay in this process
+    import hf_distprof.analysis.api, hf_distprof.analysis.rank
+    hf_distprof.analysis.rank.rank_timeline = lambda *args, **kwargs: None
+    hf_distprof.analysis.api.apply_what_if = lambda result, reference=None: None
 if __name__ == "__main__":  # the worker processes are spawned and re-import this script
     res = analyze_paths([sys.argv[1]], AnalysisOptions(workers=int(sys.argv[3]), progress=False),
                         read_compact=READ_COMPACT)
@@ -206,6 +213,10 @@ def main() -> None:
     parser.add_argument(
         "--compact", action="store_true", help="also re-analyse from compact files (written first) and compare"
     )
+    parser.add_argument(
+        "--what-if-cost", action="store_true",
+        help="also analyse without the what-if model (from JSON and, with --compact, from compact files): its cost",
+    )
     parser.add_argument("--repeat", type=int, default=1, help="rounds; each runs every contender once")
     parser.add_argument(
         "--traces", type=Path, help="keep the tiled set in this folder and reuse it (default: a temp folder)"
@@ -225,7 +236,11 @@ def main() -> None:
             "bare orjson parse": (BARE_CODE, "bare.txt"),
             "bare simdjson parse": (SIMDJSON_CODE, "simdjson.txt"),
         }
-        contenders["hf-distprof analyze"] = (OURS_CODE.replace("READ_COMPACT", "False"), "ours.json")
+        ours_code = OURS_CODE.replace("WHAT_IF", "True")
+        contenders["hf-distprof analyze"] = (ours_code.replace("READ_COMPACT", "False"), "ours.json")
+        if args.what_if_cost:
+            bare = OURS_CODE.replace("WHAT_IF", "False")
+            contenders["analyze, no what-if"] = (bare.replace("READ_COMPACT", "False"), "ours_no_whatif.json")
         if args.compact:
             t0 = time.perf_counter()
             cli = [sys.executable, "-m", "hf_distprof.cli.main", "analyze", str(traces), "--findings"]
@@ -236,7 +251,9 @@ def main() -> None:
             compact_mb = sum(p.stat().st_size for p in traces.glob("*.compact.msgpack")) / 1e6
             print(f"compact files: {compact_mb:.1f} MB, written by analyze --write-compact in "
                   f"{time.perf_counter() - t0:.2f} s")
-            contenders["analyze from compact"] = (OURS_CODE.replace("READ_COMPACT", "True"), "compact.json")
+            contenders["analyze from compact"] = (ours_code.replace("READ_COMPACT", "True"), "compact.json")
+            if args.what_if_cost:
+                contenders["compact, no what-if"] = (bare.replace("READ_COMPACT", "True"), "compact_no_whatif.json")
         if not args.skip_hta:
             contenders["HTA 0.5.0"] = (HTA_CODE, "hta.json")
         runs: dict[str, list[tuple[float, float]]] = {name: [] for name in contenders}
@@ -277,6 +294,12 @@ def main() -> None:
                   f"ranks: {max(m for _, m in ours):.0f} MB (target at 200 MB per rank: < 1536 MB)")
             if not same:
                 raise SystemExit("MISMATCH: the analysis from the compact files differs from the one from JSON")
+        if args.what_if_cost:
+            print(f"what-if model, from JSON: time with / without {ratio(ours, runs['analyze, no what-if'])} "
+                  "(target <= 1.10x)")
+            if args.compact:
+                print(f"what-if model, from compact files: time with / without "
+                      f"{ratio(runs['analyze from compact'], runs['compact, no what-if'])} (target <= 1.10x)")
         if not args.skip_bare:
             print(f"ours / bare simdjson parse: time {ratio(ours, runs['bare simdjson parse'])}")
             print(f"ours / bare orjson parse:   time {ratio(ours, runs['bare orjson parse'])}")

@@ -20,6 +20,7 @@ untraced steps before it left), so a scenario changes what follows, not that.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from statistics import median
 from typing import TYPE_CHECKING, Any
@@ -161,6 +162,7 @@ def what_if(
     out.sort(key=lambda s: -s.saving_ms)
     order = sorted(g.steps, key=lambda s: sum(replayed[s]) / len(replayed[s]))
     mid = order[(len(order) - 1) // 2]
+    per_step_syncs = Counter(k[0] for k in g.transfer)
     per_rank = []
     for r, rank in enumerate(g.ranks):
         m = [measured[s][r] for s in g.steps]
@@ -170,7 +172,7 @@ def what_if(
     model = WhatIfModel(
         steps=list(g.steps), median_step=mid, step_ms_measured=now / 1e3, step_ms_replayed=_stat(replayed) / 1e3,
         error_ms=error / 1e3, noise_ms=noise / 1e3 if noise is not None else None,
-        sync_points=int(median(sum(k[0] == s for k in g.transfer) for s in g.steps)),
+        sync_points=int(median(per_step_syncs.get(s, 0) for s in g.steps)),
         slowest_rank=g.ranks[slowest] if slowest is not None else None,
         fastest_rank=g.ranks[fastest] if fastest is not None else None,
         ranks=per_rank, lanes=whatif_path.lanes(g, base, mid, g.transfer))

@@ -57,12 +57,6 @@ def critical_path(g: Graph, rep: Replay, step: int, transfer: dict[CollectiveKey
     """
     origin, _, r = _window(g, rep, step)
     i = g.end_at[r][step]
-    arrival: dict[tuple[int, CollectiveKey], int] = {}
-    for q, tl in enumerate(g.tl):
-        for j, kind in enumerate(tl.kind):
-            key = tl.key[j]
-            if kind == ARRIVE and key is not None:
-                arrival[(q, key)] = j
     out: list[CriticalSegment] = []  # backwards
     for _ in range(sum(len(tl) for tl in g.tl)):  # a path never visits a point twice
         at = rep.value[r][i]
@@ -81,7 +75,7 @@ def critical_path(g: Graph, rep: Replay, step: int, transfer: dict[CollectiveKey
             if done > start:
                 out.append(CriticalSegment(g.ranks[last], "collective", collective_name(key), (done - start) / 1e3,
                                            (start - origin) / 1e3))
-            r, i = last, arrival[(last, key)]
+            r, i = last, g.arrive_at[last][key]
             continue
         t = at
         for name, us in reversed(_pieces(g, r, i)):

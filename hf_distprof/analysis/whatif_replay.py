@@ -8,6 +8,7 @@ allow.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from statistics import median
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,10 @@ class Graph:
     work: list[list[float]]
     dep: list[list[CollectiveKey | None]]  # only matched collectives
     wake: list[list[float]]  # from the collective's completion to the point (us; may be < 0 within the skew)
+    arrive_at: list[dict[CollectiveKey, int]]  # rank index -> collective -> its arrival point
+    keys: list[CollectiveKey]  # the matched collectives, numbered
+    dep_id: list[list[int]]  # ``dep`` by number; -1: none
+    arrive_id: list[list[int]]  # the matched collective a point arrives at, by number; -1: none
     transfer: dict[CollectiveKey, float]
     steps: list[int]
     start_at: list[dict[int, int]]
@@ -64,34 +69,52 @@ def build(ranks: list[RankResult], offsets: dict[int, float]) -> Graph | None:
     # The transfer: the collective's time on the rank that arrived last (the others waited for that one).
     transfer = {k: max(0.0, max(arrivals[k])[1] - max(arrivals[k])[0]) for k in matched}
     completed = {k: max(arrivals[k])[1] for k in matched}  # measured, on the first rank's clock
-    work, dep, wake, starts, ends, segments = [], [], [], [], [], []
+    keys = sorted(matched)
+    number = {k: c for c, k in enumerate(keys)}
+    work, dep, wake, starts, ends, segments, arrive_id, arrive_at = [], [], [], [], [], [], [], []
     for times, tl in zip(t0, timelines):
+        at: dict[CollectiveKey, int] = {}
+        first: dict[int, int] = {}
+        last: dict[int, int] = {}
+        own_end: dict[CollectiveKey, float] = {}
+        ours = [-1] * len(tl)
+        for i, (kind, key) in enumerate(zip(tl.kind, tl.key)):
+            if kind == ARRIVE and key is not None:
+                own_end[key] = times[i] + tl.end[i] - tl.t[i]
+                if key in number:
+                    at[key], ours[i] = i, number[key]
+            elif kind == START:
+                first[tl.step[i]] = i
+            elif kind == END:
+                last[tl.step[i]] = i
         w = list(tl.work)
         d: list[CollectiveKey | None] = list(tl.dep)
         lag = [0.0] * len(tl)
-        own_end = {tl.key[i]: times[i] + tl.end[i] - tl.t[i] for i, kind in enumerate(tl.kind) if kind == ARRIVE}
         for i, k in enumerate(d):
             if k is None:
                 continue
-            if k not in matched or k not in own_end:  # no sync: the measured wait stays, as local time
+            if k not in number or k not in own_end:  # no sync: the measured wait stays, as local time
                 d[i] = None
                 w[i] = tl.t[i] - tl.t[tl.pred[i]] if tl.pred[i] >= 0 else 0.0
             else:
                 # A collective does not end at the same moment everywhere (gloo's last rank can finish ms before
                 # the others): this rank's lag behind the completion is kept, as part of its wake.
                 lag[i] = tl.wake[i] + own_end[k] - completed[k]
+        arrive_at.append(at)
+        arrive_id.append(ours)
         work.append(w)
         dep.append(d)
         wake.append(lag)
-        starts.append({tl.step[i]: i for i, k in enumerate(tl.kind) if k == START})
-        ends.append({tl.step[i]: i for i, k in enumerate(tl.kind) if k == END})
+        starts.append(first)
+        ends.append(last)
         segments.append(_segments(tl, matched))
     common = set.intersection(*(set(s) & set(e) for s, e in zip(starts, ends)))
     if not common:
         return None
     sizes = {(c.step, c.kind, c.index): (c.bytes, c.group_size) for c in ranks[0].collectives}
-    return Graph([r.rank for r in ranks], timelines, t0, work, dep, wake, transfer, sorted(common), starts, ends,
-                  segments, sizes)
+    dep_id = [[number[k] if k is not None else -1 for k in d] for d in dep]
+    return Graph([r.rank for r in ranks], timelines, t0, work, dep, wake, arrive_at, keys, dep_id, arrive_id,
+                 transfer, sorted(common), starts, ends, segments, sizes)
 
 
 def _segments(tl: RankTimeline, matched: set[CollectiveKey]) -> list[tuple[Any, ...] | None]:
@@ -116,57 +139,58 @@ def replay(g: Graph, work: list[list[float]] | None = None, transfer: dict[Colle
     """Every point's time with the given works and transfers (the measured ones when None)."""
     work = g.work if work is None else work
     transfer = g.transfer if transfer is None else transfer
-    n = len(g.ranks)
+    n, keys = len(g.ranks), g.keys
+    spans = [transfer.get(k, 0.0) for k in keys]
+    # Collectives by number (lists, not dicts of tuples: this loop runs once per point and scenario).
+    done: list[float | None] = [None] * len(keys)
+    latest = [-math.inf] * len(keys)
+    last = [-1] * len(keys)
+    count = [0] * len(keys)
     value = [[0.0] * len(tl) for tl in g.tl]
     bound = [[LOCAL] * len(tl) for tl in g.tl]
-    done: dict[CollectiveKey, float] = {}
-    latest: dict[CollectiveKey, tuple[float, int]] = {}
-    count: dict[CollectiveKey, int] = {}
     cursor = [0] * n
+    sizes = [len(tl) for tl in g.tl]
     while True:
         moved = False
         for r in range(n):
-            tl, v, b, w, d, t0 = g.tl[r], value[r], bound[r], work[r], g.dep[r], g.t0[r]
-            pred, wake, kind, key = tl.pred, g.wake[r], tl.kind, tl.key
-            i, size = cursor[r], len(tl)
+            v, b, w, d, t0 = value[r], bound[r], work[r], g.dep_id[r], g.t0[r]
+            pred, wake, arrives = g.tl[r].pred, g.wake[r], g.arrive_id[r]
+            i, size = cursor[r], sizes[r]
             while i < size:
                 k = d[i]
-                gate = None
-                if k is not None:
-                    gate = done.get(k)
-                    if gate is None:
-                        break
                 p = pred[i]
                 at = v[p] + w[i] if p >= 0 else t0[i]
-                if gate is not None and gate + wake[i] > at:
-                    at, b[i] = gate + wake[i], GATED
+                if k >= 0:
+                    gate = done[k]
+                    if gate is None:
+                        break
+                    if gate + wake[i] > at:
+                        at, b[i] = gate + wake[i], GATED
                 v[i] = at
-                c = key[i]
-                if kind[i] == ARRIVE and c is not None and c in transfer:
-                    best = latest.get(c)
-                    if best is None or at > best[0]:
-                        latest[c] = (at, r)
-                    count[c] = count.get(c, 0) + 1
+                c = arrives[i]
+                if c >= 0:
+                    if at > latest[c]:
+                        latest[c], last[c] = at, r
+                    count[c] += 1
                     if count[c] == n:
-                        done[c] = latest[c][0] + transfer[c]
+                        done[c] = latest[c] + spans[c]
                 i += 1
             moved |= i != cursor[r]
             cursor[r] = i
-        if all(cursor[r] == len(g.tl[r]) for r in range(n)):
+        if cursor == sizes:
             break
         if not moved:
-            _unblock(g, cursor, done, latest, transfer)
-    return Replay(value, bound, done, {k: r for k, (_, r) in latest.items()})
+            _unblock(g, cursor, done, latest, spans)
+    finished = {keys[c]: t for c, t in enumerate(done) if t is not None}
+    return Replay(value, bound, finished, {keys[c]: r for c, r in enumerate(last) if r >= 0})
 
 
-def _unblock(g: Graph, cursor: list[int], done: dict[CollectiveKey, float],
-             latest: dict[CollectiveKey, tuple[float, int]], transfer: dict[CollectiveKey, float]) -> None:
+def _unblock(g: Graph, cursor: list[int], done: list[float | None], latest: list[float], spans: list[float]) -> None:
     """Ranks waiting on each other (their measured order disagrees by less than the clock skew): the collective
     awaited by the earliest blocked point completes with the arrivals it has."""
     r = min((r for r in range(len(g.ranks)) if cursor[r] < len(g.tl[r])), key=lambda r: g.t0[r][cursor[r]])
-    k = g.dep[r][cursor[r]]
-    assert k is not None
-    done[k] = (latest[k][0] if k in latest else g.t0[r][cursor[r]]) + transfer.get(k, 0.0)
+    c = g.dep_id[r][cursor[r]]
+    done[c] = (latest[c] if latest[c] > -math.inf else g.t0[r][cursor[r]]) + spans[c]
 
 
 def step_times(g: Graph, rep: Replay) -> dict[int, list[float]]:
@@ -180,23 +204,24 @@ def measured_step_times(g: Graph) -> dict[int, list[float]]:
     return {s: [tl.t[g.end_at[r][s]] - tl.t[g.start_at[r][s]] for r, tl in enumerate(g.tl)] for s in g.steps}
 
 
-def _statistic(per_step: dict[int, list[float]]) -> float:
-    return median(sum(v) / len(v) for v in per_step.values())
+def _median(values: list[float]) -> float:
+    """``statistics.median``, without its overhead (called once per stretch of work of a rank)."""
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
 
 
-def _scaled(g: Graph, targets: dict[int, dict[tuple[Any, ...], float]]) -> list[list[float]]:
-    """The works with each rank's stretches (segments) of work set to ``targets[rank index][segment]``."""
+def _scaled(g: Graph, seg_work: list[dict[tuple[Any, ...], float]], targets: dict[int, dict[tuple[Any, ...], float]]
+            ) -> list[list[float]]:
+    """The works with each rank's stretches (segments) of work set to ``targets[rank index][segment]``
+    (``seg_work``: :func:`segment_work`)."""
     out = []
     for r, (w, seg) in enumerate(zip(g.work, g.segment)):
-        own: dict[tuple[Any, ...], float] = {}
-        for i, s in enumerate(seg):
-            if s is not None:
-                own[s] = own.get(s, 0.0) + w[i]
         goal = targets.get(r)
         if not goal:
             out.append(w)
             continue
-        factor = {s: goal[s] / total for s, total in own.items() if s in goal and total > 0}
+        factor = {s: goal[s] / total for s, total in seg_work[r].items() if s in goal and total > 0}
         out.append([x * factor.get(s, 1.0) if s is not None else x for x, s in zip(w, seg)])
     return out
 
@@ -236,9 +261,13 @@ def scenarios(g: Graph, reference: list[ReferencePoint] | None = None
         slowest = max(range(n), key=lambda r: (totals[r], -r))
         fastest = min(range(n), key=lambda r: (totals[r], r))
         peers = [seg_work[r] for r in range(n) if r != slowest]
-        goal = {s: median(p[s] for p in peers if s in p) for s in seg_work[slowest] if any(s in p for p in peers)}
-        out.append(("slow_rank", f"rank {g.ranks[slowest]} at its peers' median pace", [g.ranks[slowest]],
-                    replay(g, _scaled(g, {slowest: goal}))))
+        goal = {}
+        for s in seg_work[slowest]:
+            theirs = [p[s] for p in peers if s in p]
+            if theirs:
+                goal[s] = _median(theirs)
+        slow = replay(g, _scaled(g, seg_work, {slowest: goal}))
+        out.append(("slow_rank", f"rank {g.ranks[slowest]} at its peers' median pace", [g.ranks[slowest]], slow))
     loading = [[max(0.0, x - dl) for x, dl in zip(w, tl.loading)] for w, tl in zip(g.work, g.tl)]
     changed = [g.ranks[r] for r, tl in enumerate(g.tl) if any(x > 0 for x in tl.loading)]
     out.append(("no_data_loading", "data loading at zero on every rank", changed, replay(g, loading)))
@@ -247,8 +276,9 @@ def scenarios(g: Graph, reference: list[ReferencePoint] | None = None
     if n > 1 and fastest is not None:
         goal_f = seg_work[fastest]
         others = [g.ranks[r] for r in range(n) if r != fastest]
-        out.append(("fastest_pace", f"every rank at the fastest rank's (rank {g.ranks[fastest]}) pace", others,
-                    replay(g, _scaled(g, {r: goal_f for r in range(n) if r != fastest}))))
+        # With two ranks the fastest is the slowest's only peer: the same replay.
+        pace = slow if n == 2 else replay(g, _scaled(g, seg_work, {r: goal_f for r in range(n) if r != fastest}))
+        out.append(("fastest_pace", f"every rank at the fastest rank's (rank {g.ranks[fastest]}) pace", others, pace))
     if reference:
         at_ref = _transfers_at(g, reference)
         if at_ref:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
+from typing import Any
 
 from hf_distprof.analysis import intervals as iv
 from hf_distprof.analysis.cpu import PHASE_PREFIX, MainThreadSplit
@@ -74,7 +75,8 @@ class RankTimeline:
     loading: list[float] = field(default_factory=list)
     """Data loading within ``work`` (us)."""
     phases: list[tuple[tuple[str, float], ...]] = field(default_factory=list)
-    """``work`` by phase, in time order: (name, us) pieces."""
+    """``work`` by phase: (name, us), each phase once, in the order of precedence of the labels (data loading
+    first), "other" (CPU) or "gpu_idle" (GPU) last; not in time order."""
     end: list[float] = field(default_factory=list)
     """ARRIVE: the collective's measured end on this rank; else 0."""
     main: list[bool] = field(default_factory=list)
@@ -122,7 +124,7 @@ def rank_timeline(
         The timeline; empty without steps.
     """
     if phase_ranges is None:
-        phase_ranges = [op for op in trace.main_ops if op[2].startswith(PHASE_PREFIX)]
+        phase_ranges = _phase_ranges(trace) if gpu_busy is None else []
     by_step: dict[int, list[Collective]] = {}
     for c in collectives:
         by_step.setdefault(c.step, []).append(c)
@@ -144,6 +146,20 @@ def rank_timeline(
     for i, p in enumerate(points):
         p.index = i
     return _columns(trace, points, splits, gpu_busy, phase_ranges)
+
+
+def _phase_ranges(trace: ParsedTrace) -> list[Span]:
+    """The step timer's ``hf_distprof/<phase>`` ranges on the training thread, sorted."""
+    if trace.main_op_columns is not None:  # from a compact file: look the names up once in its string table
+        import numpy as np
+
+        starts, ends, ids, table = trace.main_op_columns
+        wanted = [k for k, name in enumerate(table) if name.startswith(PHASE_PREFIX)]
+        if not wanted:
+            return []
+        found = np.flatnonzero(np.isin(np.asarray(ids), wanted)).tolist()
+        return [(starts[i], ends[i], table[ids[i]]) for i in found]
+    return [op for op in trace.main_ops if op[2].startswith(PHASE_PREFIX)]
 
 
 def _cpu_points(
@@ -207,13 +223,9 @@ def _columns(
     out = RankTimeline()
     step_index = {s.number: k for k, s in enumerate(trace.steps)}
     consecutive = {s.number for prev, s in zip(trace.steps, trace.steps[1:]) if s.number == prev.number + 1}
-    loading = iv.merge(w for split in splits for w in split.loading)
-    labels = _labels(splits, phase_ranges, gpu_busy, loading)
-    label_starts = [s for s, _, _ in labels]
-    other = "other" if gpu_busy is None else "gpu_idle"
-    idle_loading = iv.subtract(loading, gpu_busy) if gpu_busy is not None else loading
     last_main = -1
     end_of: dict[int, int] = {}
+    labelled: list[int] = []  # points whose work is the training thread's (or the GPU chain's) own: by phase
     for p in points:
         pred, work_from = -1, p.t
         if p.kind == START:
@@ -226,24 +238,21 @@ def _columns(
             pred = last_main
         if pred >= 0:
             work_from = points[pred].t
-        if p.kind == ARRIVE and not p.main and p.pred_point is None and pred < 0:
-            work_from = p.t
         work_to = p.t if p.work_end is None else p.work_end
         if p.kind == RELEASE and gpu_busy is not None:
             assert p.issue_t is not None
-            work_to = max(work_from, p.issue_t + p.hidden)  # the computation beside the kernel
-            work = work_to - work_from
-            pieces: tuple[tuple[str, float], ...] = (("gpu_busy", work),) if work > 0 else ()
-            dl = 0.0
+            work = max(0.0, p.issue_t + p.hidden - work_from)  # the computation beside the kernel
+            out.phases.append((("gpu_busy", work),) if work > 0 else ())
         elif p.kind == ARRIVE and not p.main:
-            if p.dep is not None:
-                work_to = work_from  # behind a busy worker: gated by the earlier collective alone
-            work = max(0.0, work_to - work_from)
-            pieces, dl = (), 0.0  # the worker picking it up: not the training thread's work
+            # The worker picking it up (not the training thread's work); behind a busy worker, gated by the earlier
+            # collective alone.
+            work = 0.0 if p.dep is not None or pred < 0 else max(0.0, work_to - work_from)
+            out.phases.append(())
         else:
             work = max(0.0, work_to - work_from)
-            pieces = _pieces(labels, label_starts, work_from, work_from + work, other) if work > 0 else ()
-            dl = _covered(idle_loading, work_from, work_from + work) if work > 0 else 0.0
+            out.phases.append(())
+            if work > 0:
+                labelled.append(p.index)
         out.kind.append(p.kind)
         out.step.append(p.step)
         out.t.append(p.t)
@@ -252,28 +261,71 @@ def _columns(
         out.work.append(work)
         out.dep.append(p.dep)
         out.wake.append(max(0.0, p.wake))
-        out.loading.append(min(dl, work))
-        out.phases.append(pieces)
+        out.loading.append(0.0)
         out.end.append(p.end)
         out.main.append(p.main)
         if p.main:
             last_main = p.index
         if p.kind == END and p.step in step_index:
             end_of[p.step] = p.index
+    if labelled:
+        _label(out, labelled, splits, phase_ranges, gpu_busy)
     return out
 
 
-def _labels(
+def _label(
+    out: RankTimeline,
+    indices: list[int],
     splits: list[MainThreadSplit],
     phase_ranges: list[Span],
     gpu_busy: list[iv.Interval] | None,
-    loading: list[iv.Interval],
-) -> list[tuple[float, float, str]]:
-    """Disjoint labelled intervals, sorted; what none covers is "other" (CPU) or "gpu_idle" (GPU).
+) -> None:
+    """Fill ``phases`` and ``loading`` of the points at ``indices``: how much of each one's work (from its
+    predecessor's time on) each label covers, for every point at once (prefix sums over each label's intervals)."""
+    import numpy as np  # in the worker only (see hf_distprof.analysis.rank.analyze_rank)
+
+    a = np.array([out.t[out.pred[i]] if out.pred[i] >= 0 else out.t[i] for i in indices], dtype=np.float64)
+    b = a + np.array([out.work[i] for i in indices], dtype=np.float64)
+    covered = {name: _cover(spans, a, b) for name, spans in _labels(splits, phase_ranges, gpu_busy)}
+    other = "other" if gpu_busy is None else "gpu_idle"
+    loading = covered.get(DATA_LOADING)
+    rows = [[(name, float(x)) for x in col.tolist()] for name, col in covered.items()]
+    for k, i in enumerate(indices):
+        pieces = [row[k] for row in rows if row[k][1] > 0]
+        rest = out.work[i] - sum(us for _, us in pieces)
+        if rest > 1e-9 * max(1.0, out.work[i]):
+            pieces.append((other, rest))
+        out.phases[i] = tuple(pieces)
+        if loading is not None:
+            out.loading[i] = min(float(loading[k]), out.work[i])
+
+
+def _cover(spans: list[iv.Interval], a: Any, b: Any) -> Any:
+    """For each ``[a_k, b_k]``, its length under the disjoint sorted ``spans`` (numpy arrays in, array out)."""
+    import numpy as np
+
+    if not spans:
+        return np.zeros(len(a))
+    starts = np.array([s for s, _ in spans], dtype=np.float64)
+    ends = np.array([e for _, e in spans], dtype=np.float64)
+    before = np.concatenate(([0.0], np.cumsum(ends - starts)))
+
+    def upto(t: np.ndarray) -> np.ndarray:  # covered length before t
+        k = np.searchsorted(starts, t, side="right")
+        return before[k] - np.where(k > 0, np.maximum(ends[np.maximum(k - 1, 0)] - t, 0.0), 0.0)
+
+    return upto(b) - upto(a)
+
+
+def _labels(
+    splits: list[MainThreadSplit], phase_ranges: list[Span], gpu_busy: list[iv.Interval] | None
+) -> list[tuple[str, list[iv.Interval]]]:
+    """Disjoint sorted intervals per label; what none covers is "other" (CPU) or "gpu_idle" (GPU).
 
     Layers in order of precedence: on GPU, busy then data loading (while idle); on CPU, data loading, then the
     step timer's phases when the trace has them, else backward then compute (what the split counts as such).
     """
+    loading = [w for split in splits for w in split.loading]  # each step's are disjoint, and steps do not overlap
     layers: list[tuple[str, list[iv.Interval]]]
     if gpu_busy is not None:
         layers = [("gpu_busy", gpu_busy), (DATA_LOADING, loading)]
@@ -282,7 +334,7 @@ def _labels(
         for s, e, name in phase_ranges:
             phase = name[len(PHASE_PREFIX):]
             by_name.setdefault(_PHASE_NAMES.get(phase, phase), []).append((s, e))
-        layers = [(DATA_LOADING, loading), *by_name.items()]
+        layers = [(DATA_LOADING, loading), *((name, iv.merge(spans)) for name, spans in by_name.items())]
     else:
         layers = [
             (DATA_LOADING, loading),
@@ -290,47 +342,20 @@ def _labels(
             ("compute", [w for split in splits for w in split.compute]),
         ]
     taken: list[iv.Interval] = []
-    out: list[tuple[float, float, str]] = []
-    for name, spans in layers:
-        merged = iv.merge(spans)
-        out += [(s, e, name) for s, e in iv.subtract(merged, taken)]  # each layer fills what earlier ones leave
-        taken = iv.merge(taken + merged)
-    out.sort()
+    out: list[tuple[str, list[iv.Interval]]] = []
+    for k, (name, spans) in enumerate(layers):
+        out.append((name, _less(spans, taken)))  # each layer fills what earlier ones leave
+        if k + 1 < len(layers):
+            taken = iv.merge(taken + spans) if taken else list(spans)
     return out
 
 
-def _pieces(
-    labels: list[tuple[float, float, str]], starts: list[float], a: float, b: float, other: str
-) -> tuple[tuple[str, float], ...]:
-    """``[a, b]`` by label, in time order (``other`` where no label is), consecutive pieces of one label
-    merged."""
-    out: list[list] = []  # type: ignore[type-arg]
-
-    def add(name: str, us: float) -> None:
-        if us <= 0:
-            return
-        if out and out[-1][0] == name:
-            out[-1][1] += us
-        else:
-            out.append([name, us])
-
-    i = max(0, bisect_right(starts, a) - 1)
-    cur = a
-    while i < len(labels) and labels[i][0] < b:
-        s, e, name = labels[i]
-        if e > cur:
-            add(other, max(s, cur) - cur if s > cur else 0.0)
-            lo, hi = max(s, cur), min(e, b)
-            add(name, hi - lo)
-            cur = max(cur, hi)
-        i += 1
-    add(other, b - cur)
-    return tuple((name, us) for name, us in out)
-
-
-def _covered(merged: list[iv.Interval], a: float, b: float) -> float:
-    """Length of ``[a, b]`` under the disjoint sorted intervals ``merged``."""
-    return iv.total(iv.clip(merged, a, b))
+def _less(spans: list[iv.Interval], taken: list[iv.Interval]) -> list[iv.Interval]:
+    """``spans`` less ``taken`` (both sorted, disjoint), looking up only the part of ``taken`` each one meets: a
+    few data-loading spans against every GPU kernel cost their own length, not the trace's."""
+    if not taken:
+        return spans
+    return [piece for s, e in spans for piece in iv.subtract([(s, e)], iv.clip(taken, s, e))]
 
 
 def combine(a: RankTimeline | None, b: RankTimeline | None) -> RankTimeline | None:
