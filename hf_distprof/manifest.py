@@ -262,6 +262,24 @@ class RunManifest:
         manifest.write_part()
         return manifest
 
+    def planned(self, args: ProfilingArguments, offset: int, max_steps: int) -> None:
+        """Record the regular schedule this rank follows (and whether windows may open on request), so that a run
+        folder without a trace says why: its first recorded step against the run's last step.
+
+        Args:
+            args: The profiling flags.
+            offset: ``global_step`` when training (re)started: the schedule counts from there.
+            max_steps: The steps the Trainer will run.
+        """
+        a = args
+        self.part["schedule"] = {
+            "skip_first": a.profiler_skip_first, "wait": a.profiler_wait_steps, "warmup": a.profiler_warmup_steps,
+            "active": a.profiler_active_steps, "repeat": a.profiler_repeat, "offset": offset,
+            "first_recorded_step": offset + a.profiler_skip_first + a.profiler_wait_steps + a.profiler_warmup_steps + 1,
+            "max_steps": max_steps, "on_demand": bool(a.profile_on_demand), "on_anomaly": bool(a.profile_on_anomaly),
+        }
+        self.write_part()
+
     def window_written(self, first: int, last: int, reasons: list[str], detail: str, cut_short: bool) -> None:
         """Add a window this rank wrote (its files are the run folder's ``rank{R}_{host}_step{first}-{last}*``).
 
@@ -277,8 +295,15 @@ class RunManifest:
                                      "cut_short": cut_short, "files": self._window_files(first, last)})
         self.write_part()
 
-    def finish(self, failed_exports: int = 0) -> None:
-        """Every rank, at train end: final part, then rank 0 gathers every part and writes ``manifest.json``."""
+    def finish(self, failed_exports: int = 0, last_step: int | None = None) -> None:
+        """Every rank, at train end: final part, then rank 0 gathers every part and writes ``manifest.json``.
+
+        Args:
+            failed_exports: Traces this rank could not write.
+            last_step: The last optimizer step the run reached (``global_step``); None when unknown.
+        """
+        if last_step is not None:
+            self.part["last_step"] = last_step
         for w in self.part["windows"]:
             w["files"] = self._window_files(w["first"], w["last"]) or w["files"]  # files written after the window
         self.part["files"] = self._rank_files()

@@ -440,9 +440,11 @@ def _timer_fields(outside: Mapping[str, Any] | None) -> tuple[str, int, float, i
         return None
     if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
         return None
-    number = not isinstance(effect, bool) and isinstance(effect, (int, float)) and math.isfinite(effect)
+    number = None
+    if not isinstance(effect, bool) and isinstance(effect, (int, float)) and math.isfinite(effect):
+        number = float(effect)
     said = outside.get("reason") if isinstance(outside.get("reason"), str) else status
-    return str(status), rank, float(p), steps, float(effect) if number else None, str(said)
+    return str(status), rank, float(p), steps, number, str(said)
 
 
 def _short_window(
@@ -561,9 +563,14 @@ def judge_share(per_step_pct: Sequence[float], threshold_pct: float, what: str) 
     return ShareVerdict(RAISED, mid, threshold_pct, above, n, text)
 
 
+MIN_REFERENCE = 6
+"""Fewest untraced steps the profiler's slowdown is judged against: a ratio to fewer (a run's four wait steps, which
+are also its slowest warm-up) says more about those steps than about the profiler."""
+
+
 @dataclass
 class ProfilerSlowdown:
-    """Steps inside the profiler's windows against the steps outside them."""
+    """Steps inside the profiler's windows against the untraced steps on both sides of them."""
 
     steps_inside: int
     steps_before: int
@@ -572,12 +579,20 @@ class ProfilerSlowdown:
     median_step_s_before: float | None
     median_step_s_after: float | None
     ratio: float | None
-    """Median step inside / median step before the first window (after it when there is none before)."""
+    """Median step inside / median untraced step, before and after the windows together; None with fewer than
+    ``min_outside`` untraced steps (see ``note``)."""
     threshold_ratio: float
     options: dict[str, bool]
     warning: str | None
     confidence: float | None = None
     """Share of the traced steps slower than ``threshold_ratio`` times the reference median."""
+    median_step_s_reference: float | None = None
+    """The median of the untraced steps, before and after together: what ``ratio`` divides by."""
+    noise_pct: float | None = None
+    """The untraced steps' own step-to-step variation (scaled median absolute deviation, % of their median): a
+    ratio within 1 +- this is no slowdown the run can tell from its noise."""
+    note: str | None = None
+    """Why there is no ratio ("not enough untraced steps ..."); None when there is one."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -597,19 +612,20 @@ def profiler_slowdown(
     inside: set[int],
     options: Mapping[str, bool],
     threshold_ratio: float = 1.25,
-    min_outside: int = 2,
+    min_outside: int = MIN_REFERENCE,
 ) -> ProfilerSlowdown | None:
-    """Compare the median step time inside the profiler's windows with the steps outside.
+    """Compare the median step time inside the profiler's windows with the untraced steps on both sides of them.
 
-    Steps after a window are reported apart: on CPU the profiler leaves the process slower after it
-    stops (see the guide), so "before" is the reference when there are enough such steps.
+    Before and after are pooled: the first steps of a run are its slowest (allocations, caches), and on CPU the
+    process can run slower after the profiler stops, so either side alone misleads. The slowdown is a warning only
+    when the ratio is above ``threshold_ratio`` and beyond the untraced steps' own step-to-step noise.
 
     Args:
         steps: step number -> step time (seconds), warm-up steps already left out.
         inside: The step numbers the profiler traced (warmup and active phases).
         options: The profiler's options (``record_shapes`` ...), to name the likely cost.
         threshold_ratio: Warn above this ratio.
-        min_outside: Fewest reference steps for a ratio.
+        min_outside: Fewest untraced steps for a ratio (:data:`MIN_REFERENCE`).
 
     Returns:
         None when no step was profiled.
@@ -620,14 +636,18 @@ def profiler_slowdown(
     first = min(inside)
     before = [t for s, t in steps.items() if s not in inside and s < first]
     after = [t for s, t in steps.items() if s not in inside and s > first]
-    ref = before if len(before) >= min_outside else (before + after)
+    ref = before + after
     med = median(ins)
-    ratio = med / median(ref) if len(ref) >= min_outside and median(ref) > 0 else None
-    warning = None
-    confidence = (
-        sum(t > threshold_ratio * median(ref) for t in ins) / len(ins) if ratio is not None else None
-    )
-    if ratio is not None and ratio > threshold_ratio:
+    mid = median(ref) if ref else None
+    ratio = noise = note = confidence = warning = None
+    if len(ref) < min_outside:
+        note = (f"not enough untraced steps to compare the profiler's window with: {len(before)} before it and "
+                f"{len(after)} after it, at least {min_outside} are needed (run more steps after the window)")
+    elif mid is not None and mid > 0:
+        ratio = med / mid
+        noise = 100.0 * scaled_mad(ref) / mid
+        confidence = sum(t > threshold_ratio * mid for t in ins) / len(ins)
+    if ratio is not None and noise is not None and ratio > threshold_ratio and 100.0 * (ratio - 1.0) > noise:
         on = [flag for name, flag in OPTION_COST if options.get(name)]
         cost = (
             f"the likely cost: {', '.join(on)} (turn off what you do not need)"
@@ -636,8 +656,9 @@ def profiler_slowdown(
         )
         warning = (
             f"the profiler slows the steps it traces by {ratio:.2f}x (median {med:.4f}s inside its window vs "
-            f"{median(ref):.4f}s outside; threshold {threshold_ratio:g}x): times and findings from the trace "
-            f"describe a slower run than yours; {cost}."
+            f"{mid:.4f}s over the {len(ref)} untraced steps before and after it, whose step-to-step noise is "
+            f"{noise:.1f}%; threshold {threshold_ratio:g}x): times and findings from the trace describe a slower run "
+            f"than yours; {cost}."
         )
     return ProfilerSlowdown(
         steps_inside=len(ins),
@@ -651,6 +672,9 @@ def profiler_slowdown(
         options=dict(options),
         warning=warning,
         confidence=confidence,
+        median_step_s_reference=mid,
+        noise_pct=noise,
+        note=note,
     )
 
 

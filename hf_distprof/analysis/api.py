@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
-from hf_distprof.analysis import bandwidth, comm, memory, whatif_timeline
-from hf_distprof.analysis.cross_rank import cross_rank
+from hf_distprof.analysis import bandwidth, chain, comm, memory, whatif_timeline
+from hf_distprof.analysis.cross_rank import clock_offsets, cross_rank, match_collectives
 from hf_distprof import names
 from hf_distprof.analysis.diagnosis import diagnose, undecided
-from hf_distprof.analysis.manifest import run_summary_beside
+from hf_distprof.analysis.manifest import run_summary_beside, why_no_trace
 from hf_distprof.analysis.compact import load_trace
 from hf_distprof.analysis.model import (
     AnalysisOptions,
@@ -29,7 +29,7 @@ from hf_distprof.analysis.model import (
 from hf_distprof.analysis.rank import analyze_rank
 from hf_distprof.analysis.whatif import apply_what_if
 from hf_distprof.analysis.timer_records import TimerRecords, read_timer_records
-from hf_distprof.analysis.trace_io import TraceReadError, discover_trace_files
+from hf_distprof.analysis.trace_io import NoTraceError, TraceReadError, discover_trace_files
 from hf_distprof.verdicts import profiler_slowdown
 
 PROGRESS_MIN_FILES = 8
@@ -129,7 +129,13 @@ def analyze_paths(
     options = options or AnalysisOptions()
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    files = [str(p) for p in discover_trace_files(paths)]
+    try:
+        files = [str(p) for p in discover_trace_files(paths)]
+    except NoTraceError as exc:
+        why = why_no_trace(exc.folder) if exc.run_folder else None
+        if why is None:
+            raise
+        raise FileNotFoundError(f"{exc}: {why}") from None  # the run's manifest says why no window was taken
     outcomes = _run_all(files, options, read_compact, write_compact)
     errors = [o for o in outcomes if isinstance(o, FileError)]
     ranks = _one_result_per_rank([o for o in outcomes if isinstance(o, RankResult)], errors)
@@ -139,6 +145,12 @@ def analyze_paths(
     judged = records.verdict(options.imbalance_pct, {s.step for r in ranks for s in r.steps})
     timer = judged.to_json() if judged is not None else timer_verdict_beside(files)
     cross = cross_rank(ranks, options, records.cpu_wait(), timer) if len(ranks) > 1 else None
+    if len(ranks) > 1:
+        # Which exposed communication is a wait for a late peer: only the rest can be the network's.
+        matched = match_collectives(ranks)
+        comm.set_waits(ranks, clock_offsets(ranks, matched), matched)
+        for r in ranks:
+            r.comm_by_kind = comm.by_kind(r.steps, r.collectives, gpu=r.device == "gpu")
     slowdown = profiler_slowdown_beside(files, ranks, options, records)
     findings = diagnose(ranks, cross, options) + slowdown_findings(slowdown)
     # A window whose verdicts were weighed with the timer's (across_the_run) already answers for the whole run.
@@ -146,7 +158,9 @@ def analyze_paths(
         v is not None and v.test.endswith("+ step timer") for v in (cross.imbalance_verdict, cross.straggler_verdict)
     )
     findings, withheld = withhold_in_a_distorted_window(findings, slowdown, None if weighed else timer)
-    findings.sort(key=lambda f: -f.severity)
+    # The slow rank's finding as one chain (its slow phase -> late at the collectives -> its peers wait), first.
+    findings = chain.explain(findings, ranks, cross, records)
+    findings.sort(key=lambda f: (f.kind != chain.SLOW_RANK, -f.severity))
     run, manifest_errors = run_summary_beside(files)  # hosts, windows and why, files lost since
     errors += [FileError(path, reason) for path, reason in manifest_errors]
     errors.sort(key=lambda e: e.path)

@@ -109,6 +109,98 @@ def overlap(span: tuple[float, float], merged: list[iv.Interval], starts: Sequen
     return total
 
 
+def share_exposure(collectives: list[Collective], exposed: Sequence[tuple[int, list[iv.Interval]]]) -> None:
+    """Give every exposed moment of the rank to one collective: its :attr:`~Collective.exposed_share`.
+
+    Where collectives overlap (gloo runs them on two worker threads, NCCL on several streams), the rank waits for
+    the earliest started of those in flight: that one owns the moment. A collective thus owns its span less the
+    spans of the collectives started before it, and the owned spans are disjoint. Exposed moments no collective
+    covers (on CPU, enqueueing a collective: the ``c10d::*`` op) go to the collective issued nearest to them.
+    The pieces of a step add up to the step's exposed communication, so the per-kind rows do too.
+
+    Args:
+        collectives: The rank's collectives (any order).
+        exposed: ``(step, intervals)`` per step: its exposed communication as disjoint sorted intervals (CPU: the
+            training thread waiting for communication; GPU: communication kernels with no computation running).
+    """
+    for c in collectives:
+        c.exposed_share = []
+    if not collectives:
+        return
+    ordered = sorted(collectives, key=lambda c: (c.start_us, c.end_us))
+    owned: list[iv.Interval] = []
+    owner: list[Collective] = []
+    frontier = float("-inf")
+    for c in ordered:
+        start = max(c.start_us, frontier)
+        if c.end_us > start:
+            owned.append((start, c.end_us))
+            owner.append(c)
+        frontier = max(frontier, c.end_us)
+    starts = [s for s, _ in owned]
+    anchors = sorted((c.issued_us if c.issued_us is not None else c.start_us, i) for i, c in enumerate(ordered))
+    times = [t for t, _ in anchors]
+    for step, intervals in exposed:
+        for a, b in intervals:
+            i = max(0, bisect_right(starts, a) - 1)
+            cur = a
+            while cur < b and i < len(owned):
+                s, e = owned[i]
+                if e <= cur:
+                    i += 1
+                    continue
+                if s > cur:  # a gap no collective owns: the nearest issued one takes it
+                    _nearest(ordered, anchors, times, cur).exposed_share.append((cur, min(s, b), step))
+                    cur = min(s, b)
+                    continue
+                end = min(e, b)
+                owner[i].exposed_share.append((cur, end, step))
+                cur = end
+            if cur < b:
+                _nearest(ordered, anchors, times, cur).exposed_share.append((cur, b, step))
+
+
+def _nearest(ordered: list[Collective], anchors: list[tuple[float, int]], times: list[float], t: float) -> Collective:
+    """The collective whose issue (else start) time is nearest to ``t``."""
+    k = bisect_left(times, t)
+    best = min((j for j in (k - 1, k) if 0 <= j < len(anchors)), key=lambda j: abs(times[j] - t))
+    return ordered[anchors[best][1]]
+
+
+def set_waits(ranks: list[RankResult], offsets: dict[int, float],
+              matched: dict[tuple[int, str, int], dict[int, Collective]]) -> None:
+    """Set each matched collective's :attr:`~Collective.peers_in_us` and :attr:`~Collective.waited_for`.
+
+    A collective cannot complete before the last rank taking part reaches it, so on the ranks that reached it
+    earlier the time from their arrival to that moment is a wait for a late peer, whatever the network; the rest
+    is the collective itself. Arrivals are the collectives' starts, on clocks aligned by ``offsets``.
+
+    Args:
+        ranks: The ranks (their collectives are updated).
+        offsets: :func:`hf_distprof.analysis.cross_rank.clock_offsets`.
+        matched: :func:`hf_distprof.analysis.cross_rank.match_collectives`.
+    """
+    for r in ranks:
+        for c in r.collectives:
+            c.peers_in_us, c.waited_for = None, None
+    for same in matched.values():
+        arrivals = {rank: c.start_us - offsets.get(rank, 0.0) for rank, c in same.items()}
+        last = max(arrivals, key=lambda rank: (arrivals[rank], rank))
+        for rank, c in same.items():
+            c.peers_in_us = arrivals[last] + offsets.get(rank, 0.0)
+            c.waited_for = last if last != rank and arrivals[last] > arrivals[rank] else None
+
+
+def wait_share(c: Collective) -> list[tuple[float, float, int]]:
+    """The pieces of ``c``'s exposed share that are a wait for a late peer: from its own arrival (its start; the
+    enqueue before it is not a wait) to :attr:`~Collective.peers_in_us`."""
+    if c.peers_in_us is None or c.waited_for is None:
+        return []
+    until = c.peers_in_us
+    return [(max(s, c.start_us), min(e, until), step) for s, e, step in c.exposed_share
+            if max(s, c.start_us) < min(e, until)]
+
+
 def set_exposure(collectives: list[Collective], hiding: list[iv.Interval], hidden_when_covered: bool) -> None:
     """Fill ``exposed_us`` of every collective.
 
@@ -134,9 +226,15 @@ def _step_basis(step: StepResult, gpu: bool) -> float:
 def by_kind(steps: list[StepResult], collectives: list[Collective], gpu: bool) -> list[CommKindStat]:
     """Per-kind table of one rank: all_gather, reduce_scatter, all_reduce, then the other kinds summed.
 
+    Time is the union of a kind's spans per step (not their sum; with the enqueueing ops, on CPU, that its exposed
+    share holds); exposed time is the kind's share of the step's
+    exposed communication (:func:`share_exposure`), split into the wait for a late peer and the rest
+    (:func:`set_waits`). Percentages are of the step (its GPU span on GPU traces, as HTA's; its wall time on CPU),
+    averaged over steps, so that a rank's rows add up to its exposed communication in the headline.
+
     Args:
         steps: The rank's steps.
-        collectives: The rank's collectives, with ``exposed_us`` and ``phase`` set.
+        collectives: The rank's collectives, with ``exposed_share`` and ``phase`` set (and waits, when known).
         gpu: Whether the rank's trace holds GPU events.
 
     Returns:
@@ -146,45 +244,98 @@ def by_kind(steps: list[StepResult], collectives: list[Collective], gpu: bool) -
         return []
     index = {s.step: i for i, s in enumerate(steps)}
     bases = [_step_basis(s, gpu) for s in steps]
+    n = len(steps)
+    spans: dict[str, list[list[iv.Interval]]] = {}
     rows: dict[str, dict[str, list[float]]] = {}
     kinds: dict[str, set[str]] = {}
-    n = len(steps)
+    waited: dict[str, dict[int, float]] = {}
     for c in collectives:
-        i = index.get(c.step)
-        if i is None:
-            continue
         bucket = kind_bucket(c.kind)
-        kinds.setdefault(bucket, set()).add(c.kind)
-        row = rows.setdefault(bucket, {k: [0.0] * n for k in ("count", "time", "exposed", "fwd", "bwd")})
-        row["count"][i] += 1
-        row["time"][i] += c.duration_us
-        row["exposed"][i] += c.exposed_us
-        if c.phase == "forward":
-            row["fwd"][i] += c.exposed_us
-        elif c.phase == "backward":
-            row["bwd"][i] += c.exposed_us
-    mean_basis = sum(bases) / n
+        row = rows.get(bucket)
+        if row is None:
+            row = rows[bucket] = {k: [0.0] * n for k in ("count", "exposed", "wait", "fwd", "bwd")}
+            spans[bucket] = [[] for _ in range(n)]
+            kinds[bucket] = set()
+        i = index.get(c.step)
+        if i is not None:
+            kinds[bucket].add(c.kind)
+            row["count"][i] += 1
+            spans[bucket][i].append((c.start_us, c.end_us))
+        for s, e, step in c.exposed_share:
+            j = index.get(step)
+            if j is None:
+                continue
+            kinds[bucket].add(c.kind)
+            row["exposed"][j] += e - s
+            spans[bucket][j].append((s, e))  # enqueueing it (CPU) is its time too: exposed never exceeds time
+            if c.phase == "forward":
+                row["fwd"][j] += e - s
+            elif c.phase == "backward":
+                row["bwd"][j] += e - s
+        for s, e, step in wait_share(c):
+            j = index.get(step)
+            if j is not None and c.waited_for is not None:
+                row["wait"][j] += e - s
+                peers = waited.setdefault(bucket, {})
+                peers[c.waited_for] = peers.get(c.waited_for, 0.0) + e - s
     out = []
     for bucket in [*MAIN_KINDS, OTHER_KIND]:
         row = rows.get(bucket)
-        if row is None:
+        if row is None or not kinds[bucket]:
             continue
-        exposed = sum(row["exposed"]) / n
+        pct = [100.0 * e / b if b > 0 else 0.0 for e, b in zip(row["exposed"], bases)]
+        peers = waited.get(bucket, {})
         out.append(
             CommKindStat(
                 kind=bucket,
                 kinds=sorted(kinds[bucket]),
                 count_per_step=sum(row["count"]) / n,
-                time_us=sum(row["time"]) / n,
-                exposed_us=exposed,
-                exposed_pct=100.0 * exposed / mean_basis if mean_basis > 0 else 0.0,
-                exposed_pct_median=median(
-                    100.0 * e / b if b > 0 else 0.0 for e, b in zip(row["exposed"], bases)
-                ),
+                time_us=sum(iv.total(iv.merge(step_spans)) for step_spans in spans[bucket]) / n,
+                exposed_us=sum(row["exposed"]) / n,
+                exposed_pct=sum(pct) / n,
+                exposed_pct_median=median(pct),
                 forward_exposed_us=sum(row["fwd"]) / n,
                 backward_exposed_us=sum(row["bwd"]) / n,
+                wait_us=sum(row["wait"]) / n,
+                wait_pct=sum(100.0 * w / b if b > 0 else 0.0 for w, b in zip(row["wait"], bases)) / n,
+                waited_for=sorted(peers, key=lambda p: (-peers[p], p)),
             )
         )
+    return out
+
+
+def waits_for_peers(rank: RankResult) -> dict[int, dict[str, float]]:
+    """peer -> kind -> the % of the step this rank waits at collectives of that kind for that peer (the peer
+    arrived last), mean over the rank's steps (same base as the per-kind table)."""
+    gpu = rank.device == "gpu"
+    index = {s.step: i for i, s in enumerate(rank.steps)}
+    bases = [_step_basis(s, gpu) for s in rank.steps]
+    out: dict[int, dict[str, float]] = {}
+    for c in rank.collectives:
+        for s, e, step in wait_share(c):
+            j = index.get(step)
+            if j is None or c.waited_for is None or bases[j] <= 0:
+                continue
+            kinds = out.setdefault(c.waited_for, {})
+            bucket = kind_bucket(c.kind)
+            kinds[bucket] = kinds.get(bucket, 0.0) + 100.0 * (e - s) / bases[j] / len(rank.steps)
+    return out
+
+
+def wait_pct_per_step(rank: RankResult) -> list[float]:
+    """Per step, the exposed communication that is a wait for a late peer, % of the step (GPU: its GPU span)."""
+    waits = wait_us_per_step(rank)
+    bases = [_step_basis(s, rank.device == "gpu") for s in rank.steps]
+    return [100.0 * waits[s.step] / b if b > 0 else 0.0 for s, b in zip(rank.steps, bases)]
+
+
+def wait_us_per_step(rank: RankResult) -> dict[int, float]:
+    """step -> microseconds of the step's exposed communication that are a wait for a late peer."""
+    out = {s.step: 0.0 for s in rank.steps}
+    for c in rank.collectives:
+        for s, e, step in wait_share(c):
+            if step in out:
+                out[step] += e - s
     return out
 
 
@@ -206,8 +357,10 @@ def by_module(ranks: list[RankResult]) -> list[ModuleCommStat]:
                 continue
             acc = sums.setdefault((c.module, c.kind, c.phase), [0.0, 0.0, 0.0])
             acc[0] += 1 / n
-            acc[1] += c.duration_us / n
-            acc[2] += c.exposed_us / n
+            # Its span with the enqueueing its share holds (CPU), and its share of the exposed time: overlapping
+            # collectives do not count a moment twice, and the exposed time never exceeds the time.
+            acc[1] += iv.total(iv.merge([(c.start_us, c.end_us), *((a, b) for a, b, _ in c.exposed_share)])) / n
+            acc[2] += c.exposed_share_us / n
     k = len(counted) or 1
     rows = [
         ModuleCommStat(module, kind, phase, count / k, time / k, exposed / k)
@@ -239,6 +392,9 @@ def mean_by_kind(ranks: list[RankResult]) -> list[CommKindStat]:
                 exposed_pct_median=median(r.exposed_pct_median for r in same),
                 forward_exposed_us=sum(r.forward_exposed_us for r in same) / k,
                 backward_exposed_us=sum(r.backward_exposed_us for r in same) / k,
+                wait_us=sum(r.wait_us for r in same) / k,
+                wait_pct=sum(r.wait_pct for r in same) / k,
+                waited_for=sorted({p for r in same for p in r.waited_for}),
             )
         )
     return out

@@ -8,7 +8,7 @@ list reads most-costly first; its ``confidence`` says how sure the verdict is.
 
 from __future__ import annotations
 
-from hf_distprof.analysis import memory
+from hf_distprof.analysis import comm, memory
 from hf_distprof.analysis.model import AnalysisOptions, CommKindStat, CrossRankResult, Finding, RankResult
 from hf_distprof.verdicts import UNDECIDED, judge_share
 
@@ -37,6 +37,7 @@ def diagnose(
     if cross is not None:
         findings += _stragglers(cross)
         findings += _imbalance(cross, options)
+        findings += _waiting_for_peers(ranks, cross, options)
     findings += _low_utilisation(ranks, options)
     findings += _launch_bound(ranks, options)
     findings += _data_loading(ranks, options)
@@ -56,20 +57,26 @@ def undecided(cross: CrossRankResult | None) -> list[str]:
     return out
 
 
-def _comm_pct_per_step(rank: RankResult) -> list[float]:
+def _transfer_pct_per_step(rank: RankResult) -> list[float]:
+    """Per step, the exposed communication that is not a wait for a late peer, % of the step (GPU: its GPU span)."""
+    waits = comm.wait_us_per_step(rank)
     if rank.device == "gpu":
-        return [s.gpu.exposed_comm_pct for s in rank.steps if s.gpu is not None]
-    return [s.cpu.pct(s.cpu.communication_us) for s in rank.steps]
+        return [100.0 * max(0.0, s.gpu.exposed_comm_us - waits[s.step]) / s.gpu.kernel_time_us
+                if s.gpu.kernel_time_us > 0 else 0.0 for s in rank.steps if s.gpu is not None]
+    return [s.cpu.pct(max(0.0, s.cpu.communication_us - waits[s.step])) for s in rank.steps]
 
 
 def _comm_bound(ranks: list[RankResult], options: AnalysisOptions, fsdp_findings: bool) -> list[Finding]:
-    verdicts = {r.rank: judge_share(_comm_pct_per_step(r), options.comm_bound_pct, "exposed communication")
-                for r in ranks}
+    """Communication-bound: the exposed communication that is the collectives themselves (a rank waiting for a late
+    peer is that peer's finding, not the network's) above the threshold, median over steps and in most steps."""
+    verdicts = {r.rank: judge_share(_transfer_pct_per_step(r), options.comm_bound_pct,
+                                    "exposed communication, waits for late peers left out") for r in ranks}
     hit = [r for r in ranks if verdicts[r.rank].raised]
     if not hit:
         return []
-    worst = max(hit, key=lambda r: r.exposed_comm_pct)
-    mean = _mean([r.exposed_comm_pct for r in ranks])
+    transfer = {r.rank: _mean(_transfer_pct_per_step(r)) for r in ranks}
+    worst = max(hit, key=lambda r: transfer[r.rank])
+    mean = _mean(list(transfer.values()))
     gpu = worst.device == "gpu"
     overlap = [
         s.gpu.comm_comp_overlap_pct for s in worst.steps if s.gpu and s.gpu.comm_comp_overlap_pct is not None
@@ -77,6 +84,11 @@ def _comm_bound(ranks: list[RankResult], options: AnalysisOptions, fsdp_findings
     what = (
         "communication kernels run with no computation" if gpu else "the training thread waits on collectives"
     )
+    waited = worst.exposed_comm_pct - transfer[worst.rank]
+    peers = sorted({p for row in worst.comm_by_kind for p in row.waited_for})
+    late = (f"; of rank {worst.rank}'s {worst.exposed_comm_pct:.1f}% exposed, {waited:.1f}% is a wait for a late peer "
+            f"(rank{'s' if len(peers) > 1 else ''} {', '.join(map(str, peers))}), left out"
+            if waited >= 0.05 and peers else "")
     return [
         Finding(
             kind="communication_bound",
@@ -84,31 +96,73 @@ def _comm_bound(ranks: list[RankResult], options: AnalysisOptions, fsdp_findings
             title="Communication-bound",
             ranks=[r.rank for r in hit],
             evidence=(
-                f"{what} for {mean:.1f}% of step time on average (rank {worst.rank}: "
-                f"{worst.exposed_comm_pct:.1f}%; threshold {options.comm_bound_pct:g}%)"
+                f"{what}, the collectives themselves and not a wait for a late peer, for {mean:.1f}% of step time "
+                f"on average (rank {worst.rank}: {transfer[worst.rank]:.1f}%, median "
+                f"{verdicts[worst.rank].median_pct:.1f}%; threshold {options.comm_bound_pct:g}%)" + late
                 + (f"; only {_mean(overlap):.1f}% of communication overlaps computation" if overlap else "")
                 + _kind_split(worst)
             ),
             recommendation=(
-                (
-                    "FSDP's all-gathers and reduce-scatters: see the FSDP findings for which and where; "
-                    if fsdp_findings
-                    else "Overlap communication with compute: larger DDP buckets (bucket_cap_mb) or gradient "
-                    "accumulation to all-reduce less often, FSDP prefetching and wrap granularity, "
-                    "fewer/larger collectives (the per-kind table says which); "
-                )
-                + "if one rank is late (see straggler findings) the wait is its fault, not the network's."
+                "FSDP's all-gathers and reduce-scatters: see the FSDP findings for which and where."
+                if fsdp_findings
+                else "Overlap communication with compute: larger DDP buckets (bucket_cap_mb) or gradient "
+                "accumulation to all-reduce less often, FSDP prefetching and wrap granularity, "
+                "fewer/larger collectives (the per-kind table says which)."
             ),
-            numbers={"exposed_comm_pct": mean, "worst_rank_exposed_comm_pct": worst.exposed_comm_pct},
+            numbers={"transfer_pct": mean, "worst_rank_transfer_pct": transfer[worst.rank],
+                     "exposed_comm_pct": _mean([r.exposed_comm_pct for r in ranks]),
+                     "worst_rank_exposed_comm_pct": worst.exposed_comm_pct},
             confidence=min(verdicts[r.rank].confidence for r in hit),
         )
     ]
 
 
+def _waiting_for_peers(ranks: list[RankResult], cross: CrossRankResult, options: AnalysisOptions) -> list[Finding]:
+    """Ranks that wait for late peers for more than ``comm_bound_pct`` of the step (median over steps, in most
+    steps) when no slow-rank verdict names whom: the time is the ranks' skew, not the network, and no finding
+    would otherwise say where a large share of the step goes (a raised verdict's finding carries the waits)."""
+    if any(v is not None and v.raised for v in (cross.straggler_verdict, cross.imbalance_verdict)):
+        return []
+    shares = {r.rank: comm.wait_pct_per_step(r) for r in ranks}
+    verdicts = {rank: judge_share(pct, options.comm_bound_pct, "waiting for late peers")
+                for rank, pct in shares.items()}
+    hit = sorted(rank for rank, v in verdicts.items() if v.raised)
+    if not hit:
+        return []
+    mean = _mean([_mean(pct) for pct in shares.values()])
+    worst = max(hit, key=lambda rank: verdicts[rank].median_pct)
+    peers = comm.waits_for_peers(next(r for r in ranks if r.rank == worst))
+    by_peer = sorted(((sum(kinds.values()), p) for p, kinds in peers.items()), reverse=True)
+    whom = ", ".join(f"rank {p} {pct:.1f}%" for pct, p in by_peer[:3])
+    n = verdicts[worst].steps
+    return [
+        Finding(
+            kind="waiting_for_peers",
+            severity=mean,
+            title="Ranks wait for late peers",
+            ranks=hit,
+            evidence=(
+                f"the ranks wait at collectives for a peer that arrives later for {mean:.1f}% of step time on average "
+                f"(rank {worst}: {verdicts[worst].median_pct:.1f}%, median over {n} step{'s' if n != 1 else ''}; "
+                f"threshold {options.comm_bound_pct:g}%); rank {worst} waits for {whom} of its step; no verdict "
+                "names a slow rank (see the straggler and imbalance verdicts)"
+            ),
+            recommendation=(
+                "This is the ranks' skew, not the network: compare the late ranks' steps with a peer's in the merged "
+                "trace (hf-distprof merge), trace more steps (or keep the step timer on) so that the verdicts can "
+                "name a rank, and give every rank the same work."
+            ),
+            numbers={"wait_pct": mean, "worst_rank_wait_pct": verdicts[worst].median_pct},
+            confidence=min(verdicts[rank].confidence for rank in hit),
+        )
+    ]
+
+
 def _kind_split(rank: RankResult) -> str:
-    """"; exposed by kind: all_gather 9.8%, ..." for a rank with collectives, else ""."""
-    parts = [f"{row.kind} {row.exposed_pct:.1f}%" for row in rank.comm_by_kind if row.exposed_us > 0]
-    return f"; exposed by kind on rank {rank.rank}: {', '.join(parts)}" if parts else ""
+    """"; exposed by kind on rank R: all_gather 9.8% (of which 7.0% waiting), ..." for a rank with collectives."""
+    parts = [f"{row.kind} {row.exposed_pct:.1f}%" + (f" ({row.wait_pct:.1f}% waiting)" if row.wait_pct >= 0.05 else "")
+             for row in rank.comm_by_kind if row.exposed_us > 0]
+    return f"; exposed by kind on rank {rank.rank} (% of the step): {', '.join(parts)}" if parts else ""
 
 
 def _fsdp_rows(ranks: list[RankResult], kind: str, options: AnalysisOptions) -> list[tuple[RankResult, CommKindStat]]:
@@ -128,7 +182,8 @@ def _steps_above(rank: RankResult, kind: str, threshold_pct: float) -> float:
     exposed: dict[int, float] = {}
     for c in rank.collectives:
         if c.kind == kind:
-            exposed[c.step] = exposed.get(c.step, 0.0) + c.exposed_us
+            for start, end, step in c.exposed_share:  # shares: overlapping collectives do not count a moment twice
+                exposed[step] = exposed.get(step, 0.0) + end - start
     steps = [s for s in rank.steps if s.duration_us > 0]
     above = sum(100.0 * exposed.get(s.step, 0.0) / s.duration_us > threshold_pct for s in steps)
     return above / len(steps) if steps else 0.0
@@ -144,7 +199,7 @@ def _worst_unit(rank: RankResult, kind: str) -> str:
     per: dict[tuple[str, str | None], float] = {}
     for c in rank.collectives:
         if c.kind == kind and c.module is not None:
-            per[(c.module, c.phase)] = per.get((c.module, c.phase), 0.0) + c.exposed_us
+            per[(c.module, c.phase)] = per.get((c.module, c.phase), 0.0) + c.exposed_share_us
     if not per:
         return ""
     (module, phase), exposed = max(per.items(), key=lambda kv: kv[1])

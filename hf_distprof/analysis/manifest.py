@@ -122,6 +122,10 @@ def assemble(parts: Sequence[Mapping[str, Any]], combined: bool = False,
         "unfinished_ranks": [r["rank"] for r in rows if r["status"] != FINISHED],
         "windows": [windows[k] for k in sorted(windows)],
         "files": sorted(files, key=lambda f: (f["rank"], f["window"] or [0, 0], f["name"])),
+        # The schedule rank 0 followed and the last step any rank reached: why a run has no window (older parts:
+        # absent).
+        "schedule": by_rank.get(0, first).get("schedule"),
+        "last_step": max((int(p["last_step"]) for p in parts if isinstance(p.get("last_step"), int)), default=None),
     }
 
 
@@ -374,6 +378,42 @@ def run_summary_beside(files: Sequence[str | Path]) -> tuple[RunSummary | None, 
         except ManifestError as err:
             errors.append((err.path, err.reason))
     return None, errors
+
+
+def why_no_trace(folder: str | Path) -> str | None:
+    """Why a run folder holds no trace, from its run manifest; None when it has none.
+
+    The manifest records the schedule each rank followed and the last step the run reached, so a run that ended
+    before its first recorded step says so, with the flags that place that step.
+    """
+    try:
+        manifest = load_manifest(folder)
+    except ManifestError as err:
+        return f"its run manifest cannot be read ({err.reason})"
+    if manifest is None:
+        return None
+    windows = [w for w in _list(manifest.get("windows")) if isinstance(w, dict)]
+    if windows:
+        steps = ", ".join(f"{w.get('first')}-{w.get('last')}" for w in windows)
+        return (f"the run manifest lists {len(windows)} window(s) (steps {steps}) whose traces are not in this folder: "
+                "lost, or written to another host's node-local folder")
+    schedule, last = manifest.get("schedule"), manifest.get("last_step")
+    first = schedule.get("first_recorded_step") if isinstance(schedule, dict) else None
+    if isinstance(first, int) and isinstance(last, int) and isinstance(schedule, dict):
+        if last < first:
+            offset = schedule.get("offset") or 0
+            on_request = ("; no window was requested on demand or opened on anomaly either"
+                          if schedule.get("on_demand") or schedule.get("on_anomaly") else "")
+            return (f"the profiler took no window: training ended at step {last}, before the schedule's first recorded "
+                    f"step {first} (--profiler-skip-first {schedule.get('skip_first')} + --profiler-wait-steps "
+                    f"{schedule.get('wait')} + --profiler-warmup-steps {schedule.get('warmup')} + 1"
+                    + (f", counted from step {offset}, where training resumed" if offset else "")
+                    + f"); lower those flags or run more steps{on_request}")
+        return (f"the profiler took no window although training reached step {last}, past the schedule's first "
+                f"recorded step {first}: it could not start or write on any rank (see rank{{R}}.log)")
+    if not manifest.get("complete"):
+        return "the run manifest lists no window, and the run stopped before train end (it is incomplete)"
+    return "the run manifest lists no profiler window (it was written without the schedule, by an older hf_distprof)"
 
 
 def format_run(run: RunSummary) -> list[str]:

@@ -317,11 +317,27 @@ class Collective:
     input, otherwise the buffer), from the trace; None when the trace does not record it."""
     group_size: int | None = None
     """Ranks taking part: the process group's size when the trace records it, else the world size."""
+    exposed_share: list[tuple[float, float, int]] = field(default_factory=list)
+    """Its share of the rank's exposed communication, as ``(start, end, step)`` pieces: every exposed moment goes to
+    one collective, the earliest started of those in flight (the one the rank waits on), so that pieces never
+    overlap and the per-kind tables add up to the step's exposed communication (``exposed_us`` counts a moment once
+    per collective in flight). ``step`` is the step whose exposed communication the piece is part of."""
+    peers_in_us: float | None = None
+    """When the last rank taking part reached it, on this rank's clock (clocks aligned across ranks,
+    :func:`hf_distprof.analysis.comm.set_waits`); exposed time before then is waiting for a late peer. None when it
+    was not matched on every rank."""
+    waited_for: int | None = None
+    """The rank that arrived last, when it is another rank (this one waited for it); else None."""
 
     @property
     def duration_us(self) -> float:
         """Its own time."""
         return self.end_us - self.start_us
+
+    @property
+    def exposed_share_us(self) -> float:
+        """Total of :attr:`exposed_share`."""
+        return sum(e - s for s, e, _ in self.exposed_share)
 
 
 @dataclass
@@ -333,17 +349,37 @@ class CommKindStat:
     """The collective kinds counted in this row (several for "other": all_to_all, broadcast ...)."""
     count_per_step: float
     time_us: float
-    """Mean per step of the collectives' own time (GPU kernels, gloo spans), summed."""
+    """Mean per step of the collectives' own time (GPU kernels, gloo spans): the union of their spans, so two
+    overlapping collectives (gloo's two worker threads, two NCCL streams) count their common time once."""
     exposed_us: float
-    """Mean per step of the part of that time that no computation hides."""
+    """Mean per step of this kind's share of the step's exposed communication (:attr:`Collective.exposed_share`):
+    the rows of a rank add up to its exposed communication."""
     exposed_pct: float
-    """``exposed_us`` as % of the step: GPU span of the step on GPU traces, step wall time on CPU."""
+    """Exposed time as % of the step (GPU: the step's GPU span; CPU: its wall time), mean over steps: the rows of a
+    rank add up to the headline's exposed communication of that rank."""
     exposed_pct_median: float
     """Median over the steps of each step's exposed share (what findings compare to their threshold)."""
     forward_exposed_us: float
     """Per step, exposed time of those issued in FSDP's forward (0 without FSDP annotations)."""
     backward_exposed_us: float
     """Per step, exposed time of those issued in FSDP's backward (0 without FSDP annotations)."""
+    wait_us: float = 0.0
+    """Of ``exposed_us``: waiting for a late peer (before the last rank reached the same collective)."""
+    wait_pct: float = 0.0
+    """``wait_us`` as % of the step (same base as ``exposed_pct``), mean over steps."""
+    waited_for: list[int] = field(default_factory=list)
+    """The ranks waited for, longest wait first."""
+
+    @property
+    def transfer_us(self) -> float:
+        """Exposed time that is not a wait for a late peer: the collective itself (what the network and the
+        collective's size decide)."""
+        return max(0.0, self.exposed_us - self.wait_us)
+
+    @property
+    def transfer_pct(self) -> float:
+        """``transfer_us`` as % of the step."""
+        return max(0.0, self.exposed_pct - self.wait_pct)
 
     @property
     def overlap_pct(self) -> float | None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import Counter
+from collections.abc import Sequence
+from typing import Any
 
 from hf_distprof.analysis import comm
 from hf_distprof.analysis import intervals as iv
@@ -249,6 +251,13 @@ def analyze_rank(trace: ParsedTrace, options: AnalysisOptions) -> RankResult:
     else:
         waiting = iv.merge(w for split in splits for w in split.communication)
         comm.set_exposure(collectives, waiting, hidden_when_covered=False)
+    # Each exposed moment of a step goes to one collective, so that the per-kind rows add up to the step's exposed
+    # communication (CPU: the training thread waiting; GPU: communication kernels with no computation running).
+    if on_gpu:
+        exposed = _gpu_exposed_per_step(trace, columns, step_events if columns is not None else None, gpu_steps)
+    else:
+        exposed = [(step.number, split.communication) for step, split in zip(trace.steps, splits)]
+    comm.share_exposure(collectives, exposed)
     if columns is not None and issued is not None:
         selected = columns.hta_selection(trace, issued)
         gpu_total = columns.breakdown(selected, options.tiny_kernel_us)
@@ -288,6 +297,30 @@ def _gpu_busy(trace: ParsedTrace, columns: object) -> list[iv.Interval]:
     if isinstance(columns, fast.GpuColumns):
         return fast.as_list(fast.merge(columns.starts, columns.ends))
     return iv.merge(zip(trace.gpu.start, trace.gpu.end))
+
+
+def _gpu_exposed_per_step(
+    trace: ParsedTrace, columns: object, step_events: Sequence[Any] | None, gpu_steps: list[list[int]]
+) -> list[tuple[int, list[iv.Interval]]]:
+    """Per step, its communication kernels with no computation kernel of the step running: the intervals whose
+    total is the step's ``exposed_comm_us`` (:func:`hf_distprof.analysis.gpu.gpu_breakdown`)."""
+    from hf_distprof.analysis import fast  # imported in the worker, see analyze_rank
+
+    out: list[tuple[int, list[iv.Interval]]] = []
+    if isinstance(columns, fast.GpuColumns) and step_events is not None:
+        for step, ix in zip(trace.steps, step_events):
+            bits, starts, ends = columns.bits[ix], columns.starts[ix], columns.ends[ix]
+            comm_m = fast.as_list(fast.merge(starts[bits == fast.COMM_BIT], ends[bits == fast.COMM_BIT]))
+            comp_m = fast.as_list(fast.merge(starts[bits == fast.COMP_BIT], ends[bits == fast.COMP_BIT]))
+            out.append((step.number, iv.subtract(comm_m, comp_m)))
+        return out
+    gpu = trace.gpu
+    for step, indices in zip(trace.steps, gpu_steps):  # every event of the step on this path
+        cats = [(gpu.start[i], gpu.end[i], kernel_category(gpu.name[i])) for i in indices]
+        comm_m = iv.merge((s, e) for s, e, cat in cats if cat == COMMUNICATION)
+        comp_m = iv.merge((s, e) for s, e, cat in cats if cat == COMPUTATION)
+        out.append((step.number, iv.subtract(comm_m, comp_m)))
+    return out
 
 
 def _splits(trace: ParsedTrace, in_flight: list[iv.Interval], waits_block: bool) -> list[MainThreadSplit]:

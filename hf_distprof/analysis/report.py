@@ -290,19 +290,23 @@ def _comm_markdown(result: AnalysisResult) -> list[str]:
         "",
         "## Communication by collective kind",
         "",
-        "Per step, mean over ranks. Exposed: not hidden behind computation (GPU: no computation kernel runs; "
-        "CPU: the training thread waits). Forward/backward: issued in FSDP's forward or backward.",
+        "Per step, mean over ranks. Busy: the union of the collectives' spans. Exposed: not hidden behind "
+        "computation (GPU: no computation kernel runs; CPU: the training thread waits), each moment counted once, "
+        "so the rows add up to the headline's exposed communication. Wait: of the exposed time, waiting for a late "
+        "peer (before the last rank reached the same collective); the rest is the collective itself. % of step: "
+        "of the step's wall time (GPU: its GPU span), mean over steps. Forward/backward: issued in FSDP's forward "
+        "or backward.",
         "",
-        "| kind | calls | time ms | exposed ms | exposed % of step | hidden % | forward exposed ms | "
-        "backward exposed ms |",
-        "|---|---|---|---|---|---|---|---|",
+        "| kind | calls | busy ms | exposed ms | waiting for a peer ms | exposed % of step | waiting % of step | "
+        "hidden % of busy | forward exposed ms | backward exposed ms |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in result.comm_by_kind:
         hidden = "-" if row.overlap_pct is None else f"{row.overlap_pct:.1f}"
         lines.append(
             f"| {row.kind} ({', '.join(row.kinds)}) | {row.count_per_step:.1f} | {row.time_us / 1e3:.2f} | "
-            f"{row.exposed_us / 1e3:.2f} | {row.exposed_pct:.1f} | {hidden} | {row.forward_exposed_us / 1e3:.2f} | "
-            f"{row.backward_exposed_us / 1e3:.2f} |"
+            f"{row.exposed_us / 1e3:.2f} | {row.wait_us / 1e3:.2f} | {row.exposed_pct:.1f} | {row.wait_pct:.1f} | "
+            f"{hidden} | {row.forward_exposed_us / 1e3:.2f} | {row.backward_exposed_us / 1e3:.2f} |"
         )
     if result.comm_by_module:
         lines += [
@@ -333,7 +337,7 @@ def _bandwidth_markdown(result: AnalysisResult) -> list[str]:
             "Wait: the part of the time spent waiting for the last rank to arrive; transfer bandwidths divide "
             "by the rest, the time data was moving.",
             "",
-            "| kind | n | size | calls | mean size | time ms | algbw | busbw | wait % | transfer algbw | "
+            "| kind | n | size | calls | mean size | time ms | algbw | busbw | wait % of time | transfer algbw | "
             "transfer busbw |",
             "|---|---|---|---|---|---|---|---|---|---|---|",
         ]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from hf_distprof.analysis import comm
 from hf_distprof.analysis.bandwidth_ref import totals
 from hf_distprof.analysis.manifest import format_run
 from hf_distprof.analysis.model import AnalysisResult, BandwidthStat, CommKindStat, DeviceMemory, RankResult
@@ -53,13 +56,24 @@ def _findings_lines(result: AnalysisResult) -> list[str]:
         lines.append(f"   Try: {f.recommendation}")
     for text in result.undecided:
         lines.append(f"Not enough evidence, no verdict: {text}")
-    slowdown = result.profiler_slowdown
-    if slowdown and slowdown.get("ratio") is not None and not slowdown.get("warning"):
-        lines.append(
-            f"Profiler slowdown: traced steps {slowdown['ratio']:.2f}x the run's other steps "
-            f"(below {slowdown['threshold_ratio']:g}x)"
-        )
+    lines += _slowdown_lines(result.profiler_slowdown)
     return lines
+
+
+def _slowdown_lines(slowdown: dict[str, Any] | None) -> list[str]:
+    """The profiler's slowdown when it raised no finding: its ratio against the untraced steps and their noise, or
+    why there is none."""
+    if not slowdown or slowdown.get("warning"):
+        return []
+    if slowdown.get("ratio") is None:
+        return [f"Profiler slowdown: {slowdown['note']}"] if isinstance(slowdown.get("note"), str) else []
+    ratio, noise = float(slowdown["ratio"]), slowdown.get("noise_pct")
+    around = (f"the {slowdown.get('steps_before', 0) + slowdown.get('steps_after', 0)} untraced steps before and after "
+              "the window" if isinstance(noise, (int, float)) else "the run's other steps")
+    within = (f", within their step-to-step noise of {noise:.1f}%" if isinstance(noise, (int, float))
+              and abs(100.0 * (ratio - 1.0)) <= noise else
+              f" (their step-to-step noise {noise:.1f}%)" if isinstance(noise, (int, float)) else "")
+    return [f"Profiler slowdown: traced steps {ratio:.2f}x {around}{within}; below {slowdown['threshold_ratio']:g}x"]
 
 
 def _rank_rows(rank: RankResult) -> list[str]:
@@ -88,9 +102,26 @@ def _rank_rows(rank: RankResult) -> list[str]:
 def _kind_row(label: str, row: CommKindStat) -> str:
     hidden = "-" if row.overlap_pct is None else f"{row.overlap_pct:.1f}"
     return (
-        f"{label:>4} {row.kind:<15} {row.count_per_step:>6.1f} {_ms(row.time_us):>9} {_ms(row.exposed_us):>10} "
-        f"{row.exposed_pct:>8.1f} {hidden:>7} {_ms(row.forward_exposed_us):>9} {_ms(row.backward_exposed_us):>9}"
+        f"{label:>4} {row.kind:<15} {row.count_per_step:>6.1f} {_ms(row.time_us):>8} {_ms(row.exposed_us):>8} "
+        f"{_ms(row.wait_us):>8} {row.exposed_pct:>9.1f} {row.wait_pct:>10.1f} {hidden:>9} "
+        f"{_ms(row.forward_exposed_us):>8} {_ms(row.backward_exposed_us):>8}"
     )
+
+
+def _kind_totals(result: AnalysisResult) -> list[str]:
+    """The per-rank sums of the per-kind rows (the headline's exposed communication), and who waits for whom."""
+    ranks = [r for r in result.ranks if r.comm_by_kind]
+    if not ranks:
+        return []
+    sums = ", ".join(f"rank {r.rank} {sum(row.exposed_pct for row in r.comm_by_kind):.1f}%" for r in ranks)
+    out = [f"exposed %step per rank (its rows added up; the headline's figure): {sums}"]
+    for r in ranks[:KIND_TABLE_MAX_RANKS]:
+        peers = {peer: sum(kinds.values()) for peer, kinds in comm.waits_for_peers(r).items()}
+        shown = sorted((p for p, pct in peers.items() if pct >= 0.05), key=lambda p: (-peers[p], p))
+        if shown:
+            out.append(f"rank {r.rank} waits for late peers {sum(peers.values()):.1f}% of its step: "
+                       + ", ".join(f"rank {p} {peers[p]:.1f}%" for p in shown))
+    return out
 
 
 def _kind_table(result: AnalysisResult) -> list[str]:
@@ -99,14 +130,19 @@ def _kind_table(result: AnalysisResult) -> list[str]:
         return []
     gpu = any(r.device == "gpu" for r in result.ranks)
     head = (
-        f"{'rank':>4} {'kind':<15} {'calls':>6} {'time ms':>9} {'exposed ms':>10} {'exposed%':>8} {'hidden%':>7} "
-        f"{'fwd exp':>9} {'bwd exp':>9}"
+        f"{'rank':>4} {'kind':<15} {'calls':>6} {'busy ms':>8} {'exp ms':>8} {'wait ms':>8} {'exp %step':>9} "
+        f"{'wait %step':>10} {'hid %busy':>9} {'fwd exp':>8} {'bwd exp':>8}"
     )
     out = [
         "",
-        "Communication by collective kind (per step; exposed = not hidden behind "
-        + ("computation kernels" if gpu else "computation: the training thread waits")
-        + "; % of the step; fwd/bwd: issued in FSDP's forward/backward)",
+        "Communication by collective kind, per step. busy: the union of the collectives' spans; exp (exposed): "
+        + ("communication kernels with no computation kernel running" if gpu else "the training thread waits for it")
+        + ", each moment counted once (the earliest started collective in flight), so a rank's rows add up to its "
+        "exposed communication; wait: of that, waiting for a late peer (before the last rank reached the same "
+        "collective), the rest is the collective itself; %step: % of the step ("
+        + ("its GPU span, as HTA's" if gpu else "its wall time")
+        + "), mean over steps; hid %busy: % of the busy time hidden behind computation; fwd/bwd exp: exposed ms "
+        "issued in FSDP's forward/backward",
         head,
         "-" * len(head),
     ]
@@ -116,7 +152,7 @@ def _kind_table(result: AnalysisResult) -> list[str]:
     others = sorted({k for row in result.comm_by_kind if row.kind == "other" for k in row.kinds})
     if others:
         out.append(f"other = {', '.join(others)}")
-    return out
+    return out + _kind_totals(result)
 
 
 def _unit_table(result: AnalysisResult) -> list[str]:
@@ -155,14 +191,17 @@ def format_gbps(value: float | None) -> str:
 
 
 def missing_sizes_note(result: AnalysisResult) -> str | None:
-    """A sentence on the collectives without a recorded size, or None when every one has one."""
+    """A sentence on the collectives without a recorded size, or None when every one has one; it names what gives
+    the sizes for the run's own backend (gloo and other CPU backends: recorded shapes only)."""
     if not result.unsized_collectives:
         return None
-    return (
-        f"{result.unsized_collectives} collective(s), counted on every rank, have no message size: NCCL traces "
-        "of newer PyTorch state sizes; otherwise record shapes (--profiler-record-shapes) and, for an NCCL "
-        "trace, analyse with --message-sizes shapes."
-    )
+    head = f"{result.unsized_collectives} collective(s), counted on every rank, have no message size"
+    if not any(r.device == "gpu" for r in result.ranks):
+        backends = sorted({r.backend for r in result.ranks if r.backend}) or ["CPU"]
+        return (f"{head}: {'/'.join(backends)} traces state them only as recorded shapes: profile with "
+                "--profiler-record-shapes (it slows the traced steps, see the flag).")
+    return (f"{head}: NCCL traces of newer PyTorch state sizes (record_param_comms); with older ones, record shapes "
+            "(--profiler-record-shapes) and analyse with --message-sizes shapes.")
 
 
 def _bandwidth_row(row: BandwidthStat) -> str:
@@ -171,7 +210,7 @@ def _bandwidth_row(row: BandwidthStat) -> str:
     algbw, busbw, x_algbw, x_busbw = (format_gbps(r) for r in rates)
     return (
         f"{row.kind:<15} {row.group_size or '-':>3} {row.bucket:<16} {row.count_per_rank:>6.1f} "
-        f"{format_bytes(row.mean_bytes):>11} {_ms(row.time_us):>9} {algbw:>7} {busbw:>7} {wait:>6} "
+        f"{format_bytes(row.mean_bytes):>11} {_ms(row.time_us):>9} {algbw:>7} {busbw:>7} {wait:>10} "
         f"{x_algbw:>7} {x_busbw:>7}"
     )
 
@@ -183,11 +222,11 @@ def _bandwidth_table(result: AnalysisResult) -> list[str]:
         return ["", f"Collective bandwidth: {note}"] if note else []
     head = (
         f"{'kind':<15} {'n':>3} {'size':<16} {'calls':>6} {'mean size':>11} {'time ms':>9} {'algbw':>7} "
-        f"{'busbw':>7} {'wait%':>6} {'x-algbw':>7} {'x-busbw':>7}"
+        f"{'busbw':>7} {'wait %time':>10} {'x-algbw':>7} {'x-busbw':>7}"
     )
     out = [
         "",
-        "Collective bandwidth (GB/s, nccl-tests' algbw and busbw; calls and time per rank; wait%: of the time, "
+        "Collective bandwidth (GB/s, nccl-tests' algbw and busbw; calls and time per rank; wait %time: of the time, "
         "waiting for the last rank to arrive; x-: over the rest, the transfer time)",
         head,
         "-" * len(head),
@@ -295,9 +334,10 @@ def format_summary(result: AnalysisResult) -> str:
         )
         out += [
             "",
-            "Per rank and step (main thread: compute / communication / data loading / other"
+            "Per rank and step (% of the step on the main thread: compute / communication / data loading / other"
             + (
-                "; GPU: HTA idle / compute / non-compute, exposed comm, comm-comp overlap)"
+                "; GPU, % of the step's GPU span: HTA idle / compute / non-compute, exposed comm; ovlp%: % of the "
+                "communication that overlaps computation)"
                 if gpu
                 else "; gloo: collective time, % of it under backward)"
             ),

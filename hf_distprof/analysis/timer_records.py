@@ -29,6 +29,15 @@ from hf_distprof.runs.load import TIMING_RE
 from hf_distprof.verdicts import KEPT_CELLS, SlowRankVerdict, judge_own_work
 
 
+# The phases of a step the timer records, each by its keys in order of preference.
+PHASE_KEYS = {
+    "data": ("data_load_s", "data_s"),
+    "forward": ("forward_s",),
+    "backward": ("backward_compute_s", "backward_s"),
+    "optimizer": ("optimizer_s",),
+}
+
+
 def _number(value: Any) -> float | None:
     """A finite number >= 0, else None (booleans, strings, NaN, negative values)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
@@ -80,24 +89,43 @@ class TimerRecords:
         Returns:
             None for older files (no marks), fewer than 2 ranks, or a rank without a usable row.
         """
-        if not self.marked or len(self.rows) < 2:
-            return None
-        ranks = sorted(self.rows)
-        common = set.intersection(*(set(self.rows[r]) for r in ranks)) - self.warmup
-        work: dict[int, dict[int, float]] = {r: {} for r in ranks}
-        for r in ranks:
-            for step in common:
-                value = _number(self.rows[r][step].get("own_work_s"))
-                if value is not None:
-                    work[r][step] = value
-        kept = sorted(set.intersection(*(set(w) for w in work.values())))[-max(64, KEPT_CELLS // len(ranks)):]
-        skip = self.traced | set(traced)
-        untraced = [s for s in kept if s not in skip]
-        judged = untraced if len(untraced) >= 2 else kept
+        judged = self.judged_steps(traced)
         if not judged:
             return None
+        ranks = sorted(self.rows)
         step_time = [max(_number(self.rows[r][s].get("step_s")) or 0.0 for r in ranks) for s in judged]
-        return judge_own_work({r: [work[r][s] for s in judged] for r in ranks}, threshold_pct, step_time)
+        work = {r: [float(self.rows[r][s]["own_work_s"]) for s in judged] for r in ranks}
+        return judge_own_work(work, threshold_pct, step_time)
+
+    def judged_steps(self, traced: Iterable[int] = ()) -> list[int]:
+        """The steps :meth:`verdict` judges, in order (empty for older files or fewer than 2 ranks)."""
+        if not self.marked or len(self.rows) < 2:
+            return []
+        ranks = sorted(self.rows)
+        common = set.intersection(*(set(self.rows[r]) for r in ranks)) - self.warmup
+        usable = [s for s in common if all(_number(self.rows[r][s].get("own_work_s")) is not None for r in ranks)]
+        kept = sorted(usable)[-max(64, KEPT_CELLS // len(ranks)):]
+        skip = self.traced | set(traced)
+        untraced = [s for s in kept if s not in skip]
+        return untraced if len(untraced) >= 2 else kept
+
+    def phases(self, steps: Iterable[int]) -> dict[str, dict[int, list[float]]]:
+        """phase -> rank -> its seconds in each of ``steps`` (data: inside the loader, else the data wait; forward;
+        backward compute, else the whole backward; optimizer); a phase some row lacks is left out."""
+        steps = list(steps)
+        out: dict[str, dict[int, list[float]]] = {}
+        for phase, keys in PHASE_KEYS.items():
+            values: dict[int, list[float]] = {}
+            for rank, rows in sorted(self.rows.items()):
+                got = [next((v for v in (_number(rows[s].get(k)) for k in keys) if v is not None), None)
+                       if s in rows else None for s in steps]
+                if any(v is None for v in got):
+                    break
+                values[rank] = [float(v or 0.0) for v in got]
+            else:
+                if steps and values:
+                    out[phase] = values
+        return out
 
 
 def read_timer_records(files: Iterable[str | Path]) -> TimerRecords:

@@ -18,6 +18,8 @@ from typing import Any
 
 import orjson
 
+from hf_distprof import names
+
 # How many decompressed bytes are parsed per chunk: large enough that orjson's per-call cost vanishes,
 # small enough that one chunk's Python objects (~10x its bytes) stay well under 100 MB.
 CHUNK_BYTES = 4 << 20
@@ -38,6 +40,25 @@ MAX_GZIP_RATIO = 100
 MIN_INFLATED_BOUND = 64 << 20
 
 
+class NoTraceError(FileNotFoundError):
+    """A folder without a trace file; ``run_folder`` is True when it is a run folder of this project (a run manifest
+    or step timer files), whose manifest can say why."""
+
+    def __init__(self, folder: Path, run_folder: bool) -> None:
+        self.folder = folder
+        self.run_folder = run_folder
+        what = "no profiler trace (*.pt.trace.json[.gz]) in this run folder" if run_folder else (
+            "no trace file (*.json, *.json.gz) in this folder")
+        super().__init__(f"{folder}: {what}")
+
+
+def is_run_folder(folder: Path) -> bool:
+    """Whether ``folder`` holds this project's run files (a run manifest, its parts, or step timer records)."""
+    return (folder / names.MANIFEST_NAME).is_file() or any(
+        next(folder.glob(pattern), None) is not None
+        for pattern in (names.MANIFEST_PART_NAME.format(rank="*", host="*"), names.TIMING_LOG_NAME.format(rank="*")))
+
+
 class TraceReadError(ValueError):
     """A trace file that cannot be analysed; the message names the file and what is wrong with it."""
 
@@ -51,9 +72,10 @@ def discover_trace_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
     """Expand folders into the trace files they hold (recursively), keeping explicit files as given.
 
     Hidden files (the temporary names of a trace being written atomically) are skipped in folders. When
-    a folder holds any PyTorch profiler trace (``*.pt.trace.json[.gz]``), only those are taken, so that
-    other JSON written next to them (``timing_summary.json``, ``analysis.json``) is not mistaken for a
-    trace; otherwise every ``*.json`` / ``*.json.gz`` is. Explicit files are always taken as given.
+    a folder holds any PyTorch profiler trace (``*.pt.trace.json[.gz]``), or is one of this project's run folders,
+    only those are taken, so that other JSON written next to them (``timing_summary.json``, ``manifest.json``) is
+    not mistaken for a trace; otherwise every ``*.json`` / ``*.json.gz`` is. Explicit files are always taken as
+    given.
 
     Args:
         paths: Folders and/or ``.json`` / ``.json.gz`` files.
@@ -62,7 +84,7 @@ def discover_trace_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
         The trace files, sorted within each folder, without duplicates.
 
     Raises:
-        FileNotFoundError: A path does not exist, or a folder holds no trace file.
+        FileNotFoundError: A path does not exist (:class:`NoTraceError`: a folder holds no trace file).
     """
     found: list[Path] = []
     for raw in paths:
@@ -74,10 +96,11 @@ def discover_trace_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
                 if p.is_file() and p.name.endswith(TRACE_SUFFIXES) and not p.name.startswith(".")
             )
             torch_traces = [p for p in inside if p.name.endswith(TORCH_TRACE_SUFFIXES)]
-            if torch_traces:
+            run_folder = not torch_traces and is_run_folder(path)
+            if torch_traces or run_folder:
                 inside = torch_traces
             if not inside:
-                raise FileNotFoundError(f"{path}: no trace file (*.json, *.json.gz) in this folder")
+                raise NoTraceError(path, run_folder)
             found.extend(inside)
         elif path.is_file():
             found.append(path)

@@ -202,6 +202,7 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         self.run_dir = paths.resolve_run_dir(self.args.profiler_output_dir, self.args.profiler_run_name, state)
         report_parallelism(kwargs.get("model"), args, state, self.run_dir)
         self._manifest = RunManifest.start(self.run_dir, self.args)  # hosts and clock offsets: collectives
+        self._manifest.planned(self.args, state.global_step, state.max_steps)  # a folder without a trace says why
         if self.run_dir is None:
             return  # nowhere to write (already warned): no profiler, training goes on
         if self.args.profile_ranks == "auto" or self.args.max_trace_mb is not None:
@@ -263,10 +264,13 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
                 self._policy.window_start(state.global_step + 1)  # after the agreement, before stepping into it
             if state.global_step >= state.max_steps:
                 # Close right after the last real step so the trace holds no step that never ran.
+                if self.prof.current_action in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE):
+                    self._step_ends_before_export(state.global_step)
                 self.close()
             elif self.prof.current_action == ProfilerAction.RECORD_AND_SAVE:
                 # The window's last step: step() stops the trace, then exports it. A signal in between would
                 # find the window neither recording nor written, so signals wait for the whole transition.
+                self._step_ends_before_export(state.global_step)
                 with signals.deferred():
                     self.prof.step()
             else:
@@ -281,6 +285,12 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
 
     def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
         self._step_boundary()
+
+    def _step_ends_before_export(self, step: int) -> None:
+        """The step timer ends this step before the trace is written, so that the export (0.4-2 s) is neither this
+        step's time nor the next step's data wait."""
+        if self.step_timer is not None:
+            self.step_timer.end_step_before_export(step)
 
     def _step_boundary(self) -> None:
         # The anomaly clock restarts after exports, logging, checkpoints and evaluation: they are not steps.
@@ -311,7 +321,7 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
             self._triggers.close()
             self._triggers = None
         if self._manifest is not None:
-            self._manifest.finish(self._failed_exports)  # a gather: rank 0 writes manifest.json
+            self._manifest.finish(self._failed_exports, state.global_step)  # a gather: rank 0 writes manifest.json
             self._manifest = None
         if self.written:
             logger.info("profiler wrote: " + ", ".join(str(p) for p in self.written))

@@ -104,6 +104,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self._rows: deque[list[float]] = deque(maxlen=ROWS_KEPT)
         self._series: StepSeries | None = None
         self._traced: Any = None  # step -> whether the profiler ran over it
+        self._ended_early: int | None = None  # a step ended before the profiler wrote its trace
         self._streak: dict[str, int | None] = {}  # what was over its threshold at the previous logging step
         # rank 0: each rank's MB in use at each logging step, for the memory-growth verdict
         self._growth_watch = GrowthWatch(args.memory_growth_threshold_pct, "process RSS", self._distorts_memory)
@@ -145,7 +146,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self._log_step = None
         self._flos_logged = self._flos_begin = float(state.total_flos)
         self._interval, self._run, self._warmup = PhaseTotals(), PhaseTotals(), PhaseTotals()
-        self._rows, self._streak = deque(maxlen=ROWS_KEPT), {}
+        self._rows, self._streak, self._ended_early = deque(maxlen=ROWS_KEPT), {}, None
         self._series = StepSeries(dist.get_world_size())
         self._traced = traced_steps(self.args, state.global_step)
         self._growth_watch = GrowthWatch(
@@ -223,15 +224,30 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
     ) -> None:
         if self._recorder is None:
             return
-        # Closed at on_optimizer_step already, unless a trainer skipped that hook: then the open phase would
-        # keep the next step's data phase from opening.
-        self._labels.exit()
-        self._recorder.step_end(state.global_step)
+        if self._ended_early == state.global_step:
+            # The profiler wrote a trace since (end_step_before_export): the next step's data wait starts now.
+            self._ended_early = None
+            self._recorder.boundary()
+        else:
+            # Closed at on_optimizer_step already, unless a trainer skipped that hook: then the open phase would
+            # keep the next step's data phase from opening.
+            self._labels.exit()
+            self._recorder.step_end(state.global_step)
         # DefaultFlowCallback (always the first callback) has decided on every rank whether the Trainer
         # logs this step; the gather in on_log follows that decision, not whoever calls on_log.
         self._mark_log_step(state, control)
         if self._recorder.pending_steps >= MAX_PENDING_STEPS:
             self._guarded(self._drain)  # local only: bounded memory when logging is rare or off
+
+    def end_step_before_export(self, step: int) -> None:
+        """End optimizer step ``step`` now: the profiler is about to write a trace in its ``on_step_end`` (called by
+        :class:`~hf_distprof.callbacks.profiler.ProfilerCallback`, which runs before this callback). The export is
+        the profiler's, not the training's: it belongs neither to this step nor to the next one's data wait."""
+        if self._recorder is None:
+            return
+        self._labels.exit()
+        self._recorder.step_end(step)
+        self._ended_early = step
 
     def on_epoch_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hf_distprof.advice import PHASE_ADVICE
 from hf_distprof.timing.recorder import StepTiming
 from hf_distprof.verdicts import KEPT_CELLS, SlowRankVerdict, imbalance_pct, judge_own_work
 
@@ -174,27 +175,6 @@ class CrossRankReport:
         return dataclasses.asdict(self)
 
 
-_PHASE_ADVICE = {
-    "data": (
-        "its input pipeline is the bottleneck: raise --dataloader_num_workers, set --dataloader_pin_memory, "
-        "pre-tokenize the dataset instead of tokenizing in the collator, and check that host for CPU or "
-        "disk contention"
-    ),
-    "forward": (
-        "its forward compute is slower: check for uneven sequence lengths across ranks (pad to a fixed "
-        "length or use --group_by_length), a slower or throttled device "
-        "(nvidia-smi -q -d PERFORMANCE,CLOCK), "
-        "or other processes sharing that device or host"
-    ),
-    "backward": (
-        "its backward compute is slower: check for uneven sequence lengths across ranks (pad to a fixed "
-        "length or use --group_by_length), a slower or throttled device "
-        "(nvidia-smi -q -d PERFORMANCE,CLOCK), "
-        "or other processes sharing that device or host"
-    ),
-}
-
-
 def _phase_components(rank: RankSummary) -> dict[str, float]:
     data = rank.data_load_s if rank.data_load_s is not None else rank.data_s
     return {"data": data or 0.0, "forward": rank.forward_s or 0.0, "backward": rank.backward_compute_s or 0.0}
@@ -284,7 +264,7 @@ def cross_rank_report(
             f"Its own work before the gradient sync (data + forward + backward compute) takes "
             f"{slow.pre_sync_s:.4f}s per step vs {typical:.4f}s on a typical peer, and the other ranks wait "
             f"for it in the collectives ({verdict.reason}; confidence {verdict.confidence:.3f}). Most of the "
-            f"difference is in {phase} (+{excess:.4f}s per step): rank {slow.rank}: {_PHASE_ADVICE[phase]}."
+            f"difference is in {phase} (+{excess:.4f}s per step): rank {slow.rank}: {PHASE_ADVICE[phase]}."
         )
     if mem_imbalance is not None and mem_imbalance > memory_threshold_pct:
         warnings.append(memory_warning(ranks, mem_imbalance, memory_threshold_pct))

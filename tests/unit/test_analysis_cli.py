@@ -43,16 +43,16 @@ def test_analyze_json_and_report(tmp_path: Path, capsys: pytest.CaptureFixture[s
     )
     assert rc == 0
     data = orjson.loads(capsys.readouterr().out)
-    # What to fix first opens the findings (test_analysis_whatif.py checks it); then the straggler.
-    assert [(f["kind"], f["ranks"]) for f in data["findings"][:2]] == [("what_to_fix_first", [1]), ("straggler", [1])]
+    # What to fix first opens the findings (test_analysis_whatif.py checks it); then the slow rank's chain.
+    assert [(f["kind"], f["ranks"]) for f in data["findings"][:2]] == [("what_to_fix_first", [1]), ("slow_rank", [1])]
     for name in (REPORT_MD, REPORT_HTML, RESULT_JSON):
         assert (tmp_path / "rep" / name).stat().st_size > 0
     for name in PNGS:
         assert (tmp_path / "rep" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     html = (tmp_path / "rep" / REPORT_HTML).read_text()
-    assert html.count("data:image/png;base64,") == len(PNGS) and "Straggler: rank 1" in html
-    assert "Straggler: rank 1** (ranks 1), confidence 0.98" in (tmp_path / "rep" / REPORT_MD).read_text()
-    assert "Straggler: rank 1" in (tmp_path / "rep" / REPORT_MD).read_text()
+    assert html.count("data:image/png;base64,") == len(PNGS) and "Rank 1 holds the others back" in html
+    assert ("Rank 1 holds the others back: its compute (forward, backward and optimizer)** (ranks 1), confidence 0.98"
+            in (tmp_path / "rep" / REPORT_MD).read_text())
 
 
 def test_analyze_text_summary(capsys: pytest.CaptureFixture[str]) -> None:

@@ -70,8 +70,8 @@ def test_older_files_without_marks_give_no_verdict_and_their_first_row_is_the_wa
 
 def test_bad_rows_are_skipped_and_one_rank_gives_no_verdict(tmp_path: Path) -> None:
     row = {"step": 2, "step_s": 0.2, "own_work_s": 0.1, "warmup": False, "traced": False}
-    lines = ["{not json", json.dumps(["a", "list"]), json.dumps({**row, "step": "3"}), json.dumps({**row, "step": True}),
-             json.dumps(row), ""]
+    lines = ["{not json", json.dumps(["a", "list"]), json.dumps({**row, "step": "3"}),
+             json.dumps({**row, "step": True}), json.dumps(row), ""]
     (tmp_path / "timing_rank0.jsonl").write_text("\n".join(lines))
     (tmp_path / "timing_rankX.jsonl").write_text(json.dumps(row))  # no rank in the name
     records = read_timer_records([tmp_path / "x.json"])

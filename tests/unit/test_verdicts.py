@@ -149,12 +149,12 @@ def test_a_share_needs_most_steps_above_the_threshold():
     assert judge_share([], 30.0, "x").status == "quiet"
 
 
-def test_profiler_slowdown_compares_traced_steps_with_the_steps_before():
-    steps = {s: 0.2 for s in range(2, 6)} | {s: 0.5 for s in range(6, 10)} | {s: 0.3 for s in range(10, 14)}
+def test_profiler_slowdown_compares_traced_steps_with_the_untraced_steps_on_both_sides():
+    steps = {s: 0.2 for s in range(2, 6)} | {s: 0.5 for s in range(6, 10)} | {s: 0.2 for s in range(10, 14)}
     out = profiler_slowdown(steps, set(range(6, 10)), {"record_shapes": True, "with_stack": False})
     assert out is not None and out.ratio == pytest.approx(2.5)
     assert (out.steps_inside, out.steps_before, out.steps_after) == (4, 4, 4)
-    assert out.median_step_s_after == pytest.approx(0.3) and out.confidence == 1.0
+    assert out.median_step_s_after == pytest.approx(0.2) and out.confidence == 1.0
     assert out.warning is not None and "2.50x" in out.warning and "--profiler-record-shapes" in out.warning
     assert "--profiler-with-stack" not in out.warning
     quiet = profiler_slowdown(steps | {s: 0.21 for s in range(6, 10)}, set(range(6, 10)), {})

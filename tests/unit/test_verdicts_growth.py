@@ -15,85 +15,95 @@ ADVICE = (
 # --- profiler_slowdown -------------------------------------------------------------------------------------
 
 
-def test_profiler_slowdown_every_field_with_two_steps_before_and_the_default_threshold():
-    # Exactly min_outside=2 steps before the window are the reference (the slower steps after it are not):
-    # ratio 1.5 / 1.0 = 1.5 > the default 1.25. Confidence: 1.25 is not above 1.25 x 1.0, so 2 of 3 steps.
-    # The options that are on are named most costly first, comma separated; the ones off are not named.
-    steps = {1: 1.0, 2: 1.0, 3: 1.25, 4: 1.5, 5: 1.6, 6: 2.0, 7: 2.0}
+def test_profiler_slowdown_every_field_against_the_untraced_steps_on_both_sides():
+    # Untraced: 1.0, 1.0 before the window (3-5), 2.0, 2.0, 1.0, 1.0 after: median 1.0 of 6, the minimum. Inside
+    # 1.25, 1.5, 1.6: median 1.5, ratio 1.5 > 1.25 and beyond the noise (scaled MAD 0 of the six). Confidence: 1.25
+    # is not above 1.25 x 1.0, so 2 of 3 steps. The options that are on are named most costly first.
+    steps = {1: 1.0, 2: 1.0, 3: 1.25, 4: 1.5, 5: 1.6, 6: 2.0, 7: 2.0, 8: 1.0, 9: 1.0}
     options = {"record_shapes": True, "with_stack": True, "with_flops": False, "profile_memory": True}
     out = profiler_slowdown(steps, {3, 4, 5}, options)
     assert out == ProfilerSlowdown(
-        steps_inside=3, steps_before=2, steps_after=2,
-        median_step_s_inside=1.5, median_step_s_before=1.0, median_step_s_after=2.0,
+        steps_inside=3, steps_before=2, steps_after=4,
+        median_step_s_inside=1.5, median_step_s_before=1.0, median_step_s_after=1.5,
         ratio=1.5, threshold_ratio=1.25, options=options,
         warning=(
-            "the profiler slows the steps it traces by 1.50x (median 1.5000s inside its window vs 1.0000s outside; "
-            "threshold 1.25x): times and findings from the trace describe a slower run than yours; the likely "
-            "cost: --profiler-with-stack, --profiler-record-shapes, --profiler-profile-memory (turn off what you "
-            "do not need)."
+            "the profiler slows the steps it traces by 1.50x (median 1.5000s inside its window vs 1.0000s over the 6 "
+            "untraced steps before and after it, whose step-to-step noise is 0.0%; threshold 1.25x): times and "
+            "findings from the trace describe a slower run than yours; the likely cost: --profiler-with-stack, "
+            "--profiler-record-shapes, --profiler-profile-memory (turn off what you do not need)."
         ),
-        confidence=2 / 3,
+        confidence=2 / 3, median_step_s_reference=1.0, noise_pct=0.0, note=None,
     )
     assert type(out.options) is dict and out.options is not options  # a copy, plain dict
 
 
-def test_profiler_slowdown_one_step_before_takes_the_steps_after_too_and_names_no_option():
-    # One step before (< min_outside): the reference is before + after = [1.0, 1.0, 1.2], median 1.0.
-    # No costly option on: the message says the per-op bookkeeping is the cost.
-    steps = {1: 1.0, 2: 3.0, 3: 3.0, 4: 1.0, 5: 1.2}
-    out = profiler_slowdown(steps, {2, 3}, {"with_stack": False}, threshold_ratio=2.5)
-    assert out == ProfilerSlowdown(
-        steps_inside=2, steps_before=1, steps_after=2,
-        median_step_s_inside=3.0, median_step_s_before=1.0, median_step_s_after=1.1,
-        ratio=3.0, threshold_ratio=2.5, options={"with_stack": False},
-        warning=(
-            "the profiler slows the steps it traces by 3.00x (median 3.0000s inside its window vs 1.0000s outside; "
-            "threshold 2.5x): times and findings from the trace describe a slower run than yours; no costly option "
-            "is on: the profiler's own per-op bookkeeping is the cost; trace fewer steps."
-        ),
-        confidence=1.0,
-    )
+def test_slow_warm_up_steps_before_the_window_do_not_make_the_ratio():
+    # The run_clm case: 4 slow early steps (1.78 s) before the window, the steps after it at 1.48 s, the window at
+    # 1.48 s: against the early steps alone it read 0.83x; against both sides, 1.0x, within the noise.
+    steps = {2: 1.78, 3: 1.78, 4: 1.79, 5: 1.77, 6: 1.48, 7: 1.49, 8: 1.48} | {s: 1.48 + 0.01 * (s % 2)
+                                                                             for s in range(9, 21)}
+    out = profiler_slowdown(steps, {6, 7, 8}, {})
+    assert out is not None and out.median_step_s_reference == pytest.approx(1.49)
+    assert out.ratio == pytest.approx(1.48 / 1.49) and out.warning is None
+    assert out.noise_pct is not None and abs(100 * (out.ratio - 1)) <= out.noise_pct
 
 
-def test_profiler_slowdown_with_too_few_reference_steps_gives_no_ratio_and_no_confidence():
-    # One step outside the window (< min_outside=2): no ratio, no confidence, no warning, nothing after.
-    out = profiler_slowdown({1: 1.0, 2: 5.0}, {2}, {})
+def test_a_slowdown_within_the_noise_is_no_warning_and_one_beyond_it_names_no_option_when_none_is_on():
+    # Untraced steps 1.0 and 2.0 alternating (noise: scaled MAD 0.5 of median 1.5, 49.4%): 1.4x inside is above the
+    # 1.25 threshold, but 40% is within the noise: no warning. With a steady reference it is one.
+    noisy = {s: 1.0 + (s % 2) for s in range(1, 9)} | {9: 2.1, 10: 2.1}
+    out = profiler_slowdown(noisy, {9, 10}, {"with_stack": False})
+    assert out is not None and out.ratio == pytest.approx(1.4) and out.noise_pct == pytest.approx(49.42)
+    assert out.warning is None
+    steady = {s: 1.0 for s in range(1, 9)} | {9: 3.0, 10: 3.0}
+    loud = profiler_slowdown(steady, {9, 10}, {"with_stack": False}, threshold_ratio=2.5)
+    assert loud is not None and loud.warning is not None and loud.warning.endswith(
+        "no costly option is on: the profiler's own per-op bookkeeping is the cost; trace fewer steps.")
+
+
+def test_profiler_slowdown_with_too_few_untraced_steps_says_so_instead_of_a_ratio():
+    # The 4 wait steps before a window at the end of the run: not a ratio from four.
+    out = profiler_slowdown({2: 1.0, 3: 1.0, 4: 1.0, 5: 1.0, 6: 5.0, 7: 5.0}, {6, 7}, {})
     assert out == ProfilerSlowdown(
-        steps_inside=1, steps_before=1, steps_after=0,
+        steps_inside=2, steps_before=4, steps_after=0,
         median_step_s_inside=5.0, median_step_s_before=1.0, median_step_s_after=None,
-        ratio=None, threshold_ratio=1.25, options={}, warning=None, confidence=None,
+        ratio=None, threshold_ratio=1.25, options={}, warning=None, confidence=None, median_step_s_reference=1.0,
+        noise_pct=None, note=("not enough untraced steps to compare the profiler's window with: 4 before it and 0 "
+                              "after it, at least 6 are needed (run more steps after the window)"),
     )
-    # With min_outside=1 the same single step is enough.
-    one = profiler_slowdown({1: 1.0, 2: 5.0}, {2}, {}, min_outside=1)
-    assert one is not None and (one.ratio, one.confidence) == (5.0, 1.0)
+    # With min_outside=4 the same steps are enough.
+    four = profiler_slowdown({2: 1.0, 3: 1.0, 4: 1.0, 5: 1.0, 6: 5.0, 7: 5.0}, {6, 7}, {}, min_outside=4)
+    assert four is not None and (four.ratio, four.confidence, four.note) == (5.0, 1.0, None)
 
 
 def test_profiler_slowdown_with_a_zero_reference_median_gives_no_ratio():
     # Reference steps timed at 0 s: no ratio (and no division by zero), no confidence.
-    out = profiler_slowdown({1: 0.0, 2: 0.0, 3: 1.0}, {3}, {"with_stack": True})
+    out = profiler_slowdown({s: 0.0 for s in range(1, 8)} | {8: 1.0}, {8}, {"with_stack": True})
     assert out is not None
     assert (out.ratio, out.confidence, out.warning, out.median_step_s_before) == (None, None, None, 0.0)
 
 
 def test_profiler_slowdown_exactly_at_the_threshold_is_quiet():
     # ratio 1.25 / 1.0 == threshold 1.25: not above, so no warning; the step at exactly 1.25x is not counted.
-    out = profiler_slowdown({1: 1.0, 2: 1.0, 3: 1.25}, {3}, {"with_stack": True})
+    base = {s: 1.0 for s in range(1, 7)}
+    out = profiler_slowdown(base | {7: 1.25}, {7}, {"with_stack": True})
     assert out is not None and (out.ratio, out.warning, out.confidence) == (1.25, None, 0.0)
     # Just above it warns (default threshold 1.25).
-    above = profiler_slowdown({1: 1.0, 2: 1.0, 3: 1.26}, {3}, {})
+    above = profiler_slowdown(base | {7: 1.26}, {7}, {})
     assert above is not None and above.warning is not None and above.warning.startswith(
-        "the profiler slows the steps it traces by 1.26x (median 1.2600s inside its window vs 1.0000s outside; "
-        "threshold 1.25x)"
+        "the profiler slows the steps it traces by 1.26x (median 1.2600s inside its window vs 1.0000s over the 6 "
+        "untraced steps before and after it, whose step-to-step noise is 0.0%; threshold 1.25x)"
     )
 
 
 def test_profiler_slowdown_steps_between_two_windows_count_as_after():
     # Windows {3, 4} and {7}: steps 5, 6 (between) and 8 are "after" the first window; 1, 2 are before.
     steps = {1: 1.0, 2: 1.0, 3: 2.0, 4: 2.0, 5: 1.4, 6: 1.4, 7: 2.0, 8: 1.6}
-    out = profiler_slowdown(steps, {3, 4, 7}, {})
+    out = profiler_slowdown(steps, {3, 4, 7}, {}, min_outside=5)
     assert out is not None
     assert (out.steps_inside, out.steps_before, out.steps_after) == (3, 2, 3)
-    assert (out.median_step_s_before, out.median_step_s_after, out.ratio) == (1.0, 1.4, 2.0)
+    assert (out.median_step_s_before, out.median_step_s_after, out.median_step_s_reference) == (1.0, 1.4, 1.4)
+    assert out.ratio == pytest.approx(2.0 / 1.4)
 
 
 # --- memory_growth -----------------------------------------------------------------------------------------

@@ -1,0 +1,34 @@
+"""What to try when one phase of one rank's step holds the other ranks back: the one wording for the live step
+timer's warning and the trace analysis's findings (torch-free, so the analysis layer can import it)."""
+
+from __future__ import annotations
+
+_SLOWER_COMPUTE = (
+    "check for uneven sequence lengths across ranks (pad to a fixed length or use --group_by_length), a slower "
+    "or throttled device (nvidia-smi -q -d PERFORMANCE,CLOCK), or other processes sharing that device or host"
+)
+
+PHASE_ADVICE = {
+    "data": (
+        "its input pipeline is the bottleneck: raise --dataloader_num_workers, set --dataloader_pin_memory, "
+        "pre-tokenize the dataset instead of tokenizing in the collator, and check that host for CPU or "
+        "disk contention"
+    ),
+    "forward": f"its forward compute is slower: {_SLOWER_COMPUTE}",
+    "backward": f"its backward compute is slower: {_SLOWER_COMPUTE}",
+    "optimizer": (
+        "its optimizer step is slower: look for work only that rank does around optimizer.step() (gradient "
+        "clipping or logging on one rank, an optimizer state that is not sharded evenly), or a slower device or host"
+    ),
+    "compute": f"its compute is slower: {_SLOWER_COMPUTE}",
+}
+"""phase -> what to try, phrased after "rank R: "."""
+
+PHASE_NAMES = {
+    "data": "data loading",
+    "forward": "forward",
+    "backward": "backward compute",
+    "optimizer": "optimizer step",
+    "compute": "compute (forward, backward and optimizer)",
+}
+"""phase -> how a finding names it."""
