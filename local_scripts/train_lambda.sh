@@ -21,7 +21,8 @@
 #     ./local_scripts/train_lambda.sh --nsys-window --nvtx --max-steps 20
 #
 # Environment (all optional):
-#   NPROC        processes on this node (default: number of visible GPUs, else 2 CPU processes on gloo)
+#   NPROC        processes on this node (default: the GPUs this process may use: CUDA_VISIBLE_DEVICES' entries when
+#                it is set, else nvidia-smi's count; without GPUs, 2 CPU processes on gloo)
 #   NNODES       number of nodes (default 1); with NODE_RANK, MASTER_ADDR, MASTER_PORT for multi-node
 #   NODE_RANK    this node's rank (default 0)
 #   MASTER_ADDR  address of node 0 (default 127.0.0.1)
@@ -34,7 +35,11 @@ set -euo pipefail
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 gpu_count() {
-  if command -v nvidia-smi >/dev/null 2>&1; then
+  if [[ -n "${CUDA_VISIBLE_DEVICES+set}" ]]; then
+    # What the ranks can see: "0,1" is 2, "" and "-1" hide every GPU.
+    if [[ -z "$CUDA_VISIBLE_DEVICES" || "$CUDA_VISIBLE_DEVICES" == -* ]]; then echo 0; return; fi
+    tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c .
+  elif command -v nvidia-smi >/dev/null 2>&1; then
     nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | grep -c . || true
   else
     echo 0

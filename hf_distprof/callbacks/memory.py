@@ -285,7 +285,8 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
             except OSError as err:
                 logger.warning(f"cannot write {target}: {err!r}")
         where = self.run_dir if self.run_dir is not None else "no run folder, no files"
-        print(format_memory_table(self.summary, title=f"hf_distprof memory at the end of training ({where})"),
+        # From a fresh line: a progress bar (tqdm, on stderr) leaves the cursor at the end of its own line.
+        print("\n" + format_memory_table(self.summary, title=f"hf_distprof memory at the end of training ({where})"),
               flush=True)
         if self.summary["peak_over_threshold"] and not self.args.enable_step_timing:
             logger.warning(self.summary["peak_warning"])  # the step timer says it otherwise

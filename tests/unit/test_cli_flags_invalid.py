@@ -97,7 +97,7 @@ TABLE: list[tuple[str, str, str, str]] = [
 # Options no value of which is invalid on the command line: switches, and paths (a path that cannot be read or
 # written is a file error when it is used, tested with each subcommand).
 NO_INVALID_VALUE = {
-    ("flags", "--update"),
+    ("flags", "--update"), ("flags", "--commands"),
     ("analyze", "--json"), ("analyze", "--findings"), ("analyze", "--report"), ("analyze", "--no-compact"),
     ("analyze", "--write-compact"), ("analyze", "--progress"),
     ("merge", "--output"),
