@@ -13,6 +13,7 @@ Public API::
 from __future__ import annotations
 
 from hf_distprof.analysis.api import analyze_paths
+from hf_distprof.analysis.box import format_box
 from hf_distprof.analysis.model import (
     AnalysisOptions,
     AnalysisResult,
@@ -39,6 +40,7 @@ __all__ = [
     "StepResult",
     "TraceReadError",
     "analyze_paths",
+    "format_box",
     "format_findings",
     "format_summary",
 ]

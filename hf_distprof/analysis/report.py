@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from hf_distprof import names
+from hf_distprof.analysis.box import format_box
 from hf_distprof.analysis.manifest import format_run
 from hf_distprof.analysis.model import AnalysisResult
 from hf_distprof.analysis.text import format_bytes, format_gbps, format_summary, missing_sizes_note
@@ -227,6 +228,10 @@ def _markdown(result: AnalysisResult) -> str:
         f"**Exposed communication:** {result.exposed_comm_pct:.1f}% of step time  ",
         f"**Load imbalance:** {result.imbalance_pct:.1f}%  ",
         f"**Ranks analysed:** {len(result.ranks)}; files skipped: {len(result.errors)}",
+        "",
+        "```",
+        format_box(result),
+        "```",
         "",
         *_run_markdown(result),
         "## Findings",

@@ -69,7 +69,7 @@ class TraceAnalysisCallback(TrainerCallback):  # type: ignore[misc]
             logger.warning(f"--profiler-analyze: no trace in {self.run_dir} to analyse" + (f": {why}" if why else ""))
             return
         try:
-            from hf_distprof.analysis import analyze_paths, format_findings
+            from hf_distprof.analysis import analyze_paths, format_box, format_findings
 
             self.result = analyze_paths(traces, analysis_options(self.args))
             paths.atomic_write_text(self.run_dir / paths.ANALYSIS_NAME, self.result.to_json().decode())
@@ -79,7 +79,8 @@ class TraceAnalysisCallback(TrainerCallback):  # type: ignore[misc]
         print(
             f"\nhf_distprof trace analysis of {self.run_dir} ({len(traces)} trace(s))\n"
             f"{format_findings(self.result)}\n"
-            f"Full per-step tables and plots: hf-distprof analyze {self.run_dir} --report {self.run_dir / 'report'}",
+            f"Full per-step tables and plots: hf-distprof analyze {self.run_dir} --report {self.run_dir / 'report'}\n"
+            f"\n{format_box(self.result)}",
             flush=True,
         )
         writer = tensorboard.get_writer(tensorboard.tensorboard_dir(args.output_dir, self.run_dir))

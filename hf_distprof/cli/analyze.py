@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         0 when at least one rank was analysed, 1 when none could be, 2 on bad options or paths or when the
         report cannot be written.
     """
-    from hf_distprof.analysis import analyze_paths, format_findings, format_summary
+    from hf_distprof.analysis import analyze_paths, format_box, format_findings, format_summary
 
     try:
         options = options_from_args(args)
@@ -149,10 +149,10 @@ def run(args: argparse.Namespace) -> int:
         apply_what_if(result, reference)  # adds the scenario "transfers at the reference bandwidth"
     if args.json:
         sys.stdout.write(result.to_json().decode() + "\n")
-    elif args.findings:
-        print(format_findings(result))
     else:
-        print(format_summary(result))
+        print(format_findings(result) if args.findings else format_summary(result))
+        if result.ranks:
+            print("\n" + format_box(result))  # what a person reads first: last, under the tables
     for err in result.errors:
         print(f"hf-distprof analyze: skipped {err.path}: {err.reason}", file=sys.stderr)
     for text in result.run.missing_files if result.run is not None else []:

@@ -1,0 +1,83 @@
+"""The box at the end of ``analyze``: verdict, why (the numbers), what to try; the all-clear with the figures; the
+undecided question with what would decide it. Exact text on the committed traces."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from hf_distprof.analysis import AnalysisOptions, analyze_paths, format_box
+from hf_distprof.analysis.box import MAX_LINES, WIDTH
+from hf_distprof.cli.main import main
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+OPTS = AnalysisOptions(workers=1, what_if_pct=100)  # diagnose()'s findings (the what-if finding has its own tests)
+
+
+def box(name: str, **opts: float) -> str:
+    return format_box(analyze_paths([DATA / name], AnalysisOptions(workers=1, what_if_pct=100, **opts)))
+
+
+def test_the_slow_ranks_chain_is_the_verdict() -> None:
+    assert box("slow_rank1").splitlines() == [
+        "+- hf-distprof: in short " + "-" * 74 + "+",
+        "| Verdict: Rank 1 holds the others back: its compute (forward, backward and optimizer) (rank 1)    |",
+        "| Why:     compute (forward, backward and optimizer) takes 29.6 ms more per step than on its       |",
+        "|          peers, who wait 46.7% of their step for it at the collectives (confidence 0.98)         |",
+        "| Try:     Rank 1: its compute is slower: check for uneven sequence lengths across ranks (pad to a |",
+        "|          fixed length or use --group_by_length), a slower or throttled device (nvidia-smi -q -d  |",
+        "|          PERFORMANCE,CLOCK), or other processes sharing that device or host                      |",
+        "+" + "-" * 98 + "+",
+    ]
+
+
+def test_a_clean_run_says_so_with_its_figures() -> None:
+    text = box("clean")
+    assert "| Verdict: no finding: nothing crosses its threshold beyond the run's own noise" in text
+    assert "verdicts: straggler quiet, imbalance quiet" in re.sub(r"\s*\|\n\|\s+", " ", text)
+    assert "Try:     nothing to fix from these steps" in text
+
+
+def test_other_findings_are_listed_and_the_fields_stay_short() -> None:
+    text = box("fsdp2")
+    assert text.splitlines()[1].startswith("| Verdict: Communication-bound (ranks 0, 1)")
+    assert "| Also:    2 more finding(s) above: Exposed FSDP all-gather before forward; Reduce-scatter not" in text
+    for name in ("slow_rank1", "clean", "fsdp2", "slow_data"):
+        lines = box(name).splitlines()
+        assert all(len(line) == WIDTH for line in lines), name
+        sizes: list[int] = []
+        for line in lines[1:-1]:
+            if line[2:10].strip():  # a field's first line carries its name
+                sizes.append(0)
+            sizes[-1] += 1
+        assert sizes and max(sizes) <= MAX_LINES, name
+
+
+def test_an_undecided_question_says_what_would_decide_it(tmp_path: Path) -> None:
+    # The slow_rank1 traces cut to 3 steps and no step timer beside them: the window alone cannot decide.
+    from .test_analysis_cross_rank import rank as cpu_rank
+    from hf_distprof.analysis.cross_rank import cross_rank
+    from hf_distprof.analysis.model import AnalysisResult
+
+    ranks = [cpu_rank(0, 0.0, steps=3), cpu_rank(1, 30_000.0, steps=3)]
+    cross = cross_rank(ranks, OPTS)
+    from hf_distprof.analysis.diagnosis import undecided
+
+    result = AnalysisResult(ranks=ranks, cross_rank=cross, findings=[], errors=[], options=OPTS,
+                            undecided=undecided(cross))
+    text = re.sub(r"\s*\|\n\|\s+", " ", format_box(result))  # the fields' lines joined
+    assert "| Verdict: not enough evidence for a slow-rank verdict" in text
+    assert ("Try:     trace at least 6 steps (--profiler-active-steps 6) or keep the step timer on "
+            "(--enable-step-timing, on with --enable-profiling) over more steps") in text
+
+
+def test_analyze_ends_with_the_box_and_json_has_none(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["analyze", str(DATA / "slow_rank1"), "--findings"]) == 0
+    out = capsys.readouterr().out.rstrip("\n").splitlines()
+    assert out[-1] == "+" + "-" * 98 + "+" and any(line.startswith("| Verdict: Rank 1 holds") for line in out[-9:])
+    assert main(["analyze", str(DATA / "slow_rank1")]) == 0
+    assert capsys.readouterr().out.rstrip("\n").endswith("+" + "-" * 98 + "+")
+    assert main(["analyze", str(DATA / "slow_rank1"), "--json"]) == 0
+    assert "hf-distprof: in short" not in capsys.readouterr().out
