@@ -104,7 +104,7 @@ def test_build_callbacks_adds_the_timer_only_when_enabled():
 
 def test_flag_table_rows():
     rows = {line.split("|")[1].strip(): line for line in flags_markdown().splitlines()[2:]}
-    assert "`(= --enable-profiling)`" in rows["`--enable-step-timing`"]
+    assert "`(on with --enable-profiling, --nvtx or --measure-comm-overhead)`" in rows["`--enable-step-timing`"]
     assert "| `10.0` | number >= 0 |" in rows["`--imbalance-threshold-pct`"]
     assert "| `20.0` | number >= 0 |" in rows["`--memory-imbalance-threshold-pct`"]
     assert "| `0` | integer >= 0 |" in rows["`--measure-comm-overhead`"]
