@@ -6,7 +6,7 @@ peers' exposed communication is then a wait for the late rank, not a cost of the
 (each collective's exposed time before the last rank arrived, :func:`hf_distprof.analysis.comm.set_waits`), the
 lateness and the verdicts (:mod:`hf_distprof.analysis.cross_rank`); the step timer's records of the same run show
 which phase of the slow rank's step is longer, over every untraced step. When that phase explains the peers' waits
-(its excess is at least half of what they wait), the straggler and imbalance findings about the rank, and a
+(its excess is at least a quarter of what they wait), the straggler and imbalance findings about the rank, and a
 data-loading finding naming only it, become one finding, first: the cause, the mechanism, the cost to the others and
 what to try. Otherwise the waits are added to the rank's own finding.
 """
@@ -24,8 +24,11 @@ from hf_distprof.verdicts import SlowRankVerdict
 
 SLOW_RANK = "slow_rank"
 """The chain's kind: it stands for the straggler and imbalance findings about the rank."""
-EXPLAINS = 0.5
-"""A phase explains the peers' waits when its excess is at least this share of what they wait per step."""
+EXPLAINS = 0.25
+"""A phase explains the peers' waits when its excess is at least this share of what they wait per step. Not more:
+the excess is the step timer's, over the untraced steps, and the waits are the traced window's, where the profiler
+and a busy host stretch every wait (a 10 ms collator sleep, measured as such by the timer, made its peer wait 22 ms
+per traced step beside a busy core, at the all-gather and again at the all-reduce)."""
 MIN_WAIT_PCT = 1.0
 """Waits for a rank below this % of the step are not worth a sentence."""
 
@@ -130,7 +133,7 @@ def explain(findings: list[Finding], ranks: list[RankResult], cross: CrossRankRe
         return findings
     traced = {s.step for r in ranks for s in r.steps}
     phase = phase_excess(slow, ranks, records, traced)
-    if phase is None or phase.excess_us < EXPLAINS * wait_us:
+    if phase is None or phase.excess_us <= 0 or phase.excess_us < EXPLAINS * wait_us:
         extended = [replace(f, evidence=f"{f.evidence}; {waits}") if f is about[0] else f for f in findings]
         return extended
     name = PHASE_NAMES.get(phase.phase, phase.phase)

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from statistics import median
 from typing import Any
 
-from hf_distprof.verdicts import SlowRankVerdict, across_the_run, imbalance_pct, judge_slow_rank
+from hf_distprof.verdicts import OWN_WORK, SlowRankVerdict, across_the_run, imbalance_pct, judge_slow_rank
 from hf_distprof.analysis.model import (
     AnalysisOptions,
     Collective,
@@ -69,6 +69,7 @@ def cross_rank(
     options: AnalysisOptions,
     cpu_wait: dict[int, dict[int, float]] | None = None,
     timer: Mapping[str, Any] | None = None,
+    own_work: dict[int, dict[int, float]] | None = None,
 ) -> CrossRankResult:
     """Compare ranks: step spread, imbalance of busy time, collective lateness, stragglers.
 
@@ -85,6 +86,10 @@ def cross_rank(
         ranks: Per-rank results, sorted by rank.
         options: Straggler and imbalance thresholds.
         cpu_wait: rank -> step -> seconds waited for a CPU (``timing_rank{R}.jsonl``'s ``cpu_wait_s``).
+        own_work: rank -> step -> seconds of own work the step timer measured (``own_work_s``: pre-sync work less
+            the wait for a CPU on CPU). When it covers every rank and traced step, the imbalance verdict judges it:
+            the trace's busy time less the run-queue wait over-corrects on a busy host (the wait also accrues outside
+            the ops the trace counts as busy), the timer's figure is what its own verdict judges.
         timer: The step timer's verdict over the untraced steps (``timing_summary.json``'s
             ``imbalance_verdict``): both verdicts are weighed with it
             (:func:`hf_distprof.verdicts.across_the_run`): a rank slow in the window only is not named, and a
@@ -131,6 +136,9 @@ def cross_rank(
         own = less_cpu_wait(ranks, busy_by_step, cpu_wait or {})
         if own is not None:
             busy_by_step, what = own, "busy time (CPU: compute + data loading, less its wait for a CPU)"
+        timed = _timer_own_work(busy_by_step, own_work or {})
+        if timed is not None:
+            busy_by_step, what, own = timed, OWN_WORK + " as the step timer measured it in the traced steps", timed
         busy = _common_steps(busy_by_step)
         common = sorted(set.intersection(*(set(d) for d in durations.values())))
         imbalance = judge_slow_rank(
@@ -170,6 +178,15 @@ def less_cpu_wait(
     if any(step not in cpu_wait.get(rank, {}) for rank, steps in busy.items() for step in steps):
         return None
     return {rank: {s: max(0.0, v - 1e6 * cpu_wait[rank][s]) for s, v in steps.items()} for rank, steps in busy.items()}
+
+
+def _timer_own_work(
+    busy: dict[int, dict[int, float]], own_work: dict[int, dict[int, float]]
+) -> dict[int, dict[int, float]] | None:
+    """The step timer's own work (us) for every rank and step of ``busy``; None when it lacks one."""
+    if not busy or any(step not in own_work.get(rank, {}) for rank, steps in busy.items() for step in steps):
+        return None
+    return {rank: {s: 1e6 * own_work[rank][s] for s in steps} for rank, steps in busy.items()}
 
 
 def _common_steps(values: dict[int, dict[int, float]]) -> dict[int, list[float]]:

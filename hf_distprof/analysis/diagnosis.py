@@ -84,11 +84,7 @@ def _comm_bound(ranks: list[RankResult], options: AnalysisOptions, fsdp_findings
     what = (
         "communication kernels run with no computation" if gpu else "the training thread waits on collectives"
     )
-    waited = worst.exposed_comm_pct - transfer[worst.rank]
-    peers = sorted({p for row in worst.comm_by_kind for p in row.waited_for})
-    late = (f"; of rank {worst.rank}'s {worst.exposed_comm_pct:.1f}% exposed, {waited:.1f}% is a wait for a late peer "
-            f"(rank{'s' if len(peers) > 1 else ''} {', '.join(map(str, peers))}), left out"
-            if waited >= 0.05 and peers else "")
+    late = "".join(_waits_left_out(r, transfer[r.rank]) for r in hit)
     return [
         Finding(
             kind="communication_bound",
@@ -119,22 +115,24 @@ def _comm_bound(ranks: list[RankResult], options: AnalysisOptions, fsdp_findings
 
 def _waiting_for_peers(ranks: list[RankResult], cross: CrossRankResult, options: AnalysisOptions) -> list[Finding]:
     """Ranks that wait for late peers for more than ``comm_bound_pct`` of the step (median over steps, in most
-    steps) when no slow-rank verdict names whom: the time is the ranks' skew, not the network, and no finding
-    would otherwise say where a large share of the step goes (a raised verdict's finding carries the waits)."""
-    if any(v is not None and v.raised for v in (cross.straggler_verdict, cross.imbalance_verdict)):
+    steps) when the run is too short for a slow-rank verdict: the time is the ranks' skew, not the network, and no
+    finding would otherwise say where a large share of the step goes. A raised verdict's finding carries the waits;
+    verdicts that judged enough steps and name nobody say the waits are the run's own noise (on a busy host a clean
+    run's ranks wait for each other in turn)."""
+    verdicts = [v for v in (cross.straggler_verdict, cross.imbalance_verdict) if v is not None]
+    if any(v.raised for v in verdicts) or not any(v.status == UNDECIDED for v in verdicts):
         return []
     shares = {r.rank: comm.wait_pct_per_step(r) for r in ranks}
-    verdicts = {rank: judge_share(pct, options.comm_bound_pct, "waiting for late peers")
-                for rank, pct in shares.items()}
-    hit = sorted(rank for rank, v in verdicts.items() if v.raised)
+    judged = {rank: judge_share(pct, options.comm_bound_pct, "waiting for late peers") for rank, pct in shares.items()}
+    hit = sorted(rank for rank, v in judged.items() if v.raised)
     if not hit:
         return []
     mean = _mean([_mean(pct) for pct in shares.values()])
-    worst = max(hit, key=lambda rank: verdicts[rank].median_pct)
+    worst = max(hit, key=lambda rank: judged[rank].median_pct)
     peers = comm.waits_for_peers(next(r for r in ranks if r.rank == worst))
     by_peer = sorted(((sum(kinds.values()), p) for p, kinds in peers.items()), reverse=True)
     whom = ", ".join(f"rank {p} {pct:.1f}%" for pct, p in by_peer[:3])
-    n = verdicts[worst].steps
+    n = judged[worst].steps
     return [
         Finding(
             kind="waiting_for_peers",
@@ -143,7 +141,7 @@ def _waiting_for_peers(ranks: list[RankResult], cross: CrossRankResult, options:
             ranks=hit,
             evidence=(
                 f"the ranks wait at collectives for a peer that arrives later for {mean:.1f}% of step time on average "
-                f"(rank {worst}: {verdicts[worst].median_pct:.1f}%, median over {n} step{'s' if n != 1 else ''}; "
+                f"(rank {worst}: {judged[worst].median_pct:.1f}%, median over {n} step{'s' if n != 1 else ''}; "
                 f"threshold {options.comm_bound_pct:g}%); rank {worst} waits for {whom} of its step; no verdict "
                 "names a slow rank (see the straggler and imbalance verdicts)"
             ),
@@ -152,10 +150,20 @@ def _waiting_for_peers(ranks: list[RankResult], cross: CrossRankResult, options:
                 "trace (hf-distprof merge), trace more steps (or keep the step timer on) so that the verdicts can "
                 "name a rank, and give every rank the same work."
             ),
-            numbers={"wait_pct": mean, "worst_rank_wait_pct": verdicts[worst].median_pct},
-            confidence=min(verdicts[rank].confidence for rank in hit),
+            numbers={"wait_pct": mean, "worst_rank_wait_pct": judged[worst].median_pct},
+            confidence=min(judged[rank].confidence for rank in hit),
         )
     ]
+
+
+def _waits_left_out(rank: RankResult, transfer_pct: float) -> str:
+    """"; of rank 0's 53.1% exposed, 10.0% is a wait for a late peer (rank 1), left out" when it waits at all."""
+    waited = rank.exposed_comm_pct - transfer_pct
+    peers = sorted({p for row in rank.comm_by_kind for p in row.waited_for})
+    if waited < 0.05 or not peers:
+        return ""
+    return (f"; of rank {rank.rank}'s {rank.exposed_comm_pct:.1f}% exposed, {waited:.1f}% is a wait for a late peer "
+            f"(rank{'s' if len(peers) > 1 else ''} {', '.join(map(str, peers))}), left out")
 
 
 def _kind_split(rank: RankResult) -> str:

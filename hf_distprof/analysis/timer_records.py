@@ -55,6 +55,9 @@ class TimerRecords:
     """Steps the timer left out as its warm-up (the first of each ``train()`` call), on any rank."""
     traced: set[int] = field(default_factory=set)
     """Steps the profiler ran over (warmup and active phases) by the rows' own marks; empty in older files."""
+    busy: set[int] = field(default_factory=set)
+    """Untraced steps during which the profiler was still busy with a written trace (its compact summary's thread
+    takes the GIL): left out of the verdict and of the profiler's slowdown, on neither side."""
     marked: bool = False
     """Whether every row carries the ``traced`` / ``warmup`` marks (files of this version)."""
 
@@ -68,13 +71,23 @@ class TimerRecords:
                     out.setdefault(rank, {})[step] = wait
         return out
 
+    def own_work(self) -> dict[int, dict[int, float]]:
+        """rank -> step -> the step's own work as the timer judges it (``own_work_s``); empty for older files."""
+        out: dict[int, dict[int, float]] = {}
+        for rank, steps in self.rows.items():
+            for step, row in steps.items():
+                value = _number(row.get("own_work_s"))
+                if value is not None:
+                    out.setdefault(rank, {})[step] = value
+        return out
+
     def step_times(self) -> dict[int, float]:
         """step -> its time (the slowest rank's ``step_s``; under DDP they are equal), warm-up left out."""
         out: dict[int, float] = {}
         for steps in self.rows.values():
             for step, row in steps.items():
                 t = _number(row.get("step_s"))
-                if t is not None and step not in self.warmup:
+                if t is not None and step not in self.warmup and step not in self.busy:
                     out[step] = max(out.get(step, 0.0), t)
         return out
 
@@ -105,7 +118,7 @@ class TimerRecords:
         common = set.intersection(*(set(self.rows[r]) for r in ranks)) - self.warmup
         usable = [s for s in common if all(_number(self.rows[r][s].get("own_work_s")) is not None for r in ranks)]
         kept = sorted(usable)[-max(64, KEPT_CELLS // len(ranks)):]
-        skip = self.traced | set(traced)
+        skip = self.traced | self.busy | set(traced)
         untraced = [s for s in kept if s not in skip]
         return untraced if len(untraced) >= 2 else kept
 
@@ -163,6 +176,8 @@ def read_timer_records(files: Iterable[str | Path]) -> TimerRecords:
                     out.warmup.add(step)
                 if marked and row["traced"]:
                     out.traced.add(step)
+                if row.get("profiler_busy") is True:
+                    out.busy.add(step)
                 first = False
     out.marked = bool(marks) and all(marks)
     return out

@@ -213,6 +213,8 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
                                              traced_steps(self.args, state.global_step), policy=self._policy,
                                              every=self.agree_every)
             self._triggers.exporting = self._compacts.busy
+        if self.step_timer is not None:
+            self.step_timer.profiler_busy = self._compacts.busy  # steps it overlaps are left out of its verdicts
         rank = dist.get_rank()
         ranks = self.args.profile_rank_set
         if ranks is not None:

@@ -105,6 +105,11 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self._series: StepSeries | None = None
         self._traced: Any = None  # step -> whether the profiler ran over it
         self._ended_early: int | None = None  # a step ended before the profiler wrote its trace
+        # Whether the profiler is still busy with a written trace (its compact summary, on a thread that takes the
+        # GIL); set by ProfilerCallback. Steps it overlaps are the profiler's, like the traced ones: left out.
+        self.profiler_busy: Callable[[], bool] | None = None
+        self._busy_at_begin = False
+        self._busy_steps: set[int] = set()
         self._streak: dict[str, int | None] = {}  # what was over its threshold at the previous logging step
         # rank 0: each rank's MB in use at each logging step, for the memory-growth verdict
         self._growth_watch = GrowthWatch(args.memory_growth_threshold_pct, "process RSS", self._distorts_memory)
@@ -147,6 +152,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self._flos_logged = self._flos_begin = float(state.total_flos)
         self._interval, self._run, self._warmup = PhaseTotals(), PhaseTotals(), PhaseTotals()
         self._rows, self._streak, self._ended_early = deque(maxlen=ROWS_KEPT), {}, None
+        self._busy_at_begin, self._busy_steps = False, set()
         self._series = StepSeries(dist.get_world_size())
         self._traced = traced_steps(self.args, state.global_step)
         self._growth_watch = GrowthWatch(
@@ -197,6 +203,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         if self._recorder is not None:
             self._labels.exit()
             self._recorder.step_begin()
+            self._busy_at_begin = self._profiler_busy()
 
     def on_substep_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
@@ -224,7 +231,10 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
     ) -> None:
         if self._recorder is None:
             return
-        if self._ended_early == state.global_step:
+        ended_early = self._ended_early == state.global_step  # before the trace (and its summary) was written
+        if self._busy_at_begin or (not ended_early and self._profiler_busy()):
+            self._busy_steps.add(state.global_step)
+        if ended_early:
             # The profiler wrote a trace since (end_step_before_export): the next step's data wait starts now.
             self._ended_early = None
             self._recorder.boundary()
@@ -238,6 +248,13 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self._mark_log_step(state, control)
         if self._recorder.pending_steps >= MAX_PENDING_STEPS:
             self._guarded(self._drain)  # local only: bounded memory when logging is rare or off
+
+    def _profiler_busy(self) -> bool:
+        return self.profiler_busy is not None and bool(self.profiler_busy())
+
+    def _distorted(self, step: int) -> bool:
+        """Whether the profiler ran over ``step`` or was still busy with a written trace during it."""
+        return bool(self._traced is not None and self._traced(step)) or step in self._busy_steps
 
     def end_step_before_export(self, step: int) -> None:
         """End optimizer step ``step`` now: the profiler is about to write a trace in its ``on_step_end`` (called by
@@ -314,6 +331,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         row["own_work_s"] = timing.own_work_s if self._host_timed else timing.pre_sync_s
         row["warmup"] = timing.step < self._first_step + WARMUP_STEPS
         row["traced"] = bool(self._traced is not None and self._traced(timing.step))
+        row["profiler_busy"] = timing.step in self._busy_steps
         return row
 
     def flush(self) -> None:
@@ -392,10 +410,10 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
     def _verdict(self) -> Any:
         """The slow-rank verdict over the steps so far, the profiler's steps left out (its own distortion)."""
         assert self._series is not None
-        traced = self._traced
-        untraced = [s for s in self._series.step_times() if not traced(s)]
+        distorted = self._distorted
+        untraced = [s for s in self._series.step_times() if not distorted(s)]
         # When the profiler ran over (nearly) every step, those steps are all there is to judge.
-        exclude = traced if len(untraced) >= 2 else None
+        exclude = distorted if len(untraced) >= 2 else None
         return self._series.verdict(self.args.imbalance_threshold_pct, exclude)
 
     def _persistent(self, key: str, subject: int | None) -> bool:
@@ -493,7 +511,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         assert self._series is not None
         a = self.args
         slowdown = profiler_slowdown(
-            self._series.step_times(),
+            {s: t for s, t in self._series.step_times().items() if s not in self._busy_steps},
             {s for s in self._series.step_times() if self._traced(s)},
             {"record_shapes": a.profiler_record_shapes, "profile_memory": a.profiler_profile_memory,
              "with_stack": a.profiler_with_stack, "with_flops": a.profiler_with_flops},

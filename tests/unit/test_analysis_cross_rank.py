@@ -261,3 +261,20 @@ def test_the_wait_is_taken_out_only_when_every_rank_has_it_for_every_step():
     full = {0: {s: 0.015 for s in range(1, 7)}, 1: {s: 0.0 for s in range(1, 7)}}
     assert less_cpu_wait(ranks, {0: {1: 1.0}, 1: {1: 1.0}}, full) is None
     assert less_cpu_wait([], {}, full) is None
+
+
+def test_the_imbalance_verdict_judges_the_step_timers_own_work_in_the_traced_steps():
+    # A busy host: each rank's thread waited 60 ms for a core in every step, more than the trace's 50 ms of busy
+    # time; busy time less that wait is 0 on both ranks and tells nothing. The step timer's own work for the same
+    # steps (pre-sync less its wait) says rank 1 works 60% longer.
+    ranks = [rank(0, 0.0), rank(1, 0.0)]
+    wait = {r: {s: 0.060 for s in range(1, 7)} for r in (0, 1)}
+    blind = cross_rank(ranks, AnalysisOptions(), cpu_wait=wait).imbalance_verdict
+    assert blind is not None and (blind.effect_pct, blind.status) == (0.0, "quiet")
+    own = {0: {s: 0.050 for s in range(1, 7)}, 1: {s: 0.080 for s in range(1, 7)}}
+    seen = cross_rank(ranks, AnalysisOptions(), cpu_wait=wait, own_work=own).imbalance_verdict
+    assert seen is not None and (seen.status, seen.rank) == ("raised", 1)
+    assert seen.effect_pct == pytest.approx(60.0) and "as the step timer measured it in the traced steps" in seen.claim
+    # A step the timer did not record for a rank: the trace's figure, as before.
+    partial = {0: own[0], 1: {s: 0.080 for s in range(1, 6)}}
+    assert cross_rank(ranks, AnalysisOptions(), cpu_wait=wait, own_work=partial).imbalance_verdict.effect_pct == 0.0

@@ -87,7 +87,8 @@ def test_fsdp2_findings_name_the_unit_and_the_phase():
     check(comm, "communication_bound", 40.605542731453795, "Communication-bound", [0, 1],
           "the training thread waits on collectives, the collectives themselves and not a wait for a late peer, for "
           "40.6% of step time on average (rank 0: 43.1%, median 43.1%; threshold 30%); of rank 0's 53.1% exposed, "
-          "10.0% is a wait for a late peer (rank 1), left out; exposed by kind on rank 0 (% of the step): all_gather "
+          "10.0% is a wait for a late peer (rank 1), left out; of rank 1's 48.2% exposed, 10.1% is a wait for a late "
+          "peer (rank 0), left out; exposed by kind on rank 0 (% of the step): all_gather "
           "26.9% (5.8% waiting), reduce_scatter 26.2% (4.2% waiting)",
           "FSDP's all-gathers and reduce-scatters: see the FSDP findings for which and where.",
           {"transfer_pct": 40.605542731453795, "worst_rank_transfer_pct": 43.08781911335926,

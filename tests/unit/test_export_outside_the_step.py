@@ -54,3 +54,25 @@ def test_without_the_link_the_export_lands_in_the_step(tmp_path, monkeypatch):
     # What the link prevents (the test above can fail): the export inside the last traced step.
     rows = run(tmp_path, monkeypatch, linked=False)
     assert rows[4]["step_s"] >= EXPORT_S
+
+
+def test_steps_the_compact_summary_thread_overlaps_are_marked_and_left_out(tmp_path, monkeypatch):
+    # The compact summary is written on a thread that takes the GIL from training: the steps it overlaps are the
+    # profiler's too, marked in the records and left out of the verdicts and of the slowdown's reference.
+    from hf_distprof import compact_export
+
+    write = compact_export._write
+
+    def slow(trace):  # type: ignore[no-untyped-def]
+        time.sleep(EXPORT_S)
+        write(trace)
+
+    monkeypatch.setattr(compact_export, "_write", slow)
+    rows = run(tmp_path, monkeypatch, linked=True, steps=8)
+    busy = [s for s, row in rows.items() if row["profiler_busy"]]
+    assert busy and busy[0] == 5 and all(not rows[s]["traced"] for s in busy)  # from the step after the window
+    assert busy == list(range(5, 5 + len(busy)))
+    from hf_distprof.analysis.timer_records import read_timer_records
+
+    records = read_timer_records([tmp_path / "prof" / "r" / "x.json"])
+    assert records.busy == set(busy) and not set(busy) & set(records.step_times())
