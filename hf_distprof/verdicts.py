@@ -566,6 +566,10 @@ def judge_share(per_step_pct: Sequence[float], threshold_pct: float, what: str) 
 MIN_REFERENCE = 6
 """Fewest untraced steps the profiler's slowdown is judged against: a ratio to fewer (a run's four wait steps, which
 are also its slowest warm-up) says more about those steps than about the profiler."""
+NEAREST = 6
+"""Untraced steps taken on each side of the window, the nearest ones: a shared host's load changes over a run (a
+clean run's steps went from 0.7 s to 0.35 s when other work stopped after its window), so the steps around the
+window are the ones that ran under its conditions."""
 
 
 @dataclass
@@ -616,8 +620,9 @@ def profiler_slowdown(
 ) -> ProfilerSlowdown | None:
     """Compare the median step time inside the profiler's windows with the untraced steps on both sides of them.
 
-    Before and after are pooled: the first steps of a run are its slowest (allocations, caches), and on CPU the
-    process can run slower after the profiler stops, so either side alone misleads. The slowdown is a warning only
+    Before and after are pooled, the :data:`NEAREST` untraced steps on each side: the first steps of a run are its
+    slowest (allocations, caches), on CPU the process can run slower after the profiler stops, and a shared host's
+    load drifts, so either side alone, or steps far from the window, mislead. The slowdown is a warning only
     when the ratio is above ``threshold_ratio`` and beyond the untraced steps' own step-to-step noise.
 
     Args:
@@ -634,8 +639,8 @@ def profiler_slowdown(
     if not ins:
         return None
     first = min(inside)
-    before = [t for s, t in steps.items() if s not in inside and s < first]
-    after = [t for s, t in steps.items() if s not in inside and s > first]
+    before = [steps[s] for s in sorted(s for s in steps if s not in inside and s < first)][-NEAREST:]
+    after = [steps[s] for s in sorted(s for s in steps if s not in inside and s > first)][:NEAREST]
     ref = before + after
     med = median(ins)
     mid = median(ref) if ref else None

@@ -17,6 +17,10 @@ from typing import Any
 
 from hf_distprof import names
 
+MARK_KEYS = frozenset({"warmup", "traced", "profiler_busy"})
+"""The step timer's marks of a step in ``timing_rank{R}.jsonl`` (booleans: its warm-up, a step the profiler ran over
+or was still busy during)."""
+
 WARMUP_STEPS = 1
 """Steps left out at the start when ``timing_summary.json`` does not say (the step timer's own default)."""
 
@@ -61,12 +65,14 @@ class RunData:
         return sorted(self.steps)
 
     def counted(self, rank: int) -> list[dict[str, Any]]:
-        """The rank's step records used in comparisons: warm-up and profiled steps left out."""
+        """The rank's step records used in comparisons: warm-up and profiled steps left out (also those the step
+        timer marked as the profiler's: traced, or overlapped by a trace's compact summary being written)."""
         records = self.steps.get(rank, [])
         first = min((int(r["step"]) for r in records), default=0)
         return [
             r for r in records
             if int(r["step"]) >= first + self.warmup_steps and int(r["step"]) not in self.traced_steps
+            and r.get("traced") is not True and r.get("profiler_busy") is not True
         ]
 
 
@@ -133,8 +139,10 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
             raise RunFolderError(f"{path}, line {number}: not a record (nested too deeply)") from err
         if not isinstance(record, dict) or "step" not in record:
             raise RunFolderError(f"{path}, line {number}: a record without a 'step'")
-        # The step timer and the memory logger write numbers only: anything else is not their file.
-        wrong = next((k for k, v in record.items() if not _is_number(v, integer=k == "step")), None)
+        # The step timer and the memory logger write numbers, and the step timer its marks of a step (booleans):
+        # anything else is not their file.
+        wrong = next((k for k, v in record.items()
+                      if not (_is_number(v, integer=k == "step") or (k in MARK_KEYS and isinstance(v, bool)))), None)
         if wrong is not None:
             raise RunFolderError(f"{path}, line {number}: {wrong!r} is {record[wrong]!r}, not a number")
         records.append(record)

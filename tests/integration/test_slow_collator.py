@@ -92,15 +92,18 @@ def test_the_clean_run_names_nobody_and_its_numbers_agree(runs):
         for row in rank.comm_by_kind:
             assert row.exposed_us <= row.time_us + 1e-6 and row.wait_us <= row.exposed_us + 1e-6
     assert abs(sum(row.exposed_pct for row in result.comm_by_kind) - result.exposed_comm_pct) < 0.01
-    # The profiler's slowdown: against the untraced steps on both sides (4 before the window, 13 after, less those
-    # the trace's compact summary, written on a thread, overlapped), with their noise stated. The trace export
+    # The profiler's slowdown: against the nearest untraced steps on both sides (the 4 before the window, 6 after it,
+    # passing over those the trace's compact summary, written on a thread, overlapped), with their noise stated; a
+    # clean run's ratio lies within that noise of 1.0 (this small model's steps vary by 10-30% on 2 shared cores,
+    # more than the profiler costs them without --profiler-record-shapes). The trace export
     # (0.4-2 s) is in no step: the window's last step ends before it, the next one's data wait starts after it.
     rows = {json.loads(line)["step"]: json.loads(line)
             for line in (runs["clean"] / "timing_rank0.jsonl").read_text().splitlines()}
     busy = {s for s, row in rows.items() if row["profiler_busy"]}
     slowdown = result.profiler_slowdown
-    assert slowdown is not None and (slowdown["steps_before"], slowdown["steps_after"]) == (4, 13 - len(busy))
+    assert slowdown is not None and (slowdown["steps_before"], slowdown["steps_after"]) == (4, 6)
     assert slowdown["ratio"] is not None and slowdown["noise_pct"] is not None
+    assert abs(100 * (slowdown["ratio"] - 1)) <= slowdown["noise_pct"], slowdown
     assert [s for s, row in rows.items() if row["traced"]] == list(range(6, 12))
     ordinary = sorted(row["step_s"] for step, row in rows.items() if step > 11 and step not in busy)
     assert rows[11]["step_s"] < 3 * ordinary[len(ordinary) // 2], (rows[11], ordinary)
