@@ -6,8 +6,8 @@ rank: the rest of every other rank's time in it was waiting for that one). Repla
 every rank's step times back; the difference is the model's error bar, shown with every prediction. A scenario
 changes the works (or the transfers) and replays the same steps:
 
-- ``slow_rank``: the slowest rank (the most local work per step, median over steps) does, between each two of
-  its collectives, what its peers do there (their median);
+- ``slow_rank``: the slowest rank (the most local work per step, on average over the steps) does, between each two
+  of its collectives, what its peers do there (their median);
 - ``no_data_loading``: data loading takes no time on any rank;
 - ``hide_communication``: every transfer is hidden (a collective completes when its last rank arrives);
 - ``fastest_pace``: every rank does, between each two collectives, what the fastest rank does there;
@@ -54,9 +54,14 @@ class WhatIfScenario:
     """The saving over 1,000 steps, in hours."""
     error_ms: float
     """The model's error bar: its largest replay residual (see :class:`WhatIfModel`)."""
+    noise_ms: float | None
+    """Step-to-step noise of the step times the scenario predicts (scaled median absolute deviation over the steps):
+    what the steps would still vary by with the change made, which a saving must stand out from. Not the measured
+    steps' noise: a rank slow in every other step makes the measured times bimodal, which is the very thing the
+    scenario removes. None with one traced step."""
     beyond_noise: bool
-    """Whether the saving is larger than both the error bar and the step-to-step noise of the measured steps
-    (never with one traced step, whose noise is unknown)."""
+    """Whether the saving is larger than both the error bar and ``noise_ms`` (never with one traced step, whose
+    noise is unknown)."""
     saving_pct_per_step: list[float] = field(default_factory=list)
     """The saving in each traced step (its replayed step time against the scenario's), in %."""
 
@@ -100,11 +105,13 @@ class WhatIfModel:
     """The largest ``|replayed - measured|`` step time over ranks and steps: the error bar of every prediction."""
     noise_ms: float | None
     """Step-to-step noise of the measured step time (scaled median absolute deviation over the steps); None with
-    one step (unknown: then no saving counts as beyond it)."""
+    one step. (Each scenario's saving is judged against the noise of its own predicted steps.)"""
     sync_points: int
     """Collectives matched on every rank, per step (median), that the replay synchronises the ranks at."""
     slowest_rank: int | None
+    """The rank with the most local work per step (mean over the steps); None with one rank."""
     fastest_rank: int | None
+    """The rank with the least."""
     ranks: list[ReplayedRank] = field(default_factory=list)
     lanes: list[dict[str, Any]] = field(default_factory=list)
     """The median step as replayed, for the figure: ``{rank, start_ms, end_ms, name}`` (a phase, "waiting", or
@@ -145,7 +152,8 @@ def what_if(
     measured, replayed = wr.measured_step_times(g), wr.step_times(g, base)
     now = _stat(measured)
     error = max(abs(a - b) for s in g.steps for a, b in zip(replayed[s], measured[s]))
-    noise = scaled_mad([sum(v) / len(v) for v in measured.values()]) if len(g.steps) > 1 else None
+    several = len(g.steps) > 1
+    noise = scaled_mad([sum(v) / len(v) for v in measured.values()]) if several else None
     runs, slowest, fastest = wr.scenarios(g, reference)
     out = []
     for name, title, changed, rep in runs:
@@ -154,11 +162,13 @@ def what_if(
         saving = now - predicted
         per_step = [100.0 * (1.0 - sum(scenario[s]) / sum(replayed[s])) if sum(replayed[s]) > 0 else 0.0
                     for s in g.steps]
+        spread = scaled_mad([sum(v) / len(v) for v in scenario.values()]) if several else None
         out.append(WhatIfScenario(
             scenario=name, title=title, ranks=changed, step_ms_now=now / 1e3, step_ms_predicted=predicted / 1e3,
             saving_ms=saving / 1e3, saving_pct=100.0 * saving / now if now > 0 else 0.0,
             hours_per_1000_steps=saving * 1000 / MS_PER_HOUR / 1e3, error_ms=error / 1e3,
-            beyond_noise=noise is not None and saving > max(error, noise), saving_pct_per_step=per_step))
+            noise_ms=spread / 1e3 if spread is not None else None,
+            beyond_noise=spread is not None and saving > max(error, spread), saving_pct_per_step=per_step))
     out.sort(key=lambda s: -s.saving_ms)
     order = sorted(g.steps, key=lambda s: sum(replayed[s]) / len(replayed[s]))
     mid = order[(len(order) - 1) // 2]
@@ -215,7 +225,8 @@ def what_to_fix_first(answer: WhatIf, threshold_pct: float) -> Finding | None:
             f"replaying the {len(model.steps)} traced step(s) across ranks with {top.title} predicts "
             f"{top.step_ms_predicted:.2f} ms per step instead of the measured {top.step_ms_now:.2f} ms: "
             f"{top.saving_pct:.1f}% faster, {top.hours_per_1000_steps:.3f} h saved per 1,000 steps (model error "
-            f"+-{top.error_ms:.2f} ms, step-to-step noise {model.noise_ms or 0.0:.2f} ms). Above the "
+            f"+-{top.error_ms:.2f} ms; step-to-step noise of the predicted steps {top.noise_ms or 0.0:.2f} ms, of the "
+            f"measured ones {model.noise_ms or 0.0:.2f} ms). Above the "
             f"{threshold_pct:g}% threshold and the noise, in order: {ranked}"
         ),
         recommendation=_ADVICE[top.scenario].format(ranks=", ".join(map(str, top.ranks))),

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from statistics import median
 from typing import TYPE_CHECKING, Any
 
 from hf_distprof.analysis.bandwidth import bus_factor
@@ -239,13 +238,14 @@ def segment_work(g: Graph) -> list[dict[tuple[Any, ...], float]]:
 
 
 def _per_step_work(g: Graph, seg_work: list[dict[tuple[Any, ...], float]]) -> list[float]:
-    """Each rank's local work per step, median over the common steps (us)."""
+    """Each rank's local work per step, mean over the common steps (us): a rank slow in some steps only costs its
+    peers a wait in each of them, which a median over the steps could miss."""
     out = []
     for own in seg_work:
         per_step: dict[int, float] = {}
         for s, x in own.items():
             per_step[s[0]] = per_step.get(s[0], 0.0) + x
-        out.append(median(per_step.get(s, 0.0) for s in g.steps))
+        out.append(sum(per_step.get(s, 0.0) for s in g.steps) / len(g.steps))
     return out
 
 

@@ -19,14 +19,16 @@ def _noise(model: WhatIfModel) -> str:
 def _header(model: WhatIfModel) -> str:
     return (
         f"{len(model.steps)} traced step(s) replayed across ranks: measured {model.step_ms_measured:.2f} ms per "
-        f"step (median over steps of the mean over ranks), replayed {model.step_ms_replayed:.2f} ms; model error "
-        f"+-{model.error_ms:.2f} ms (largest replay residual of a rank's step), step-to-step noise {_noise(model)}"
+        f"step (median over steps of the mean over ranks; step-to-step noise {_noise(model)}), replayed "
+        f"{model.step_ms_replayed:.2f} ms; model error +-{model.error_ms:.2f} ms (the largest replay residual of a "
+        "rank's step); a saving counts when it is larger than the error and the noise of the steps it predicts"
     )
 
 
-def _row(s: WhatIfScenario) -> tuple[str, str, str, str, str, str]:
-    return (s.title, f"{s.step_ms_predicted:.2f}", f"{-s.saving_ms:+.2f}", f"{s.saving_pct:.1f}",
-            f"{s.hours_per_1000_steps:.3f}", "yes" if s.beyond_noise else "no")
+def _row(s: WhatIfScenario) -> tuple[str, ...]:
+    noise = "-" if s.noise_ms is None else f"{s.noise_ms:.2f}"
+    return (s.title, f"{s.step_ms_predicted:.2f}", f"{s.error_ms:.2f}", noise, f"{-s.saving_ms:+.2f}",
+            f"{s.saving_pct:.1f}", f"{s.hours_per_1000_steps:.3f}", "yes" if s.beyond_noise else "no")
 
 
 def what_if_lines(result: AnalysisResult) -> list[str]:
@@ -34,12 +36,12 @@ def what_if_lines(result: AnalysisResult) -> list[str]:
     model = result.what_if_model
     if model is None:
         return []
-    head = (f"{'what if':<58} {'step ms':>8} {'change ms':>10} {'saving%':>8} {'h/1k steps':>10} "
-            f"{'beyond noise':>12}")
+    head = (f"{'what if':<58} {'step ms':>8} {'+-err ms':>8} {'noise ms':>8} {'change ms':>10} {'saving%':>8} "
+            f"{'h/1k steps':>10} {'beyond noise':>12}")
     out = ["", f"What if ({_header(model)}):", head, "-" * len(head)]
     for s in result.what_if:
-        title, step, change, pct, hours, beyond = _row(s)
-        out.append(f"{title:<58} {step:>8} {change:>10} {pct:>8} {hours:>10} {beyond:>12}")
+        title, step, error, noise, change, pct, hours, beyond = _row(s)
+        out.append(f"{title:<58} {step:>8} {error:>8} {noise:>8} {change:>10} {pct:>8} {hours:>10} {beyond:>12}")
     out += ["", *critical_path_lines(result)]
     return out
 
@@ -76,11 +78,11 @@ def what_if_markdown(result: AnalysisResult, with_figure: bool) -> list[str]:
         "",
         "## What if",
         "",
-        f"The {_header(model)}. Each scenario replays the same steps with one change; a saving counts when it is "
-        "larger than both the model error and the noise.",
+        f"The {_header(model)}. Each scenario replays the same steps with one change.",
         "",
-        "| what if | step ms | change ms | saving % | hours per 1,000 steps | beyond the noise |",
-        "|---|---|---|---|---|---|",
+        "| what if | step ms | +- error ms | noise ms | change ms | saving % | hours per 1,000 steps | "
+        "beyond the noise |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     lines += ["| " + " | ".join(_row(s)) + " |" for s in result.what_if]
     if result.critical_path:

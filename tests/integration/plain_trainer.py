@@ -6,7 +6,8 @@ How it sets up logging and whether it passes hf_distprof's callbacks itself come
   level, as transformers' ``run_clm.py`` does), ``tf-error`` (``transformers.logging.set_verbosity_error()``).
 - ``PLAIN_CALLBACKS=1``: parse hf_distprof's flags beside the Trainer's and pass ``build_callbacks(...)`` (the
   two-line route); otherwise the script never imports hf_distprof (``hf-distprof run`` attaches it).
-- ``PLAIN_COLLATOR_SLEEP="<rank>:<seconds>"``: that rank's collator sleeps that long per batch (a slow loader).
+- ``PLAIN_COLLATOR_SLEEP="<rank>:<seconds>[:<every>]"``: that rank's collator sleeps that long per batch (a slow
+  loader); with ``every``, on every ``every``-th batch only (its 2nd, 4th ... for 2).
 """
 
 from __future__ import annotations
@@ -32,9 +33,13 @@ class RandomTokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
         return {"input_ids": ids, "labels": ids.clone()}
 
 
-def collate(rank: int, sleep_s: float) -> Any:
+def collate(rank: int, sleep_s: float, every: int = 1) -> Any:
+    calls = 0
+
     def fn(features: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        if sleep_s:
+        nonlocal calls
+        calls += 1
+        if sleep_s and calls % every == 0:
             time.sleep(sleep_s)
         return {k: torch.stack([f[k] for f in features]) for k in features[0]}
 
@@ -59,10 +64,11 @@ def main() -> None:
     else:
         (training_args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses()
     rank = training_args.process_index
-    who, _, seconds = os.environ.get("PLAIN_COLLATOR_SLEEP", "-1:0").partition(":")
+    who, _, rest = os.environ.get("PLAIN_COLLATOR_SLEEP", "-1:0").partition(":")
+    seconds, _, every = rest.partition(":")
     model = GPT2LMHeadModel(GPT2Config(vocab_size=512, n_positions=32, n_embd=32, n_layer=1, n_head=2))
     trainer = Trainer(model=model, args=training_args, train_dataset=RandomTokens(), callbacks=callbacks,
-                      data_collator=collate(rank, float(seconds) if int(who) == rank else 0.0))
+                      data_collator=collate(rank, float(seconds) if int(who) == rank else 0.0, int(every or 1)))
     trainer.train()
 
 
