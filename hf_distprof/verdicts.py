@@ -497,9 +497,14 @@ def _short_window(
             f"{window.claim} in the traced window (threshold {t:g}%, {noise}); {short}; {said_timer}{pooled}; "
             f"together p = {both:.4f} (Fisher): slow across the run"))
         return SlowRankVerdict(**fields)
-    why = ("the window's excess is within its own " + noise if names and not clear
-           else f"the window's candidate is the slowest in only {window.slowest_in} of its {n} steps" if names
-           and not leans else f"together p = {both:.3f} (Fisher), not below {ALPHA:g}")
+    if not names:
+        why = f"the step timer does not name rank {window.rank} over the run"
+    elif not clear:
+        why = "the window's excess is within its own " + noise
+    elif not leans:
+        why = f"the window's candidate is the slowest in only {window.slowest_in} of its {n} steps"
+    else:
+        why = f"together p = {both:.3f} (Fisher), not below {ALPHA:g}"
     fields.update(status=QUIET, gate="outside", reason=(
         f"{window.claim} in the traced window (threshold {t:g}%), but {short}; {said_timer}; {why}: not a slow rank "
         "across the run"))
@@ -593,8 +598,8 @@ class ProfilerSlowdown:
     median_step_s_reference: float | None = None
     """The median of the untraced steps, before and after together: what ``ratio`` divides by."""
     noise_pct: float | None = None
-    """The untraced steps' own step-to-step variation (scaled median absolute deviation, % of their median): a
-    ratio within 1 +- this is no slowdown the run can tell from its noise."""
+    """The run's own noise for this ratio (:func:`slowdown_noise_pct`, % of the untraced median): a ratio within
+    1 +- this is no slowdown the run can tell from its noise."""
     note: str | None = None
     """Why there is no ratio ("not enough untraced steps ..."); None when there is one."""
 
@@ -609,6 +614,19 @@ OPTION_COST = (
     ("profile_memory", "--profiler-profile-memory"),
     ("with_flops", "--profiler-with-flops"),
 )
+
+
+def slowdown_noise_pct(inside: Sequence[float], before: Sequence[float], after: Sequence[float], mid: float) -> float:
+    """How far from 1.0 the traced/untraced ratio of a run the profiler does not slow can fall, in %: the largest of
+    the untraced steps' step-to-step variation, the traced steps' own, and the drift between the steps before the
+    window and those after it (a shared host's load moves while the window runs; both sides' medians differ by
+    about as much)."""
+    parts = [scaled_mad(list(before) + list(after)) / mid]
+    if len(inside) >= 2 and median(inside) > 0:
+        parts.append(scaled_mad(inside) / median(inside))
+    if before and after:
+        parts.append(abs(median(before) - median(after)) / mid)
+    return 100.0 * max(parts)
 
 
 def profiler_slowdown(
@@ -650,7 +668,7 @@ def profiler_slowdown(
                 f"{len(after)} after it, at least {min_outside} are needed (run more steps after the window)")
     elif mid is not None and mid > 0:
         ratio = med / mid
-        noise = 100.0 * scaled_mad(ref) / mid
+        noise = slowdown_noise_pct(ins, before, after, mid)
         confidence = sum(t > threshold_ratio * mid for t in ins) / len(ins)
     if ratio is not None and noise is not None and ratio > threshold_ratio and 100.0 * (ratio - 1.0) > noise:
         on = [flag for name, flag in OPTION_COST if options.get(name)]
@@ -661,9 +679,9 @@ def profiler_slowdown(
         )
         warning = (
             f"the profiler slows the steps it traces by {ratio:.2f}x (median {med:.4f}s inside its window vs "
-            f"{mid:.4f}s over the {len(ref)} untraced steps before and after it, whose step-to-step noise is "
-            f"{noise:.1f}%; threshold {threshold_ratio:g}x): times and findings from the trace describe a slower run "
-            f"than yours; {cost}."
+            f"{mid:.4f}s over the {len(ref)} untraced steps before and after it; the run's own noise {noise:.1f}%; "
+            f"threshold {threshold_ratio:g}x): times and findings from the trace describe a slower run than yours; "
+            f"{cost}."
         )
     return ProfilerSlowdown(
         steps_inside=len(ins),

@@ -70,9 +70,9 @@ def _slowdown_lines(slowdown: dict[str, Any] | None) -> list[str]:
     ratio, noise = float(slowdown["ratio"]), slowdown.get("noise_pct")
     around = (f"the {slowdown.get('steps_before', 0) + slowdown.get('steps_after', 0)} untraced steps before and after "
               "the window" if isinstance(noise, (int, float)) else "the run's other steps")
-    within = (f", within their step-to-step noise of {noise:.1f}%" if isinstance(noise, (int, float))
+    within = (f", within the run's own noise of {noise:.1f}%" if isinstance(noise, (int, float))
               and abs(100.0 * (ratio - 1.0)) <= noise else
-              f" (their step-to-step noise {noise:.1f}%)" if isinstance(noise, (int, float)) else "")
+              f" (the run's own noise {noise:.1f}%)" if isinstance(noise, (int, float)) else "")
     return [f"Profiler slowdown: traced steps {ratio:.2f}x {around}{within}; below {slowdown['threshold_ratio']:g}x"]
 
 

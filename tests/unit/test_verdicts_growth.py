@@ -16,24 +16,29 @@ ADVICE = (
 
 
 def test_profiler_slowdown_every_field_against_the_untraced_steps_on_both_sides():
-    # Untraced: 1.0, 1.0 before the window (3-5), 2.0, 2.0, 1.0, 1.0 after: median 1.0 of 6, the minimum. Inside
-    # 1.25, 1.5, 1.6: median 1.5, ratio 1.5 > 1.25 and beyond the noise (scaled MAD 0 of the six). Confidence: 1.25
-    # is not above 1.25 x 1.0, so 2 of 3 steps. The options that are on are named most costly first.
-    steps = {1: 1.0, 2: 1.0, 3: 1.25, 4: 1.5, 5: 1.6, 6: 2.0, 7: 2.0, 8: 1.0, 9: 1.0}
+    # Untraced: 1.0, 1.0 before the window (3-5), 1.0 x 4 after: median 1.0 of 6, the minimum. Inside 1.25, 1.5,
+    # 1.6: median 1.5, ratio 1.5 > 1.25 and beyond the run's noise: the largest of the untraced steps' spread (0), the
+    # traced steps' own (scaled MAD 0.1 of 1.5: 9.9%) and the drift between the two sides (0). Confidence: 1.25 is not
+    # above 1.25 x 1.0, so 2 of 3 steps. The options that are on are named most costly first.
+    steps = {1: 1.0, 2: 1.0, 3: 1.25, 4: 1.5, 5: 1.6, 6: 1.0, 7: 1.0, 8: 1.0, 9: 1.0}
     options = {"record_shapes": True, "with_stack": True, "with_flops": False, "profile_memory": True}
     out = profiler_slowdown(steps, {3, 4, 5}, options)
     assert out == ProfilerSlowdown(
         steps_inside=3, steps_before=2, steps_after=4,
-        median_step_s_inside=1.5, median_step_s_before=1.0, median_step_s_after=1.5,
+        median_step_s_inside=1.5, median_step_s_before=1.0, median_step_s_after=1.0,
         ratio=1.5, threshold_ratio=1.25, options=options,
         warning=(
             "the profiler slows the steps it traces by 1.50x (median 1.5000s inside its window vs 1.0000s over the 6 "
-            "untraced steps before and after it, whose step-to-step noise is 0.0%; threshold 1.25x): times and "
-            "findings from the trace describe a slower run than yours; the likely cost: --profiler-with-stack, "
+            "untraced steps before and after it; the run's own noise 9.9%; threshold 1.25x): times and findings from "
+            "the trace describe a slower run than yours; the likely cost: --profiler-with-stack, "
             "--profiler-record-shapes, --profiler-profile-memory (turn off what you do not need)."
         ),
-        confidence=2 / 3, median_step_s_reference=1.0, noise_pct=0.0, note=None,
+        confidence=2 / 3, median_step_s_reference=1.0, noise_pct=pytest.approx(100 * 1.4826 * 0.1 / 1.5), note=None,
     )
+    # Sides that disagree (after the window 2.0, 2.0, 1.0, 1.0: median 1.5 against 1.0 before it) drifted by 50% of
+    # the 1.0 reference while the window ran: a 1.5x window is no slowdown the run can tell from that.
+    drift = profiler_slowdown(steps | {6: 2.0, 7: 2.0}, {3, 4, 5}, options)
+    assert drift is not None and drift.noise_pct == pytest.approx(50.0) and drift.warning is None
     assert type(out.options) is dict and out.options is not options  # a copy, plain dict
 
 
@@ -92,7 +97,7 @@ def test_profiler_slowdown_exactly_at_the_threshold_is_quiet():
     above = profiler_slowdown(base | {7: 1.26}, {7}, {})
     assert above is not None and above.warning is not None and above.warning.startswith(
         "the profiler slows the steps it traces by 1.26x (median 1.2600s inside its window vs 1.0000s over the 6 "
-        "untraced steps before and after it, whose step-to-step noise is 0.0%; threshold 1.25x)"
+        "untraced steps before and after it; the run's own noise 0.0%; threshold 1.25x)"
     )
 
 

@@ -42,14 +42,16 @@ def test_a_timer_that_judged_enough_steps_and_names_nobody_makes_it_quiet():
     both = fisher_p(0.125, 0.4)
     assert (v.status, v.gate, v.p_value) == ("quiet", "outside", both)
     assert v.reason == (f"{CLAIM} in the traced window (threshold 10%), but {SHORT}; over the run's 16 untraced steps "
-                        f"the step timer says: T (p = 0.400 for rank 1); together p = {both:.3f} (Fisher), not below "
-                        "0.02: not a slow rank across the run")
+                        "the step timer says: T (p = 0.400 for rank 1); the step timer does not name rank 1 over the "
+                        "run: not a slow rank across the run")
     # A timer naming the other rank: 1 - p for rank 1, quiet.
     other = across_the_run(window(), {**TIMER, "rank": 0})
     assert (other.status, other.gate, other.p_value) == ("quiet", "outside", fisher_p(0.125, 1.0 - 0.0001))
     # A timer that names rank 1 but only leans (p 0.2): not below alpha together.
     weak = across_the_run(window(), {**TIMER, "p_value": 0.2})
     assert (weak.status, weak.gate) == ("quiet", "outside")
+    assert weak.reason.endswith(f"together p = {fisher_p(0.125, 0.2):.3f} (Fisher), not below 0.02: not a slow rank "
+                                "across the run")
 
 
 def test_the_window_must_lean_the_same_way_beyond_its_noise():
