@@ -571,10 +571,10 @@ def judge_share(per_step_pct: Sequence[float], threshold_pct: float, what: str) 
 MIN_REFERENCE = 6
 """Fewest untraced steps the profiler's slowdown is judged against: a ratio to fewer (a run's four wait steps, which
 are also its slowest warm-up) says more about those steps than about the profiler."""
-NEAREST = 6
-"""Untraced steps taken on each side of the window, the nearest ones: a shared host's load changes over a run (a
-clean run's steps went from 0.7 s to 0.35 s when other work stopped after its window), so the steps around the
-window are the ones that ran under its conditions."""
+NEAREST = 12
+"""Untraced steps the slowdown is judged against at most, the nearest to the window: a shared host's load changes
+over a run (a clean run's steps went from 0.7 s to 0.35 s when other work stopped after its window), so the steps
+around the window are the ones that ran under its conditions."""
 
 
 @dataclass
@@ -588,15 +588,16 @@ class ProfilerSlowdown:
     median_step_s_before: float | None
     median_step_s_after: float | None
     ratio: float | None
-    """Median step inside / median untraced step, before and after the windows together; None with fewer than
-    ``min_outside`` untraced steps (see ``note``)."""
+    """Median step inside / median untraced step around the windows (the warm-up before the first left out); None
+    with fewer than ``min_outside`` untraced steps (see ``note``)."""
     threshold_ratio: float
     options: dict[str, bool]
     warning: str | None
     confidence: float | None = None
     """Share of the traced steps slower than ``threshold_ratio`` times the reference median."""
     median_step_s_reference: float | None = None
-    """The median of the untraced steps, before and after together: what ``ratio`` divides by."""
+    """The median of the untraced steps after the first window starts: what ``ratio`` divides by (``steps_before``
+    and ``median_step_s_before`` describe the warm-up, left out)."""
     noise_pct: float | None = None
     """The run's own noise for this ratio (:func:`slowdown_noise_pct`, % of the untraced median): a ratio within
     1 +- this is no slowdown the run can tell from its noise."""
@@ -616,16 +617,16 @@ OPTION_COST = (
 )
 
 
-def slowdown_noise_pct(inside: Sequence[float], before: Sequence[float], after: Sequence[float], mid: float) -> float:
-    """How far from 1.0 the traced/untraced ratio of a run the profiler does not slow can fall, in %: the largest of
-    the untraced steps' step-to-step variation, the traced steps' own, and the drift between the steps before the
-    window and those after it (a shared host's load moves while the window runs; both sides' medians differ by
-    about as much)."""
-    parts = [scaled_mad(list(before) + list(after)) / mid]
+def slowdown_noise_pct(inside: Sequence[float], reference: Sequence[float], mid: float) -> float:
+    """How far from 1.0 the traced/untraced ratio of a run the profiler does not slow can fall, in % of ``mid``: the
+    largest of the untraced steps' step-to-step variation, the traced steps' own, and the drift between the first
+    and the second half of the untraced steps (a shared host's load moves during a run)."""
+    parts = [scaled_mad(reference) / mid]
     if len(inside) >= 2 and median(inside) > 0:
         parts.append(scaled_mad(inside) / median(inside))
-    if before and after:
-        parts.append(abs(median(before) - median(after)) / mid)
+    half = len(reference) // 2
+    if half >= 2:
+        parts.append(abs(median(reference[:half]) - median(reference[half:])) / mid)
     return 100.0 * max(parts)
 
 
@@ -636,11 +637,12 @@ def profiler_slowdown(
     threshold_ratio: float = 1.25,
     min_outside: int = MIN_REFERENCE,
 ) -> ProfilerSlowdown | None:
-    """Compare the median step time inside the profiler's windows with the untraced steps on both sides of them.
+    """Compare the median step time inside the profiler's windows with the untraced steps around them.
 
-    Before and after are pooled, the :data:`NEAREST` untraced steps on each side: the first steps of a run are its
-    slowest (allocations, caches), on CPU the process can run slower after the profiler stops, and a shared host's
-    load drifts, so either side alone, or steps far from the window, mislead. The slowdown is a warning only
+    The reference is the :data:`NEAREST` untraced steps after the first window starts (between windows and after
+    the last), warm-up excluded: the untraced steps before the first window are the run's warm-up, its slowest
+    steps (allocations, caches; what the schedule's wait covers), which made a clean run's window read 0.75x. A
+    shared host's load drifts, so steps far from the window are left out too. The slowdown is a warning only
     when the ratio is above ``threshold_ratio`` and beyond the untraced steps' own step-to-step noise.
 
     Args:
@@ -657,18 +659,19 @@ def profiler_slowdown(
     if not ins:
         return None
     first = min(inside)
-    before = [steps[s] for s in sorted(s for s in steps if s not in inside and s < first)][-NEAREST:]
+    before = [steps[s] for s in sorted(s for s in steps if s not in inside and s < first)]
     after = [steps[s] for s in sorted(s for s in steps if s not in inside and s > first)][:NEAREST]
-    ref = before + after
+    ref = after  # the steps before the first window are the run's warm-up (the schedule's wait covers it)
     med = median(ins)
     mid = median(ref) if ref else None
     ratio = noise = note = confidence = warning = None
     if len(ref) < min_outside:
-        note = (f"not enough untraced steps to compare the profiler's window with: {len(before)} before it and "
-                f"{len(after)} after it, at least {min_outside} are needed (run more steps after the window)")
+        note = (f"not enough untraced steps to compare the profiler's window with: {len(after)} after its start "
+                f"(the {len(before)} before it are the run's warm-up), at least {min_outside} are needed (run more "
+                "steps after the window)")
     elif mid is not None and mid > 0:
         ratio = med / mid
-        noise = slowdown_noise_pct(ins, before, after, mid)
+        noise = slowdown_noise_pct(ins, ref, mid)
         confidence = sum(t > threshold_ratio * mid for t in ins) / len(ins)
     if ratio is not None and noise is not None and ratio > threshold_ratio and 100.0 * (ratio - 1.0) > noise:
         on = [flag for name, flag in OPTION_COST if options.get(name)]
@@ -679,7 +682,7 @@ def profiler_slowdown(
         )
         warning = (
             f"the profiler slows the steps it traces by {ratio:.2f}x (median {med:.4f}s inside its window vs "
-            f"{mid:.4f}s over the {len(ref)} untraced steps before and after it; the run's own noise {noise:.1f}%; "
+            f"{mid:.4f}s over the {len(ref)} untraced steps around it; the run's own noise {noise:.1f}%; "
             f"threshold {threshold_ratio:g}x): times and findings from the trace describe a slower run than yours; "
             f"{cost}."
         )

@@ -68,8 +68,8 @@ def _slowdown_lines(slowdown: dict[str, Any] | None) -> list[str]:
     if slowdown.get("ratio") is None:
         return [f"Profiler slowdown: {slowdown['note']}"] if isinstance(slowdown.get("note"), str) else []
     ratio, noise = float(slowdown["ratio"]), slowdown.get("noise_pct")
-    around = (f"the {slowdown.get('steps_before', 0) + slowdown.get('steps_after', 0)} untraced steps before and after "
-              "the window" if isinstance(noise, (int, float)) else "the run's other steps")
+    known = isinstance(noise, (int, float))  # older summaries have no noise (and compared with the steps before)
+    around = f"the {slowdown.get('steps_after', 0)} untraced steps around the window" if known else "the other steps"
     within = (f", within the run's own noise of {noise:.1f}%" if isinstance(noise, (int, float))
               and abs(100.0 * (ratio - 1.0)) <= noise else
               f" (the run's own noise {noise:.1f}%)" if isinstance(noise, (int, float)) else "")

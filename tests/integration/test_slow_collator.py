@@ -92,8 +92,9 @@ def test_the_clean_run_names_nobody_and_its_numbers_agree(runs):
         for row in rank.comm_by_kind:
             assert row.exposed_us <= row.time_us + 1e-6 and row.wait_us <= row.exposed_us + 1e-6
     assert abs(sum(row.exposed_pct for row in result.comm_by_kind) - result.exposed_comm_pct) < 0.01
-    # The profiler's slowdown: against the nearest untraced steps on both sides (the 4 before the window, 6 after it,
-    # passing over those the trace's compact summary, written on a thread, overlapped), with the run's noise stated.
+    # The profiler's slowdown: against the untraced steps around the window (the 12 after its start but those the
+    # trace's compact summary, written on a thread, overlapped; the 4 before it are the warm-up), with the run's
+    # noise stated.
     # (Not asserted to lie within that noise: the profiler's per-op bookkeeping is a real cost for this tiny model's
     # ops, 1.0-1.75x beside a busy core; the scenario suite's clean runs check that on the demo's model.) The export
     # (0.4-2 s) is in no step: the window's last step ends before it, the next one's data wait starts after it.
@@ -101,7 +102,7 @@ def test_the_clean_run_names_nobody_and_its_numbers_agree(runs):
             for line in (runs["clean"] / "timing_rank0.jsonl").read_text().splitlines()}
     busy = {s for s, row in rows.items() if row["profiler_busy"]}
     slowdown = result.profiler_slowdown
-    assert slowdown is not None and (slowdown["steps_before"], slowdown["steps_after"]) == (4, 6)
+    assert slowdown is not None and (slowdown["steps_before"], slowdown["steps_after"]) == (4, min(12, 13 - len(busy)))
     assert slowdown["ratio"] is not None and slowdown["noise_pct"] is not None
     assert [s for s, row in rows.items() if row["traced"]] == list(range(6, 12))
     ordinary = sorted(row["step_s"] for step, row in rows.items() if step > 11 and step not in busy)

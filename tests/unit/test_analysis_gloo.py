@@ -148,9 +148,8 @@ def test_the_profilers_slowdown_is_read_from_the_timer_files_beside_the_traces(t
     result = analyze_paths([tmp_path / "rank-0.json.gz", tmp_path / "rank-1.json.gz"], AnalysisOptions(workers=1))
     slowdown = result.profiler_slowdown
     assert slowdown is not None and slowdown["ratio"] == pytest.approx(2.0)
-    # Step 1 is the timer's warm-up (left out); no step before the window, so the 6 nearest after it, 8-13, are the
-    # reference.
-    assert (slowdown["steps_inside"], slowdown["steps_before"], slowdown["steps_after"]) == (6, 0, 6)
+    # Step 1 is the timer's warm-up (left out); no step before the window, so steps 8-14 after it are the reference.
+    assert (slowdown["steps_inside"], slowdown["steps_before"], slowdown["steps_after"]) == (6, 0, 7)
     assert (slowdown["noise_pct"], slowdown["median_step_s_reference"]) == (0.0, pytest.approx(0.1))
     (finding,) = [f for f in result.findings if f.kind == "profiler_slowdown"]
     assert finding.numbers == {"ratio": pytest.approx(2.0)} and finding.confidence == 1.0
@@ -167,8 +166,8 @@ def test_a_profiler_that_costs_little_raises_nothing(tmp_path: Path) -> None:
     _timing_logs(tmp_path, slow=1.1)
     result = analyze_paths([tmp_path / "rank-0.json.gz", tmp_path / "rank-1.json.gz"], AnalysisOptions(workers=1))
     assert result.profiler_slowdown["ratio"] == pytest.approx(1.1) and result.findings == []
-    assert ("Profiler slowdown: traced steps 1.10x the 6 untraced steps before and after the window (the run's own "
-            "noise 0.0%); below 1.25x") in format_findings(result)
+    assert ("Profiler slowdown: traced steps 1.10x the 7 untraced steps around the window (the run's own noise "
+            "0.0%); below 1.25x") in format_findings(result)
 
 
 def test_rank_findings_of_a_distorted_window_against_a_quiet_timer_are_withheld(tmp_path: Path) -> None:

@@ -38,16 +38,22 @@ def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, linked: bool, steps: in
     return {row["step"]: row for row in rows}
 
 
+def typical(rows: dict[int, dict]) -> float:
+    """The median step time of the run's steps without an export (steps 1-3)."""
+    return sorted(rows[s]["step_s"] for s in (1, 2, 3))[1]
+
+
 def test_the_export_is_neither_the_last_traced_step_nor_the_next_steps_data_wait(tmp_path, monkeypatch):
     rows = run(tmp_path, monkeypatch, linked=True)
     assert [s for s, row in rows.items() if row["traced"]] == [2, 3, 4]  # warmup 2, active 3-4, written after 4
-    assert rows[4]["step_s"] < EXPORT_S / 2 and rows[5]["data_s"] < EXPORT_S / 2
+    # On a busy host a step of this small model takes 0.01-0.3 s; the export adds 0.4 s where it lands.
+    assert rows[4]["step_s"] < typical(rows) + EXPORT_S / 2 and rows[5]["data_s"] < EXPORT_S / 2
     assert len(list((tmp_path / "prof" / "r").glob("rank0_*_step3-4.pt.trace.json.gz"))) == 1  # it was written
 
 
 def test_the_last_step_ends_before_the_export_when_training_ends_inside_the_window(tmp_path, monkeypatch):
     rows = run(tmp_path, monkeypatch, linked=True, steps=4)  # close() at step 4 writes the trace
-    assert max(rows) == 4 and rows[4]["step_s"] < EXPORT_S / 2
+    assert max(rows) == 4 and rows[4]["step_s"] < typical(rows) + EXPORT_S / 2
 
 
 def test_without_the_link_the_export_lands_in_the_step(tmp_path, monkeypatch):
@@ -64,7 +70,7 @@ def test_steps_the_compact_summary_thread_overlaps_are_marked_and_left_out(tmp_p
     write = compact_export._write
 
     def slow(trace):  # type: ignore[no-untyped-def]
-        time.sleep(EXPORT_S)
+        time.sleep(1.5)  # longer than the next step takes on a busy host, so that it overlaps it for sure
         write(trace)
 
     monkeypatch.setattr(compact_export, "_write", slow)
