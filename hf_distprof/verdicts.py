@@ -617,16 +617,21 @@ OPTION_COST = (
 )
 
 
-def slowdown_noise_pct(inside: Sequence[float], reference: Sequence[float], mid: float) -> float:
+def slowdown_noise_pct(
+    inside: Sequence[float], reference: Sequence[float], mid: float, before: Sequence[float] = ()
+) -> float:
     """How far from 1.0 the traced/untraced ratio of a run the profiler does not slow can fall, in % of ``mid``: the
-    largest of the untraced steps' step-to-step variation, the traced steps' own, and the drift between the first
-    and the second half of the untraced steps (a shared host's load moves during a run)."""
+    largest of the untraced steps' step-to-step variation, the traced steps' own, the drift between the first and
+    the second half of the untraced steps, and between them and the steps before the window (a shared host's load
+    moves during a run; its steps before the window, the warm-up, are not compared but say how much)."""
     parts = [scaled_mad(reference) / mid]
     if len(inside) >= 2 and median(inside) > 0:
         parts.append(scaled_mad(inside) / median(inside))
     half = len(reference) // 2
     if half >= 2:
         parts.append(abs(median(reference[:half]) - median(reference[half:])) / mid)
+    if before:
+        parts.append(abs(median(before) - mid) / mid)
     return 100.0 * max(parts)
 
 
@@ -671,7 +676,7 @@ def profiler_slowdown(
                 "steps after the window)")
     elif mid is not None and mid > 0:
         ratio = med / mid
-        noise = slowdown_noise_pct(ins, ref, mid)
+        noise = slowdown_noise_pct(ins, ref, mid, before)
         confidence = sum(t > threshold_ratio * mid for t in ins) / len(ins)
     if ratio is not None and noise is not None and ratio > threshold_ratio and 100.0 * (ratio - 1.0) > noise:
         on = [flag for name, flag in OPTION_COST if options.get(name)]

@@ -144,7 +144,8 @@ def analyze_paths(
     records = read_timer_records(files)
     judged = records.verdict(options.imbalance_pct, {s.step for r in ranks for s in r.steps})
     timer = judged.to_json() if judged is not None else timer_verdict_beside(files)
-    cross = cross_rank(ranks, options, records.cpu_wait(), timer, records.own_work()) if len(ranks) > 1 else None
+    cross = (cross_rank(ranks, options, records.cpu_wait(), timer, records.own_work(), records.own_steps())
+             if len(ranks) > 1 else None)
     if len(ranks) > 1:
         # Which exposed communication is a wait for a late peer: only the rest can be the network's.
         matched = match_collectives(ranks)

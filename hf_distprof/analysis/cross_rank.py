@@ -70,6 +70,7 @@ def cross_rank(
     cpu_wait: dict[int, dict[int, float]] | None = None,
     timer: Mapping[str, Any] | None = None,
     own_work: dict[int, dict[int, float]] | None = None,
+    own_step: dict[int, float] | None = None,
 ) -> CrossRankResult:
     """Compare ranks: step spread, imbalance of busy time, collective lateness, stragglers.
 
@@ -90,6 +91,9 @@ def cross_rank(
             the wait for a CPU on CPU). When it covers every rank and traced step, the imbalance verdict judges it:
             the trace's busy time less the run-queue wait over-corrects on a busy host (the wait also accrues outside
             the ops the trace counts as busy), the timer's figure is what its own verdict judges.
+        own_step: step -> seconds of the step less the ranks' wait for a CPU (the step timer's ``own_step_s``, the
+            largest over ranks): with ``own_work``, what the imbalance's materiality is judged against, as the timer
+            judges it (a host's run-queue waits lengthen the step for nobody's work).
         timer: The step timer's verdict over the untraced steps (``timing_summary.json``'s
             ``imbalance_verdict``): both verdicts are weighed with it
             (:func:`hf_distprof.verdicts.across_the_run`): a rank slow in the window only is not named, and a
@@ -141,12 +145,10 @@ def cross_rank(
             busy_by_step, what, own = timed, OWN_WORK + " as the step timer measured it in the traced steps", timed
         busy = _common_steps(busy_by_step)
         common = sorted(set.intersection(*(set(d) for d in durations.values())))
-        imbalance = judge_slow_rank(
-            busy,
-            options.imbalance_pct,
-            what=what,
-            step_time=[median(d[s] for d in durations.values()) for s in common],
-        )
+        step_time = [median(d[s] for d in durations.values()) for s in common]
+        if timed is not None and own_step is not None and all(s in own_step for s in common):
+            step_time = [1e6 * own_step[s] for s in common]
+        imbalance = judge_slow_rank(busy, options.imbalance_pct, what=what, step_time=step_time)
         imbalance = across_the_run(imbalance, timer, pool_effect=own is not None)
         straggler = judge_slow_rank(
             {rank: [per_step[rank][s] for s in late_steps] for rank in per_step},
@@ -236,7 +238,8 @@ def _stragglers(
                     f"{peer_wait / 1e3:.2f} ms; "
                     + (
                         f"it is the last to arrive in {verdict.slowest_in} of {verdict.steps} steps "
-                        f"(p = {verdict.p_value:.3f} by chance)"
+                        + (f"(p = {verdict.p_value:.3f} by chance, with the step timer's untraced steps)"
+                           if verdict.test.endswith("+ step timer") else f"(p = {verdict.p_value:.3f} by chance)")
                         if p.rank == verdict.rank
                         else f"late together with rank {verdict.rank}, standing out from the other ranks"
                     )

@@ -106,9 +106,23 @@ class TimerRecords:
         if not judged:
             return None
         ranks = sorted(self.rows)
-        step_time = [max(_number(self.rows[r][s].get("step_s")) or 0.0 for r in ranks) for s in judged]
+        step_time = [max(self._own_step(self.rows[r][s]) for r in ranks) for s in judged]
         work = {r: [float(self.rows[r][s]["own_work_s"]) for s in judged] for r in ranks}
         return judge_own_work(work, threshold_pct, step_time)
+
+    @staticmethod
+    def _own_step(row: dict[str, Any]) -> float:
+        """The step less the wait for a CPU (``own_step_s``; the step time in rows written before it)."""
+        own = _number(row.get("own_step_s"))
+        return own if own is not None else (_number(row.get("step_s")) or 0.0)
+
+    def own_steps(self) -> dict[int, float]:
+        """step -> the step time less the ranks' wait for a CPU (the largest over ranks), on every rank's steps."""
+        out: dict[int, float] = {}
+        for steps in self.rows.values():
+            for step, row in steps.items():
+                out[step] = max(out.get(step, 0.0), self._own_step(row))
+        return out
 
     def judged_steps(self, traced: Iterable[int] = ()) -> list[int]:
         """The steps :meth:`verdict` judges, in order (empty for older files or fewer than 2 ranks)."""

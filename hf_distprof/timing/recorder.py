@@ -82,6 +82,11 @@ class StepTiming:
         return max(0.0, self.pre_sync_s - (self.cpu_wait_s or 0.0))
 
     @property
+    def own_step_s(self) -> float:
+        """``step_s`` less the time the thread waited for a CPU: the step as long as the work made it."""
+        return max(0.0, self.step_s - (self.cpu_wait_s or 0.0))
+
+    @property
     def wait_s(self) -> float:
         """Step time not spent on this rank's own work: mostly waiting in collectives for slower ranks."""
         return max(0.0, self.step_s - self.pre_sync_s - self.optimizer_s)

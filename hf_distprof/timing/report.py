@@ -318,24 +318,28 @@ class StepSeries:
     def __init__(self, world_size: int, max_steps: int | None = None) -> None:
         self.world_size = world_size
         self.max_steps = max_steps or max(64, KEPT_CELLS // max(world_size, 1))
-        self._steps: OrderedDict[int, tuple[list[float], float]] = OrderedDict()
+        # step -> (every rank's own work, the step time, the step time less the ranks' wait for a CPU)
+        self._steps: OrderedDict[int, tuple[list[float], float, float]] = OrderedDict()
 
     def add(self, per_rank: Sequence[Sequence[Sequence[float]]]) -> None:
-        """Add the ``[step, step_s, own_work_s]`` rows of every rank; steps missing on a rank are dropped.
+        """Add the ``[step, step_s, own_work_s, own_step_s]`` rows of every rank; steps missing on a rank are dropped.
 
         ``own_work_s`` is the pre-sync time less the time the rank's thread waited for a CPU
-        (:attr:`StepTiming.own_work_s`).
+        (:attr:`StepTiming.own_work_s`), ``own_step_s`` the step time less that wait (:attr:`StepTiming.own_step_s`;
+        a row of 3 takes the step time).
         """
-        by_step: dict[int, dict[int, tuple[float, float]]] = {}
+        by_step: dict[int, dict[int, tuple[float, float, float]]] = {}
         for rank, rows in enumerate(per_rank):
-            for step, step_s, pre in rows:
-                by_step.setdefault(int(step), {})[rank] = (float(step_s), float(pre))
+            for row in rows:
+                step, step_s, pre = row[0], row[1], row[2]
+                own_step = row[3] if len(row) > 3 else step_s
+                by_step.setdefault(int(step), {})[rank] = (float(step_s), float(pre), float(own_step))
         for step in sorted(by_step):
             got = by_step[step]
             if len(got) != self.world_size:
                 continue
             pre = [got[r][1] for r in range(self.world_size)]
-            self._steps[step] = (pre, max(v[0] for v in got.values()))
+            self._steps[step] = (pre, max(v[0] for v in got.values()), max(v[2] for v in got.values()))
         while len(self._steps) > self.max_steps:
             self._steps.popitem(last=False)
 
@@ -345,6 +349,11 @@ class StepSeries:
     def step_times(self) -> dict[int, float]:
         """step -> the step time (the slowest rank's; under DDP they are equal)."""
         return {step: v[1] for step, v in self._steps.items()}
+
+    def own_step_times(self) -> dict[int, float]:
+        """step -> the step time less the ranks' wait for a CPU (the largest over ranks): what the verdict's
+        materiality is judged against, since a host's run-queue waits lengthen the step for nobody's work."""
+        return {step: v[2] for step, v in self._steps.items()}
 
     def verdict(
         self, threshold_pct: float, exclude: Callable[[int], bool] | None = None
@@ -356,8 +365,8 @@ class StepSeries:
         kept = [v for step, v in self._steps.items() if exclude is None or not exclude(step)]
         if self.world_size < 2:
             return None
-        per_rank = {r: [row[r] for row, _ in kept] for r in range(self.world_size)}
-        return judge_own_work(per_rank, threshold_pct, [step_s for _, step_s in kept])
+        per_rank = {r: [row[r] for row, _, _ in kept] for r in range(self.world_size)}
+        return judge_own_work(per_rank, threshold_pct, [own_step for _, _, own_step in kept])
 
 
 def unresolved_note(comm: dict[str, Any]) -> str:

@@ -142,3 +142,19 @@ def test_slowest_phase_reads_data_load_when_measured_else_data():
     assert _phase_components(RankSummary(rank=0, host="h", steps=1, total_s=1.0, samples=1, tokens=1,
                                          samples_per_s=1.0, tokens_per_s=1.0, peak_memory_bytes=None)) == {
         "data": 0.0, "forward": 0.0, "backward": 0.0}
+
+
+def test_step_series_judges_materiality_against_the_step_less_the_wait_for_a_cpu():
+    # Rank 1 does 0.05 s more own work (0.15 vs 0.10) in every step of 1.2 s, of which 0.9 s both ranks' threads
+    # waited for a CPU (a busy host): 4.2% of the wall step (not material), 16.7% of the 0.3 s the work made.
+    rows = [[[s, 1.2, 0.10, 0.3] for s in range(1, 13)], [[s, 1.2, 0.15, 0.3] for s in range(1, 13)]]
+    series = StepSeries(2)
+    series.add(rows)
+    assert series.own_step_times() == {s: 0.3 for s in range(1, 13)} and series.step_times()[1] == 1.2
+    verdict = series.verdict(10.0)
+    assert verdict is not None and (verdict.status, verdict.rank) == ("raised", 1)
+    # Rows of three (the step time only): the wall step is the basis, and the same excess is not material.
+    wall = StepSeries(2)
+    wall.add([[row[:3] for row in rank] for rank in rows])
+    quiet = wall.verdict(10.0)
+    assert quiet is not None and (quiet.status, quiet.gate) == ("quiet", "material")
