@@ -35,12 +35,14 @@ def test_a_stall_profile_now_and_sigusr1_each_open_one_window_on_both_ranks_what
     # Every step sleeps 0.2 s inside the step (a steady median); windows of 1 warm-up + 2 recorded steps; the regular
     # schedule never starts.
     # Step 12: rank 1 stalls 1.5 s (its peer waits for it in the gradient all-reduce) -> recorded by step 20.
-    # Step 20: rank 0 stalls 1 s, but --max-anomaly-captures 1 is used up -> no window.
+    # Step 20: rank 0 stalls 1 s (5x), but --max-anomaly-captures 1 is used up -> no window.
     # Step 24: rank 0 touches PROFILE_NOW (both ranks see it: one run folder) -> recorded from step 25-32.
     # Step 34: rank 1 gets SIGUSR1 -> recorded from step 35-42.
     proc = torchrun(
         tmp_path, "--max-steps", "45", "--logging-steps", "500", "--profiler-wait-steps", "1000",
         "--profiler-warmup-steps", "1", "--profiler-active-steps", "2", "--profile-on-anomaly", "--profile-on-demand",
+        # 4x, not the default 2x: a 0.2 s step of a loaded 2-core host must not pass for the stall (7.5x).
+        "--anomaly-factor", "4",
         env={"TINY_STALL": "all:*:0.2,1:12:1.5,0:20:1", "TINY_TRIGGER": "0:24:touch,1:34:usr1"},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -61,7 +63,7 @@ def test_a_stall_profile_now_and_sigusr1_each_open_one_window_on_both_ranks_what
     opened = [line.split("] ", 1)[1] for line in proc.stderr.splitlines() if "profiling window opened" in line]
     assert len(opened) == 3, opened
     assert f"recorded {a1}-{b1}, on every profiling rank; why: --profile-on-anomaly (anomaly capture 1 of 1; over " \
-           "--anomaly-factor 2): rank " in opened[0]
+           "--anomaly-factor 4): rank " in opened[0]
     assert "'s step 12 took " in opened[0]
     assert opened[1].endswith(f"recorded {a2}-{b2}, on every profiling rank; why: on demand: PROFILE_NOW on ranks 0, 1")
     assert opened[2].endswith(f"recorded {a3}-{b3}, on every profiling rank; why: on demand: SIGUSR1 on rank 1")
