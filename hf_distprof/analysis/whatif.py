@@ -55,10 +55,10 @@ class WhatIfScenario:
     error_ms: float
     """The model's error bar: its largest replay residual (see :class:`WhatIfModel`)."""
     noise_ms: float | None
-    """Step-to-step noise of the step times the scenario predicts (scaled median absolute deviation over the steps):
-    what the steps would still vary by with the change made, which a saving must stand out from. Not the measured
-    steps' noise: a rank slow in every other step makes the measured times bimodal, which is the very thing the
-    scenario removes. None with one traced step."""
+    """The step-to-step noise a saving must stand out from: the smaller of the measured steps' and the predicted
+    steps' (each the scaled median absolute deviation of the step times over the steps). Each inflates on its own
+    side: a rank slow in every other step makes the measured times bimodal, which is what the scenario removes; a
+    rank given its peers' work step by step takes on their variation. None with one traced step."""
     beyond_noise: bool
     """Whether the saving is larger than both the error bar and ``noise_ms`` (never with one traced step, whose
     noise is unknown)."""
@@ -105,7 +105,7 @@ class WhatIfModel:
     """The largest ``|replayed - measured|`` step time over ranks and steps: the error bar of every prediction."""
     noise_ms: float | None
     """Step-to-step noise of the measured step time (scaled median absolute deviation over the steps); None with
-    one step. (Each scenario's saving is judged against the noise of its own predicted steps.)"""
+    one step. (Each scenario's saving is judged against the smaller of this and its predicted steps' noise.)"""
     sync_points: int
     """Collectives matched on every rank, per step (median), that the replay synchronises the ranks at."""
     slowest_rank: int | None
@@ -152,8 +152,7 @@ def what_if(
     measured, replayed = wr.measured_step_times(g), wr.step_times(g, base)
     now = _stat(measured)
     error = max(abs(a - b) for s in g.steps for a, b in zip(replayed[s], measured[s]))
-    several = len(g.steps) > 1
-    noise = scaled_mad([sum(v) / len(v) for v in measured.values()]) if several else None
+    noise = scaled_mad([sum(v) / len(v) for v in measured.values()]) if len(g.steps) > 1 else None
     runs, slowest, fastest = wr.scenarios(g, reference)
     out = []
     for name, title, changed, rep in runs:
@@ -162,7 +161,7 @@ def what_if(
         saving = now - predicted
         per_step = [100.0 * (1.0 - sum(scenario[s]) / sum(replayed[s])) if sum(replayed[s]) > 0 else 0.0
                     for s in g.steps]
-        spread = scaled_mad([sum(v) / len(v) for v in scenario.values()]) if several else None
+        spread = min(noise, scaled_mad([sum(v) / len(v) for v in scenario.values()])) if noise is not None else None
         out.append(WhatIfScenario(
             scenario=name, title=title, ranks=changed, step_ms_now=now / 1e3, step_ms_predicted=predicted / 1e3,
             saving_ms=saving / 1e3, saving_pct=100.0 * saving / now if now > 0 else 0.0,
@@ -225,8 +224,8 @@ def what_to_fix_first(answer: WhatIf, threshold_pct: float) -> Finding | None:
             f"replaying the {len(model.steps)} traced step(s) across ranks with {top.title} predicts "
             f"{top.step_ms_predicted:.2f} ms per step instead of the measured {top.step_ms_now:.2f} ms: "
             f"{top.saving_pct:.1f}% faster, {top.hours_per_1000_steps:.3f} h saved per 1,000 steps (model error "
-            f"+-{top.error_ms:.2f} ms; step-to-step noise of the predicted steps {top.noise_ms or 0.0:.2f} ms, of the "
-            f"measured ones {model.noise_ms or 0.0:.2f} ms). Above the "
+            f"+-{top.error_ms:.2f} ms; step-to-step noise {top.noise_ms or 0.0:.2f} ms, the smaller of the measured "
+            f"steps' {model.noise_ms or 0.0:.2f} ms and the predicted ones'). Above the "
             f"{threshold_pct:g}% threshold and the noise, in order: {ranked}"
         ),
         recommendation=_ADVICE[top.scenario].format(ranks=", ".join(map(str, top.ranks))),

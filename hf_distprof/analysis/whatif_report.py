@@ -21,7 +21,8 @@ def _header(model: WhatIfModel) -> str:
         f"{len(model.steps)} traced step(s) replayed across ranks: measured {model.step_ms_measured:.2f} ms per "
         f"step (median over steps of the mean over ranks; step-to-step noise {_noise(model)}), replayed "
         f"{model.step_ms_replayed:.2f} ms; model error +-{model.error_ms:.2f} ms (the largest replay residual of a "
-        "rank's step); a saving counts when it is larger than the error and the noise of the steps it predicts"
+        "rank's step); a saving counts when it is larger than the error and the noise (the smaller of the measured "
+        "steps' and the predicted steps')"
     )
 
 
