@@ -128,7 +128,7 @@ def worker(pairs: int, steps: int, names: str, result: Path) -> None:
     )
 
     from hf_distprof import ProfilingArguments, build_callbacks
-    from hf_distprof.models import tiny_modernbert_config
+    from hf_distprof.recipe.models import tiny_modernbert_config
     from hf_distprof.timing.instrument import PhaseLabels, _TimedIterator
     from hf_distprof.timing.recorder import StepRecorder
 

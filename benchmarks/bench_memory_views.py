@@ -44,7 +44,7 @@ def main() -> None:
     from transformers import ModernBertForMaskedLM, TrainerControl, TrainerState, TrainingArguments
 
     from hf_distprof import MemoryLoggerCallback, MemoryViewsCallback, ProfilingArguments
-    from hf_distprof.models import tiny_modernbert_config
+    from hf_distprof.recipe.models import tiny_modernbert_config
 
     logging.disable(logging.WARNING)  # "--memory-snapshot needs a GPU", once per callback
     torch.manual_seed(0)

@@ -93,7 +93,7 @@ def main() -> None:
     import torch
     from transformers import ModernBertForMaskedLM
 
-    from hf_distprof.models import tiny_modernbert_config
+    from hf_distprof.recipe.models import tiny_modernbert_config
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -530,7 +530,7 @@ import sys
 import torch
 from transformers import TrainerControl, TrainerState, TrainingArguments
 from hf_distprof import ProfilingArguments
-from hf_distprof.callbacks.memory_views import MemoryViewsCallback
+from hf_distprof.callbacks.memory.views import MemoryViewsCallback
 out = sys.argv[1]
 cb = MemoryViewsCallback(ProfilingArguments(memory_snapshot=True, profiler_output_dir=out, profiler_run_name="oom",
                                             profiler_wait_steps=1, profiler_warmup_steps=0, profiler_active_steps=2))

@@ -16,10 +16,10 @@ _LAZY: dict[str, str] = {
     "ProfilingArguments": "hf_distprof.config",
     "add_profiling_args": "hf_distprof.config",
     "build_callbacks": "hf_distprof.callbacks",
-    "ProfilerCallback": "hf_distprof.callbacks.profiler",
-    "MemoryLoggerCallback": "hf_distprof.callbacks.memory",
-    "SimpleGPUMemoryCallback": "hf_distprof.callbacks.memory",
-    "MemoryViewsCallback": "hf_distprof.callbacks.memory_views",
+    "ProfilerCallback": "hf_distprof.callbacks.profiler.callback",
+    "MemoryLoggerCallback": "hf_distprof.callbacks.memory.logger",
+    "SimpleGPUMemoryCallback": "hf_distprof.callbacks.memory.logger",
+    "MemoryViewsCallback": "hf_distprof.callbacks.memory.views",
     "HangWatchdogCallback": "hf_distprof.callbacks.hang",
     "NsightCallback": "hf_distprof.callbacks.nsys",
     "StepTimerCallback": "hf_distprof.callbacks.step_timer",
@@ -44,11 +44,11 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from hf_distprof.callbacks.memory import MemoryLoggerCallback, SimpleGPUMemoryCallback
+    from hf_distprof.callbacks.memory.logger import MemoryLoggerCallback, SimpleGPUMemoryCallback
     from hf_distprof.callbacks.hang import HangWatchdogCallback
-    from hf_distprof.callbacks.memory_views import MemoryViewsCallback
+    from hf_distprof.callbacks.memory.views import MemoryViewsCallback
     from hf_distprof.callbacks.nsys import NsightCallback
-    from hf_distprof.callbacks.profiler import ProfilerCallback
+    from hf_distprof.callbacks.profiler.callback import ProfilerCallback
     from hf_distprof.callbacks.step_timer import StepTimerCallback
     from hf_distprof.callbacks.analyze import TraceAnalysisCallback
     from hf_distprof.callbacks.summary import RunSummaryCallback

@@ -113,7 +113,7 @@ def _parse_float(value: Any) -> float:
 
 def parse_rank_list(spec: str) -> frozenset[int] | None:
     """Ranks named by a ``--profile-ranks`` value; None means all ranks (``auto``: every rank builds a profiler,
-    and each window picks its ranks, see :mod:`hf_distprof.window_policy`)."""
+    and each window picks its ranks, see :mod:`hf_distprof.callbacks.profiler.window_policy`)."""
     spec = RankList(spec)
     return None if spec in ("all", "auto") else frozenset(int(r) for r in spec.split(","))
 

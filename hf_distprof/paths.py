@@ -22,12 +22,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from hf_distprof import dist, job, logs, signals
+from hf_distprof import dist, logs, signals
+from hf_distprof.core import job
 
 logger = dist.get_logger(__name__)
 
-# The names themselves live in hf_distprof.names; re-exported here for the callbacks.
-from hf_distprof.names import (  # noqa: E402, F401
+# The names themselves live in hf_distprof.core.names; re-exported here for the callbacks.
+from hf_distprof.core.names import (  # noqa: E402, F401
     ANALYSIS_NAME,
     FLIGHT_RECORDER_NAME,
     HANG_BACKSTOP_NAME,
@@ -87,7 +88,7 @@ def resolve_run_dir(
     Args:
         output_dir: The ``--profiler-output-dir`` folder.
         run_name: A fixed run name; the start time when None. A job restarted by torchelastic or requeued by
-            SLURM adds its attempt (``-attempt1``, ``-requeue1``: :func:`hf_distprof.job.attempt_suffix`).
+            SLURM adds its attempt (``-attempt1``, ``-requeue1``: :func:`hf_distprof.core.job.attempt_suffix`).
         owner: What one run is (callbacks pass the Trainer's ``state``, new for every ``train()`` call);
             calls with the same owner get the same folder.
 

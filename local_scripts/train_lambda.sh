@@ -10,7 +10,7 @@
 # training script shards the model itself (transformers' DistributedConfig).
 #
 # NCCL and c10d debugging, flags of the training script that every rank applies before its process group
-# exists (hf_distprof.debug_env); files go to <--profiler-output-dir>/nccl_debug[/<--profiler-run-name>]/:
+# exists (hf_distprof.recipe.debug_env); files go to <--profiler-output-dir>/nccl_debug[/<--profiler-run-name>]/:
 #   --nccl-debug WARN|INFO|TRACE [--nccl-debug-subsys INIT,COLL]   NCCL's log, one file per host and process
 #   --torch-distributed-debug OFF|INFO|DETAIL                       c10d's checks of every collective
 #   --flight-recorder-entries N                                     NCCL flight recorder, dumped on a timeout

@@ -10,11 +10,11 @@ on every machine with Python), and a ``datasets.Dataset`` of that text. ``--mode
     NPROC=2 ./local_scripts/train_lambda.sh --enable-profiling --enable-memory-logging --max-steps 50
     NPROC=2 ./local_scripts/train_lambda.sh --strategy fsdp --enable-profiling --max-steps 10
 
-``--strategy fsdp`` shards with FSDP2 on every machine (``hf_distprof.strategy``): through accelerate's FSDP
+``--strategy fsdp`` shards with FSDP2 on every machine (``hf_distprof.recipe.strategy``): through accelerate's FSDP
 plugin on GPU, at load time through transformers' ``DistributedConfig`` on CPU, where accelerate would
 silently train DDP.
 
-``--nccl-debug``, ``--torch-distributed-debug`` and ``--flight-recorder-entries`` (``hf_distprof.debug_env``)
+``--nccl-debug``, ``--torch-distributed-debug`` and ``--flight-recorder-entries`` (``hf_distprof.recipe.debug_env``)
 become environment variables before ``TrainingArguments`` is built, since building it creates the process
 group under a launcher, and the group reads them.
 """
@@ -57,10 +57,10 @@ from transformers import (
 
 from hf_distprof import ProfilingArguments, build_callbacks
 from hf_distprof.config import PositiveInt
-from hf_distprof.debug_env import DEBUG_ENV_VARS, DebugArguments, apply_debug_env
+from hf_distprof.recipe.debug_env import DEBUG_ENV_VARS, DebugArguments, apply_debug_env
 from hf_distprof.dist import finish, get_logger
-from hf_distprof.models import tiny_modernbert_config
-from hf_distprof.strategy import (
+from hf_distprof.recipe.models import tiny_modernbert_config
+from hf_distprof.recipe.strategy import (
     StrategyArguments,
     fsdp_training_arguments,
     load_sharded,
@@ -80,7 +80,7 @@ LEAK_ENV = "HF_DISTPROF_SIMULATE_LEAK"
 # rank), for the hang watchdog.
 HANG_ENV = "HF_DISTPROF_SIMULATE_HANG"
 # Test-only: a folder where every rank writes env_rank{R}.json once its process group exists: the debug flags'
-# variables it sees (hf_distprof.debug_env.DEBUG_ENV_VARS), c10d's debug level and the group's CPU backend.
+# variables it sees (hf_distprof.recipe.debug_env.DEBUG_ENV_VARS), c10d's debug level and the group's CPU backend.
 DUMP_ENV = "HF_DISTPROF_DUMP_ENV"
 # Test-only: "1" makes every rank move its main thread to the next CPU it may use at every batch, rank r on CPU
 # (r + batch) mod n: a crossover, so that a CPU that runs slower for a while slows each rank alike (AlternateCores).

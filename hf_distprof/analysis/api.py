@@ -14,7 +14,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 
 from hf_distprof.analysis import bandwidth, chain, comm, memory, whatif_timeline
 from hf_distprof.analysis.cross_rank import clock_offsets, cross_rank, match_collectives
-from hf_distprof import names
+from hf_distprof.core import names
 from hf_distprof.analysis.diagnosis import diagnose, undecided
 from hf_distprof.analysis.manifest import run_summary_beside, why_no_trace
 from hf_distprof.analysis.compact import load_trace
@@ -30,7 +30,7 @@ from hf_distprof.analysis.rank import analyze_rank
 from hf_distprof.analysis.whatif import apply_what_if
 from hf_distprof.analysis.timer_records import TimerRecords, read_timer_records
 from hf_distprof.analysis.trace_io import NoTraceError, TraceReadError, discover_trace_files
-from hf_distprof.verdicts import profiler_slowdown
+from hf_distprof.core.verdicts import profiler_slowdown
 
 PROGRESS_MIN_FILES = 8
 

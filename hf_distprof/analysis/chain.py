@@ -16,11 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from statistics import median
 
-from hf_distprof.advice import PHASE_ADVICE, PHASE_NAMES
+from hf_distprof.core.advice import PHASE_ADVICE, PHASE_NAMES
 from hf_distprof.analysis.comm import waits_for_peers
 from hf_distprof.analysis.model import CrossRankResult, Finding, RankResult
 from hf_distprof.analysis.timer_records import TimerRecords
-from hf_distprof.verdicts import SlowRankVerdict
+from hf_distprof.core.verdicts import SlowRankVerdict
 
 SLOW_RANK = "slow_rank"
 """The chain's kind: it stands for the straggler and imbalance findings about the rank."""

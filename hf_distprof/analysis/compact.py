@@ -41,7 +41,7 @@ from hf_distprof.analysis.events import (
     parse_trace,
 )
 from hf_distprof.analysis.message_sizes import MessageSize
-from hf_distprof.names import COMPACT_SUFFIX
+from hf_distprof.core.names import COMPACT_SUFFIX
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ _HEAD_DECODER = msgspec.msgpack.Decoder(_Head)
 
 
 def compact_path(trace: str | os.PathLike[str]) -> Path:
-    """The compact file of ``trace``: beside it, its name plus :data:`~hf_distprof.names.COMPACT_SUFFIX`."""
+    """The compact file of ``trace``: beside it, its name plus :data:`~hf_distprof.core.names.COMPACT_SUFFIX`."""
     trace = Path(trace)
     return trace.with_name(trace.name + COMPACT_SUFFIX)
 

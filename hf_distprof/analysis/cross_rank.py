@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from statistics import median
 from typing import Any
 
-from hf_distprof.verdicts import OWN_WORK, SlowRankVerdict, across_the_run, imbalance_pct, judge_slow_rank
+from hf_distprof.core.verdicts import OWN_WORK, SlowRankVerdict, across_the_run, imbalance_pct, judge_slow_rank
 from hf_distprof.analysis.model import (
     AnalysisOptions,
     Collective,
@@ -74,7 +74,7 @@ def cross_rank(
 ) -> CrossRankResult:
     """Compare ranks: step spread, imbalance of busy time, collective lateness, stragglers.
 
-    The straggler and imbalance decisions are :func:`hf_distprof.verdicts.judge_slow_rank`'s, step by
+    The straggler and imbalance decisions are :func:`hf_distprof.core.verdicts.judge_slow_rank`'s, step by
     step: a rank is named only when it is late (or busier) in most steps, more often than chance, by more
     than the threshold and the run's own noise; a window too short to tell is "not enough evidence".
 
@@ -96,7 +96,7 @@ def cross_rank(
             judges it (a host's run-queue waits lengthen the step for nobody's work).
         timer: The step timer's verdict over the untraced steps (``timing_summary.json``'s
             ``imbalance_verdict``): both verdicts are weighed with it
-            (:func:`hf_distprof.verdicts.across_the_run`): a rank slow in the window only is not named, and a
+            (:func:`hf_distprof.core.verdicts.across_the_run`): a rank slow in the window only is not named, and a
             window too short to show persistence on its own is completed by the rest of the run. With
             ``cpu_wait`` (the imbalance verdict then judges the timer's own figure: own work less the wait for
             a CPU), a window whose imbalance is under the threshold is judged on the effect of all the run's

@@ -1,6 +1,6 @@
 """Diagnosis (pure): measured numbers -> ranked findings, each with its evidence and a recommendation.
 
-The decisions are :mod:`hf_distprof.verdicts`'s (the same the live step timer makes): per-step shares must
+The decisions are :mod:`hf_distprof.core.verdicts`'s (the same the live step timer makes): per-step shares must
 be above their threshold from :class:`AnalysisOptions` in most steps, and rank comparisons must hold up
 against the run's noise. A finding's ``severity`` is a rough share of step time at stake, so that the
 list reads most-costly first; its ``confidence`` says how sure the verdict is.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from hf_distprof.analysis import comm, memory
 from hf_distprof.analysis.model import AnalysisOptions, CommKindStat, CrossRankResult, Finding, RankResult
-from hf_distprof.verdicts import UNDECIDED, judge_share
+from hf_distprof.core.verdicts import UNDECIDED, judge_share
 
 
 def _mean(values: list[float]) -> float:

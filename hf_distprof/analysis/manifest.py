@@ -8,7 +8,7 @@ parts it finds, so the manifest is as complete as the files that survived, and s
 the ranks that never finished, the ranks without a part).
 
 Pure code over JSON documents and file names: the runtime side (the clock measurement, the writes) is
-:mod:`hf_distprof.manifest`.
+:mod:`hf_distprof.callbacks.profiler.manifest`.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hf_distprof.capture import ANOMALY, ON_DEMAND  # noqa: F401 - the other reasons, re-exported
-from hf_distprof.job import COUNT_KEYS, ID_KEYS, describe_job
-from hf_distprof.names import MANIFEST_NAME, MANIFEST_PART_NAME, PROFILE_RANKS_NAME
+from hf_distprof.callbacks.profiler.capture import ANOMALY, ON_DEMAND  # noqa: F401 - the other reasons, re-exported
+from hf_distprof.core.job import COUNT_KEYS, ID_KEYS, describe_job
+from hf_distprof.core.names import MANIFEST_NAME, MANIFEST_PART_NAME, PROFILE_RANKS_NAME
 
 FORMAT = "hf_distprof.manifest"
 PART_FORMAT = "hf_distprof.manifest.part"
@@ -57,7 +57,7 @@ def assemble(parts: Sequence[Mapping[str, Any]], combined: bool = False,
     """The run manifest from the ranks' parts (any order, any subset of the ranks).
 
     Args:
-        parts: Per-rank part documents (as written by :class:`hf_distprof.manifest.RunManifest`).
+        parts: Per-rank part documents (as written by :class:`hf_distprof.callbacks.profiler.manifest.RunManifest`).
         combined: Whether rank 0 gathered the parts at train end (True) or a reader found them on disk.
         rank_choices: ``--profile-ranks auto``'s records (``profile_ranks.json``'s ``windows``): each window takes
             the record whose ``window_first`` is the latest at or before its first recorded step and after the
@@ -249,7 +249,7 @@ class RunSummary:
     unfinished_ranks: list[int] = field(default_factory=list)
     absent_ranks: list[int] = field(default_factory=list)
     job: dict[str, Any] | None = None
-    """Rank 0's launcher, ids and restart counts (:func:`hf_distprof.job.job_record`); None in older manifests."""
+    """Rank 0's launcher, ids and restart counts (:func:`hf_distprof.core.job.job_record`); None in older manifests."""
 
     def clock_offsets_us(self) -> dict[int, float]:
         """Measured offsets by rank (ranks without a measurement left out)."""

@@ -24,7 +24,7 @@ from hf_distprof.analysis.model import (
     RankResult,
 )
 from hf_distprof.analysis.text import format_bytes
-from hf_distprof.verdicts import imbalance_pct
+from hf_distprof.core.verdicts import imbalance_pct
 
 # Operators kept per device, the most allocating first.
 TOP_OPS = 10
@@ -252,7 +252,7 @@ def _combine_device(a: DeviceMemory, b: DeviceMemory, top: int) -> DeviceMemory:
 
 def imbalance_findings(ranks: list[RankResult], options: AnalysisOptions) -> list[Finding]:
     """A finding per device type on which one rank's peak exceeds the median of the others' peaks by more
-    than ``options.memory_imbalance_pct`` (:func:`hf_distprof.verdicts.imbalance_pct`, the live step
+    than ``options.memory_imbalance_pct`` (:func:`hf_distprof.core.verdicts.imbalance_pct`, the live step
     timer's peak-memory rule). Ranks are compared by the highest peak over their devices of that type.
 
     Args:

@@ -7,13 +7,12 @@ clock skew between hosts and the different ``baseTimeNanoseconds`` of each trace
 applies ``baseTimeNanoseconds``, trusting the hosts' clocks (fine on one host). Without a matched
 collective, ``collectives`` falls back to ``clock``, else to ``none``.
 
-``align="clock"``: ``baseTimeNanoseconds`` corrected by the clock offsets the run manifest measured at train
-start (:mod:`hf_distprof.manifest`: each host's clock against rank 0's, within half the shortest ping-pong round
-trip). It removes the hosts' clock offsets as they were at start, whatever the trace holds (no collective
-needed, and a rank that really leaves a collective late stays late); it cannot remove drift after the start,
-a clock stepped during the run, or a network path slower one way than the other (within the stated
-uncertainty). Without a manifest covering every rank, ``clock`` falls back to ``none``.
-"""
+``align="clock"``: ``baseTimeNanoseconds`` corrected by the clock offsets the run manifest measured at train start
+(:mod:`hf_distprof.callbacks.profiler.manifest`: each host's clock against rank 0's, within half the shortest
+ping-pong round trip). It removes the hosts' clock offsets as they were at start, whatever the trace holds (no
+collective needed, and a rank that really leaves a collective late stays late); it cannot remove drift after the
+start, a clock stepped during the run, or a network path slower one way than the other (within the stated
+uncertainty). Without a manifest covering every rank, ``clock`` falls back to ``none``. """
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from hf_distprof.verdicts import SlowRankVerdict
+from hf_distprof.core.verdicts import SlowRankVerdict
 
 if TYPE_CHECKING:
     from hf_distprof.analysis.manifest import RunSummary
@@ -622,7 +622,7 @@ class Straggler:
     lateness_us: float | None
     step_excess_pct: float | None
     confidence: float | None = None
-    """1 - p of the arrival-order test (:mod:`hf_distprof.verdicts`); None for the 3+-rank step outlier."""
+    """1 - p of the arrival-order test (:mod:`hf_distprof.core.verdicts`); None for the 3+-rank step outlier."""
 
 
 @dataclass
@@ -634,7 +634,7 @@ class CrossRankResult:
     step_spread: list[StepSpread]
     imbalance_pct: float
     """Load imbalance of busy time: the busiest rank over the median of the others, - 1, in %
-    (:func:`hf_distprof.verdicts.imbalance_pct`)."""
+    (:func:`hf_distprof.core.verdicts.imbalance_pct`)."""
     matched_collectives: int
     stragglers: list[Straggler]
     straggler_verdict: SlowRankVerdict | None = None
@@ -656,7 +656,7 @@ class Finding:
     numbers: dict[str, float] = field(default_factory=dict)
     confidence: float | None = None
     """How sure: 1 - p of the arrival-order test for rank findings, the share of steps above the threshold
-    for per-step shares (:mod:`hf_distprof.verdicts`)."""
+    for per-step shares (:mod:`hf_distprof.core.verdicts`)."""
 
 
 @dataclass
@@ -684,7 +684,7 @@ class AnalysisResult:
     """Questions the trace is too short to answer ("not enough evidence"), never findings."""
     profiler_slowdown: dict[str, Any] | None = None
     """Steps inside the trace against the run's other steps, from ``timing_rank*.jsonl`` beside the traces
-    (:func:`hf_distprof.verdicts.profiler_slowdown`); None without them."""
+    (:func:`hf_distprof.core.verdicts.profiler_slowdown`); None without them."""
     bandwidth: list[BandwidthStat] = field(default_factory=list)
     """Collective bandwidth per kind, group size and message size (empty when no collective has a size)."""
     unsized_collectives: int = 0

@@ -7,7 +7,7 @@ import html
 import os
 from pathlib import Path
 
-from hf_distprof import names
+from hf_distprof.core import names
 from hf_distprof.analysis.box import format_box
 from hf_distprof.analysis.manifest import format_run
 from hf_distprof.analysis.model import AnalysisResult

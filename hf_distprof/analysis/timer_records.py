@@ -6,8 +6,8 @@ folder. The analysis reads those records for three things:
 - each traced step's wait for a CPU (the imbalance verdict judges busy time less it, as the timer judges own work);
 - the steps inside and outside the profiler's window (the profiler's slowdown);
 - the slow-rank verdict over the untraced steps, judged again here with the one engine
-  (:func:`hf_distprof.verdicts.judge_own_work`, what the live timer calls), so that a window too short for a
-  verdict of its own is weighed with the rest of the run (:func:`hf_distprof.verdicts.across_the_run`).
+  (:func:`hf_distprof.core.verdicts.judge_own_work`, what the live timer calls), so that a window too short for a
+  verdict of its own is weighed with the rest of the run (:func:`hf_distprof.core.verdicts.across_the_run`).
 
 Rows the step timer writes say whether the profiler traced their step and whether it was the timer's warm-up
 (``traced``, ``warmup``) and what the ranks are compared on (``own_work_s``). Older files say neither: their
@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hf_distprof import names
+from hf_distprof.core import names
 from hf_distprof.runs.load import TIMING_RE
-from hf_distprof.verdicts import KEPT_CELLS, SlowRankVerdict, judge_own_work
+from hf_distprof.core.verdicts import KEPT_CELLS, SlowRankVerdict, judge_own_work
 
 
 # The phases of a step the timer records, each by its keys in order of preference.
@@ -96,7 +96,7 @@ class TimerRecords:
 
         The steps every rank recorded, less the timer's warm-up and the steps the profiler ran over (its marks,
         plus ``traced``: the steps of the traces, which on-demand and anomaly windows add), among the latest steps
-        the timer keeps (:data:`~hf_distprof.verdicts.KEPT_CELLS`); all of those when fewer than 2 remain (the
+        the timer keeps (:data:`~hf_distprof.core.verdicts.KEPT_CELLS`); all of those when fewer than 2 remain (the
         timer's own rule).
 
         Returns:

@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from hf_distprof import names
+from hf_distprof.core import names
 
 # How many decompressed bytes are parsed per chunk: large enough that orjson's per-call cost vanishes,
 # small enough that one chunk's Python objects (~10x its bytes) stay well under 100 MB.

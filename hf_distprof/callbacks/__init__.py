@@ -24,16 +24,16 @@ def build_callbacks(args: ProfilingArguments) -> list[TrainerCallback]:
     callbacks: list[TrainerCallback] = []
     profiler = None
     if args.enable_profiling:
-        from hf_distprof.callbacks.profiler import ProfilerCallback
+        from hf_distprof.callbacks.profiler.callback import ProfilerCallback
 
         profiler = ProfilerCallback(args)
         callbacks.append(profiler)
     if args.enable_memory_logging:
-        from hf_distprof.callbacks.memory import MemoryLoggerCallback
+        from hf_distprof.callbacks.memory.logger import MemoryLoggerCallback
 
         callbacks.append(MemoryLoggerCallback(args))
     if args.memory_views_enabled:
-        from hf_distprof.callbacks.memory_views import MemoryViewsCallback
+        from hf_distprof.callbacks.memory.views import MemoryViewsCallback
 
         callbacks.append(MemoryViewsCallback(args))
     if args.enable_step_timing:

@@ -24,9 +24,9 @@ import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from hf_distprof import dist, paths, tensorboard
-from hf_distprof.memstats import MB
-from hf_distprof.parallelism import report_parallelism
-from hf_distprof.callbacks.profiler import traced_steps
+from hf_distprof.callbacks.memory.stats import MB
+from hf_distprof.callbacks.parallelism import report_parallelism
+from hf_distprof.callbacks.profiler.callback import traced_steps
 from hf_distprof.config import ProfilingArguments
 from hf_distprof.timing import comm_overhead, publish
 from hf_distprof.timing.clock import default_clock
@@ -51,7 +51,7 @@ from hf_distprof.timing.report import (
     peak_tflops_for_device,
     unresolved_note,
 )
-from hf_distprof.verdicts import GrowthWatch, MemoryGrowth, profiler_slowdown
+from hf_distprof.core.verdicts import GrowthWatch, MemoryGrowth, profiler_slowdown
 
 logger = dist.get_logger(__name__)
 
@@ -259,8 +259,9 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
 
     def end_step_before_export(self, step: int) -> None:
         """End optimizer step ``step`` now: the profiler is about to write a trace in its ``on_step_end`` (called by
-        :class:`~hf_distprof.callbacks.profiler.ProfilerCallback`, which runs before this callback). The export is
-        the profiler's, not the training's: it belongs neither to this step nor to the next one's data wait."""
+        :class:`~hf_distprof.callbacks.profiler.callback.ProfilerCallback`, which runs before this callback). The
+        export is the profiler's, not the training's: it belongs neither to this step nor to the next one's data
+        wait."""
         if self._recorder is None:
             return
         self._labels.exit()

@@ -15,7 +15,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 
 from hf_distprof import paths, tensorboard
 from hf_distprof.config import ProfilingArguments
-from hf_distprof.names import (
+from hf_distprof.core.names import (
     ANALYSIS_NAME,
     MANIFEST_NAME,
     MEMORY_SUMMARY_NAME,

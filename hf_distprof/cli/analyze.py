@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     reference = None
     if args.bandwidth_ref:
-        from hf_distprof.collbench import load_reference
+        from hf_distprof.collectives.bench import load_reference
 
         try:
             reference = load_reference(args.bandwidth_ref)

@@ -8,7 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hf_distprof import collbench, names
+from hf_distprof.collectives import bench as collbench
+from hf_distprof.core import names
 
 
 def _int_in(low: int, high: int) -> Callable[[str], int]:
@@ -100,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     """
     import torch.distributed as dist
 
-    from hf_distprof.collbench_run import BenchConfig, init_group, run_benchmark
+    from hf_distprof.collectives.run import BenchConfig, init_group, run_benchmark
 
     group = init_group()
     try:

@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     Returns:
         0 with a report, 2 when the folder holds no dump or a dump cannot be read.
     """
-    from hf_distprof.hang_report import hang_report
+    from hf_distprof.runs.hang_report import hang_report
 
     try:
         report = hang_report(Path(args.run_folder))

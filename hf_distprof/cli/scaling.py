@@ -174,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
         0 when every run finished and was read, 1 when a run failed or its files cannot be read, 2 on a bad
         option (argparse) or when the output cannot be written.
     """
-    from hf_distprof.names import SCALING_RUN_DIR
+    from hf_distprof.core.names import SCALING_RUN_DIR
     from hf_distprof.runs.load import RunFolderError, load_run
     from hf_distprof.runs.scaling import format_scaling, point_from_run, scaling_result
     from hf_distprof.runs.scaling_report import write_scaling_files

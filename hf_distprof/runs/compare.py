@@ -32,7 +32,7 @@ from hf_distprof.runs.stats import (
     judge_difference,
     single_difference,
 )
-from hf_distprof.verdicts import imbalance_pct
+from hf_distprof.core.verdicts import imbalance_pct
 
 Record = dict[str, Any]
 

@@ -7,10 +7,10 @@ import json
 import os
 from pathlib import Path
 
-from hf_distprof import names
+from hf_distprof.core import names
 from hf_distprof.runs.compare import Comparison, Row
 from hf_distprof.runs.stats import ALPHA, MIN_EFFECT_POINTS
-from hf_distprof.verdicts import MATERIAL_PCT
+from hf_distprof.core.verdicts import MATERIAL_PCT
 
 # Phases drawn in the report's plot, in step order, with the key the step timer writes.
 PLOT_PHASES: tuple[tuple[str, str], ...] = (

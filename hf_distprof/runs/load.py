@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hf_distprof import names
+from hf_distprof.core import names
 
 MARK_KEYS = frozenset({"warmup", "traced", "profiler_busy"})
 """The step timer's marks of a step in ``timing_rank{R}.jsonl`` (booleans: its warm-up, a step the profiler ran over

@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from hf_distprof import names
+from hf_distprof.core import names
 from hf_distprof.runs.scaling import ScalingResult, scaling_csv
 
 

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from statistics import median
 from typing import Any
 
-from hf_distprof.verdicts import MATERIAL_PCT, scaled_mad
+from hf_distprof.core.verdicts import MATERIAL_PCT, scaled_mad
 
 MIN_EFFECT_PCT = 10.0
 """Smallest relative change of a median that can be significant, in % of run A's median."""

@@ -23,7 +23,7 @@ import torch
 import torch.distributed
 from torch import nn
 from hf_distprof import dist
-from hf_distprof.parallelism import find_ddp_wrapper, find_fsdp1_wrapper
+from hf_distprof.callbacks.parallelism import find_ddp_wrapper, find_fsdp1_wrapper
 
 
 @dataclass

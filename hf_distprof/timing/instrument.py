@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import record_function
 from torch.utils.data import DataLoader, IterableDataset
 
-from hf_distprof import memstats
+from hf_distprof.callbacks.memory import stats as memstats
 from hf_distprof.timing.recorder import StepRecorder
 
 

@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hf_distprof.advice import PHASE_ADVICE
+from hf_distprof.core.advice import PHASE_ADVICE
 from hf_distprof.timing.recorder import StepTiming
-from hf_distprof.verdicts import KEPT_CELLS, SlowRankVerdict, imbalance_pct, judge_own_work
+from hf_distprof.core.verdicts import KEPT_CELLS, SlowRankVerdict, imbalance_pct, judge_own_work
 
 # Mean phases carried per rank; the optional ones are None when not measured on some step.
 PHASES: tuple[str, ...] = ("data_s", "forward_s", "backward_s", "optimizer_s", "step_s")
@@ -168,7 +168,7 @@ class CrossRankReport:
     memory_threshold_pct: float
     warnings: list[str] = field(default_factory=list)
     imbalance_verdict: dict[str, Any] | None = None
-    """The noise-aware decision on pre-sync time per step (``hf_distprof.verdicts.judge_slow_rank``)."""
+    """The noise-aware decision on pre-sync time per step (``hf_distprof.core.verdicts.judge_slow_rank``)."""
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -310,7 +310,7 @@ class StepSeries:
     """Rank 0's per-step record of every rank's pre-sync time and step time, bounded in length.
 
     Filled from the per-step values each rank sends on logging steps; the noise-aware decisions
-    (:mod:`hf_distprof.verdicts`) need individual steps, not window means. Only the latest ``max_steps``
+    (:mod:`hf_distprof.core.verdicts`) need individual steps, not window means. Only the latest ``max_steps``
     steps are kept (:data:`KEPT_CELLS` values: the latest 10,000 steps of 2 ranks, at least 64 steps), so
     memory and the verdict's time stay bounded on long runs with many ranks.
     """

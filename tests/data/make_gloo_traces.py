@@ -42,7 +42,7 @@ SCENARIOS = ("clean", "slow_rank1", "slow_data", "fsdp2")
 # The committed traces were recorded with 30 ms; the integration test sleeps longer (GLOO_TRACES_SLOW_MS), well
 # above what a busy machine does to the other rank for a few steps.
 SLOW_MS = int(os.environ.get("GLOO_TRACES_SLOW_MS", "30"))
-# Active steps per trace: 2 ranks need 6 or more for any verdict (hf_distprof.verdicts.min_steps). The committed
+# Active steps per trace: 2 ranks need 6 or more for any verdict (hf_distprof.core.verdicts.min_steps). The committed
 # traces hold 6; the integration test asks for more (GLOO_TRACES_ACTIVE), so that one step in which the slow rank
 # happens not to be last (a descheduled rank 0 on a busy machine) does not take the verdict away.
 ACTIVE = int(os.environ.get("GLOO_TRACES_ACTIVE", "6"))

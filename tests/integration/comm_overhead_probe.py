@@ -6,7 +6,7 @@ on gloo; takes one AdamW step and leaves gradients in place (non-empty optimizer
 mid-accumulation), then runs ``measure_comm_overhead`` on the model as the callback sees it (the
 *unwrapped* one under DDP, the wrapper under FSDP1, as the Trainer passes them). Each rank writes
 ``rank{R}.json``: the result, whether parameters, gradients, buffers, optimizer state and RNG are
-bit-identical before and after, what ``hf_distprof.parallelism.detect`` sees, and the model state's size.
+bit-identical before and after, what ``hf_distprof.callbacks.parallelism.detect`` sees, and the model state's size.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from transformers import ModernBertForMaskedLM
 
-from hf_distprof.callbacks.memory import model_state_memory
-from hf_distprof.models import tiny_modernbert_config
-from hf_distprof.parallelism import detect
+from hf_distprof.callbacks.memory.logger import model_state_memory
+from hf_distprof.recipe.models import tiny_modernbert_config
+from hf_distprof.callbacks.parallelism import detect
 from hf_distprof.timing.comm_overhead import measure_comm_overhead
 
 

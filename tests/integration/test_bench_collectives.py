@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from hf_distprof import collbench, names
+from hf_distprof.collectives import bench as collbench
+from hf_distprof.core import names
 from hf_distprof.analysis.bandwidth import bus_factor
 
 from ..conftest import REPO_ROOT

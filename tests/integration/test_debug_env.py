@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from hf_distprof.debug_env import DEBUG_ENV_VARS
+from hf_distprof.recipe.debug_env import DEBUG_ENV_VARS
 
 from .launch import train_lambda
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from hf_distprof import dist
-from hf_distprof.hang_report import hang_report, parse_dump
+from hf_distprof.runs.hang_report import hang_report, parse_dump
 
 from ..conftest import REPO_ROOT
 from .launch import train_lambda

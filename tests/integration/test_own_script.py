@@ -65,9 +65,9 @@ def test_warnings_reach_the_console_once_and_info_reaches_the_rank_logs(tmp_path
     # Every rank's log holds our INFO records, whatever level the script left on the root logger.
     for rank in (0, 1):
         log = (run_dir / f"rank{rank}.log").read_text()
-        assert f"rank {rank} {HOST} INFO hf_distprof.callbacks.profiler: [RANK {rank}] profiler wrote: " in log
+        assert f"rank {rank} {HOST} INFO hf_distprof.callbacks.profiler.callback: [RANK {rank}] profiler wrote: " in log
     rank0 = (run_dir / "rank0.log").read_text()
-    assert f"rank 0 {HOST} INFO hf_distprof.parallelism: [RANK 0] parallelism: " in rank0
+    assert f"rank 0 {HOST} INFO hf_distprof.callbacks.parallelism: [RANK 0] parallelism: " in rank0
     assert rank0.count(MISMATCH) == 1
     # The end-of-run block, once (rank 0), naming this run's traces.
     assert proc.stdout.count(BANNER) == 1

@@ -264,7 +264,7 @@ def test_disk_full_or_unwritable_folder_mid_run_is_one_warning_and_training_goes
     assert all(whole(run_dir / n) for n in before)
     assert not list(run_dir.glob("*step7-8*"))
     warnings = [line for line in proc.stderr.splitlines()
-                if "hf_distprof.callbacks.profiler" in line and "could not write profiler trace" in line]
+                if "hf_distprof.callbacks.profiler.callback" in line and "could not write profiler trace" in line]
     assert len(warnings) == 2 and all("training goes on" in w for w in warnings), proc.stderr[-3000:]
     reason = "No space left on device" if fault == "full" else "Read-only file system"
     assert all(reason in w for w in warnings), warnings

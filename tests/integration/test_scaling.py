@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from hf_distprof import names
+from hf_distprof.core import names
 
 from ..conftest import REPO_ROOT
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from hf_distprof import collbench
+from hf_distprof.collectives import bench as collbench
 from hf_distprof.analysis.bandwidth_ref import ReferencePoint, compare_row, compare_to_reference, nearest_reference
 from hf_distprof.analysis.model import BandwidthStat
 from hf_distprof.cli.main import main

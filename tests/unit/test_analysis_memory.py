@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import pytest
 
-from hf_distprof import names
+from hf_distprof.core import names
 from hf_distprof.analysis import AnalysisOptions, AnalysisResult, analyze_paths, format_findings, format_summary
 from hf_distprof.analysis.memory import NO_OPERATOR, decimate
 from hf_distprof.analysis.report import MEMORY_PNG, REPORT_HTML, REPORT_MD, write_report

@@ -10,7 +10,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from hf_distprof import ProfilingArguments, RunSummaryCallback, build_callbacks, tensorboard
 from hf_distprof.callbacks.analyze import TraceAnalysisCallback
-from hf_distprof.callbacks.profiler import ProfilerCallback
+from hf_distprof.callbacks.profiler.callback import ProfilerCallback
 
 from . import fake_trainer
 

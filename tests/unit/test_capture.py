@@ -15,7 +15,7 @@ import pytest
 from transformers import HfArgumentParser, TrainerCallback
 
 from hf_distprof import ProfilerCallback, ProfilingArguments, add_profiling_args
-from hf_distprof.capture import (
+from hf_distprof.callbacks.profiler.capture import (
     RECORD,
     RECORD_AND_SAVE,
     WARMUP,
@@ -288,7 +288,7 @@ def test_without_the_flags_nothing_is_watched(tmp_path):
 
 
 def test_a_step_slowed_by_a_compact_summary_being_written_is_never_an_anomaly(tmp_path, monkeypatch):
-    import hf_distprof.capture_triggers as triggers_module
+    import hf_distprof.callbacks.profiler.triggers as triggers_module
 
     args = ProfilingArguments(enable_profiling=True, profile_on_anomaly=True, profiler_wait_steps=1000)
     triggers = triggers_module.CaptureTriggers(args, tmp_path, 0, 100, never, every=50)

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-import hf_distprof.capture_triggers as triggers_module
+import hf_distprof.callbacks.profiler.triggers as triggers_module
 from hf_distprof import dist
-from hf_distprof.capture import (
+from hf_distprof.callbacks.profiler.capture import (
     MAX_AGREE_EVERY,
     NOTE_LENGTH,
     NOTE_ROWS,

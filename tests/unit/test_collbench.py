@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from hf_distprof import collbench
-from hf_distprof.collbench import BenchRow, RankOutcome
+from hf_distprof.collectives import bench as collbench
+from hf_distprof.collectives.bench import BenchRow, RankOutcome
 from hf_distprof.cli.main import build_parser
 
 from ..conftest import REPO_ROOT

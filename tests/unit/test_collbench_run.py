@@ -12,7 +12,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from hf_distprof import collbench, collbench_run, names
+from hf_distprof.collectives import bench as collbench
+from hf_distprof.collectives import run as collbench_run
+from hf_distprof.core import names
 from hf_distprof.cli.main import main
 
 SMALL = ["--sizes", "1K,4K", "--iters", "2", "--warmup", "1", "--no-progress"]

@@ -10,12 +10,12 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from hf_distprof import names
+from hf_distprof.core import names
 from hf_distprof.analysis import AnalysisOptions, analyze_paths
 from hf_distprof.analysis import compact
 from hf_distprof.analysis.events import parse_trace
 from hf_distprof.cli.main import main
-from hf_distprof.compact_export import CompactExports
+from hf_distprof.callbacks.profiler.compact_export import CompactExports
 from tests.conftest import SHARED_DIR, require
 from tests.unit.test_analysis_memory import write_pair
 
@@ -185,7 +185,7 @@ def test_export_writes_on_a_thread_and_a_failure_is_one_warning(tmp_path, caplog
     not_a_trace = folder / "rank-2.json.gz"
     not_a_trace.write_text("{}")
     exports = CompactExports()
-    with caplog.at_level(logging.WARNING, logger="hf_distprof.compact_export"):
+    with caplog.at_level(logging.WARNING, logger="hf_distprof.callbacks.profiler.compact_export"):
         for trace in sorted(folder.iterdir()):
             exports.submit(trace)
         exports.join()

@@ -19,8 +19,8 @@ from hf_distprof import (
     add_profiling_args,
     build_callbacks,
 )
-from hf_distprof.callbacks.memory import MemoryLoggerCallback, SimpleGPUMemoryCallback
-from hf_distprof.callbacks.profiler import ProfilerCallback
+from hf_distprof.callbacks.memory.logger import MemoryLoggerCallback, SimpleGPUMemoryCallback
+from hf_distprof.callbacks.profiler.callback import ProfilerCallback
 from hf_distprof.config import flags_markdown, parse_rank_list
 
 from ..conftest import REPO_ROOT

@@ -14,7 +14,7 @@ import torch
 import torch.distributed
 from transformers import HfArgumentParser
 
-from hf_distprof.debug_env import (
+from hf_distprof.recipe.debug_env import (
     DEBUG_ENV_VARS,
     DebugArguments,
     apply_debug_env,
@@ -93,7 +93,7 @@ def test_apply_sets_creates_the_folder_and_tells_c10d(tmp_path, levels_set):
 def test_the_users_own_value_wins_and_rank_0_says_so(tmp_path, levels_set, caplog):
     environ = {"NCCL_DEBUG": "WARN", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
     args = DebugArguments(nccl_debug="INFO", torch_distributed_debug="DETAIL")
-    with caplog.at_level(logging.WARNING, logger="hf_distprof.debug_env"):
+    with caplog.at_level(logging.WARNING, logger="hf_distprof.recipe.debug_env"):
         applied = apply_debug_env(args, tmp_path, environ=environ)
     assert applied == {"NCCL_DEBUG_FILE": f"{tmp_path}/nccl_debug/nccl_%h_%p.log"}
     assert environ["NCCL_DEBUG"] == "WARN"

@@ -19,7 +19,7 @@ import pytest
 from hf_distprof.analysis import AnalysisOptions, TraceReadError, analyze_paths, trace_io
 from hf_distprof.analysis.events import parse_trace
 from hf_distprof.cli.main import main
-from hf_distprof.hang_report import hang_report, parse_recorder
+from hf_distprof.runs.hang_report import hang_report, parse_recorder
 
 from ..conftest import REPO_ROOT
 

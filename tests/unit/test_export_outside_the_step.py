@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from hf_distprof import ProfilingArguments, build_callbacks
-from hf_distprof.callbacks import profiler as profiler_module
-from hf_distprof.callbacks.profiler import ProfilerCallback
+from hf_distprof.callbacks.profiler import callback as profiler_module
+from hf_distprof.callbacks.profiler.callback import ProfilerCallback
 from hf_distprof.callbacks.step_timer import StepTimerCallback
 
 from . import fake_trainer
@@ -65,7 +65,7 @@ def test_without_the_link_the_export_lands_in_the_step(tmp_path, monkeypatch):
 def test_steps_the_compact_summary_thread_overlaps_are_marked_and_left_out(tmp_path, monkeypatch):
     # The compact summary is written on a thread that takes the GIL from training: the steps it overlaps are the
     # profiler's too, marked in the records and left out of the verdicts and of the slowdown's reference.
-    from hf_distprof import compact_export
+    from hf_distprof.callbacks.profiler import compact_export
 
     write = compact_export._write
 

@@ -22,8 +22,8 @@ from hf_distprof.config import (
     PositiveInt,
     RankList,
 )
-from hf_distprof.debug_env import DebugArguments
-from hf_distprof.strategy import StrategyArguments
+from hf_distprof.recipe.debug_env import DebugArguments
+from hf_distprof.recipe.strategy import StrategyArguments
 
 from . import training_script
 

@@ -14,7 +14,7 @@ import pytest
 
 from hf_distprof import ProfilingArguments, build_callbacks, dist
 from hf_distprof.callbacks.hang import ABORT_STATUS, HangWatchdogCallback, format_stacks
-from hf_distprof.hang_report import hang_report, parse_dump, parse_recorder
+from hf_distprof.runs.hang_report import hang_report, parse_dump, parse_recorder
 
 from ..conftest import REPO_ROOT
 from . import fake_trainer

@@ -8,8 +8,8 @@ import pytest
 
 from hf_distprof import ProfilingArguments, paths
 from hf_distprof.analysis.manifest import ManifestError, assemble, format_run, load_manifest, summarize
-from hf_distprof.job import attempt_suffix, describe_job, job_record
-from hf_distprof.manifest import RunManifest
+from hf_distprof.core.job import attempt_suffix, describe_job, job_record
+from hf_distprof.callbacks.profiler.manifest import RunManifest
 
 from .test_manifest import two_host_parts
 

@@ -20,9 +20,9 @@ from hf_distprof.analysis import AnalysisOptions, analyze_paths, format_findings
 from hf_distprof.analysis.manifest import ManifestError, assemble, load_manifest, missing_files
 from hf_distprof.analysis.merge import merge_traces
 from hf_distprof.analysis.report import write_report
-from hf_distprof.capture import CapturePlan, Note, Window
+from hf_distprof.callbacks.profiler.capture import CapturePlan, Note, Window
 from hf_distprof.cli.main import main
-from hf_distprof.manifest import (
+from hf_distprof.callbacks.profiler.manifest import (
     ClockOffset,
     RunManifest,
     host_leaders,
@@ -127,7 +127,7 @@ def test_one_rank_per_host_measures_and_rank_0s_host_is_exactly_0():
 
 def test_window_reasons_schedule_first_then_the_capture_window_that_holds_the_step():
     plan = CapturePlan(1, 2, 40, lambda step: False, on_demand=True, max_anomaly_captures=1)
-    from hf_distprof.capture import Anomaly
+    from hf_distprof.callbacks.profiler.capture import Anomaly
 
     plan.agree(10, [Note(0, ("PROFILE_NOW",)), Note(1, anomaly=Anomaly(9, 3.0, 1.0))])
     plan.agree(20, [Note(1, ("SIGUSR1",))])
@@ -348,7 +348,7 @@ def test_a_manifest_that_cannot_be_written_is_one_warning(tmp_path, caplog):
 
 
 def test_a_failed_clock_exchange_leaves_that_host_unmeasured_and_still_reaches_the_broadcast(monkeypatch, caplog):
-    import hf_distprof.manifest as manifest_module
+    import hf_distprof.callbacks.profiler.manifest as manifest_module
 
     broadcasts: list[Any] = []
 

@@ -11,8 +11,9 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from transformers import TrainerCallback
 
-from hf_distprof import MemoryLoggerCallback, ProfilingArguments, memstats, tensorboard
-from hf_distprof.callbacks import memory
+from hf_distprof import MemoryLoggerCallback, ProfilingArguments, tensorboard
+from hf_distprof.callbacks.memory import stats as memstats
+from hf_distprof.callbacks.memory import logger as memory
 
 from . import fake_trainer
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 import yaml
 
-from hf_distprof import MemoryViewsCallback, ProfilingArguments, build_callbacks, dist, memory_tools
+from hf_distprof import MemoryViewsCallback, ProfilingArguments, build_callbacks, dist
+from hf_distprof.callbacks.memory import tools as memory_tools
 
 from . import fake_trainer
 

@@ -12,7 +12,7 @@ from hf_distprof import ProfilingArguments
 from hf_distprof.analysis import AnalysisOptions, analyze_paths
 from hf_distprof.analysis.manifest import load_manifest, why_no_trace
 from hf_distprof.cli.main import main
-from hf_distprof.manifest import RunManifest
+from hf_distprof.callbacks.profiler.manifest import RunManifest
 
 CLOCK = {"rank": 0, "host": "h", "clock_offset_us": 0.0, "clock_uncertainty_us": 0.0}
 

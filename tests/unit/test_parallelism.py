@@ -17,8 +17,9 @@ import torch
 import torch.distributed as torch_dist
 from torch import nn
 
-from hf_distprof import dist, parallelism
-from hf_distprof.parallelism import Parallelism, detect, mismatch_warning, report_parallelism, requested
+from hf_distprof import dist
+from hf_distprof.callbacks import parallelism
+from hf_distprof.callbacks.parallelism import Parallelism, detect, mismatch_warning, report_parallelism, requested
 
 
 @pytest.fixture
@@ -193,8 +194,8 @@ def test_fsdp2_on_a_real_gpu(one_rank_group):
 def test_strategy_fsdp_on_gpu_fills_the_trainers_fsdp_config(tmp_path):
     from transformers import ModernBertForMaskedLM, TrainingArguments
 
-    from hf_distprof.models import tiny_modernbert_config
-    from hf_distprof.strategy import StrategyArguments, fsdp_training_arguments
+    from hf_distprof.recipe.models import tiny_modernbert_config
+    from hf_distprof.recipe.strategy import StrategyArguments, fsdp_training_arguments
 
     args = TrainingArguments(output_dir=str(tmp_path), report_to=[])
     with torch.device("meta"):

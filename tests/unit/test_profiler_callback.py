@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from hf_distprof import ProfilerCallback, ProfilingArguments
-from hf_distprof.callbacks import profiler as profiler_module
-from hf_distprof.callbacks.profiler import schedule_warning, traced_steps
+from hf_distprof.callbacks.profiler import callback as profiler_module
+from hf_distprof.callbacks.profiler.callback import schedule_warning, traced_steps
 
 from ..conftest import REPO_ROOT
 from . import fake_trainer
@@ -49,7 +49,7 @@ def files(run_dir: Path) -> list[str]:
     return sorted(p.name for p in run_dir.iterdir() if not p.name.endswith(".log") and "manifest" not in p.name)
 
 
-# Written at train start by every run whose callbacks see a model (hf_distprof.parallelism).
+# Written at train start by every run whose callbacks see a model (hf_distprof.callbacks.parallelism).
 PARALLELISM = "parallelism.json"
 
 

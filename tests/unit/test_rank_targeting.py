@@ -11,9 +11,9 @@ from transformers import TrainerCallback
 
 from hf_distprof import ProfilerCallback, ProfilingArguments, build_callbacks, dist
 from hf_distprof.callbacks.step_timer import StepTimerCallback
-from hf_distprof.capture import Note
-from hf_distprof.rank_targeting import RankView, choose_ranks
-from hf_distprof.window_policy import WindowPolicy
+from hf_distprof.callbacks.profiler.capture import Note
+from hf_distprof.callbacks.profiler.rank_targeting import RankView, choose_ranks
+from hf_distprof.callbacks.profiler.window_policy import WindowPolicy
 
 from . import fake_trainer
 

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from hf_distprof import names
+from hf_distprof.core import names
 from hf_distprof.cli.main import main
 from hf_distprof.runs.compare import compare_runs, run_series
 from hf_distprof.runs.load import RunFolderError, find_run_dir, load_run

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_distprof import names
+from hf_distprof.core import names
 from hf_distprof.cli.main import main
 from hf_distprof.cli.scaling import default_template, fill, per_rank_batch
 from hf_distprof.runs.load import load_run

@@ -11,7 +11,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from transformers import ModernBertForMaskedLM, Trainer, TrainerCallback, TrainingArguments
 
-from hf_distprof.models import tiny_modernbert_config
+from hf_distprof.recipe.models import tiny_modernbert_config
 from hf_distprof import ProfilingArguments, StepTimerCallback, dist
 from hf_distprof.timing.instrument import base_dataloader
 from hf_distprof.timing.recorder import StepRecorder, StepTiming

@@ -12,8 +12,8 @@ import torch
 import yaml
 from transformers import ModernBertForMaskedLM, TrainingArguments
 
-from hf_distprof.models import tiny_modernbert_config
-from hf_distprof.strategy import StrategyArguments, fsdp_blocks, fsdp_config, fsdp_plan, shards_at_load
+from hf_distprof.recipe.models import tiny_modernbert_config
+from hf_distprof.recipe.strategy import StrategyArguments, fsdp_blocks, fsdp_config, fsdp_plan, shards_at_load
 
 from ..conftest import REPO_ROOT
 from . import training_script
@@ -131,7 +131,7 @@ def test_the_launcher_rejects_an_unknown_strategy_before_launching(tmp_path):
 def test_guide_strategy_flag_table_matches_the_dataclass():
     import re
 
-    from hf_distprof.strategy import strategy_flags_markdown
+    from hf_distprof.recipe.strategy import strategy_flags_markdown
 
     text = (REPO_ROOT / "PROFILING_GUIDE.md").read_text(encoding="utf-8")
     match = re.search(r"<!-- strategy-flags:start -->\n(.*?)<!-- strategy-flags:end -->", text, re.S)

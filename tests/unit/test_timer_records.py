@@ -10,7 +10,7 @@ import pytest
 
 from hf_distprof.analysis.timer_records import read_timer_records
 from hf_distprof.timing.report import StepSeries
-from hf_distprof.verdicts import KEPT_CELLS
+from hf_distprof.core.verdicts import KEPT_CELLS
 
 STEPS = range(1, 23)  # the scenario suite's run: warm-up 1, profiler over 6-10 (warmup 6-7, active 8-10)
 TRACED = set(range(6, 11))

@@ -14,9 +14,9 @@ from torch.profiler import ProfilerAction
 from transformers import TrainerCallback
 
 from hf_distprof import ProfilerCallback, ProfilingArguments
-from hf_distprof.capture import Note
-from hf_distprof.trace_budget import TraceBudget, costliest_option
-from hf_distprof.window_policy import WindowPolicy
+from hf_distprof.callbacks.profiler.capture import Note
+from hf_distprof.callbacks.profiler.trace_budget import TraceBudget, costliest_option
+from hf_distprof.callbacks.profiler.window_policy import WindowPolicy
 
 from . import fake_trainer
 
@@ -131,7 +131,7 @@ def test_max_trace_mb_shortens_the_second_window_by_the_first_ones_size(tmp_path
                               profiler_active_steps=4, profiler_repeat=2, max_trace_mb=limit_mb)
     profiler = ProfilerCallback(args)
     profiler.agree_every = 1
-    with caplog.at_level(logging.WARNING, logger="hf_distprof.window_policy"):
+    with caplog.at_level(logging.WARNING, logger="hf_distprof.callbacks.profiler.window_policy"):
         fake_trainer.run([LogEveryTwo(), profiler], 15, tmp_path)
     run_dir = tmp_path / "P" / "r"
     first = run_dir / f"rank0_{HOST}_step4-7.pt.trace.json.gz"

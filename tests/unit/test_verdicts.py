@@ -1,4 +1,4 @@
-"""The decision rules of hf_distprof.verdicts, against hand-computed numbers."""
+"""The decision rules of hf_distprof.core.verdicts, against hand-computed numbers."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from hf_distprof.verdicts import (
+from hf_distprof.core.verdicts import (
     binomial_tail,
     medians_of_the_others,
     imbalance_pct,

@@ -1,4 +1,4 @@
-"""Exact values and boundaries of hf_distprof.verdicts: every gate's reason and fields, the tails against
+"""Exact values and boundaries of hf_distprof.core.verdicts: every gate's reason and fields, the tails against
 their definitions, and the comparisons at equality (threshold, materiality, noise, persistence, alpha)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from fractions import Fraction
 
 import pytest
 
-from hf_distprof.verdicts import (
+from hf_distprof.core.verdicts import (
     MAD_SCALE,
     ShareVerdict,
     SlowRankVerdict,

@@ -1,10 +1,10 @@
-"""Exact tests of the profiler-slowdown and memory-growth verdicts (hf_distprof.verdicts), numbers by hand."""
+"""Exact tests of the profiler-slowdown and memory-growth verdicts (hf_distprof.core.verdicts), numbers by hand."""
 
 from __future__ import annotations
 
 import pytest
 
-from hf_distprof.verdicts import GrowthWatch, MemoryGrowth, ProfilerSlowdown, memory_growth, profiler_slowdown
+from hf_distprof.core.verdicts import GrowthWatch, MemoryGrowth, ProfilerSlowdown, memory_growth, profiler_slowdown
 
 ADVICE = (
     "look for tensors kept across steps (losses appended to a list without .item(), caches, hooks holding "

@@ -29,7 +29,8 @@ import torch
 import torch.distributed as torch_dist
 
 import hf_distprof
-from hf_distprof import dist, job, paths
+from hf_distprof import dist, paths
+from hf_distprof.core import job
 from hf_distprof.analysis.manifest import (
     FINISHED,
     PART_FORMAT,
@@ -39,9 +40,9 @@ from hf_distprof.analysis.manifest import (
     assemble,
     read_rank_choices,
 )
-from hf_distprof.capture import Window
+from hf_distprof.callbacks.profiler.capture import Window
 from hf_distprof.config import ProfilingArguments
-from hf_distprof.names import (
+from hf_distprof.core.names import (
     FLIGHT_RECORDER_NAME,
     HANG_DUMP_NAME,
     MANIFEST_NAME,
@@ -205,7 +206,7 @@ def window_reasons(first: int, scheduled: bool, extra: Sequence[Window]) -> tupl
     Args:
         first: The window's first recorded step.
         scheduled: Whether the flags' schedule records that step.
-        extra: The windows opened on demand or on anomaly (:attr:`hf_distprof.capture.CapturePlan.windows`).
+        extra: The windows opened on demand or on anomaly (:attr:`~.capture.CapturePlan.windows`).
     """
     if scheduled:
         return [SCHEDULE], ""

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from hf_distprof.memstats import MB
+from hf_distprof.callbacks.memory.stats import MB
 
 
 def _is_parameter(t: torch.Tensor) -> bool:

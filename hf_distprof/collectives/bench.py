@@ -1,7 +1,7 @@
 """The collective bandwidth benchmark's pure parts: sizes, input patterns, result rows, CSV, table, plot.
 
 ``hf-distprof bench-collectives`` (:mod:`hf_distprof.cli.bench_collectives`) times each collective over a
-range of message sizes, like nccl-tests' ``*_perf`` programs; :mod:`hf_distprof.collbench_run` does the
+range of message sizes, like nccl-tests' ``*_perf`` programs; :mod:`hf_distprof.collectives.run` does the
 timing with torch. Everything here is plain Python, so that it is unit-tested without a process group and
 the trace analysis can read a saved CSV as its reference bandwidth (``analyze --bandwidth-ref``).
 

@@ -3,11 +3,11 @@
 The evidence is each rank's pre-sync time per step (data loading + forward + the compute part of backward,
 :attr:`hf_distprof.timing.recorder.StepTiming.pre_sync_s`): under DDP every rank's whole step lasts as long as
 the slowest rank's, so that sum is what tells the ranks apart. The ranks send their new step times with the note
-they gather on each agreement step (:mod:`hf_distprof.capture_triggers`); every rank builds the same
+they gather on each agreement step (:mod:`hf_distprof.callbacks.profiler.triggers`); every rank builds the same
 :class:`RankView` from the same gathered notes, so every rank picks the same ranks for a window, with no
 collective of its own.
 
-Who is slowest is :func:`hf_distprof.verdicts.judge_slow_rank`'s candidate (the rank with the largest median
+Who is slowest is :func:`hf_distprof.core.verdicts.judge_slow_rank`'s candidate (the rank with the largest median
 excess over the others), whether or not its evidence is strong enough for a warning: the window is there to
 show why it is slow. The median rank is the typical rank beside it, for comparison.
 
@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from statistics import median
 from typing import Any
 
-from hf_distprof.verdicts import judge_slow_rank
+from hf_distprof.core.verdicts import judge_slow_rank
 
 AUTO = "auto"
 # Steps per rank the view keeps (the latest) and judges: recent enough to follow a rank that becomes slow.

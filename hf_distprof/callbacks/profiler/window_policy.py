@@ -2,10 +2,10 @@
 steps it records (``--max-trace-mb``).
 
 Owned by the profiler callback on every rank. The evidence travels with the note each rank sends on agreement
-steps (:mod:`hf_distprof.capture_triggers`): this rank's new pre-sync step times, and the bytes per step of its
+steps (:mod:`~.triggers`): this rank's new pre-sync step times, and the bytes per step of its
 first trace. Every rank takes the same gathered notes, so when a window starts (the profiler is about to step
 into its first step) every rank decides alike from what it holds: the same ranks, the same steps, no collective.
-The decisions themselves are pure: :mod:`hf_distprof.rank_targeting`, :mod:`hf_distprof.trace_budget`.
+The decisions themselves are pure: :mod:`~.rank_targeting`, :mod:`~.trace_budget`.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from typing import Any
 from torch.profiler import ProfilerAction
 
 from hf_distprof import dist, paths
-from hf_distprof.capture import Note
+from hf_distprof.callbacks.profiler.capture import Note
 from hf_distprof.config import ProfilingArguments
-from hf_distprof.names import PROFILE_RANKS_NAME
-from hf_distprof.rank_targeting import AUTO, VIEW_STEPS, RankChoice, RankView, choose_ranks
-from hf_distprof.trace_budget import TraceBudget
+from hf_distprof.core.names import PROFILE_RANKS_NAME
+from hf_distprof.callbacks.profiler.rank_targeting import AUTO, VIEW_STEPS, RankChoice, RankView, choose_ranks
+from hf_distprof.callbacks.profiler.trace_budget import TraceBudget
 
 logger = dist.get_logger(__name__)
 

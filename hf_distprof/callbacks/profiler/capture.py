@@ -11,7 +11,7 @@ its warm-up starts at the first free step after the reading step, so every rank 
 optimizer step without a blocking collective on any step. The profiler's schedule asks
 :meth:`CapturePlan.phase` about every step its own schedule leaves idle.
 
-Nothing here reads a clock, a file or a process group: :mod:`hf_distprof.capture_triggers` does that.
+Nothing here reads a clock, a file or a process group: :mod:`hf_distprof.callbacks.profiler.triggers` does that.
 """
 
 from __future__ import annotations
@@ -79,9 +79,9 @@ class Note:
         anomaly: The slowest step against the median since the previous agreement step, if any was over the
             factor.
         pre_sync: ``--profile-ranks auto``: this rank's ``(step, pre-sync seconds)`` of the untraced steps
-            finished since its previous note (:mod:`hf_distprof.rank_targeting`).
+            finished since its previous note (:mod:`hf_distprof.callbacks.profiler.rank_targeting`).
         trace_bytes_per_step: ``--max-trace-mb``: bytes per recorded step of this rank's first trace; None
-            before it (:mod:`hf_distprof.trace_budget`).
+            before it (:mod:`hf_distprof.callbacks.profiler.trace_budget`).
     """
 
     rank: int

@@ -1,9 +1,9 @@
 """The collective bandwidth benchmark's timing loop (torch): every rank runs :func:`run_benchmark`.
 
-For each op and size: fill rank-dependent inputs (:func:`hf_distprof.collbench.pattern`), run the op once and
+For each op and size: fill rank-dependent inputs (:func:`hf_distprof.collectives.bench.pattern`), run the op once and
 check the result on this rank, then ``warmup`` untimed and ``iters`` timed back-to-back runs; the mean time
 per iteration is this rank's. One ``all_gather_object`` at the end gives every rank every rank's outcome,
-and :func:`hf_distprof.collbench.make_row` keeps the slowest rank's time (nccl-tests' ``-a 3``).
+and :func:`hf_distprof.collectives.bench.make_row` keeps the slowest rank's time (nccl-tests' ``-a 3``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hf_distprof import collbench
+from hf_distprof.collectives import bench as collbench
 from hf_distprof import dist as hdist
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

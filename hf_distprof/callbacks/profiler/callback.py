@@ -19,18 +19,18 @@ from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from hf_distprof import dist, paths, signals
-from hf_distprof.capture import RECORD, RECORD_AND_SAVE, WARMUP
-from hf_distprof.capture_triggers import CaptureTriggers
-from hf_distprof.manifest import RunManifest, window_reasons
-from hf_distprof.compact_export import CompactExports
-from hf_distprof.window_policy import WindowPolicy
-from hf_distprof.parallelism import report_parallelism
+from hf_distprof.callbacks.profiler.capture import RECORD, RECORD_AND_SAVE, WARMUP
+from hf_distprof.callbacks.profiler.triggers import CaptureTriggers
+from hf_distprof.callbacks.profiler.manifest import RunManifest, window_reasons
+from hf_distprof.callbacks.profiler.compact_export import CompactExports
+from hf_distprof.callbacks.profiler.window_policy import WindowPolicy
+from hf_distprof.callbacks.parallelism import report_parallelism
 from hf_distprof.config import ProfilingArguments
 
 logger = dist.get_logger(__name__)
 
 SUMMARY_ROWS = 25
-# How the windows opened on demand or on anomaly (hf_distprof.capture) drive the profiler.
+# How the windows opened on demand or on anomaly (hf_distprof.callbacks.profiler.capture) drive the profiler.
 _PHASE_ACTIONS = {WARMUP: ProfilerAction.WARMUP, RECORD: ProfilerAction.RECORD,
                   RECORD_AND_SAVE: ProfilerAction.RECORD_AND_SAVE}
 
@@ -159,9 +159,9 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
     Ranks not in ``--profile-ranks`` build no profiler. An export that fails becomes one warning and
     training goes on; an exception, SIGTERM or SIGINT stops the profiler and flushes what was recorded,
     and a signal that arrives while a trace is being written waits until it is complete.
-    With ``--profile-on-demand`` or ``--profile-on-anomaly``, :class:`~hf_distprof.capture_triggers.CaptureTriggers`
+    With ``--profile-on-demand`` or ``--profile-on-anomaly``, :class:`~.triggers.CaptureTriggers`
     (on every rank) adds windows to the schedule, the same on every rank. With ``--profile-ranks auto`` or
-    ``--max-trace-mb``, :class:`~hf_distprof.window_policy.WindowPolicy` decides at each window's first step
+    ``--max-trace-mb``, :class:`~.window_policy.WindowPolicy` decides at each window's first step
     which ranks trace it and how many steps it records.
 
     Args:

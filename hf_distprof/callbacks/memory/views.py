@@ -17,10 +17,12 @@ import torch
 import yaml
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from hf_distprof import dist, memory_tools, memstats, paths
-from hf_distprof.callbacks.profiler import recorded_steps
+from hf_distprof import dist, paths
+from hf_distprof.callbacks.memory import tools as memory_tools
+from hf_distprof.callbacks.memory import stats as memstats
+from hf_distprof.callbacks.profiler.callback import recorded_steps
 from hf_distprof.config import ProfilingArguments
-from hf_distprof.memstats import MB
+from hf_distprof.callbacks.memory.stats import MB
 
 logger = dist.get_logger(__name__)
 
@@ -31,7 +33,7 @@ class MemoryViewsCallback(TrainerCallback):  # type: ignore[misc]
     - ``rank{R}_memory_stats.yaml`` (every view flag): per step of the window, ``start`` and ``end``: host
       RSS/VMS and, on GPU, the allocator's full ``memory_stats()`` with ``fragmentation_bytes``; per forward
       (each micro-batch): RSS/VMS before and after it, and with ``--track-activation-memory`` the bytes it
-      saved for backward (:class:`~hf_distprof.memory_tools.ActivationCounter`). Appended step by step, so a
+      saved for backward (:class:`~hf_distprof.callbacks.memory.tools.ActivationCounter`). Appended step by step, so a
       run that dies keeps what it had.
     - ``--memory-tracker``: torch's ``MemTracker`` (FSDP2: ``FSDPMemTracker``) over one step, the first after
       the first memory window (it slows that step several times, so it stays out of the traced steps), as

@@ -1,14 +1,14 @@
 """What opens an extra profiler window while training runs: ``PROFILE_NOW``, SIGUSR1, a slow step.
 
-The runtime side of :mod:`hf_distprof.capture`, owned by the profiler callback on every rank (also on ranks
+The runtime side of :mod:`~.capture`, owned by the profiler callback on every rank (also on ranks
 that ``--profile-ranks`` leaves out: a request or a slow step on any rank counts). Per step it costs one clock
 read and, with ``--profile-on-anomaly``, one median over the last 20 step times; no device sync, no blocking
 collective. Agreement steps come on their own cadence, whatever the Trainer's logging interval
-(:func:`hf_distprof.capture.agreement_interval`: every step where steps are long, at most every
-:data:`~hf_distprof.capture.MAX_AGREE_EVERY` steps): there this rank looks for ``PROFILE_NOW`` and starts a small
-non-blocking all-gather of its :class:`~hf_distprof.capture.Note` (fixed-size floats), which every rank reads
+(:func:`hf_distprof.callbacks.profiler.capture.agreement_interval`: every step where steps are long, at most every
+:data:`~.capture.MAX_AGREE_EVERY` steps): there this rank looks for ``PROFILE_NOW`` and starts a small
+non-blocking all-gather of its :class:`~.capture.Note` (fixed-size floats), which every rank reads
 one step later. With ``--profile-ranks auto`` or ``--max-trace-mb`` the note also carries what those decide from
-(:mod:`hf_distprof.window_policy`), and the agreement steps happen for them alone too.
+(:mod:`hf_distprof.callbacks.profiler.window_policy`), and the agreement steps happen for them alone too.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from hf_distprof import dist
-from hf_distprof.capture import (
+from hf_distprof.callbacks.profiler.capture import (
     FILE_REQUEST,
     MAX_AGREE_EVERY,
     SIGNAL_REQUEST,
@@ -38,10 +38,10 @@ from hf_distprof.capture import (
     encode_note,
 )
 from hf_distprof.config import ProfilingArguments
-from hf_distprof.names import PROFILE_NOW_NAME
+from hf_distprof.core.names import PROFILE_NOW_NAME
 
 if TYPE_CHECKING:
-    from hf_distprof.window_policy import WindowPolicy
+    from hf_distprof.callbacks.profiler.window_policy import WindowPolicy
 
 logger = dist.get_logger(__name__)
 
@@ -62,7 +62,7 @@ class CaptureTriggers:
         busy: Whether the regular schedule traces a step.
         policy: ``--profile-ranks auto`` / ``--max-trace-mb``: what this rank adds to its note, and who takes the
             gathered notes besides the plan.
-        every: Agree every this many steps, fixed (tests); None: :func:`~hf_distprof.capture.agreement_interval`.
+        every: Agree every this many steps, fixed (tests); None: :func:`~.capture.agreement_interval`.
     """
 
     def __init__(self, args: ProfilingArguments, run_dir: Path, start_step: int, max_steps: int,

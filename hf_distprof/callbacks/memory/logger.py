@@ -12,12 +12,14 @@ from typing import IO, Any
 import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from hf_distprof import dist, memory_tools, memstats, paths, tensorboard
+from hf_distprof import dist, paths, tensorboard
+from hf_distprof.callbacks.memory import tools as memory_tools
+from hf_distprof.callbacks.memory import stats as memstats
 from hf_distprof.config import ProfilingArguments
-from hf_distprof.memstats import MB
-from hf_distprof.parallelism import report_parallelism
-from hf_distprof.callbacks.profiler import traced_steps
-from hf_distprof.verdicts import GrowthWatch, MemoryGrowth, imbalance_pct
+from hf_distprof.callbacks.memory.stats import MB
+from hf_distprof.callbacks.parallelism import report_parallelism
+from hf_distprof.callbacks.profiler.callback import traced_steps
+from hf_distprof.core.verdicts import GrowthWatch, MemoryGrowth, imbalance_pct
 
 logger = dist.get_logger(__name__)
 
@@ -104,7 +106,7 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
     collective, started without waiting and published at the first step end that finds it finished (at the
     latest at the next gather or train end). Rank 0 then writes TensorBoard scalars
     ``memory/<metric>/rank{R}`` and ``memory/<metric>/max`` at each sample's step and wall time, and warns,
-    once per rank, when a rank's memory in use keeps growing (:func:`hf_distprof.verdicts.memory_growth`).
+    once per rank, when a rank's memory in use keeps growing (:func:`hf_distprof.core.verdicts.memory_growth`).
     At the end of training rank 0 prints a table of every rank's memory and peak, with the imbalance of the
     peaks, and writes it to
     ``memory_summary.json``.

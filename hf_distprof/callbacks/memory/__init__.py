@@ -1,0 +1,1 @@
+"""Memory: the logger, the deeper views, snapshot tools, allocator statistics."""

@@ -1,0 +1,1 @@
+"""The collective bandwidth benchmark (`hf-distprof bench-collectives`)."""

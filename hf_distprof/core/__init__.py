@@ -1,0 +1,1 @@
+"""Torch-free foundations: names, verdicts, advice, job identity."""

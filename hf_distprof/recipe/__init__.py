@@ -1,0 +1,1 @@
+"""What the training script uses: strategy (DDP/FSDP), models, debug environment."""
