@@ -6,8 +6,9 @@
 objects. This module imports none of them: the callbacks depend on the flags, never the reverse.
 
 Validation happens in the argparse ``type`` of each field, so a bad value fails while the command line
-is parsed: exit status 2, the flag's name and the valid range, no traceback. ``__post_init__`` runs the
-same checks for code that builds ``ProfilingArguments`` directly, raising ``ValueError``.
+is parsed: exit status 2, the flag's name and the valid range, no traceback (the types are
+:mod:`hf_distprof.core.argtypes`, shared by every parser of the package). ``__post_init__`` runs the same checks
+for code that builds ``ProfilingArguments`` directly, raising ``ValueError``.
 """
 
 from __future__ import annotations
@@ -16,99 +17,20 @@ import argparse
 import dataclasses
 import typing
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    # For type checkers the validated types are what they hold; at run time they validate.
-    NonNegativeInt = int
-    PositiveInt = int
-    RankList = str
-    NonNegativeFloat = float
-    PositiveFloat = float
-    AboveOneFloat = float
-else:
-
-    class NonNegativeInt(int):
-        """An ``int`` that is >= 0; its constructor is the argparse ``type`` of counting flags."""
-
-        def __new__(cls, value: Any) -> NonNegativeInt:
-            number = _parse_int(value)
-            if number < 0:
-                raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value!r}")
-            return super().__new__(cls, number)
-
-    class PositiveInt(int):
-        """An ``int`` that is >= 1."""
-
-        def __new__(cls, value: Any) -> PositiveInt:
-            number = _parse_int(value)
-            if number < 1:
-                raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value!r}")
-            return super().__new__(cls, number)
-
-    class RankList(str):
-        """``all``, ``auto``, or a comma-separated list of distinct ranks >= 0 such as ``0,3``."""
-
-        def __new__(cls, value: Any) -> RankList:
-            text = str(value).strip().lower()
-            if text not in ("all", "auto"):
-                parts = [p.strip() for p in text.split(",")]
-                if not parts or any(not p.isdigit() for p in parts):
-                    raise argparse.ArgumentTypeError(
-                        f"must be 'all', 'auto' or a comma-separated list of ranks >= 0 such as '0,3', got {value!r}"
-                    )
-                text = ",".join(str(r) for r in sorted({int(p) for p in parts}))
-            return super().__new__(cls, text)
-
-    class NonNegativeFloat(float):
-        """A finite ``float`` that is >= 0 (thresholds in percent)."""
-
-        def __new__(cls, value: Any) -> NonNegativeFloat:
-            number = _parse_float(value)
-            if number < 0:
-                raise argparse.ArgumentTypeError(f"must be a number >= 0, got {value!r}")
-            return super().__new__(cls, number)
-
-    class PositiveFloat(float):
-        """A finite ``float`` that is > 0."""
-
-        def __new__(cls, value: Any) -> PositiveFloat:
-            number = _parse_float(value)
-            if number <= 0:
-                raise argparse.ArgumentTypeError(f"must be a number > 0, got {value!r}")
-            return super().__new__(cls, number)
-
-    class AboveOneFloat(float):
-        """A finite ``float`` that is > 1 (a factor over a normal value)."""
-
-        def __new__(cls, value: Any) -> AboveOneFloat:
-            number = _parse_float(value)
-            if number <= 1:
-                raise argparse.ArgumentTypeError(f"must be a number > 1, got {value!r}")
-            return super().__new__(cls, number)
-
-
-def _parse_int(value: Any) -> int:
-    if isinstance(value, bool):
-        raise argparse.ArgumentTypeError(f"must be an integer, got {value!r}")
-    if isinstance(value, int):
-        return value
-    try:
-        return int(str(value).strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, got {value!r}") from None
-
-
-def _parse_float(value: Any) -> float:
-    if isinstance(value, bool):
-        raise argparse.ArgumentTypeError(f"must be a number, got {value!r}")
-    try:
-        number = float(str(value).strip()) if not isinstance(value, (int, float)) else float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {value!r}") from None
-    if number != number or number in (float("inf"), float("-inf")):
-        raise argparse.ArgumentTypeError(f"must be a finite number, got {value!r}")
-    return number
+from hf_distprof.core.argtypes import (
+    VALIDATED,
+    AboveOneFloat,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    RankList,
+    str_to_bool,
+    valid_values,
+)
+from hf_distprof.core.text import flag_name, flag_table
 
 
 def parse_rank_list(spec: str) -> frozenset[int] | None:
@@ -380,7 +302,7 @@ class ProfilingArguments:
         # Same checks as the argparse types, for code that builds the dataclass directly.
         for f in dataclasses.fields(self):
             kind = _field_types()[f.name]
-            if kind in _VALIDATED and getattr(self, f.name) is not None:
+            if kind in VALIDATED and getattr(self, f.name) is not None:
                 try:
                     setattr(self, f.name, kind(getattr(self, f.name)))
                 except argparse.ArgumentTypeError as err:
@@ -429,11 +351,6 @@ class ProfilingArguments:
         return cls(**{f.name: getattr(namespace, f.name) for f in dataclasses.fields(cls)})
 
 
-_VALIDATED: tuple[type, ...] = (
-    NonNegativeInt, PositiveInt, RankList, NonNegativeFloat, PositiveFloat, AboveOneFloat
-)
-
-
 def _field_types() -> dict[str, Any]:
     hints = typing.get_type_hints(ProfilingArguments)
     out: dict[str, Any] = {}
@@ -441,22 +358,6 @@ def _field_types() -> dict[str, Any]:
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         out[name] = args[0] if args else hint
     return out
-
-
-def flag_name(field_name: str) -> str:
-    """``profiler_wait_steps`` -> ``--profiler-wait-steps``."""
-    return "--" + field_name.replace("_", "-")
-
-
-def _str_to_bool(value: str | bool) -> bool:
-    if isinstance(value, bool):
-        return value
-    lowered = value.lower()
-    if lowered in ("yes", "true", "t", "y", "1"):
-        return True
-    if lowered in ("no", "false", "f", "n", "0"):
-        return False
-    raise argparse.ArgumentTypeError(f"must be a boolean (true/false), got {value!r}")
 
 
 def add_profiling_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
@@ -482,23 +383,11 @@ def add_profiling_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGro
         text = f.metadata["help"] + (" (default: %(default)s)" if f.default is not None else "")
         kwargs: dict[str, Any] = {"dest": f.name, "default": f.default, "help": text}
         if kind is bool:
-            kwargs.update(type=_str_to_bool, nargs="?", const=True, metavar="BOOL")
+            kwargs.update(type=str_to_bool, nargs="?", const=True, metavar="BOOL")
         else:
             kwargs["type"] = kind
         group.add_argument(*names, **kwargs)
     return group
-
-
-def _valid_range(kind: Any) -> str:
-    return {
-        bool: "true/false",
-        NonNegativeInt: "integer >= 0",
-        PositiveInt: "integer >= 1",
-        RankList: "`all`, `auto` or ranks like `0,3`",
-        NonNegativeFloat: "number >= 0",
-        PositiveFloat: "number > 0",
-        AboveOneFloat: "number > 1",
-    }.get(kind, "string")
 
 
 # Valid values of the free-text flags, which their type cannot say.
@@ -517,10 +406,8 @@ _DEFAULT_TEXT: dict[str, str] = {
 def flags_markdown() -> str:
     """The flag table in Markdown, as printed by ``hf-distprof flags`` and embedded in the guide."""
     types = _field_types()
-    rows = ["| flag | default | valid values | description |", "|---|---|---|---|"]
-    for f in dataclasses.fields(ProfilingArguments):
-        default = _DEFAULT_TEXT.get(f.name, f.default)
-        kind = types[f.name]
-        valid = _VALID_TEXT.get(f.name) or _valid_range(kind)
-        rows.append(f"| `{flag_name(f.name)}` | `{default}` | {valid} | {f.metadata['help']} |")
-    return "\n".join(rows) + "\n"
+    return flag_table(
+        ProfilingArguments,
+        valid=lambda f: _VALID_TEXT.get(f.name) or valid_values(types[f.name]),
+        default=lambda f: f"`{_DEFAULT_TEXT.get(f.name, f.default)}`",
+    )

@@ -56,7 +56,7 @@ from transformers import (
 )
 
 from hf_distprof import ProfilingArguments, build_callbacks
-from hf_distprof.config import PositiveInt
+from hf_distprof.core.argtypes import PositiveInt
 from hf_distprof.recipe.debug_env import DEBUG_ENV_VARS, DebugArguments, apply_debug_env
 from hf_distprof.dist import finish, get_logger
 from hf_distprof.recipe.models import tiny_modernbert_config

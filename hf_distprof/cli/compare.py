@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from hf_distprof.config import NonNegativeInt, PositiveFloat
+from hf_distprof.core.argtypes import NonNegativeInt, PositiveFloat
 from hf_distprof.runs.stats import MIN_EFFECT_PCT
 
 

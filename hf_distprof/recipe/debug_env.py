@@ -18,7 +18,6 @@ exists, and a folder already there would push the run to ``<run_name>-1``.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
@@ -28,7 +27,8 @@ from typing import Literal
 import torch
 
 from hf_distprof import dist
-from hf_distprof.config import PositiveInt, flag_name
+from hf_distprof.core.argtypes import PositiveInt
+from hf_distprof.core.text import flag_name, flag_table
 
 logger = dist.get_logger(__name__)
 
@@ -245,13 +245,10 @@ def apply_debug_env(
 
 def debug_flags_markdown() -> str:
     """The debug flags as a Markdown table, for the guide (generated, so it says what ``--help`` says)."""
-    rows = ["| flag | default | valid values | description |", "|---|---|---|---|"]
     valid = {
         "nccl_debug": ", ".join(NCCL_DEBUG_LEVELS),
         "nccl_debug_subsys": "NCCL subsystems, comma-separated",
         "torch_distributed_debug": ", ".join(TORCH_DISTRIBUTED_DEBUG_LEVELS),
         "flight_recorder_entries": "integer >= 1",
     }
-    for f in dataclasses.fields(DebugArguments):
-        rows.append(f"| `{flag_name(f.name)}` | (unset) | {valid[f.name]} | {f.metadata['help']} |")
-    return "\n".join(rows) + "\n"
+    return flag_table(DebugArguments, valid=lambda f: valid[f.name], default=lambda f: "(unset)")

@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from hf_distprof.core.text import flag_table
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, TrainingArguments
 
@@ -111,11 +113,9 @@ class StrategyArguments:
 
 def strategy_flags_markdown() -> str:
     """The strategy flags as a Markdown table, as embedded in PROFILING_GUIDE.md (a test compares them)."""
-    rows = ["| flag | default | valid values | description |", "|---|---|---|---|"]
-    for f in dataclasses.fields(StrategyArguments):
-        valid = ", ".join(STRATEGIES) if f.name == "strategy" else "true/false"
-        rows.append(f"| `--{f.name.replace('_', '-')}` | `{f.default}` | {valid} | {f.metadata['help']} |")
-    return "\n".join(rows) + "\n"
+    return flag_table(
+        StrategyArguments, valid=lambda f: ", ".join(STRATEGIES) if f.name == "strategy" else "true/false"
+    )
 
 
 def fsdp_blocks(model: torch.nn.Module) -> list[str]:

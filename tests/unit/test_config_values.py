@@ -7,23 +7,24 @@ import argparse
 import pytest
 
 from hf_distprof import config
-from hf_distprof.config import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, RankList
+from hf_distprof.core import argtypes
+from hf_distprof.core.argtypes import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, RankList
 
 
 @pytest.mark.parametrize("text", ["yes", "YES", "true", "True", "t", "T", "y", "Y", "1"])
 def test_true_spellings(text):
-    assert config._str_to_bool(text) is True
+    assert argtypes.str_to_bool(text) is True
 
 
 @pytest.mark.parametrize("text", ["no", "NO", "false", "False", "f", "F", "n", "N", "0"])
 def test_false_spellings(text):
-    assert config._str_to_bool(text) is False
+    assert argtypes.str_to_bool(text) is False
 
 
 def test_bools_pass_through_and_anything_else_is_refused():
-    assert config._str_to_bool(True) is True and config._str_to_bool(False) is False
+    assert argtypes.str_to_bool(True) is True and argtypes.str_to_bool(False) is False
     with pytest.raises(argparse.ArgumentTypeError, match=r"^must be a boolean \(true/false\), got 'maybe'$"):
-        config._str_to_bool("maybe")
+        argtypes.str_to_bool("maybe")
 
 
 @pytest.mark.parametrize(
@@ -39,7 +40,7 @@ def test_bools_pass_through_and_anything_else_is_refused():
     ],
 )
 def test_valid_range_texts(kind, text):
-    assert config._valid_range(kind) == text
+    assert argtypes.valid_values(kind) == text
 
 
 def test_help_metadata():

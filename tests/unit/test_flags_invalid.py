@@ -14,7 +14,7 @@ import pytest
 from transformers import HfArgumentParser, TrainingArguments
 
 from hf_distprof import ProfilingArguments
-from hf_distprof.config import (
+from hf_distprof.core.argtypes import (
     AboveOneFloat,
     NonNegativeFloat,
     NonNegativeInt,

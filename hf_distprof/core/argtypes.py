@@ -1,0 +1,204 @@
+"""Validated argparse types, for every parser of the package (torch-free).
+
+A bad value fails while the command line is parsed: argparse prints ``argument --flag: <message>`` and exits 2,
+without a traceback, and every message says what would be valid. Two kinds:
+
+- classes (:class:`NonNegativeInt`, :class:`PositiveInt`, ...), used as the types of dataclass fields
+  (:class:`hf_distprof.config.ProfilingArguments`): their constructor validates, so the same check runs for code
+  that builds the dataclass directly;
+- factories for a subcommand's own options: :func:`number` (an integer or finite number in a range) and
+  :func:`checked` (a parser that raises ``ValueError`` naming the valid values).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    # For type checkers the validated types are what they hold; at run time they validate.
+    NonNegativeInt = int
+    PositiveInt = int
+    RankList = str
+    NonNegativeFloat = float
+    PositiveFloat = float
+    AboveOneFloat = float
+else:
+
+    class NonNegativeInt(int):
+        """An ``int`` that is >= 0; its constructor is the argparse ``type`` of counting flags."""
+
+        def __new__(cls, value: Any) -> NonNegativeInt:
+            number = _parse_int(value)
+            if number < 0:
+                raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value!r}")
+            return super().__new__(cls, number)
+
+    class PositiveInt(int):
+        """An ``int`` that is >= 1."""
+
+        def __new__(cls, value: Any) -> PositiveInt:
+            number = _parse_int(value)
+            if number < 1:
+                raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value!r}")
+            return super().__new__(cls, number)
+
+    class RankList(str):
+        """``all``, ``auto``, or a comma-separated list of distinct ranks >= 0 such as ``0,3``."""
+
+        def __new__(cls, value: Any) -> RankList:
+            text = str(value).strip().lower()
+            if text not in ("all", "auto"):
+                parts = [p.strip() for p in text.split(",")]
+                if not parts or any(not p.isdigit() for p in parts):
+                    raise argparse.ArgumentTypeError(
+                        f"must be 'all', 'auto' or a comma-separated list of ranks >= 0 such as '0,3', got {value!r}"
+                    )
+                text = ",".join(str(r) for r in sorted({int(p) for p in parts}))
+            return super().__new__(cls, text)
+
+    class NonNegativeFloat(float):
+        """A finite ``float`` that is >= 0 (thresholds in percent)."""
+
+        def __new__(cls, value: Any) -> NonNegativeFloat:
+            number = _parse_float(value)
+            if number < 0:
+                raise argparse.ArgumentTypeError(f"must be a number >= 0, got {value!r}")
+            return super().__new__(cls, number)
+
+    class PositiveFloat(float):
+        """A finite ``float`` that is > 0."""
+
+        def __new__(cls, value: Any) -> PositiveFloat:
+            number = _parse_float(value)
+            if number <= 0:
+                raise argparse.ArgumentTypeError(f"must be a number > 0, got {value!r}")
+            return super().__new__(cls, number)
+
+    class AboveOneFloat(float):
+        """A finite ``float`` that is > 1 (a factor over a normal value)."""
+
+        def __new__(cls, value: Any) -> AboveOneFloat:
+            number = _parse_float(value)
+            if number <= 1:
+                raise argparse.ArgumentTypeError(f"must be a number > 1, got {value!r}")
+            return super().__new__(cls, number)
+
+
+# The validated classes: a dataclass field of one of these types is checked when the dataclass is built.
+VALIDATED: tuple[type, ...] = (NonNegativeInt, PositiveInt, RankList, NonNegativeFloat, PositiveFloat, AboveOneFloat)
+
+
+def _parse_int(value: Any) -> int:
+    if isinstance(value, bool):
+        raise argparse.ArgumentTypeError(f"must be an integer, got {value!r}")
+    if isinstance(value, int):
+        return value
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {value!r}") from None
+
+
+def _parse_float(value: Any) -> float:
+    if isinstance(value, bool):
+        raise argparse.ArgumentTypeError(f"must be a number, got {value!r}")
+    try:
+        number = float(str(value).strip()) if not isinstance(value, (int, float)) else float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {value!r}")
+    return number
+
+
+def valid_values(kind: Any) -> str:
+    """What a flag of type ``kind`` accepts, as the flag tables say it (``string`` for any other type)."""
+    return {
+        bool: "true/false",
+        NonNegativeInt: "integer >= 0",
+        PositiveInt: "integer >= 1",
+        RankList: "`all`, `auto` or ranks like `0,3`",
+        NonNegativeFloat: "number >= 0",
+        PositiveFloat: "number > 0",
+        AboveOneFloat: "number > 1",
+    }.get(kind, "string")
+
+
+def str_to_bool(value: str | bool) -> bool:
+    """The argparse ``type`` of a boolean flag given a value (``yes/true/t/y/1``, ``no/false/f/n/0``)."""
+    if isinstance(value, bool):
+        return value
+    lowered = value.lower()
+    if lowered in ("yes", "true", "t", "y", "1"):
+        return True
+    if lowered in ("no", "false", "f", "n", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"must be a boolean (true/false), got {value!r}")
+
+
+def number(
+    kind: type,
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    above: bool = False,
+    why: str = "",
+    check_range: bool = True,
+) -> Callable[[str], Any]:
+    """An argparse ``type``: an integer (``kind`` int) or a finite number (``kind`` float) in a range.
+
+    The message of a bad value names the range: ``must be an integer >= 1, got '0'``, ``must be a number > 0,
+    got 'nan'``, ``must be an integer from 0 to 10000, got '-1'``.
+
+    Args:
+        kind: ``int`` or ``float``.
+        low: The smallest valid value (None: no lower bound).
+        high: The largest valid value (None: no upper bound); with ``low``, the range reads "from low to high".
+        above: ``low`` itself is not valid (``> low`` instead of ``>= low``).
+        why: Words after the range, for a bound that needs a reason (`` (the first step is the warm-up)``).
+        check_range: False: only parse, and leave the range (still named in the message) to the code that
+            receives the value (for options whose dataclass checks them for its API callers too).
+
+    Returns:
+        The parser, named after ``kind`` (argparse's "invalid <name> value" never shows: it raises first).
+    """
+    what = "an integer" if kind is int else "a number"
+    if low is not None and high is not None:
+        bound = f"from {low:g} to {high:g}"
+    elif low is not None:
+        bound = f"{'>' if above else '>='} {low:g}"
+    else:
+        bound = f"<= {high:g}" if high is not None else ""
+    must = f"must be {what}{' ' + bound if bound else ''}{why}"
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{must}, got {text!r}") from None
+        if not check_range:
+            return value
+        # NaN compares false with everything and infinity overflows timers: both are refused.
+        out = not math.isfinite(value) or (low is not None and (value < low or (above and value == low)))
+        if out or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{must}, got {text!r}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def checked(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse ``type`` from a parser that raises ``ValueError`` with the valid values in its message."""
+
+    def wrapped(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    wrapped.__name__ = getattr(parse, "__name__", "value")
+    return wrapped

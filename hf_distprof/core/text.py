@@ -1,0 +1,51 @@
+"""Text that several commands print alike: rank ranges (``ranks 0-3, 5``) and Markdown flag tables."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+
+def rank_spans(ranks: Iterable[int], empty: str = "-") -> str:
+    """``[0, 1, 2, 3, 6]`` -> ``'0-3, 6'`` (sorted, runs compressed); ``empty`` for no rank."""
+    spans: list[list[int]] = []
+    for r in sorted(ranks):
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans) or empty
+
+
+def format_ranks(ranks: Sequence[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``'ranks 0-2, 5'``; ``[3]`` -> ``'rank 3'``."""
+    return ("rank " if len(ranks) == 1 else "ranks ") + rank_spans(ranks, empty="")
+
+
+def flag_name(field_name: str) -> str:
+    """``profiler_wait_steps`` -> ``--profiler-wait-steps``."""
+    return "--" + field_name.replace("_", "-")
+
+
+def flag_table(
+    cls: type,
+    valid: Callable[[dataclasses.Field[Any]], str],
+    default: Callable[[dataclasses.Field[Any]], str] = lambda f: f"`{f.default}`",
+) -> str:
+    """The flags of a dataclass as the guide's Markdown table: flag, default, valid values, description.
+
+    Every field is a ``--flag-name`` whose help is ``metadata["help"]``.
+
+    Args:
+        cls: The flags' dataclass.
+        valid: A field's valid values, as the table shows them.
+        default: A field's default, as the table shows it (in backticks unless a caller says otherwise).
+
+    Returns:
+        The table, one line per field after the header, ending in a newline.
+    """
+    rows = ["| flag | default | valid values | description |", "|---|---|---|---|"]
+    for f in dataclasses.fields(cls):
+        rows.append(f"| `{flag_name(f.name)}` | {default(f)} | {valid(f)} | {f.metadata['help']} |")
+    return "\n".join(rows) + "\n"
