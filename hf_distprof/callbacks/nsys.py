@@ -2,7 +2,7 @@
 
 ``--nsys-window`` calls ``torch.cuda.profiler.start()`` / ``stop()`` (cudaProfilerStart/Stop) so that
 ``nsys profile --capture-range=cudaProfilerApi`` records exactly the steps a torch.profiler trace would hold:
-the schedule's active steps (:func:`hf_distprof.callbacks.profiler.callback.recorded_steps`), whether
+the schedule's active steps (:func:`hf_distprof.callbacks.profiler.schedule.recorded_steps`), whether
 ``--enable-profiling`` is on or not, on the ranks of ``--profile-ranks``. Capture starts where
 ``ProfilerStep#N`` would start (the end of the step before, so the step's data loading is in) and stops at the
 end of the window's last step: two CUDA calls per window, nothing on other steps.
@@ -20,7 +20,7 @@ import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from hf_distprof import dist
-from hf_distprof.callbacks.profiler.callback import recorded_steps
+from hf_distprof.callbacks.profiler.schedule import recorded_steps
 from hf_distprof.config import ProfilingArguments
 
 logger = dist.get_logger(__name__)

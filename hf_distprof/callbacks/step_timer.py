@@ -26,7 +26,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from hf_distprof import dist, paths, tensorboard
 from hf_distprof.callbacks.memory.stats import MB
 from hf_distprof.callbacks.parallelism import report_parallelism
-from hf_distprof.callbacks.profiler.callback import traced_steps
+from hf_distprof.callbacks.profiler.schedule import traced_steps
 from hf_distprof.config import ProfilingArguments
 from hf_distprof.timing import comm_overhead, publish
 from hf_distprof.timing.clock import default_clock

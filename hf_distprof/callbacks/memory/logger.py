@@ -18,7 +18,7 @@ from hf_distprof.callbacks.memory import stats as memstats
 from hf_distprof.config import ProfilingArguments
 from hf_distprof.callbacks.memory.stats import MB
 from hf_distprof.callbacks.parallelism import report_parallelism
-from hf_distprof.callbacks.profiler.callback import traced_steps
+from hf_distprof.callbacks.profiler.schedule import traced_steps
 from hf_distprof.core.verdicts import GrowthWatch, MemoryGrowth, imbalance_pct
 
 logger = dist.get_logger(__name__)

@@ -20,7 +20,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from hf_distprof import dist, paths
 from hf_distprof.callbacks.memory import tools as memory_tools
 from hf_distprof.callbacks.memory import stats as memstats
-from hf_distprof.callbacks.profiler.callback import recorded_steps
+from hf_distprof.callbacks.profiler.schedule import recorded_steps
 from hf_distprof.config import ProfilingArguments
 from hf_distprof.callbacks.memory.stats import MB
 

@@ -15,11 +15,14 @@ from types import FrameType
 from typing import Any
 
 import torch
-from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
+from torch.profiler import ProfilerAction, ProfilerActivity, profile
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from hf_distprof import dist, paths, signals
 from hf_distprof.callbacks.profiler.capture import RECORD, RECORD_AND_SAVE, WARMUP
+from hf_distprof.callbacks.profiler import schedule as traced
+from hf_distprof.callbacks.profiler.schedule import (  # noqa: F401 (recorded_steps, traced_steps: re-exported)
+    base_schedule, first_active_step, recorded_steps, schedule_warning, scheduled_steps, traced_steps)
 from hf_distprof.callbacks.profiler.triggers import CaptureTriggers
 from hf_distprof.callbacks.profiler.manifest import RunManifest, window_reasons
 from hf_distprof.callbacks.profiler.compact_export import CompactExports
@@ -41,82 +44,6 @@ def supported_activities() -> list[ProfilerActivity]:
     if torch.cuda.is_available() and ProfilerActivity.CUDA in torch.profiler.supported_activities():
         activities.append(ProfilerActivity.CUDA)
     return activities
-
-
-def first_active_step(args: ProfilingArguments) -> int:
-    """The 1-based optimizer step at which the first active (recorded) step happens."""
-    return args.profiler_skip_first + args.profiler_wait_steps + args.profiler_warmup_steps + 1
-
-
-def schedule_warning(args: ProfilingArguments, max_steps: int) -> str | None:
-    """Why the schedule will not record a full window within ``max_steps``; None when it will.
-
-    Args:
-        args: The profiling flags.
-        max_steps: Optimizer steps the Trainer will run (``state.max_steps``).
-
-    Returns:
-        A message for the user, or None.
-    """
-    first = first_active_step(args)
-    last = first + args.profiler_active_steps - 1
-    cycle = (
-        f"--profiler-skip-first {args.profiler_skip_first} + --profiler-wait-steps {args.profiler_wait_steps} "
-        f"+ --profiler-warmup-steps {args.profiler_warmup_steps}"
-    )
-    if max_steps < first:
-        return (
-            f"the profiler will record nothing: training runs {max_steps} optimizer steps but the first active "
-            f"step is step {first} ({cycle} + 1). Lower those flags or raise --max-steps; the schedule is left "
-            "as given."
-        )
-    if max_steps < last:
-        return (
-            f"the profiler window is cut short: it records steps {first}-{last} but training stops at step "
-            f"{max_steps}; the trace will hold steps {first}-{max_steps} only."
-        )
-    return None
-
-
-def base_schedule(args: ProfilingArguments) -> Callable[[int], ProfilerAction]:
-    """torch.profiler's schedule for the flags, counting from 0 (the callback shifts it to global_step)."""
-    return schedule(
-        skip_first=args.profiler_skip_first,
-        wait=args.profiler_wait_steps,
-        warmup=args.profiler_warmup_steps,
-        active=args.profiler_active_steps,
-        repeat=args.profiler_repeat,
-    )
-
-
-def traced_steps(args: ProfilingArguments, offset: int = 0) -> Callable[[int], bool]:
-    """Which optimizer steps the profiler runs over (its warmup and active phases), as a predicate.
-
-    The same schedule as :class:`ProfilerCallback`'s, shifted by ``offset`` (``global_step`` when training
-    started). The step timer leaves these steps out of its imbalance verdict and compares their time with
-    the others' (the profiler's own slowdown). False for every step when profiling is off.
-    """
-    if not args.enable_profiling:
-        return lambda step: False
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # "won't be using warmup": the callback says it once
-        base = base_schedule(args)
-    on = (ProfilerAction.WARMUP, ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
-    return lambda step: step > offset and base(step - offset - 1) in on
-
-
-def recorded_steps(args: ProfilingArguments, offset: int = 0) -> Callable[[int], bool]:
-    """The optimizer steps of the schedule's active phases (the steps a trace holds), as a predicate.
-
-    Shifted by ``offset`` like :func:`traced_steps`, but defined whether the profiler runs or not: the
-    memory views use these steps as their window, so that a trace and the memory views cover the same
-    steps.
-    """
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        base = base_schedule(args)
-    on = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
-    return lambda step: step > offset and base(step - offset - 1) in on
 
 
 def _why_unwritable(folder: Path) -> str:
@@ -196,6 +123,7 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
             # A train() call that ended without on_train_end (an exception; auto_find_batch_size's retry): its
             # gather in flight is read (every rank has it) and its SIGUSR1 handler put back before new ones.
             self._triggers.close()
+            traced.unregister(self._triggers.plan)
             self._triggers = None
         # Every rank takes part in agreeing on the run folder and in the parallelism report, profiled or not
         # (a broadcast and a gather).
@@ -210,9 +138,10 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         if self.args.profile_on_demand or self.args.profile_on_anomaly or self._policy is not None:
             # On every rank, profiled or not: a request or a slow step on any rank opens the window everywhere.
             self._triggers = CaptureTriggers(self.args, self.run_dir, state.global_step, state.max_steps,
-                                             traced_steps(self.args, state.global_step), policy=self._policy,
+                                             scheduled_steps(self.args, state.global_step), policy=self._policy,
                                              every=self.agree_every)
             self._triggers.exporting = self._compacts.busy
+            traced.register(self._triggers.plan)  # the step timer, memory views and --nsys-window count its windows
         if self.step_timer is not None:
             self.step_timer.profiler_busy = self._compacts.busy  # steps it overlaps are left out of its verdicts
         rank = dist.get_rank()
@@ -321,6 +250,7 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         self.close()
         if self._triggers is not None:
             self._triggers.close()
+            traced.unregister(self._triggers.plan)
             self._triggers = None
         if self._manifest is not None:
             self._manifest.finish(self._failed_exports, state.global_step)  # a gather: rank 0 writes manifest.json

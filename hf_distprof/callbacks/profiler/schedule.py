@@ -1,0 +1,148 @@
+"""Which optimizer steps the profiler runs over: the one place every callback asks.
+
+The regular schedule comes from the flags (``--profiler-skip-first``, ``--profiler-wait-steps``,
+``--profiler-warmup-steps``, ``--profiler-active-steps``, ``--profiler-repeat``). The windows opened on demand or on
+anomaly are decided while training runs (:class:`~hf_distprof.callbacks.profiler.capture.CapturePlan`, the same on
+every rank); the profiler callback registers its plan here for the length of ``train()``. :func:`traced_steps` and
+:func:`recorded_steps` answer for both, at the time they are asked: the step timer (which leaves traced steps out of
+its verdicts), the memory logger and views, and ``--nsys-window`` all count an extra window as traced. A window is
+decided at least its warm-up before its first recorded step, so a step is known to be traced before it starts.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Protocol
+
+from torch.profiler import ProfilerAction, schedule
+
+from hf_distprof.config import ProfilingArguments
+
+
+class ExtraWindows(Protocol):
+    """What the schedule needs of a capture plan: the phase of its windows at a step (None outside them)."""
+
+    def phase(self, step: int) -> str | None: ...
+
+
+_plans: list[ExtraWindows] = []  # the plans of this process's running profiler callbacks
+_RECORDING = ("record", "record_and_save")
+
+
+def register(plan: ExtraWindows) -> None:
+    """Count ``plan``'s windows as traced (the profiler callback, at train begin)."""
+    if not any(p is plan for p in _plans):
+        _plans.append(plan)
+
+
+def unregister(plan: ExtraWindows) -> None:
+    """Stop counting ``plan``'s windows (train end, or a train() that ended without it)."""
+    _plans[:] = [p for p in _plans if p is not plan]
+
+
+def extra_phase(step: int) -> str | None:
+    """The phase of the extra windows at ``step``: ``warmup``, ``record``, ``record_and_save`` or None."""
+    for plan in _plans:
+        phase = plan.phase(step)
+        if phase is not None:
+            return phase
+    return None
+
+
+def first_active_step(args: ProfilingArguments) -> int:
+    """The 1-based optimizer step at which the first active (recorded) step happens."""
+    return args.profiler_skip_first + args.profiler_wait_steps + args.profiler_warmup_steps + 1
+
+
+def schedule_warning(args: ProfilingArguments, max_steps: int) -> str | None:
+    """Why the schedule will not record a full window within ``max_steps``; None when it will.
+
+    Args:
+        args: The profiling flags.
+        max_steps: Optimizer steps the Trainer will run (``state.max_steps``).
+
+    Returns:
+        A message for the user, or None.
+    """
+    first = first_active_step(args)
+    last = first + args.profiler_active_steps - 1
+    cycle = (
+        f"--profiler-skip-first {args.profiler_skip_first} + --profiler-wait-steps {args.profiler_wait_steps} "
+        f"+ --profiler-warmup-steps {args.profiler_warmup_steps}"
+    )
+    if max_steps < first:
+        return (
+            f"the profiler will record nothing: training runs {max_steps} optimizer steps but the first active "
+            f"step is step {first} ({cycle} + 1). Lower those flags or raise --max-steps; the schedule is left "
+            "as given."
+        )
+    if max_steps < last:
+        return (
+            f"the profiler window is cut short: it records steps {first}-{last} but training stops at step "
+            f"{max_steps}; the trace will hold steps {first}-{max_steps} only."
+        )
+    return None
+
+
+def base_schedule(args: ProfilingArguments) -> Callable[[int], ProfilerAction]:
+    """torch.profiler's schedule for the flags, counting from 0 (the callback shifts it to global_step)."""
+    return schedule(
+        skip_first=args.profiler_skip_first,
+        wait=args.profiler_wait_steps,
+        warmup=args.profiler_warmup_steps,
+        active=args.profiler_active_steps,
+        repeat=args.profiler_repeat,
+    )
+
+
+def scheduled_steps(args: ProfilingArguments, offset: int = 0) -> Callable[[int], bool]:
+    """Which optimizer steps the regular schedule runs the profiler over (warmup and active phases), as a predicate.
+
+    The same schedule as :class:`ProfilerCallback`'s, shifted by ``offset`` (``global_step`` when training
+    started). The step timer leaves these steps out of its imbalance verdict and compares their time with
+    the others' (the profiler's own slowdown). False for every step when profiling is off.
+    """
+    if not args.enable_profiling:
+        return lambda step: False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "won't be using warmup": the callback says it once
+        base = base_schedule(args)
+    on = (ProfilerAction.WARMUP, ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
+    return lambda step: step > offset and base(step - offset - 1) in on
+
+
+def scheduled_recorded_steps(args: ProfilingArguments, offset: int = 0) -> Callable[[int], bool]:
+    """The optimizer steps of the regular schedule's active phases, as a predicate.
+
+    Shifted by ``offset`` like :func:`scheduled_steps`, but defined whether the profiler runs or not: the
+    memory views use these steps as their window, so that a trace and the memory views cover the same
+    steps.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        base = base_schedule(args)
+    on = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
+    return lambda step: step > offset and base(step - offset - 1) in on
+
+
+def traced_steps(args: ProfilingArguments, offset: int = 0) -> Callable[[int], bool]:
+    """Which optimizer steps the profiler runs over, as a predicate: the regular schedule's warmup and active steps
+    (:func:`scheduled_steps`) and every extra window's, on demand or on anomaly, as decided so far.
+
+    The step timer leaves these steps out of its verdicts and compares their time with the others' (the profiler's
+    own slowdown); the memory logger leaves them out of its CPU growth check.
+    """
+    regular = scheduled_steps(args, offset)
+    return lambda step: regular(step) or extra_phase(step) is not None
+
+
+def recorded_steps(args: ProfilingArguments, offset: int = 0) -> Callable[[int], bool]:
+    """The optimizer steps a trace holds, as a predicate: the regular schedule's active steps (defined whether the
+    profiler runs or not) and every extra window's recorded steps.
+
+    The memory views collect over these steps and ``--nsys-window`` captures them, so that a trace, the memory
+    views and an Nsight capture cover the same steps.
+    """
+    regular = scheduled_recorded_steps(args, offset)
+    return lambda step: regular(step) or extra_phase(step) in _RECORDING
