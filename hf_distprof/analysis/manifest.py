@@ -23,6 +23,7 @@ from typing import Any
 from hf_distprof.callbacks.profiler.capture import ANOMALY, ON_DEMAND  # noqa: F401 - the other reasons, re-exported
 from hf_distprof.core.job import COUNT_KEYS, ID_KEYS, describe_job
 from hf_distprof.core.names import MANIFEST_NAME, MANIFEST_PART_NAME, PROFILE_RANKS_NAME
+from hf_distprof.core.text import rank_spans
 
 FORMAT = "hf_distprof.manifest"
 PART_FORMAT = "hf_distprof.manifest.part"
@@ -419,7 +420,7 @@ def why_no_trace(folder: str | Path) -> str | None:
 def format_run(run: RunSummary) -> list[str]:
     """The run section of ``analyze``'s text: hosts, each window and why it was taken, what is missing."""
     state = "complete" if run.complete else "incomplete (the run stopped before train end, or a rank was lost)"
-    hosts = "; ".join(f"{h['host']}: ranks {_ranks(h['ranks'])}" for h in run.hosts)
+    hosts = "; ".join(f"{h['host']}: ranks {rank_spans(h['ranks'])}" for h in run.hosts)
     lines = [f"Run manifest ({run.path}), {state}: {run.world_size} rank(s) on {len(run.hosts)} host(s): {hosts}"]
     job = describe_job(run.job) if run.job else ""
     if job:
@@ -432,24 +433,13 @@ def format_run(run: RunSummary) -> list[str]:
     for w in run.windows:
         why = " + ".join(w.reasons) or "unknown"
         detail = f": {w.detail}" if w.detail else ""
-        cut = f"; cut short on ranks {_ranks(w.cut_short_ranks)}" if w.cut_short_ranks else ""
-        lines.append(f"  window steps {w.first}-{w.last} on ranks {_ranks(w.ranks)}, taken by {why}{detail}{cut}")
+        cut = f"; cut short on ranks {rank_spans(w.cut_short_ranks)}" if w.cut_short_ranks else ""
+        lines.append(f"  window steps {w.first}-{w.last} on ranks {rank_spans(w.ranks)}, taken by {why}{detail}{cut}")
     if run.unfinished_ranks:
-        lines.append(f"  ranks that never reached train end: {_ranks(run.unfinished_ranks)}")
+        lines.append(f"  ranks that never reached train end: {rank_spans(run.unfinished_ranks)}")
     if run.absent_ranks:
-        lines.append(f"  ranks without a manifest part: {_ranks(run.absent_ranks)}")
+        lines.append(f"  ranks without a manifest part: {rank_spans(run.absent_ranks)}")
     if run.missing_files:
         # Listed one per line on stderr by the CLI, like the skipped files.
         lines.append(f"  {len(run.missing_files)} file(s) listed in the manifest are missing from the folder")
     return lines
-
-
-def _ranks(ranks: Sequence[int]) -> str:
-    """``0-3, 6`` for [0, 1, 2, 3, 6]."""
-    spans: list[list[int]] = []
-    for r in sorted(ranks):
-        if spans and r == spans[-1][1] + 1:
-            spans[-1][1] = r
-        else:
-            spans.append([r, r])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans) or "-"

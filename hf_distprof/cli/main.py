@@ -12,7 +12,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from hf_distprof import __version__
+from hf_distprof._version import __version__
 
 # Module names under hf_distprof.cli; each one registers itself on the sub-parser.
 SUBCOMMANDS: tuple[str, ...] = (

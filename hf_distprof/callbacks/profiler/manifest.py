@@ -15,9 +15,7 @@ on that host take its result. Each round gives the offset ``((t1 - t0) + (t2 - t
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
-import platform
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,9 +26,7 @@ import orjson
 import torch
 import torch.distributed as torch_dist
 
-import hf_distprof
 from hf_distprof import dist, paths
-from hf_distprof.core import job
 from hf_distprof.analysis.manifest import (
     FINISHED,
     PART_FORMAT,
@@ -42,6 +38,8 @@ from hf_distprof.analysis.manifest import (
 )
 from hf_distprof.callbacks.profiler.capture import Window
 from hf_distprof.config import ProfilingArguments
+from hf_distprof.core import job
+from hf_distprof.core.clock import ntp_offset
 from hf_distprof.core.names import (
     FLIGHT_RECORDER_NAME,
     HANG_DUMP_NAME,
@@ -54,6 +52,7 @@ from hf_distprof.core.names import (
     TIMING_LOG_NAME,
     TRACE_SUFFIX,
 )
+from hf_distprof.core.versions import library_versions
 
 logger = dist.get_logger(__name__)
 
@@ -74,21 +73,16 @@ class ClockOffset:
 
 
 def ntp_estimate(samples: Sequence[tuple[int, int, int, int]]) -> ClockOffset:
-    """The offset from ping-pong rounds, each ``(t0, t1, t2, t3)`` in nanoseconds.
+    """The offset from ping-pong rounds, each ``(t0, t1, t2, t3)`` in nanoseconds, in microseconds.
 
-    ``t0``: the reference sends, ``t1``: the peer receives, ``t2``: the peer replies, ``t3``: the reference
-    receives (``t0``/``t3`` on the reference's clock, ``t1``/``t2`` on the peer's). With the round of the shortest
-    trip, the peer's clock minus the reference's is ``((t1 - t0) + (t2 - t3)) / 2``, exact when both legs took
-    the same time and off by at most half the trip otherwise.
+    :func:`hf_distprof.core.clock.ntp_offset` takes the round of the shortest trip; half that trip (the time on
+    the wire) bounds the error.
 
     Raises:
         ValueError: No sample.
     """
-    if not samples:
-        raise ValueError("no ping-pong round to estimate a clock offset from")
-    t0, t1, t2, t3 = min(samples, key=lambda s: (s[3] - s[0]) - (s[2] - s[1]))
-    trip = (t3 - t0) - (t2 - t1)
-    return ClockOffset(((t1 - t0) + (t2 - t3)) / 2e3, max(trip, 0) / 2e3, len(samples))
+    offset, trip = ntp_offset(samples)
+    return ClockOffset(offset / 1e3, max(trip, 0) / 2e3, len(samples))
 
 
 class Transport(Protocol):
@@ -186,18 +180,6 @@ def measure_clocks(hosts: Sequence[str], rounds: int = CLOCK_ROUNDS) -> list[dic
                 logger.warning(f"clock offset of rank {leader} against rank 0 not measured: {err!r}")
     measured = dist.broadcast_object(measured)
     return rank_clocks(hosts, measured)
-
-
-def library_versions() -> dict[str, str | None]:
-    """Python's and the libraries' versions (None for one not installed)."""
-    out: dict[str, str | None] = {"python": platform.python_version(), "torch": str(torch.__version__)}
-    for name in ("transformers", "accelerate"):
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = None
-    out["hf_distprof"] = hf_distprof.__version__
-    return out
 
 
 def window_reasons(first: int, scheduled: bool, extra: Sequence[Window]) -> tuple[list[str], str]:
