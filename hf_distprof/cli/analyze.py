@@ -8,28 +8,17 @@ import sys
 from typing import Any
 
 from hf_distprof.analysis.model import MESSAGE_SIZES, AnalysisOptions, OptionValueError
+from hf_distprof.core.argtypes import number
+from hf_distprof.core.text import flag_name
 
 # Options that are not thresholds get their own flags below.
 _NOT_THRESHOLDS = ("workers", "progress")
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
 def number_type(kind: type) -> Any:
-    """An argparse ``type`` for an option of :class:`AnalysisOptions`: text that is not a ``kind`` fails with the
-    valid range (the range itself is checked by ``AnalysisOptions``, for the API's callers too)."""
-
-    def parse(text: str) -> Any:
-        try:
-            return kind(text)
-        except ValueError:
-            what = "an integer" if kind is int else "a finite number"
-            raise argparse.ArgumentTypeError(f"must be {what} >= 0, got {text!r}") from None
-
-    parse.__name__ = kind.__name__
-    return parse
+    """The argparse ``type`` of an option of :class:`AnalysisOptions`: text that is not a ``kind`` fails with the
+    valid range; the range itself is checked by ``AnalysisOptions``, for the API's callers too."""
+    return number(kind, low=0, check_range=False)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -93,7 +82,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             continue
         choices = MESSAGE_SIZES if f.name == "message_sizes" else None
         thresholds.add_argument(
-            _flag(f.name),
+            flag_name(f.name),
             type=str if choices else number_type(type(f.default)),
             default=f.default,
             choices=choices,
@@ -121,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         options = options_from_args(args)
     except OptionValueError as exc:
-        print(f"hf-distprof analyze: error: {exc.for_flag(_flag(exc.name))}", file=sys.stderr)
+        print(f"hf-distprof analyze: error: {exc.for_flag(flag_name(exc.name))}", file=sys.stderr)
         return 2
     reference = None
     if args.bandwidth_ref:

@@ -4,39 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from hf_distprof.collectives import bench as collbench
 from hf_distprof.core import names
-
-
-def _int_in(low: int, high: int) -> Callable[[str], int]:
-    """An argparse ``type``: an integer in [low, high]."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an integer from {low} to {high}, got {text!r}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be from {low} to {high}, got {value}")
-        return value
-
-    return parse
-
-
-def _checked(parse: Callable[[str], Any]) -> Callable[[str], Any]:
-    """An argparse ``type`` from a parser that raises ValueError with the valid range in its message."""
-
-    def wrapped(text: str) -> Any:
-        try:
-            return parse(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    return wrapped
+from hf_distprof.core.argtypes import checked, number
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -59,16 +32,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             "1 when one was not, 2 on bad arguments or an unwritable --output-dir."
         ),
     )
-    parser.add_argument("--ops", type=_checked(collbench.parse_ops), default=collbench.OPS, metavar="OP[,OP...]",
+    parser.add_argument("--ops", type=checked(collbench.parse_ops), default=collbench.OPS, metavar="OP[,OP...]",
                         help=f"collectives to run (default: all: {','.join(collbench.OPS)})")
-    parser.add_argument("--sizes", type=_checked(collbench.parse_sizes), default=None, metavar="SIZES",
+    parser.add_argument("--sizes", type=checked(collbench.parse_sizes), default=None, metavar="SIZES",
                         help=f"message sizes S: {collbench.SIZES_HELP} (default: {collbench.DEFAULT_SIZES_GPU} "
                              f"on GPU, {collbench.DEFAULT_SIZES_CPU} on CPU)")
     parser.add_argument("--dtype", choices=tuple(collbench.DTYPE_BYTES), default="float32",
                         help="element type (default: float32)")
-    parser.add_argument("--warmup", type=_int_in(0, 10_000), default=5, metavar="N",
+    parser.add_argument("--warmup", type=number(int, 0, 10_000), default=5, metavar="N",
                         help="untimed runs per op and size, after the checked one (0 to 10000, default: 5)")
-    parser.add_argument("--iters", type=_int_in(1, 100_000), default=20, metavar="N",
+    parser.add_argument("--iters", type=number(int, 1, 100_000), default=20, metavar="N",
                         help="timed runs per op and size (1 to 100000, default: 20)")
     parser.add_argument("--output-dir", default=".", metavar="DIR",
                         help=f"folder for {names.BENCH_CSV_NAME} and {names.BENCH_PNG_NAME} (default: .)")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_distprof.cli.doctor import CHECKS, INJECT_ENV
+from hf_distprof.doctor import CHECKS, INJECT_ENV
 
 from ..conftest import REPO_ROOT
 from .launch import free_port

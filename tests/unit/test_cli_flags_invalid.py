@@ -39,7 +39,7 @@ def analysis_rows() -> list[tuple[str, str, str, str]]:
         if f.name == "message_sizes":
             rows.append(("analyze", flag, "bogus", "invalid choice: 'bogus' (choose from 'auto', 'shapes')"))
             continue
-        number = "an integer" if isinstance(f.default, int) else "a finite number"
+        number = "an integer" if isinstance(f.default, int) else "a number"
         rows += [
             ("analyze", flag, "-1", f"{flag} must be >= 0, got -1"),
             ("analyze", flag, "x", f"argument {flag}: must be {number} >= 0, got 'x'"),
@@ -60,24 +60,24 @@ TABLE: list[tuple[str, str, str, str]] = [
     ("merge", "--workers", "-1", "--workers must be >= 0, got -1"),
     ("merge", "--workers", "two", "argument --workers: must be an integer >= 0, got 'two'"),
     ("merge", "--align", "gps", "argument --align: invalid choice: 'gps' (choose from 'collectives', 'clock', 'none')"),
-    ("doctor", "--timeout", "0", "argument --timeout: must be a number > 0, got 0"),
-    ("doctor", "--timeout", "nan", "argument --timeout: must be a number > 0, got nan"),
-    ("doctor", "--timeout", "inf", "argument --timeout: must be a number > 0, got inf"),
+    ("doctor", "--timeout", "0", "argument --timeout: must be a number > 0, got '0'"),
+    ("doctor", "--timeout", "nan", "argument --timeout: must be a number > 0, got 'nan'"),
+    ("doctor", "--timeout", "inf", "argument --timeout: must be a number > 0, got 'inf'"),
     ("doctor", "--timeout", "soon", "argument --timeout: must be a number > 0, got 'soon'"),
-    ("doctor", "--expect-world-size", "0", "argument --expect-world-size: must be an integer > 0, got 0"),
+    ("doctor", "--expect-world-size", "0", "argument --expect-world-size: must be an integer > 0, got '0'"),
     ("doctor", "--expect-world-size", "2.5", "argument --expect-world-size: must be an integer > 0, got '2.5'"),
-    ("doctor", "--min-free-gb", "-1", "argument --min-free-gb: must be a number >= 0, got -1"),
-    ("doctor", "--min-free-gb", "nan", "argument --min-free-gb: must be a number >= 0, got nan"),
-    ("doctor", "--max-skew-ms", "0", "argument --max-skew-ms: must be a number > 0, got 0"),
-    ("doctor", "--max-skew-ms", "inf", "argument --max-skew-ms: must be a number > 0, got inf"),
+    ("doctor", "--min-free-gb", "-1", "argument --min-free-gb: must be a number >= 0, got '-1'"),
+    ("doctor", "--min-free-gb", "nan", "argument --min-free-gb: must be a number >= 0, got 'nan'"),
+    ("doctor", "--max-skew-ms", "0", "argument --max-skew-ms: must be a number > 0, got '0'"),
+    ("doctor", "--max-skew-ms", "inf", "argument --max-skew-ms: must be a number > 0, got 'inf'"),
     ("doctor", "--backend", "mpi", "argument --backend: invalid choice: 'mpi' (choose from 'gloo', 'nccl')"),
     ("bench-collectives", "--ops", "all_to_nowhere", "argument --ops: all_to_nowhere is not an op; choose from "),
     ("bench-collectives", "--ops", "", "argument --ops: nothing is not an op; choose from all_reduce,"),
     ("bench-collectives", "--sizes", "huge", "argument --sizes: 'huge' is not a size (a list like 1K,1M,16M"),
     ("bench-collectives", "--sizes", "-1K", "argument --sizes: '-1K' is not a size (a list like 1K,1M,16M"),
     ("bench-collectives", "--dtype", "int8", "argument --dtype: invalid choice: 'int8'"),
-    ("bench-collectives", "--warmup", "-1", "argument --warmup: must be from 0 to 10000, got -1"),
-    ("bench-collectives", "--iters", "0", "argument --iters: must be from 1 to 100000, got 0"),
+    ("bench-collectives", "--warmup", "-1", "argument --warmup: must be an integer from 0 to 10000, got '-1'"),
+    ("bench-collectives", "--iters", "0", "argument --iters: must be an integer from 1 to 100000, got '0'"),
     ("bench-collectives", "--iters", "many", "argument --iters: must be an integer from 1 to 100000, got 'many'"),
     ("compare", "--warmup-steps", "-1", "argument --warmup-steps: must be an integer >= 0, got '-1'"),
     ("compare", "--warmup-steps", "x", "argument --warmup-steps: must be an integer, got 'x'"),

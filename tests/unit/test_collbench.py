@@ -46,7 +46,7 @@ def test_too_many_sizes_are_refused() -> None:
 @pytest.mark.parametrize(
     ("argv", "says"),
     [(["--sizes", "1Q"], "argument --sizes: '1Q' is not a size (a list like 1K,1M,16M"),
-     (["--iters", "0"], "argument --iters: must be from 1 to 100000, got 0"),
+     (["--iters", "0"], "argument --iters: must be an integer from 1 to 100000, got '0'"),
      (["--warmup", "x"], "argument --warmup: must be an integer from 0 to 10000, got 'x'"),
      (["--ops", "all_reduce,gather"], "argument --ops: gather is not an op; choose from all_reduce,all_gather,"),
      (["--dtype", "int8"], "argument --dtype: invalid choice: 'int8'")],
