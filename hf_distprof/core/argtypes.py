@@ -31,19 +31,13 @@ else:
         """An ``int`` that is >= 0; its constructor is the argparse ``type`` of counting flags."""
 
         def __new__(cls, value: Any) -> NonNegativeInt:
-            number = _parse_int(value)
-            if number < 0:
-                raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value!r}")
-            return super().__new__(cls, number)
+            return super().__new__(cls, _in_range(_parse_int(value), value, low=0))
 
     class PositiveInt(int):
         """An ``int`` that is >= 1."""
 
         def __new__(cls, value: Any) -> PositiveInt:
-            number = _parse_int(value)
-            if number < 1:
-                raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value!r}")
-            return super().__new__(cls, number)
+            return super().__new__(cls, _in_range(_parse_int(value), value, low=1))
 
     class RankList(str):
         """``all``, ``auto``, or a comma-separated list of distinct ranks >= 0 such as ``0,3``."""
@@ -63,28 +57,19 @@ else:
         """A finite ``float`` that is >= 0 (thresholds in percent)."""
 
         def __new__(cls, value: Any) -> NonNegativeFloat:
-            number = _parse_float(value)
-            if number < 0:
-                raise argparse.ArgumentTypeError(f"must be a number >= 0, got {value!r}")
-            return super().__new__(cls, number)
+            return super().__new__(cls, _in_range(_parse_float(value), value, low=0))
 
     class PositiveFloat(float):
         """A finite ``float`` that is > 0."""
 
         def __new__(cls, value: Any) -> PositiveFloat:
-            number = _parse_float(value)
-            if number <= 0:
-                raise argparse.ArgumentTypeError(f"must be a number > 0, got {value!r}")
-            return super().__new__(cls, number)
+            return super().__new__(cls, _in_range(_parse_float(value), value, low=0, above=True))
 
     class AboveOneFloat(float):
         """A finite ``float`` that is > 1 (a factor over a normal value)."""
 
         def __new__(cls, value: Any) -> AboveOneFloat:
-            number = _parse_float(value)
-            if number <= 1:
-                raise argparse.ArgumentTypeError(f"must be a number > 1, got {value!r}")
-            return super().__new__(cls, number)
+            return super().__new__(cls, _in_range(_parse_float(value), value, low=1, above=True))
 
 
 # The validated classes: a dataclass field of one of these types is checked when the dataclass is built.
@@ -112,6 +97,32 @@ def _parse_float(value: Any) -> float:
     if not math.isfinite(number):
         raise argparse.ArgumentTypeError(f"must be a finite number, got {value!r}")
     return number
+
+
+def _range_text(kind: type, low: float | None, high: float | None, above: bool, why: str = "") -> str:
+    """``must be an integer >= 1``, ``must be a number > 0``, ``must be an integer from 0 to 10000``."""
+    what = "an integer" if issubclass(kind, int) else "a number"
+    if low is not None and high is not None:
+        bound = f" from {low:g} to {high:g}"
+    elif low is not None:
+        bound = f" {'>' if above else '>='} {low:g}"
+    else:
+        bound = f" <= {high:g}" if high is not None else ""
+    return f"must be {what}{bound}{why}"
+
+
+def _in_range(value: Any, given: Any, low: float | None = None, high: float | None = None, above: bool = False,
+              why: str = "") -> Any:
+    """``value`` (parsed from ``given``) when it lies in the range, else the error that names the range.
+
+    Raises:
+        argparse.ArgumentTypeError: Out of the range, or not finite (NaN compares false with everything, and
+            infinity overflows timers).
+    """
+    out = not math.isfinite(value) or (low is not None and (value < low or (above and value == low)))
+    if out or (high is not None and value > high):
+        raise argparse.ArgumentTypeError(f"{_range_text(type(value), low, high, above, why)}, got {given!r}")
+    return value
 
 
 def valid_values(kind: Any) -> str:
@@ -165,27 +176,14 @@ def number(
     Returns:
         The parser, named after ``kind`` (argparse's "invalid <name> value" never shows: it raises first).
     """
-    what = "an integer" if kind is int else "a number"
-    if low is not None and high is not None:
-        bound = f"from {low:g} to {high:g}"
-    elif low is not None:
-        bound = f"{'>' if above else '>='} {low:g}"
-    else:
-        bound = f"<= {high:g}" if high is not None else ""
-    must = f"must be {what}{' ' + bound if bound else ''}{why}"
+    must = _range_text(kind, low, high, above, why)
 
     def parse(text: str) -> Any:
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{must}, got {text!r}") from None
-        if not check_range:
-            return value
-        # NaN compares false with everything and infinity overflows timers: both are refused.
-        out = not math.isfinite(value) or (low is not None and (value < low or (above and value == low)))
-        if out or (high is not None and value > high):
-            raise argparse.ArgumentTypeError(f"{must}, got {text!r}")
-        return value
+        return _in_range(value, text, low, high, above, why) if check_range else value
 
     parse.__name__ = kind.__name__
     return parse
