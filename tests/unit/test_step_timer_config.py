@@ -102,6 +102,14 @@ def test_build_callbacks_adds_the_timer_only_when_enabled():
     assert ProfilingArguments(enable_step_timing=True).any_enabled
 
 
+@pytest.mark.parametrize("flags", [{"hang_timeout": 60.0}, {"nsys_window": True}, {"nvtx": True},
+                                   {"measure_comm_overhead": 2}])
+def test_any_enabled_counts_every_switch_and_step_timing_follows_the_flags_that_need_it(flags):
+    args = ProfilingArguments(**flags)
+    assert args.any_enabled
+    assert args.enable_step_timing is ("hang_timeout" not in flags and "nsys_window" not in flags)
+
+
 def test_flag_table_rows():
     rows = {line.split("|")[1].strip(): line for line in flags_markdown().splitlines()[2:]}
     assert "`(on with --enable-profiling, --nvtx or --measure-comm-overhead)`" in rows["`--enable-step-timing`"]
