@@ -30,7 +30,7 @@ from hf_distprof.analysis.rank import analyze_rank
 from hf_distprof.analysis.whatif import apply_what_if
 from hf_distprof.analysis.timer_records import TimerRecords, read_timer_records
 from hf_distprof.analysis.trace_io import NoTraceError, TraceReadError, discover_trace_files
-from hf_distprof.core.verdicts import profiler_slowdown
+from hf_distprof.core.overhead import profiler_slowdown
 
 PROGRESS_MIN_FILES = 8
 

@@ -684,7 +684,7 @@ class AnalysisResult:
     """Questions the trace is too short to answer ("not enough evidence"), never findings."""
     profiler_slowdown: dict[str, Any] | None = None
     """Steps inside the trace against the run's other steps, from ``timing_rank*.jsonl`` beside the traces
-    (:func:`hf_distprof.core.verdicts.profiler_slowdown`); None without them."""
+    (:func:`hf_distprof.core.overhead.profiler_slowdown`); None without them."""
     bandwidth: list[BandwidthStat] = field(default_factory=list)
     """Collective bandwidth per kind, group size and message size (empty when no collective has a size)."""
     unsized_collectives: int = 0

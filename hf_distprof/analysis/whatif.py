@@ -26,7 +26,7 @@ from statistics import median
 from typing import TYPE_CHECKING, Any
 
 from hf_distprof.analysis.model import Finding
-from hf_distprof.core.verdicts import scaled_mad
+from hf_distprof.core.stats import scaled_mad
 
 if TYPE_CHECKING:
     from hf_distprof.analysis.bandwidth_ref import ReferencePoint

@@ -51,7 +51,8 @@ from hf_distprof.timing.report import (
     peak_tflops_for_device,
     unresolved_note,
 )
-from hf_distprof.core.verdicts import GrowthWatch, MemoryGrowth, profiler_slowdown
+from hf_distprof.core.growth import GrowthWatch, MemoryGrowth
+from hf_distprof.core.overhead import profiler_slowdown
 
 logger = dist.get_logger(__name__)
 

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from hf_distprof.core.argtypes import NonNegativeInt, PositiveFloat
-from hf_distprof.runs.stats import MIN_EFFECT_PCT
+from hf_distprof.core.difference import MIN_EFFECT_PCT
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

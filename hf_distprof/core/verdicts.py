@@ -27,19 +27,15 @@ A verdict is raised only when the evidence holds up against the run's own noise:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from statistics import median
 from typing import Any
 
-ALPHA = 0.02
-"""Largest chance probability of the arrival-order evidence that still counts as a verdict. Stricter than
-the usual 0.05 because each run asks several such questions (the live verdict, the straggler and the
-imbalance verdicts of the analysis): about 0.05 / 3. Two ranks then need 6 steps, 8 ranks 2."""
+from hf_distprof.core.stats import ALPHA, binomial_tail, fisher_p, scaled_mad, signed_rank_p
+
 MOST = 0.5
 """A slow rank must be the slowest in more than this share of the steps."""
-MAD_SCALE = 1.4826
-"""Median absolute deviation -> standard deviation for normally distributed noise."""
 MATERIAL_PCT = 5.0
 """A slow rank must cost its peers at least this % of the step (their wait) to be worth a finding: a rank
 whose own work is 30% longer, but 4 ms of a 180 ms communication-bound step, changes nothing."""
@@ -101,66 +97,6 @@ class SlowRankVerdict:
         return asdict(self)
 
 
-def binomial_tail(k: int, n: int, p: float) -> float:
-    """P(X >= k) for X ~ Binomial(n, p)."""
-    if k <= 0:
-        return 1.0
-    if k > n:
-        return 0.0
-    if p >= 1.0:
-        return 1.0
-    if p <= 0.0:
-        return 0.0
-    if n <= 1000:  # exact
-        return min(1.0, sum(math.comb(n, i) * p**i * (1.0 - p) ** (n - i) for i in range(k, n + 1)))
-    # In log space: math.comb(n, i) overflows a float past n ~ 1000 (long runs keep thousands of steps).
-    lp, lq, lnf = math.log(p), math.log1p(-p), math.lgamma(n + 1)
-    total = sum(
-        math.exp(lnf - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq) for i in range(k, n + 1)
-    )
-    return min(1.0, total)
-
-
-def signed_rank_p(differences: Sequence[float]) -> float:
-    """One-sided p-value of the Wilcoxon signed-rank test: P(W+ >= observed) when the differences are
-    symmetric about 0.
-
-    Zero differences are dropped (Wilcoxon's rule) and tied magnitudes share their mean rank. Exact (the
-    distribution of the rank sum given the ties, by counting subsets) up to 50 differences; beyond, the
-    normal approximation with the tie correction. All ``n`` differences positive gives ``2**-n``, as the
-    sign test does, so the test needs no more steps than the arrival-order test.
-    """
-    d = [float(x) for x in differences if x != 0 and not math.isnan(x)]
-    n = len(d)
-    if n == 0:
-        return 1.0
-    order = sorted(range(n), key=lambda i: abs(d[i]))
-    ranks2 = [0] * n  # twice the mid-ranks: integers even with ties
-    i = 0
-    while i < n:
-        j = i
-        while j + 1 < n and abs(d[order[j + 1]]) == abs(d[order[i]]):
-            j += 1
-        for t in range(i, j + 1):
-            ranks2[order[t]] = i + j + 2
-        i = j + 1
-    w2 = sum(r for r, x in zip(ranks2, d) if x > 0)
-    if n > 50:
-        mean = sum(ranks2) / 2.0
-        var = sum(r * r for r in ranks2) / 4.0
-        z = (w2 - 1.0 - mean) / math.sqrt(var)  # 1: continuity correction on the doubled scale
-        return 0.5 * math.erfc(z / math.sqrt(2.0))
-    counts = [0] * (sum(ranks2) + 1)  # counts[s]: sign patterns whose positive doubled ranks sum to s
-    counts[0] = 1
-    top = 0
-    for r in ranks2:
-        for s in range(top, -1, -1):
-            if counts[s]:
-                counts[s + r] += counts[s]
-        top += r
-    return min(1.0, sum(counts[w2:]) / 2.0**n)
-
-
 def min_steps(ranks: int, alpha: float = ALPHA) -> int:
     """Fewest steps in which "slowest in every step" is below ``alpha`` for ``ranks`` ranks."""
     if ranks < 2:
@@ -200,14 +136,6 @@ def medians_of_the_others(values: Sequence[float]) -> list[float]:
         p = position[i]
         out.append(at(m // 2, p) if m % 2 else (at(m // 2 - 1, p) + at(m // 2, p)) / 2.0)
     return out
-
-
-def scaled_mad(values: Sequence[float]) -> float:
-    """Median absolute deviation, scaled to a standard deviation for normal noise; 0 for fewer than 2 values."""
-    if len(values) < 2:
-        return 0.0
-    mid = median(values)
-    return MAD_SCALE * median(abs(v - mid) for v in values)
 
 
 def judge_slow_rank(
@@ -330,12 +258,6 @@ def judge_own_work(
     judges the timer's records of the untraced steps again (:mod:`hf_distprof.analysis.timer_records`).
     """
     return judge_slow_rank(own_work, threshold_pct, what=OWN_WORK, step_time=step_time)
-
-
-def fisher_p(p1: float, p2: float) -> float:
-    """Fisher's combination of two independent p-values: P(chi2 with 4 degrees of freedom >= -2 ln(p1 p2))."""
-    q = max(p1, 0.0) * max(p2, 0.0)
-    return 0.0 if q <= 0.0 else min(1.0, q * (1.0 - math.log(q)))
 
 
 def across_the_run(
@@ -568,271 +490,3 @@ def judge_share(per_step_pct: Sequence[float], threshold_pct: float, what: str) 
     return ShareVerdict(RAISED, mid, threshold_pct, above, n, text)
 
 
-MIN_REFERENCE = 6
-"""Fewest untraced steps the profiler's slowdown is judged against: a ratio to fewer (a run's four wait steps, which
-are also its slowest warm-up) says more about those steps than about the profiler."""
-NEAREST = 12
-"""Untraced steps the slowdown is judged against at most, the nearest to the window: a shared host's load changes
-over a run (a clean run's steps went from 0.7 s to 0.35 s when other work stopped after its window), so the steps
-around the window are the ones that ran under its conditions."""
-
-
-@dataclass
-class ProfilerSlowdown:
-    """Steps inside the profiler's windows against the untraced steps on both sides of them."""
-
-    steps_inside: int
-    steps_before: int
-    steps_after: int
-    median_step_s_inside: float | None
-    median_step_s_before: float | None
-    median_step_s_after: float | None
-    ratio: float | None
-    """Median step inside / median untraced step around the windows (the warm-up before the first left out); None
-    with fewer than ``min_outside`` untraced steps (see ``note``)."""
-    threshold_ratio: float
-    options: dict[str, bool]
-    warning: str | None
-    confidence: float | None = None
-    """Share of the traced steps slower than ``threshold_ratio`` times the reference median."""
-    median_step_s_reference: float | None = None
-    """The median of the untraced steps after the first window starts: what ``ratio`` divides by (``steps_before``
-    and ``median_step_s_before`` describe the warm-up, left out)."""
-    noise_pct: float | None = None
-    """The run's own noise for this ratio (:func:`slowdown_noise_pct`, % of the untraced median): a ratio within
-    1 +- this is no slowdown the run can tell from its noise."""
-    note: str | None = None
-    """Why there is no ratio ("not enough untraced steps ..."); None when there is one."""
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-# What each profiler option costs (measured on this machine; see PROFILING_GUIDE.md), most costly first.
-OPTION_COST = (
-    ("with_stack", "--profiler-with-stack"),
-    ("record_shapes", "--profiler-record-shapes"),
-    ("profile_memory", "--profiler-profile-memory"),
-    ("with_flops", "--profiler-with-flops"),
-)
-
-
-def slowdown_noise_pct(
-    inside: Sequence[float], reference: Sequence[float], mid: float, before: Sequence[float] = ()
-) -> float:
-    """How far from 1.0 the traced/untraced ratio of a run the profiler does not slow can fall, in % of ``mid``: the
-    largest of the untraced steps' step-to-step variation, the traced steps' own, the drift between the first and
-    the second half of the untraced steps, and between them and the steps before the window (a shared host's load
-    moves during a run; its steps before the window, the warm-up, are not compared but say how much)."""
-    parts = [scaled_mad(reference) / mid]
-    if len(inside) >= 2 and median(inside) > 0:
-        parts.append(scaled_mad(inside) / median(inside))
-    half = len(reference) // 2
-    if half >= 2:
-        parts.append(abs(median(reference[:half]) - median(reference[half:])) / mid)
-    if before:
-        parts.append(abs(median(before) - mid) / mid)
-    return 100.0 * max(parts)
-
-
-def profiler_slowdown(
-    steps: Mapping[int, float],
-    inside: set[int],
-    options: Mapping[str, bool],
-    threshold_ratio: float = 1.25,
-    min_outside: int = MIN_REFERENCE,
-) -> ProfilerSlowdown | None:
-    """Compare the median step time inside the profiler's windows with the untraced steps around them.
-
-    The reference is the :data:`NEAREST` untraced steps after the first window starts (between windows and after
-    the last), warm-up excluded: the untraced steps before the first window are the run's warm-up, its slowest
-    steps (allocations, caches; what the schedule's wait covers), which made a clean run's window read 0.75x. A
-    shared host's load drifts, so steps far from the window are left out too. The slowdown is a warning only
-    when the ratio is above ``threshold_ratio`` and beyond the untraced steps' own step-to-step noise.
-
-    Args:
-        steps: step number -> step time (seconds), warm-up steps already left out.
-        inside: The step numbers the profiler traced (warmup and active phases).
-        options: The profiler's options (``record_shapes`` ...), to name the likely cost.
-        threshold_ratio: Warn above this ratio.
-        min_outside: Fewest untraced steps for a ratio (:data:`MIN_REFERENCE`).
-
-    Returns:
-        None when no step was profiled.
-    """
-    ins = [t for s, t in steps.items() if s in inside]
-    if not ins:
-        return None
-    first = min(inside)
-    before = [steps[s] for s in sorted(s for s in steps if s not in inside and s < first)]
-    after = [steps[s] for s in sorted(s for s in steps if s not in inside and s > first)][:NEAREST]
-    ref = after  # the steps before the first window are the run's warm-up (the schedule's wait covers it)
-    med = median(ins)
-    mid = median(ref) if ref else None
-    ratio = noise = note = confidence = warning = None
-    if len(ref) < min_outside:
-        note = (f"not enough untraced steps to compare the profiler's window with: {len(after)} after its start "
-                f"(the {len(before)} before it are the run's warm-up), at least {min_outside} are needed (run more "
-                "steps after the window)")
-    elif mid is not None and mid > 0:
-        ratio = med / mid
-        noise = slowdown_noise_pct(ins, ref, mid, before)
-        confidence = sum(t > threshold_ratio * mid for t in ins) / len(ins)
-    if ratio is not None and noise is not None and ratio > threshold_ratio and 100.0 * (ratio - 1.0) > noise:
-        on = [flag for name, flag in OPTION_COST if options.get(name)]
-        cost = (
-            f"the likely cost: {', '.join(on)} (turn off what you do not need)"
-            if on
-            else "no costly option is on: the profiler's own per-op bookkeeping is the cost; trace fewer steps"
-        )
-        warning = (
-            f"the profiler slows the steps it traces by {ratio:.2f}x (median {med:.4f}s inside its window vs "
-            f"{mid:.4f}s over the {len(ref)} untraced steps around it; the run's own noise {noise:.1f}%; "
-            f"threshold {threshold_ratio:g}x): times and findings from the trace describe a slower run than yours; "
-            f"{cost}."
-        )
-    return ProfilerSlowdown(
-        steps_inside=len(ins),
-        steps_before=len(before),
-        steps_after=len(after),
-        median_step_s_inside=med,
-        median_step_s_before=median(before) if before else None,
-        median_step_s_after=median(after) if after else None,
-        ratio=ratio,
-        threshold_ratio=threshold_ratio,
-        options=dict(options),
-        warning=warning,
-        confidence=confidence,
-        median_step_s_reference=mid,
-        noise_pct=noise,
-        note=note,
-    )
-
-
-@dataclass
-class MemoryGrowth:
-    """Memory of one rank that kept rising from one logging step to the next: a leak, or a cache that grows.
-
-    ``rate_mb_per_step`` is the median of the judged intervals' slopes, so one odd sample moves it little.
-    """
-
-    rank: int
-    rate_mb_per_step: float
-    growth_pct: float
-    """What the judged intervals added, in % of the memory at the first one."""
-    first_step: int
-    """Where the first judged interval starts (the first interval is left out as warm-up when there are enough)."""
-    last_step: int
-    first_mb: float
-    last_mb: float
-    rises: int
-    intervals: int
-    threshold_pct: float
-    what: str = "memory"
-    """What was sampled (``allocated CUDA memory``, ``process RSS``)."""
-
-    @property
-    def message(self) -> str:
-        """The warning a user reads."""
-        return (
-            f"rank {self.rank}: {self.what} grows {self.rate_mb_per_step:.1f} MB per step "
-            f"({self.first_mb:.0f} -> {self.last_mb:.0f} MB, +{self.growth_pct:.1f}% from step {self.first_step} "
-            f"to {self.last_step}; rose in {self.rises} of {self.intervals} logging intervals; threshold "
-            f"{self.threshold_pct:g}%): look for tensors kept across steps (losses appended to a list without "
-            ".item(), caches, hooks holding activations)"
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "message": self.message}
-
-
-def memory_growth(
-    steps: Sequence[int],
-    values_mb: Sequence[float],
-    threshold_pct: float,
-    rank: int = 0,
-    what: str = "memory",
-    min_points: int = 4,
-    distorted: Sequence[bool] | None = None,
-) -> MemoryGrowth | None:
-    """A rank's memory that keeps rising across logging steps; None when it does not.
-
-    Judged over the intervals between consecutive samples. Intervals marked ``distorted`` are left out (the
-    profiler's own buffers grow the process's RSS while it traces), and so is the first interval (warm-up:
-    optimizer state and allocator caches appear in the first steps) when ``min_points - 1`` intervals remain
-    without it. Raised when ``min_points - 1`` intervals or more are judged, memory rose in at least 3 of 4
-    of them (a saw-tooth of caches filling and freeing is not growth), and what they added is more than
-    ``threshold_pct`` of the memory at the first one judged. The rate is the median of the intervals'
-    slopes, so one odd sample moves it little.
-
-    Args:
-        steps: The optimizer step of each sample, increasing.
-        values_mb: The memory at those steps, in MB.
-        threshold_pct: Growth below this is not reported.
-        rank: The rank the samples are of (named in the result).
-        what: What was sampled, for the message.
-        min_points: Fewest samples to judge (``min_points - 1`` intervals).
-        distorted: Per sample, whether the interval that ends at it is to be left out (the first entry is
-            not used).
-    """
-    if len(steps) != len(values_mb) or (distorted is not None and len(distorted) != len(steps)):
-        raise ValueError(f"{len(steps)} steps but {len(values_mb)} values")
-    intervals = [(i - 1, i) for i in range(1, len(steps)) if not (distorted is not None and distorted[i])]
-    if len(intervals) > min_points - 1:
-        intervals = intervals[1:]
-    if len(intervals) < min_points - 1 or values_mb[intervals[0][0]] <= 0:
-        return None
-    deltas = [values_mb[j] - values_mb[i] for i, j in intervals]
-    rises = sum(d > 0 for d in deltas)
-    base = float(values_mb[intervals[0][0]])
-    growth = 100.0 * sum(deltas) / base
-    if rises < 0.75 * len(intervals) or growth <= threshold_pct:
-        return None
-    slopes = [d / (steps[j] - steps[i]) for (i, j), d in zip(intervals, deltas) if steps[j] != steps[i]]
-    return MemoryGrowth(
-        rank=rank, rate_mb_per_step=median(slopes) if slopes else 0.0, growth_pct=growth,
-        first_step=int(steps[intervals[0][0]]), last_step=int(steps[intervals[-1][1]]), first_mb=base,
-        last_mb=base + sum(deltas), rises=rises, intervals=len(intervals), threshold_pct=threshold_pct, what=what,
-    )
-
-
-class GrowthWatch:
-    """Every rank's memory in use at each logging step, and the growth verdict over it (rank 0 keeps it).
-
-    Args:
-        threshold_pct: ``--memory-growth-threshold-pct``.
-        what: What is sampled (``process RSS``, ``allocated CUDA memory``), for the message.
-        distorting: Steps whose memory is not the run's own (the profiler's traced steps, whose buffers grow
-            the RSS): an interval that holds one is left out. None: every interval counts.
-        start: The step training (re)started at: the first sample's interval begins after it.
-    """
-
-    def __init__(
-        self, threshold_pct: float, what: str, distorting: Callable[[int], bool] | None = None, start: int = 0
-    ) -> None:
-        self.threshold_pct, self.what, self.distorting, self.start = threshold_pct, what, distorting, start
-        self._samples: dict[int, tuple[list[int], list[float], list[bool]]] = {}
-        self._raised: dict[int, bool] = {}
-
-    def add(self, rank: int, step: int, value_mb: float) -> MemoryGrowth | None:
-        """Record a sample; returns the verdict when it held at this sample and at the previous one."""
-        steps, values, distorted = self._samples.setdefault(rank, ([], [], []))
-        previous = steps[-1] if steps else self.start
-        hit = self.distorting is not None and any(self.distorting(s) for s in range(previous + 1, step + 1))
-        steps.append(step)
-        values.append(value_mb)
-        distorted.append(hit)
-        verdict = self.verdict(rank)
-        held_before, self._raised[rank] = self._raised.get(rank, False), verdict is not None
-        return verdict if held_before else None
-
-    def verdict(self, rank: int) -> MemoryGrowth | None:
-        """The growth verdict over ``rank``'s samples so far (None: no growth, or no samples)."""
-        if rank not in self._samples:
-            return None
-        steps, values, distorted = self._samples[rank]
-        return memory_growth(steps, values, self.threshold_pct, rank=rank, what=self.what, distorted=distorted)
-
-    def verdicts(self) -> list[MemoryGrowth]:
-        """Every rank's raised verdict, in rank order."""
-        return [v for v in map(self.verdict, sorted(self._samples)) if v is not None]

@@ -1,7 +1,7 @@
 """Two runs side by side: every phase, throughput, communication, imbalance and memory, per rank, with deltas.
 
 Pure functions over :class:`~hf_distprof.runs.load.RunData`; the result is plain dataclasses that serialise to
-JSON. Each figure is compared step by step (:func:`hf_distprof.runs.stats.judge_difference`), so a difference
+JSON. Each figure is compared step by step (:func:`hf_distprof.core.difference.judge_difference`), so a difference
 is called significant only when it stands out from both runs' own step-to-step noise.
 
 What changed most (the headline) is looked for among each rank's own work (data loading, forward, backward
@@ -23,7 +23,7 @@ from statistics import median
 from typing import Any
 
 from hf_distprof.runs.load import RunData
-from hf_distprof.runs.stats import (
+from hf_distprof.core.difference import (
     MIN_EFFECT_PCT,
     NOISE_FACTOR,
     PROFILED,

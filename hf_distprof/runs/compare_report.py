@@ -9,7 +9,8 @@ from pathlib import Path
 
 from hf_distprof.core import names
 from hf_distprof.runs.compare import Comparison, Row
-from hf_distprof.runs.stats import ALPHA, MIN_EFFECT_POINTS
+from hf_distprof.core.difference import MIN_EFFECT_POINTS
+from hf_distprof.core.stats import ALPHA
 from hf_distprof.core.verdicts import MATERIAL_PCT
 
 # Phases drawn in the report's plot, in step order, with the key the step timer writes.

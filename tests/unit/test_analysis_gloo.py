@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from hf_distprof.core.verdicts import fisher_p
+from hf_distprof.core.stats import fisher_p
 from hf_distprof.analysis import AnalysisOptions, AnalysisResult, analyze_paths, format_findings
 from hf_distprof.analysis.events import parse_trace
 

@@ -11,7 +11,8 @@ from hf_distprof.core import names
 from hf_distprof.cli.main import main
 from hf_distprof.runs.compare import compare_runs, run_series
 from hf_distprof.runs.load import RunFolderError, find_run_dir, load_run
-from hf_distprof.runs.stats import judge_difference, mann_whitney_p, scaled_mad, smallest_p
+from hf_distprof.core.difference import judge_difference
+from hf_distprof.core.stats import ALPHA, mann_whitney_p, scaled_mad, smallest_p
 
 from .fake_runs import clean_run, jitter, record, write_run
 
@@ -68,14 +69,16 @@ def test_each_gate_has_its_reason():
 
 
 def test_runs_too_short_for_the_rank_sum_test_to_ever_pass_are_too_few_steps():
-    # 5 steps against 5 with no value in common: the smallest p the test can give is 0.0122, above 0.01, so a
-    # 40x slowdown would read "not significant (p = 0.0122)"; 5 against 6 can pass (0.0081).
-    assert (round(smallest_p(5, 5), 4), round(smallest_p(5, 6), 4), round(smallest_p(6, 6), 4)) == (
-        0.0122, 0.0081, 0.0051)
+    # The one level of every verdict (core.stats.ALPHA, 0.02): 4 steps against 4 with no value in common cannot reach
+    # it (0.0304), 4 against 5 can (0.0200), 5 against 5 can (0.0122); fewer than MIN_STEPS (5) is too few anyway.
+    assert (round(smallest_p(4, 4), 4), round(smallest_p(4, 5), 4), round(smallest_p(5, 5), 4)) == (
+        0.0304, 0.02, 0.0122)
+    assert smallest_p(4, 5) < ALPHA <= smallest_p(4, 4)
     five = [0.005 + 0.0001 * i for i in range(5)]
     slow = judge_difference(five, [0.2 + x for x in five])
-    assert (slow.status, slow.reason) == ("too few steps", "5 and 5 steps: the rank-sum test cannot reach p < 0.01")
-    assert judge_difference(five, [0.2 + x for x in [*five, 0.0051]]).status == "significant"
+    assert (slow.status, slow.reason) == ("significant", "beyond the noise (rank-sum p = 0.012)")
+    four = judge_difference(five[:4], [0.2 + x for x in five[:4]])
+    assert four.status == "too few steps"
 
 
 # ---- reading run folders ------------------------------------------------------------------------------------
@@ -178,16 +181,16 @@ def test_min_effect_pct_raises_the_floor_a_change_must_clear(tmp_path, capsys):
     assert exit_info.value.code == 2 and "--min-effect-pct: must be a number > 0, got '0'" in capsys.readouterr().err
 
 
-def test_runs_of_6_steps_name_nothing_and_say_they_are_too_short(tmp_path, capsys):
-    # Warm-up step 1 left out: 5 steps compared per run, too few for any verdict, even on a 40x slower loader.
-    a, b = clean_run(tmp_path / "a", steps=6), clean_run(tmp_path / "b", steps=6, load_rank1=0.2, data=0.2)
+def test_runs_of_5_steps_name_nothing_and_say_they_are_too_short(tmp_path, capsys):
+    # Warm-up step 1 left out: 4 steps compared per run, too few for any verdict, even on a 40x slower loader.
+    a, b = clean_run(tmp_path / "a", steps=5), clean_run(tmp_path / "b", steps=5, load_rank1=0.2, data=0.2)
     c = compare_runs(load_run(a), load_run(b))
-    assert c.significant == [] and (c.steps_a, c.steps_b) == (5, 5)
+    assert c.significant == [] and (c.steps_a, c.steps_b) == (4, 4)
     assert (c.headline.kind, c.headline.rank) == ("too_few_steps", None)
-    assert c.headline.text == ("nothing can be judged: 5 and 5 steps: the rank-sum test cannot reach p < 0.01 (step "
-                               "time); run more steps")
-    seven = compare_runs(load_run(a), load_run(clean_run(tmp_path / "c", steps=7, load_rank1=0.2, data=0.2)))
-    assert (seven.headline.kind, seven.headline.rank, seven.headline.metric) == ("localized", 1, "data_load_s")
+    assert c.headline.text == "nothing can be judged: fewer than 5 steps in a run (step time); run more steps"
+    six = compare_runs(load_run(clean_run(tmp_path / "a6", steps=6)),
+                       load_run(clean_run(tmp_path / "c", steps=6, load_rank1=0.2, data=0.2)))
+    assert (six.headline.kind, six.headline.rank, six.headline.metric) == ("localized", 1, "data_load_s")
 
 
 def test_a_rank_is_named_only_when_its_excess_over_its_peers_clears_the_effect_floor(tmp_path):
@@ -311,7 +314,7 @@ def test_compare_cli_table_json_and_report(tmp_path, capsys):
     md = (tmp_path / "rep" / names.COMPARE_MD).read_text()
     assert "**What changed most:** rank 1, data loading" in md and f"]({names.COMPARE_PNG})" in md
     assert "at least 10% (10 points for shares), at least 5% of the step time for a phase, and a rank-sum p below " \
-        "0.01." in md
+        "0.02." in md
     assert main(["compare", str(a), str(b), "--min-effect-pct", "30", "--report", str(tmp_path / "rep30")]) == 0
     assert "at least 30% (10 points for shares)" in (tmp_path / "rep30" / names.COMPARE_MD).read_text()
     assert data["min_effect_pct"] == 10.0

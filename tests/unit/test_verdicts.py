@@ -6,18 +6,14 @@ import math
 
 import pytest
 
+from hf_distprof.core.growth import memory_growth
+
+from hf_distprof.core.overhead import profiler_slowdown
+
+from hf_distprof.core.stats import binomial_tail, fisher_p, signed_rank_p
+
 from hf_distprof.core.verdicts import (
-    binomial_tail,
-    medians_of_the_others,
-    imbalance_pct,
-    judge_share,
-    judge_slow_rank,
-    memory_growth,
-    min_steps,
-    profiler_slowdown,
-    across_the_run,
-    fisher_p,
-    signed_rank_p,
+    across_the_run, imbalance_pct, judge_share, judge_slow_rank, medians_of_the_others, min_steps,
 )
 
 

@@ -9,20 +9,11 @@ from fractions import Fraction
 
 import pytest
 
+from hf_distprof.core.stats import MAD_SCALE, binomial_tail, fisher_p, scaled_mad, signed_rank_p
+
 from hf_distprof.core.verdicts import (
-    MAD_SCALE,
-    ShareVerdict,
-    SlowRankVerdict,
-    _noise_pct,
-    _standing_out,
-    across_the_run,
-    binomial_tail,
-    fisher_p,
-    judge_share,
-    judge_slow_rank,
+    ShareVerdict, SlowRankVerdict, _noise_pct, _standing_out, across_the_run, judge_share, judge_slow_rank,
     min_steps,
-    scaled_mad,
-    signed_rank_p,
 )
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from hf_distprof.core.verdicts import GrowthWatch, MemoryGrowth, ProfilerSlowdown, memory_growth, profiler_slowdown
+from hf_distprof.core.growth import GrowthWatch, MemoryGrowth, memory_growth
+
+from hf_distprof.core.overhead import ProfilerSlowdown, profiler_slowdown
 
 ADVICE = (
     "look for tensors kept across steps (losses appended to a list without .item(), caches, hooks holding "

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from hf_distprof.core.verdicts import across_the_run, fisher_p, judge_slow_rank
+from hf_distprof.core.stats import fisher_p
+
+from hf_distprof.core.verdicts import across_the_run, judge_slow_rank
 
 # Rank 1 is 25% slower than rank 0 in each of 3 traced steps (a little noise): undecided, 2 ranks need 6 steps.
 WINDOW = {0: [100.0, 102.0, 98.0], 1: [125.0, 128.0, 124.0]}

@@ -19,7 +19,8 @@ from hf_distprof.config import ProfilingArguments
 from hf_distprof.callbacks.memory.stats import MB
 from hf_distprof.callbacks.parallelism import report_parallelism
 from hf_distprof.callbacks.profiler.schedule import traced_steps
-from hf_distprof.core.verdicts import GrowthWatch, MemoryGrowth, imbalance_pct
+from hf_distprof.core.growth import GrowthWatch, MemoryGrowth
+from hf_distprof.core.verdicts import imbalance_pct
 
 logger = dist.get_logger(__name__)
 
@@ -106,7 +107,7 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
     collective, started without waiting and published at the first step end that finds it finished (at the
     latest at the next gather or train end). Rank 0 then writes TensorBoard scalars
     ``memory/<metric>/rank{R}`` and ``memory/<metric>/max`` at each sample's step and wall time, and warns,
-    once per rank, when a rank's memory in use keeps growing (:func:`hf_distprof.core.verdicts.memory_growth`).
+    once per rank, when a rank's memory in use keeps growing (:func:`hf_distprof.core.growth.memory_growth`).
     At the end of training rank 0 prints a table of every rank's memory and peak, with the imbalance of the
     peaks, and writes it to
     ``memory_summary.json``.

@@ -11,9 +11,10 @@ A difference is *significant* only when every one of these holds:
 - **materiality** (seconds only): the difference is at least :data:`MATERIAL_PCT` of run A's step time, so a
   50% change of a 2 ms optimizer step in a 300 ms step is not news;
 - **rank-sum**: a two-sided Mann-Whitney U test says the two sets of steps are unlikely to come from one
-  distribution (``p <`` :data:`ALPHA`);
+  distribution (``p <`` :data:`~hf_distprof.core.stats.ALPHA`, the level every verdict of the package uses);
 - **enough steps**: at least :data:`MIN_STEPS` steps in each run, and enough for the rank-sum test to reach
-  ``p <`` :data:`ALPHA` at all (:func:`smallest_p`): 5 steps against 5 cannot (0.012), 5 against 6 can.
+  ``p <`` :data:`~hf_distprof.core.stats.ALPHA` at all (:func:`~hf_distprof.core.stats.smallest_p`): 4 steps
+  against 4 cannot (0.030), 4 against 5 can (0.020).
 
 The thresholds were set from pairs of clean 2-rank CPU runs on a shared 2-core machine (see the guide's
 "Comparing runs"), where the run-to-run drift of a phase's median, not the rank-sum test, is what a clean pair
@@ -22,13 +23,13 @@ gets wrong: with 29 steps per run the test alone calls a 3% drift of the machine
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from statistics import median
 from typing import Any
 
-from hf_distprof.core.verdicts import MATERIAL_PCT, scaled_mad
+from hf_distprof.core.stats import ALPHA, mann_whitney_p, scaled_mad, smallest_p
+from hf_distprof.core.verdicts import MATERIAL_PCT
 
 MIN_EFFECT_PCT = 10.0
 """Smallest relative change of a median that can be significant, in % of run A's median."""
@@ -36,8 +37,6 @@ MIN_EFFECT_POINTS = 10.0
 """For figures that are percentages (imbalance, communication share): smallest change in points."""
 NOISE_FACTOR = 1.0
 """The change of the median must exceed this many scaled MADs of the noisier run's steps."""
-ALPHA = 0.01
-"""Largest two-sided rank-sum p-value that still counts."""
 MIN_STEPS = 5
 """Fewest steps per run for any verdict."""
 
@@ -47,54 +46,6 @@ ONE_VALUE = "one value"
 PROFILED = "profiled steps"
 """A figure read from the profiler's window: shown with its delta, never judged (the profiler slows the steps it
 traces, by an amount that varies from run to run, and a window holds a few steps)."""
-
-
-def mann_whitney_p(a: Sequence[float], b: Sequence[float]) -> float:
-    """Two-sided p-value of the Mann-Whitney U (Wilcoxon rank-sum) test.
-
-    The normal approximation with the tie correction and a continuity correction (what
-    ``scipy.stats.mannwhitneyu(method="asymptotic")`` does); good from about 5 values per side.
-
-    Args:
-        a: One sample.
-        b: The other sample.
-
-    Returns:
-        The p-value; 1.0 when either sample is empty or every value is tied.
-    """
-    n1, n2 = len(a), len(b)
-    if n1 == 0 or n2 == 0:
-        return 1.0
-    pooled = sorted([(float(v), 0) for v in a] + [(float(v), 1) for v in b])
-    ranks = [0.0] * len(pooled)
-    tie_term = 0.0
-    i = 0
-    while i < len(pooled):
-        j = i
-        while j + 1 < len(pooled) and pooled[j + 1][0] == pooled[i][0]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[k] = (i + j) / 2.0 + 1.0  # mid-rank of the tied group, ranks counted from 1
-        t = j - i + 1
-        tie_term += t**3 - t
-        i = j + 1
-    r1 = sum(r for r, (_, side) in zip(ranks, pooled) if side == 0)
-    u1 = r1 - n1 * (n1 + 1) / 2.0
-    n = n1 + n2
-    mean_u = n1 * n2 / 2.0
-    var_u = n1 * n2 / 12.0 * ((n + 1) - tie_term / (n * (n - 1)))
-    if var_u <= 0:
-        return 1.0
-    z = (abs(u1 - mean_u) - 0.5) / math.sqrt(var_u)
-    if z <= 0:
-        return 1.0
-    return min(1.0, math.erfc(z / math.sqrt(2.0)))
-
-
-def smallest_p(n_a: int, n_b: int) -> float:
-    """The smallest p-value :func:`mann_whitney_p` can give for samples of ``n_a`` and ``n_b`` values: that of two
-    samples with no value in common."""
-    return mann_whitney_p(range(n_a), range(n_a, n_a + n_b))
 
 
 @dataclass

@@ -1,0 +1,153 @@
+"""Is the profiler distorting the run: the traced steps against the untraced steps around them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from statistics import median
+from typing import Any
+
+from hf_distprof.core.stats import scaled_mad
+
+
+MIN_REFERENCE = 6
+"""Fewest untraced steps the profiler's slowdown is judged against: a ratio to fewer (a run's four wait steps, which
+are also its slowest warm-up) says more about those steps than about the profiler."""
+
+
+NEAREST = 12
+"""Untraced steps the slowdown is judged against at most, the nearest to the window: a shared host's load changes
+over a run (a clean run's steps went from 0.7 s to 0.35 s when other work stopped after its window), so the steps
+around the window are the ones that ran under its conditions."""
+
+
+@dataclass
+class ProfilerSlowdown:
+    """Steps inside the profiler's windows against the untraced steps on both sides of them."""
+
+    steps_inside: int
+    steps_before: int
+    steps_after: int
+    median_step_s_inside: float | None
+    median_step_s_before: float | None
+    median_step_s_after: float | None
+    ratio: float | None
+    """Median step inside / median untraced step around the windows (the warm-up before the first left out); None
+    with fewer than ``min_outside`` untraced steps (see ``note``)."""
+    threshold_ratio: float
+    options: dict[str, bool]
+    warning: str | None
+    confidence: float | None = None
+    """Share of the traced steps slower than ``threshold_ratio`` times the reference median."""
+    median_step_s_reference: float | None = None
+    """The median of the untraced steps after the first window starts: what ``ratio`` divides by (``steps_before``
+    and ``median_step_s_before`` describe the warm-up, left out)."""
+    noise_pct: float | None = None
+    """The run's own noise for this ratio (:func:`slowdown_noise_pct`, % of the untraced median): a ratio within
+    1 +- this is no slowdown the run can tell from its noise."""
+    note: str | None = None
+    """Why there is no ratio ("not enough untraced steps ..."); None when there is one."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# What each profiler option costs (measured on this machine; see PROFILING_GUIDE.md), most costly first.
+OPTION_COST = (
+    ("with_stack", "--profiler-with-stack"),
+    ("record_shapes", "--profiler-record-shapes"),
+    ("profile_memory", "--profiler-profile-memory"),
+    ("with_flops", "--profiler-with-flops"),
+)
+
+
+def slowdown_noise_pct(
+    inside: Sequence[float], reference: Sequence[float], mid: float, before: Sequence[float] = ()
+) -> float:
+    """How far from 1.0 the traced/untraced ratio of a run the profiler does not slow can fall, in % of ``mid``: the
+    largest of the untraced steps' step-to-step variation, the traced steps' own, the drift between the first and
+    the second half of the untraced steps, and between them and the steps before the window (a shared host's load
+    moves during a run; its steps before the window, the warm-up, are not compared but say how much)."""
+    parts = [scaled_mad(reference) / mid]
+    if len(inside) >= 2 and median(inside) > 0:
+        parts.append(scaled_mad(inside) / median(inside))
+    half = len(reference) // 2
+    if half >= 2:
+        parts.append(abs(median(reference[:half]) - median(reference[half:])) / mid)
+    if before:
+        parts.append(abs(median(before) - mid) / mid)
+    return 100.0 * max(parts)
+
+
+def profiler_slowdown(
+    steps: Mapping[int, float],
+    inside: set[int],
+    options: Mapping[str, bool],
+    threshold_ratio: float = 1.25,
+    min_outside: int = MIN_REFERENCE,
+) -> ProfilerSlowdown | None:
+    """Compare the median step time inside the profiler's windows with the untraced steps around them.
+
+    The reference is the :data:`NEAREST` untraced steps after the first window starts (between windows and after
+    the last), warm-up excluded: the untraced steps before the first window are the run's warm-up, its slowest
+    steps (allocations, caches; what the schedule's wait covers), which made a clean run's window read 0.75x. A
+    shared host's load drifts, so steps far from the window are left out too. The slowdown is a warning only
+    when the ratio is above ``threshold_ratio`` and beyond the untraced steps' own step-to-step noise.
+
+    Args:
+        steps: step number -> step time (seconds), warm-up steps already left out.
+        inside: The step numbers the profiler traced (warmup and active phases).
+        options: The profiler's options (``record_shapes`` ...), to name the likely cost.
+        threshold_ratio: Warn above this ratio.
+        min_outside: Fewest untraced steps for a ratio (:data:`MIN_REFERENCE`).
+
+    Returns:
+        None when no step was profiled.
+    """
+    ins = [t for s, t in steps.items() if s in inside]
+    if not ins:
+        return None
+    first = min(inside)
+    before = [steps[s] for s in sorted(s for s in steps if s not in inside and s < first)]
+    after = [steps[s] for s in sorted(s for s in steps if s not in inside and s > first)][:NEAREST]
+    ref = after  # the steps before the first window are the run's warm-up (the schedule's wait covers it)
+    med = median(ins)
+    mid = median(ref) if ref else None
+    ratio = noise = note = confidence = warning = None
+    if len(ref) < min_outside:
+        note = (f"not enough untraced steps to compare the profiler's window with: {len(after)} after its start "
+                f"(the {len(before)} before it are the run's warm-up), at least {min_outside} are needed (run more "
+                "steps after the window)")
+    elif mid is not None and mid > 0:
+        ratio = med / mid
+        noise = slowdown_noise_pct(ins, ref, mid, before)
+        confidence = sum(t > threshold_ratio * mid for t in ins) / len(ins)
+    if ratio is not None and noise is not None and ratio > threshold_ratio and 100.0 * (ratio - 1.0) > noise:
+        on = [flag for name, flag in OPTION_COST if options.get(name)]
+        cost = (
+            f"the likely cost: {', '.join(on)} (turn off what you do not need)"
+            if on
+            else "no costly option is on: the profiler's own per-op bookkeeping is the cost; trace fewer steps"
+        )
+        warning = (
+            f"the profiler slows the steps it traces by {ratio:.2f}x (median {med:.4f}s inside its window vs "
+            f"{mid:.4f}s over the {len(ref)} untraced steps around it; the run's own noise {noise:.1f}%; "
+            f"threshold {threshold_ratio:g}x): times and findings from the trace describe a slower run than yours; "
+            f"{cost}."
+        )
+    return ProfilerSlowdown(
+        steps_inside=len(ins),
+        steps_before=len(before),
+        steps_after=len(after),
+        median_step_s_inside=med,
+        median_step_s_before=median(before) if before else None,
+        median_step_s_after=median(after) if after else None,
+        ratio=ratio,
+        threshold_ratio=threshold_ratio,
+        options=dict(options),
+        warning=warning,
+        confidence=confidence,
+        median_step_s_reference=mid,
+        noise_pct=noise,
+        note=note,
+    )
