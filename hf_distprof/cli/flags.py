@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from hf_distprof.config import flags_markdown
+from hf_distprof.core.text import markdown_table
 
 START, END = "<!-- flags:start -->\n", "<!-- flags:end -->"
 CLI_START, CLI_END = "<!-- commands:start -->\n", "<!-- commands:end -->"
@@ -52,7 +53,7 @@ def commands_markdown() -> str:
     out: list[str] = []
     for name, sub in subparsers.choices.items():
         out += [f"#### `hf-distprof {name}`", "", _cell(helps.get(name) or ""), ""]
-        out += ["| argument | default | meaning |", "|---|---|---|"]
+        rows = []
         for action in sub._actions:
             if isinstance(action, argparse._HelpAction):
                 continue
@@ -63,7 +64,8 @@ def commands_markdown() -> str:
             default = "" if (switch or action.default in (None, argparse.SUPPRESS) or action.required
                              or not action.option_strings) else f"`{action.default}`"
             text = (action.help or "") % {"default": action.default} if action.help else ""
-            out.append(f"| {flag} | {default} | {_cell(text)} |")
+            rows.append([flag, default, _cell(text)])
+        out += markdown_table(["argument", "default", "meaning"], rows)
         if name == "run":
             out.append("| every profiling flag | | as in the flag table above |")
         out.append("")

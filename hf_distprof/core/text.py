@@ -28,6 +28,11 @@ def flag_name(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
 
 
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    """A Markdown table's lines: the header, its separator, one line per row (cells as given, not escaped)."""
+    return [f"| {' | '.join(header)} |", "|" + "---|" * len(header), *(f"| {' | '.join(row)} |" for row in rows)]
+
+
 def flag_table(
     cls: type,
     valid: Callable[[dataclasses.Field[Any]], str],
@@ -45,7 +50,5 @@ def flag_table(
     Returns:
         The table, one line per field after the header, ending in a newline.
     """
-    rows = ["| flag | default | valid values | description |", "|---|---|---|---|"]
-    for f in dataclasses.fields(cls):
-        rows.append(f"| `{flag_name(f.name)}` | {default(f)} | {valid(f)} | {f.metadata['help']} |")
-    return "\n".join(rows) + "\n"
+    rows = [[f"`{flag_name(f.name)}`", default(f), valid(f), f.metadata["help"]] for f in dataclasses.fields(cls)]
+    return "\n".join(markdown_table(["flag", "default", "valid values", "description"], rows)) + "\n"
