@@ -5,16 +5,14 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import re
-import socket
 import sys
 from collections.abc import Sequence
 from typing import Any
 
+from hf_distprof.core.files import get_hostname  # noqa: F401 (the host name of file names, torch-free)
+
 import torch
 import torch.distributed as dist
-
-_HOST_UNSAFE = re.compile(r"[^A-Za-z0-9.-]+")
 
 
 def is_distributed() -> bool:
@@ -34,12 +32,6 @@ def get_world_size() -> int:
     if is_distributed():
         return dist.get_world_size()
     return int(os.environ.get("WORLD_SIZE", "1"))
-
-
-def get_hostname() -> str:
-    """Short host name, safe to put in a file name."""
-    host = socket.gethostname().split(".")[0] or "host"
-    return _HOST_UNSAFE.sub("-", host)
 
 
 def broadcast_object(obj: Any, src: int = 0) -> Any:

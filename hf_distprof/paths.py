@@ -14,15 +14,20 @@ folder and every rank of one run writes into the same one.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import re
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-from hf_distprof import dist, logs, signals
+from hf_distprof import dist, logs
+from hf_distprof.core.files import (  # noqa: F401 (re-exported: callbacks write through paths)
+    DEAD_WRITER_AGE_S,
+    STALE_TEMP_AGE_S,
+    TEMP_MARK,
+    atomic_path,
+    atomic_write_text,
+    is_temp_file,
+    remove_stale_temp_files,
+)
 from hf_distprof.core import job
 
 logger = dist.get_logger(__name__)
@@ -48,14 +53,6 @@ from hf_distprof.core.names import (  # noqa: E402, F401
     TRACE_SUFFIX,
 )
 
-# In the name of every temporary file atomic_path makes: ".<final name>.~<pid>@<host>~<random>.tmp<suffix>".
-TEMP_MARK = ".tmp"
-# A temporary file this old is a leftover of a killed write (an export takes seconds), not a write in progress.
-STALE_TEMP_AGE_S = 3600.0
-# A temporary file whose writer (its pid on this host, from its name) is gone, and unchanged for this long, is a
-# leftover too. The age guards against a pid reused or one in another pid namespace with the same host name.
-DEAD_WRITER_AGE_S = 60.0
-_WRITER = re.compile(r"\.~(?P<pid>\d+)@(?P<host>[^~/]+)~[^~/]*" + re.escape(TEMP_MARK))
 
 # (output_dir, run_name, id(owner)) -> (owner, run folder): every callback of one train() call agrees on the
 # folder and the broadcast happens once. The owner (the Trainer's per-train() TrainerState) is kept alive in
@@ -171,79 +168,3 @@ def summary_file_name(rank: int, host: str, first_step: int, last_step: int) -> 
     return SUMMARY_NAME.format(rank=rank, host=host, first=first_step, last=last_step)
 
 
-@contextlib.contextmanager
-def atomic_path(final: Path, suffix: str = "") -> Iterator[Path]:
-    """Yield a temporary path in ``final``'s folder; rename it onto ``final`` only on success.
-
-    A reader never sees a half-written file under the final name. ``suffix`` lets writers that choose
-    their format from the extension (``export_chrome_trace`` gzips ``*.gz``) see the right one. SIGTERM and
-    SIGINT wait until the file is renamed or removed (:func:`hf_distprof.signals.deferred`), so a stopped
-    job leaves the whole file or nothing, never the temporary one.
-    """
-    with signals.deferred():
-        # The writer in the name: the next run on this host removes what a killed process left at once.
-        writer = f"~{os.getpid()}@{dist.get_hostname()}~"
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.{writer}", suffix=f"{TEMP_MARK}{suffix}",
-                                        dir=final.parent)
-        os.close(fd)
-        tmp = Path(tmp_name)
-        try:
-            yield tmp
-            os.replace(tmp, final)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
-
-
-def is_temp_file(path: Path) -> bool:
-    """Whether ``path`` is one of :func:`atomic_path`'s temporary files (left behind only by SIGKILL)."""
-    return path.name.startswith(".") and TEMP_MARK in path.name
-
-
-def _writer_gone(name: str) -> bool:
-    """Whether the temporary file ``name`` was made by a process of this host that no longer runs."""
-    match = _WRITER.search(name)
-    if match is None or match["host"] != dist.get_hostname() or int(match["pid"]) == os.getpid():
-        return False
-    try:
-        os.kill(int(match["pid"]), 0)
-    except ProcessLookupError:
-        return True
-    except (OSError, OverflowError):  # alive under another user, or no such pid number
-        return False
-    return False
-
-
-def remove_stale_temp_files(
-    folder: Path, older_than_s: float = STALE_TEMP_AGE_S, dead_writer_age_s: float = DEAD_WRITER_AGE_S
-) -> list[Path]:
-    """Delete the temporary files an earlier, killed write left in ``folder`` and its run folders.
-
-    A file goes when its writer, a process of this host, is gone and the file is ``dead_writer_age_s`` old, or
-    when it is ``older_than_s`` old whoever wrote it: a younger one may belong to a rank that is writing right now
-    (another run sharing the output folder, on this host or another).
-
-    Returns:
-        The files removed.
-    """
-    removed: list[Path] = []
-    now = time.time()
-    candidates = [*folder.glob(".*"), *folder.glob("*/.*")] if folder.is_dir() else []
-    for path in candidates:
-        if not is_temp_file(path):
-            continue
-        try:
-            age = now - path.stat().st_mtime
-            if age < older_than_s and not (age >= dead_writer_age_s and _writer_gone(path.name)):
-                continue
-            path.unlink()
-        except OSError:
-            continue
-        removed.append(path)
-    return removed
-
-
-def atomic_write_text(final: Path, text: str) -> None:
-    """Write ``text`` to ``final`` atomically (temp file in the same folder, then rename)."""
-    with atomic_path(final) as tmp:
-        tmp.write_text(text, encoding="utf-8")

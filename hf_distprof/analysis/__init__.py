@@ -15,7 +15,6 @@ from __future__ import annotations
 from hf_distprof.analysis.api import analyze_paths
 from hf_distprof.analysis.box import format_box
 from hf_distprof.analysis.model import (
-    AnalysisOptions,
     AnalysisResult,
     CpuBreakdown,
     CrossRankResult,
@@ -25,6 +24,7 @@ from hf_distprof.analysis.model import (
     RankResult,
     StepResult,
 )
+from hf_distprof.analysis.options import AnalysisOptions
 from hf_distprof.analysis.text import format_findings, format_summary
 from hf_distprof.analysis.trace_io import TraceReadError
 

@@ -18,14 +18,8 @@ from hf_distprof.core import names
 from hf_distprof.analysis.diagnosis import diagnose, undecided
 from hf_distprof.analysis.manifest import run_summary_beside, why_no_trace
 from hf_distprof.analysis.compact import load_trace
-from hf_distprof.analysis.model import (
-    AnalysisOptions,
-    AnalysisResult,
-    FileError,
-    Finding,
-    KernelStat,
-    RankResult,
-)
+from hf_distprof.analysis.model import AnalysisResult, FileError, Finding, KernelStat, RankResult
+from hf_distprof.analysis.options import AnalysisOptions
 from hf_distprof.analysis.rank import analyze_rank
 from hf_distprof.analysis.whatif import apply_what_if
 from hf_distprof.analysis.timer_records import TimerRecords, read_timer_records
@@ -361,3 +355,10 @@ def _combine(a: RankResult, b: RankResult) -> RankResult:
 
 def _add(a: dict, b: dict) -> dict:  # type: ignore[type-arg]
     return {k: a.get(k, 0) + b.get(k, 0) for k in {**a, **b}}
+
+
+def analysis_document(folder: Path) -> dict[str, Any] | None:
+    """The trace analysis of one run folder as ``analysis.json`` holds it (what ``--profiler-analyze`` would have
+    written); None when no rank's trace could be read. ``hf-distprof compare`` calls it for folders without one."""
+    result = analyze_paths([folder])
+    return result.to_dict() if result.ranks else None

@@ -42,6 +42,7 @@ from hf_distprof.analysis.events import (
 )
 from hf_distprof.analysis.message_sizes import MessageSize
 from hf_distprof.core.names import COMPACT_SUFFIX
+from hf_distprof.core.files import atomic_path
 
 logger = logging.getLogger(__name__)
 
@@ -353,8 +354,6 @@ def write_compact(trace: str | os.PathLike[str], parsed: ParsedTrace | None = No
         OSError: The file cannot be written.
         OverflowError, TypeError: A value the format cannot hold (the trace still analyses from its JSON).
     """
-    # Imported here: hf_distprof.paths imports torch (through hf_distprof.dist), which reading traces never needs.
-    from hf_distprof.paths import atomic_path
 
     trace = Path(trace)
     identity = trace_identity(trace)

@@ -20,15 +20,8 @@ from statistics import median
 from typing import Any
 
 from hf_distprof.core.verdicts import OWN_WORK, SlowRankVerdict, across_the_run, imbalance_pct, judge_slow_rank
-from hf_distprof.analysis.model import (
-    AnalysisOptions,
-    Collective,
-    CrossRankResult,
-    RankResult,
-    RankSkew,
-    StepSpread,
-    Straggler,
-)
+from hf_distprof.analysis.model import Collective, CrossRankResult, RankResult, RankSkew, StepSpread, Straggler
+from hf_distprof.analysis.options import AnalysisOptions
 
 CollectiveKey = tuple[int, str, int]
 

@@ -9,7 +9,8 @@ list reads most-costly first; its ``confidence`` says how sure the verdict is.
 from __future__ import annotations
 
 from hf_distprof.analysis import comm, memory
-from hf_distprof.analysis.model import AnalysisOptions, CommKindStat, CrossRankResult, Finding, RankResult
+from hf_distprof.analysis.model import CommKindStat, CrossRankResult, Finding, RankResult
+from hf_distprof.analysis.options import AnalysisOptions
 from hf_distprof.core.verdicts import UNDECIDED, judge_share
 
 

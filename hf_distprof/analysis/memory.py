@@ -15,14 +15,8 @@ from statistics import median
 from typing import Any
 
 from hf_distprof.analysis.events import MemoryEvents, Span, Step
-from hf_distprof.analysis.model import (
-    AnalysisOptions,
-    DeviceMemory,
-    Finding,
-    MemoryOpStat,
-    MemoryStepStat,
-    RankResult,
-)
+from hf_distprof.analysis.model import DeviceMemory, Finding, MemoryOpStat, MemoryStepStat, RankResult
+from hf_distprof.analysis.options import AnalysisOptions
 from hf_distprof.analysis.text import format_bytes
 from hf_distprof.core.verdicts import imbalance_pct
 

@@ -27,8 +27,10 @@ import orjson
 
 from hf_distprof.analysis.api import analyze_paths
 from hf_distprof.analysis.cross_rank import clock_offsets, match_collectives
-from hf_distprof.analysis.model import AnalysisOptions, AnalysisResult, FileError
+from hf_distprof.analysis.model import AnalysisResult, FileError
+from hf_distprof.analysis.options import AnalysisOptions
 from hf_distprof.analysis.trace_io import iter_trace_events
+from hf_distprof.core.files import atomic_path
 
 ALIGN_MODES = ("collectives", "clock", "none")
 _PROCESS_META = frozenset({"process_name", "process_labels", "process_sort_index"})
@@ -94,9 +96,6 @@ def write_merged(result: AnalysisResult, output: str | os.PathLike[str], align: 
         OSError: ``output`` cannot be written (its folder is missing, it is a folder ...); the error
             names ``output``.
     """
-    # Imported here: hf_distprof.paths imports torch (through hf_distprof.dist), which the analysis alone
-    # does not need.
-    from hf_distprof.paths import atomic_path
 
     _check_align(align)
     if not result.ranks:

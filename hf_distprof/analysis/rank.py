@@ -25,7 +25,8 @@ from hf_distprof.analysis.kernels import (
     nccl_kind,
     nccl_op_kind,
 )
-from hf_distprof.analysis.model import AnalysisOptions, Collective, GpuBreakdown, RankResult, StepResult
+from hf_distprof.analysis.model import Collective, GpuBreakdown, RankResult, StepResult
+from hf_distprof.analysis.options import AnalysisOptions
 from hf_distprof.analysis.whatif_timeline import rank_timeline
 
 # The gloo span a c10d collective runs as, when it is not the collective's own kind.

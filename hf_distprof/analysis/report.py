@@ -14,6 +14,7 @@ from hf_distprof.analysis.model import AnalysisResult
 from hf_distprof.analysis.text import format_bytes, format_gbps, format_summary, missing_sizes_note
 from hf_distprof.analysis.text import reference_lines
 from hf_distprof.analysis.whatif_report import CRITICAL_PATH_PNG, plot_critical_path, what_if_markdown
+from hf_distprof.core.files import atomic_path, atomic_write_text
 
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
@@ -430,9 +431,6 @@ def write_report(result: AnalysisResult, out_dir: str | os.PathLike[str]) -> Pat
         OSError: ``out_dir`` cannot be created or written to. Each file is written atomically (temporary
             file, then rename), so a failed write never leaves a half-written file under a report name.
     """
-    # Imported here: hf_distprof.paths imports torch (through hf_distprof.dist), which the analysis alone
-    # does not need.
-    from hf_distprof.paths import atomic_path, atomic_write_text
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from hf_distprof.core import names
-from hf_distprof.runs.load import TIMING_RE
+from hf_distprof.core.names import TIMING_RE
 from hf_distprof.core.verdicts import KEPT_CELLS, SlowRankVerdict, judge_own_work
 
 

@@ -26,6 +26,7 @@ from statistics import median
 from typing import TYPE_CHECKING, Any
 
 from hf_distprof.analysis.model import Finding
+from hf_distprof.analysis.whatif_path import CriticalSegment
 from hf_distprof.core.stats import scaled_mad
 
 if TYPE_CHECKING:
@@ -67,20 +68,6 @@ class WhatIfScenario:
 
 
 @dataclass
-class CriticalSegment:
-    """One link of the critical path: local work on a rank, or a collective's transfer."""
-
-    rank: int
-    kind: str
-    """"phase" (local work: ``name`` is its phase) or "collective" (``name`` is the collective, transfer or
-    wake-up)."""
-    name: str
-    ms: float
-    start_ms: float
-    """From the step's start (its earliest rank's), in the replay."""
-
-
-@dataclass
 class ReplayedRank:
     """One rank's step time, measured and replayed (medians over the steps)."""
 
@@ -116,8 +103,6 @@ class WhatIfModel:
     lanes: list[dict[str, Any]] = field(default_factory=list)
     """The median step as replayed, for the figure: ``{rank, start_ms, end_ms, name}`` (a phase, "waiting", or
     "transfer <collective>")."""
-
-
 
 
 @dataclass

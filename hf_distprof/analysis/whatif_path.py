@@ -7,11 +7,25 @@ along that rank, until the step's start (its earliest rank's). Its links add up 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from hf_distprof.analysis.whatif import CriticalSegment
 from hf_distprof.analysis.whatif_replay import GATED, Graph, Replay
 from hf_distprof.analysis.whatif_timeline import ARRIVE, START, CollectiveKey
+
+
+@dataclass
+class CriticalSegment:
+    """One link of the critical path: local work on a rank, or a collective's transfer."""
+
+    rank: int
+    kind: str
+    """"phase" (local work: ``name`` is its phase) or "collective" (``name`` is the collective, transfer or
+    wake-up)."""
+    name: str
+    ms: float
+    start_ms: float
+    """From the step's start (its earliest rank's), in the replay."""
 
 
 def collective_name(key: CollectiveKey) -> str:

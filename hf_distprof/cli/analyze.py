@@ -7,18 +7,14 @@ import dataclasses
 import sys
 from typing import Any
 
-from hf_distprof.analysis.model import MESSAGE_SIZES, AnalysisOptions, OptionValueError
+from hf_distprof.analysis.options import MESSAGE_SIZES, AnalysisOptions, OptionValueError
 from hf_distprof.core.argtypes import number
 from hf_distprof.core.text import flag_name
 
 # Options that are not thresholds get their own flags below.
 _NOT_THRESHOLDS = ("workers", "progress")
-
-
-def number_type(kind: type) -> Any:
-    """The argparse ``type`` of an option of :class:`AnalysisOptions`: text that is not a ``kind`` fails with the
-    valid range; the range itself is checked by ``AnalysisOptions``, for the API's callers too."""
-    return number(kind, low=0, check_range=False)
+# The options' argparse types only parse (text that is not a number fails with the valid range): the range
+# itself is checked by AnalysisOptions, for the API's callers too.
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -54,7 +50,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "busbw at the nearest size, to tell time lost to a slow network from waiting for a late peer",
     )
     parser.add_argument(
-        "--workers", type=number_type(int), default=0,
+        "--workers", type=number(int, 0, check_range=False), default=0,
         help="parallel processes (0: one per file, at most one per CPU core)",
     )
     parser.add_argument(
@@ -83,7 +79,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         choices = MESSAGE_SIZES if f.name == "message_sizes" else None
         thresholds.add_argument(
             flag_name(f.name),
-            type=str if choices else number_type(type(f.default)),
+            type=str if choices else number(type(f.default), 0, check_range=False),
             default=f.default,
             choices=choices,
             metavar="{" + ",".join(choices) + "}" if choices else "N",

@@ -72,11 +72,13 @@ def run(args: argparse.Namespace) -> int:
     """
     from hf_distprof.runs.compare import compare_runs
     from hf_distprof.runs.compare_report import format_comparison
+    from hf_distprof.analysis.api import analysis_document
     from hf_distprof.runs.load import RunFolderError, load_run
 
+    analyze = analysis_document if args.traces else None
     try:
-        a = load_run(args.run_a, args.warmup_steps, analyze_traces=args.traces)
-        b = load_run(args.run_b, args.warmup_steps, analyze_traces=args.traces)
+        a = load_run(args.run_a, args.warmup_steps, analyze)
+        b = load_run(args.run_b, args.warmup_steps, analyze)
     except RunFolderError as exc:
         print(f"hf-distprof compare: error: {exc}", file=sys.stderr)
         return 2

@@ -20,7 +20,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         The sub-parser.
     """
     from hf_distprof.analysis.merge import ALIGN_MODES
-    from hf_distprof.cli.analyze import number_type
+    from hf_distprof.core.argtypes import number
 
     parser = subparsers.add_parser(
         "merge",
@@ -40,7 +40,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--align", choices=ALIGN_MODES, default="collectives", help="clock alignment (default: collectives)"
     )
     parser.add_argument(
-        "--workers", type=number_type(int), default=0,
+        "--workers", type=number(int, 0, check_range=False), default=0,
         help="parallel processes (0: one per file, at most one per CPU core)",
     )
     return parser
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     """
     from hf_distprof.analysis import analyze_paths
     from hf_distprof.analysis.merge import write_merged
-    from hf_distprof.analysis.model import AnalysisOptions, OptionValueError
+    from hf_distprof.analysis.options import AnalysisOptions, OptionValueError
 
     try:
         options = AnalysisOptions(workers=args.workers)

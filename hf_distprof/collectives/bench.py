@@ -20,6 +20,7 @@ from pathlib import Path
 
 from hf_distprof.analysis.bandwidth import bus_factor, message_bytes
 from hf_distprof.analysis.bandwidth_ref import ReferencePoint
+from hf_distprof.core.files import atomic_path, atomic_write_text
 
 OPS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 # Bytes per element of each --dtype.
@@ -269,7 +270,6 @@ def csv_text(rows: list[BenchRow]) -> str:
 
 def write_csv(rows: list[BenchRow], path: Path) -> None:
     """Write the rows to ``path`` atomically."""
-    from hf_distprof.paths import atomic_write_text  # imports torch: not needed to read a CSV
 
     atomic_write_text(path, csv_text(rows))
 
@@ -362,7 +362,6 @@ def plot_busbw(rows: list[BenchRow], path: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
-    from hf_distprof.paths import atomic_path
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for op in OPS:

@@ -33,6 +33,8 @@ the folder)::
 
 from __future__ import annotations
 
+import re
+
 TRACE_SUFFIX = ".pt.trace.json.gz"
 TRACE_NAME = "rank{rank}_{host}_step{first}-{last}" + TRACE_SUFFIX
 # Beside each trace, its name plus this: the events the analyzer reads, as columns (hf_distprof.analysis.compact).
@@ -46,6 +48,8 @@ MEMORY_SNAPSHOT_NAME = "rank{rank}_{host}_step{first}-{last}_memory_snapshot.pic
 OOM_SNAPSHOT_NAME = "rank{rank}_{host}_oom_step{step}_memory_snapshot.pickle"
 PARALLELISM_NAME = "parallelism.json"
 TIMING_LOG_NAME = "timing_rank{rank}.jsonl"
+TIMING_RE = re.compile(re.escape(TIMING_LOG_NAME).replace(r"\{rank\}", r"(\d+)") + "$")
+"""Matches a step-timer log's file name; its group is the rank."""
 TIMING_SUMMARY_NAME = "timing_summary.json"
 ANALYSIS_NAME = "analysis.json"
 HANG_DUMP_NAME = "hang_rank{rank}_{host}.txt"

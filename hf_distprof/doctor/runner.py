@@ -33,6 +33,7 @@ from hf_distprof.doctor.checks import (
     describe,
 )
 from hf_distprof.doctor.judge import JUDGE, Outcome
+from hf_distprof.core.files import atomic_write_text
 
 GRACE_S = 2.0  # how much longer than --timeout rank 0 waits for results, the others for a verdict
 
@@ -223,7 +224,6 @@ class Doctor:
         if self.args.json:
             from pathlib import Path
 
-            from hf_distprof.paths import atomic_write_text
 
             report = {"ok": not failed, "world_size": self.world, "backend": self.backend,
                       "timeout_s": self.timeout, "failed": failed, "checks": [asdict(o) for o in self.outcomes]}

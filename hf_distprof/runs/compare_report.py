@@ -12,6 +12,7 @@ from hf_distprof.runs.compare import Comparison, Row
 from hf_distprof.core.difference import MIN_EFFECT_POINTS
 from hf_distprof.core.stats import ALPHA
 from hf_distprof.core.verdicts import MATERIAL_PCT
+from hf_distprof.core.files import atomic_path, atomic_write_text
 
 # Phases drawn in the report's plot, in step order, with the key the step timer writes.
 PLOT_PHASES: tuple[tuple[str, str], ...] = (
@@ -166,7 +167,6 @@ def write_compare_report(comparison: Comparison, out_dir: str | os.PathLike[str]
     Raises:
         OSError: ``out_dir`` cannot be created or written to (each file is written atomically).
     """
-    from hf_distprof.paths import atomic_path, atomic_write_text  # imports torch: only when writing
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ or was still busy during)."""
 WARMUP_STEPS = 1
 """Steps left out at the start when ``timing_summary.json`` does not say (the step timer's own default)."""
 
-TIMING_RE = re.compile(re.escape(names.TIMING_LOG_NAME).replace(r"\{rank\}", r"(\d+)") + "$")
+TIMING_RE = names.TIMING_RE
 """A step timer file's name; group 1 is the rank."""
 _MEMORY_RE = re.compile(re.escape(names.MEMORY_LOG_NAME).replace(r"\{rank\}", r"(\d+)") + "$")
 _TRACE_WINDOW_RE = re.compile(r"^rank\d+_.*_step(\d+)-(\d+)" + re.escape(names.TRACE_SUFFIX) + "$")
@@ -254,26 +255,19 @@ def _profiler_warmup(traced: set[int], summary: dict[str, Any] | None) -> set[in
     return set(range(max(traced) - inside + 1, min(traced)))
 
 
-def _analyze_traces(folder: Path) -> dict[str, Any] | None:
-    """The trace analysis of the folder's traces (what ``--profiler-analyze`` would have written)."""
-    from hf_distprof.analysis import analyze_paths
-
-    try:
-        result = analyze_paths([folder])
-    except (FileNotFoundError, OSError) as err:
-        raise RunFolderError(f"{folder}: its traces cannot be analysed ({err})") from err
-    return result.to_dict() if result.ranks else None
-
-
-def load_run(path: str | Path, warmup_steps: int | None = None, analyze_traces: bool = False) -> RunData:
+def load_run(
+    path: str | Path, warmup_steps: int | None = None, analyze: Callable[[Path], dict[str, Any] | None] | None = None
+) -> RunData:
     """Read one run folder.
 
     Args:
         path: The run folder (or a folder holding exactly one, see :func:`find_run_dir`).
         warmup_steps: Steps to leave out at the start; None: what ``timing_summary.json`` says it left out of
             its means, else :data:`WARMUP_STEPS`.
-        analyze_traces: When the folder has traces but no ``analysis.json``, analyse them (seconds per run) for
-            the traced steps' breakdown.
+        analyze: When the folder has traces but no ``analysis.json``, what analyses them (seconds per run) for the
+            traced steps' breakdown: the folder -> ``analysis.json``'s document, or None without ranks
+            (:func:`hf_distprof.analysis.api.analysis_document`; the caller passes it, so that this module, which
+            the analysis reads timer files with, never imports the analysis).
 
     Returns:
         The run's data.
@@ -302,8 +296,11 @@ def load_run(path: str | Path, warmup_steps: int | None = None, analyze_traces: 
             traced.update(range(int(w.group(1)), int(w.group(2)) + 1))
     traced |= _profiler_warmup(traced, summary)
     analysis = _read_json(folder / names.ANALYSIS_NAME)
-    if analysis is None and traced and analyze_traces:
-        analysis = _analyze_traces(folder)
+    if analysis is None and traced and analyze is not None:
+        try:
+            analysis = analyze(folder)
+        except OSError as err:
+            raise RunFolderError(f"{folder}: its traces cannot be analysed ({err})") from err
     if warmup_steps is None:
         warmup_steps = int((summary or {}).get("warmup_steps_excluded", WARMUP_STEPS))
     try:

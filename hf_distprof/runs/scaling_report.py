@@ -8,6 +8,7 @@ from pathlib import Path
 
 from hf_distprof.core import names
 from hf_distprof.runs.scaling import ScalingResult, scaling_csv
+from hf_distprof.core.files import atomic_path, atomic_write_text
 
 
 def _plot(result: ScalingResult, out: Path) -> None:
@@ -56,7 +57,6 @@ def write_scaling_files(result: ScalingResult, out_dir: str | os.PathLike[str]) 
     Raises:
         OSError: A file cannot be written.
     """
-    from hf_distprof.paths import atomic_path, atomic_write_text  # imports torch: only when writing
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,8 @@ from hf_distprof.analysis.cross_rank import (
     less_cpu_wait,
     match_collectives,
 )
-from hf_distprof.analysis.model import AnalysisOptions, Collective, CpuBreakdown, RankResult, StepResult
+from hf_distprof.analysis.model import Collective, CpuBreakdown, RankResult, StepResult
+from hf_distprof.analysis.options import AnalysisOptions
 
 STEP_US = 100_000.0
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hf_distprof import ProfilingArguments
-from hf_distprof.analysis.model import AnalysisOptions
+from hf_distprof.analysis.options import AnalysisOptions
 from hf_distprof.cli.main import build_parser, main
 
 from .test_flags_invalid import FREE_TEXT, cases

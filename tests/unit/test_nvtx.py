@@ -17,7 +17,7 @@ from transformers import ModernBertForMaskedLM, Trainer, TrainerCallback, Traini
 
 from hf_distprof import ProfilingArguments, StepTimerCallback, build_callbacks
 from hf_distprof.analysis.api import analyze_file
-from hf_distprof.analysis.model import AnalysisOptions
+from hf_distprof.analysis.options import AnalysisOptions
 from hf_distprof.callbacks.nsys import NsightCallback
 from hf_distprof.recipe.models import tiny_modernbert_config
 from hf_distprof.timing.clock import default_clock

@@ -1,4 +1,4 @@
-"""hf_distprof.signals: SIGTERM/SIGINT wait for a write; atomic writes leave no temporary file."""
+"""hf_distprof.core.signals: SIGTERM/SIGINT wait for a write; atomic writes leave no temporary file."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from hf_distprof import dist, paths, signals
+from hf_distprof import dist, paths
+from hf_distprof.core import signals
 
 from ..conftest import REPO_ROOT
 

@@ -18,7 +18,8 @@ import torch
 from torch.profiler import ProfilerAction, ProfilerActivity, profile
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from hf_distprof import dist, paths, signals
+from hf_distprof import dist, paths
+from hf_distprof.core import signals
 from hf_distprof.callbacks.profiler.capture import RECORD, RECORD_AND_SAVE, WARMUP
 from hf_distprof.callbacks.profiler import schedule as traced
 from hf_distprof.callbacks.profiler.schedule import (  # noqa: F401 (recorded_steps, traced_steps: re-exported)
