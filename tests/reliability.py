@@ -1,7 +1,7 @@
 """The reliability table: every fault a test injects, whether the run survived it and what it cost in files.
 
 Fault tests call :func:`record`; ``tests/conftest.py`` prints the table at the end of the session (pytest's
-terminal summary), and PROFILING_GUIDE.md quotes it.
+terminal summary), and DEVELOPING.md quotes it.
 """
 
 from __future__ import annotations

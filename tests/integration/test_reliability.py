@@ -1,7 +1,7 @@
 """Faults on real 2-rank runs (torchrun, gloo, a real Trainer on a tiny model): what survives, what is lost.
 
 Each test injects one fault, records its outcome in the reliability table (``tests/reliability.py``, printed at
-the end of the session and quoted in PROFILING_GUIDE.md), then asserts: the run behaved as promised, every file
+the end of the session and quoted in DEVELOPING.md), then asserts: the run behaved as promised, every file
 written before the fault is whole, and no temporary file is left.
 """
 

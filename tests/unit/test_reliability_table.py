@@ -1,4 +1,4 @@
-"""The reliability table quoted in PROFILING_GUIDE.md agrees with the faults the suite injects and their file counts.
+"""The reliability table quoted in DEVELOPING.md agrees with the faults the suite injects and their file counts.
 
 The integration rows need 2-rank runs to produce, so only their presence and the totals line are checked here; the
 1-rank rows are rebuilt from ``test_profiler_signals``'s own table of moments and expected files.
@@ -20,8 +20,8 @@ INTEGRATION_FAULTS = (
 
 
 def guide_table() -> list[str]:
-    text = (REPO_ROOT / "PROFILING_GUIDE.md").read_text(encoding="utf-8")
-    section = text[text.index("## Reliability: stopped jobs, faults and bad files"):]
+    text = (REPO_ROOT / "DEVELOPING.md").read_text(encoding="utf-8")
+    section = text[text.index("## Fault injection: the reliability table"):]
     start = section.index("| fault injected |")
     return section[start:section.index("\n\n", start)].splitlines()
 
