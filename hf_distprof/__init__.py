@@ -25,9 +25,13 @@ _LAZY: dict[str, str] = {
     "StepTimerCallback": "hf_distprof.callbacks.step_timer",
     "TraceAnalysisCallback": "hf_distprof.callbacks.analyze",
     "RunSummaryCallback": "hf_distprof.callbacks.summary",
+    "DebugArguments": "hf_distprof.recipe.debug_env",
+    "apply_debug_env": "hf_distprof.recipe.debug_env",
+    "StrategyArguments": "hf_distprof.recipe.strategy",
 }
 
 __all__ = [
+    "DebugArguments",
     "HangWatchdogCallback",
     "MemoryLoggerCallback",
     "MemoryViewsCallback",
@@ -37,9 +41,11 @@ __all__ = [
     "RunSummaryCallback",
     "SimpleGPUMemoryCallback",
     "StepTimerCallback",
+    "StrategyArguments",
     "TraceAnalysisCallback",
     "__version__",
     "add_profiling_args",
+    "apply_debug_env",
     "build_callbacks",
 ]
 
@@ -54,6 +60,8 @@ if TYPE_CHECKING:
     from hf_distprof.callbacks.summary import RunSummaryCallback
     from hf_distprof.callbacks import build_callbacks
     from hf_distprof.config import ProfilingArguments, add_profiling_args
+    from hf_distprof.recipe.debug_env import DebugArguments, apply_debug_env
+    from hf_distprof.recipe.strategy import StrategyArguments
 
 
 def __getattr__(name: str) -> Any:

@@ -295,7 +295,7 @@ class AlternateCores:
     ``n``-th batch on CPU ``cpus[(r + n) % len(cpus)]``.
 
     The cores of a shared VM each switch between speeds ~20% apart for seconds at a time, independently of
-    each other (PROFILING_GUIDE.md, "Scenario suite"). A rank that stays on one core for a short run inherits
+    each other (DEVELOPING.md, "The scenario suite"). A rank that stays on one core for a short run inherits
     that core's speed, so a clean run can have a truly slower rank that is no rank's doing. Crossing the ranks
     over the cores at every step gives each rank each core alike: for the tests of silence on clean runs.
     """

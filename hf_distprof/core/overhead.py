@@ -52,7 +52,7 @@ class ProfilerSlowdown:
         return asdict(self)
 
 
-# What each profiler option costs (measured on this machine; see PROFILING_GUIDE.md), most costly first.
+# What each profiler option costs (measured: docs/measurements.md), most costly first.
 OPTION_COST = (
     ("with_stack", "--profiler-with-stack"),
     ("record_shapes", "--profiler-record-shapes"),

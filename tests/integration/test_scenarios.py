@@ -10,7 +10,7 @@ loading, and no rank between two clean runs.
 Every run crosses its ranks over the machine's cores (``HF_DISTPROF_ALTERNATE_CORES``, see ALTERNATE): each of
 this VM's two cores switches between two speeds ~20% apart for seconds at a time, independently of the other,
 and a rank that stayed on the slow one made one clean run in 40 truly slower on one rank. The table this prints
-(``pytest -s``) is the one in the guide.
+(``pytest -s``) is the one in docs/measurements.md.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ THRESHOLD: tuple[str, ...] = ()  # the defaults: --imbalance-threshold-pct 10 --
 SLOWDOWNS = (0.15, 0.5)  # share of a clean rank's pre-sync work added as a sleep on rank 1
 # Runs of each slowdown. The step timer measured a rank slowed by 15% at a median 10.7-25.3% over its peer (the
 # spread is from run to run: 28 judged steps did not narrow it), so at the 10% threshold the lowest runs are ~1%
-# above it (named in 31 of 31 runs, the guide's table). The suite runs it twice: rank 1 is the candidate in both, never
+# above it (named in 31 of 31 runs, the measured table). The suite runs it twice: rank 1 is the candidate in both, never
 # another rank, and named by both the timer and the analysis in at least one.
 RUNS = {0.15: 2, 0.5: 1}
 COMM_HEAVY_SLOW_RANK_PCT = "35"
@@ -130,7 +130,7 @@ def outcomes(tmp_path_factory) -> dict[str, Outcome]:
     # One sequence of 16 tokens per step, a 32k vocabulary (4.7 M parameters) and one DDP bucket, so the whole
     # gradient all-reduce waits for the end of backward: as comm-heavy as 2 shared CPU cores get. Steps this
     # small make rank 0's own per-step work (its progress bar) a few % of the step, enough for a true but
-    # unrelated "rank 0 is late" finding in 1 CI run of 2 (see the guide); the bar is off here.
+    # unrelated "rank 0 is late" finding in 1 CI run of 2 (see docs/measurements.md); the bar is off here.
     # Its steps are ~60 ms with ~30 ms of own work per rank, and in some runs one rank's own work is 15-21% above
     # the other's in most steps (on equal token counts; seen live and in the trace, 3 development runs of 5):
     # a few ms, but persistent and above 5% of the step, so at the default 10% a true imbalance finding. Rank 0
