@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
 
+from hf_distprof.core.files import atomic_write_text
 from hf_distprof.core.text import format_ranks
 from hf_distprof.doctor.board import Board, NoVerdict, Unreachable
 from hf_distprof.doctor.checks import (
@@ -33,7 +34,6 @@ from hf_distprof.doctor.checks import (
     describe,
 )
 from hf_distprof.doctor.judge import JUDGE, Outcome
-from hf_distprof.core.files import atomic_write_text
 
 GRACE_S = 2.0  # how much longer than --timeout rank 0 waits for results, the others for a verdict
 
@@ -223,7 +223,6 @@ class Doctor:
         print(line, flush=True)
         if self.args.json:
             from pathlib import Path
-
 
             report = {"ok": not failed, "world_size": self.world, "backend": self.backend,
                       "timeout_s": self.timeout, "failed": failed, "checks": [asdict(o) for o in self.outcomes]}

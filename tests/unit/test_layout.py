@@ -100,8 +100,7 @@ def test_the_core_imports_no_torch_and_nothing_above_it():
         above = sorted(m for m in imports(path, name, set(modules()))
                        if not m.startswith("hf_distprof.core") and m != "hf_distprof._version")  # a leaf
         assert above == [], (name, above)
-    code = "import sys, hf_distprof.core.files, hf_distprof.core.verdicts, hf_distprof.core.difference; " \
-           "import hf_distprof.core.growth, hf_distprof.core.overhead, hf_distprof.core.names; " \
-           "print('torch' in sys.modules)"
+    code = f"import sys; {'; '.join(f'import {name}' for name in sorted(core))}; " \
+           "print('torch' in sys.modules, 'transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
-    assert out.stdout.strip() == "False", out.stderr
+    assert out.stdout.split() == ["False", "False"], out.stderr
