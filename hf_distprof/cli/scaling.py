@@ -22,25 +22,15 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from hf_distprof.core.argtypes import number
 
-DEFAULT_SCRIPT = Path(__file__).resolve().parents[2] / "python_scripts" / "train_modernBERT.py"
+DEFAULT_SCRIPT = Path(__file__).resolve().parents[1] / "recipe" / "train_mlm.py"  # in the package: in a wheel too
 LAUNCH_LOG = "launch.log"  # the command's output, in each nproc{N} folder
 PLACEHOLDERS = ("{nproc}", "{output_dir}", "{steps}", "{batch}")
 
 
-def _positive(text: str, low: int = 1, why: str = "") -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= {low}{why}, got {text!r}") from None
-    if value < low:
-        raise argparse.ArgumentTypeError(f"must be an integer >= {low}{why}, got {value}")
-    return value
-
-
-def _steps(text: str) -> int:
-    """``--steps``: the step timer leaves the first step out as the warm-up, so one step would leave none."""
-    return _positive(text, 2, " (the first step is the warm-up, left out)")
+_positive = number(int, 1)
+_steps = number(int, 2, why=" (the first step is the warm-up, left out)")  # the step timer leaves step 1 out
 
 
 def _nprocs(text: str) -> list[int]:

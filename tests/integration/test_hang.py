@@ -42,7 +42,7 @@ def test_a_rank_blocked_in_its_collator_is_dumped_named_and_the_job_ends(tmp_pat
     assert elapsed < 150, elapsed
     assert "--hang-abort: ending this rank with status 3" in proc.stderr
     blocked = dumps[1].user_frame
-    assert blocked is not None and blocked.file.endswith("train_modernBERT.py") and blocked.func == "__call__"
+    assert blocked is not None and blocked.file.endswith("train_mlm.py") and blocked.func == "__call__"
     assert "threading.Event().wait()" in blocked.code
     assert dumps[0].in_collective is not None and dumps[1].in_collective is None
 

@@ -89,8 +89,8 @@ TABLE: list[tuple[str, str, str, str]] = [
     ("scaling", "--steps", "0", "argument --steps: must be an integer >= 2 (the first step is the warm-up"),
     ("scaling", "--steps", "nan", "argument --steps: must be an integer >= 2 (the first step is the warm-up"),
     ("scaling", "--mode", "medium", "argument --mode: invalid choice: 'medium' (choose from 'weak', 'strong')"),
-    ("scaling", "--batch-size", "0", "argument --batch-size: must be an integer >= 1, got 0"),
-    ("scaling", "--timeout", "-5", "argument --timeout: must be an integer >= 1, got -5"),
+    ("scaling", "--batch-size", "0", "argument --batch-size: must be an integer >= 1, got '0'"),
+    ("scaling", "--timeout", "-5", "argument --timeout: must be an integer >= 1, got '-5'"),
     # hf-distprof run takes the profiling flags: the same invalid values as the training script's parser.
     *[("run", flag, value, words) for _, flag, value, words in cases(ProfilingArguments)],
 ]
@@ -145,3 +145,11 @@ def test_an_invalid_option_exits_2_naming_the_flag_and_the_valid_range(sub, flag
     assert status == 2, captured.err
     assert flag in captured.err and words in captured.err, captured.err
     assert "Traceback" not in captured.err and captured.out == ""
+
+
+def test_scalings_default_script_is_inside_the_package():
+    # A wheel install has the package and nothing beside it: the default command must not need python_scripts/.
+    import hf_distprof
+    from hf_distprof.cli.scaling import DEFAULT_SCRIPT
+
+    assert DEFAULT_SCRIPT.is_file() and Path(hf_distprof.__file__).resolve().parent in DEFAULT_SCRIPT.parents

@@ -138,7 +138,7 @@ def test_merge_exits_1_when_no_trace_could_be_read(tmp_path: Path, capsys: pytes
 def script(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     """The training script, imported as a module (its dataclasses need it in sys.modules)."""
     name = "train_modernBERT_under_test"
-    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "python_scripts" / "train_modernBERT.py")
+    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "hf_distprof" / "recipe" / "train_mlm.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, name, module)

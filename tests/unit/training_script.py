@@ -21,7 +21,7 @@ NAME = "train_modernBERT_in_process"
 @functools.lru_cache(maxsize=1)
 def load() -> ModuleType:
     """The script as a module (its dataclasses need it in ``sys.modules``)."""
-    spec = importlib.util.spec_from_file_location(NAME, REPO_ROOT / "python_scripts" / "train_modernBERT.py")
+    spec = importlib.util.spec_from_file_location(NAME, REPO_ROOT / "hf_distprof" / "recipe" / "train_mlm.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[NAME] = module
