@@ -40,6 +40,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 TRAIN, BENCH = "python_scripts/train_modernBERT.py", "benchmarks/bench_callback_overhead.py"
+TRAIN_CODE = "hf_distprof/recipe/train_mlm.py"  # what TRAIN runs: the test hooks are read there
 DEMO, LAUNCH = "local_scripts/train_lambda_with_profiling.sh", "local_scripts/train_lambda.sh"
 TOTAL_LIMIT_S = 480.0
 """The whole run must fit in 8 minutes; a check whose budget would pass that is skipped, saying so."""
@@ -66,9 +67,9 @@ def _cli(sub: str) -> Tool:
 
 TRAIN_HELP = (PY, TRAIN, "--help")  # the demo and the launcher pass their arguments on to the training script
 TOOLS: dict[str, Tool] = {
-    "train": Tool((PY, TRAIN), TRAIN_HELP, (TRAIN,)),
-    "demo": Tool(("bash", DEMO), TRAIN_HELP, (DEMO, LAUNCH, TRAIN)),
-    "launch": Tool(("bash", LAUNCH), TRAIN_HELP, (LAUNCH, TRAIN, "local_scripts/accelerate/fsdp2.yaml")),
+    "train": Tool((PY, TRAIN), TRAIN_HELP, (TRAIN, TRAIN_CODE)),
+    "demo": Tool(("bash", DEMO), TRAIN_HELP, (DEMO, LAUNCH, TRAIN, TRAIN_CODE)),
+    "launch": Tool(("bash", LAUNCH), TRAIN_HELP, (LAUNCH, TRAIN, TRAIN_CODE, "local_scripts/accelerate/fsdp2.yaml")),
     "torchrun": Tool((PY, "-m", "torch.distributed.run"), (PY, "-m", "torch.distributed.run", "--help"),
                      takes_script=True),
     "analyze": _cli("analyze"),
