@@ -11,6 +11,7 @@ flags. Nothing here imports torch or transformers until the script does.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.abc
 import importlib.machinery
@@ -20,6 +21,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Sequence
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -187,3 +189,17 @@ def install() -> None:
         return
     if not any(isinstance(f, _TrainerFinder) for f in sys.meta_path):
         sys.meta_path.insert(0, _TrainerFinder())
+
+
+def command_environment(prof: Any, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment ``hf-distprof run``'s COMMAND runs in: our start-up hook first on ``PYTHONPATH``, the flags
+    (``prof``, its :class:`~hf_distprof.config.ProfilingArguments`) as JSON."""
+    env = dict(os.environ if environ is None else environ)
+    hook_dir = str(Path(__file__).resolve().parent / "pythonpath")
+    kept = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != hook_dir]
+    # Only the hook goes first: the user's own entries keep their order ahead of site-packages. Where the workers'
+    # interpreter cannot import hf_distprof (another venv, a source checkout), the hook appends this root last.
+    env["PYTHONPATH"] = os.pathsep.join([hook_dir, *kept])
+    env[PACKAGE_ROOT_ENV] = str(Path(__file__).resolve().parent.parent.parent)
+    env[RUN_ARGS_ENV] = json.dumps({f.name: getattr(prof, f.name) for f in dataclasses.fields(prof)})
+    return env

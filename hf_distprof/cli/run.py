@@ -8,14 +8,12 @@ those flags switch on (:mod:`hf_distprof.autorun`); the script's own flags go to
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import os
 import shutil
 import sys
-from pathlib import Path
 from typing import Any
 
+from hf_distprof.autorun import command_environment
 from hf_distprof.config import ProfilingArguments, add_profiling_args
 
 PROG = "hf-distprof run"
@@ -46,21 +44,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_profiling_args(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after '--'")
     return parser
-
-
-def command_environment(prof: ProfilingArguments, environ: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment COMMAND runs in: our start-up hook first on ``PYTHONPATH``, the flags as JSON."""
-    from hf_distprof.autorun import PACKAGE_ROOT_ENV, RUN_ARGS_ENV
-
-    env = dict(os.environ if environ is None else environ)
-    hook_dir = str(Path(__file__).resolve().parent.parent / "autorun" / "pythonpath")
-    kept = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != hook_dir]
-    # Only the hook goes first: the user's own entries keep their order ahead of site-packages. Where the workers'
-    # interpreter cannot import hf_distprof (another venv, a source checkout), the hook appends this root last.
-    env["PYTHONPATH"] = os.pathsep.join([hook_dir, *kept])
-    env[PACKAGE_ROOT_ENV] = str(Path(__file__).resolve().parent.parent.parent)
-    env[RUN_ARGS_ENV] = json.dumps({f.name: getattr(prof, f.name) for f in dataclasses.fields(prof)})
-    return env
 
 
 def run(args: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ import pytest
 
 from hf_distprof import autorun
 from hf_distprof.cli.main import main
-from hf_distprof.cli.run import command_environment
+from hf_distprof.autorun import command_environment
 from hf_distprof.config import ProfilingArguments
 
 from ..conftest import REPO_ROOT

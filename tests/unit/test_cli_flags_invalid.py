@@ -150,6 +150,6 @@ def test_an_invalid_option_exits_2_naming_the_flag_and_the_valid_range(sub, flag
 def test_scalings_default_script_is_inside_the_package():
     # A wheel install has the package and nothing beside it: the default command must not need python_scripts/.
     import hf_distprof
-    from hf_distprof.cli.scaling import DEFAULT_SCRIPT
+    from hf_distprof.runs.scaling_launch import DEFAULT_SCRIPT
 
     assert DEFAULT_SCRIPT.is_file() and Path(hf_distprof.__file__).resolve().parent in DEFAULT_SCRIPT.parents

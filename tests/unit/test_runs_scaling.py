@@ -11,7 +11,7 @@ import pytest
 
 from hf_distprof.core import names
 from hf_distprof.cli.main import main
-from hf_distprof.cli.scaling import default_template, fill, per_rank_batch
+from hf_distprof.runs.scaling_launch import default_template, fill, per_rank_batch
 from hf_distprof.runs.load import load_run
 from hf_distprof.runs.scaling import format_scaling, point_from_run, scaling_csv, scaling_result
 
@@ -124,9 +124,9 @@ def test_a_failing_run_stops_the_study_with_its_output(tmp_path, capsys):
     ("argv", "message"),
     [
         (["--nprocs", "0,2"], "--nprocs: must be distinct integers >= 1 separated by commas, got '0,2'"),
-        (["--steps", "1"], "--steps: must be an integer >= 2 (the first step is the warm-up, left out), got 1"),
+        (["--steps", "1"], "--steps: must be an integer >= 2 (the first step is the warm-up, left out), got '1'"),
         (["--steps", "x"], "--steps: must be an integer >= 2 (the first step is the warm-up, left out), got 'x'"),
-        (["--batch-size", "0"], "--batch-size: must be an integer >= 1, got 0"),
+        (["--batch-size", "0"], "--batch-size: must be an integer >= 1, got '0'"),
         (["--mode", "diagonal"], "--mode: invalid choice: 'diagonal'"),
         (["--", "torchrun", "train.py", "{output_dir}"], "the command template must contain {nproc}"),
         (["--", "run", "{nproc}"], "the command template must contain {output_dir}"),
