@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hf_distprof.callbacks.profiler.capture import ANOMALY, ON_DEMAND  # noqa: F401 - the other reasons, re-exported
 from hf_distprof.core.job import COUNT_KEYS, ID_KEYS, describe_job
-from hf_distprof.core.names import MANIFEST_NAME, MANIFEST_PART_NAME, PROFILE_RANKS_NAME
+from hf_distprof.core.names import (  # noqa: F401 (ANOMALY, ON_DEMAND: the other reasons, re-exported)
+    ANOMALY, MANIFEST_NAME, MANIFEST_PART_NAME, ON_DEMAND, PROFILE_RANKS_NAME)
 from hf_distprof.core.text import rank_spans
 
 FORMAT = "hf_distprof.manifest"

@@ -74,3 +74,7 @@ SCALING_RUN_DIR = "nproc{nproc}"
 SCALING_CSV = "scaling.csv"
 SCALING_JSON = "scaling.json"
 SCALING_PNG = "scaling.png"
+
+# What opened an extra profiler window (a window's "reasons" in the run manifest, beside the schedule's).
+ON_DEMAND = "on_demand"
+ANOMALY = "anomaly"

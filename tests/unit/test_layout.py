@@ -104,3 +104,13 @@ def test_the_core_imports_no_torch_and_nothing_above_it():
            "print('torch' in sys.modules, 'transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
     assert out.stdout.split() == ["False", "False"], out.stderr
+
+
+def test_the_offline_side_never_imports_the_training_side():
+    # analyze, compare, scaling's tables and hang-report read files: none of it needs a callback or the recipe.
+    mods = modules()
+    for name, path in mods.items():
+        if name.startswith(("hf_distprof.analysis", "hf_distprof.runs")):
+            training = sorted(m for m in imports(path, name, set(mods))
+                              if m.startswith(("hf_distprof.callbacks", "hf_distprof.recipe", "hf_distprof.timing")))
+            assert training == [], (name, training)

@@ -21,6 +21,7 @@ import statistics
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from hf_distprof.core.names import ANOMALY, ON_DEMAND  # noqa: F401 (re-exported: Window.causes)
 
 # The first optimizer steps of a train() call pay one-off costs (allocator and cache warm-up, DDP's bucket
 # rebuild): they are never judged and never enter the median.
@@ -50,9 +51,7 @@ RECORD_AND_SAVE = "record_and_save"
 FILE_REQUEST = "PROFILE_NOW"
 SIGNAL_REQUEST = "SIGUSR1"
 
-# What opened an extra window (Window.causes; the run manifest's "reasons").
-ON_DEMAND = "on_demand"
-ANOMALY = "anomaly"
+# What opened an extra window (Window.causes; the run manifest's "reasons"): ON_DEMAND, ANOMALY (core.names).
 
 
 @dataclass(frozen=True)
