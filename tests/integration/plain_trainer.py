@@ -6,8 +6,11 @@ How it sets up logging and whether it passes hf_distprof's callbacks itself come
   level, as transformers' ``run_clm.py`` does), ``tf-error`` (``transformers.logging.set_verbosity_error()``).
 - ``PLAIN_CALLBACKS=1``: parse hf_distprof's flags beside the Trainer's and pass ``build_callbacks(...)`` (the
   two-line route); otherwise the script never imports hf_distprof (``hf-distprof run`` attaches it).
-- ``PLAIN_COLLATOR_SLEEP="<rank>:<seconds>[:<every>]"``: that rank's collator sleeps that long per batch (a slow
-  loader); with ``every``, on every ``every``-th batch only (its 2nd, 4th ... for 2).
+- ``PLAIN_COLLATOR_SLEEP="<rank>:<seconds>[:<every>[:<first>[:<block>]]]"``: that rank's collator sleeps that long
+  per batch (a slow loader); with ``every``, on every ``every``-th batch only (its 2nd, 4th ... for 2); with
+  ``first``, from its ``first``-th batch on; with ``block``, in ``block`` batches from the ``first``-th, then not in
+  the next ``block``, and so on. Batches count from 1; accelerate fetches one ahead, so the ``k``-th batch is
+  collated during step ``k - 1`` (``state.global_step`` after it, the step timer's and the profiler's step).
 """
 
 from __future__ import annotations
@@ -33,13 +36,13 @@ class RandomTokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
         return {"input_ids": ids, "labels": ids.clone()}
 
 
-def collate(rank: int, sleep_s: float, every: int = 1) -> Any:
+def collate(rank: int, sleep_s: float, every: int = 1, first: int = 1, block: int = 0) -> Any:
     calls = 0
 
     def fn(features: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         nonlocal calls
         calls += 1
-        if sleep_s and calls % every == 0:
+        if sleep_s and calls % every == 0 and calls >= first and (not block or (calls - first) // block % 2 == 0):
             time.sleep(sleep_s)
         return {k: torch.stack([f[k] for f in features]) for k in features[0]}
 
@@ -65,10 +68,13 @@ def main() -> None:
         (training_args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses()
     rank = training_args.process_index
     who, _, rest = os.environ.get("PLAIN_COLLATOR_SLEEP", "-1:0").partition(":")
-    seconds, _, every = rest.partition(":")
+    seconds, _, rest = rest.partition(":")
+    every, _, rest = rest.partition(":")
+    first, _, block = rest.partition(":")
     model = GPT2LMHeadModel(GPT2Config(vocab_size=512, n_positions=32, n_embd=32, n_layer=1, n_head=2))
+    sleep_s = float(seconds) if int(who) == rank else 0.0
     trainer = Trainer(model=model, args=training_args, train_dataset=RandomTokens(), callbacks=callbacks,
-                      data_collator=collate(rank, float(seconds) if int(who) == rank else 0.0, int(every or 1)))
+                      data_collator=collate(rank, sleep_s, int(every or 1), int(first or 1), int(block or 0)))
     trainer.train()
 
 
