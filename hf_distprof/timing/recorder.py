@@ -47,6 +47,9 @@ class StepTiming:
         tokens: Tokens in the step on this rank (non-padding ones when an attention mask was given).
         cpu_wait_s: Seconds the training thread was ready to run but waiting for a CPU (Linux run-queue
             delay) from the start of the data wait to the optimizer step; None where the kernel does not say.
+        pre_sync_cpu_wait_s: The part of ``cpu_wait_s`` inside the phases ``pre_sync_s`` counts (the loader's
+            ``next()`` calls, each forward and backward compute): what ``own_work_s`` takes out. None when a
+            reading is missing; ``own_work_s`` then takes out ``cpu_wait_s``.
     """
 
     step: int
@@ -61,6 +64,7 @@ class StepTiming:
     samples: int = 0
     tokens: int = 0
     cpu_wait_s: float | None = None
+    pre_sync_cpu_wait_s: float | None = None
 
     @property
     def pre_sync_s(self) -> float:
@@ -74,12 +78,18 @@ class StepTiming:
 
     @property
     def own_work_s(self) -> float:
-        """``pre_sync_s`` less the time the thread waited for a CPU: the work itself, what ranks are compared on.
+        """``pre_sync_s`` less the time the thread waited for a CPU in it: the work itself, what ranks are compared on.
 
         A rank whose host has more runnable threads than cores takes longer in wall time for the same work;
-        that is the machine's doing, reported as CPU wait, not a slow rank.
+        that is the machine's doing, reported as CPU wait, not a slow rank. Only the wait inside the pre-sync
+        phases is taken out (``pre_sync_cpu_wait_s``): the wait accrued outside them (on waking from the Trainer's
+        token all-gather or from the gradient all-reduce's tail, which the rank that waited there pays) is no
+        part of the work. Taken out too, it made the figure's step-to-step noise a median 36% instead of 7% of
+        it (2 ranks beside a busy core, load 7-13 on 2 cores), and a collator sleeping a quarter of a step on
+        one rank came out "within the noise".
         """
-        return max(0.0, self.pre_sync_s - (self.cpu_wait_s or 0.0))
+        wait = self.pre_sync_cpu_wait_s if self.pre_sync_cpu_wait_s is not None else self.cpu_wait_s
+        return max(0.0, self.pre_sync_s - (wait or 0.0))
 
     @property
     def own_step_s(self) -> float:
@@ -105,6 +115,12 @@ class _Micro:
     fwd_end: Mark = None
     grad: Mark = None
     bwd_end: Mark = None
+    # Run-queue readings (RunQueueClock) at the forward's start and end and at ``grad``; ``grad_calls``: the
+    # gradient hook call the ``grad`` reading was taken at (stale when a later call moved ``grad``).
+    run_queue_begin: float | None = None
+    run_queue_fwd_end: float | None = None
+    run_queue_grad: float | None = None
+    grad_calls: int = 0
 
 
 @dataclass
@@ -121,6 +137,8 @@ class _Marks:
     tokens: list[Any] = field(default_factory=list)  # ints, or 0-d device tensors read on resolve
     run_queue_begin: float | None = None  # RunQueueClock readings at the data wait's start and at pre_opt
     run_queue_end: float | None = None
+    run_queue_step: float | None = None  # at step_begin: the end of the data wait
+    load_wait: float | None = None  # run-queue seconds inside the loader's next() calls; None: not read
 
     def all_marks(self) -> list[Mark]:
         marks = [self.prev_end, self.begin, self.pre_opt, self.opt, self.end]
@@ -147,12 +165,16 @@ class StepRecorder:
         self._prev_run_queue: float | None = None
         self._load_s = 0.0
         self._load_calls = 0
+        self._load_wait: float | None = 0.0
+        self._fetch_run_queue: float | None = None
         self._current: _Marks | None = None
         self._pending: list[_Marks] = []
         self._grad_calls = 0
         # Gradient hook calls per backward, learned on the first micro-batch: on GPU only the call that
         # completes the count records an event (one event per parameter would cost more than the step).
         self._grad_expected: int | None = None
+        # The same count for the run-queue reading at the last gradient, on every clock (one read per backward).
+        self._grad_learned: int | None = None
 
     @property
     def in_step(self) -> bool:
@@ -172,10 +194,20 @@ class StepRecorder:
         if old is not None:
             self.clock.release([old])
 
+    def fetch_begin(self) -> None:
+        """The data loader's ``next()`` starts (before the clock it reports to ``add_load_time`` starts)."""
+        self._fetch_run_queue = self._run_queue()
+
     def add_load_time(self, seconds: float) -> None:
-        """Add host seconds spent inside the data loader; they count towards the next step."""
+        """Add host seconds spent inside the data loader; they count towards the next step.
+
+        With ``fetch_begin`` called before the ``next()``, the thread's wait for a CPU inside it is added too.
+        """
         self._load_s += seconds
         self._load_calls += 1
+        begin, self._fetch_run_queue = self._fetch_run_queue, None
+        wait = waited(begin, self._run_queue())
+        self._load_wait = None if wait is None or self._load_wait is None else self._load_wait + wait
 
     def step_begin(self) -> None:
         """Start an optimizer step."""
@@ -184,10 +216,12 @@ class StepRecorder:
         # No next() on the instrumented loader since the last step: the batches came from another loader
         # (on resume the Trainer iterates a skip_first_batches copy for the rest of the epoch): unknown.
         load = self._load_s if self.loader_timed and self._load_calls else None
-        self._load_s, self._load_calls = 0.0, 0
-        waited_from = self._prev_run_queue if self._prev_end is not None else self._run_queue()
+        load_wait = self._load_wait if load is not None else None
+        self._load_s, self._load_calls, self._load_wait = 0.0, 0, 0.0
+        now = self._run_queue()
+        waited_from = self._prev_run_queue if self._prev_end is not None else now
         self._current = _Marks(prev_end=self._prev_end, begin=self.clock.mark(), load_s=load,
-                               run_queue_begin=waited_from)
+                               run_queue_begin=waited_from, run_queue_step=now, load_wait=load_wait)
         self._prev_end = None
 
     def forward_begin(self, samples: int = 0, tokens: Any = 0) -> None:
@@ -198,7 +232,7 @@ class StepRecorder:
         mark = self.clock.mark()
         if cur.micros and cur.micros[-1].bwd_end is None:
             self._close_micro(cur.micros[-1], mark)
-        cur.micros.append(_Micro(fwd_begin=mark))
+        cur.micros.append(_Micro(fwd_begin=mark, run_queue_begin=self._run_queue()))
         cur.samples += samples
         cur.tokens.append(tokens)
         self._grad_calls = 0
@@ -208,6 +242,7 @@ class StepRecorder:
         cur = self._current
         if cur is not None and cur.micros and cur.micros[-1].fwd_end is None:
             cur.micros[-1].fwd_end = self.clock.mark()
+            cur.micros[-1].run_queue_fwd_end = self._run_queue()
 
     def grad_ready(self) -> None:
         """One parameter's gradient was accumulated (called from a gradient hook)."""
@@ -215,11 +250,15 @@ class StepRecorder:
         if cur is None or not cur.micros:
             return
         self._grad_calls += 1
+        micro = cur.micros[-1]
         if self.clock.cheap_marks or self._grad_calls == self._grad_expected:
-            micro = cur.micros[-1]
             if micro.grad is not None:
                 self.clock.release([micro.grad])
             micro.grad = self.clock.mark()
+        # The run queue at the last gradient: read at the call that completes the count learned on the first
+        # backward (and at every call until it is learned, or past it), not once per parameter.
+        if self.run_queue is not None and (self._grad_learned is None or self._grad_calls >= self._grad_learned):
+            micro.run_queue_grad, micro.grad_calls = self._run_queue(), self._grad_calls
 
     def micro_end(self) -> None:
         """A non-final micro-batch's backward finished (``on_substep_end``)."""
@@ -258,6 +297,9 @@ class StepRecorder:
 
     def _close_micro(self, micro: _Micro, mark: Mark) -> None:
         micro.bwd_end = mark
+        if micro.grad_calls != self._grad_calls:  # fewer gradients than learned: the reading is not the last one's
+            micro.run_queue_grad = None
+        self._grad_learned = self._grad_calls or None
         if not self.clock.cheap_marks and self._grad_calls != self._grad_expected:
             # The count changed (first backward, or the graph changed): any event taken is not the last.
             if micro.grad is not None:
@@ -317,7 +359,29 @@ class StepRecorder:
             samples=m.samples,
             tokens=tokens,
             cpu_wait_s=waited(m.run_queue_begin, m.run_queue_end),
+            pre_sync_cpu_wait_s=_pre_sync_wait(m, complete_fwd, complete_fwd and complete_grad),
         )
+
+
+def _pre_sync_wait(m: _Marks, forward: bool, compute: bool) -> float | None:
+    """Run-queue seconds inside the phases ``StepTiming.pre_sync_s`` counts; None when a reading is missing.
+
+    The data phase: the loader's ``next()`` calls when the loader was timed, else the whole data wait. Each
+    micro-batch: from its forward's start to its last gradient (``compute``), or to its forward's end.
+    """
+    if m.load_s is not None:
+        data = m.load_wait
+    else:
+        data = waited(m.run_queue_begin, m.run_queue_step) if m.prev_end is not None else 0.0
+    if data is None:
+        return None
+    total = data
+    for micro in m.micros if forward else []:
+        wait = waited(micro.run_queue_begin, micro.run_queue_grad if compute else micro.run_queue_fwd_end)
+        if wait is None:
+            return None
+        total += wait
+    return total
 
 
 def _token_counts(pending: list[_Marks]) -> list[int]:

@@ -307,32 +307,76 @@ class FakeRunQueue:
         return self.now
 
 
-def test_cpu_wait_counts_from_the_data_wait_to_the_optimizer_and_is_taken_out_of_own_work():
+def test_cpu_wait_counts_from_the_data_wait_to_the_optimizer_and_own_work_loses_only_the_pre_sync_part():
     t, rq = Timeline(), FakeRunQueue()
     rec = StepRecorder(FakeCpuClock(t), loader_timed=True, run_queue=rq)
     rec.boundary()
-    rq.now += 0.25  # waited during the data wait
+    rec.fetch_begin()
+    rq.now += 0.25  # waited inside the loader's next()
     rec.add_load_time(0.375)
+    rq.now += 0.5  # waited on waking from the token all-gather: in the data wait, in no pre-sync phase
     rec.step_begin()
     rec.forward_begin(samples=4)
     t.advance(1.0)
-    rq.now += 0.125  # and during the forward
+    rq.now += 0.125  # during the forward
     rec.forward_end()
     t.advance(2.0)
+    rq.now += 0.0625  # during the backward compute
     rec.grad_ready()
+    rq.now += 1.0  # on waking from the gradient all-reduce: after the last gradient, not counted as own work
     rec.optimizer_begin()
     rq.now += 4.0  # during the optimizer: not counted
     rec.optimizer_end()
     rec.step_end(1)
     (s,) = rec.resolve()
-    assert s.cpu_wait_s == pytest.approx(0.375)
+    assert s.cpu_wait_s == pytest.approx(0.25 + 0.5 + 0.125 + 0.0625 + 1.0)
+    assert s.pre_sync_cpu_wait_s == pytest.approx(0.25 + 0.125 + 0.0625)
     assert s.pre_sync_s == pytest.approx(0.375 + 1.0 + 2.0)
-    assert s.own_work_s == pytest.approx(3.0) and s.to_json()["cpu_wait_s"] == pytest.approx(0.375)
-    # Reads: the boundary at start, pre_opt, the boundary at step end; none per gradient hook.
-    assert rq.reads == 3
+    assert s.own_work_s == pytest.approx(3.375 - 0.4375) and s.to_json()["pre_sync_cpu_wait_s"] == pytest.approx(0.4375)
+    # Reads: the boundary at start, the loader's next() (2), step begin, forward begin and end, the last gradient
+    # (learned on this first backward: read at every call until then), pre_opt, the boundary at step end.
+    assert rq.reads == 9
     # The wait never makes own work negative, and an unknown wait takes nothing out.
-    assert dataclasses.replace(s, cpu_wait_s=99.0).own_work_s == 0.0
-    assert dataclasses.replace(s, cpu_wait_s=None).own_work_s == s.pre_sync_s
+    assert dataclasses.replace(s, pre_sync_cpu_wait_s=99.0).own_work_s == 0.0
+    assert dataclasses.replace(s, pre_sync_cpu_wait_s=None, cpu_wait_s=None).own_work_s == s.pre_sync_s
+    # Without the pre-sync part (a loader timed without fetch_begin), the whole wait is taken out, as before.
+    assert dataclasses.replace(s, pre_sync_cpu_wait_s=None).own_work_s == pytest.approx(3.375 - 1.9375)
+
+
+def test_the_pre_sync_wait_reads_the_run_queue_once_per_backward_and_falls_back_when_the_graph_shrinks():
+    t, rq = Timeline(), FakeRunQueue()
+    rec = StepRecorder(FakeCpuClock(t), run_queue=rq)
+    rec.boundary()
+
+    def step(number: int, grads: int) -> int:
+        rec.step_begin()
+        rec.forward_begin(samples=1)
+        rq.now += 0.125
+        t.advance(2.0)
+        rec.forward_end()
+        before = rq.reads
+        for _ in range(grads):
+            rq.now += 0.25
+            rec.grad_ready()
+        hook_reads = rq.reads - before
+        rq.now += 1.0  # the all-reduce's tail
+        rec.optimizer_begin()
+        rec.optimizer_end()
+        rec.step_end(number)
+        return hook_reads
+
+    assert step(1, 3) == 3  # the count is learned on the first backward
+    assert step(2, 3) == 1  # then one read, at the last gradient
+    assert step(3, 4) == 2  # a larger graph: read from the learned count on
+    assert step(4, 2) == 0  # a smaller one: no read at its last gradient
+    first, second, larger, smaller = rec.resolve()
+    # The loader not timed: the data phase is the whole data wait, here without any wait.
+    assert first.pre_sync_cpu_wait_s == pytest.approx(0.125 + 0.75)
+    assert second.pre_sync_cpu_wait_s == pytest.approx(0.125 + 0.75)
+    assert larger.pre_sync_cpu_wait_s == pytest.approx(0.125 + 1.0)
+    assert smaller.pre_sync_cpu_wait_s is None and smaller.own_work_s == pytest.approx(2.0 - 1.625)
+    # The whole wait still holds the all-reduce's tail.
+    assert [s.cpu_wait_s for s in (first, second, larger, smaller)] == pytest.approx([1.875, 1.875, 2.125, 1.625])
 
 
 def test_without_a_run_queue_clock_the_wait_is_unknown():
