@@ -37,7 +37,6 @@ from hf_distprof.timing.instrument import (
     current_memory_bytes,
     instrument_loader,
     peak_memory_bytes,
-    sample_batch,
 )
 from hf_distprof.timing.recorder import StepRecorder, StepTiming
 from hf_distprof.timing.report import (
@@ -49,7 +48,6 @@ from hf_distprof.timing.report import (
     format_table,
     memory_warning,
     peak_tflops_for_device,
-    unresolved_note,
 )
 from hf_distprof.core.growth import GrowthWatch, MemoryGrowth
 from hf_distprof.core.overhead import profiler_slowdown
@@ -132,7 +130,8 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         params = list(model.parameters()) if model is not None else []
         self._device = params[0].device if params else torch.device("cpu")
         if self.args.measure_comm_overhead > 0 and model is not None and loader is not None:
-            self.comm = self._measure_comm(model, loader, args.per_device_train_batch_size)
+            self.comm = comm_overhead.measure_before_training(
+                model, loader, args.per_device_train_batch_size, self._device, self.args.measure_comm_overhead)
 
         recorder = StepRecorder(default_clock(self._device), run_queue=RunQueueClock())
         self._host_timed = recorder.clock.cheap_marks
@@ -550,45 +549,6 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         print(format_table(report, self.comm, title=f"hf_distprof step timing ({where})"), flush=True)
         for warning in report.warnings:
             logger.warning(warning)
-
-    # ---- comm overhead, before training -------------------------------------------------------
-
-    def _measure_comm(self, model: Any, loader: Any, batch_size: int) -> dict[str, Any] | None:
-        if dist.get_world_size() < 2 or not dist.is_distributed():
-            logger.warning("--measure-comm-overhead needs at least 2 ranks in a process group; skipped")
-            return None
-        batch = None
-        try:
-            with comm_overhead.preserved_rng():
-                batch = comm_overhead.to_device(
-                    sample_batch(loader, batch_size, dist.get_rank()), self._device
-                )
-            comm_overhead.sync_switch(model)
-        except Exception as err:  # noqa: BLE001  # a probe that cannot run must not stop training
-            logger.warning(f"--measure-comm-overhead skipped: {err}")
-        # Agree before the first collective of the probe: either every rank runs it or none does.
-        if not all(dist.all_gather_object(batch is not None)):
-            return None
-        result: dict[str, Any] | None = None
-        try:
-            probe = comm_overhead.measure_comm_overhead(model, batch, self.args.measure_comm_overhead)
-            result = probe.to_json()
-        except Exception as err:  # noqa: BLE001  # e.g. a model that rejects the batch: same on every rank
-            logger.warning(f"--measure-comm-overhead failed: {err!r}; training goes on without it")
-        results = dist.all_gather_object(result)
-        if any(r is None for r in results):
-            return None
-        combined = comm_overhead.summarize_ranks(results)
-        if dist.get_rank() == 0:
-            print(
-                f"hf_distprof comm overhead ({combined['method']}, {combined['passes']} passes per mode, "
-                "median "
-                f"of ranks): compute {combined['compute_s']:.4f}s, with sync {combined['with_sync_s']:.4f}s, "
-                f"communication {combined['comm_s']:.4f}s = {combined['overhead_pct']:.1f}% "
-                f"of forward+backward{unresolved_note(combined)}",
-                flush=True,
-            )
-        return combined
 
     def _guarded(self, fn: Any, *args: Any) -> Any:
         """Run local reporting work; a failure becomes one warning and training goes on."""

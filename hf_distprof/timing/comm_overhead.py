@@ -23,7 +23,11 @@ import torch
 import torch.distributed
 from torch import nn
 from hf_distprof import dist
+from hf_distprof.timing.instrument import sample_batch
+from hf_distprof.timing.report import unresolved_note
 from hf_distprof.callbacks.parallelism import find_ddp_wrapper, find_fsdp1_wrapper
+
+logger = dist.get_logger(__name__)
 
 
 @dataclass
@@ -260,3 +264,44 @@ def summarize_ranks(results: list[dict[str, Any]]) -> dict[str, Any]:
     out["method"] = results[0]["method"]
     out["per_rank"] = results
     return out
+
+
+def measure_before_training(
+    model: nn.Module, loader: Any, batch_size: int, device: torch.device, passes: int
+) -> dict[str, Any] | None:
+    """``--measure-comm-overhead``: the no_sync A/B on one real batch of ``loader`` before training, on every rank
+    alike (each rank's probe, then the ranks' median, printed by rank 0); None when it cannot run (fewer than 2
+    ranks, a batch or a model the probe cannot use: a warning each, training goes on)."""
+    if dist.get_world_size() < 2 or not dist.is_distributed():
+        logger.warning("--measure-comm-overhead needs at least 2 ranks in a process group; skipped")
+        return None
+    batch = None
+    try:
+        with preserved_rng():
+            batch = to_device(sample_batch(loader, batch_size, dist.get_rank()), device)
+        sync_switch(model)
+    except Exception as err:  # noqa: BLE001  # a probe that cannot run must not stop training
+        logger.warning(f"--measure-comm-overhead skipped: {err}")
+    # Agree before the first collective of the probe: either every rank runs it or none does.
+    if not all(dist.all_gather_object(batch is not None)):
+        return None
+    result: dict[str, Any] | None = None
+    try:
+        probe = measure_comm_overhead(model, batch, passes)
+        result = probe.to_json()
+    except Exception as err:  # noqa: BLE001  # e.g. a model that rejects the batch: same on every rank
+        logger.warning(f"--measure-comm-overhead failed: {err!r}; training goes on without it")
+    results = dist.all_gather_object(result)
+    if any(r is None for r in results):
+        return None
+    combined = summarize_ranks(results)
+    if dist.get_rank() == 0:
+        print(
+            f"hf_distprof comm overhead ({combined['method']}, {combined['passes']} passes per mode, "
+            "median "
+            f"of ranks): compute {combined['compute_s']:.4f}s, with sync {combined['with_sync_s']:.4f}s, "
+            f"communication {combined['comm_s']:.4f}s = {combined['overhead_pct']:.1f}% "
+            f"of forward+backward{unresolved_note(combined)}",
+            flush=True,
+        )
+    return combined

@@ -278,6 +278,7 @@ class SyncSwitchModel(torch.nn.Module):
 
 def test_a_comm_probe_that_fails_midway_returns_nothing_on_every_rank(monkeypatch, caplog):
     from hf_distprof.callbacks import step_timer
+    from hf_distprof.timing import comm_overhead
 
     monkeypatch.setattr(step_timer.dist, "is_distributed", lambda: True)
     monkeypatch.setattr(step_timer.dist, "get_world_size", lambda: 2)
@@ -290,10 +291,9 @@ def test_a_comm_probe_that_fails_midway_returns_nothing_on_every_rank(monkeypatc
         return [obj, obj]
 
     monkeypatch.setattr(step_timer.dist, "all_gather_object", two_ranks_agree)
-    callback = StepTimerCallback(ProfilingArguments(measure_comm_overhead=2))
     loader = torch.utils.data.DataLoader(dataset(4), batch_size=2)
     with caplog.at_level("WARNING"):
-        assert callback._measure_comm(SyncSwitchModel(), loader, 2) is None
+        assert comm_overhead.measure_before_training(SyncSwitchModel(), loader, 2, torch.device("cpu"), 2) is None
     assert gathered == [True, None]  # agreed to run, then every rank reports its (failed) result
     assert any(
         "--measure-comm-overhead failed" in r.getMessage() and "forward rejected the batch" in r.getMessage()
