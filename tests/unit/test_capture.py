@@ -253,6 +253,26 @@ def test_profile_now_and_sigusr1_each_open_exactly_one_window(tmp_path):
     assert signal.getsignal(signal.SIGUSR1) == before  # put back at train end
 
 
+class Asks(TrainerCallback):
+    """After the profiler, at each step's end: what the one schedule module tells every other callback."""
+
+    def __init__(self, args: ProfilingArguments) -> None:
+        self.args = args
+        self.traced: list[int] = []
+        self.recorded: list[int] = []
+
+    def on_train_begin(self, args, state, control, **kw):
+        self.is_traced = schedule.traced_steps(self.args, state.global_step)
+        self.is_recorded = schedule.recorded_steps(self.args, state.global_step)
+
+    def on_step_end(self, args, state, control, **kw):
+        step = state.global_step
+        if self.is_traced(step):
+            self.traced.append(step)
+        if self.is_recorded(step):
+            self.recorded.append(step)
+
+
 def test_an_on_demand_window_after_a_regular_one_is_named_by_its_own_steps(tmp_path):
     # Regular window: warm-up 4, recorded 5-6. PROFILE_NOW at step 2 cannot fit before it: warm-up 7, 8-9.
     args = ProfilingArguments(enable_profiling=True, profiler_output_dir=str(tmp_path / "P"), profiler_run_name="r",
@@ -262,7 +282,13 @@ def test_an_on_demand_window_after_a_regular_one_is_named_by_its_own_steps(tmp_p
     triggers.run_dir = tmp_path / "P" / "r"
     cb = ProfilerCallback(args)
     cb.agree_every = 2
-    fake_trainer.run([triggers, cb], 10, tmp_path)
+    asks = Asks(args)
+    fake_trainer.run([triggers, asks, cb], 10, tmp_path)
+    # The one schedule module tells every other callback (step timer, memory views, --nsys-window) about both windows;
+    # after train end the plan is withdrawn: a later run's schedule is the regular one alone.
+    assert asks.traced == [4, 5, 6, 7, 8, 9] and asks.recorded == [5, 6, 8, 9]
+    assert [s for s in range(1, 11) if schedule.traced_steps(args)(s)] == [4, 5, 6]
+    assert [s for s in range(1, 11) if schedule.recorded_steps(args)(s)] == [5, 6]
     assert traces(triggers.run_dir) == [
         f"rank0_{HOST}_step5-6.pt.trace.json.gz", f"rank0_{HOST}_step5-6_summary.txt",
         f"rank0_{HOST}_step8-9.pt.trace.json.gz", f"rank0_{HOST}_step8-9_summary.txt",
@@ -311,40 +337,3 @@ def test_a_step_slowed_by_a_compact_summary_being_written_is_never_an_anomaly(tm
     step(13, 1.0)
     anomaly = triggers._anomaly
     assert anomaly is not None and (anomaly.step, anomaly.step_s) == (13, pytest.approx(1.0))
-
-
-class Asks(TrainerCallback):
-    """After the profiler, at each step's end: what the one schedule module tells every other callback."""
-
-    def __init__(self, args: ProfilingArguments) -> None:
-        self.args = args
-        self.traced: list[int] = []
-        self.recorded: list[int] = []
-
-    def on_train_begin(self, args, state, control, **kw):
-        self.is_traced = schedule.traced_steps(self.args, state.global_step)
-        self.is_recorded = schedule.recorded_steps(self.args, state.global_step)
-
-    def on_step_end(self, args, state, control, **kw):
-        step = state.global_step
-        if self.is_traced(step):
-            self.traced.append(step)
-        if self.is_recorded(step):
-            self.recorded.append(step)
-
-
-def test_the_schedule_counts_the_on_demand_windows_as_traced_for_every_callback(tmp_path):
-    # Regular window: warm-up 4, recorded 5-6. PROFILE_NOW at step 2 -> warm-up 7, recorded 8-9 (as above).
-    args = ProfilingArguments(enable_profiling=True, profiler_output_dir=str(tmp_path / "P"), profiler_run_name="r",
-                              profiler_wait_steps=3, profiler_warmup_steps=1, profiler_active_steps=2,
-                              profile_on_demand=True)
-    triggers = Triggers(touch_at=2)
-    triggers.run_dir = tmp_path / "P" / "r"
-    cb = ProfilerCallback(args)
-    cb.agree_every = 2
-    asks = Asks(args)
-    fake_trainer.run([triggers, asks, cb], 12, tmp_path)
-    assert asks.traced == [4, 5, 6, 7, 8, 9] and asks.recorded == [5, 6, 8, 9]
-    # After train end the plan is withdrawn: a later run's schedule is the regular one alone.
-    assert [s for s in range(1, 13) if schedule.traced_steps(args)(s)] == [4, 5, 6]
-    assert [s for s in range(1, 13) if schedule.recorded_steps(args)(s)] == [5, 6]
