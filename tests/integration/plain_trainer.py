@@ -11,6 +11,10 @@ How it sets up logging and whether it passes hf_distprof's callbacks itself come
   ``first``, from its ``first``-th batch on; with ``block``, in ``block`` batches from the ``first``-th, then not in
   the next ``block``, and so on. Batches count from 1; accelerate fetches one ahead, so the ``k``-th batch is
   collated during step ``k - 1`` (``state.global_step`` after it, the step timer's and the profiler's step).
+- ``HF_DISTPROF_ALTERNATE_CORES=1``: at every batch the collator moves the main thread to the next CPU (rank ``r``'s
+  ``n``-th batch on CPU ``(r + n) mod`` the CPUs it may use), as the demo's training script does for the scenario
+  suite: this VM's cores each switch between speeds ~20% apart for seconds at a time, so in a run of a few seconds a
+  rank that stays on one core is truly slower, by no doing of its own. Crossed over, each rank gets each core alike.
 """
 
 from __future__ import annotations
@@ -38,9 +42,12 @@ class RandomTokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
 
 def collate(rank: int, sleep_s: float, every: int = 1, first: int = 1, block: int = 0) -> Any:
     calls = 0
+    cpus = sorted(os.sched_getaffinity(0)) if os.environ.get("HF_DISTPROF_ALTERNATE_CORES") == "1" else []
 
     def fn(features: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         nonlocal calls
+        if cpus:
+            os.sched_setaffinity(0, {cpus[(rank + calls) % len(cpus)]})  # 0: this (the main) thread
         calls += 1
         if sleep_s and calls % every == 0 and calls >= first and (not block or (calls - first) // block % 2 == 0):
             time.sleep(sleep_s)
