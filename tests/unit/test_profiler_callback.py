@@ -18,7 +18,7 @@ import pytest
 
 from hf_distprof import ProfilerCallback, ProfilingArguments
 from hf_distprof.callbacks.profiler import callback as profiler_module
-from hf_distprof.callbacks.profiler.callback import schedule_warning, traced_steps
+from hf_distprof.callbacks.profiler.schedule import schedule_warning, traced_steps
 
 from ..conftest import REPO_ROOT
 from . import fake_trainer

@@ -22,8 +22,8 @@ from hf_distprof import dist, paths
 from hf_distprof.core import signals
 from hf_distprof.callbacks.profiler.capture import RECORD, RECORD_AND_SAVE, WARMUP
 from hf_distprof.callbacks.profiler import schedule as traced
-from hf_distprof.callbacks.profiler.schedule import (  # noqa: F401 (recorded_steps, traced_steps: re-exported)
-    base_schedule, first_active_step, recorded_steps, schedule_warning, scheduled_steps, traced_steps)
+from hf_distprof.callbacks.profiler.schedule import (
+    base_schedule, first_active_step, schedule_warning, scheduled_steps)
 from hf_distprof.callbacks.profiler.triggers import CaptureTriggers
 from hf_distprof.callbacks.profiler.manifest import RunManifest, window_reasons
 from hf_distprof.callbacks.profiler.compact_export import CompactExports
