@@ -26,7 +26,7 @@ What it does, side by side in one run:
    the one from the JSON, and prints the speed-up (target: >= 5x) and the JSON analysis's peak RSS (target at
    200 MB per rank: under 1.5 GB). "Ours" always reads the JSON (``read_compact=False``).
 5. With ``--what-if-cost``: adds the same analysis without the what-if model (no per-rank timeline in the workers,
-   no replay, scenarios or critical path: ``hf_distprof.analysis.whatif``), from JSON and, with ``--compact``,
+   no replay, scenarios or critical path: ``hf_distprof.analysis.whatif.model``), from JSON and, with ``--compact``,
    from the compact files, and prints what the model adds to each, in wall time and in CPU time of the process
    tree (target: at most 10%).
 """
@@ -111,8 +111,8 @@ OURS_CODE = """
 import sys, json
 from hf_distprof.analysis import AnalysisOptions, analyze_paths
 if not WHAT_IF:  # the what-if model off: no timeline in the (forked) workers, no replay in this process
-    import hf_distprof.analysis.api, hf_distprof.analysis.rank
-    hf_distprof.analysis.rank.rank_timeline = lambda *args, **kwargs: None
+    import hf_distprof.analysis.api, hf_distprof.analysis.rank.analyze
+    hf_distprof.analysis.rank.analyze.rank_timeline = lambda *args, **kwargs: None
     hf_distprof.analysis.api.apply_what_if = lambda result, reference=None: None
 if __name__ == "__main__":  # the worker processes are spawned and re-import this script
     res = analyze_paths([sys.argv[1]], AnalysisOptions(workers=int(sys.argv[3]), progress=False),

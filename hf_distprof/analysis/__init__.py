@@ -13,20 +13,14 @@ Public API::
 from __future__ import annotations
 
 from hf_distprof.analysis.api import analyze_paths
-from hf_distprof.analysis.box import format_box
-from hf_distprof.analysis.model import (
-    AnalysisResult,
-    CpuBreakdown,
-    CrossRankResult,
-    FileError,
-    Finding,
-    GpuBreakdown,
-    RankResult,
-    StepResult,
-)
 from hf_distprof.analysis.options import AnalysisOptions
-from hf_distprof.analysis.text import format_findings, format_summary
-from hf_distprof.analysis.trace_io import TraceReadError
+from hf_distprof.analysis.read.trace_io import TraceReadError
+from hf_distprof.analysis.results.across import CrossRankResult
+from hf_distprof.analysis.results.findings import Finding
+from hf_distprof.analysis.results.rank import CpuBreakdown, FileError, GpuBreakdown, RankResult, StepResult
+from hf_distprof.analysis.results.result import AnalysisResult
+from hf_distprof.analysis.tell.box import format_box
+from hf_distprof.analysis.tell.text import format_findings, format_summary
 
 __all__ = [
     "AnalysisOptions",

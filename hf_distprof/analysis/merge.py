@@ -25,11 +25,12 @@ from typing import Any
 
 import orjson
 
+from hf_distprof.analysis.across.align import align as align_ranks
 from hf_distprof.analysis.api import analyze_paths
-from hf_distprof.analysis.cross_rank import clock_offsets, match_collectives
-from hf_distprof.analysis.model import AnalysisResult, FileError
 from hf_distprof.analysis.options import AnalysisOptions
-from hf_distprof.analysis.trace_io import iter_trace_events
+from hf_distprof.analysis.read.trace_io import iter_trace_events
+from hf_distprof.analysis.results.rank import FileError
+from hf_distprof.analysis.results.result import AnalysisResult
 from hf_distprof.core.files import atomic_path
 
 ALIGN_MODES = ("collectives", "clock", "none")
@@ -102,7 +103,8 @@ def write_merged(result: AnalysisResult, output: str | os.PathLike[str], align: 
         reasons = "; ".join(f"{e.path}: {e.reason}" for e in result.errors)
         raise ValueError(f"no trace could be read ({reasons})")
     ranks = result.ranks
-    matched = match_collectives(ranks) if len(ranks) > 1 else {}
+    alignment = result.alignment if result.alignment is not None else align_ranks(ranks)
+    matched = alignment.matched
     clocks = {c.rank: c for c in result.run.clocks if c.offset_us is not None} if result.run is not None else {}
     measured = all(r.rank in clocks for r in ranks)
     used = "collectives" if align == "collectives" and matched else "clock" if measured and align != "none" else "none"
@@ -110,8 +112,7 @@ def write_merged(result: AnalysisResult, output: str | os.PathLike[str], align: 
     shifts: dict[int, float] = {}
     uncertainty = None
     if used == "collectives":
-        offsets = clock_offsets(ranks, matched)
-        shifts = {r.rank: -offsets[r.rank] for r in ranks}
+        shifts = {r.rank: -alignment.offsets[r.rank] for r in ranks}
     else:
         shifts = {r.rank: (r.base_time_ns - ref.base_time_ns) / 1e3 for r in ranks}
     if used == "clock":

@@ -6,7 +6,6 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-
 # Values of AnalysisOptions.message_sizes.
 MESSAGE_SIZES = ("auto", "shapes")
 

@@ -63,7 +63,7 @@ class TraceAnalysisCallback(TrainerCallback):  # type: ignore[misc]
             return
         traces = sorted(self.run_dir.glob("*" + paths.TRACE_SUFFIX))
         if not traces:
-            from hf_distprof.analysis.manifest import why_no_trace
+            from hf_distprof.analysis.read.manifest import why_no_trace
 
             why = why_no_trace(self.run_dir)  # the manifest, just written: the schedule against the last step
             logger.warning(f"--profiler-analyze: no trace in {self.run_dir} to analyse" + (f": {why}" if why else ""))

@@ -119,19 +119,12 @@ def run(args: argparse.Namespace) -> int:
             return 2
     try:
         result = analyze_paths(
-            args.paths, options, read_compact=args.read_compact, write_compact=args.write_compact
+            args.paths, options, read_compact=args.read_compact, write_compact=args.write_compact,
+            reference=reference, reference_file=args.bandwidth_ref,
         )
     except FileNotFoundError as exc:
         print(f"hf-distprof analyze: error: {exc}", file=sys.stderr)
         return 2
-    if reference is not None:
-        from hf_distprof.analysis.bandwidth_ref import compare_to_reference
-
-        result.bandwidth_reference = compare_to_reference(result.bandwidth, reference)
-        result.bandwidth_reference_file = args.bandwidth_ref
-        from hf_distprof.analysis.whatif import apply_what_if
-
-        apply_what_if(result, reference)  # adds the scenario "transfers at the reference bandwidth"
     if args.json:
         sys.stdout.write(result.to_json().decode() + "\n")
     else:
@@ -143,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     for text in result.run.missing_files if result.run is not None else []:
         print(f"hf-distprof analyze: warning: {text}", file=sys.stderr)
     if args.report:
-        from hf_distprof.analysis.report import write_report
+        from hf_distprof.analysis.tell.report import write_report
 
         try:
             path = write_report(result, args.report)

@@ -6,8 +6,9 @@ timing with torch. Everything here is plain Python, so that it is unit-tested wi
 the trace analysis can read a saved CSV as its reference bandwidth (``analyze --bandwidth-ref``).
 
 The size S of a row, algbw = S / t and busbw = algbw x the kind's factor are the ones the trace analysis
-uses (:func:`hf_distprof.analysis.bandwidth.message_bytes`, :func:`~hf_distprof.analysis.bandwidth.bus_factor`),
-so a benchmark row and a trace's bandwidth row compare directly.
+uses (:func:`hf_distprof.analysis.read.message_sizes.message_bytes`,
+:func:`~hf_distprof.analysis.across.bandwidth.bus_factor`), so a benchmark row and a trace's bandwidth row compare
+directly.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import re
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from hf_distprof.analysis.bandwidth import bus_factor, message_bytes
-from hf_distprof.analysis.bandwidth_ref import ReferencePoint
+from hf_distprof.analysis.across.bandwidth import bus_factor
+from hf_distprof.analysis.read.message_sizes import message_bytes
+from hf_distprof.analysis.results.across import ReferencePoint
 from hf_distprof.core.files import atomic_path, atomic_write_text
 
 OPS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")

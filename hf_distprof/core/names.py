@@ -37,7 +37,7 @@ import re
 
 TRACE_SUFFIX = ".pt.trace.json.gz"
 TRACE_NAME = "rank{rank}_{host}_step{first}-{last}" + TRACE_SUFFIX
-# Beside each trace, its name plus this: the events the analyzer reads, as columns (hf_distprof.analysis.compact).
+# Beside each trace, its name plus this: the events the analyzer reads, as columns (hf_distprof.analysis.read.compact).
 COMPACT_SUFFIX = ".compact.msgpack"
 SUMMARY_NAME = "rank{rank}_{host}_step{first}-{last}_summary.txt"
 MEMORY_LOG_NAME = "memory_rank{rank}.jsonl"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from statistics import median
-
+from typing import Any
 
 ALPHA = 0.02
 """Largest chance probability of the arrival-order evidence that still counts as a verdict. Stricter than
@@ -80,6 +80,19 @@ def signed_rank_p(differences: Sequence[float]) -> float:
                 counts[s + r] += counts[s]
         top += r
     return min(1.0, sum(counts[w2:]) / 2.0**n)
+
+
+def finite(value: Any) -> float | None:
+    """``value`` as a float when it is a finite int or float (not a bool), else None: the one check of a number read
+    from a file (JSON documents, the step timer's records, the run manifest)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def mean(values: Sequence[float]) -> float:
+    """The arithmetic mean; 0 for no values (an empty table reads as zero, never as an error)."""
+    return sum(values) / len(values) if values else 0.0
 
 
 def scaled_mad(values: Sequence[float]) -> float:

@@ -1,10 +1,19 @@
-"""Text that several commands print alike: rank ranges (``ranks 0-3, 5``) and Markdown flag tables."""
+"""Text that several commands print alike: rank ranges (``ranks 0-3, 5``), byte counts and Markdown tables."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
+
+
+def format_bytes(size: float) -> str:
+    """A byte count in binary units, like "1.50 MiB"."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(size) < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.2f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
 
 
 def rank_spans(ranks: Iterable[int], empty: str = "-") -> str:

@@ -255,7 +255,7 @@ def judge_own_work(
     on GPU, pre-sync device time) against its peers', material against the step time.
 
     The one rule for the live timer (:class:`hf_distprof.timing.report.StepSeries`) and for the analysis, which
-    judges the timer's records of the untraced steps again (:mod:`hf_distprof.analysis.timer_records`).
+    judges the timer's records of the untraced steps again (:mod:`hf_distprof.analysis.read.timer_records`).
     """
     return judge_slow_rank(own_work, threshold_pct, what=OWN_WORK, step_time=step_time)
 

@@ -11,13 +11,11 @@ import functools
 import os
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hf_distprof.core.clock import ntp_offset
 from hf_distprof.core.versions import library_versions
-
-if TYPE_CHECKING:
-    from hf_distprof.doctor.runner import Doctor
+from hf_distprof.doctor.context import RankContext
 
 # The order they run in: the store-only checks first, so that a mismatch that explains a failing collective
 # is already on the screen when the collective fails.
@@ -65,7 +63,7 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first[:300]}"
 
 
-def _local_init(doc: Doctor, deadline: float) -> dict[str, Any]:
+def _local_init(doc: RankContext, deadline: float) -> dict[str, Any]:
     import socket
 
     doc.open_store()
@@ -80,17 +78,17 @@ def _local_init(doc: Doctor, deadline: float) -> dict[str, Any]:
     return result
 
 
-def _local_versions(doc: Doctor, deadline: float) -> dict[str, Any]:
+def _local_versions(doc: RankContext, deadline: float) -> dict[str, Any]:
     versions = library_versions(device=True, own=False)
     # Said in words, as the check prints them.
     return {k: v or ("none" if k in ("cuda", "nccl") else "not installed") for k, v in versions.items()}
 
 
-def _local_environment(doc: Doctor, deadline: float) -> dict[str, Any]:
+def _local_environment(doc: RankContext, deadline: float) -> dict[str, Any]:
     return {"env": {k: v for k, v in sorted(os.environ.items()) if k in ENV_NAMES or k.startswith(ENV_PREFIXES)}}
 
 
-def _local_memory(doc: Doctor, deadline: float) -> dict[str, Any]:
+def _local_memory(doc: RankContext, deadline: float) -> dict[str, Any]:
     import psutil
     import torch
 
@@ -112,7 +110,7 @@ def _mismatch(got: Any, expected: Any) -> str | None:
     return f"element {i} is {got[i].item():g}, expected {expected[i].item():g} ({len(wrong)} of {got.numel()} wrong)"
 
 
-def _exchange(doc: Doctor, peer: int, deadline: float) -> dict[str, Any]:
+def _exchange(doc: RankContext, peer: int, deadline: float) -> dict[str, Any]:
     """1 MiB each way with ``peer``: the lower rank sends first; its round trip is the pair's time."""
     import torch.distributed as dist
 
@@ -133,7 +131,7 @@ def _exchange(doc: Doctor, peer: int, deadline: float) -> dict[str, Any]:
     return result
 
 
-def _local_p2p(doc: Doctor, deadline: float) -> dict[str, Any]:
+def _local_p2p(doc: RankContext, deadline: float) -> dict[str, Any]:
     pairs = [pair for rnd in round_robin_rounds(doc.world) for pair in rnd if doc.rank in pair]
     exchanges = [_exchange(doc, b if a == doc.rank else a, deadline) for a, b in pairs]
     errors = [f"with rank {x['peer']}: {x['error']}" for x in exchanges if "error" in x]
@@ -144,14 +142,14 @@ def _local_p2p(doc: Doctor, deadline: float) -> dict[str, Any]:
 _Spec = tuple[Callable[[], Any], Any, Any]
 
 
-def _spec_all_reduce(doc: Doctor) -> _Spec:
+def _spec_all_reduce(doc: RankContext) -> _Spec:
     import torch.distributed as dist
 
     out, expected = doc.full(0), doc.full(doc.world * (doc.world + 1) / 2)
     return lambda: dist.all_reduce(out.fill_(doc.rank + 1), async_op=True), out, expected
 
 
-def _blocks(doc: Doctor, scale: float) -> tuple[Any, int]:
+def _blocks(doc: RankContext, scale: float) -> tuple[Any, int]:
     """``scale * (i + 1)`` in block i of ``world`` blocks of 1 MiB in all, and the block size."""
     import torch
 
@@ -160,7 +158,7 @@ def _blocks(doc: Doctor, scale: float) -> tuple[Any, int]:
     return values.repeat_interleave(block), block
 
 
-def _spec_all_gather(doc: Doctor) -> _Spec:
+def _spec_all_gather(doc: RankContext) -> _Spec:
     import torch.distributed as dist
 
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
@@ -169,7 +167,7 @@ def _spec_all_gather(doc: Doctor) -> _Spec:
     return lambda: gather(out, doc.full(doc.rank + 1, block), async_op=True), out, expected
 
 
-def _spec_reduce_scatter(doc: Doctor) -> _Spec:
+def _spec_reduce_scatter(doc: RankContext) -> _Spec:
     import torch.distributed as dist
 
     reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor  # as above
@@ -179,7 +177,7 @@ def _spec_reduce_scatter(doc: Doctor) -> _Spec:
     return lambda: reduce_scatter(out, contribution, async_op=True), out, expected
 
 
-def _spec_broadcast(doc: Doctor) -> _Spec:
+def _spec_broadcast(doc: RankContext) -> _Spec:
     import torch
     import torch.distributed as dist
 
@@ -189,18 +187,18 @@ def _spec_broadcast(doc: Doctor) -> _Spec:
     return lambda: dist.broadcast(out.copy_(start), 0, async_op=True), out, pattern
 
 
-def _spec_barrier(doc: Doctor) -> _Spec:
+def _spec_barrier(doc: RankContext) -> _Spec:
     import torch.distributed as dist
 
     return lambda: dist.barrier(async_op=True), None, None
 
 
-_SPECS: dict[str, Callable[[Doctor], _Spec]] = {
+_SPECS: dict[str, Callable[[RankContext], _Spec]] = {
     "all_reduce": _spec_all_reduce, "all_gather": _spec_all_gather, "reduce_scatter": _spec_reduce_scatter,
     "broadcast": _spec_broadcast, "barrier": _spec_barrier}
 
 
-def _local_collective(doc: Doctor, deadline: float, name: str) -> dict[str, Any]:
+def _local_collective(doc: RankContext, deadline: float, name: str) -> dict[str, Any]:
     """One untimed then :data:`REPEATS` timed runs of a collective; the last result verified."""
     start, out, expected = _SPECS[name](doc)
     times = []
@@ -224,7 +222,7 @@ def _local_collective(doc: Doctor, deadline: float, name: str) -> dict[str, Any]
     return result
 
 
-def _ping(doc: Doctor, peer: int, deadline: float) -> tuple[float, float, float, float]:
+def _ping(doc: RankContext, peer: int, deadline: float) -> tuple[float, float, float, float]:
     """One round: when this rank sent, the peer's clock (read once: receive and reply alike), when it got back."""
     import torch
     import torch.distributed as dist
@@ -237,7 +235,7 @@ def _ping(doc: Doctor, peer: int, deadline: float) -> tuple[float, float, float,
     return sent, peer_time, peer_time, doc.clock()
 
 
-def _local_clock_skew(doc: Doctor, deadline: float) -> dict[str, Any]:
+def _local_clock_skew(doc: RankContext, deadline: float) -> dict[str, Any]:
     """Rank 0 ping-pongs each rank in turn; the others answer with their clock."""
     import torch
     import torch.distributed as dist
@@ -259,7 +257,7 @@ def _local_clock_skew(doc: Doctor, deadline: float) -> dict[str, Any]:
 
 
 # Each check's part on one rank: (the doctor, the check's deadline) -> its result.
-LOCAL: dict[str, Callable[[Doctor, float], dict[str, Any]]] = {
+LOCAL: dict[str, Callable[[RankContext, float], dict[str, Any]]] = {
     "init": _local_init, "versions": _local_versions, "environment": _local_environment, "memory": _local_memory,
     "p2p": _local_p2p, "clock_skew": _local_clock_skew,
     **{name: functools.partial(_local_collective, name=name) for name in COLLECTIVES}}

@@ -7,13 +7,11 @@ import functools
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hf_distprof.core.text import format_ranks
 from hf_distprof.doctor.checks import COLLECTIVES, ENV_MUST_AGREE, REPEATS, round_robin_rounds
-
-if TYPE_CHECKING:
-    from hf_distprof.doctor.runner import Doctor
+from hf_distprof.doctor.context import RankContext
 
 _SYMBOL = {"pass": "✓", "fail": "✗", "skip": "-"}
 # What a correct result is, in the ✓ line.
@@ -60,7 +58,7 @@ def _differences(maps: dict[int, dict[str, Any]]) -> dict[str, dict[int, Any]]:
     return {k: v for k, v in per_key.items() if len(set(v.values())) > 1}
 
 
-def _judge_init(doc: Doctor, per_rank: dict[int, dict[str, Any]]) -> Outcome:
+def _judge_init(doc: RankContext, per_rank: dict[int, dict[str, Any]]) -> Outcome:
     failed = {r: v["error"] for r, v in per_rank.items() if "error" in v}
     hosts: dict[str, list[str]] = {}
     for r, v in sorted(per_rank.items()):
@@ -78,7 +76,7 @@ def _odd_ones(differ: dict[str, dict[int, Any]]) -> list[int]:
     return sorted({r for values in differ.values() for r, v in values.items() if v != values[min(values)]})
 
 
-def _judge_versions(doc: Doctor, per_rank: dict[int, dict[str, Any]]) -> Outcome:
+def _judge_versions(doc: RankContext, per_rank: dict[int, dict[str, Any]]) -> Outcome:
     differ = _differences(per_rank)
     if differ:
         details = [f"{k}: {_by_value(v)}" for k, v in differ.items()]
@@ -87,7 +85,7 @@ def _judge_versions(doc: Doctor, per_rank: dict[int, dict[str, Any]]) -> Outcome
     return _judge(True, f"same on {format_ranks(list(per_rank))}: {versions}")
 
 
-def _judge_environment(doc: Doctor, per_rank: dict[int, dict[str, Any]]) -> Outcome:
+def _judge_environment(doc: RankContext, per_rank: dict[int, dict[str, Any]]) -> Outcome:
     envs = {r: v["env"] for r, v in per_rank.items()}
     differ = _differences(envs)
     same = {k: v for k, v in sorted(envs[min(envs)].items()) if k not in differ}
@@ -100,7 +98,7 @@ def _judge_environment(doc: Doctor, per_rank: dict[int, dict[str, Any]]) -> Outc
     return _judge(True, f"{agreed} on {format_ranks(list(envs))}", details)
 
 
-def _judge_memory(doc: Doctor, per_rank: dict[int, dict[str, Any]]) -> Outcome:
+def _judge_memory(doc: RankContext, per_rank: dict[int, dict[str, Any]]) -> Outcome:
     limit = doc.args.min_free_gb
     rank, least = min(per_rank.items(), key=lambda kv: kv[1]["free_gb"])
     low = sorted(r for r, v in per_rank.items() if v["free_gb"] < limit)
@@ -109,7 +107,7 @@ def _judge_memory(doc: Doctor, per_rank: dict[int, dict[str, Any]]) -> Outcome:
     return _judge(not low, summary, [f"rank {r}: {per_rank[r]['free_gb']:.2f} GB free" for r in low], low)
 
 
-def _judge_p2p(doc: Doctor, per_rank: dict[int, dict[str, Any]]) -> Outcome:
+def _judge_p2p(doc: RankContext, per_rank: dict[int, dict[str, Any]]) -> Outcome:
     rounds = round_robin_rounds(doc.world)
     problems: dict[tuple[int, int], list[tuple[int, str]]] = {}
     round_trips: dict[tuple[int, int], float] = {}
@@ -136,7 +134,7 @@ def _judge_p2p(doc: Doctor, per_rank: dict[int, dict[str, Any]]) -> Outcome:
     return _judge(False, f"{len(problems)} of {n_pairs} pair(s) failed: {failed}; {summary}", details, bad)
 
 
-def _judge_collective(doc: Doctor, per_rank: dict[int, dict[str, Any]], name: str) -> Outcome:
+def _judge_collective(doc: RankContext, per_rank: dict[int, dict[str, Any]], name: str) -> Outcome:
     if all("unsupported" in v for v in per_rank.values()):
         return Outcome(name, "skip", f"not supported by {doc.backend}", [per_rank[min(per_rank)]["unsupported"]])
     wrong = {r: v["wrong"] for r, v in per_rank.items() if "wrong" in v}
@@ -156,7 +154,7 @@ def _judge_collective(doc: Doctor, per_rank: dict[int, dict[str, Any]], name: st
     return _judge(False, "; ".join(parts + ([timing] if timing else [])), details, [*wrong, *errors])
 
 
-def _judge_clock_skew(doc: Doctor, per_rank: dict[int, dict[str, Any]]) -> Outcome:
+def _judge_clock_skew(doc: RankContext, per_rank: dict[int, dict[str, Any]]) -> Outcome:
     limit = doc.args.max_skew_ms
     peers = per_rank.get(0, {}).get("peers", [])
     errors = {r: v["error"] for r, v in per_rank.items() if "error" in v}
@@ -172,7 +170,7 @@ def _judge_clock_skew(doc: Doctor, per_rank: dict[int, dict[str, Any]]) -> Outco
 
 
 # Each check's judge: (the doctor, every rank's result that came in) -> the verdict, without name or timing.
-JUDGE: dict[str, Callable[[Doctor, dict[int, dict[str, Any]]], Outcome]] = {
+JUDGE: dict[str, Callable[[RankContext, dict[int, dict[str, Any]]], Outcome]] = {
     "init": _judge_init, "versions": _judge_versions, "environment": _judge_environment, "memory": _judge_memory,
     "p2p": _judge_p2p, "clock_skew": _judge_clock_skew,
     **{name: functools.partial(_judge_collective, name=name) for name in COLLECTIVES}}

@@ -11,7 +11,7 @@ import pytest
 
 from hf_distprof.collectives import bench as collbench
 from hf_distprof.core import names
-from hf_distprof.analysis.bandwidth import bus_factor
+from hf_distprof.analysis.across.bandwidth import bus_factor
 
 from ..conftest import REPO_ROOT
 from .launch import free_port

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_distprof.analysis.manifest import load_manifest
+from hf_distprof.analysis.read.manifest import load_manifest
 
 from ..conftest import REPO_ROOT
 from .test_reliability import TINY, summary, trace

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from hf_distprof import dist
-from hf_distprof.analysis.manifest import load_manifest, missing_files
+from hf_distprof.analysis.read.manifest import load_manifest, missing_files
 
 from .. import reliability
 from ..conftest import REPO_ROOT

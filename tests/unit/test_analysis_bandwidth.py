@@ -17,12 +17,16 @@ from typing import Any
 import orjson
 import pytest
 
-from hf_distprof.analysis import AnalysisOptions, AnalysisResult, analyze_paths, format_summary, trace_io
-from hf_distprof.analysis.bandwidth import bus_factor, collective_bandwidth, message_bytes, size_bucket, wait_split
-from hf_distprof.analysis.events import parse_trace
-from hf_distprof.analysis.message_sizes import MessageSize
-from hf_distprof.analysis.model import BandwidthStat, Collective, RankResult
-from hf_distprof.analysis.report import write_report
+from hf_distprof.analysis import AnalysisOptions, AnalysisResult, analyze_paths, format_summary
+from hf_distprof.analysis.read import trace_io
+from hf_distprof.analysis.across.align import align, set_waits
+from hf_distprof.analysis.across.bandwidth import bus_factor, collective_bandwidth, size_bucket
+from hf_distprof.analysis.read.message_sizes import message_bytes
+from hf_distprof.analysis.read.events import parse_trace
+from hf_distprof.analysis.read.message_sizes import MessageSize
+from hf_distprof.analysis.results.across import BandwidthStat
+from hf_distprof.analysis.results.rank import Collective, RankResult
+from hf_distprof.analysis.tell.report import write_report
 
 from .test_analysis_hta import DLRM
 
@@ -211,7 +215,8 @@ def test_wait_is_the_last_arrival_minus_ones_own_on_aligned_clocks() -> None:
 
     r0 = _rank(0, [c(0, 100, 1100), c(1, 2000, 2500), c(2, 100, 200, 4000)])
     r1 = _rank(1, [c(0, 5700, 6100), c(1, 7200, 7500), c(2, 5500, 5600, 4000)])
-    waits = wait_split([r0, r1])
+    set_waits([r0, r1], align([r0, r1]))
+    waits = {(r.rank, (c.step, c.kind, c.index)): c.late_peer_wait_us for r in (r0, r1) for c in r.collectives}
     assert waits == {
         (0, (1, "all_reduce", 0)): 600.0,
         (1, (1, "all_reduce", 0)): 0.0,
@@ -237,8 +242,10 @@ def test_wait_is_the_last_arrival_minus_ones_own_on_aligned_clocks() -> None:
 
 def test_a_single_rank_or_an_unmatched_collective_has_no_wait() -> None:
     alone = _rank(0, [Collective(1, "all_reduce", 0, 0, 10, bytes=4, group_size=2)])
-    assert wait_split([alone]) == {}
+    set_waits([alone], align([alone]))
+    assert alone.collectives[0].late_peer_wait_us is None
     other = _rank(1, [Collective(1, "all_gather", 0, 0, 10, bytes=8, group_size=2)])
+    set_waits([alone, other], align([alone, other]))
     rows = collective_bandwidth([alone, other])
     assert [(r.kind, r.matched, r.wait_pct, r.transfer_algbw_gbps) for r in rows] == [
         ("all_gather", 0, None, None),

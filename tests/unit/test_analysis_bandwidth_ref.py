@@ -9,8 +9,9 @@ import orjson
 import pytest
 
 from hf_distprof.collectives import bench as collbench
-from hf_distprof.analysis.bandwidth_ref import ReferencePoint, compare_row, compare_to_reference, nearest_reference
-from hf_distprof.analysis.model import BandwidthStat
+from hf_distprof.analysis.across.reference import compare_row, compare_to_reference, nearest_reference
+from hf_distprof.analysis.results.across import ReferencePoint
+from hf_distprof.analysis.results.across import BandwidthStat
 from hf_distprof.cli.main import main
 
 DATA = Path(__file__).resolve().parents[1] / "data"

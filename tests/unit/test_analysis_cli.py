@@ -13,7 +13,7 @@ import pytest
 
 from hf_distprof.analysis import AnalysisOptions, analyze_paths, format_findings
 from hf_distprof.analysis.merge import merge_traces, write_merged
-from hf_distprof.analysis.report import (
+from hf_distprof.analysis.tell.report import (
     BREAKDOWN_PNG,
     COMM_PNG,
     LATENESS_PNG,
@@ -23,7 +23,7 @@ from hf_distprof.analysis.report import (
     RESULT_JSON,
     STEPS_PNG,
 )
-from hf_distprof.analysis.whatif_report import CRITICAL_PATH_PNG
+from hf_distprof.analysis.tell.whatif import CRITICAL_PATH_PNG
 from hf_distprof.cli.main import build_parser, main
 
 DATA = Path(__file__).resolve().parents[1] / "data"

@@ -15,8 +15,8 @@ import orjson
 import pytest
 
 from hf_distprof.analysis import AnalysisOptions, AnalysisResult, analyze_paths, format_summary
-from hf_distprof.analysis.comm import SpanIndex, fsdp_context, unit_of
-from hf_distprof.analysis.report import write_report
+from hf_distprof.analysis.rank.exposure import SpanIndex, fsdp_context, unit_of
+from hf_distprof.analysis.tell.report import write_report
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 DLRM = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces" / "dlrm_8gpu_v100"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hf_distprof.analysis.cpu import _op_kind, breakdown_of, split_main_thread
+from hf_distprof.analysis.rank.cpu import _op_kind, breakdown_of, split_main_thread
 
 # One step, 0-1000 us, of the training thread (sorted by start), and two collectives in flight on gloo threads.
 OPS = [

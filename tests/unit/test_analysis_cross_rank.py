@@ -4,14 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from hf_distprof.analysis.cross_rank import (
-    _common_steps,
-    clock_offsets,
-    cross_rank,
-    less_cpu_wait,
-    match_collectives,
-)
-from hf_distprof.analysis.model import Collective, CpuBreakdown, RankResult, StepResult
+from hf_distprof.analysis.across.align import clock_offsets, match_collectives
+from hf_distprof.analysis.across.skew import _common_steps, cross_rank, less_cpu_wait
+from hf_distprof.analysis.results.rank import Collective, CpuBreakdown, RankResult, StepResult
 from hf_distprof.analysis.options import AnalysisOptions
 
 STEP_US = 100_000.0

@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 
 from hf_distprof.analysis import AnalysisOptions, analyze_paths
-from hf_distprof.analysis.cross_rank import cross_rank
-from hf_distprof.analysis.diagnosis import diagnose, undecided
-from hf_distprof.analysis.gpu import gpu_breakdown
-from hf_distprof.analysis.model import Collective, CommKindStat, CpuBreakdown, Finding, RankResult, StepResult
+from hf_distprof.analysis.across.skew import cross_rank
+from hf_distprof.analysis.judge.diagnosis import diagnose, undecided
+from hf_distprof.analysis.rank.gpu import gpu_breakdown
+from hf_distprof.analysis.results.findings import Finding
+from hf_distprof.analysis.results.rank import Collective, CommKindStat, CpuBreakdown, RankResult, StepResult
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 # what_if_pct=100: these tests are about diagnose()'s findings; the what-if finding that would open the list is

@@ -1,4 +1,4 @@
-"""The vectorised analyzers (hf_distprof.analysis.fast) give exactly what the pure-Python ones give: values and
+"""The vectorised analyzers (hf_distprof.analysis.rank.fast) give exactly what the pure-Python ones give: values and
 types, on random int-time events (overlapping, touching, zero-length), and hand back to them on float times."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import random
 import numpy as np
 import pytest
 
-from hf_distprof.analysis import comm, fast
-from hf_distprof.analysis import intervals as iv
-from hf_distprof.analysis.cpu import split_main_thread
-from hf_distprof.analysis.events import GpuEvent, ParsedTrace, Step
-from hf_distprof.analysis.gpu import gpu_breakdown, kernel_stats
-from hf_distprof.analysis.model import Collective
+from hf_distprof.analysis.rank import exposure, fast
+from hf_distprof.analysis.rank import intervals as iv
+from hf_distprof.analysis.rank.cpu import split_main_thread
+from hf_distprof.analysis.rank.gpu import gpu_breakdown, kernel_stats
+from hf_distprof.analysis.read.events import GpuEvent, ParsedTrace, Step
+from hf_distprof.analysis.results.rank import Collective
 
 KERNELS = [
     "void gemm_kernel<float>(int)",  # computation
@@ -59,7 +59,7 @@ def test_gpu_breakdown_and_kernel_stats_equal_the_reference(seed: int):
     ours = [Collective(0, "all_reduce", k, s, e) for k, (s, e) in enumerate(zip(*spans))]
     ref = [Collective(0, "all_reduce", k, s, e) for k, (s, e) in enumerate(zip(*spans))]
     fast.set_exposure(ours, cols.merged(fast.COMP_BIT))
-    comm.set_exposure(ref, iv.merge(compute), hidden_when_covered=True)
+    exposure.set_exposure(ref, iv.merge(compute), hidden_when_covered=True)
     assert repr(ours) == repr(ref)
 
 
@@ -96,7 +96,8 @@ def test_to_dict_is_the_one_from_dataclasses_asdict(monkeypatch: pytest.MonkeyPa
     import dataclasses
     from pathlib import Path
 
-    from hf_distprof.analysis import AnalysisOptions, analyze_paths, model
+    from hf_distprof.analysis import AnalysisOptions, analyze_paths
+    from hf_distprof.analysis.results import result as model
 
     folder = Path(__file__).resolve().parents[1] / "data" / "gpu_float_ts"
     res = analyze_paths([folder], AnalysisOptions(workers=1), read_compact=False)

@@ -12,7 +12,7 @@ import pytest
 
 from hf_distprof.core.stats import fisher_p
 from hf_distprof.analysis import AnalysisOptions, AnalysisResult, analyze_paths, format_findings
-from hf_distprof.analysis.events import parse_trace
+from hf_distprof.analysis.read.events import parse_trace
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -211,7 +211,7 @@ def test_rank_findings_of_a_distorted_window_against_a_quiet_timer_are_withheld(
 
 
 def test_the_wait_for_a_cpu_is_read_from_the_timer_files_beside_the_traces(tmp_path: Path) -> None:
-    from hf_distprof.analysis.api import cpu_wait_beside
+    from hf_distprof.analysis.read.timer_records import read_timer_records
 
     for rank, wait in ((0, 0.02), (1, 0.0)):
         rows = [{"step": s, "step_s": 0.1, "cpu_wait_s": wait} for s in range(1, 4)]
@@ -221,5 +221,5 @@ def test_the_wait_for_a_cpu_is_read_from_the_timer_files_beside_the_traces(tmp_p
     (tmp_path / "timing_rank2.jsonl").write_text("{not json\n")  # unreadable: skipped
     (tmp_path / "timing_rankX.jsonl").write_text('{"step": 1, "cpu_wait_s": 0.5}\n')  # no rank in the name
     files = [str(tmp_path / "rank-0.json.gz"), str(tmp_path / "rank-1.json.gz")]
-    assert cpu_wait_beside(files) == {0: {1: 0.02, 2: 0.02, 3: 0.02}, 1: {1: 0.0, 2: 0.0, 3: 0.0}}
-    assert cpu_wait_beside([str(tmp_path / "elsewhere" / "rank-0.json.gz")]) == {}
+    assert read_timer_records(files).cpu_wait() == {0: {1: 0.02, 2: 0.02, 3: 0.02}, 1: {1: 0.0, 2: 0.0, 3: 0.0}}
+    assert read_timer_records([str(tmp_path / "elsewhere" / "rank-0.json.gz")]).cpu_wait() == {}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from hf_distprof.analysis.gpu import _mask_label, category_overlap, display_name, gpu_breakdown, kernel_stats
-from hf_distprof.analysis.kernels import COMMUNICATION, COMPUTATION, MEMORY, OTHER
-from hf_distprof.analysis.model import KernelStat
+from hf_distprof.analysis.rank.gpu import _mask_label, category_overlap, display_name, gpu_breakdown, kernel_stats
+from hf_distprof.analysis.rank.kernels import COMMUNICATION, COMPUTATION, MEMORY, OTHER
+from hf_distprof.analysis.results.rank import KernelStat
 
 GEMM = "void gemm<float>(Params)"
 ALLREDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*)"

@@ -13,7 +13,7 @@ import csv
 import pytest
 
 from hf_distprof.analysis import AnalysisOptions, AnalysisResult, analyze_paths
-from hf_distprof.analysis.kernels import COMMUNICATION
+from hf_distprof.analysis.rank.kernels import COMMUNICATION
 
 from ..conftest import SHARED_DIR, require
 

@@ -9,8 +9,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from hf_distprof.analysis import AnalysisOptions, TraceReadError, analyze_paths, trace_io
-from hf_distprof.analysis.events import parse_trace
+from hf_distprof.analysis import AnalysisOptions, TraceReadError, analyze_paths
+from hf_distprof.analysis.read import trace_io
+from hf_distprof.analysis.read.events import parse_trace
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 CLEAN = DATA / "clean"

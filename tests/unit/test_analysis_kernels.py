@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from hf_distprof.analysis import intervals as iv
-from hf_distprof.analysis.gpu import gpu_breakdown
-from hf_distprof.analysis.kernels import c10d_kind, kernel_category, nccl_kind
+from hf_distprof.analysis.rank import intervals as iv
+from hf_distprof.analysis.rank.gpu import gpu_breakdown
+from hf_distprof.analysis.rank.kernels import c10d_kind, kernel_category, nccl_kind
 
 
 @pytest.mark.parametrize(

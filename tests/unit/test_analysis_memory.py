@@ -12,9 +12,9 @@ import pytest
 
 from hf_distprof.core import names
 from hf_distprof.analysis import AnalysisOptions, AnalysisResult, analyze_paths, format_findings, format_summary
-from hf_distprof.analysis.memory import NO_OPERATOR, decimate
-from hf_distprof.analysis.report import MEMORY_PNG, REPORT_HTML, REPORT_MD, write_report
-from hf_distprof.analysis.text import format_bytes
+from hf_distprof.analysis.rank.memory import NO_OPERATOR, decimate
+from hf_distprof.analysis.tell.report import MEMORY_PNG, REPORT_HTML, REPORT_MD, write_report
+from hf_distprof.core.text import format_bytes
 from hf_distprof.cli.main import main
 
 MAIN, OTHER = 1, 2  # thread ids

@@ -17,8 +17,9 @@ from typing import Any
 import orjson
 import pytest
 
-from hf_distprof.analysis import AnalysisOptions, TraceReadError, analyze_paths, trace_io
-from hf_distprof.analysis.events import STEP_PREFIX, ParsedTrace, parse_trace
+from hf_distprof.analysis import AnalysisOptions, TraceReadError, analyze_paths
+from hf_distprof.analysis.read import trace_io
+from hf_distprof.analysis.read.events import STEP_PREFIX, ParsedTrace, parse_trace
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 DLRM = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces" / "dlrm_8gpu_v100"

@@ -16,8 +16,8 @@ import orjson
 import pytest
 
 from hf_distprof.analysis import AnalysisOptions, analyze_paths, format_summary
-from hf_distprof.analysis.comm import share_exposure
-from hf_distprof.analysis.model import Collective
+from hf_distprof.analysis.rank.exposure import share_exposure
+from hf_distprof.analysis.results.rank import Collective
 
 MAIN, GLOO_A, GLOO_B = 1, 2, 3
 STEP_US = 200_000.0

@@ -14,12 +14,11 @@ import orjson
 import pytest
 
 from hf_distprof.analysis import AnalysisOptions, AnalysisResult, analyze_paths, format_summary
-from hf_distprof.analysis.bandwidth_ref import ReferencePoint
-from hf_distprof.analysis.compact import write_compact
-from hf_distprof.analysis.report import REPORT_MD, write_report
-from hf_distprof.analysis.whatif import apply_what_if
-from hf_distprof.analysis.whatif_report import CRITICAL_PATH_PNG
-from hf_distprof.analysis.whatif_timeline import ARRIVE, END, ISSUE, RELEASE, START
+from hf_distprof.analysis.results.across import ReferencePoint
+from hf_distprof.analysis.read.compact import write_compact
+from hf_distprof.analysis.tell.report import REPORT_MD, write_report
+from hf_distprof.analysis.tell.whatif import CRITICAL_PATH_PNG
+from hf_distprof.analysis.rank.timeline import ARRIVE, END, ISSUE, RELEASE, START
 
 from ..conftest import SHARED_DIR, require
 
@@ -199,15 +198,18 @@ def test_one_step_cannot_tell_a_saving_from_noise(tmp_path: Path) -> None:
     assert "what_to_fix_first" not in {f.kind for f in result.findings}
 
 
-def test_transfers_at_the_reference_bandwidth(slow_loader: AnalysisResult) -> None:
+def test_transfers_at_the_reference_bandwidth(tmp_path: Path) -> None:
     # 1 MB all-reduces on 2 ranks (bus factor 1) at 1 GB/s take 1 ms instead of the 2 ms measured.
-    result = AnalysisResult(**{**slow_loader.__dict__, "findings": list(slow_loader.findings)})
-    apply_what_if(result, [ReferencePoint("all_reduce", 1 << 20, 1.0, 2)])
+    folder = two_ranks(tmp_path)
+    result = analyze_paths([folder], OPTS, reference=[ReferencePoint("all_reduce", 1 << 20, 1.0, 2)],
+                           reference_file="ref.csv")
     network = next(s for s in result.what_if if s.scenario == "network_at_reference")
     assert (network.ranks, network.step_ms_predicted) == ([0, 1], pytest.approx(28.05))
     assert network.title == "transfers at the reference bandwidth (--bandwidth-ref)"
-    apply_what_if(result, [ReferencePoint("all_reduce", 1 << 20, 0.1, 2)])  # a slower reference changes nothing
-    assert next(s for s in result.what_if if s.scenario == "network_at_reference").saving_ms == pytest.approx(0.0)
+    assert result.bandwidth_reference_file == "ref.csv" and result.bandwidth_reference
+    slower = analyze_paths([folder], OPTS, reference=[ReferencePoint("all_reduce", 1 << 20, 0.1, 2)])
+    assert next(s for s in slower.what_if if s.scenario == "network_at_reference").saving_ms == pytest.approx(0.0)
+    assert "network_at_reference" not in {s.scenario for s in analyze_paths([folder], OPTS).what_if}
 
 
 def test_the_summary_and_the_report_show_it(slow_loader: AnalysisResult, tmp_path: Path) -> None:

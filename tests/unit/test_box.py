@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hf_distprof.analysis import AnalysisOptions, analyze_paths, format_box
-from hf_distprof.analysis.box import MAX_LINES, WIDTH
+from hf_distprof.analysis.tell.box import MAX_LINES, WIDTH
 from hf_distprof.cli.main import main
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -58,12 +58,12 @@ def test_other_findings_are_listed_and_the_fields_stay_short() -> None:
 def test_an_undecided_question_says_what_would_decide_it(tmp_path: Path) -> None:
     # The slow_rank1 traces cut to 3 steps and no step timer beside them: the window alone cannot decide.
     from .test_analysis_cross_rank import rank as cpu_rank
-    from hf_distprof.analysis.cross_rank import cross_rank
-    from hf_distprof.analysis.model import AnalysisResult
+    from hf_distprof.analysis.across.skew import cross_rank
+    from hf_distprof.analysis.results.result import AnalysisResult
 
     ranks = [cpu_rank(0, 0.0, steps=3), cpu_rank(1, 30_000.0, steps=3)]
     cross = cross_rank(ranks, OPTS)
-    from hf_distprof.analysis.diagnosis import undecided
+    from hf_distprof.analysis.judge.diagnosis import undecided
 
     result = AnalysisResult(ranks=ranks, cross_rank=cross, findings=[], errors=[], options=OPTS,
                             undecided=undecided(cross))

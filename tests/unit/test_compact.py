@@ -12,8 +12,8 @@ import pytest
 
 from hf_distprof.core import names
 from hf_distprof.analysis import AnalysisOptions, analyze_paths
-from hf_distprof.analysis import compact
-from hf_distprof.analysis.events import parse_trace
+from hf_distprof.analysis.read import compact
+from hf_distprof.analysis.read.events import parse_trace
 from hf_distprof.cli.main import main
 from hf_distprof.callbacks.profiler.compact_export import CompactExports
 from tests.conftest import SHARED_DIR, require
@@ -126,7 +126,7 @@ def test_an_unusable_compact_file_falls_back_to_the_json_with_one_line(tmp_path,
     from_json = analyze_paths([folder], AnalysisOptions(workers=1), write_compact=True).to_dict()
     trace = folder / "rank-0.json.gz"
     bad_compact(trace, how)
-    with caplog.at_level(logging.WARNING, logger="hf_distprof.analysis.compact"):
+    with caplog.at_level(logging.WARNING, logger="hf_distprof.analysis.read.compact"):
         result = analyze_paths([folder], AnalysisOptions(workers=1)).to_dict()
     assert [r.getMessage() for r in caplog.records] == [
         f"hf_distprof: not using compact file {compact.compact_path(trace)}: {REASONS[how]}; "
@@ -140,7 +140,7 @@ def test_no_compact_ignores_them_and_write_compact_replaces_a_bad_one(tmp_path, 
     assert main(["analyze", str(folder), "--workers", "1", "--write-compact"]) == 0
     trace = folder / "rank-0.json.gz"
     bad_compact(trace, "garbage")
-    with caplog.at_level(logging.WARNING, logger="hf_distprof.analysis.compact"):
+    with caplog.at_level(logging.WARNING, logger="hf_distprof.analysis.read.compact"):
         assert main(["analyze", str(folder), "--workers", "1", "--no-compact"]) == 0
         assert caplog.records == []
         assert main(["analyze", str(folder), "--workers", "1", "--write-compact"]) == 0  # says it once, rewrites
@@ -170,7 +170,7 @@ def test_a_compact_file_that_cannot_be_written_is_one_line_and_the_analysis_goes
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr(Path, "write_bytes", refuse)
-    with caplog.at_level(logging.WARNING, logger="hf_distprof.analysis.compact"):
+    with caplog.at_level(logging.WARNING, logger="hf_distprof.analysis.read.compact"):
         result = analyze_paths([folder], AnalysisOptions(workers=1), write_compact=True)
     assert len(result.ranks) == 2 and not result.errors
     assert sorted(r.getMessage() for r in caplog.records) == [

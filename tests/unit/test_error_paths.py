@@ -16,8 +16,9 @@ from types import ModuleType
 import orjson
 import pytest
 
-from hf_distprof.analysis import AnalysisOptions, TraceReadError, analyze_paths, trace_io
-from hf_distprof.analysis.events import parse_trace
+from hf_distprof.analysis import AnalysisOptions, TraceReadError, analyze_paths
+from hf_distprof.analysis.read import trace_io
+from hf_distprof.analysis.read.events import parse_trace
 from hf_distprof.cli.main import main
 from hf_distprof.runs.hang_report import hang_report, parse_recorder
 

@@ -78,7 +78,7 @@ def test_steps_the_compact_summary_thread_overlaps_are_marked_and_left_out(tmp_p
     busy = [s for s, row in rows.items() if row["profiler_busy"]]
     assert busy and busy[0] == 5 and all(not rows[s]["traced"] for s in busy)  # from the step after the window
     assert busy == list(range(5, 5 + len(busy)))
-    from hf_distprof.analysis.timer_records import read_timer_records
+    from hf_distprof.analysis.read.timer_records import read_timer_records
 
     records = read_timer_records([tmp_path / "prof" / "r" / "x.json"])
     assert records.busy == set(busy) and not set(busy) & set(records.step_times())

@@ -20,8 +20,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from hf_distprof.analysis import AnalysisOptions, TraceReadError, analyze_paths, format_summary, trace_io
-from hf_distprof.analysis.events import parse_trace
+from hf_distprof.analysis import AnalysisOptions, TraceReadError, analyze_paths, format_summary
+from hf_distprof.analysis.read import trace_io
+from hf_distprof.analysis.read.events import parse_trace
 from hf_distprof.runs.hang_report import Recorder, parse_recorder
 
 from ..conftest import REPO_ROOT

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hf_distprof.analysis import analyze_paths, format_summary
-from hf_distprof.analysis.manifest import FORMAT, PART_FORMAT
+from hf_distprof.analysis.read.manifest import FORMAT, PART_FORMAT
 from hf_distprof.cli.main import main
 from hf_distprof.runs.load import RunFolderError, load_run
 

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from hf_distprof import ProfilingArguments, paths
-from hf_distprof.analysis.manifest import ManifestError, assemble, format_run, load_manifest, summarize
+from hf_distprof.analysis.read.manifest import ManifestError, assemble, load_manifest, summarize
+from hf_distprof.analysis.tell.run import format_run
 from hf_distprof.core.job import attempt_suffix, describe_job, job_record
 from hf_distprof.callbacks.profiler.manifest import RunManifest
 

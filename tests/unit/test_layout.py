@@ -1,5 +1,6 @@
-"""The package's layout holds: no import circle (imports inside functions count), no module imports the package
-root, at most 8 modules loose at its top, no source file over 600 lines, and the core is torch-free."""
+"""The package's layout holds: no import circle (imports inside functions and under ``if TYPE_CHECKING:`` count), no
+module imports the package root, at most 8 modules loose at its top and at the analysis' top, no source file over 600
+lines, the core is torch-free, and the analysis' stages import only the stages before them."""
 
 from __future__ import annotations
 
@@ -22,16 +23,18 @@ def modules() -> dict[str, Path]:
     return {module_name(p): p for p in PACKAGE.rglob("*.py") if "pythonpath" not in p.parts}
 
 
-def imports(path: Path, name: str, known: set[str]) -> set[str]:
-    """The package's modules ``path`` imports when it runs: ``from pkg import sub`` is ``pkg.sub`` when that is a
-    module, else ``pkg`` (its ``__init__``). Imports under ``if TYPE_CHECKING:`` are for type checkers only."""
+def imports(path: Path, name: str, known: set[str], typing: bool = True) -> set[str]:
+    """The package's modules ``path`` imports: ``from pkg import sub`` is ``pkg.sub`` when that is a module, else
+    ``pkg`` (its ``__init__``). Imports inside functions count, and so do those under ``if TYPE_CHECKING:`` unless
+    ``typing`` is False: a circle that only a type checker sees is still one for a reader, who cannot understand
+    one file without the other."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
     tree = ast.parse(path.read_text(encoding="utf-8"))
     typing_only = {id(n) for node in ast.walk(tree)
                    if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
     for node in ast.walk(tree):
-        if id(node) in typing_only:
+        if not typing and id(node) in typing_only:
             continue
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.split(".")[0] == "hf_distprof")
@@ -50,6 +53,7 @@ def imports(path: Path, name: str, known: set[str]) -> set[str]:
 def test_no_import_circle_and_nothing_imports_the_package_root():
     mods = modules()
     graph = {name: imports(path, name, set(mods)) for name, path in mods.items()}
+    # The root's lazy exports name the public classes for type checkers only; nothing imports the root back.
     assert sorted(m for m, deps in graph.items() if "hf_distprof" in deps) == []
     # Tarjan's strongly connected components: any with 2+ modules is a circle.
     index: dict[str, int] = {}
@@ -87,8 +91,9 @@ def test_no_import_circle_and_nothing_imports_the_package_root():
 
 
 def test_at_most_8_modules_at_the_top_and_no_file_over_600_lines():
-    loose = sorted(p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py")
-    assert len(loose) <= 8, loose
+    for folder in (PACKAGE, PACKAGE / "analysis"):
+        loose = sorted(p.name for p in folder.glob("*.py") if p.name != "__init__.py")
+        assert len(loose) <= 8, (folder, loose)
     long = {str(p.relative_to(REPO_ROOT)): n for p in PACKAGE.rglob("*.py")
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > 600}
     assert long == {}
@@ -114,3 +119,37 @@ def test_the_offline_side_never_imports_the_training_side():
             training = sorted(m for m in imports(path, name, set(mods))
                               if m.startswith(("hf_distprof.callbacks", "hf_distprof.recipe", "hf_distprof.timing")))
             assert training == [], (name, training)
+
+
+ANALYSIS_STAGES = ("options", "results", "read", "rank", "across", "whatif", "judge", "tell")
+"""``analyze`` from disk to the box, in order: the options and the plain results every stage hands on, then reading
+the files, each rank on its own (in the workers), the ranks together, the what-if replay, the findings, the text.
+``api``, ``merge`` and the package's ``__init__`` are the front: they may use every stage."""
+
+
+def stage_of(module: str) -> int | None:
+    parts = module.split(".")
+    if parts[:2] != ["hf_distprof", "analysis"] or len(parts) < 3:
+        return None
+    return ANALYSIS_STAGES.index(parts[2]) if parts[2] in ANALYSIS_STAGES else None
+
+
+def test_the_analysis_stages_import_only_the_stages_before_them():
+    mods = modules()
+    folders = sorted(p.name for p in (PACKAGE / "analysis").iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert folders == sorted(ANALYSIS_STAGES[1:])
+    front = {"hf_distprof.analysis", "hf_distprof.analysis.api", "hf_distprof.analysis.merge"}
+    loose = {module_name(p) for p in (PACKAGE / "analysis").glob("*.py")}
+    assert loose == front | {"hf_distprof.analysis.options"}
+    later: list[tuple[str, str]] = []
+    for name, path in mods.items():
+        stage = stage_of(name)
+        if stage is None:
+            continue
+        later += [(name, m) for m in imports(path, name, set(mods))
+                  if m in front or (stage_of(m) is not None and stage_of(m) > stage)]  # type: ignore[operator]
+    assert later == []
+    # The results are data: they import nothing of the analysis but each other and the options.
+    results = {n: imports(p, n, set(mods)) for n, p in mods.items() if stage_of(n) == 1}
+    assert {m for deps in results.values() for m in deps if m.startswith("hf_distprof.analysis")
+            and stage_of(m) not in (0, 1)} == set()

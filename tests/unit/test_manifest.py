@@ -17,9 +17,9 @@ import pytest
 
 from hf_distprof import ProfilerCallback, ProfilingArguments
 from hf_distprof.analysis import AnalysisOptions, analyze_paths, format_findings, format_summary
-from hf_distprof.analysis.manifest import ManifestError, assemble, load_manifest, missing_files
+from hf_distprof.analysis.read.manifest import ManifestError, assemble, load_manifest, missing_files
 from hf_distprof.analysis.merge import merge_traces
-from hf_distprof.analysis.report import write_report
+from hf_distprof.analysis.tell.report import write_report
 from hf_distprof.callbacks.profiler.capture import CapturePlan, Note, Window
 from hf_distprof.cli.main import main
 from hf_distprof.callbacks.profiler.manifest import (
@@ -302,7 +302,7 @@ def test_merge_by_clock_shifts_each_rank_by_its_measured_offset(tmp_path, monkey
     assert min(e["ts"] for e in merged if e.get("ph") == "X" and e["pid"] == 1) == pytest.approx(first_x - 2500.0)
     # Collectives matched: they decide; none matched: the manifest's clocks, not the raw wall clocks.
     assert merge_traces([folder], tmp_path / "m.json.gz", options=AnalysisOptions(workers=1)).align == "collectives"
-    monkeypatch.setattr("hf_distprof.analysis.merge.match_collectives", lambda ranks: {})
+    monkeypatch.setattr("hf_distprof.analysis.across.align.match_collectives", lambda ranks: {})
     fallback = merge_traces([folder], tmp_path / "f.json.gz", options=AnalysisOptions(workers=1))
     assert fallback.align == "clock" and fallback.shifts_us == {0: 0.0, 1: -2500.0}
     (folder / "manifest.json").unlink()

@@ -10,7 +10,7 @@ import pytest
 
 from hf_distprof import ProfilingArguments
 from hf_distprof.analysis import AnalysisOptions, analyze_paths
-from hf_distprof.analysis.manifest import load_manifest, why_no_trace
+from hf_distprof.analysis.read.manifest import load_manifest, why_no_trace
 from hf_distprof.cli.main import main
 from hf_distprof.callbacks.profiler.manifest import RunManifest
 

@@ -17,7 +17,7 @@ def test_every_public_name_resolves():
 def test_analysis_and_cli_never_import_transformers():
     code = (
         "import sys, hf_distprof.analysis, hf_distprof.cli.main as m; m.build_parser(); "
-        "import hf_distprof.analysis.report, hf_distprof.core.verdicts, hf_distprof.core.names; "
+        "import hf_distprof.analysis.tell.report, hf_distprof.core.verdicts, hf_distprof.core.names; "
         "print('transformers' in sys.modules, 'accelerate' in sys.modules, 'torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

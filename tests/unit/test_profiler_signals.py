@@ -47,7 +47,7 @@ DRIVER = textwrap.dedent(
         if moment == "summary":
             profile.key_averages = signal_self_then(profile.key_averages)
         if moment == "compact":  # on the thread writing the compact summary, after the trace and its summary
-            from hf_distprof.analysis import compact
+            from hf_distprof.analysis.read import compact
             compact.encode = signal_self_then(compact.encode)
         if moment == "stop":  # between the window's stop_trace and its export, inside the profiler's step()
             stop_trace = profile.stop_trace
@@ -66,6 +66,9 @@ DRIVER = textwrap.dedent(
             os.kill(os.getpid(), signum)
         print("survived the signal", flush=True)
 
+    # SIGINT as an interactive shell leaves it (KeyboardInterrupt): a shell that ignores SIGINT (a background job
+    # of a script, nohup) passes SIG_IGN on to its children, and the SIGINT cases would then test nothing.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     root = Path(sys.argv[1])
     fake_trainer.training_args(root)  # its first call imports most of transformers: once, before forking
     status = {{}}

@@ -88,6 +88,9 @@ WRITER = textwrap.dedent(
     import os, signal, sys
     from pathlib import Path
     from hf_distprof import paths
+    # SIGINT as an interactive shell leaves it (KeyboardInterrupt): a shell that ignores SIGINT (a background job
+    # of a script, nohup) passes SIG_IGN on to its children, and a SIGINT would then do nothing here.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     target = Path(sys.argv[1])
     with paths.atomic_path(target) as tmp:
         tmp.write_text("first half ")

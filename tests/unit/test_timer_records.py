@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_distprof.analysis.timer_records import read_timer_records
+from hf_distprof.analysis.read.timer_records import read_timer_records
 from hf_distprof.timing.report import StepSeries
 from hf_distprof.core.verdicts import KEPT_CELLS
 

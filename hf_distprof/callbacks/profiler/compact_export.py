@@ -1,6 +1,6 @@
 """Compact summaries written at export, off the training thread: one background thread per trace, joined at close.
 
-Writing a trace's compact file (:mod:`hf_distprof.analysis.compact`) parses the trace just written, which takes
+Writing a trace's compact file (:mod:`hf_distprof.analysis.read.compact`) parses the trace just written, which takes
 a fraction of a second to seconds; a thread does it while training goes on. The profiler callback joins the
 threads when it closes, before its exit handlers are removed, so a SIGTERM or SIGINT during a write (they reach
 the callback's handler on the main thread, which closes) waits for the file to be whole, and the process never
@@ -19,7 +19,7 @@ logger = dist.get_logger(__name__)
 
 
 def _write(trace: Path) -> None:
-    from hf_distprof.analysis.compact import write_compact  # the analysis is imported only when a trace is
+    from hf_distprof.analysis.read.compact import write_compact  # the analysis is imported only when a trace is
 
     try:
         write_compact(trace)

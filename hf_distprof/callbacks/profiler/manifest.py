@@ -5,7 +5,7 @@ gather of every rank's host and versions, the clock measurement between rank 0 a
 broadcast of its result) and once at train end (rank 0 gathers the parts for ``manifest.json``); nothing
 happens on ordinary steps. Each rank's part is rewritten atomically at start and after each of its windows,
 so a run stopped by SIGTERM or a rank lost to SIGKILL still leaves a manifest that readers assemble from the
-parts (:func:`hf_distprof.analysis.manifest.load_manifest`).
+parts (:func:`hf_distprof.analysis.read.manifest.load_manifest`).
 
 Clock offsets: ranks on one host read one clock, so one rank per host (its lowest) measures against rank 0 by
 NTP-style ping-pong over the process group (gloo, CPU tensors: no device queue in the timing) and the others
@@ -27,7 +27,7 @@ import torch
 import torch.distributed as torch_dist
 
 from hf_distprof import dist, paths
-from hf_distprof.analysis.manifest import (
+from hf_distprof.analysis.read.manifest import (
     FINISHED,
     PART_FORMAT,
     RUNNING,

@@ -1,0 +1,69 @@
+"""One result per rank (pure): the profiling windows of the same rank combined, files that repeat a rank's steps
+rejected. The first thing done across the workers' results, before the ranks are aligned."""
+
+from __future__ import annotations
+
+from hf_distprof.analysis.rank import memory, timeline
+from hf_distprof.analysis.results.rank import FileError, KernelStat, RankResult
+
+
+def one_result_per_rank(results: list[RankResult], errors: list[FileError]) -> list[RankResult]:
+    """Combine several profiling windows of the same rank; reject files that repeat a rank's steps."""
+    by_rank: dict[int, RankResult] = {}
+    for res in sorted(results, key=lambda r: (r.rank, r.steps[0].start_us, r.path)):
+        prev = by_rank.get(res.rank)
+        if prev is None:
+            by_rank[res.rank] = res
+            continue
+        clash = {s.step for s in prev.steps} & {s.step for s in res.steps}
+        if clash:
+            errors.append(
+                FileError(
+                    res.path,
+                    f"rank {res.rank} with step(s) {sorted(clash)} was already read from {prev.path}; "
+                    "pass the traces of one run only",
+                )
+            )
+            continue
+        by_rank[res.rank] = _combine(prev, res)
+    return [by_rank[k] for k in sorted(by_rank)]
+
+
+def _combine(a: RankResult, b: RankResult) -> RankResult:
+    """One rank's two profiling windows as one result (HTA's aggregate is per window, so it is dropped)."""
+    kernels: dict[str, KernelStat] = {}
+    for k in a.top_kernels + b.top_kernels:
+        prev = kernels.get(k.name)
+        if prev is None:
+            kernels[k.name] = KernelStat(k.name, k.category, k.kind, k.count, k.total_us, k.min_us, k.max_us)
+        else:
+            prev.count += k.count
+            prev.total_us += k.total_us
+            prev.min_us = min(prev.min_us, k.min_us)
+            prev.max_us = max(prev.max_us, k.max_us)
+    steps = sorted(a.steps + b.steps, key=lambda s: s.start_us)
+    gpu = "gpu" in (a.device, b.device)
+    return RankResult(
+        rank=a.rank,
+        path=f"{a.path}, {b.path}",
+        device="gpu" if gpu else "cpu",
+        backend=a.backend or b.backend,
+        world_size=a.world_size or b.world_size,
+        host=a.host or b.host,
+        n_events=a.n_events + b.n_events,
+        steps=steps,
+        gpu_total=None,
+        kernel_categories_us=_add(a.kernel_categories_us, b.kernel_categories_us),
+        kernel_categories_count=_add(a.kernel_categories_count, b.kernel_categories_count),
+        top_kernels=sorted(kernels.values(), key=lambda k: (k.category, -k.total_us)),
+        collectives=a.collectives + b.collectives,
+        base_time_ns=a.base_time_ns,
+        memory=memory.combine(a.memory, b.memory),
+        timeline=timeline.combine(a.timeline, b.timeline),
+    )
+
+
+def _add(a: dict, b: dict) -> dict:  # type: ignore[type-arg]
+    return {k: a.get(k, 0) + b.get(k, 0) for k in {**a, **b}}
+
+

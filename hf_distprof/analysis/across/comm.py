@@ -1,0 +1,215 @@
+"""Communication by collective kind and FSDP unit (pure; across ranks, after alignment): the per-kind and per-unit
+tables, and who waits for whom.
+
+Each collective's exposed share comes from its rank (:mod:`hf_distprof.analysis.rank.exposure`); the part of it
+that is a wait for a late peer is known only once the ranks are aligned (:mod:`hf_distprof.analysis.across.align`),
+so the tables are built here, once, after that.
+"""
+
+from __future__ import annotations
+
+from statistics import median
+
+from hf_distprof.analysis.rank import intervals as iv
+from hf_distprof.analysis.rank.kernels import MAIN_KINDS, OTHER_KIND, kind_bucket
+from hf_distprof.analysis.results.rank import (
+    Collective,
+    CommKindStat,
+    ModuleCommStat,
+    RankResult,
+    StepResult,
+)
+
+
+def wait_share(c: Collective) -> list[tuple[float, float, int]]:
+    """The pieces of ``c``'s exposed share that are a wait for a late peer: from its own arrival (its start; the
+    enqueue before it is not a wait) to :attr:`~Collective.peers_in_us`."""
+    if c.peers_in_us is None or c.waited_for is None:
+        return []
+    until = c.peers_in_us
+    return [(max(s, c.start_us), min(e, until), step) for s, e, step in c.exposed_share
+            if max(s, c.start_us) < min(e, until)]
+
+
+def _step_basis(step: StepResult, gpu: bool) -> float:
+    """What a step's shares are of: its GPU span on GPU traces (as HTA's), its wall time on CPU."""
+    if gpu and step.gpu is not None:
+        return step.gpu.kernel_time_us
+    return step.duration_us
+
+
+def by_kind(steps: list[StepResult], collectives: list[Collective], gpu: bool) -> list[CommKindStat]:
+    """Per-kind table of one rank: all_gather, reduce_scatter, all_reduce, then the other kinds summed.
+
+    Time is the union of a kind's spans per step (not their sum; with the enqueueing ops, on CPU, that its exposed
+    share holds); exposed time is the kind's share of the step's
+    exposed communication (:func:`share_exposure`), split into the wait for a late peer and the rest
+    (:func:`set_waits`). Percentages are of the step (its GPU span on GPU traces, as HTA's; its wall time on CPU),
+    averaged over steps, so that a rank's rows add up to its exposed communication in the headline.
+
+    Args:
+        steps: The rank's steps.
+        collectives: The rank's collectives, with ``exposed_share`` and ``phase`` set (and waits, when known).
+        gpu: Whether the rank's trace holds GPU events.
+
+    Returns:
+        One row per kind present, in that order; empty when the rank ran no collective.
+    """
+    if not steps:
+        return []
+    index = {s.step: i for i, s in enumerate(steps)}
+    bases = [_step_basis(s, gpu) for s in steps]
+    n = len(steps)
+    spans: dict[str, list[list[iv.Interval]]] = {}
+    rows: dict[str, dict[str, list[float]]] = {}
+    kinds: dict[str, set[str]] = {}
+    waited: dict[str, dict[int, float]] = {}
+    for c in collectives:
+        bucket = kind_bucket(c.kind)
+        row = rows.get(bucket)
+        if row is None:
+            row = rows[bucket] = {k: [0.0] * n for k in ("count", "exposed", "wait", "fwd", "bwd")}
+            spans[bucket] = [[] for _ in range(n)]
+            kinds[bucket] = set()
+        i = index.get(c.step)
+        if i is not None:
+            kinds[bucket].add(c.kind)
+            row["count"][i] += 1
+            spans[bucket][i].append((c.start_us, c.end_us))
+        for s, e, step in c.exposed_share:
+            j = index.get(step)
+            if j is None:
+                continue
+            kinds[bucket].add(c.kind)
+            row["exposed"][j] += e - s
+            spans[bucket][j].append((s, e))  # enqueueing it (CPU) is its time too: exposed never exceeds time
+            if c.phase == "forward":
+                row["fwd"][j] += e - s
+            elif c.phase == "backward":
+                row["bwd"][j] += e - s
+        for s, e, step in wait_share(c):
+            j = index.get(step)
+            if j is not None and c.waited_for is not None:
+                row["wait"][j] += e - s
+                peers = waited.setdefault(bucket, {})
+                peers[c.waited_for] = peers.get(c.waited_for, 0.0) + e - s
+    out = []
+    for bucket in [*MAIN_KINDS, OTHER_KIND]:
+        row = rows.get(bucket)
+        if row is None or not kinds[bucket]:
+            continue
+        pct = [100.0 * e / b if b > 0 else 0.0 for e, b in zip(row["exposed"], bases)]
+        peers = waited.get(bucket, {})
+        out.append(
+            CommKindStat(
+                kind=bucket,
+                kinds=sorted(kinds[bucket]),
+                count_per_step=sum(row["count"]) / n,
+                time_us=sum(iv.total(iv.merge(step_spans)) for step_spans in spans[bucket]) / n,
+                exposed_us=sum(row["exposed"]) / n,
+                exposed_pct=sum(pct) / n,
+                exposed_pct_median=median(pct),
+                forward_exposed_us=sum(row["fwd"]) / n,
+                backward_exposed_us=sum(row["bwd"]) / n,
+                wait_us=sum(row["wait"]) / n,
+                wait_pct=sum(100.0 * w / b if b > 0 else 0.0 for w, b in zip(row["wait"], bases)) / n,
+                waited_for=sorted(peers, key=lambda p: (-peers[p], p)),
+            )
+        )
+    return out
+
+
+def waits_for_peers(rank: RankResult) -> dict[int, dict[str, float]]:
+    """peer -> kind -> the % of the step this rank waits at collectives of that kind for that peer (the peer
+    arrived last), mean over the rank's steps (same base as the per-kind table)."""
+    gpu = rank.device == "gpu"
+    index = {s.step: i for i, s in enumerate(rank.steps)}
+    bases = [_step_basis(s, gpu) for s in rank.steps]
+    out: dict[int, dict[str, float]] = {}
+    for c in rank.collectives:
+        for s, e, step in wait_share(c):
+            j = index.get(step)
+            if j is None or c.waited_for is None or bases[j] <= 0:
+                continue
+            kinds = out.setdefault(c.waited_for, {})
+            bucket = kind_bucket(c.kind)
+            kinds[bucket] = kinds.get(bucket, 0.0) + 100.0 * (e - s) / bases[j] / len(rank.steps)
+    return out
+
+
+def wait_pct_per_step(rank: RankResult) -> list[float]:
+    """Per step, the exposed communication that is a wait for a late peer, % of the step (GPU: its GPU span)."""
+    waits = wait_us_per_step(rank)
+    bases = [_step_basis(s, rank.device == "gpu") for s in rank.steps]
+    return [100.0 * waits[s.step] / b if b > 0 else 0.0 for s, b in zip(rank.steps, bases)]
+
+
+def wait_us_per_step(rank: RankResult) -> dict[int, float]:
+    """step -> microseconds of the step's exposed communication that are a wait for a late peer."""
+    out = {s.step: 0.0 for s in rank.steps}
+    for c in rank.collectives:
+        for s, e, step in wait_share(c):
+            if step in out:
+                out[step] += e - s
+    return out
+
+
+def by_module(ranks: list[RankResult]) -> list[ModuleCommStat]:
+    """Per FSDP unit, kind and phase: collectives per step, their time and exposed time, mean over ranks.
+
+    Args:
+        ranks: Per-rank results.
+
+    Returns:
+        Rows sorted by exposed time (largest first); empty without FSDP annotations.
+    """
+    sums: dict[tuple[str, str, str | None], list[float]] = {}
+    counted = [r for r in ranks if r.steps]
+    for r in counted:
+        n = len(r.steps)
+        for c in r.collectives:
+            if c.module is None:
+                continue
+            acc = sums.setdefault((c.module, c.kind, c.phase), [0.0, 0.0, 0.0])
+            acc[0] += 1 / n
+            # Its span with the enqueueing its share holds (CPU), and its share of the exposed time: overlapping
+            # collectives do not count a moment twice, and the exposed time never exceeds the time.
+            acc[1] += iv.total(iv.merge([(c.start_us, c.end_us), *((a, b) for a, b, _ in c.exposed_share)])) / n
+            acc[2] += c.exposed_share_us / n
+    k = len(counted) or 1
+    rows = [
+        ModuleCommStat(module, kind, phase, count / k, time / k, exposed / k)
+        for (module, kind, phase), (count, time, exposed) in sums.items()
+    ]
+    return sorted(rows, key=lambda r: (-r.exposed_us, r.module, r.kind))
+
+
+def mean_by_kind(ranks: list[RankResult]) -> list[CommKindStat]:
+    """The per-kind table averaged over the ranks (for the headline and the JSON's top level)."""
+    rows: dict[str, list[CommKindStat]] = {}
+    for r in ranks:
+        for row in r.comm_by_kind:
+            rows.setdefault(row.kind, []).append(row)
+    k = len(ranks) or 1
+    out = []
+    for kind in [*MAIN_KINDS, OTHER_KIND]:
+        same = rows.get(kind)
+        if not same:
+            continue
+        out.append(
+            CommKindStat(
+                kind=kind,
+                kinds=sorted({x for row in same for x in row.kinds}),
+                count_per_step=sum(r.count_per_step for r in same) / k,
+                time_us=sum(r.time_us for r in same) / k,
+                exposed_us=sum(r.exposed_us for r in same) / k,
+                exposed_pct=sum(r.exposed_pct for r in same) / k,
+                exposed_pct_median=median(r.exposed_pct_median for r in same),
+                forward_exposed_us=sum(r.forward_exposed_us for r in same) / k,
+                backward_exposed_us=sum(r.backward_exposed_us for r in same) / k,
+                wait_us=sum(r.wait_us for r in same) / k,
+                wait_pct=sum(r.wait_pct for r in same) / k,
+                waited_for=sorted({p for r in same for p in r.waited_for}),
+            )
+        )
+    return out

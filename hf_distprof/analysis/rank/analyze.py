@@ -1,0 +1,350 @@
+"""Per-rank analyzer (pure): a parsed trace -> per-step CPU and GPU breakdowns, kernels, collectives."""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from hf_distprof.analysis.options import AnalysisOptions
+from hf_distprof.analysis.rank import exposure
+from hf_distprof.analysis.rank import intervals as iv
+from hf_distprof.analysis.rank.cpu import MainThreadSplit, breakdown_of, split_main_thread
+from hf_distprof.analysis.rank.gpu import gpu_breakdown, kernel_stats
+from hf_distprof.analysis.rank.kernels import (
+    COMMUNICATION,
+    COMPUTATION,
+    MAIN_KINDS,
+    c10d_kind,
+    gloo_kind,
+    kernel_category,
+    nccl_kind,
+    nccl_op_kind,
+)
+from hf_distprof.analysis.rank.memory import analyze_memory
+from hf_distprof.analysis.rank.timeline import rank_timeline
+from hf_distprof.analysis.read.events import RECORD_PARAM_COMMS, ParsedTrace, Span
+from hf_distprof.analysis.read.message_sizes import MessageSize, message_bytes
+from hf_distprof.analysis.results.rank import Collective, GpuBreakdown, RankResult, StepResult
+
+# The gloo span a c10d collective runs as, when it is not the collective's own kind.
+GLOO_RUNS_AS = {"reduce_scatter": "all_reduce"}
+# NCCL runs these as SendRecv kernels: the nccl:* annotation around the launch names the collective.
+_SEND_RECV_KINDS = ("all_to_all", "send", "recv", "gather", "scatter")
+# (start, end, kind, issued, size) of one collective, before it is numbered.
+_Run = tuple[float, float, str, float | None, MessageSize | None]
+
+
+def _step_index(starts: list[float], t: float) -> int:
+    """Index of the step that contains (or last started before) time ``t``; the first step if none."""
+    return max(0, bisect_right(starts, t) - 1)
+
+
+def assign_gpu_events_to_steps(trace: ParsedTrace) -> list[list[int]]:
+    """Indices of the GPU events of each step.
+
+    A GPU event belongs to the step whose CPU extent holds its launch (found by correlation id), since a
+    kernel often runs after the step that launched it has ended on the CPU. Events without a launch
+    record go by their own start time.
+    """
+    starts = [s.start for s in trace.steps]
+    per_step: list[list[int]] = [[] for _ in trace.steps]
+    launches = trace.launches
+    gpu = trace.gpu
+    for i, (start, corr) in enumerate(zip(gpu.start, gpu.correlation)):
+        per_step[_step_index(starts, launches.get(corr, start))].append(i)
+    return per_step
+
+
+def hta_selection(trace: ParsedTrace) -> list[int]:
+    """The GPU events HTA 0.5.0 analyses for this rank.
+
+    With more than one profiler step HTA keeps only kernels whose launch (matched by correlation) starts
+    before the last step, dropping the last, possibly incomplete, step; with one step it keeps them all.
+    (HTA counts distinct step names over all ranks; here the rank's own steps are counted.)
+    """
+    gpu = trace.gpu
+    if len(trace.steps) <= 1:
+        return list(range(len(gpu)))
+    last = trace.steps[-1].start
+    launches = trace.launches
+    return [i for i, corr in enumerate(gpu.correlation) if corr in launches and launches[corr] < last]
+
+
+def _collectives(trace: ParsedTrace, gpu_steps: list[list[int]]) -> list[Collective]:
+    """Each collective's own time span, keyed by (step, kind, k-th of that kind in the step)."""
+    if len(trace.gpu):
+        return _gpu_collectives(trace, gpu_steps)
+    out: list[Collective] = []
+    starts = [s.start for s in trace.steps]
+    sizes = trace.message_sizes
+    spans_per_step: list[list[tuple[float, float, str, MessageSize | None]]] = [[] for _ in trace.steps]
+    for span in trace.comm_spans:
+        s, e, name = span
+        spans_per_step[_step_index(starts, s)].append((s, e, gloo_kind(name), sizes.get(span)))
+    ops_per_step: list[list[tuple[float, str, MessageSize | None]]] = [[] for _ in trace.steps]
+    for span in trace.c10d_ops:
+        kind = c10d_kind(span[2])
+        if kind not in ("", "barrier", "wait", "monitored_barrier"):
+            ops_per_step[_step_index(starts, span[0])].append((span[0], kind, sizes.get(span)))
+    for step, spans, ops in zip(trace.steps, spans_per_step, ops_per_step):
+        out.extend(_numbered(step.number, _name_gloo_spans(spans, ops), trace.world_size))
+    return out
+
+
+def _name_gloo_spans(
+    spans: list[tuple[float, float, str, MessageSize | None]], ops: list[tuple[float, str, MessageSize | None]]
+) -> list[_Run]:
+    """(start, end, kind, issued, size) of one step's gloo spans, named by the c10d ops that enqueued them.
+
+    The c10d op names the collective better (a reduce-scatter runs as ``gloo:all_reduce``). The ops of
+    each gloo span name are matched to those spans in order, when their counts agree; otherwise the spans
+    keep the gloo name and no issue time. The size is the span's own recorded input, else its op's.
+    """
+    spans_by_name: dict[str, list[tuple[float, float, MessageSize | None]]] = {}
+    for s, e, name, size in spans:
+        spans_by_name.setdefault(name, []).append((s, e, size))
+    ops_by_name: dict[str, list[tuple[float, str, MessageSize | None]]] = {}
+    for t, kind, size in ops:
+        ops_by_name.setdefault(GLOO_RUNS_AS.get(kind, kind), []).append((t, kind, size))
+    named: list[_Run] = []
+    for name, same in spans_by_name.items():
+        issued = ops_by_name.get(name, [])
+        if len(issued) == len(same):
+            named += [(s, e, kind, t, size or op_size) for (s, e, size), (t, kind, op_size) in zip(same, issued)]
+        else:
+            named += [(s, e, name, None, size) for s, e, size in same]
+    named.sort(key=lambda x: (x[0], x[1], x[2]))
+    return named
+
+
+def _gpu_collectives(trace: ParsedTrace, gpu_steps: list[list[int]]) -> list[Collective]:
+    """NCCL kernels as collectives, issued at their launch and named by their kernel or nccl:* op."""
+    gpu = trace.gpu
+    launches = trace.launches
+    ops = exposure.SpanIndex(trace.nccl_ops) if trace.nccl_ops else None
+    sizes = trace.message_sizes
+    recorded = sorted(span for span in sizes if span[2] == RECORD_PARAM_COMMS)
+    params = exposure.SpanIndex(recorded) if recorded else None
+    out: list[Collective] = []
+    for step, indices in zip(trace.steps, gpu_steps):
+        spans: list[_Run] = []
+        for i in indices:
+            name = gpu.name[i]
+            if kernel_category(name) != COMMUNICATION:
+                continue
+            issued = launches.get(gpu.correlation[i])
+            kind = nccl_kind(name)
+            around = ops.containing(issued) if ops is not None and issued is not None else []
+            if around and kind not in MAIN_KINDS:
+                # A SendRecv (or newer generic) kernel: the innermost nccl:* op of a matching kind names it.
+                for _, _, op in reversed(around):
+                    op_kind = nccl_op_kind(op)
+                    if kind != "send_recv" or op_kind in _SEND_RECV_KINDS:
+                        kind = op_kind or kind
+                        break
+            spans.append((gpu.start[i], gpu.end[i], kind, issued, _launch_size(sizes, params, around, issued)))
+        spans.sort(key=lambda x: (x[0], x[1], x[2]))
+        out.extend(_numbered(step.number, spans, trace.world_size))
+    return out
+
+
+def _launch_size(
+    sizes: dict[Span, MessageSize], params: exposure.SpanIndex | None, around: list[Span], issued: float | None
+) -> MessageSize | None:
+    """The size recorded around a kernel's launch: by the innermost ``record_param_comms`` that states one
+    (newer PyTorch), else by the innermost ``nccl:*`` annotation with recorded shapes."""
+    if issued is None:
+        return None
+    inner = params.containing(issued) if params is not None else []
+    if inner:
+        return sizes[inner[-1]]
+    for span in reversed(around):
+        size = sizes.get(span)
+        if size is not None:
+            return size
+    return None
+
+
+def _numbered(step: int, spans: list[_Run], world_size: int | None) -> list[Collective]:
+    seen: dict[str, int] = {}
+    out = []
+    for s, e, kind, issued, size in spans:
+        k = seen.get(kind, 0)
+        seen[kind] = k + 1
+        group = (size.group_size if size is not None else None) or world_size
+        out.append(
+            Collective(
+                step=step,
+                kind=kind,
+                index=k,
+                start_us=s,
+                end_us=e,
+                issued_us=issued,
+                bytes=message_bytes(kind, size.in_bytes, size.out_bytes, group) if size is not None else None,
+                group_size=group,
+            )
+        )
+    return out
+
+
+def analyze_rank(trace: ParsedTrace, options: AnalysisOptions) -> RankResult:
+    """Analyse one rank's parsed trace.
+
+    Args:
+        trace: The parsed trace.
+        options: Thresholds (only ``tiny_kernel_us`` and ``top_kernels`` matter here).
+
+    Returns:
+        Per-step breakdowns, the HTA-compatible GPU aggregate, kernel stats, the collectives, and the memory
+        per device when the trace holds ``[memory]`` events.
+    """
+    # Imported here, in the worker: numpy starts a thread at import, and the parent process of the workers must
+    # have none to fork them rather than spawn them (see api._start_method).
+    from hf_distprof.analysis.rank import fast
+
+    gpu = trace.gpu
+    on_gpu = bool(len(gpu))
+    # Int64 columns for the vectorised analyzers (the same results), when every time is an int.
+    columns = fast.GpuColumns.of(gpu) if on_gpu else None
+    step_events = issued = None
+    if columns is not None:
+        issued = fast.int_column(list(map(trace.launches.get, gpu.correlation, gpu.start)))
+        if issued is not None:
+            step_events = columns.per_step([s.start for s in trace.steps], issued)
+    if step_events is None or issued is None:
+        columns = None
+    if columns is not None and step_events is not None:
+        # Only the NCCL kernels of each step are read to find its collectives.
+        gpu_steps = [ix[columns.bits[ix] == fast.COMM_BIT].tolist() for ix in step_events]
+        breakdowns = [columns.breakdown(ix, options.tiny_kernel_us) for ix in step_events]
+    else:
+        gpu_steps = assign_gpu_events_to_steps(trace)
+        breakdowns = [_gpu_breakdown_of(trace, indices, options) for indices in gpu_steps]
+    collectives = _collectives(trace, gpu_steps)
+    if on_gpu:
+        in_flight = iv.merge((c.start_us, c.end_us) for c in collectives)
+    else:
+        in_flight = iv.merge((s, e) for s, e, _ in trace.comm_spans)
+    splits = _splits(trace, in_flight, waits_block=not on_gpu)
+    per_step = Counter(c.step for c in collectives)
+    steps = [
+        StepResult(
+            step=step.number,
+            start_us=step.start,
+            duration_us=step.duration,
+            cpu=breakdown_of(split, step.duration),
+            gpu=breakdown,
+            n_collectives=per_step[step.number],
+        )
+        for step, breakdown, split in zip(trace.steps, breakdowns, splits)
+    ]
+    exposure.attribute(collectives, trace.fsdp_spans)
+    if columns is not None:
+        fast.set_exposure(collectives, columns.merged(fast.COMP_BIT))
+    elif on_gpu:
+        compute = iv.merge(
+            (s, e) for s, e, name in zip(gpu.start, gpu.end, gpu.name) if kernel_category(name) == COMPUTATION
+        )
+        exposure.set_exposure(collectives, compute, hidden_when_covered=True)
+    else:
+        waiting = iv.merge(w for split in splits for w in split.communication)
+        exposure.set_exposure(collectives, waiting, hidden_when_covered=False)
+    # Each exposed moment of a step goes to one collective, so that the per-kind rows add up to the step's exposed
+    # communication (CPU: the training thread waiting; GPU: communication kernels with no computation running).
+    if on_gpu:
+        exposed = _gpu_exposed_per_step(trace, columns, step_events if columns is not None else None, gpu_steps)
+    else:
+        exposed = [(step.number, split.communication) for step, split in zip(trace.steps, splits)]
+    exposure.share_exposure(collectives, exposed)
+    if columns is not None and issued is not None:
+        selected = columns.hta_selection(trace, issued)
+        gpu_total = columns.breakdown(selected, options.tiny_kernel_us)
+        cat_us, cat_n, top = fast.kernel_stats(columns.starts, columns.ends, gpu.name, options.top_kernels)
+    else:
+        selected_list = hta_selection(trace)
+        starts = [gpu.start[i] for i in selected_list]
+        ends = [gpu.end[i] for i in selected_list]
+        names = [gpu.name[i] for i in selected_list]
+        gpu_total = gpu_breakdown(starts, ends, names, options.tiny_kernel_us)
+        cat_us, cat_n, top = kernel_stats(gpu.start, gpu.end, gpu.name, options.top_kernels)
+    return RankResult(
+        rank=trace.rank,
+        path=trace.path,
+        device="gpu" if on_gpu else "cpu",
+        backend=trace.backend,
+        world_size=trace.world_size,
+        host=trace.host,
+        n_events=trace.n_events,
+        steps=steps,
+        gpu_total=gpu_total,
+        kernel_categories_us=cat_us,
+        kernel_categories_count=cat_n,
+        top_kernels=top,
+        collectives=collectives,
+        base_time_ns=trace.base_time_ns,
+        memory=analyze_memory(trace.memory, trace.steps),
+        timeline=rank_timeline(trace, collectives, splits, _gpu_busy(trace, columns) if on_gpu else None),
+    )
+
+
+def _gpu_busy(trace: ParsedTrace, columns: object) -> list[iv.Interval]:
+    """The union of all GPU activity (the what-if timeline's busy and idle), from the int64 columns when there are."""
+    from hf_distprof.analysis.rank import fast
+
+    if isinstance(columns, fast.GpuColumns):
+        return fast.as_list(fast.merge(columns.starts, columns.ends))
+    return iv.merge(zip(trace.gpu.start, trace.gpu.end))
+
+
+def _gpu_exposed_per_step(
+    trace: ParsedTrace, columns: object, step_events: Sequence[Any] | None, gpu_steps: list[list[int]]
+) -> list[tuple[int, list[iv.Interval]]]:
+    """Per step, its communication kernels with no computation kernel of the step running: the intervals whose
+    total is the step's ``exposed_comm_us`` (:func:`hf_distprof.analysis.rank.gpu.gpu_breakdown`)."""
+    from hf_distprof.analysis.rank import fast  # imported in the worker, see analyze_rank
+
+    out: list[tuple[int, list[iv.Interval]]] = []
+    if isinstance(columns, fast.GpuColumns) and step_events is not None:
+        for step, ix in zip(trace.steps, step_events):
+            bits, starts, ends = columns.bits[ix], columns.starts[ix], columns.ends[ix]
+            comm_m = fast.as_list(fast.merge(starts[bits == fast.COMM_BIT], ends[bits == fast.COMM_BIT]))
+            comp_m = fast.as_list(fast.merge(starts[bits == fast.COMP_BIT], ends[bits == fast.COMP_BIT]))
+            out.append((step.number, iv.subtract(comm_m, comp_m)))
+        return out
+    gpu = trace.gpu
+    for step, indices in zip(trace.steps, gpu_steps):  # every event of the step on this path
+        cats = [(gpu.start[i], gpu.end[i], kernel_category(gpu.name[i])) for i in indices]
+        comm_m = iv.merge((s, e) for s, e, cat in cats if cat == COMMUNICATION)
+        comp_m = iv.merge((s, e) for s, e, cat in cats if cat == COMPUTATION)
+        out.append((step.number, iv.subtract(comm_m, comp_m)))
+    return out
+
+
+def _splits(trace: ParsedTrace, in_flight: list[iv.Interval], waits_block: bool) -> list[MainThreadSplit]:
+    """The main thread's split of every step (vectorised when every op and step time is an int)."""
+    from hf_distprof.analysis.rank import fast  # imported in the worker, see analyze_rank
+
+    columns = fast.MainOpColumns.of(trace) if trace.main_ops else None
+    if columns is None:
+        op_starts = [op[0] for op in trace.main_ops]
+        return [
+            split_main_thread(trace.main_ops, in_flight, step.start, step.end, op_starts, waits_block)
+            for step in trace.steps
+        ]
+    bounds = columns.step_bounds(trace.steps)
+    return [
+        columns.split(bounds[2 * k], bounds[2 * k + 1], in_flight, step.start, step.end, waits_block)
+        for k, step in enumerate(trace.steps)
+    ]
+
+
+def _gpu_breakdown_of(trace: ParsedTrace, indices: list[int], options: AnalysisOptions) -> GpuBreakdown | None:
+    gpu = trace.gpu
+    return gpu_breakdown(
+        [gpu.start[i] for i in indices],
+        [gpu.end[i] for i in indices],
+        [gpu.name[i] for i in indices],
+        options.tiny_kernel_us,
+    )

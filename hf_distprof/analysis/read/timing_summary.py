@@ -1,0 +1,59 @@
+"""The step timer's ``timing_summary.json`` beside the traces, read once: the profiler's slowdown and the timer's
+slow-rank verdict over the untraced steps, as the run wrote them at train end."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hf_distprof.core import names
+from hf_distprof.core.stats import finite
+
+
+@dataclass
+class TimingSummary:
+    """What the analysis takes from the ``timing_summary.json`` files in the traces' folders."""
+
+    profiler_slowdown: dict[str, Any] | None = None
+    """The first folder's ``profiler_slowdown`` whose fields the analysis reads all have their types; None without."""
+    imbalance_verdict: dict[str, Any] | None = None
+    """The first folder's ``imbalance_verdict`` (the step timer's slow-rank verdict); None without."""
+
+
+def read_timing_summary(files: list[str]) -> TimingSummary:
+    """Each trace folder's ``timing_summary.json``, read once; a file that cannot be read or parsed is skipped, a field
+    edited by hand or written by another tool (a wrong type) is ignored, as an unreadable file is."""
+    out = TimingSummary()
+    for folder in sorted({Path(f).parent for f in files}):
+        try:
+            doc = json.loads((folder / names.TIMING_SUMMARY_NAME).read_text())
+        except (OSError, ValueError, RecursionError):  # RecursionError: nested too deeply
+            continue
+        if not isinstance(doc, dict):
+            continue
+        if out.profiler_slowdown is None:
+            out.profiler_slowdown = _slowdown_json(doc.get("profiler_slowdown"))
+        if out.imbalance_verdict is None and isinstance(doc.get("imbalance_verdict"), dict):
+            out.imbalance_verdict = doc["imbalance_verdict"]
+    return out
+
+
+def _slowdown_json(doc: Any) -> dict[str, Any] | None:
+    """``profiler_slowdown`` when every field the analysis reads has its type, else None."""
+    if not isinstance(doc, dict) or not doc:
+        return None
+
+    def number(key: str, optional: bool = True) -> bool:
+        value = doc.get(key)
+        return optional if value is None else finite(value) is not None
+
+    warning = doc.get("warning")
+    if not (number("ratio") and number("threshold_ratio", optional=False) and number("confidence")):
+        return None
+    if not (warning is None or isinstance(warning, str)):
+        return None
+    if warning and not (number("ratio", optional=False) and doc["ratio"] > 0):  # the finding divides by it
+        return None
+    return dict(doc)

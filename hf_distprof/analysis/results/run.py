@@ -1,0 +1,51 @@
+"""The run manifest's account of a run, as ``analyze`` reports it (plain data)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class RankClock:
+    """One rank's clock against rank 0's, measured at train start (None: not measured)."""
+
+    rank: int
+    host: str
+    offset_us: float | None
+    """This rank's clock minus rank 0's, in microseconds."""
+    uncertainty_us: float | None
+    """Half the shortest round trip of the measurement: the true offset lies within this of ``offset_us``."""
+
+@dataclass
+class WindowInfo:
+    """One profiler window as the manifest has it."""
+
+    first: int
+    last: int
+    reasons: list[str]
+    detail: str
+    ranks: list[int]
+    cut_short_ranks: list[int] = field(default_factory=list)
+
+@dataclass
+class RunSummary:
+    """What ``analyze`` reports from a run folder's manifest."""
+
+    path: str
+    """The manifest file read, or the parts' glob when it was assembled from them."""
+    complete: bool
+    world_size: int
+    hosts: list[dict[str, Any]]
+    clocks: list[RankClock]
+    windows: list[WindowInfo]
+    missing_files: list[str]
+    """One sentence per file the manifest lists that the folder does not hold (a lost trace)."""
+    unfinished_ranks: list[int] = field(default_factory=list)
+    absent_ranks: list[int] = field(default_factory=list)
+    job: dict[str, Any] | None = None
+    """Rank 0's launcher, ids and restart counts (:func:`hf_distprof.core.job.job_record`); None in older manifests."""
+
+    def clock_offsets_us(self) -> dict[int, float]:
+        """Measured offsets by rank (ranks without a measurement left out)."""
+        return {c.rank: c.offset_us for c in self.clocks if c.offset_us is not None}

@@ -1,0 +1,94 @@
+"""What the what-if model yields (plain data): scenarios, the model's fit, the critical path."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class WhatIfScenario:
+    """One replay with one change, against the measured steps."""
+
+    scenario: str
+    """Short id: ``slow_rank``, ``no_data_loading``, ``hide_communication``, ``fastest_pace``,
+    ``network_at_reference``."""
+    title: str
+    ranks: list[int]
+    """The ranks whose work it changes."""
+    step_ms_now: float
+    """Measured: median over steps of the mean over ranks of the step time."""
+    step_ms_predicted: float
+    saving_ms: float
+    saving_pct: float
+    hours_per_1000_steps: float
+    """The saving over 1,000 steps, in hours."""
+    error_ms: float
+    """The model's error bar: its largest replay residual (see :class:`WhatIfModel`)."""
+    noise_ms: float | None
+    """The step-to-step noise a saving must stand out from: the smaller of the measured steps' and the predicted
+    steps' (each the scaled median absolute deviation of the step times over the steps). Each inflates on its own
+    side: a rank slow in every other step makes the measured times bimodal, which is what the scenario removes; a
+    rank given its peers' work step by step takes on their variation. None with one traced step."""
+    beyond_noise: bool
+    """Whether the saving is larger than both the error bar and ``noise_ms`` (never with one traced step, whose
+    noise is unknown)."""
+    saving_pct_per_step: list[float] = field(default_factory=list)
+    """The saving in each traced step (its replayed step time against the scenario's), in %."""
+
+@dataclass
+class ReplayedRank:
+    """One rank's step time, measured and replayed (medians over the steps)."""
+
+    rank: int
+    step_ms_measured: float
+    step_ms_replayed: float
+    residual_ms: float
+    """The largest ``|replayed - measured|`` over its steps."""
+
+@dataclass
+class WhatIfModel:
+    """The model behind the scenarios: how well the replay reproduces the measured steps, and the median step."""
+
+    steps: list[int]
+    """The steps every rank traced, replayed."""
+    median_step: int
+    """The step whose replayed time is the median: the one the critical path and the lanes describe."""
+    step_ms_measured: float
+    step_ms_replayed: float
+    error_ms: float
+    """The largest ``|replayed - measured|`` step time over ranks and steps: the error bar of every prediction."""
+    noise_ms: float | None
+    """Step-to-step noise of the measured step time (scaled median absolute deviation over the steps); None with
+    one step. (Each scenario's saving is judged against the smaller of this and its predicted steps' noise.)"""
+    sync_points: int
+    """Collectives matched on every rank, per step (median), that the replay synchronises the ranks at."""
+    slowest_rank: int | None
+    """The rank with the most local work per step (mean over the steps); None with one rank."""
+    fastest_rank: int | None
+    """The rank with the least."""
+    ranks: list[ReplayedRank] = field(default_factory=list)
+    lanes: list[dict[str, Any]] = field(default_factory=list)
+    """The median step as replayed, for the figure: ``{rank, start_ms, end_ms, name}`` (a phase, "waiting", or
+    "transfer <collective>")."""
+
+@dataclass
+class CriticalSegment:
+    """One link of the critical path: local work on a rank, or a collective's transfer."""
+
+    rank: int
+    kind: str
+    """"phase" (local work: ``name`` is its phase) or "collective" (``name`` is the collective, transfer or
+    wake-up)."""
+    name: str
+    ms: float
+    start_ms: float
+    """From the step's start (its earliest rank's), in the replay."""
+
+@dataclass
+class WhatIf:
+    """The model's answer: ranked scenarios, the critical path of the median step, and the model itself."""
+
+    scenarios: list[WhatIfScenario]
+    critical_path: list[CriticalSegment]
+    model: WhatIfModel

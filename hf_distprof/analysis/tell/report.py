@@ -1,0 +1,458 @@
+"""Report writer: an :class:`AnalysisResult` -> a folder with Markdown, self-contained HTML, PNGs, JSON."""
+
+from __future__ import annotations
+
+import base64
+import html
+import os
+from pathlib import Path
+
+from hf_distprof.analysis.results.result import AnalysisResult
+from hf_distprof.analysis.tell.box import format_box
+from hf_distprof.analysis.tell.run import format_run
+from hf_distprof.analysis.tell.text import format_gbps, format_summary, missing_sizes_note, reference_lines
+from hf_distprof.analysis.tell.whatif import CRITICAL_PATH_PNG, plot_critical_path, what_if_markdown
+from hf_distprof.core import names
+from hf_distprof.core.files import atomic_path, atomic_write_text
+from hf_distprof.core.stats import mean
+from hf_distprof.core.text import format_bytes
+
+REPORT_MD = "report.md"
+REPORT_HTML = "report.html"
+RESULT_JSON = names.ANALYSIS_NAME
+BREAKDOWN_PNG = "breakdown.png"
+STEPS_PNG = "step_durations.png"
+PHASES_PNG = "phases_per_step.png"
+LATENESS_PNG = "lateness_per_step.png"
+COMM_PNG = "communication_by_kind.png"
+MEMORY_PNG = "memory_over_time.png"  # only when the traces hold [memory] events
+
+
+def _pyplot():  # type: ignore[no-untyped-def]
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: the report is written on headless hosts too
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _heatmap(ax, rows: list[list[float]], ranks: list[int], steps: list[int], title: str, unit: str) -> None:  # type: ignore[no-untyped-def]
+    """One rank x step heatmap with integer ticks; rank labels thinned past 16 ranks so 8+ ranks stay legible."""
+    from matplotlib.ticker import MaxNLocator
+
+    image = ax.imshow(rows, aspect="auto", interpolation="nearest", cmap="viridis",
+                      extent=(steps[0] - 0.5, steps[-1] + 0.5, len(ranks) - 0.5, -0.5))
+    ax.set_title(title, fontsize=9)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    every = max(1, len(ranks) // 16)
+    ax.set_yticks(list(range(0, len(ranks), every)), [str(r) for r in ranks[::every]])
+    ax.set_xlabel("step")
+    ax.set_ylabel("rank")
+    ax.figure.colorbar(image, ax=ax, label=unit)
+
+
+def _common_steps(result: AnalysisResult) -> list[int]:
+    steps = [set(s.step for s in r.steps) for r in result.ranks]
+    return sorted(set.intersection(*steps)) if steps else []
+
+
+def _phases_plot(result: AnalysisResult, out: Path) -> None:
+    """Per rank and step: each phase's share of the step, one heatmap per phase."""
+    plt = _pyplot()
+    steps = _common_steps(result)
+    ranks = [r.rank for r in result.ranks]
+    gpu = any(r.device == "gpu" for r in result.ranks)
+    if gpu:
+        phases = {
+            "GPU compute": lambda s: s.gpu.compute_pct if s.gpu else 0.0,
+            "exposed communication": lambda s: s.gpu.exposed_comm_pct if s.gpu else 0.0,
+            "GPU idle": lambda s: s.gpu.idle_pct if s.gpu else 0.0,
+        }
+    else:
+        phases = {
+            "compute": lambda s: s.cpu.pct(s.cpu.compute_us),
+            "communication (waiting)": lambda s: s.cpu.pct(s.cpu.communication_us),
+            "data loading": lambda s: s.cpu.pct(s.cpu.data_loading_us),
+        }
+    fig, axes = plt.subplots(1, len(phases), figsize=(4.2 * len(phases), max(3.0, 0.25 * len(ranks) + 2)))
+    for ax, (name, value) in zip(axes, phases.items()):
+        rows = []
+        for r in result.ranks:
+            by_step = {s.step: s for s in r.steps}
+            rows.append([value(by_step[step]) for step in steps])
+        _heatmap(ax, rows, ranks, steps, f"{name} (% of step)", "%")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def _lateness_plot(result: AnalysisResult, out: Path) -> None:
+    """Per rank and step: how late the rank reached that step's collectives (the straggler evidence)."""
+    plt = _pyplot()
+    cross = result.cross_rank
+    fig, ax = plt.subplots(figsize=(7, max(3.0, 0.25 * len(result.ranks) + 2)))
+    steps = sorted({s for p in cross.per_rank for s in p.lateness_steps}) if cross else []
+    if steps and cross is not None:
+        rows = [
+            [dict(zip(p.lateness_steps, p.lateness_per_step_us)).get(step, 0.0) / 1e3 for step in steps]
+            for p in cross.per_rank
+        ]
+        _heatmap(ax, rows, [p.rank for p in cross.per_rank], steps, "lateness at the step's collectives (ms)", "ms")
+    else:
+        ax.text(0.5, 0.5, "no collective matched across ranks", ha="center", va="center")
+        ax.set_axis_off()
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def _comm_plot(result: AnalysisResult, out: Path) -> None:
+    """Communication per collective kind, per step: exposed and hidden time (mean over ranks)."""
+    plt = _pyplot()
+    rows = result.comm_by_kind
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    if rows:
+        kinds = [row.kind for row in rows]
+        exposed = [row.exposed_us / 1e3 for row in rows]
+        hidden = [max(0.0, row.time_us - row.exposed_us) / 1e3 for row in rows]
+        ax.bar(kinds, exposed, label="exposed")
+        ax.bar(kinds, hidden, bottom=exposed, label="hidden behind compute")
+        ax.set_ylabel("ms per step (mean over ranks)")
+        ax.legend()
+    else:
+        ax.text(0.5, 0.5, "no collective in the traces", ha="center", va="center")
+        ax.set_axis_off()
+    ax.set_title("Communication by collective kind")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def _breakdown_plot(result: AnalysisResult, out: Path) -> None:
+    plt = _pyplot()
+
+    gpu = any(r.device == "gpu" for r in result.ranks)
+    labels = [f"r{r.rank}" for r in result.ranks]
+    if gpu:
+        parts = {
+            "compute": [mean([s.gpu.compute_pct for s in r.steps if s.gpu]) for r in result.ranks],
+            "exposed comm": [mean([s.gpu.exposed_comm_pct for s in r.steps if s.gpu]) for r in result.ranks],
+            "other non-compute": [
+                mean([s.gpu.non_compute_pct - s.gpu.exposed_comm_pct for s in r.steps if s.gpu])
+                for r in result.ranks
+            ],
+            "idle": [mean([s.gpu.idle_pct for s in r.steps if s.gpu]) for r in result.ranks],
+        }
+        title = "GPU time per rank (% of step GPU span, HTA definitions)"
+    else:
+        parts = {
+            name: [mean([s.cpu.pct(getattr(s.cpu, attr)) for s in r.steps]) for r in result.ranks]
+            for name, attr in (
+                ("compute", "compute_us"),
+                ("communication", "communication_us"),
+                ("data loading", "data_loading_us"),
+                ("other", "other_us"),
+            )
+        }
+        title = "Main thread time per rank (% of step)"
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.6 * len(labels) + 3), 4))
+    bottom = [0.0] * len(labels)
+    for name, values in parts.items():
+        ax.bar(labels, values, bottom=bottom, label=name)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set_ylabel("% of step")
+    ax.set_ylim(0, 100)
+    ax.set_title(title)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def _steps_plot(result: AnalysisResult, out: Path) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in result.ranks:
+        ax.plot(
+            [s.step for s in r.steps],
+            [s.duration_us / 1e3 for s in r.steps],
+            marker="o",
+            label=f"rank {r.rank}",
+        )
+    ax.set_xlabel("profiler step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("step duration (ms)")
+    ax.set_title("Step duration per rank")
+    if len(result.ranks) <= 16:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def _memory_plot(result: AnalysisResult, out: Path) -> None:
+    """Allocated memory over the traced steps, one line per rank, one panel per device type."""
+    plt = _pyplot()
+    kinds = sorted({d.kind for r in result.ranks for d in r.memory}, key=lambda k: (k != "cpu", k))
+    fig, axes = plt.subplots(len(kinds), 1, figsize=(8, 3.5 * len(kinds)), squeeze=False)
+    for ax, kind in zip(axes[:, 0], kinds):
+        for r in result.ranks:
+            devices = [d for d in r.memory if d.kind == kind]
+            for d in devices:
+                label = f"rank {r.rank}" + (f" ({d.device})" if len(devices) > 1 else "")
+                # The level holds from one event to the next: a step line.
+                ax.plot(d.series_ms, [b / 2**20 for b in d.series_bytes], drawstyle="steps-post", label=label)
+        ax.set_xlabel("ms since the first traced step")
+        ax.set_ylabel("allocated (MiB)")
+        ax.set_title(f"{kind} memory allocated ([memory] events)")
+        if len(result.ranks) <= 16:
+            ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def _has_memory(result: AnalysisResult) -> bool:
+    return any(r.memory for r in result.ranks)
+
+
+def _markdown(result: AnalysisResult) -> str:
+    lines = [
+        "# hf-distprof trace analysis",
+        "",
+        f"**Exposed communication:** {result.exposed_comm_pct:.1f}% of step time  ",
+        f"**Load imbalance:** {result.imbalance_pct:.1f}%  ",
+        f"**Ranks analysed:** {len(result.ranks)}; files skipped: {len(result.errors)}",
+        "",
+        "```",
+        format_box(result),
+        "```",
+        "",
+        *_run_markdown(result),
+        "## Findings",
+        "",
+    ]
+    if not result.findings:
+        lines.append("No finding: no threshold crossed beyond the run's own noise.")
+    for i, f in enumerate(result.findings, 1):
+        who = f" (ranks {', '.join(map(str, f.ranks))})" if f.ranks else ""
+        sure = f", confidence {f.confidence:.2f}" if f.confidence is not None else ""
+        lines += [
+            f"{i}. **{f.title}**{who}{sure}",
+            f"   - Evidence: {f.evidence}",
+            f"   - Recommendation: {f.recommendation}",
+        ]
+    lines += [f"- Not enough evidence, no verdict: {text}" for text in result.undecided]
+    lines += what_if_markdown(result, with_figure=bool(result.critical_path))
+    lines += _comm_markdown(result)
+    lines += _bandwidth_markdown(result)
+    if result.errors:
+        lines += ["", "## Skipped files", ""] + [f"- `{e.path}`: {e.reason}" for e in result.errors]
+    lines += [
+        "",
+        "## Plots",
+        "",
+        f"![per-rank breakdown]({BREAKDOWN_PNG})",
+        "",
+        f"![step durations]({STEPS_PNG})",
+        "",
+        f"![phases per rank and step]({PHASES_PNG})",
+        "",
+        f"![lateness per rank and step]({LATENESS_PNG})",
+        "",
+        f"![communication by kind]({COMM_PNG})",
+        "",
+        *([f"![memory over time]({MEMORY_PNG})", ""] if _has_memory(result) else []),
+        "## Details",
+        "",
+        "```",
+        format_summary(result),
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _run_markdown(result: AnalysisResult) -> list[str]:
+    """The run manifest's section: hosts, each window and why it was taken, files listed but missing."""
+    if result.run is None:
+        return []
+    head, *rest = format_run(result.run)
+    missing = [f"- Missing: {text}" for text in result.run.missing_files]
+    return ["## Run", "", head, "", *[f"- {line.strip()}" for line in rest], *missing, ""]
+
+
+def _comm_markdown(result: AnalysisResult) -> list[str]:
+    """The per-kind communication table (mean over ranks) and the FSDP unit table, as Markdown."""
+    if not result.comm_by_kind:
+        return []
+    lines = [
+        "",
+        "## Communication by collective kind",
+        "",
+        "Per step, mean over ranks. Busy: the union of the collectives' spans. Exposed: not hidden behind "
+        "computation (GPU: no computation kernel runs; CPU: the training thread waits), each moment counted once, "
+        "so the rows add up to the headline's exposed communication. Wait: of the exposed time, waiting for a late "
+        "peer (before the last rank reached the same collective); the rest is the collective itself. % of step: "
+        "of the step's wall time (GPU: its GPU span), mean over steps. Forward/backward: issued in FSDP's forward "
+        "or backward.",
+        "",
+        "| kind | calls | busy ms | exposed ms | waiting for a peer ms | exposed % of step | waiting % of step | "
+        "hidden % of busy | forward exposed ms | backward exposed ms |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in result.comm_by_kind:
+        hidden = "-" if row.overlap_pct is None else f"{row.overlap_pct:.1f}"
+        lines.append(
+            f"| {row.kind} ({', '.join(row.kinds)}) | {row.count_per_step:.1f} | {row.time_us / 1e3:.2f} | "
+            f"{row.exposed_us / 1e3:.2f} | {row.wait_us / 1e3:.2f} | {row.exposed_pct:.1f} | {row.wait_pct:.1f} | "
+            f"{hidden} | {row.forward_exposed_us / 1e3:.2f} | {row.backward_exposed_us / 1e3:.2f} |"
+        )
+    if result.comm_by_module:
+        lines += [
+            "",
+            "### FSDP collectives per unit",
+            "",
+            "| unit | kind | phase | calls | time ms | exposed ms |",
+            "|---|---|---|---|---|---|",
+        ]
+        for unit in result.comm_by_module:
+            lines.append(
+                f"| {unit.module or '(root)'} | {unit.kind} | {unit.phase or '-'} | {unit.count_per_step:.1f} | "
+                f"{unit.time_us / 1e3:.2f} | {unit.exposed_us / 1e3:.2f} |"
+            )
+    return lines
+
+
+def _bandwidth_markdown(result: AnalysisResult) -> list[str]:
+    """The collective bandwidth table as Markdown, or the note saying how to get sizes."""
+    note = missing_sizes_note(result)
+    if not result.bandwidth and not note:
+        return []
+    lines = ["", "## Collective bandwidth", ""]
+    if result.bandwidth:
+        lines += [
+            "GB/s, nccl-tests' definitions (algbw = size / time, busbw = algbw x 2(n-1)/n for all_reduce, "
+            "(n-1)/n for all_gather, reduce_scatter and all_to_all, 1 otherwise). Calls and time per rank. "
+            "Wait: the part of the time spent waiting for the last rank to arrive; transfer bandwidths divide "
+            "by the rest, the time data was moving.",
+            "",
+            "| kind | n | size | calls | mean size | time ms | algbw | busbw | wait % of time | transfer algbw | "
+            "transfer busbw |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for row in result.bandwidth:
+            wait = "-" if row.wait_pct is None else f"{row.wait_pct:.1f}"
+            lines.append(
+                f"| {row.kind} | {row.group_size or '-'} | {row.bucket} | {row.count_per_rank:.1f} | "
+                f"{format_bytes(row.mean_bytes)} | {row.time_us / 1e3:.2f} | {format_gbps(row.algbw_gbps)} | "
+                f"{format_gbps(row.busbw_gbps)} | {wait} | {format_gbps(row.transfer_algbw_gbps)} | "
+                f"{format_gbps(row.transfer_busbw_gbps)} |"
+            )
+    if note:
+        lines += ["", note] if result.bandwidth else [note]
+    reference = reference_lines(result)
+    if reference:
+        lines += ["", "### Against the reference bandwidth (`--bandwidth-ref`)", "", "```", *reference, "```"]
+    return lines
+
+
+def _html(markdown_text: str, images: dict[str, Path]) -> str:
+    # A minimal Markdown-to-HTML pass for the few constructs _markdown emits, so no extra dependency.
+    body: list[str] = []
+    in_pre = False
+    in_table = False
+    for line in markdown_text.splitlines():
+        if in_table and not line.startswith("|"):
+            body.append("</table>")
+            in_table = False
+        if line.startswith("|") and not in_pre:
+            cells = [html.escape(c.strip()) for c in line.strip("|").split("|")]
+            if all(set(c) <= {"-"} for c in cells):
+                continue  # the header separator
+            tag = "td" if in_table else "th"
+            if not in_table:
+                body.append("<table>")
+                in_table = True
+            body.append("<tr>" + "".join(f"<{tag}>{c}</{tag}>" for c in cells) + "</tr>")
+            continue
+        if line.startswith("```"):
+            body.append("</pre>" if in_pre else "<pre>")
+            in_pre = not in_pre
+            continue
+        if in_pre:
+            body.append(html.escape(line))
+            continue
+        if line.startswith("!["):
+            name = line[line.index("(") + 1 : line.rindex(")")]
+            data = base64.b64encode(images[name].read_bytes()).decode()
+            body.append(f'<p><img alt="{html.escape(name)}" src="data:image/png;base64,{data}"></p>')
+        elif line.startswith("# "):
+            body.append(f"<h1>{html.escape(line[2:])}</h1>")
+        elif line.startswith("## "):
+            body.append(f"<h2>{html.escape(line[3:])}</h2>")
+        elif line.startswith("### "):
+            body.append(f"<h3>{html.escape(line[4:])}</h3>")
+        elif line.strip():
+            text = html.escape(line.strip())
+            for marker, tag in (("**", "b"), ("`", "code")):
+                while text.count(marker) >= 2:
+                    text = text.replace(marker, f"<{tag}>", 1).replace(marker, f"</{tag}>", 1)
+            body.append(f"<p>{text}</p>")
+    if in_table:
+        body.append("</table>")
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>hf-distprof trace analysis</title>"
+        "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}pre{background:#f4f4f4;"
+        "padding:1em;overflow-x:auto;font-size:12px}img{max-width:100%}table{border-collapse:collapse;"
+        "font-size:13px}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}</style></head><body>"
+        + "\n".join(body)
+        + "</body></html>"
+    )
+
+
+def write_report(result: AnalysisResult, out_dir: str | os.PathLike[str]) -> Path:
+    """Write ``report.md``, a self-contained ``report.html`` (PNGs inlined), the PNGs and ``analysis.json``.
+
+    Args:
+        result: The analysis to report.
+        out_dir: Folder to write into (created if needed).
+
+    Returns:
+        The path of ``report.html``.
+
+    Raises:
+        OSError: ``out_dir`` cannot be created or written to. Each file is written atomically (temporary
+            file, then rename), so a failed write never leaves a half-written file under a report name.
+    """
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    plots = {
+        BREAKDOWN_PNG: _breakdown_plot,
+        STEPS_PNG: _steps_plot,
+        PHASES_PNG: _phases_plot,
+        LATENESS_PNG: _lateness_plot,
+        COMM_PNG: _comm_plot,
+    }
+    if _has_memory(result):
+        plots[MEMORY_PNG] = _memory_plot
+    if result.critical_path:
+        plots[CRITICAL_PATH_PNG] = plot_critical_path
+    images = {name: out / name for name in plots}
+    if result.ranks:
+        for name, plot in plots.items():
+            with atomic_path(images[name], suffix=".png") as tmp:  # matplotlib picks the format by suffix
+                plot(result, tmp)
+    md = _markdown(result)
+    if not result.ranks:
+        for name in plots:
+            md = "\n".join(line for line in md.splitlines() if f"]({name})" not in line)
+    atomic_write_text(out / REPORT_MD, md)
+    atomic_write_text(out / REPORT_HTML, _html(md, images))
+    with atomic_path(out / RESULT_JSON) as tmp:
+        tmp.write_bytes(result.to_json())
+    return out / REPORT_HTML

@@ -1,0 +1,368 @@
+"""Plain-text rendering of an :class:`AnalysisResult`: the terminal summary and the findings list."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hf_distprof.analysis.across import comm
+from hf_distprof.analysis.across.reference import totals
+from hf_distprof.analysis.results.across import BandwidthStat
+from hf_distprof.analysis.results.rank import CommKindStat, DeviceMemory, RankResult
+from hf_distprof.analysis.results.result import AnalysisResult
+from hf_distprof.analysis.tell.run import format_run
+from hf_distprof.analysis.tell.whatif import what_if_lines
+from hf_distprof.core.text import format_bytes
+
+# Per-rank rows of the per-kind table up to this many ranks; beyond, the mean over ranks only.
+KIND_TABLE_MAX_RANKS = 8
+# Rows of the FSDP unit table in the terminal (all of them are in --json).
+UNIT_TABLE_ROWS = 12
+# Top allocating operators per rank and device in the terminal (--json has memory.TOP_OPS).
+MEMORY_OPS = 5
+
+
+def _ms(us: float) -> str:
+    return f"{us / 1e3:.2f}"
+
+
+def format_findings(result: AnalysisResult) -> str:
+    """The ranked findings as text (what the end-of-training hook prints), then the skipped files and the lost ones.
+
+    Args:
+        result: An analysis result.
+
+    Returns:
+        A headline and one numbered paragraph per finding (or a one-line all-clear), then one line per
+        skipped file and one per file the run manifest lists that is missing. Only those when no rank could be
+        analysed: a headline of zeros would read as a clean run.
+    """
+    lines = _findings_lines(result)
+    lines += [f"Skipped {err.path}: {err.reason}" for err in result.errors]
+    lines += [f"Warning: {text}" for text in (result.run.missing_files if result.run else [])]
+    return "\n".join(lines)
+
+
+def _findings_lines(result: AnalysisResult) -> list[str]:
+    if not result.ranks:
+        return []
+    lines = [
+        f"Headline: exposed communication {result.exposed_comm_pct:.1f}% of step time, "
+        f"load imbalance {result.imbalance_pct:.1f}% ({len(result.ranks)} rank(s))"
+    ]
+    if not result.findings:
+        lines.append("No finding: no threshold crossed beyond the run's own noise.")
+    for i, f in enumerate(result.findings, 1):
+        who = f" (ranks {', '.join(map(str, f.ranks))})" if f.ranks else ""
+        sure = f" [confidence {f.confidence:.2f}]" if f.confidence is not None else ""
+        lines.append(f"{i}. {f.title}{who}{sure}")
+        lines.append(f"   Evidence: {f.evidence}")
+        lines.append(f"   Try: {f.recommendation}")
+    for text in result.undecided:
+        lines.append(f"Not enough evidence, no verdict: {text}")
+    lines += _slowdown_lines(result.profiler_slowdown)
+    return lines
+
+
+def _slowdown_lines(slowdown: dict[str, Any] | None) -> list[str]:
+    """The profiler's slowdown when it raised no finding: its ratio against the untraced steps and their noise, or
+    why there is none."""
+    if not slowdown or slowdown.get("warning"):
+        return []
+    if slowdown.get("ratio") is None:
+        return [f"Profiler slowdown: {slowdown['note']}"] if isinstance(slowdown.get("note"), str) else []
+    ratio, noise = float(slowdown["ratio"]), slowdown.get("noise_pct")
+    known = isinstance(noise, (int, float))  # older summaries have no noise (and compared with the steps before)
+    around = f"the {slowdown.get('steps_after', 0)} untraced steps around the window" if known else "the other steps"
+    within = (f", within the run's own noise of {noise:.1f}%" if isinstance(noise, (int, float))
+              and abs(100.0 * (ratio - 1.0)) <= noise else
+              f" (the run's own noise {noise:.1f}%)" if isinstance(noise, (int, float)) else "")
+    return [f"Profiler slowdown: traced steps {ratio:.2f}x {around}{within}; below {slowdown['threshold_ratio']:g}x"]
+
+
+def _rank_rows(rank: RankResult) -> list[str]:
+    rows = []
+    for s in rank.steps:
+        c = s.cpu
+        row = (
+            f"{rank.rank:>4} {s.step:>6} {_ms(s.duration_us):>9} "
+            f"{c.pct(c.compute_us):>7.1f} {c.pct(c.communication_us):>7.1f} {c.pct(c.data_loading_us):>7.1f} "
+            f"{c.pct(c.other_us):>7.1f}"
+        )
+        if s.gpu is not None:
+            g = s.gpu
+            overlap = "-" if g.comm_comp_overlap_pct is None else f"{g.comm_comp_overlap_pct:.1f}"
+            row += (
+                f" | {g.idle_pct:>6.1f} {g.compute_pct:>7.1f} {g.non_compute_pct:>7.1f} "
+                f"{g.exposed_comm_pct:>7.1f} {overlap:>7}"
+            )
+        else:
+            overlap = "-" if c.comm_backward_overlap_pct is None else f"{c.comm_backward_overlap_pct:.1f}"
+            row += f" | {_ms(c.comm_busy_us):>9} {overlap:>9}"
+        rows.append(row)
+    return rows
+
+
+def _kind_row(label: str, row: CommKindStat) -> str:
+    hidden = "-" if row.overlap_pct is None else f"{row.overlap_pct:.1f}"
+    return (
+        f"{label:>4} {row.kind:<15} {row.count_per_step:>6.1f} {_ms(row.time_us):>8} {_ms(row.exposed_us):>8} "
+        f"{_ms(row.wait_us):>8} {row.exposed_pct:>9.1f} {row.wait_pct:>10.1f} {hidden:>9} "
+        f"{_ms(row.forward_exposed_us):>8} {_ms(row.backward_exposed_us):>8}"
+    )
+
+
+def _kind_totals(result: AnalysisResult) -> list[str]:
+    """The per-rank sums of the per-kind rows (the headline's exposed communication), and who waits for whom."""
+    ranks = [r for r in result.ranks if r.comm_by_kind]
+    if not ranks:
+        return []
+    sums = ", ".join(f"rank {r.rank} {sum(row.exposed_pct for row in r.comm_by_kind):.1f}%" for r in ranks)
+    out = [f"exposed %step per rank (its rows added up; the headline's figure): {sums}"]
+    for r in ranks[:KIND_TABLE_MAX_RANKS]:
+        peers = {peer: sum(kinds.values()) for peer, kinds in comm.waits_for_peers(r).items()}
+        shown = sorted((p for p, pct in peers.items() if pct >= 0.05), key=lambda p: (-peers[p], p))
+        if shown:
+            out.append(f"rank {r.rank} waits for late peers {sum(peers.values()):.1f}% of its step: "
+                       + ", ".join(f"rank {p} {peers[p]:.1f}%" for p in shown))
+    return out
+
+
+def _kind_table(result: AnalysisResult) -> list[str]:
+    """Communication per collective kind: per rank (a few ranks) or mean over ranks (many)."""
+    if not result.comm_by_kind:
+        return []
+    gpu = any(r.device == "gpu" for r in result.ranks)
+    head = (
+        f"{'rank':>4} {'kind':<15} {'calls':>6} {'busy ms':>8} {'exp ms':>8} {'wait ms':>8} {'exp %step':>9} "
+        f"{'wait %step':>10} {'hid %busy':>9} {'fwd exp':>8} {'bwd exp':>8}"
+    )
+    out = [
+        "",
+        "Communication by collective kind, per step. busy: the union of the collectives' spans; exp (exposed): "
+        + ("communication kernels with no computation kernel running" if gpu else "the training thread waits for it")
+        + ", each moment counted once (the earliest started collective in flight), so a rank's rows add up to its "
+        "exposed communication; wait: of that, waiting for a late peer (before the last rank reached the same "
+        "collective), the rest is the collective itself; %step: % of the step ("
+        + ("its GPU span, as HTA's" if gpu else "its wall time")
+        + "), mean over steps; hid %busy: % of the busy time hidden behind computation; fwd/bwd exp: exposed ms "
+        "issued in FSDP's forward/backward",
+        head,
+        "-" * len(head),
+    ]
+    if len(result.ranks) <= KIND_TABLE_MAX_RANKS:
+        out += [_kind_row(str(r.rank), row) for r in result.ranks for row in r.comm_by_kind]
+    out += [_kind_row("mean", row) for row in result.comm_by_kind]
+    others = sorted({k for row in result.comm_by_kind if row.kind == "other" for k in row.kinds})
+    if others:
+        out.append(f"other = {', '.join(others)}")
+    return out + _kind_totals(result)
+
+
+def _unit_table(result: AnalysisResult) -> list[str]:
+    """FSDP's collectives per unit, most exposed first (mean over ranks)."""
+    rows = result.comm_by_module
+    if not rows:
+        return []
+    head = f"{'FSDP unit':<28} {'kind':<15} {'phase':<9} {'calls':>6} {'time ms':>9} {'exposed ms':>10}"
+    out = ["", "FSDP collectives per unit (per step, mean over ranks; most exposed first)", head, "-" * len(head)]
+    for row in rows[:UNIT_TABLE_ROWS]:
+        out.append(
+            f"{row.module or '(root)':<28} {row.kind:<15} {row.phase or '-':<9} {row.count_per_step:>6.1f} "
+            f"{_ms(row.time_us):>9} {_ms(row.exposed_us):>10}"
+        )
+    if len(rows) > UNIT_TABLE_ROWS:
+        out.append(f"... {len(rows) - UNIT_TABLE_ROWS} more rows in --json (comm_by_module)")
+    return out
+
+
+def format_gbps(value: float | None) -> str:
+    """A bandwidth in GB/s for a table: 3 decimals below 10, one above; "<0.001" for a trickle."""
+    if value is None:
+        return "-"
+    if value >= 10:
+        return f"{value:.1f}"
+    return f"{value:.3f}" if value >= 0.001 or value == 0 else "<0.001"
+
+
+def missing_sizes_note(result: AnalysisResult) -> str | None:
+    """A sentence on the collectives without a recorded size, or None when every one has one; it names what gives
+    the sizes for the run's own backend (gloo and other CPU backends: recorded shapes only)."""
+    if not result.unsized_collectives:
+        return None
+    head = f"{result.unsized_collectives} collective(s), counted on every rank, have no message size"
+    if not any(r.device == "gpu" for r in result.ranks):
+        backends = sorted({r.backend for r in result.ranks if r.backend}) or ["CPU"]
+        return (f"{head}: {'/'.join(backends)} traces state them only as recorded shapes: profile with "
+                "--profiler-record-shapes (it slows the traced steps, see the flag).")
+    return (f"{head}: NCCL traces of newer PyTorch state sizes (record_param_comms); with older ones, record shapes "
+            "(--profiler-record-shapes) and analyse with --message-sizes shapes.")
+
+
+def _bandwidth_row(row: BandwidthStat) -> str:
+    wait = "-" if row.wait_pct is None else f"{row.wait_pct:.1f}"
+    rates = [row.algbw_gbps, row.busbw_gbps, row.transfer_algbw_gbps, row.transfer_busbw_gbps]
+    algbw, busbw, x_algbw, x_busbw = (format_gbps(r) for r in rates)
+    return (
+        f"{row.kind:<15} {row.group_size or '-':>3} {row.bucket:<16} {row.count_per_rank:>6.1f} "
+        f"{format_bytes(row.mean_bytes):>11} {_ms(row.time_us):>9} {algbw:>7} {busbw:>7} {wait:>10} "
+        f"{x_algbw:>7} {x_busbw:>7}"
+    )
+
+
+def _bandwidth_table(result: AnalysisResult) -> list[str]:
+    """Collective bandwidth per kind, group size and message size; a note when sizes are missing."""
+    note = missing_sizes_note(result)
+    if not result.bandwidth:
+        return ["", f"Collective bandwidth: {note}"] if note else []
+    head = (
+        f"{'kind':<15} {'n':>3} {'size':<16} {'calls':>6} {'mean size':>11} {'time ms':>9} {'algbw':>7} "
+        f"{'busbw':>7} {'wait %time':>10} {'x-algbw':>7} {'x-busbw':>7}"
+    )
+    out = [
+        "",
+        "Collective bandwidth (GB/s, nccl-tests' algbw and busbw; calls and time per rank; wait %time: of the time, "
+        "waiting for the last rank to arrive; x-: over the rest, the transfer time)",
+        head,
+        "-" * len(head),
+    ]
+    out += [_bandwidth_row(row) for row in result.bandwidth]
+    if note:
+        out.append(note)
+    return out
+
+
+def reference_lines(result: AnalysisResult) -> list[str]:
+    """The bandwidth rows against ``--bandwidth-ref``'s CSV and the per-rank totals; empty without one."""
+    source = result.bandwidth_reference_file
+    if source is None:
+        return []
+    if not result.bandwidth_reference:
+        kinds = sorted({row.kind for row in result.bandwidth}) or ["none with a size"]
+        return [f"Against {source}: no collective of the trace ({', '.join(kinds)}) has a reference there."]
+    head = (
+        f"{'kind':<15} {'n':>3} {'size':<16} {'ref size':>10} {'ref busbw':>9} {'busbw':>7} {'time ms':>9} "
+        f"{'at ref ms':>9} {'slow net ms':>11} {'late peer ms':>12}"
+    )
+    out = [
+        f"Against {source} (busbw GB/s; per rank; time: transfer time, waits taken out, or the whole time with "
+        "one rank; at ref: the same bytes at the reference busbw of the nearest size; slow net: the difference)",
+        head,
+        "-" * len(head),
+    ]
+    for r in result.bandwidth_reference:
+        late = "-" if r.late_peer_us is None else _ms(r.late_peer_us)
+        out.append(
+            f"{r.kind:<15} {r.group_size or '-':>3} {r.bucket:<16} {format_bytes(r.ref_bytes):>10} "
+            f"{format_gbps(r.ref_busbw_gbps):>9} {format_gbps(r.busbw_gbps):>7} {_ms(r.time_us):>9} "
+            f"{_ms(r.at_ref_us):>9} {_ms(r.slow_network_us):>11} {late:>12}"
+        )
+    time_us, at_ref, slow, late_total = totals(result.bandwidth_reference)
+    waited = "" if all(r.late_peer_us is None for r in result.bandwidth_reference) else (
+        f"{_ms(late_total)} ms waiting for a late peer; ")
+    spent = "of transfers" if waited else "in collectives (waits included: one rank)"
+    out.append(
+        f"Per rank: {waited}{_ms(time_us)} ms {spent} would take {_ms(at_ref)} ms at the reference speed: "
+        f"{_ms(slow)} ms lost to a slow network."
+    )
+    return out
+
+
+def _memory_section(result: AnalysisResult) -> list[str]:
+    """Peak memory per rank and device, and the top allocating operators; empty without ``[memory]`` events.
+
+    The operators are listed for every rank up to :data:`KIND_TABLE_MAX_RANKS` ranks; beyond, for the rank
+    with the highest peak of each device type (all ranks' are in --json).
+    """
+    ranks = [r for r in result.ranks if r.memory]
+    if not ranks:
+        return []
+    head = f"{'rank':>4} {'device':<8} {'peak alloc':>11} {'at step':>7} {'alloc/step':>11} {'freed/step':>11}"
+    out = [
+        "",
+        "Memory (from [memory] events; peak: the most allocated at once over the traced steps)",
+        head,
+        "-" * len(head),
+    ]
+    for r in ranks:
+        for d in r.memory:
+            alloc = sum(s.allocated_bytes for s in d.steps) / len(d.steps)
+            freed = sum(s.freed_bytes for s in d.steps) / len(d.steps)
+            out.append(
+                f"{r.rank:>4} {d.device:<8} {format_bytes(d.peak_allocated_bytes):>11} {d.peak_step:>7} "
+                f"{format_bytes(alloc):>11} {format_bytes(freed):>11}"
+            )
+    shown = [(r.rank, d) for r in ranks for d in r.memory]
+    if len(ranks) > KIND_TABLE_MAX_RANKS:
+        highest: dict[str, tuple[int, DeviceMemory]] = {}
+        for rank, d in shown:
+            if d.kind not in highest or d.peak_allocated_bytes > highest[d.kind][1].peak_allocated_bytes:
+                highest[d.kind] = (rank, d)
+        shown = list(highest.values())
+    out.append("Top allocating operators (bytes allocated over the traced steps, allocations):")
+    for rank, d in shown:
+        ops = ", ".join(f"{op.name} {format_bytes(op.allocated_bytes)} ({op.count})" for op in d.top_ops[:MEMORY_OPS])
+        out.append(f"  rank {rank} {d.device}: {ops or '-'}")
+    return out
+
+
+def format_summary(result: AnalysisResult) -> str:
+    """The terminal summary: per-rank per-step table, cross-rank view, findings.
+
+    The skipped files are only counted here: the CLI lists them on stderr, the report in its own section.
+
+    Args:
+        result: An analysis result.
+
+    Returns:
+        Multi-line text; only the count line when no rank could be analysed.
+    """
+    out: list[str] = []
+    gpu = any(r.device == "gpu" for r in result.ranks)
+    out.append(f"Analysed {len(result.ranks)} rank(s), {len(result.errors)} file(s) skipped.")
+    if result.ranks:
+        head = f"{'rank':>4} {'step':>6} {'step ms':>9} {'cpu%':>7} {'comm%':>7} {'data%':>7} {'other%':>7}"
+        head += (
+            f" | {'idle%':>6} {'comp%':>7} {'nonc%':>7} {'expC%':>7} {'ovlp%':>7}"
+            if gpu
+            else f" | {'gloo ms':>9} {'bwd ovl%':>9}"
+        )
+        out += [
+            "",
+            "Per rank and step (% of the step on the main thread: compute / communication / data loading / other"
+            + (
+                "; GPU, % of the step's GPU span: HTA idle / compute / non-compute, exposed comm; ovlp%: % of the "
+                "communication that overlaps computation)"
+                if gpu
+                else "; gloo: collective time, % of it under backward)"
+            ),
+            head,
+            "-" * len(head),
+        ]
+        for rank in result.ranks:
+            out += _rank_rows(rank)
+    out += _kind_table(result)
+    out += _unit_table(result)
+    out += _bandwidth_table(result)
+    ref = reference_lines(result)
+    out += ["", *ref] if ref else []
+    out += _memory_section(result)
+    out += ["", *format_run(result.run)] if result.run is not None else []
+    cross = result.cross_rank
+    if cross is not None:
+        out += ["", f"Across ranks ({cross.matched_collectives} collectives matched):"]
+        out.append(f"{'rank':>4} {'step ms':>9} {'busy ms':>9} {'comm wait ms':>13} {'late ms':>8}")
+        for p in cross.per_rank:
+            late = "-" if p.lateness_us is None else _ms(p.lateness_us)
+            out.append(
+                f"{p.rank:>4} {_ms(p.mean_step_us):>9} {_ms(p.busy_us):>9} {_ms(p.comm_wait_us):>13} {late:>8}"
+            )
+        spread = max((s.spread_pct for s in cross.step_spread), default=0.0)
+        out.append(f"load imbalance {cross.imbalance_pct:.1f}%, largest step-duration spread {spread:.1f}%")
+        for name, verdict in (("straggler", cross.straggler_verdict), ("imbalance", cross.imbalance_verdict)):
+            if verdict is not None:
+                out.append(f"{name} verdict: {verdict.status}: {verdict.reason}")
+    out += what_if_lines(result)
+    findings = _findings_lines(result)
+    if findings:
+        out += ["", *findings]
+    return "\n".join(out)

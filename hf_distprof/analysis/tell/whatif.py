@@ -1,0 +1,142 @@
+"""The what-if answer in words and in a figure: the terminal lines, the report's section and its plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hf_distprof.analysis.results.result import AnalysisResult
+from hf_distprof.analysis.results.whatif import WhatIfModel, WhatIfScenario
+
+CRITICAL_PATH_PNG = "critical_path.png"
+# Links of the critical path listed in the terminal (all of them are in --json and the report).
+PATH_ROWS = 24
+
+
+def _noise(model: WhatIfModel) -> str:
+    return "unknown (one step)" if model.noise_ms is None else f"{model.noise_ms:.2f} ms"
+
+
+def _header(model: WhatIfModel) -> str:
+    return (
+        f"{len(model.steps)} traced step(s) replayed across ranks: measured {model.step_ms_measured:.2f} ms per "
+        f"step (median over steps of the mean over ranks; step-to-step noise {_noise(model)}), replayed "
+        f"{model.step_ms_replayed:.2f} ms; model error +-{model.error_ms:.2f} ms (the largest replay residual of a "
+        "rank's step); a saving counts when it is larger than the error and the noise (the smaller of the measured "
+        "steps' and the predicted steps')"
+    )
+
+
+def _row(s: WhatIfScenario) -> tuple[str, ...]:
+    noise = "-" if s.noise_ms is None else f"{s.noise_ms:.2f}"
+    return (s.title, f"{s.step_ms_predicted:.2f}", f"{s.error_ms:.2f}", noise, f"{-s.saving_ms:+.2f}",
+            f"{s.saving_pct:.1f}", f"{s.hours_per_1000_steps:.3f}", "yes" if s.beyond_noise else "no")
+
+
+def what_if_lines(result: AnalysisResult) -> list[str]:
+    """The terminal section: the ranked scenarios, then the critical path of the median step; [] without a model."""
+    model = result.what_if_model
+    if model is None:
+        return []
+    head = (f"{'what if':<58} {'step ms':>8} {'+-err ms':>8} {'noise ms':>8} {'change ms':>10} {'saving%':>8} "
+            f"{'h/1k steps':>10} {'beyond noise':>12}")
+    out = ["", f"What if ({_header(model)}):", head, "-" * len(head)]
+    for s in result.what_if:
+        title, step, error, noise, change, pct, hours, beyond = _row(s)
+        out.append(f"{title:<58} {step:>8} {error:>8} {noise:>8} {change:>10} {pct:>8} {hours:>10} {beyond:>12}")
+    out += ["", *critical_path_lines(result)]
+    return out
+
+
+def critical_path_lines(result: AnalysisResult, rows: int = PATH_ROWS) -> list[str]:
+    """The median step's critical path, one link per line (at most ``rows``)."""
+    model, path = result.what_if_model, result.critical_path
+    if model is None or not path:
+        return []
+    total = sum(seg.ms for seg in path)
+    out = [f"Critical path of step {model.median_step} (the median step; {total:.2f} ms, ranks "
+           f"{' -> '.join(_ranks_in_order(result))}):"]
+    for seg in path[:rows]:
+        out.append(f"  {seg.start_ms:>9.2f} ms  rank {seg.rank:<4} {seg.kind:<10} {seg.name:<32} {seg.ms:>9.2f} ms")
+    if len(path) > rows:
+        out.append(f"  ... {len(path) - rows} more links in --json (critical_path)")
+    return out
+
+
+def _ranks_in_order(result: AnalysisResult) -> list[str]:
+    out: list[str] = []
+    for seg in result.critical_path:
+        if not out or out[-1] != str(seg.rank):
+            out.append(str(seg.rank))
+    return out
+
+
+def what_if_markdown(result: AnalysisResult, with_figure: bool) -> list[str]:
+    """The report's "What if" section: the model, the ranked scenarios, the critical path and its figure."""
+    model = result.what_if_model
+    if model is None:
+        return []
+    lines = [
+        "",
+        "## What if",
+        "",
+        f"The {_header(model)}. Each scenario replays the same steps with one change.",
+        "",
+        "| what if | step ms | +- error ms | noise ms | change ms | saving % | hours per 1,000 steps | "
+        "beyond the noise |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    lines += ["| " + " | ".join(_row(s)) + " |" for s in result.what_if]
+    if result.critical_path:
+        lines += ["", f"### Critical path of step {model.median_step} (the median step)", "",
+                  "| from ms | rank | kind | name | ms |", "|---|---|---|---|---|"]
+        lines += [f"| {s.start_ms:.2f} | {s.rank} | {s.kind} | {s.name} | {s.ms:.2f} |" for s in result.critical_path]
+    if with_figure:
+        lines += ["", f"![critical path over the ranks' timelines]({CRITICAL_PATH_PNG})"]
+    return lines
+
+
+def plot_critical_path(result: AnalysisResult, out: Path) -> None:
+    """The median step as replayed, one lane per rank (work by phase, waits, transfers), the critical path over it."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: the report is written on headless hosts too
+    import matplotlib.pyplot as plt
+
+    model = result.what_if_model
+    lanes = model.lanes if model is not None else []
+    ranks = sorted({lane["rank"] for lane in lanes} | {seg.rank for seg in result.critical_path})
+    row = {rank: k for k, rank in enumerate(ranks)}
+    names = sorted({_family(lane["name"]) for lane in lanes})
+    colours = {name: plt.get_cmap("tab20")(k % 20) for k, name in enumerate(names)}
+    colours["waiting"] = (0.85, 0.85, 0.85, 1.0)
+    fig, ax = plt.subplots(figsize=(11, max(2.5, 0.45 * len(ranks) + 1.8)))
+    for lane in lanes:
+        family = _family(lane["name"])
+        ax.barh(row[lane["rank"]], lane["end_ms"] - lane["start_ms"], left=lane["start_ms"], height=0.6,
+                color=colours[family], label=family)
+    xs, ys = [], []
+    for seg in result.critical_path:
+        xs += [seg.start_ms, seg.start_ms + seg.ms]
+        ys += [row[seg.rank], row[seg.rank]]
+    if xs:
+        ax.plot(xs, ys, color="black", linewidth=2.2, label="critical path")
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    ax.legend(unique.values(), unique.keys(), loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
+    ax.invert_yaxis()
+    ax.set_xlabel("ms from the step's start (replayed)")
+    step = model.median_step if model is not None else "-"
+    ax.set_title(f"Critical path of step {step} over the ranks' timelines")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def _family(name: str) -> str:
+    """What a lane segment is drawn as: its phase, "waiting", "transfer", or "collective start"."""
+    if name.startswith("transfer "):
+        return "transfer"
+    if name.endswith(" start"):
+        return "collective start"
+    return name

@@ -1,0 +1,103 @@
+"""What if (pure): the traced steps replayed across ranks, their critical path, and what one fix would save.
+
+Each rank's timeline (:mod:`hf_distprof.analysis.rank.timeline`) is a chain of points reached after local
+work; a collective completes when its last rank arrives plus its *transfer* time (its duration on that last
+rank: the rest of every other rank's time in it was waiting for that one). Replaying the measured works gives
+every rank's step times back; the difference is the model's error bar, shown with every prediction. A scenario
+changes the works (or the transfers) and replays the same steps:
+
+- ``slow_rank``: the slowest rank (the most local work per step, on average over the steps) does, between each two
+  of its collectives, what its peers do there (their median);
+- ``no_data_loading``: data loading takes no time on any rank;
+- ``hide_communication``: every transfer is hidden (a collective completes when its last rank arrives);
+- ``fastest_pace``: every rank does, between each two collectives, what the fastest rank does there;
+- ``network_at_reference`` (with a bandwidth reference): every transfer at the reference busbw of its size.
+
+The step time of a replay is the median over the steps of the mean over ranks of each rank's step (start to
+end of its ``ProfilerStep#N``). The first traced step starts on each rank at its measured time (the state the
+untraced steps before it left), so a scenario changes what follows, not that.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from statistics import median
+
+from hf_distprof.analysis.results.across import ReferencePoint
+from hf_distprof.analysis.results.rank import RankResult
+from hf_distprof.analysis.results.whatif import ReplayedRank, WhatIf, WhatIfModel, WhatIfScenario
+from hf_distprof.analysis.whatif import path as whatif_path
+from hf_distprof.analysis.whatif import replay as wr
+from hf_distprof.core.stats import scaled_mad
+
+MS_PER_HOUR = 3.6e6
+
+
+
+
+
+
+
+
+
+
+def what_if(
+    ranks: list[RankResult], offsets: dict[int, float], reference: list[ReferencePoint] | None = None
+) -> WhatIf | None:
+    """Replay the traced steps of ``ranks``, find the median step's critical path and replay each scenario.
+
+    Args:
+        ranks: Per-rank results with their timelines, sorted by rank.
+        offsets: Rank -> its clock's offset to the first rank's (``RankSkew.clock_offset_us``); 0 when missing.
+        reference: ``analyze --bandwidth-ref``'s points: adds the ``network_at_reference`` scenario.
+
+    Returns:
+        The answer, scenarios sorted by saving (largest first); None when some rank has no timeline or no step
+        is common to every rank.
+    """
+    g = wr.build(ranks, offsets)
+    if g is None:
+        return None
+    base = wr.replay(g)
+    measured, replayed = wr.measured_step_times(g), wr.step_times(g, base)
+    now = _stat(measured)
+    error = max(abs(a - b) for s in g.steps for a, b in zip(replayed[s], measured[s]))
+    noise = scaled_mad([sum(v) / len(v) for v in measured.values()]) if len(g.steps) > 1 else None
+    runs, slowest, fastest = wr.scenarios(g, reference)
+    out = []
+    for name, title, changed, rep in runs:
+        scenario = wr.step_times(g, rep)
+        predicted = _stat(scenario)
+        saving = now - predicted
+        per_step = [100.0 * (1.0 - sum(scenario[s]) / sum(replayed[s])) if sum(replayed[s]) > 0 else 0.0
+                    for s in g.steps]
+        spread = min(noise, scaled_mad([sum(v) / len(v) for v in scenario.values()])) if noise is not None else None
+        out.append(WhatIfScenario(
+            scenario=name, title=title, ranks=changed, step_ms_now=now / 1e3, step_ms_predicted=predicted / 1e3,
+            saving_ms=saving / 1e3, saving_pct=100.0 * saving / now if now > 0 else 0.0,
+            hours_per_1000_steps=saving * 1000 / MS_PER_HOUR / 1e3, error_ms=error / 1e3,
+            noise_ms=spread / 1e3 if spread is not None else None,
+            beyond_noise=spread is not None and saving > max(error, spread), saving_pct_per_step=per_step))
+    out.sort(key=lambda s: -s.saving_ms)
+    order = sorted(g.steps, key=lambda s: sum(replayed[s]) / len(replayed[s]))
+    mid = order[(len(order) - 1) // 2]
+    per_step_syncs = Counter(k[0] for k in g.transfer)
+    per_rank = []
+    for r, rank in enumerate(g.ranks):
+        m = [measured[s][r] for s in g.steps]
+        p = [replayed[s][r] for s in g.steps]
+        per_rank.append(ReplayedRank(rank, median(m) / 1e3, median(p) / 1e3,
+                                     max(abs(a - b) for a, b in zip(p, m)) / 1e3))
+    model = WhatIfModel(
+        steps=list(g.steps), median_step=mid, step_ms_measured=now / 1e3, step_ms_replayed=_stat(replayed) / 1e3,
+        error_ms=error / 1e3, noise_ms=noise / 1e3 if noise is not None else None,
+        sync_points=int(median(per_step_syncs.get(s, 0) for s in g.steps)),
+        slowest_rank=g.ranks[slowest] if slowest is not None else None,
+        fastest_rank=g.ranks[fastest] if fastest is not None else None,
+        ranks=per_rank, lanes=whatif_path.lanes(g, base, mid, g.transfer))
+    return WhatIf(out, whatif_path.critical_path(g, base, mid, g.transfer), model)
+
+
+def _stat(per_step: dict[int, list[float]]) -> float:
+    """Median over the steps of the mean over ranks."""
+    return median(sum(v) / len(v) for v in per_step.values())
