@@ -88,6 +88,7 @@ def analyze_paths(
     set_waits(ranks, alignment)
     for r in ranks:
         r.comm_by_kind = comm.by_kind(r.steps, r.collectives, gpu=r.device == "gpu")
+        r.peer_waits = comm.waits_for_peers(r)
     # The step timer's records of the same run: each traced step's wait for a CPU, the steps outside the window,
     # and its verdict over those, judged again here (timing_summary.json's when the records cannot say).
     records = read_timer_records(files)

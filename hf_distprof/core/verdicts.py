@@ -83,6 +83,8 @@ class SlowRankVerdict:
     claim: str = ""
     """The effect in words, which the reasons build on ("rank 1's pre-sync work exceeds its peers' by a median
     20.1%"); empty with nothing to compare."""
+    to_decide: str = ""
+    """With ``undecided``: what would decide it (more traced steps, the step timer over more steps); else empty."""
     confidence: float = field(init=False)
     """``1 - p_value``: how unlikely the arrival order is in a balanced run."""
 
@@ -387,12 +389,14 @@ def _short_window(
     n, need, t = window.steps, window.min_steps, window.threshold_pct
     short = (f"it is the slowest in {window.slowest_in} of {n} traced steps, too few to decide alone (at least "
              f"{need} with {window.ranks} ranks)")
-    decide = (f"to decide, trace at least {need} steps (--profiler-active-steps {need}) or keep the step timer on "
-              "(--enable-step-timing, on with --enable-profiling) over more steps")
+    more = (f"trace at least {need} steps (--profiler-active-steps {need}) or keep the step timer on "
+            "(--enable-step-timing, on with --enable-profiling) over more steps")
+    decide = f"to decide, {more}"
     undecided = f"not enough evidence: {window.claim} in the traced window (threshold {t:g}%), but {short}"
     if timer is None:
         fields["reason"] = (f"{undecided}, and no step timer records of the run's other steps are beside the traces "
                             f"({TIMER_FILES}); {decide}")
+        fields["to_decide"] = more
         return SlowRankVerdict(**fields)
     status, rank, p, steps, effect, said = timer
     p_same = p if rank == window.rank else (1.0 - p if window.ranks == 2 else 1.0)
@@ -402,6 +406,7 @@ def _short_window(
     fields.update(p_value=both, test=f"{window.test} + step timer")
     if status == UNDECIDED:
         fields["reason"] = f"{undecided}, and {said_timer}; {decide}"
+        fields["to_decide"] = more
         return SlowRankVerdict(**fields)
     names = status == RAISED and rank == window.rank
     leans = window.slowest_in > MOST * n

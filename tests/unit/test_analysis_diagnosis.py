@@ -366,12 +366,21 @@ def test_undecided_names_each_question_with_its_reason():
              "alone (at least 6 with 2 ranks), and no step timer records of the run's other steps are beside the "
              "traces (timing_rank{R}.jsonl); to decide, trace at least 6 steps (--profiler-active-steps 6) or keep "
              "the step timer on (--enable-step-timing, on with --enable-profiling) over more steps")
-    assert undecided(cross_rank(ranks, OPTS)) == [
-        "straggler: not enough evidence: rank 1's arrival at the step's collectives exceeds its peers' by a median "
+    got = undecided(cross_rank(ranks, OPTS))
+    assert [u.reason for u in got] == [
+        "not enough evidence: rank 1's arrival at the step's collectives exceeds its peers' by a median "
         f"30.0% {short}",
-        "imbalance: not enough evidence: rank 1's busy time (GPU: compute kernels; CPU: compute + data loading) "
+        "not enough evidence: rank 1's busy time (GPU: compute kernels; CPU: compute + data loading) "
         f"exceeds its peers' by a median 60.0% {short}",
     ]
+    # The same as data: the question, the candidate, what would decide it, what was weighed (no renderer parses).
+    assert [(u.question, u.ranks, u.steps, u.basis) for u in got] == [("straggler", [1], 3, "trace"),
+                                                                      ("imbalance", [1], 3, "trace")]
+    assert {u.to_decide for u in got} == {"trace at least 6 steps (--profiler-active-steps 6) or keep the step timer "
+                                          "on (--enable-step-timing, on with --enable-profiling) over more steps"}
+    assert got[0].why == ("rank 1's arrival at the step's collectives exceeds its peers' by a median 30.0% (threshold "
+                          "10%), but 3 traced steps of 2 ranks are too few to tell a slow rank from chance (at least 6 "
+                          "are needed)")
 
 
 def test_low_utilisation_names_the_lowest_rank_and_launch_bound_looks_past_ranks_without_kernels():

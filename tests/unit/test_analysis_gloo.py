@@ -183,8 +183,9 @@ def test_rank_findings_of_a_distorted_window_against_a_quiet_timer_are_withheld(
     result = analyze_paths(files, AnalysisOptions(workers=1))
     assert {"straggler", "imbalance", "slow_rank"}.isdisjoint(f.kind for f in result.findings)
     assert "profiler_slowdown" in {f.kind for f in result.findings}
-    assert [u.split(":")[0] for u in result.undecided] == ["straggler", "imbalance"]
-    assert "ran 1.40x slower than the rest of the run" in result.undecided[0]
+    assert [u.question for u in result.undecided] == ["straggler", "imbalance"]
+    assert "ran 1.40x slower than the rest of the run" in result.undecided[0].reason
+    assert result.undecided[0].basis == "trace + step timer" and result.undecided[0].to_decide == ""
     # The timer saw the same rank slow outside the window: the trace's findings stand.
     summary["imbalance_verdict"] = {"status": "raised", "rank": 1}
     (tmp_path / "timing_summary.json").write_text(json.dumps(summary))

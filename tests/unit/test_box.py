@@ -81,3 +81,31 @@ def test_analyze_ends_with_the_box_and_json_has_none(capsys: pytest.CaptureFixtu
     assert capsys.readouterr().out.rstrip("\n").endswith("+" + "-" * 98 + "+")
     assert main(["analyze", str(DATA / "slow_rank1"), "--json"]) == 0
     assert "hf-distprof: in short" not in capsys.readouterr().out
+
+
+def test_the_box_renders_the_findings_fields_never_their_sentences() -> None:
+    for name in ("slow_rank1", "fsdp2", "slow_data"):
+        result = analyze_paths([DATA / name], OPTS)
+        assert result.findings, name
+        before = format_box(result)
+        for f in result.findings:  # the sentences the text and the report show: the box must not need them
+            f.evidence, f.recommendation = "(evidence)", "(recommendation)"
+        assert format_box(result) == before, name
+
+
+def test_every_finding_and_question_carries_its_fields_in_json(capsys: pytest.CaptureFixture[str]) -> None:
+    import orjson
+
+    bases = {"trace", "trace + step timer", "replay", "step timer"}
+    phases = {None, "data", "forward", "backward", "optimizer", "compute", "communication", "memory", "profiler"}
+    seen: set[str] = set()
+    for name in ("slow_rank1", "fsdp2", "slow_data", "clean"):
+        assert main(["analyze", str(DATA / name), "--json", "--workers", "1"]) == 0
+        doc = orjson.loads(capsys.readouterr().out)
+        for f in doc["findings"]:
+            seen.add(f["kind"])
+            assert f["why"] and f["action"] and f["basis"] in bases and f["phase"] in phases, (name, f["kind"])
+            assert f["recommendation"].startswith(f["action"]), (name, f["kind"])
+        for u in doc["undecided"]:
+            assert set(u) == {"question", "reason", "why", "to_decide", "ranks", "basis", "steps"}
+    assert {"slow_rank", "communication_bound", "fsdp_exposed_all_gather", "data_loading_bound"} <= seen

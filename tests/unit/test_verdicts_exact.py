@@ -153,7 +153,7 @@ def test_nothing_to_compare_fields():
         "status": "quiet", "rank": None, "effect_pct": 0.0, "threshold_pct": 10.0, "noise_pct": 0.0,
         "slowest_in": 0, "steps": 0, "ranks": 0, "p_value": 1.0, "min_steps": 0,
         "reason": "fewer than 2 ranks or no step to compare", "effect_abs": 0.0, "also": [],
-        "per_step_excess_pct": [], "gate": "", "test": "binomial", "claim": "", "confidence": 0.0,
+        "per_step_excess_pct": [], "gate": "", "test": "binomial", "claim": "", "to_decide": "", "confidence": 0.0,
     }
     # One rank with 3 steps: steps and ranks as given.
     one = judge_slow_rank({0: [1.0, 2.0, 3.0]}, 7.5)
@@ -182,7 +182,7 @@ def test_raised_two_ranks_every_field_and_reason():
                   "0.0%); it is the slowest in 6 of 6 steps (p = 0.016 in a balanced run of 2 ranks, signed-rank "
                   "test of the per-step difference)",
         "effect_abs": 2.0, "also": [], "per_step_excess_pct": [20.0] * 6, "gate": "", "test": "signed-rank",
-        "claim": "rank 1's its work exceeds its peers' by a median 20.0%", "confidence": 63 / 64,
+        "claim": "rank 1's its work exceeds its peers' by a median 20.0%", "to_decide": "", "confidence": 63 / 64,
     }
 
 

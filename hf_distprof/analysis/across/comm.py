@@ -16,6 +16,7 @@ from hf_distprof.analysis.results.rank import (
     Collective,
     CommKindStat,
     ModuleCommStat,
+    PeerWait,
     RankResult,
     StepResult,
 )
@@ -119,9 +120,9 @@ def by_kind(steps: list[StepResult], collectives: list[Collective], gpu: bool) -
     return out
 
 
-def waits_for_peers(rank: RankResult) -> dict[int, dict[str, float]]:
-    """peer -> kind -> the % of the step this rank waits at collectives of that kind for that peer (the peer
-    arrived last), mean over the rank's steps (same base as the per-kind table)."""
+def waits_for_peers(rank: RankResult) -> list[PeerWait]:
+    """Who ``rank`` waits for at its collectives: per peer (the one that arrived last) and kind, the % of the step it
+    waits there, mean over the rank's steps (same base as the per-kind table); in the order first met."""
     gpu = rank.device == "gpu"
     index = {s.step: i for i, s in enumerate(rank.steps)}
     bases = [_step_basis(s, gpu) for s in rank.steps]
@@ -134,7 +135,7 @@ def waits_for_peers(rank: RankResult) -> dict[int, dict[str, float]]:
             kinds = out.setdefault(c.waited_for, {})
             bucket = kind_bucket(c.kind)
             kinds[bucket] = kinds.get(bucket, 0.0) + 100.0 * (e - s) / bases[j] / len(rank.steps)
-    return out
+    return [PeerWait(peer, kind, pct) for peer, kinds in out.items() for kind, pct in kinds.items()]
 
 
 def wait_pct_per_step(rank: RankResult) -> list[float]:

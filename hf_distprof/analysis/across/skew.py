@@ -189,15 +189,16 @@ def _stragglers(
             continue
         peers = [w for rank, w in waits.items() if rank != p.rank]
         peer_wait = sum(peers) / len(peers) if peers else 0.0
+        summary = (f"rank {p.rank} reaches a collective of each step {p.lateness_us / 1e3:.2f} ms after the "
+                   f"earliest rank (its latest arrival per step, median over steps; {n_matched} matched "
+                   f"collectives; {100 * p.lateness_us / step_us:.1f}% of the {step_us / 1e3:.2f} ms step)")
         out.append(
             Straggler(
                 rank=p.rank,
                 reason="late_collectives",
+                summary=summary,
                 evidence=(
-                    f"rank {p.rank} reaches a collective of each step {p.lateness_us / 1e3:.2f} ms after the "
-                    f"earliest rank (its latest arrival per step, median over steps; {n_matched} matched "
-                    f"collectives; {100 * p.lateness_us / step_us:.1f}% of the {step_us / 1e3:.2f} ms step); "
-                    f"it waits {p.comm_wait_us / 1e3:.2f} ms per step on communication while its peers wait "
+                    f"{summary}; it waits {p.comm_wait_us / 1e3:.2f} ms per step on communication while its peers wait "
                     f"{peer_wait / 1e3:.2f} ms; "
                     + (
                         f"it is the last to arrive in {verdict.slowest_in} of {verdict.steps} steps "
@@ -226,15 +227,15 @@ def _stragglers(
         excess = 100.0 * (p.mean_step_us / step_us - 1.0) if step_us else 0.0
         robust = p.mean_step_us - step_us > 3.0 * mad
         if excess > options.step_outlier_pct and robust and p.rank not in late:
+            summary = (f"rank {p.rank}'s steps take {p.mean_step_us / 1e3:.2f} ms, {excess:.1f}% more than "
+                       f"the median rank's {step_us / 1e3:.2f} ms and more than 3 scaled median absolute "
+                       f"deviations ({3.0 * mad / 1e3:.2f} ms) from it across the {len(per_rank)} ranks")
             out.append(
                 Straggler(
                     rank=p.rank,
                     reason="slow_steps",
-                    evidence=(
-                        f"rank {p.rank}'s steps take {p.mean_step_us / 1e3:.2f} ms, {excess:.1f}% more than "
-                        f"the median rank's {step_us / 1e3:.2f} ms and more than 3 scaled median absolute "
-                        f"deviations ({3.0 * mad / 1e3:.2f} ms) from it across the {len(per_rank)} ranks"
-                    ),
+                    summary=summary,
+                    evidence=summary,
                     lateness_us=p.lateness_us,
                     step_excess_pct=excess,
                 )

@@ -16,10 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from statistics import median
 
-from hf_distprof.analysis.across.comm import waits_for_peers
 from hf_distprof.analysis.read.timer_records import TimerRecords
 from hf_distprof.analysis.results.across import CrossRankResult
-from hf_distprof.analysis.results.findings import Finding
+from hf_distprof.analysis.results.findings import TRACE, TRACE_AND_TIMER, Finding
 from hf_distprof.analysis.results.rank import RankResult
 from hf_distprof.core.advice import PHASE_ADVICE, PHASE_NAMES
 from hf_distprof.core.verdicts import SlowRankVerdict
@@ -45,6 +44,8 @@ class PhaseExcess:
     steps: int
     source: str
     """Where the figure comes from, in words ("the step timer, median over 16 untraced steps")."""
+    from_timer: bool = False
+    """Whether it comes from the step timer's records (else from the traced window)."""
 
 
 def phase_excess(rank: int, ranks: list[RankResult], records: TimerRecords | None,
@@ -57,7 +58,7 @@ def phase_excess(rank: int, ranks: list[RankResult], records: TimerRecords | Non
     if steps and records is not None:
         per_phase = {p: {r: [1e6 * v for v in vs] for r, vs in by_rank.items()}
                      for p, by_rank in records.phases(steps).items()}
-        source = f"the step timer, median over {len(steps)} untraced steps"
+        source, timed = f"the step timer, median over {len(steps)} untraced steps", True
     if not per_phase or rank not in next(iter(per_phase.values())):
         common = sorted(set.intersection(*({s.step for s in r.steps} for r in ranks)))
         if not common:
@@ -68,7 +69,7 @@ def phase_excess(rank: int, ranks: list[RankResult], records: TimerRecords | Non
             "compute": {r: [by_step[r][s].busy_us(dev) - by_step[r][s].cpu.data_loading_us for s in common]
                         for r, dev in ((x.rank, x.device) for x in ranks)},
         }
-        steps, source = common, f"the traced window, median over {len(common)} steps"
+        steps, source, timed = common, f"the traced window, median over {len(common)} steps", False
     best: PhaseExcess | None = None
     for phase, values in per_phase.items():
         if rank not in values or len(values) < 2:
@@ -76,7 +77,7 @@ def phase_excess(rank: int, ranks: list[RankResult], records: TimerRecords | Non
         peers = [r for r in values if r != rank]
         excess = median(values[rank][i] - median(values[p][i] for p in peers) for i in range(len(steps)))
         if best is None or excess > best.excess_us:
-            best = PhaseExcess(phase, excess, len(steps), source)
+            best = PhaseExcess(phase, excess, len(steps), source, from_timer=timed)
     return best
 
 
@@ -94,7 +95,7 @@ def _slow_rank(cross: CrossRankResult) -> tuple[int, list[tuple[str, SlowRankVer
 def wait_sentence(slow: int, ranks: list[RankResult]) -> tuple[str, float, float]:
     """"rank 0 waits 55.7% of its step at all_gather and 6.7% at all_reduce for rank 1" (the peer that waits most,
     and how many others do), the largest wait in % of the step and in microseconds per step."""
-    waits = {r.rank: waits_for_peers(r).get(slow, {}) for r in ranks if r.rank != slow}
+    waits = {r.rank: r.waits_by_peer().get(slow, {}) for r in ranks if r.rank != slow}
     totals = {r: sum(kinds.values()) for r, kinds in waits.items()}
     if not totals or max(totals.values()) < MIN_WAIT_PCT:
         return "", 0.0, 0.0
@@ -152,6 +153,7 @@ def explain(findings: list[Finding], ranks: list[RankResult], cross: CrossRankRe
     folded = [f for f in findings if f.kind == "data_loading_bound" and f.ranks == [slow] and phase.phase == "data"]
     data = (f"; data loading is {folded[0].numbers['data_loading_pct']:.1f}% of rank {slow}'s step (median over the "
             "traced steps)" if folded else "")
+    action = f"Rank {slow}: {PHASE_ADVICE.get(phase.phase, PHASE_ADVICE['compute'])}"
     chain = Finding(
         kind=SLOW_RANK,
         severity=max([wait_pct] + [f.severity for f in about]),
@@ -163,8 +165,8 @@ def explain(findings: list[Finding], ranks: list[RankResult], cross: CrossRankRe
             f"to its, clocks aligned): {waits}{data}. {reasons}"
         ),
         recommendation=(
-            f"Rank {slow}: {PHASE_ADVICE.get(phase.phase, PHASE_ADVICE['compute'])}. The others' exposed "
-            "communication is a wait for it, not the network: larger buckets or a faster network will not shorten it."
+            f"{action}. The others' exposed communication is a wait for it, not the network: larger buckets or a "
+            "faster network will not shorten it."
         ),
         numbers={
             "phase_excess_ms": phase.excess_us / 1e3,
@@ -172,6 +174,12 @@ def explain(findings: list[Finding], ranks: list[RankResult], cross: CrossRankRe
             **{k: v for f in about for k, v in f.numbers.items()},
         },
         confidence=min((f.confidence for f in about if f.confidence is not None), default=None),
+        phase=phase.phase,
+        why=(f"{name} takes {phase.excess_us / 1e3:.1f} ms more per step than on its peers, who wait {wait_pct:.1f}% "
+             "of their step for it at the collectives"),
+        action=action,
+        basis=TRACE_AND_TIMER if phase.from_timer or any(f.basis == TRACE_AND_TIMER for f in about) else TRACE,
+        steps=verdict.steps,
     )
     rest = [f for f in findings if f not in about and f not in folded]
     return [chain, *rest]

@@ -12,10 +12,15 @@ from hf_distprof.analysis.across import comm
 from hf_distprof.analysis.judge import memory
 from hf_distprof.analysis.options import AnalysisOptions
 from hf_distprof.analysis.results.across import CrossRankResult
-from hf_distprof.analysis.results.findings import Finding
+from hf_distprof.analysis.results.findings import TRACE, TRACE_AND_TIMER, Finding, Undecided
 from hf_distprof.analysis.results.rank import CommKindStat, RankResult
 from hf_distprof.core import stats
-from hf_distprof.core.verdicts import UNDECIDED, judge_share
+from hf_distprof.core.verdicts import UNDECIDED, SlowRankVerdict, judge_share
+
+
+def _basis(verdict: SlowRankVerdict | None) -> str:
+    """What a slow-rank verdict weighed: the traced window alone, or with the step timer's records."""
+    return TRACE_AND_TIMER if verdict is not None and verdict.test.endswith("+ step timer") else TRACE
 
 
 def diagnose(
@@ -33,7 +38,7 @@ def diagnose(
         empty for a healthy trace.
     """
     findings: list[Finding] = []
-    fsdp = _fsdp_all_gather(ranks, options) + _fsdp_reduce_scatter(ranks, options)
+    fsdp = _fsdp_exposed(ranks, "all_gather", options) + _fsdp_exposed(ranks, "reduce_scatter", options)
     findings += _comm_bound(ranks, options, fsdp_findings=bool(fsdp))
     findings += fsdp
     if cross is not None:
@@ -47,14 +52,23 @@ def diagnose(
     return findings
 
 
-def undecided(cross: CrossRankResult | None) -> list[str]:
-    """What the trace is too short to decide, as sentences ("not enough evidence: ...")."""
+def undecided(cross: CrossRankResult | None) -> list[Undecided]:
+    """The slow-rank questions the run is too short to decide ("not enough evidence"), with what would decide them."""
     if cross is None:
         return []
     out = []
-    for name, verdict in (("straggler", cross.straggler_verdict), ("imbalance", cross.imbalance_verdict)):
-        if verdict is not None and verdict.status == UNDECIDED:
-            out.append(f"{name}: {verdict.reason}")
+    for name, v in (("straggler", cross.straggler_verdict), ("imbalance", cross.imbalance_verdict)):
+        if v is not None and v.status == UNDECIDED:
+            out.append(Undecided(
+                question=name,
+                reason=v.reason,
+                why=(f"{v.claim} (threshold {v.threshold_pct:g}%), but {v.steps} traced steps of {v.ranks} ranks are "
+                     f"too few to tell a slow rank from chance (at least {v.min_steps} are needed)"),
+                to_decide=v.to_decide,
+                ranks=[v.rank] if v.rank is not None else [],
+                basis=_basis(v),
+                steps=v.steps,
+            ))
     return out
 
 
@@ -86,6 +100,14 @@ def _comm_bound(ranks: list[RankResult], options: AnalysisOptions, fsdp_findings
         "communication kernels run with no computation" if gpu else "the training thread waits on collectives"
     )
     late = "".join(_waits_left_out(r, transfer[r.rank]) for r in hit)
+    exposed = stats.mean([r.exposed_comm_pct for r in ranks])
+    action = (
+        "FSDP's all-gathers and reduce-scatters: see the FSDP findings for which and where"
+        if fsdp_findings
+        else "Overlap communication with compute: larger DDP buckets (bucket_cap_mb) or gradient "
+        "accumulation to all-reduce less often, FSDP prefetching and wrap granularity, "
+        "fewer/larger collectives (the per-kind table says which)"
+    )
     return [
         Finding(
             kind="communication_bound",
@@ -99,17 +121,15 @@ def _comm_bound(ranks: list[RankResult], options: AnalysisOptions, fsdp_findings
                 + (f"; only {stats.mean(overlap):.1f}% of communication overlaps computation" if overlap else "")
                 + _kind_split(worst)
             ),
-            recommendation=(
-                "FSDP's all-gathers and reduce-scatters: see the FSDP findings for which and where."
-                if fsdp_findings
-                else "Overlap communication with compute: larger DDP buckets (bucket_cap_mb) or gradient "
-                "accumulation to all-reduce less often, FSDP prefetching and wrap granularity, "
-                "fewer/larger collectives (the per-kind table says which)."
-            ),
+            recommendation=action + ".",
             numbers={"transfer_pct": mean, "worst_rank_transfer_pct": transfer[worst.rank],
-                     "exposed_comm_pct": stats.mean([r.exposed_comm_pct for r in ranks]),
-                     "worst_rank_exposed_comm_pct": worst.exposed_comm_pct},
+                     "exposed_comm_pct": exposed, "worst_rank_exposed_comm_pct": worst.exposed_comm_pct},
             confidence=min(verdicts[r.rank].confidence for r in hit),
+            phase="communication",
+            why=(f"the collectives themselves, waits for late peers left out, are {mean:.1f}% of the step on average "
+                 f"(exposed in all: {exposed:.1f}%)"),
+            action=action,
+            steps=verdicts[worst.rank].steps,
         )
     ]
 
@@ -130,10 +150,16 @@ def _waiting_for_peers(ranks: list[RankResult], cross: CrossRankResult, options:
         return []
     mean = stats.mean([stats.mean(pct) for pct in shares.values()])
     worst = max(hit, key=lambda rank: judged[rank].median_pct)
-    peers = comm.waits_for_peers(next(r for r in ranks if r.rank == worst))
+    peers = next(r for r in ranks if r.rank == worst).waits_by_peer()
     by_peer = sorted(((sum(kinds.values()), p) for p, kinds in peers.items()), reverse=True)
     whom = ", ".join(f"rank {p} {pct:.1f}%" for pct, p in by_peer[:3])
     n = judged[worst].steps
+    why = (f"the ranks wait at collectives for a peer that arrives later for {mean:.1f}% of step time on average "
+           f"(rank {worst}: {judged[worst].median_pct:.1f}%, median over {n} step{'s' if n != 1 else ''}; "
+           f"threshold {options.comm_bound_pct:g}%)")
+    action = ("This is the ranks' skew, not the network: compare the late ranks' steps with a peer's in the merged "
+              "trace (hf-distprof merge), trace more steps (or keep the step timer on) so that the verdicts can "
+              "name a rank, and give every rank the same work")
     return [
         Finding(
             kind="waiting_for_peers",
@@ -141,16 +167,14 @@ def _waiting_for_peers(ranks: list[RankResult], cross: CrossRankResult, options:
             title="Ranks wait for late peers",
             ranks=hit,
             evidence=(
-                f"the ranks wait at collectives for a peer that arrives later for {mean:.1f}% of step time on average "
-                f"(rank {worst}: {judged[worst].median_pct:.1f}%, median over {n} step{'s' if n != 1 else ''}; "
-                f"threshold {options.comm_bound_pct:g}%); rank {worst} waits for {whom} of its step; no verdict "
-                "names a slow rank (see the straggler and imbalance verdicts)"
+                f"{why}; rank {worst} waits for {whom} of its step; no verdict names a slow rank (see the straggler "
+                "and imbalance verdicts)"
             ),
-            recommendation=(
-                "This is the ranks' skew, not the network: compare the late ranks' steps with a peer's in the merged "
-                "trace (hf-distprof merge), trace more steps (or keep the step timer on) so that the verdicts can "
-                "name a rank, and give every rank the same work."
-            ),
+            recommendation=action + ".",
+            phase="communication",
+            why=why,
+            action=action,
+            steps=n,
             numbers={"wait_pct": mean, "worst_rank_wait_pct": judged[worst].median_pct},
             confidence=min(judged[rank].confidence for rank in hit),
         )
@@ -225,80 +249,62 @@ def _cpu_note(rank: RankResult) -> str:
     )
 
 
-def _fsdp_all_gather(ranks: list[RankResult], options: AnalysisOptions) -> list[Finding]:
-    hit = _fsdp_rows(ranks, "all_gather", options)
+def _fsdp_exposed(ranks: list[RankResult], kind: str, options: AnalysisOptions) -> list[Finding]:
+    """FSDP's all-gathers (or reduce-scatters) exposed above ``fsdp_exposed_pct`` of the step: where they are exposed
+    (forward or backward, the worst unit) and what FSDP setting hides them."""
+    hit = _fsdp_rows(ranks, kind, options)
     if not hit:
         return []
     worst, row = max(hit, key=lambda h: h[1].exposed_pct_median)
-    backward = row.backward_exposed_us > row.forward_exposed_us
-    if backward:
-        rec = (
-            "Most of it is in backward, re-gathering the parameters that forward freed: keep them instead "
-            "(--fsdp-reshard-after-forward false; fully_shard(reshard_after_forward=False); FSDP1 "
-            "SHARD_GRAD_OP), for every unit or only the last ones, trading memory for those all-gathers; FSDP1: "
-            "backward_prefetch=BACKWARD_PRE."
-        )
+    median_over = f"median over {len(worst.steps)} steps; threshold {options.fsdp_exposed_pct:g}%"
+    numbers = {"exposed_us": row.exposed_us, "exposed_pct": row.exposed_pct_median}
+    if kind == "all_gather":
+        backward = row.backward_exposed_us > row.forward_exposed_us
+        title = "Exposed FSDP all-gather" + (" in backward" if backward else " before forward")
+        why = (f"on rank {worst.rank} the training waits {row.exposed_us / 1e3:.2f} ms per step for all-gathers, "
+               f"{row.exposed_pct_median:.1f}% of the step ({median_over}): {row.forward_exposed_us / 1e3:.2f} ms in "
+               f"forward, {row.backward_exposed_us / 1e3:.2f} ms in backward, of {row.time_us / 1e3:.2f} ms of "
+               f"all-gather in {row.count_per_step:g} calls ({row.overlap_pct or 0.0:.1f}% hidden)")
+        if backward:
+            action = ("Most of it is in backward, re-gathering the parameters that forward freed: keep them instead "
+                      "(--fsdp-reshard-after-forward false; fully_shard(reshard_after_forward=False); FSDP1 "
+                      "SHARD_GRAD_OP), for every unit or only the last ones, trading memory for those all-gathers")
+            more = "; FSDP1: backward_prefetch=BACKWARD_PRE."
+        else:
+            action = ("Most of it is before forward: prefetch further ahead (FSDP2 gathers one unit ahead; "
+                      "unit.set_modules_to_forward_prefetch([next units]); FSDP1 forward_prefetch=True), and check the "
+                      "wrap granularity: many small units make latency-bound all-gathers (wrap coarser), one huge "
+                      "unit cannot hide behind its predecessor's compute (wrap finer)")
+            more = "."
+        numbers.update(forward_exposed_us=row.forward_exposed_us, backward_exposed_us=row.backward_exposed_us)
+        phase = "backward" if backward else "forward"
     else:
-        rec = (
-            "Most of it is before forward: prefetch further ahead (FSDP2 gathers one unit ahead; "
-            "unit.set_modules_to_forward_prefetch([next units]); FSDP1 forward_prefetch=True), and check the "
-            "wrap granularity: many small units make latency-bound all-gathers (wrap coarser), one huge unit "
-            "cannot hide behind its predecessor's compute (wrap finer)."
-        )
+        title = "Reduce-scatter not overlapped with backward"
+        why = (f"on rank {worst.rank} {row.time_us / 1e3:.2f} ms of reduce-scatter per step "
+               f"({row.count_per_step:g} calls), {row.overlap_pct or 0.0:.1f}% of it hidden behind backward "
+               f"computation: {row.exposed_us / 1e3:.2f} ms exposed, {row.exposed_pct_median:.1f}% of the step "
+               f"({median_over})")
+        action = ("A unit's reduce-scatter can only hide behind the backward of the units before it, so the last "
+                  "one (the root's) is always exposed: keep the root unit small and wrap finer")
+        more = ("; with gradient accumulation skip it on all but the last micro-batch "
+                "(set_requires_gradient_sync(False)); reduce in bf16 "
+                "(MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)) to halve the bytes.")
+        phase = "backward"
+    numbers["time_us"] = row.time_us
     return [
         Finding(
-            kind="fsdp_exposed_all_gather",
+            kind=f"fsdp_exposed_{kind}",
             severity=row.exposed_pct_median,
-            title="Exposed FSDP all-gather" + (" in backward" if backward else " before forward"),
+            title=title,
             ranks=[r.rank for r, _ in hit],
-            evidence=(
-                f"on rank {worst.rank} the training waits {row.exposed_us / 1e3:.2f} ms per step for "
-                f"all-gathers, {row.exposed_pct_median:.1f}% of the step (median over {len(worst.steps)} steps; "
-                f"threshold {options.fsdp_exposed_pct:g}%): {row.forward_exposed_us / 1e3:.2f} ms in forward, "
-                f"{row.backward_exposed_us / 1e3:.2f} ms in backward, of {row.time_us / 1e3:.2f} ms of "
-                f"all-gather in {row.count_per_step:g} calls ({row.overlap_pct or 0.0:.1f}% hidden)"
-                + _worst_unit(worst, "all_gather")
-            ),
-            recommendation=rec + _cpu_note(worst),
-            numbers={
-                "exposed_us": row.exposed_us,
-                "exposed_pct": row.exposed_pct_median,
-                "forward_exposed_us": row.forward_exposed_us,
-                "backward_exposed_us": row.backward_exposed_us,
-                "time_us": row.time_us,
-            },
-            confidence=_steps_above(worst, "all_gather", options.fsdp_exposed_pct),
-        )
-    ]
-
-
-def _fsdp_reduce_scatter(ranks: list[RankResult], options: AnalysisOptions) -> list[Finding]:
-    hit = _fsdp_rows(ranks, "reduce_scatter", options)
-    if not hit:
-        return []
-    worst, row = max(hit, key=lambda h: h[1].exposed_pct_median)
-    return [
-        Finding(
-            kind="fsdp_exposed_reduce_scatter",
-            severity=row.exposed_pct_median,
-            title="Reduce-scatter not overlapped with backward",
-            ranks=[r.rank for r, _ in hit],
-            evidence=(
-                f"on rank {worst.rank} {row.time_us / 1e3:.2f} ms of reduce-scatter per step "
-                f"({row.count_per_step:g} calls), {row.overlap_pct or 0.0:.1f}% of it hidden behind backward "
-                f"computation: {row.exposed_us / 1e3:.2f} ms exposed, {row.exposed_pct_median:.1f}% of the step "
-                f"(median over {len(worst.steps)} steps; threshold {options.fsdp_exposed_pct:g}%)"
-                + _worst_unit(worst, "reduce_scatter")
-            ),
-            recommendation=(
-                "A unit's reduce-scatter can only hide behind the backward of the units before it, so the last "
-                "one (the root's) is always exposed: keep the root unit small and wrap finer; with gradient "
-                "accumulation skip it on all but the last micro-batch (set_requires_gradient_sync(False)); "
-                "reduce in bf16 (MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)) to halve the bytes."
-                + _cpu_note(worst)
-            ),
-            numbers={"exposed_us": row.exposed_us, "exposed_pct": row.exposed_pct_median, "time_us": row.time_us},
-            confidence=_steps_above(worst, "reduce_scatter", options.fsdp_exposed_pct),
+            evidence=why + _worst_unit(worst, kind),
+            recommendation=action + more + _cpu_note(worst),
+            numbers=numbers,
+            confidence=_steps_above(worst, kind, options.fsdp_exposed_pct),
+            phase=phase,
+            why=why,
+            action=action,
+            steps=len(worst.steps),
         )
     ]
 
@@ -309,15 +315,17 @@ def _stragglers(cross: CrossRankResult) -> list[Finding]:
     for s in cross.stragglers:
         if s.reason == "late_collectives" and s.lateness_us is not None:
             severity = 100.0 * s.lateness_us / step if step else 0.0
-            rec = (
+            action = (
                 f"Look at what rank {s.rank} does before its first collective that its peers do not: "
                 "uneven data (sequence lengths, batch sizes), extra work on that rank (logging, eval, "
-                "checkpointing), a slower device or a busy host. Open the merged trace (hf-distprof merge) "
-                "and compare the forward/backward of that rank with a peer."
+                "checkpointing), a slower device or a busy host"
             )
+            more = (". Open the merged trace (hf-distprof merge) and compare the forward/backward of that rank with a "
+                    "peer.")
         else:
             severity = s.step_excess_pct or 0.0
-            rec = "Compare this rank's step with a peer's in the merged trace; check its host and device."
+            action, more = "Compare this rank's step with a peer's in the merged trace", "; check its host and device."
+        verdict = cross.straggler_verdict
         out.append(
             Finding(
                 kind="straggler",
@@ -325,7 +333,11 @@ def _stragglers(cross: CrossRankResult) -> list[Finding]:
                 title=f"Straggler: rank {s.rank}",
                 ranks=[s.rank],
                 evidence=s.evidence,
-                recommendation=rec,
+                recommendation=action + more,
+                why=s.summary,
+                action=action,
+                basis=_basis(verdict) if s.reason == "late_collectives" else TRACE,
+                steps=verdict.steps if verdict is not None and s.reason == "late_collectives" else None,
                 numbers={
                     k: v
                     for k, v in (("lateness_us", s.lateness_us), ("step_excess_pct", s.step_excess_pct))
@@ -345,21 +357,23 @@ def _imbalance(cross: CrossRankResult, options: AnalysisOptions) -> list[Finding
     others = sorted(p.busy_us for p in cross.per_rank if p.rank != busiest.rank)
     typical = others[len(others) // 2]
     step = stats.mean([p.mean_step_us for p in cross.per_rank])
+    why = (f"busy time (GPU: compute kernels; CPU: compute + data loading): rank {busiest.rank} "
+           f"{busiest.busy_us / 1e3:.2f} ms per step vs {typical / 1e3:.2f} ms on a typical peer")
+    action = ("Give every rank the same amount of work: pack or bucket sequences by length, drop uneven "
+              "last batches, shard evenly")
     return [
         Finding(
             kind="imbalance",
             severity=100.0 * (busiest.busy_us - typical) / step if step else 0.0,
             title="Load imbalance across ranks",
             ranks=[busiest.rank],
-            evidence=(
-                f"busy time (GPU: compute kernels; CPU: compute + data loading): rank {busiest.rank} "
-                f"{busiest.busy_us / 1e3:.2f} ms per step vs {typical / 1e3:.2f} ms on a typical peer; "
-                f"{verdict.reason}"
-            ),
-            recommendation=(
-                "Give every rank the same amount of work: pack or bucket sequences by length, drop uneven "
-                "last batches, shard evenly; the other ranks idle in collectives until the busiest finishes."
-            ),
+            evidence=f"{why}; {verdict.reason}",
+            recommendation=action + "; the other ranks idle in collectives until the busiest finishes.",
+            phase="compute",
+            why=why,
+            action=action,
+            basis=_basis(verdict),
+            steps=verdict.steps,
             numbers={
                 "imbalance_pct": verdict.effect_pct,
                 "max_busy_us": busiest.busy_us,
@@ -385,22 +399,23 @@ def _low_utilisation(ranks: list[RankResult], options: AnalysisOptions) -> list[
         return []
     mean = stats.mean(list(low.values()))
     confidence = min(verdicts[rank].confidence for rank in low)
+    why = (f"the GPU is busy for {mean:.1f}% of its step span (median over steps) on {len(low)} of {len(util)} ranks "
+           f"(lowest: rank {min(low, key=low.__getitem__)} at {min(low.values()):.1f}%; threshold "
+           f"{options.low_util_pct:g}%)")
+    action = ("The GPU waits for the host: look for CPU work, synchronisations (.item(), .cpu(), printing "
+              "tensors) and data loading between kernels")
     return [
         Finding(
             kind="low_utilisation",
             severity=100.0 - mean,
             title="Low GPU utilisation",
             ranks=sorted(low),
-            evidence=(
-                f"the GPU is busy for {mean:.1f}% of its step span (median over steps) on {len(low)} of "
-                f"{len(util)} ranks "
-                f"(lowest: rank {min(low, key=low.__getitem__)} at {min(low.values()):.1f}%; threshold "
-                f"{options.low_util_pct:g}%)"
-            ),
-            recommendation=(
-                "The GPU waits for the host: look for CPU work, synchronisations (.item(), .cpu(), printing "
-                "tensors) and data loading between kernels; increase the batch size or use CUDA graphs."
-            ),
+            evidence=why,
+            recommendation=action + "; increase the batch size or use CUDA graphs.",
+            phase="compute",
+            why=why,
+            action=action,
+            steps=max(v.steps for v in verdicts.values()),
             numbers={"gpu_busy_pct": mean},
             confidence=confidence,
         )
@@ -423,20 +438,21 @@ def _launch_bound(ranks: list[RankResult], options: AnalysisOptions) -> list[Fin
     tiny = stats.mean([h[1] for h in hit])
     idle = stats.mean([h[2] for h in hit])
     per_step = stats.mean([h[3] for h in hit])
+    why = (f"{tiny:.0f}% of the {per_step:.0f} kernels per step run under {options.tiny_kernel_us:g} us "
+           f"while the GPU idles {idle:.1f}% of the step")
+    action = ("Fuse small ops (torch.compile, fused optimizers foreach=True/fused=True, fused layer norms), "
+              "use CUDA graphs, or raise the batch size so each kernel does more work")
     return [
         Finding(
             kind="launch_bound",
             severity=idle / 2,
             title="Launch-bound: many tiny kernels",
             ranks=[h[0] for h in hit],
-            evidence=(
-                f"{tiny:.0f}% of the {per_step:.0f} kernels per step run under {options.tiny_kernel_us:g} us "
-                f"while the GPU idles {idle:.1f}% of the step"
-            ),
-            recommendation=(
-                "Fuse small ops (torch.compile, fused optimizers foreach=True/fused=True, fused layer norms), "
-                "use CUDA graphs, or raise the batch size so each kernel does more work."
-            ),
+            evidence=why,
+            recommendation=action + ".",
+            phase="compute",
+            why=why,
+            action=action,
             numbers={"tiny_kernel_pct": tiny, "gpu_idle_pct": idle, "kernels_per_step": per_step},
             confidence=min(h[4] for h in hit),
         )
@@ -453,21 +469,22 @@ def _data_loading(ranks: list[RankResult], options: AnalysisOptions) -> list[Fin
     if not hit:
         return []
     mean = stats.mean(list(hit.values()))
+    why = (f"fetching the next batch takes {mean:.1f}% of step time (median over steps) on {len(hit)} of "
+           f"{len(verdicts)} ranks, above the {options.data_loading_pct:g}% threshold in most steps")
+    action = ("Load data ahead of the step: DataLoader num_workers > 0, pin_memory=True, "
+              "persistent_workers=True, prefetch_factor")
     return [
         Finding(
             kind="data_loading_bound",
             severity=mean,
             title="Data-loading bound",
             ranks=sorted(hit),
-            evidence=(
-                f"fetching the next batch takes {mean:.1f}% of step time (median over steps) on {len(hit)} of "
-                f"{len(verdicts)} ranks, above the {options.data_loading_pct:g}% threshold in most steps"
-            ),
-            recommendation=(
-                "Load data ahead of the step: DataLoader num_workers > 0, pin_memory=True, "
-                "persistent_workers=True, prefetch_factor; pre-tokenise the dataset instead of tokenising "
-                "in __getitem__."
-            ),
+            evidence=why,
+            recommendation=action + "; pre-tokenise the dataset instead of tokenising in __getitem__.",
+            phase="data",
+            why=why,
+            action=action,
+            steps=max(v.steps for v in verdicts.values()),
             numbers={"data_loading_pct": mean},
             confidence=min(verdicts[rank].confidence for rank in hit),
         )

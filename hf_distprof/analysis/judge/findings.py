@@ -16,7 +16,7 @@ from hf_distprof.analysis.judge.whatif import WHAT_TO_FIX_FIRST, what_to_fix_fir
 from hf_distprof.analysis.options import AnalysisOptions
 from hf_distprof.analysis.read.timer_records import TimerRecords
 from hf_distprof.analysis.results.across import CrossRankResult
-from hf_distprof.analysis.results.findings import Finding
+from hf_distprof.analysis.results.findings import Finding, Undecided
 from hf_distprof.analysis.results.rank import RankResult
 from hf_distprof.analysis.results.whatif import WhatIf
 
@@ -39,7 +39,7 @@ def judge(
     slowdown: dict[str, Any] | None,
     timer: dict[str, Any] | None,
     answer: WhatIf | None,
-) -> tuple[list[Finding], list[str]]:
+) -> tuple[list[Finding], list[Undecided]]:
     """Every finding of the run, in order, and the questions it cannot decide.
 
     Args:
@@ -52,7 +52,7 @@ def judge(
         answer: The what-if model's answer (None without one).
 
     Returns:
-        The findings, in :func:`in_order`'s order, and the "not enough evidence" sentences.
+        The findings, in :func:`in_order`'s order, and the questions left undecided (with the findings withheld).
     """
     findings = diagnose(ranks, cross, options) + slowdown_findings(slowdown)
     # A window whose verdicts were weighed with the timer's (across_the_run) already answers for the whole run.

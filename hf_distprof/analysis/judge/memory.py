@@ -39,6 +39,12 @@ def imbalance_findings(ranks: list[RankResult], options: AnalysisOptions) -> lis
         rank, high = max(peaks.items(), key=lambda item: item[1].peak_allocated_bytes)
         typical = median(d.peak_allocated_bytes for r, d in peaks.items() if r != rank)
         allocators = ", ".join(f"{op.name} {format_bytes(op.allocated_bytes)}" for op in high.top_ops[:3])
+        why = (f"peak allocated memory over the traced steps ([memory] events): rank {rank} "
+               f"{format_bytes(high.peak_allocated_bytes)} on {high.device} (step {high.peak_step}) vs "
+               f"{format_bytes(typical)}, the median of the other ranks: {pct:.1f}% more "
+               f"(threshold {options.memory_imbalance_pct:g}%)")
+        action = ("Look for work only that rank does (evaluation, logging, checkpoint saving on rank 0), "
+                  "uneven batch shapes (pad to a fixed length or group by length), or tensors kept alive on one rank")
         findings.append(
             Finding(
                 kind="memory_imbalance",
@@ -46,17 +52,11 @@ def imbalance_findings(ranks: list[RankResult], options: AnalysisOptions) -> lis
                 severity=0.0,
                 title=f"Peak {kind} memory imbalance across ranks",
                 ranks=[rank],
-                evidence=(
-                    f"peak allocated memory over the traced steps ([memory] events): rank {rank} "
-                    f"{format_bytes(high.peak_allocated_bytes)} on {high.device} (step {high.peak_step}) vs "
-                    f"{format_bytes(typical)}, the median of the other ranks: {pct:.1f}% more "
-                    f"(threshold {options.memory_imbalance_pct:g}%); its top allocators: {allocators}"
-                ),
-                recommendation=(
-                    "Look for work only that rank does (evaluation, logging, checkpoint saving on rank 0), "
-                    "uneven batch shapes (pad to a fixed length or group by length), or tensors kept alive on "
-                    "one rank; sharding optimizer state and gradients (FSDP) also evens memory out."
-                ),
+                evidence=f"{why}; its top allocators: {allocators}",
+                recommendation=action + "; sharding optimizer state and gradients (FSDP) also evens memory out.",
+                phase="memory",
+                why=why,
+                action=action,
                 numbers={
                     "imbalance_pct": pct,
                     "max_peak_bytes": float(high.peak_allocated_bytes),

@@ -7,7 +7,7 @@ from typing import Any
 from hf_distprof.analysis.options import AnalysisOptions
 from hf_distprof.analysis.read.timer_records import TimerRecords
 from hf_distprof.analysis.read.timing_summary import TimingSummary
-from hf_distprof.analysis.results.findings import Finding
+from hf_distprof.analysis.results.findings import STEP_TIMER, TRACE_AND_TIMER, Finding, Undecided
 from hf_distprof.analysis.results.rank import RankResult
 from hf_distprof.core.overhead import profiler_slowdown
 
@@ -27,7 +27,7 @@ def slowdown_of(summary: TimingSummary, records: TimerRecords, ranks: list[RankR
 
 def withhold_in_a_distorted_window(
     findings: list[Finding], slowdown: dict[str, Any] | None, timer: dict[str, Any] | None
-) -> tuple[list[Finding], list[str]]:
+) -> tuple[list[Finding], list[Undecided]]:
     """Rank findings of a window that was not like the rest of the run, against a quiet step timer, withheld.
 
     When the traced steps ran materially slower than the others (the profiler's doing, or another process
@@ -35,18 +35,23 @@ def withhold_in_a_distorted_window(
     imbalance seen in the trace describes that window, not the run: it becomes "not enough evidence".
 
     Returns:
-        The findings kept, and the sentences for the withheld ones.
+        The findings kept, and the withheld ones as undecided questions.
     """
     if not slowdown or not slowdown.get("warning") or not timer or timer.get("status") == "raised":
         return findings, []
     kept, withheld = [], []
     for f in findings:
         if f.kind in ("straggler", "imbalance"):
-            withheld.append(
-                f"{f.kind}: {f.title} withheld: the traced steps ran {float(slowdown['ratio']):.2f}x slower than "
-                f"the rest of the run, and over the untraced steps the step timer names no slow rank "
-                f"({timer.get('reason', 'quiet')})"
-            )
+            why = (f"the traced steps ran {float(slowdown['ratio']):.2f}x slower than the rest of the run, and over "
+                   "the untraced steps the step timer names no slow rank")
+            withheld.append(Undecided(
+                question=f.kind,
+                reason=f"{f.title} withheld: {why} ({timer.get('reason', 'quiet')})",
+                why=f"{f.title} withheld: {why}",
+                ranks=list(f.ranks),
+                basis=TRACE_AND_TIMER,
+                steps=f.steps,
+            ))
         else:
             kept.append(f)
     return kept, withheld
@@ -57,6 +62,7 @@ def slowdown_findings(slowdown: dict[str, Any] | None) -> list[Finding]:
     if not slowdown or not slowdown.get("warning"):
         return []
     ratio = float(slowdown["ratio"])
+    action = "Read the trace's absolute times with care and trust its shares more"
     return [
         Finding(
             kind="profiler_slowdown",
@@ -65,12 +71,17 @@ def slowdown_findings(slowdown: dict[str, Any] | None) -> list[Finding]:
             ranks=[],
             evidence=slowdown["warning"],
             recommendation=(
-                "Read the trace's absolute times with care and trust its shares more; profile with fewer "
-                "options (--profiler-record-shapes false, no --profiler-with-stack / --profiler-profile-memory "
-                "unless you need them) and see PROFILING_GUIDE.md for what each option costs."
+                f"{action}; profile with fewer options (--profiler-record-shapes false, no --profiler-with-stack / "
+                "--profiler-profile-memory unless you need them) and see PROFILING_GUIDE.md for what each option "
+                "costs."
             ),
             numbers={"ratio": ratio},
             confidence=slowdown.get("confidence"),
+            phase="profiler",
+            why=(f"the traced steps took {ratio:.2f}x as long as the run's other steps (threshold "
+                 f"{float(slowdown['threshold_ratio']):.2f}x)"),
+            action=action,
+            basis=STEP_TIMER,
         )
     ]
 

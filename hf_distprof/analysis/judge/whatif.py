@@ -3,24 +3,26 @@ noise."""
 
 from __future__ import annotations
 
-from hf_distprof.analysis.results.findings import Finding
+from hf_distprof.analysis.results.findings import REPLAY, Finding
 from hf_distprof.analysis.results.whatif import WhatIf
 
 WHAT_TO_FIX_FIRST = "what_to_fix_first"
 """The kind of the what-if finding."""
 
-_ADVICE = {
-    "slow_rank": "Find what rank {ranks} does that its peers do not (the critical path and the straggler and "
-                 "imbalance findings say where): uneven data, extra work on that rank, a slower device or host.",
-    "no_data_loading": "Load data ahead of the step: DataLoader num_workers > 0, pin_memory=True, "
-                       "persistent_workers=True, prefetch_factor; pre-tokenise instead of tokenising per item.",
-    "hide_communication": "Overlap communication with computation (DDP bucket_cap_mb, gradient accumulation, "
-                          "FSDP prefetching) or send fewer bytes (bf16 reduction, fewer and larger collectives).",
-    "fastest_pace": "Give every rank the same work, at the pace of the fastest: balance the data (sequence "
-                    "lengths, batch sizes), then look at the hosts and devices of the slower ranks.",
-    "network_at_reference": "The transfers run slower than bench-collectives measured on this fabric: check the "
-                            "NCCL settings and the network path of the collectives that take longest.",
+_ADVICE = {  # scenario -> (the first thing to try, the rest)
+    "slow_rank": ("Find what rank {ranks} does that its peers do not (the critical path and the straggler and "
+                  "imbalance findings say where): uneven data, extra work on that rank, a slower device or host", "."),
+    "no_data_loading": ("Load data ahead of the step: DataLoader num_workers > 0, pin_memory=True, "
+                        "persistent_workers=True, prefetch_factor", "; pre-tokenise instead of tokenising per item."),
+    "hide_communication": ("Overlap communication with computation (DDP bucket_cap_mb, gradient accumulation, "
+                           "FSDP prefetching) or send fewer bytes (bf16 reduction, fewer and larger collectives)", "."),
+    "fastest_pace": ("Give every rank the same work, at the pace of the fastest: balance the data (sequence "
+                     "lengths, batch sizes), then look at the hosts and devices of the slower ranks", "."),
+    "network_at_reference": ("The transfers run slower than bench-collectives measured on this fabric: check the "
+                             "NCCL settings and the network path of the collectives that take longest", "."),
 }
+_PHASES = {"slow_rank": None, "no_data_loading": "data", "hide_communication": "communication",
+           "fastest_pace": None, "network_at_reference": "communication"}
 
 
 def what_to_fix_first(answer: WhatIf, threshold_pct: float) -> Finding | None:
@@ -31,20 +33,25 @@ def what_to_fix_first(answer: WhatIf, threshold_pct: float) -> Finding | None:
         return None
     top, model = worth[0], answer.model
     ranked = "; ".join(f"{s.title}: {s.step_ms_predicted:.2f} ms (-{s.saving_pct:.1f}%)" for s in worth)
+    why = (f"replaying the {len(model.steps)} traced step(s) across ranks with {top.title} predicts "
+           f"{top.step_ms_predicted:.2f} ms per step instead of the measured {top.step_ms_now:.2f} ms: "
+           f"{top.saving_pct:.1f}% faster, {top.hours_per_1000_steps:.3f} h saved per 1,000 steps (model error "
+           f"+-{top.error_ms:.2f} ms; step-to-step noise {top.noise_ms or 0.0:.2f} ms, the smaller of the measured "
+           f"steps' {model.noise_ms or 0.0:.2f} ms and the predicted ones')")
+    action, more = _ADVICE[top.scenario]
+    action = action.format(ranks=", ".join(map(str, top.ranks)))
     return Finding(
         kind=WHAT_TO_FIX_FIRST,
         severity=top.saving_pct,
         title=f"What to fix first: {top.title}",
         ranks=list(top.ranks),
-        evidence=(
-            f"replaying the {len(model.steps)} traced step(s) across ranks with {top.title} predicts "
-            f"{top.step_ms_predicted:.2f} ms per step instead of the measured {top.step_ms_now:.2f} ms: "
-            f"{top.saving_pct:.1f}% faster, {top.hours_per_1000_steps:.3f} h saved per 1,000 steps (model error "
-            f"+-{top.error_ms:.2f} ms; step-to-step noise {top.noise_ms or 0.0:.2f} ms, the smaller of the measured "
-            f"steps' {model.noise_ms or 0.0:.2f} ms and the predicted ones'). Above the "
-            f"{threshold_pct:g}% threshold and the noise, in order: {ranked}"
-        ),
-        recommendation=_ADVICE[top.scenario].format(ranks=", ".join(map(str, top.ranks))),
+        evidence=f"{why}. Above the {threshold_pct:g}% threshold and the noise, in order: {ranked}",
+        recommendation=action + more,
+        phase=_PHASES.get(top.scenario),
+        why=why,
+        action=action,
+        basis=REPLAY,
+        steps=len(model.steps),
         numbers={"step_ms_now": top.step_ms_now, "step_ms_predicted": top.step_ms_predicted,
                  "saving_pct": top.saving_pct, "error_ms": top.error_ms},
         # As for a per-step share: how many of the steps, each replayed on its own, save more than the threshold.

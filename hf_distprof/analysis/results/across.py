@@ -59,6 +59,8 @@ class Straggler:
     rank: int
     reason: str  # "late_collectives" or "slow_steps"
     evidence: str
+    summary: str
+    """The measurement that names it, in one sentence (the start of ``evidence``)."""
     lateness_us: float | None
     step_excess_pct: float | None
     confidence: float | None = None

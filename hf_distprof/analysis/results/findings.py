@@ -1,8 +1,21 @@
-"""What the judge stage yields (plain data): findings."""
+"""What the judge stage yields (plain data): findings, and the questions the run could not decide.
+
+Every renderer (the text, the box, the report, ``--json``) shows these fields as they are: none of them reads a
+finding's sentences to find its verdict, its rank or its phase.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+TRACE = "trace"
+"""A finding's basis: the traced steps only (the profiler window)."""
+TRACE_AND_TIMER = "trace + step timer"
+"""The traced steps weighed with the step timer's records of the run's other steps."""
+REPLAY = "replay"
+"""The what-if model: the traced steps replayed across ranks."""
+STEP_TIMER = "step timer"
+"""The step timer's records of the run's steps (the profiler's slowdown)."""
 
 
 @dataclass
@@ -10,12 +23,49 @@ class Finding:
     """One diagnosis, with the measured numbers that triggered it and what to do."""
 
     kind: str
-    severity: float  # rough % of step time at stake; findings are sorted by it
+    """What was found: ``slow_rank``, ``straggler``, ``imbalance``, ``communication_bound``, ``data_loading_bound``,
+    ``what_to_fix_first`` ... (PROFILING_GUIDE.md lists them)."""
+    severity: float
+    """Rough % of step time at stake; findings are ordered by it
+    (:func:`hf_distprof.analysis.judge.findings.in_order`)."""
     title: str
     ranks: list[int]
+    """The ranks it names (empty: the run as a whole)."""
     evidence: str
+    """The full account: every number the verdict rests on, in sentences."""
     recommendation: str
     numbers: dict[str, float] = field(default_factory=dict)
     confidence: float | None = None
     """How sure: 1 - p of the arrival-order test for rank findings, the share of steps above the threshold
     for per-step shares (:mod:`hf_distprof.core.verdicts`)."""
+    phase: str | None = None
+    """The part of the step it is about: ``data``, ``forward``, ``backward``, ``optimizer``, ``compute`` (on the
+    device), ``communication``, ``memory``, ``profiler``; None when it is about the whole step."""
+    why: str = ""
+    """One sentence: the measurement that makes it a finding (what the box shows under "Why")."""
+    action: str = ""
+    """One sentence: the first thing to try (what the box shows under "Try"); ``recommendation`` has the rest."""
+    basis: str = TRACE
+    """The evidence it rests on: :data:`TRACE`, :data:`TRACE_AND_TIMER`, :data:`REPLAY` or :data:`STEP_TIMER`."""
+    steps: int | None = None
+    """How many steps were judged (None where no per-step test decides it)."""
+
+
+@dataclass
+class Undecided:
+    """A question the run could not answer ("not enough evidence"), or a finding withheld: never a finding."""
+
+    question: str
+    """What was asked: ``straggler``, ``imbalance`` (the slow-rank verdicts) or the kind of a withheld finding."""
+    reason: str
+    """Why no verdict, with every number weighed."""
+    why: str = ""
+    """The same in one sentence (what the box shows under "Why")."""
+    to_decide: str = ""
+    """What would decide it (trace more steps, keep the step timer on ...); empty when nothing more would."""
+    ranks: list[int] = field(default_factory=list)
+    """The candidate rank, when there is one."""
+    basis: str = TRACE
+    """The evidence that was weighed (:data:`TRACE`, :data:`TRACE_AND_TIMER` ...)."""
+    steps: int | None = None
+    """How many steps were judged."""

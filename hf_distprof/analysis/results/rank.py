@@ -299,6 +299,17 @@ class RankTimeline:
         return len(self.t)
 
 @dataclass
+class PeerWait:
+    """How long one rank waits, at one kind of collective, for one peer that reached it last."""
+
+    peer: int
+    kind: str
+    """The per-kind table's row: ``all_gather``, ``reduce_scatter``, ``all_reduce`` or ``other``."""
+    pct: float
+    """% of the waiting rank's step (the per-kind table's base), mean over its steps."""
+
+
+@dataclass
 class RankResult:
     """Everything measured on one rank."""
 
@@ -322,8 +333,18 @@ class RankResult:
     """Communication per collective kind, per step (see :mod:`hf_distprof.analysis.across.comm`)."""
     memory: list[DeviceMemory] = field(default_factory=list)
     """Memory per device, from ``[memory]`` events (``profile_memory``); empty without them."""
+    peer_waits: list[PeerWait] = field(default_factory=list)
+    """Who this rank waits for, at which kind of collective, for how long (set across ranks, once the ranks are
+    aligned: :func:`hf_distprof.analysis.across.comm.waits_for_peers`); empty with one rank."""
     timeline: RankTimeline | None = None
     """The what-if model's points (:mod:`hf_distprof.analysis.rank.timeline`); not in ``to_dict``."""
+
+    def waits_by_peer(self) -> dict[int, dict[str, float]]:
+        """:attr:`peer_waits` as peer -> kind -> % of the step."""
+        out: dict[int, dict[str, float]] = {}
+        for w in self.peer_waits:
+            out.setdefault(w.peer, {})[w.kind] = w.pct
+        return out
 
     @property
     def mean_step_us(self) -> float:

@@ -11,7 +11,7 @@ import orjson
 
 from hf_distprof.analysis.options import AnalysisOptions
 from hf_distprof.analysis.results.across import Alignment, BandwidthStat, BandwidthVsReference, CrossRankResult
-from hf_distprof.analysis.results.findings import Finding
+from hf_distprof.analysis.results.findings import Finding, Undecided
 from hf_distprof.analysis.results.rank import CommKindStat, FileError, ModuleCommStat, RankResult
 from hf_distprof.analysis.results.run import RunSummary
 from hf_distprof.analysis.results.whatif import CriticalSegment, WhatIfModel, WhatIfScenario
@@ -31,8 +31,8 @@ class AnalysisResult:
     """Communication per collective kind, per step, mean over the ranks."""
     comm_by_module: list[ModuleCommStat] = field(default_factory=list)
     """FSDP's collectives per unit, kind and phase, per step, mean over the ranks (empty without FSDP)."""
-    undecided: list[str] = field(default_factory=list)
-    """Questions the trace is too short to answer ("not enough evidence"), never findings."""
+    undecided: list[Undecided] = field(default_factory=list)
+    """Questions the run is too short to answer ("not enough evidence"), and findings withheld: never findings."""
     profiler_slowdown: dict[str, Any] | None = None
     """Steps inside the trace against the run's other steps, from ``timing_rank*.jsonl`` beside the traces
     (:func:`hf_distprof.core.overhead.profiler_slowdown`); None without them."""

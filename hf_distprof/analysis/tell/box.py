@@ -1,9 +1,9 @@
 """The short box a person reads first, at the end of ``analyze``, of the demo and of ``--profiler-analyze``: the
 verdict, why (its numbers), what to try. The tables stay above it, and in ``--report``.
 
-Pure text from an :class:`~hf_distprof.analysis.results.result.AnalysisResult`: the top finding (the slow rank's causal
-chain when there is one), or the all-clear with the headline figures, or what the run could not decide and what
-would decide it.
+Pure text from an :class:`~hf_distprof.analysis.results.result.AnalysisResult`'s fields: the top finding (the slow
+rank's causal chain when there is one) with its ``why`` and ``action``, or the all-clear with the headline figures, or
+what the run could not decide (its ``why`` and ``to_decide``). It never reads a finding's sentences.
 """
 
 from __future__ import annotations
@@ -20,27 +20,8 @@ MAX_LINES = 3
 CHAIN = "slow_rank"
 
 
-def _lead(text: str) -> str:
-    """The first clause of a sentence list: up to the first "; " or ". " outside parentheses (what a box line can
-    hold)."""
-    depth = 0
-    for i, ch in enumerate(text):
-        depth += {"(": 1, ")": -1}.get(ch, 0)
-        if depth == 0 and ch in ";." and text[i + 1:i + 2] == " ":
-            return text[:i]
-    return text.rstrip(".")
-
-
 def _why(f: Finding) -> str:
-    n = f.numbers
-    if f.kind == CHAIN and "phase_excess_ms" in n and "peer_wait_pct" in n:
-        return (f"{f.title.split(': its ')[-1]} takes {n['phase_excess_ms']:.1f} ms more per step than on its peers, "
-                f"who wait {n['peer_wait_pct']:.1f}% of their step for it at the collectives"
-                + (f" (confidence {f.confidence:.2f})" if f.confidence is not None else ""))
-    if f.kind == "communication_bound" and "transfer_pct" in n:
-        return (f"the collectives themselves, waits for late peers left out, are {n['transfer_pct']:.1f}% of the step "
-                f"on average (exposed in all: {n.get('exposed_comm_pct', n['transfer_pct']):.1f}%)")
-    return _lead(f.evidence)
+    return f.why + (f" (confidence {f.confidence:.2f})" if f.confidence is not None else "")
 
 
 def _fields(result: AnalysisResult) -> list[tuple[str, str]]:
@@ -50,7 +31,7 @@ def _fields(result: AnalysisResult) -> list[tuple[str, str]]:
     if findings:
         top = next((f for f in findings if f.kind == CHAIN), findings[0])
         who = f" (rank{'s' if len(top.ranks) > 1 else ''} {', '.join(map(str, top.ranks))})" if top.ranks else ""
-        rows = [("Verdict", f"{top.title}{who}"), ("Why", _why(top)), ("Try", _lead(top.recommendation))]
+        rows = [("Verdict", f"{top.title}{who}"), ("Why", _why(top)), ("Try", top.action)]
         rest = [f.title for f in findings if f is not top]
         if rest:
             rows.append(("Also", f"{len(rest)} more finding(s) above: {'; '.join(rest)}"))
@@ -61,11 +42,9 @@ def _fields(result: AnalysisResult) -> list[tuple[str, str]]:
                + (f" ({waits:.1f}% of it waiting for late peers)" if waits >= 0.05 else "")
                + (f", load imbalance {result.imbalance_pct:.1f}%" if cross is not None else ""))
     if result.undecided:
-        text = result.undecided[0]
-        decide = text[text.index("to decide, "):] if "to decide, " in text else ""
-        return [("Verdict", "not enough evidence for a slow-rank verdict"),
-                ("Why", _lead(text.split(": ", 1)[-1].removeprefix("not enough evidence: "))),
-                ("Try", decide.removeprefix("to decide, ") or "trace more steps"), ("Figures", figures)]
+        first = result.undecided[0]
+        return [("Verdict", "not enough evidence for a slow-rank verdict"), ("Why", first.why or first.reason),
+                ("Try", first.to_decide or "trace more steps"), ("Figures", figures)]
     verdicts = (("straggler", cross.straggler_verdict), ("imbalance", cross.imbalance_verdict)) if cross else ()
     quiet = [f"{name} {v.status}" for name, v in verdicts if v is not None]
     return [("Verdict", "no finding: nothing crosses its threshold beyond the run's own noise"),

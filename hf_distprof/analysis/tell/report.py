@@ -15,7 +15,7 @@ from hf_distprof.analysis.tell.whatif import CRITICAL_PATH_PNG, plot_critical_pa
 from hf_distprof.core import names
 from hf_distprof.core.files import atomic_path, atomic_write_text
 from hf_distprof.core.stats import mean
-from hf_distprof.core.text import format_bytes
+from hf_distprof.core.text import format_bytes, markdown_table
 
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
@@ -245,7 +245,7 @@ def _markdown(result: AnalysisResult) -> str:
             f"   - Evidence: {f.evidence}",
             f"   - Recommendation: {f.recommendation}",
         ]
-    lines += [f"- Not enough evidence, no verdict: {text}" for text in result.undecided]
+    lines += [f"- Not enough evidence, no verdict: {u.question}: {u.reason}" for u in result.undecided]
     lines += what_if_markdown(result, with_figure=bool(result.critical_path))
     lines += _comm_markdown(result)
     lines += _bandwidth_markdown(result)
@@ -300,30 +300,22 @@ def _comm_markdown(result: AnalysisResult) -> list[str]:
         "of the step's wall time (GPU: its GPU span), mean over steps. Forward/backward: issued in FSDP's forward "
         "or backward.",
         "",
-        "| kind | calls | busy ms | exposed ms | waiting for a peer ms | exposed % of step | waiting % of step | "
-        "hidden % of busy | forward exposed ms | backward exposed ms |",
-        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for row in result.comm_by_kind:
-        hidden = "-" if row.overlap_pct is None else f"{row.overlap_pct:.1f}"
-        lines.append(
-            f"| {row.kind} ({', '.join(row.kinds)}) | {row.count_per_step:.1f} | {row.time_us / 1e3:.2f} | "
-            f"{row.exposed_us / 1e3:.2f} | {row.wait_us / 1e3:.2f} | {row.exposed_pct:.1f} | {row.wait_pct:.1f} | "
-            f"{hidden} | {row.forward_exposed_us / 1e3:.2f} | {row.backward_exposed_us / 1e3:.2f} |"
-        )
+    lines += markdown_table(
+        ["kind", "calls", "busy ms", "exposed ms", "waiting for a peer ms", "exposed % of step", "waiting % of step",
+         "hidden % of busy", "forward exposed ms", "backward exposed ms"],
+        ([f"{row.kind} ({', '.join(row.kinds)})", f"{row.count_per_step:.1f}", f"{row.time_us / 1e3:.2f}",
+          f"{row.exposed_us / 1e3:.2f}", f"{row.wait_us / 1e3:.2f}", f"{row.exposed_pct:.1f}", f"{row.wait_pct:.1f}",
+          "-" if row.overlap_pct is None else f"{row.overlap_pct:.1f}", f"{row.forward_exposed_us / 1e3:.2f}",
+          f"{row.backward_exposed_us / 1e3:.2f}"] for row in result.comm_by_kind),
+    )
     if result.comm_by_module:
-        lines += [
-            "",
-            "### FSDP collectives per unit",
-            "",
-            "| unit | kind | phase | calls | time ms | exposed ms |",
-            "|---|---|---|---|---|---|",
-        ]
-        for unit in result.comm_by_module:
-            lines.append(
-                f"| {unit.module or '(root)'} | {unit.kind} | {unit.phase or '-'} | {unit.count_per_step:.1f} | "
-                f"{unit.time_us / 1e3:.2f} | {unit.exposed_us / 1e3:.2f} |"
-            )
+        lines += ["", "### FSDP collectives per unit", ""]
+        lines += markdown_table(
+            ["unit", "kind", "phase", "calls", "time ms", "exposed ms"],
+            ([unit.module or "(root)", unit.kind, unit.phase or "-", f"{unit.count_per_step:.1f}",
+              f"{unit.time_us / 1e3:.2f}", f"{unit.exposed_us / 1e3:.2f}"] for unit in result.comm_by_module),
+        )
     return lines
 
 
@@ -340,18 +332,15 @@ def _bandwidth_markdown(result: AnalysisResult) -> list[str]:
             "Wait: the part of the time spent waiting for the last rank to arrive; transfer bandwidths divide "
             "by the rest, the time data was moving.",
             "",
-            "| kind | n | size | calls | mean size | time ms | algbw | busbw | wait % of time | transfer algbw | "
-            "transfer busbw |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
-        for row in result.bandwidth:
-            wait = "-" if row.wait_pct is None else f"{row.wait_pct:.1f}"
-            lines.append(
-                f"| {row.kind} | {row.group_size or '-'} | {row.bucket} | {row.count_per_rank:.1f} | "
-                f"{format_bytes(row.mean_bytes)} | {row.time_us / 1e3:.2f} | {format_gbps(row.algbw_gbps)} | "
-                f"{format_gbps(row.busbw_gbps)} | {wait} | {format_gbps(row.transfer_algbw_gbps)} | "
-                f"{format_gbps(row.transfer_busbw_gbps)} |"
-            )
+        lines += markdown_table(
+            ["kind", "n", "size", "calls", "mean size", "time ms", "algbw", "busbw", "wait % of time",
+             "transfer algbw", "transfer busbw"],
+            ([row.kind, str(row.group_size or "-"), row.bucket, f"{row.count_per_rank:.1f}",
+              format_bytes(row.mean_bytes), f"{row.time_us / 1e3:.2f}", format_gbps(row.algbw_gbps),
+              format_gbps(row.busbw_gbps), "-" if row.wait_pct is None else f"{row.wait_pct:.1f}",
+              format_gbps(row.transfer_algbw_gbps), format_gbps(row.transfer_busbw_gbps)] for row in result.bandwidth),
+        )
     if note:
         lines += ["", note] if result.bandwidth else [note]
     reference = reference_lines(result)

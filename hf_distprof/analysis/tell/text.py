@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from hf_distprof.analysis.across import comm
 from hf_distprof.analysis.across.reference import totals
 from hf_distprof.analysis.results.across import BandwidthStat
 from hf_distprof.analysis.results.rank import CommKindStat, DeviceMemory, RankResult
@@ -57,8 +56,8 @@ def _findings_lines(result: AnalysisResult) -> list[str]:
         lines.append(f"{i}. {f.title}{who}{sure}")
         lines.append(f"   Evidence: {f.evidence}")
         lines.append(f"   Try: {f.recommendation}")
-    for text in result.undecided:
-        lines.append(f"Not enough evidence, no verdict: {text}")
+    for u in result.undecided:
+        lines.append(f"Not enough evidence, no verdict: {u.question}: {u.reason}")
     lines += _slowdown_lines(result.profiler_slowdown)
     return lines
 
@@ -119,7 +118,7 @@ def _kind_totals(result: AnalysisResult) -> list[str]:
     sums = ", ".join(f"rank {r.rank} {sum(row.exposed_pct for row in r.comm_by_kind):.1f}%" for r in ranks)
     out = [f"exposed %step per rank (its rows added up; the headline's figure): {sums}"]
     for r in ranks[:KIND_TABLE_MAX_RANKS]:
-        peers = {peer: sum(kinds.values()) for peer, kinds in comm.waits_for_peers(r).items()}
+        peers = {peer: sum(kinds.values()) for peer, kinds in r.waits_by_peer().items()}
         shown = sorted((p for p, pct in peers.items() if pct >= 0.05), key=lambda p: (-peers[p], p))
         if shown:
             out.append(f"rank {r.rank} waits for late peers {sum(peers.values()):.1f}% of its step: "

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from hf_distprof.analysis.results.result import AnalysisResult
 from hf_distprof.analysis.results.whatif import WhatIfModel, WhatIfScenario
+from hf_distprof.core.text import markdown_table
 
 CRITICAL_PATH_PNG = "critical_path.png"
 # Links of the critical path listed in the terminal (all of them are in --json and the report).
@@ -81,15 +82,14 @@ def what_if_markdown(result: AnalysisResult, with_figure: bool) -> list[str]:
         "",
         f"The {_header(model)}. Each scenario replays the same steps with one change.",
         "",
-        "| what if | step ms | +- error ms | noise ms | change ms | saving % | hours per 1,000 steps | "
-        "beyond the noise |",
-        "|---|---|---|---|---|---|---|---|",
     ]
-    lines += ["| " + " | ".join(_row(s)) + " |" for s in result.what_if]
+    lines += markdown_table(["what if", "step ms", "+- error ms", "noise ms", "change ms", "saving %",
+                             "hours per 1,000 steps", "beyond the noise"], (_row(s) for s in result.what_if))
     if result.critical_path:
-        lines += ["", f"### Critical path of step {model.median_step} (the median step)", "",
-                  "| from ms | rank | kind | name | ms |", "|---|---|---|---|---|"]
-        lines += [f"| {s.start_ms:.2f} | {s.rank} | {s.kind} | {s.name} | {s.ms:.2f} |" for s in result.critical_path]
+        lines += ["", f"### Critical path of step {model.median_step} (the median step)", ""]
+        lines += markdown_table(["from ms", "rank", "kind", "name", "ms"],
+                                ([f"{s.start_ms:.2f}", str(s.rank), s.kind, s.name, f"{s.ms:.2f}"]
+                                 for s in result.critical_path))
     if with_figure:
         lines += ["", f"![critical path over the ranks' timelines]({CRITICAL_PATH_PNG})"]
     return lines
