@@ -20,10 +20,12 @@ from typing import Any
 from hf_distprof.analysis.across import bandwidth, comm
 from hf_distprof.analysis.across.align import align, set_waits
 from hf_distprof.analysis.across.combine import one_result_per_rank
+from hf_distprof.analysis.across.evidence import run_evidence
 from hf_distprof.analysis.across.reference import compare_to_reference
 from hf_distprof.analysis.across.skew import cross_rank
 from hf_distprof.analysis.judge.findings import judge
 from hf_distprof.analysis.judge.slowdown import slowdown_of
+from hf_distprof.analysis.judge.window import window_notes
 from hf_distprof.analysis.options import AnalysisOptions
 from hf_distprof.analysis.rank.workers import analyze_file, run_all
 from hf_distprof.analysis.read.manifest import run_summary_beside, why_no_trace
@@ -99,10 +101,12 @@ def analyze_paths(
                         alignment=alignment) if len(ranks) > 1 else None)
     rows = bandwidth.collective_bandwidth(ranks)
     # 4. whatif: the traced steps replayed across ranks.
-    answer = what_if(ranks, alignment.offsets, list(reference) if reference else None) if ranks else None
+    evidence = run_evidence(records, {s.step for r in ranks for s in r.steps}) if len(ranks) > 1 else None
+    answer = what_if(ranks, alignment.offsets, list(reference) if reference else None, evidence) if ranks else None
     # 5. judge: every finding, in one order.
     slowdown = slowdown_of(summary, records, ranks, options)
     findings, undecided = judge(ranks, cross, options, records, slowdown, timer, answer)
+    notes = window_notes(cross, records, {s.step for r in ranks for s in r.steps}, slowdown)
     run, manifest_errors = run_summary_beside(files)  # hosts, windows and why, files lost since
     errors += [FileError(path, reason) for path, reason in manifest_errors]
     errors.sort(key=lambda e: e.path)
@@ -124,6 +128,7 @@ def analyze_paths(
         what_if=answer.scenarios if answer is not None else [],
         critical_path=answer.critical_path if answer is not None else [],
         what_if_model=answer.model if answer is not None else None,
+        window_notes=notes,
         alignment=alignment,
     )
 

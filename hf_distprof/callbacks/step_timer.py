@@ -412,6 +412,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             flops=flops,
             peak_tflops=self._peak_tflops,
             verdict=verdict,
+            on_gpu=getattr(self._device, "type", "cpu") == "cuda",
         )
 
     def _verdict(self) -> Any:

@@ -8,12 +8,13 @@ _SLOWER_COMPUTE = (
     "or throttled device (nvidia-smi -q -d PERFORMANCE,CLOCK), or other processes sharing that device or host"
 )
 
+_DATA = (
+    "its input pipeline is the bottleneck: raise --dataloader_num_workers, {pin}pre-tokenize the dataset instead of "
+    "tokenizing in the collator, and check that host for CPU or disk contention"
+)
+
 PHASE_ADVICE = {
-    "data": (
-        "its input pipeline is the bottleneck: raise --dataloader_num_workers, set --dataloader_pin_memory, "
-        "pre-tokenize the dataset instead of tokenizing in the collator, and check that host for CPU or "
-        "disk contention"
-    ),
+    "data": _DATA.format(pin="set --dataloader_pin_memory, "),
     "forward": f"its forward compute is slower: {_SLOWER_COMPUTE}",
     "backward": f"its backward compute is slower: {_SLOWER_COMPUTE}",
     "optimizer": (
@@ -32,3 +33,11 @@ PHASE_NAMES = {
     "compute": "compute (forward, backward and optimizer)",
 }
 """phase -> how a finding names it."""
+
+
+def phase_advice(phase: str, on_gpu: bool = True) -> str:
+    """What to try for a rank slow in ``phase``, phrased after "rank R: "; a run without a GPU gets no advice that
+    only a GPU run can use (pinned memory speeds copies to a GPU, nothing else)."""
+    if phase == "data" and not on_gpu:
+        return _DATA.format(pin="")
+    return PHASE_ADVICE.get(phase, PHASE_ADVICE["compute"])

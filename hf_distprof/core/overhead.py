@@ -131,7 +131,7 @@ def profiler_slowdown(
         )
         warning = (
             f"the profiler slows the steps it traces by {ratio:.2f}x (median {med:.4f}s inside its window vs "
-            f"{mid:.4f}s over the {len(ref)} untraced steps around it; the run's own noise {noise:.1f}%; "
+            f"{mid:.4f}s over the {len(ref)} untraced steps after its start; the run's own noise {noise:.1f}%; "
             f"threshold {threshold_ratio:g}x): times and findings from the trace describe a slower run than yours; "
             f"{cost}."
         )

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hf_distprof.core.advice import PHASE_ADVICE
+from hf_distprof.core.advice import phase_advice
 from hf_distprof.timing.recorder import StepTiming
 from hf_distprof.core.verdicts import KEPT_CELLS, SlowRankVerdict, imbalance_pct, judge_own_work
 
@@ -209,6 +209,7 @@ def cross_rank_report(
     flops: float | None = None,
     peak_tflops: float | None = None,
     verdict: SlowRankVerdict | None = None,
+    on_gpu: bool = True,
 ) -> CrossRankReport:
     """Compare the ranks of one window of steps.
 
@@ -222,7 +223,9 @@ def cross_rank_report(
         memory_threshold_pct: Warn when the peak memory imbalance exceeds this.
         flops: FLOPs of all ranks together over the window (the Trainer's count), for MFU.
         peak_tflops: Peak TFLOPs of one device; MFU is None without it.
-        verdict: The slow-rank verdict over the window's steps; None: no time warning.
+        verdict: The slow-rank verdict over the window's steps; None: no time warning. Its candidate is the slowest
+            rank, raised or not, so that the table, the warning and ``hf-distprof analyze`` name the same rank.
+        on_gpu: Whether the ranks train on a GPU (advice that only a GPU run can use is left out otherwise).
 
     Returns:
         The report, with warnings (and recommendations) for the verdicts raised.
@@ -236,7 +239,7 @@ def cross_rank_report(
     steps = [float(r.step_s or 0.0) for r in ranks]
     pre = [float(r.pre_sync_s or 0.0) for r in ranks]
     slow = ranks[max(range(len(ranks)), key=lambda i: pre[i])]
-    if verdict is not None and verdict.raised:
+    if verdict is not None and verdict.rank is not None and any(r.rank == verdict.rank for r in ranks):
         slow = next(r for r in ranks if r.rank == verdict.rank)
     fast = ranks[min(range(len(ranks)), key=lambda i: pre[i])]
     phase, excess = _slowest_phase(ranks, slow)
@@ -264,7 +267,7 @@ def cross_rank_report(
             f"Its own work before the gradient sync (data + forward + backward compute) takes "
             f"{slow.pre_sync_s:.4f}s per step vs {typical:.4f}s on a typical peer, and the other ranks wait "
             f"for it in the collectives ({verdict.reason}; confidence {verdict.confidence:.3f}). Most of the "
-            f"difference is in {phase} (+{excess:.4f}s per step): rank {slow.rank}: {PHASE_ADVICE[phase]}."
+            f"difference is in {phase} (+{excess:.4f}s per step): rank {slow.rank}: {phase_advice(phase, on_gpu)}."
         )
     if mem_imbalance is not None and mem_imbalance > memory_threshold_pct:
         warnings.append(memory_warning(ranks, mem_imbalance, memory_threshold_pct))

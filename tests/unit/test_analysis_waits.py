@@ -89,7 +89,7 @@ def test_the_wait_for_a_late_peer_is_split_from_the_transfer(tmp_path: Path) -> 
     gather1 = next(row for row in result.ranks[1].comm_by_kind if row.kind == "all_gather")
     assert gather1.wait_us == 0.0 and gather1.waited_for == []  # the late rank waits for nobody
     text = format_summary(result)
-    assert "rank 0 waits for late peers 25.0% of its step: rank 1 25.0%" in text
+    assert "rank 0's late-peer wait: 25.0% of its step (for rank 1 25.0%)" in text
     assert "exposed %step per rank (its rows added up; the headline's figure): rank 0 46.0%, rank 1 21.0%" in text
 
 

@@ -37,13 +37,17 @@ def test_a_clean_run_says_so_with_its_figures() -> None:
     text = box("clean")
     assert "| Verdict: no finding: nothing crosses its threshold beyond the run's own noise" in text
     assert "verdicts: straggler quiet, imbalance quiet" in re.sub(r"\s*\|\n\|\s+", " ", text)
-    assert "Try:     nothing to fix from these steps" in text
+    # The what-if's largest saving is named, and why it is no finding (here: under the threshold worth fixing).
+    assert ("Try:     nothing worth fixing: the largest saving the what-if predicts, exposed communication hidden "
+            "(transfers fully overlapped), is 8.1% of the step, under the 100% worth fixing") in re.sub(
+        r"\s*\|\n\|\s+", " ", text)
+    assert "slowest rank 0 (+0.3%, under the 10% threshold)" in re.sub(r"\s*\|\n\|\s+", " ", text)
 
 
 def test_other_findings_are_listed_and_the_fields_stay_short() -> None:
     text = box("fsdp2")
     assert text.splitlines()[1].startswith("| Verdict: Communication-bound (ranks 0, 1)")
-    assert "| Also:    2 more finding(s) above: Exposed FSDP all-gather before forward; Reduce-scatter not" in text
+    assert "| Also:    2 more finding(s): Exposed FSDP all-gather before forward; Reduce-scatter not" in text
     for name in ("slow_rank1", "clean", "fsdp2", "slow_data"):
         lines = box(name).splitlines()
         assert all(len(line) == WIDTH for line in lines), name

@@ -31,8 +31,8 @@ def test_profiler_slowdown_every_field_against_the_untraced_steps_around_the_win
         ratio=1.5, threshold_ratio=1.25, options=options,
         warning=(
             "the profiler slows the steps it traces by 1.50x (median 1.5000s inside its window vs 1.0000s over the 6 "
-            "untraced steps around it; the run's own noise 9.9%; threshold 1.25x): times and findings from the trace "
-            "describe a slower run than yours; the likely cost: --profiler-with-stack, --profiler-record-shapes, "
+            "untraced steps after its start; the run's own noise 9.9%; threshold 1.25x): times and findings from the "
+            "trace describe a slower run than yours; the likely cost: --profiler-with-stack, --profiler-record-shapes, "
             "--profiler-profile-memory (turn off what you do not need)."
         ),
         confidence=2 / 3, median_step_s_reference=1.0, noise_pct=pytest.approx(100 * 1.4826 * 0.1 / 1.5), note=None,
@@ -103,7 +103,7 @@ def test_profiler_slowdown_exactly_at_the_threshold_is_quiet():
     above = profiler_slowdown({1: 1.26} | after, {1}, {})
     assert above is not None and above.warning is not None and above.warning.startswith(
         "the profiler slows the steps it traces by 1.26x (median 1.2600s inside its window vs 1.0000s over the 6 "
-        "untraced steps around it; the run's own noise 0.0%; threshold 1.25x)"
+        "untraced steps after its start; the run's own noise 0.0%; threshold 1.25x)"
     )
 
 

@@ -20,6 +20,7 @@ from hf_distprof.analysis.across.align import align
 from hf_distprof.analysis.options import AnalysisOptions
 from hf_distprof.analysis.results.across import Alignment, CrossRankResult, RankSkew, StepSpread, Straggler
 from hf_distprof.analysis.results.rank import RankResult
+from hf_distprof.core.run_verdict import TIMER_TEST, decided, follow_the_run, verdict_from_json
 from hf_distprof.core.verdicts import OWN_WORK, SlowRankVerdict, across_the_run, imbalance_pct, judge_slow_rank
 
 
@@ -94,7 +95,7 @@ def cross_rank(
         )
         for r in ranks
     ]
-    straggler = imbalance = None
+    straggler = imbalance = straggler_window = imbalance_window = None
     if len(ranks) > 1:
         durations = {r.rank: {s.step: s.duration_us for s in r.steps} for r in ranks}
         late_steps = sorted(set.intersection(*(set(v) for v in per_step.values())))
@@ -111,8 +112,7 @@ def cross_rank(
         step_time = [median(d[s] for d in durations.values()) for s in common]
         if timed is not None and own_step is not None and all(s in own_step for s in common):
             step_time = [1e6 * own_step[s] for s in common]
-        imbalance = judge_slow_rank(busy, options.imbalance_pct, what=what, step_time=step_time)
-        imbalance = across_the_run(imbalance, timer, pool_effect=own is not None)
+        imbalance_window = judge_slow_rank(busy, options.imbalance_pct, what=what, step_time=step_time)
         straggler = judge_slow_rank(
             {rank: [per_step[rank][s] for s in late_steps] for rank in per_step},
             options.straggler_pct,
@@ -120,7 +120,15 @@ def cross_rank(
             min_abs=options.straggler_min_us,
             what="arrival at the step's collectives",
         )
-        straggler = across_the_run(straggler, timer)
+        straggler_window = straggler
+        run = verdict_from_json(timer)
+        if decided(run):
+            # The step timer decided over the run: the answer is its; the window is one more sample, stated beside it.
+            assert run is not None
+            imbalance, straggler = follow_the_run(imbalance_window, run), follow_the_run(straggler_window, run)
+        else:
+            imbalance = across_the_run(imbalance_window, timer, pool_effect=own is not None)
+            straggler = across_the_run(straggler_window, timer)
     return CrossRankResult(
         ranks=[r.rank for r in ranks],
         per_rank=per_rank,
@@ -130,6 +138,8 @@ def cross_rank(
         stragglers=_stragglers(per_rank, straggler, len(matched), options) if straggler is not None else [],
         straggler_verdict=straggler,
         imbalance_verdict=imbalance,
+        straggler_window=straggler_window,
+        imbalance_window=imbalance_window,
     )
 
 
@@ -177,6 +187,23 @@ def _step_spread(ranks: list[RankResult]) -> list[StepSpread]:
     return out
 
 
+def _why_named(rank: int, verdict: SlowRankVerdict) -> str:
+    """Why the straggler verdict names ``rank``: the arrival order in the window, weighed with the step timer's
+    untraced steps, or the step timer's own verdict over the run."""
+    if rank != verdict.rank:
+        text = f"late together with rank {verdict.rank}, standing out from the other ranks"
+    elif verdict.test.endswith(TIMER_TEST):
+        text = (f"the step timer names it over the run's {verdict.steps} untraced steps: slowest in "
+                f"{verdict.slowest_in} of {verdict.steps} (p = {verdict.p_value:.3f} by chance)")
+    elif verdict.test.endswith("+ step timer"):
+        text = (f"it is the last to arrive in {verdict.slowest_in} of {verdict.steps} steps (p = {verdict.p_value:.3f} "
+                "by chance, with the step timer's untraced steps)")
+    else:
+        text = (f"it is the last to arrive in {verdict.slowest_in} of {verdict.steps} steps (p = {verdict.p_value:.3f} "
+                "by chance)")
+    return f"{text}, beyond the step-to-step noise of {verdict.noise_pct:.1f}%"
+
+
 def _stragglers(
     per_rank: list[RankSkew], verdict: SlowRankVerdict, n_matched: int, options: AnalysisOptions
 ) -> list[Straggler]:
@@ -197,18 +224,8 @@ def _stragglers(
                 rank=p.rank,
                 reason="late_collectives",
                 summary=summary,
-                evidence=(
-                    f"{summary}; it waits {p.comm_wait_us / 1e3:.2f} ms per step on communication while its peers wait "
-                    f"{peer_wait / 1e3:.2f} ms; "
-                    + (
-                        f"it is the last to arrive in {verdict.slowest_in} of {verdict.steps} steps "
-                        + (f"(p = {verdict.p_value:.3f} by chance, with the step timer's untraced steps)"
-                           if verdict.test.endswith("+ step timer") else f"(p = {verdict.p_value:.3f} by chance)")
-                        if p.rank == verdict.rank
-                        else f"late together with rank {verdict.rank}, standing out from the other ranks"
-                    )
-                    + f", beyond the step-to-step noise of {verdict.noise_pct:.1f}%"
-                ),
+                evidence=f"{summary}; it waits {p.comm_wait_us / 1e3:.2f} ms per step on communication while its peers "
+                f"wait {peer_wait / 1e3:.2f} ms; {_why_named(p.rank, verdict)}",
                 lateness_us=p.lateness_us,
                 step_excess_pct=None,
                 confidence=verdict.confidence,

@@ -20,7 +20,7 @@ from hf_distprof.analysis.read.timer_records import TimerRecords
 from hf_distprof.analysis.results.across import CrossRankResult
 from hf_distprof.analysis.results.findings import TRACE, TRACE_AND_TIMER, Finding
 from hf_distprof.analysis.results.rank import RankResult
-from hf_distprof.core.advice import PHASE_ADVICE, PHASE_NAMES
+from hf_distprof.core.advice import PHASE_NAMES, phase_advice
 from hf_distprof.core.verdicts import SlowRankVerdict
 
 SLOW_RANK = "slow_rank"
@@ -153,7 +153,7 @@ def explain(findings: list[Finding], ranks: list[RankResult], cross: CrossRankRe
     folded = [f for f in findings if f.kind == "data_loading_bound" and f.ranks == [slow] and phase.phase == "data"]
     data = (f"; data loading is {folded[0].numbers['data_loading_pct']:.1f}% of rank {slow}'s step (median over the "
             "traced steps)" if folded else "")
-    action = f"Rank {slow}: {PHASE_ADVICE.get(phase.phase, PHASE_ADVICE['compute'])}"
+    action = f"Rank {slow}: {phase_advice(phase.phase, on_gpu=any(r.device == 'gpu' for r in ranks))}"
     chain = Finding(
         kind=SLOW_RANK,
         severity=max([wait_pct] + [f.severity for f in about]),

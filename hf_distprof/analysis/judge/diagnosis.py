@@ -15,12 +15,13 @@ from hf_distprof.analysis.results.across import CrossRankResult
 from hf_distprof.analysis.results.findings import TRACE, TRACE_AND_TIMER, Finding, Undecided
 from hf_distprof.analysis.results.rank import CommKindStat, RankResult
 from hf_distprof.core import stats
+from hf_distprof.core.run_verdict import by_the_timer
 from hf_distprof.core.verdicts import UNDECIDED, SlowRankVerdict, judge_share
 
 
 def _basis(verdict: SlowRankVerdict | None) -> str:
     """What a slow-rank verdict weighed: the traced window alone, or with the step timer's records."""
-    return TRACE_AND_TIMER if verdict is not None and verdict.test.endswith("+ step timer") else TRACE
+    return TRACE_AND_TIMER if by_the_timer(verdict) else TRACE
 
 
 def diagnose(
@@ -471,8 +472,8 @@ def _data_loading(ranks: list[RankResult], options: AnalysisOptions) -> list[Fin
     mean = stats.mean(list(hit.values()))
     why = (f"fetching the next batch takes {mean:.1f}% of step time (median over steps) on {len(hit)} of "
            f"{len(verdicts)} ranks, above the {options.data_loading_pct:g}% threshold in most steps")
-    action = ("Load data ahead of the step: DataLoader num_workers > 0, pin_memory=True, "
-              "persistent_workers=True, prefetch_factor")
+    pin = "pin_memory=True, " if any(r.device == "gpu" for r in ranks) else ""  # pinned memory helps copies to a GPU
+    action = f"Load data ahead of the step: DataLoader num_workers > 0, {pin}persistent_workers=True, prefetch_factor"
     return [
         Finding(
             kind="data_loading_bound",

@@ -19,6 +19,7 @@ from hf_distprof.analysis.results.across import CrossRankResult
 from hf_distprof.analysis.results.findings import Finding, Undecided
 from hf_distprof.analysis.results.rank import RankResult
 from hf_distprof.analysis.results.whatif import WhatIf
+from hf_distprof.core.run_verdict import by_the_timer
 
 _FIRST = (WHAT_TO_FIX_FIRST, chain.SLOW_RANK)
 """Kinds that open the list, in this order, whatever their severity: the largest saving the replay predicts, then the
@@ -56,11 +57,11 @@ def judge(
     """
     findings = diagnose(ranks, cross, options) + slowdown_findings(slowdown)
     # A window whose verdicts were weighed with the timer's (across_the_run) already answers for the whole run.
-    weighed = cross is not None and any(
-        v is not None and v.test.endswith("+ step timer") for v in (cross.imbalance_verdict, cross.straggler_verdict)
-    )
+    weighed = cross is not None and any(by_the_timer(v) for v in (cross.imbalance_verdict, cross.straggler_verdict))
     findings, withheld = withhold_in_a_distorted_window(findings, slowdown, None if weighed else timer)
     # The slow rank's finding as one chain (its slow phase -> late at the collectives -> its peers wait).
     findings = chain.explain(findings, ranks, cross, records)
-    first = what_to_fix_first(answer, options.what_if_pct) if answer is not None else None
+    on_gpu = any(r.device == "gpu" for r in ranks)
+    backend = next((r.backend for r in ranks if r.backend), None)
+    first = what_to_fix_first(answer, options.what_if_pct, on_gpu, backend) if answer is not None else None
     return in_order(findings + ([first] if first is not None else [])), undecided(cross) + withheld

@@ -26,7 +26,7 @@ from typing import Any
 from hf_distprof.core import names
 from hf_distprof.core.names import TIMING_RE
 from hf_distprof.core.stats import finite
-from hf_distprof.core.verdicts import KEPT_CELLS, SlowRankVerdict, judge_own_work
+from hf_distprof.core.verdicts import KEPT_CELLS, OWN_WORK, SlowRankVerdict, judge_own_work, judge_slow_rank
 
 # The phases of a step the timer records, each by its keys in order of preference.
 PHASE_KEYS = {
@@ -89,13 +89,17 @@ class TimerRecords:
                     out[step] = max(out.get(step, 0.0), t)
         return out
 
-    def verdict(self, threshold_pct: float, traced: Iterable[int] = ()) -> SlowRankVerdict | None:
+    def verdict(self, threshold_pct: float, traced: Iterable[int] = (), material: bool = True
+                ) -> SlowRankVerdict | None:
         """The slow-rank verdict over the untraced steps, as the live step timer reaches it at train end.
 
         The steps every rank recorded, less the timer's warm-up and the steps the profiler ran over (its marks,
         plus ``traced``: the steps of the traces, which on-demand and anomaly windows add), among the latest steps
         the timer keeps (:data:`~hf_distprof.core.verdicts.KEPT_CELLS`); all of those when fewer than 2 remain (the
         timer's own rule).
+
+        With ``material=False`` the excess is not held against the step time (:func:`judge_slow_rank`'s materiality):
+        the question is then only whether it is real (beyond the noise, persistent), whatever it costs.
 
         Returns:
             None for older files (no marks), fewer than 2 ranks, or a rank without a usable row.
@@ -106,6 +110,8 @@ class TimerRecords:
         ranks = sorted(self.rows)
         step_time = [max(self._own_step(self.rows[r][s]) for r in ranks) for s in judged]
         work = {r: [float(self.rows[r][s]["own_work_s"]) for s in judged] for r in ranks}
+        if not material:
+            return judge_slow_rank(work, threshold_pct, what=OWN_WORK)
         return judge_own_work(work, threshold_pct, step_time)
 
     @staticmethod

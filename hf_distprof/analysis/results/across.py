@@ -27,6 +27,26 @@ class Alignment:
 
 
 @dataclass
+class RunEvidence:
+    """The run's timed steps beyond the traced window, as the step timer recorded them: what the slow-rank answer and
+    the what-if's noise rest on (:func:`hf_distprof.analysis.across.evidence.run_evidence`)."""
+
+    steps: int
+    """The steps judged: the ones the step timer's verdict judges (untraced, after its warm-up)."""
+    noise_ms: float
+    """Step-to-step noise of the step time over those steps (scaled median absolute deviation), ms."""
+    slowest_rank: int | None
+    """The slow-rank verdict's candidate: the rank whose own work exceeds its peers' most (median over the steps)."""
+    fastest_rank: int | None
+    """The rank with the least own work per step (median over the steps)."""
+    slow_rank_real: bool
+    """Whether the verdict engine calls the candidate's excess real (beyond the run's noise and persistent over the
+    steps), whatever its size: a what-if saving on that rank counts only then."""
+    slow_rank_excess_pct: float | None = None
+    """The candidate's median excess over its peers' own work, % (None without a candidate)."""
+
+
+@dataclass
 class RankSkew:
     """One rank as seen against its peers."""
 
@@ -82,6 +102,11 @@ class CrossRankResult:
     """The noise-aware decision on lateness at collectives, with its evidence (raised, quiet, undecided)."""
     imbalance_verdict: SlowRankVerdict | None = None
     """The same decision on busy time per step."""
+    straggler_window: SlowRankVerdict | None = None
+    """What the traced window alone says about lateness (before the step timer's records are weighed): the answer
+    when the timer is absent, one more sample beside the timer's answer otherwise."""
+    imbalance_window: SlowRankVerdict | None = None
+    """What the traced window alone says about busy time."""
 
 @dataclass
 class BandwidthStat:

@@ -69,3 +69,24 @@ class Undecided:
     """The evidence that was weighed (:data:`TRACE`, :data:`TRACE_AND_TIMER` ...)."""
     steps: int | None = None
     """How many steps were judged."""
+
+
+@dataclass
+class WindowNote:
+    """The traced window's own verdict where it disagrees with the run's: the answer follows the run (the step
+    timer's records of its other steps), and this says what the window alone said and how its steps differed."""
+
+    question: str
+    """``straggler`` or ``imbalance``."""
+    window_status: str
+    window_rank: int | None
+    run_status: str
+    run_rank: int | None
+    window_reason: str
+    """The window's own verdict, in words."""
+    traced_step_ms: list[float] = field(default_factory=list)
+    """Each traced step's time (the step timer's), in order."""
+    untraced_step_ms: float | None = None
+    """The median untraced step the window is compared with."""
+    text: str = ""
+    """All of it in one sentence, as the text output shows it."""

@@ -11,7 +11,7 @@ import orjson
 
 from hf_distprof.analysis.options import AnalysisOptions
 from hf_distprof.analysis.results.across import Alignment, BandwidthStat, BandwidthVsReference, CrossRankResult
-from hf_distprof.analysis.results.findings import Finding, Undecided
+from hf_distprof.analysis.results.findings import Finding, Undecided, WindowNote
 from hf_distprof.analysis.results.rank import CommKindStat, FileError, ModuleCommStat, RankResult
 from hf_distprof.analysis.results.run import RunSummary
 from hf_distprof.analysis.results.whatif import CriticalSegment, WhatIfModel, WhatIfScenario
@@ -56,6 +56,8 @@ class AnalysisResult:
     what_if_model: WhatIfModel | None = None
     """The replay behind them: its residual (the error bar), the median step and its lanes; None without one."""
 
+    window_notes: list[WindowNote] = field(default_factory=list)
+    """Where the traced window's own slow-rank verdict disagrees with the run's, which the answer follows."""
     alignment: Alignment | None = None
     """The ranks on one clock (matched collectives, clock offsets, arrivals), as the cross-rank stages used it; not in
     ``to_dict`` (its figures are each rank's ``clock_offset_us`` and ``matched_collectives``). ``merge`` reuses it."""

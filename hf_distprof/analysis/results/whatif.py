@@ -67,6 +67,11 @@ class WhatIfModel:
     """The rank with the most local work per step (mean over the steps); None with one rank."""
     fastest_rank: int | None
     """The rank with the least."""
+    run_noise_ms: float | None = None
+    """The step-to-step noise over the run's judged steps (the step timer's records), which the scenarios' savings are
+    held against; None without the step timer's records (then each scenario's own noise is used)."""
+    run_steps: int | None = None
+    """How many of the run's steps ``run_noise_ms`` is over."""
     ranks: list[ReplayedRank] = field(default_factory=list)
     lanes: list[dict[str, Any]] = field(default_factory=list)
     """The median step as replayed, for the figure: ``{rank, start_ms, end_ms, name}`` (a phase, "waiting", or

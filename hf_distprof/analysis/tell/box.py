@@ -1,5 +1,6 @@
-"""The short box a person reads first, at the end of ``analyze``, of the demo and of ``--profiler-analyze``: the
-verdict, why (its numbers), what to try. The tables stay above it, and in ``--report``.
+"""The short box a person reads first, at the end of ``analyze``, of the demo and of ``--profiler-analyze`` (and at the
+top of ``--report``): the verdict, why (its numbers), what to try. Its words do not say where the tables are: they are
+above it in the terminal, below it in the report.
 
 Pure text from an :class:`~hf_distprof.analysis.results.result.AnalysisResult`'s fields: the top finding (the slow
 rank's causal chain when there is one) with its ``why`` and ``action``, or the all-clear with the headline figures, or
@@ -34,12 +35,12 @@ def _fields(result: AnalysisResult) -> list[tuple[str, str]]:
         rows = [("Verdict", f"{top.title}{who}"), ("Why", _why(top)), ("Try", top.action)]
         rest = [f.title for f in findings if f is not top]
         if rest:
-            rows.append(("Also", f"{len(rest)} more finding(s) above: {'; '.join(rest)}"))
+            rows.append(("Also", f"{len(rest)} more finding(s): {'; '.join(rest)}"))
         return rows
     cross = result.cross_rank
     waits = sum(row.wait_pct for row in result.comm_by_kind)
     figures = (f"exposed communication {result.exposed_comm_pct:.1f}% of the step"
-               + (f" ({waits:.1f}% of it waiting for late peers)" if waits >= 0.05 else "")
+               + (f" ({waits:.1f}% of the step: late-peer wait)" if waits >= 0.05 else "")
                + (f", load imbalance {result.imbalance_pct:.1f}%" if cross is not None else ""))
     if result.undecided:
         first = result.undecided[0]
@@ -47,9 +48,32 @@ def _fields(result: AnalysisResult) -> list[tuple[str, str]]:
                 ("Try", first.to_decide or "trace more steps"), ("Figures", figures)]
     verdicts = (("straggler", cross.straggler_verdict), ("imbalance", cross.imbalance_verdict)) if cross else ()
     quiet = [f"{name} {v.status}" for name, v in verdicts if v is not None]
+    slowest = _slowest(result)
     return [("Verdict", "no finding: nothing crosses its threshold beyond the run's own noise"),
-            ("Why", figures + (f"; verdicts: {', '.join(quiet)}" if quiet else "")),
-            ("Try", "nothing to fix from these steps; the tables above show where each step goes")]
+            ("Why", figures + (f"; verdicts: {', '.join(quiet)}" if quiet else "") + slowest),
+            ("Try", _largest_saving(result))]
+
+
+def _slowest(result: AnalysisResult) -> str:
+    """"; slowest rank 1 (+4.3% own work, under the 10% threshold)": the slow-rank verdict's candidate, which the
+    step timer's table and the what-if name too."""
+    cross = result.cross_rank
+    v = cross.imbalance_verdict if cross is not None else None
+    if v is None or v.rank is None or v.raised:
+        return ""
+    return f"; slowest rank {v.rank} ({v.effect_pct:+.1f}%, under the {v.threshold_pct:g}% threshold)"
+
+
+def _largest_saving(result: AnalysisResult) -> str:
+    """The all-clear's "Try": the largest saving the what-if predicts, and why it is not a finding."""
+    top = result.what_if[0] if result.what_if else None  # sorted by saving, largest first
+    if top is None or top.saving_pct <= 0:
+        return "nothing to fix from these steps; the tables show where each step goes"
+    if top.beyond_noise:
+        return (f"nothing worth fixing: the largest saving the what-if predicts, {top.title}, is {top.saving_pct:.1f}% "
+                f"of the step, under the {result.options.what_if_pct:g}% worth fixing")
+    return (f"nothing to fix: the largest saving the what-if predicts, {top.title} ({top.saving_pct:.1f}% of the "
+            "step), is within the run's noise")
 
 
 def format_box(result: AnalysisResult, title: str = "hf-distprof: in short") -> str:

@@ -246,6 +246,7 @@ def _markdown(result: AnalysisResult) -> str:
             f"   - Recommendation: {f.recommendation}",
         ]
     lines += [f"- Not enough evidence, no verdict: {u.question}: {u.reason}" for u in result.undecided]
+    lines += [f"- {note.text}" for note in result.window_notes]
     lines += what_if_markdown(result, with_figure=bool(result.critical_path))
     lines += _comm_markdown(result)
     lines += _bandwidth_markdown(result)
@@ -295,19 +296,21 @@ def _comm_markdown(result: AnalysisResult) -> list[str]:
         "",
         "Per step, mean over ranks. Busy: the union of the collectives' spans. Exposed: not hidden behind "
         "computation (GPU: no computation kernel runs; CPU: the training thread waits), each moment counted once, "
-        "so the rows add up to the headline's exposed communication. Wait: of the exposed time, waiting for a late "
-        "peer (before the last rank reached the same collective); the rest is the collective itself. % of step: "
+        "so the rows add up to the headline's exposed communication. Late-peer wait: of the exposed time, waiting for "
+        "the last rank to reach the same collective; the rest is the collective itself. % of step: "
         "of the step's wall time (GPU: its GPU span), mean over steps. Forward/backward: issued in FSDP's forward "
         "or backward.",
         "",
     ]
+    fsdp = bool(result.comm_by_module)  # FSDP's forward/backward columns only where FSDP issued collectives
     lines += markdown_table(
-        ["kind", "calls", "busy ms", "exposed ms", "waiting for a peer ms", "exposed % of step", "waiting % of step",
-         "hidden % of busy", "forward exposed ms", "backward exposed ms"],
+        ["kind", "calls", "busy ms", "exposed ms", "late-peer wait ms", "exposed % of step", "late-peer wait % of step",
+         "hidden % of busy"] + (["forward exposed ms", "backward exposed ms"] if fsdp else []),
         ([f"{row.kind} ({', '.join(row.kinds)})", f"{row.count_per_step:.1f}", f"{row.time_us / 1e3:.2f}",
           f"{row.exposed_us / 1e3:.2f}", f"{row.wait_us / 1e3:.2f}", f"{row.exposed_pct:.1f}", f"{row.wait_pct:.1f}",
-          "-" if row.overlap_pct is None else f"{row.overlap_pct:.1f}", f"{row.forward_exposed_us / 1e3:.2f}",
-          f"{row.backward_exposed_us / 1e3:.2f}"] for row in result.comm_by_kind),
+          "-" if row.overlap_pct is None else f"{row.overlap_pct:.1f}"]
+         + ([f"{row.forward_exposed_us / 1e3:.2f}", f"{row.backward_exposed_us / 1e3:.2f}"] if fsdp else [])
+         for row in result.comm_by_kind),
     )
     if result.comm_by_module:
         lines += ["", "### FSDP collectives per unit", ""]
@@ -329,12 +332,12 @@ def _bandwidth_markdown(result: AnalysisResult) -> list[str]:
         lines += [
             "GB/s, nccl-tests' definitions (algbw = size / time, busbw = algbw x 2(n-1)/n for all_reduce, "
             "(n-1)/n for all_gather, reduce_scatter and all_to_all, 1 otherwise). Calls and time per rank. "
-            "Wait: the part of the time spent waiting for the last rank to arrive; transfer bandwidths divide "
-            "by the rest, the time data was moving.",
+            "Late-peer wait: the part of the time spent waiting for the last rank to arrive; transfer bandwidths "
+            "divide by the rest, the time data was moving.",
             "",
         ]
         lines += markdown_table(
-            ["kind", "n", "size", "calls", "mean size", "time ms", "algbw", "busbw", "wait % of time",
+            ["kind", "n", "size", "calls", "mean size", "time ms", "algbw", "busbw", "late-peer wait % of time",
              "transfer algbw", "transfer busbw"],
             ([row.kind, str(row.group_size or "-"), row.bucket, f"{row.count_per_rank:.1f}",
               format_bytes(row.mean_bytes), f"{row.time_us / 1e3:.2f}", format_gbps(row.algbw_gbps),

@@ -58,6 +58,7 @@ def _findings_lines(result: AnalysisResult) -> list[str]:
         lines.append(f"   Try: {f.recommendation}")
     for u in result.undecided:
         lines.append(f"Not enough evidence, no verdict: {u.question}: {u.reason}")
+    lines += [note.text for note in result.window_notes]
     lines += _slowdown_lines(result.profiler_slowdown)
     return lines
 
@@ -71,7 +72,10 @@ def _slowdown_lines(slowdown: dict[str, Any] | None) -> list[str]:
         return [f"Profiler slowdown: {slowdown['note']}"] if isinstance(slowdown.get("note"), str) else []
     ratio, noise = float(slowdown["ratio"]), slowdown.get("noise_pct")
     known = isinstance(noise, (int, float))  # older summaries have no noise (and compared with the steps before)
-    around = f"the {slowdown.get('steps_after', 0)} untraced steps around the window" if known else "the other steps"
+    before = slowdown.get("steps_before") or 0
+    around = (f"the {slowdown.get('steps_after', 0)} untraced steps after the window's start"
+              + (f" (the {before} before it, the run's warm-up, left out)" if before else "")
+              if known else "the other steps")
     within = (f", within the run's own noise of {noise:.1f}%" if isinstance(noise, (int, float))
               and abs(100.0 * (ratio - 1.0)) <= noise else
               f" (the run's own noise {noise:.1f}%)" if isinstance(noise, (int, float)) else "")
@@ -101,12 +105,12 @@ def _rank_rows(rank: RankResult) -> list[str]:
     return rows
 
 
-def _kind_row(label: str, row: CommKindStat) -> str:
+def _kind_row(label: str, row: CommKindStat, fsdp: bool) -> str:
     hidden = "-" if row.overlap_pct is None else f"{row.overlap_pct:.1f}"
     return (
         f"{label:>4} {row.kind:<15} {row.count_per_step:>6.1f} {_ms(row.time_us):>8} {_ms(row.exposed_us):>8} "
-        f"{_ms(row.wait_us):>8} {row.exposed_pct:>9.1f} {row.wait_pct:>10.1f} {hidden:>9} "
-        f"{_ms(row.forward_exposed_us):>8} {_ms(row.backward_exposed_us):>8}"
+        f"{_ms(row.wait_us):>12} {row.exposed_pct:>9.1f} {row.wait_pct:>15.1f} {hidden:>9}"
+        + (f" {_ms(row.forward_exposed_us):>8} {_ms(row.backward_exposed_us):>8}" if fsdp else "")
     )
 
 
@@ -121,8 +125,8 @@ def _kind_totals(result: AnalysisResult) -> list[str]:
         peers = {peer: sum(kinds.values()) for peer, kinds in r.waits_by_peer().items()}
         shown = sorted((p for p, pct in peers.items() if pct >= 0.05), key=lambda p: (-peers[p], p))
         if shown:
-            out.append(f"rank {r.rank} waits for late peers {sum(peers.values()):.1f}% of its step: "
-                       + ", ".join(f"rank {p} {peers[p]:.1f}%" for p in shown))
+            out.append(f"rank {r.rank}'s late-peer wait: {sum(peers.values()):.1f}% of its step ("
+                       + ", ".join(f"for rank {p} {peers[p]:.1f}%" for p in shown) + ")")
     return out
 
 
@@ -131,26 +135,27 @@ def _kind_table(result: AnalysisResult) -> list[str]:
     if not result.comm_by_kind:
         return []
     gpu = any(r.device == "gpu" for r in result.ranks)
+    fsdp = bool(result.comm_by_module)  # FSDP's forward/backward columns only where FSDP issued collectives
     head = (
-        f"{'rank':>4} {'kind':<15} {'calls':>6} {'busy ms':>8} {'exp ms':>8} {'wait ms':>8} {'exp %step':>9} "
-        f"{'wait %step':>10} {'hid %busy':>9} {'fwd exp':>8} {'bwd exp':>8}"
+        f"{'rank':>4} {'kind':<15} {'calls':>6} {'busy ms':>8} {'exp ms':>8} {'late-peer ms':>12} {'exp %step':>9} "
+        f"{'late-peer %step':>15} {'hid %busy':>9}" + (f" {'fwd exp':>8} {'bwd exp':>8}" if fsdp else "")
     )
     out = [
         "",
         "Communication by collective kind, per step. busy: the union of the collectives' spans; exp (exposed): "
         + ("communication kernels with no computation kernel running" if gpu else "the training thread waits for it")
         + ", each moment counted once (the earliest started collective in flight), so a rank's rows add up to its "
-        "exposed communication; wait: of that, waiting for a late peer (before the last rank reached the same "
-        "collective), the rest is the collective itself; %step: % of the step ("
+        "exposed communication; late-peer: of the exposed time, the late-peer wait (before the last rank reached "
+        "the same collective), the rest is the collective itself; %step: % of the step ("
         + ("its GPU span, as HTA's" if gpu else "its wall time")
-        + "), mean over steps; hid %busy: % of the busy time hidden behind computation; fwd/bwd exp: exposed ms "
-        "issued in FSDP's forward/backward",
+        + "), mean over steps; hid %busy: % of the busy time hidden behind computation"
+        + ("; fwd/bwd exp: exposed ms issued in FSDP's forward/backward" if fsdp else ""),
         head,
         "-" * len(head),
     ]
     if len(result.ranks) <= KIND_TABLE_MAX_RANKS:
-        out += [_kind_row(str(r.rank), row) for r in result.ranks for row in r.comm_by_kind]
-    out += [_kind_row("mean", row) for row in result.comm_by_kind]
+        out += [_kind_row(str(r.rank), row, fsdp) for r in result.ranks for row in r.comm_by_kind]
+    out += [_kind_row("mean", row, fsdp) for row in result.comm_by_kind]
     others = sorted({k for row in result.comm_by_kind if row.kind == "other" for k in row.kinds})
     if others:
         out.append(f"other = {', '.join(others)}")
@@ -215,12 +220,12 @@ def _bandwidth_table(result: AnalysisResult) -> list[str]:
         return ["", f"Collective bandwidth: {note}"] if note else []
     head = (
         f"{'kind':<15} {'n':>3} {'size':<16} {'calls':>6} {'mean size':>11} {'time ms':>9} {'algbw':>7} "
-        f"{'busbw':>7} {'wait %time':>10} {'x-algbw':>7} {'x-busbw':>7}"
+        f"{'busbw':>7} {'late-peer %time':>15} {'x-algbw':>7} {'x-busbw':>7}"
     )
     out = [
         "",
-        "Collective bandwidth (GB/s, nccl-tests' algbw and busbw; calls and time per rank; wait %time: of the time, "
-        "waiting for the last rank to arrive; x-: over the rest, the transfer time)",
+        "Collective bandwidth (GB/s, nccl-tests' algbw and busbw; calls and time per rank; late-peer %time: of the "
+        "time, the late-peer wait (for the last rank to arrive); x-: over the rest, the transfer time)",
         head,
         "-" * len(head),
     ]
@@ -349,11 +354,13 @@ def format_summary(result: AnalysisResult) -> str:
     cross = result.cross_rank
     if cross is not None:
         out += ["", f"Across ranks ({cross.matched_collectives} collectives matched):"]
-        out.append(f"{'rank':>4} {'step ms':>9} {'busy ms':>9} {'comm wait ms':>13} {'late ms':>8}")
+        out.append("(per step, mean over the traced steps: exposed comm, the rank's exposed communication; late, its "
+                   "latest arrival at the step's collectives after the earliest rank, median over steps)")
+        out.append(f"{'rank':>4} {'step ms':>9} {'busy ms':>9} {'exposed comm ms':>16} {'late ms':>8}")
         for p in cross.per_rank:
             late = "-" if p.lateness_us is None else _ms(p.lateness_us)
             out.append(
-                f"{p.rank:>4} {_ms(p.mean_step_us):>9} {_ms(p.busy_us):>9} {_ms(p.comm_wait_us):>13} {late:>8}"
+                f"{p.rank:>4} {_ms(p.mean_step_us):>9} {_ms(p.busy_us):>9} {_ms(p.comm_wait_us):>16} {late:>8}"
             )
         spread = max((s.spread_pct for s in cross.step_spread), default=0.0)
         out.append(f"load imbalance {cross.imbalance_pct:.1f}%, largest step-duration spread {spread:.1f}%")

@@ -18,12 +18,18 @@ def _noise(model: WhatIfModel) -> str:
 
 
 def _header(model: WhatIfModel) -> str:
+    if model.run_noise_ms is not None:
+        counts = (f"a saving counts when it is larger than the error and the run's step-to-step noise "
+                  f"({model.run_noise_ms:.2f} ms over its {model.run_steps} judged steps, the step timer's records), "
+                  "and on a rank's pace only when the slow-rank verdict calls that rank's excess real over the run")
+    else:
+        counts = ("a saving counts when it is larger than the error and the noise (the smaller of the measured steps' "
+                  "and the predicted steps')")
     return (
         f"{len(model.steps)} traced step(s) replayed across ranks: measured {model.step_ms_measured:.2f} ms per "
         f"step (median over steps of the mean over ranks; step-to-step noise {_noise(model)}), replayed "
         f"{model.step_ms_replayed:.2f} ms; model error +-{model.error_ms:.2f} ms (the largest replay residual of a "
-        "rank's step); a saving counts when it is larger than the error and the noise (the smaller of the measured "
-        "steps' and the predicted steps')"
+        f"rank's step); {counts}"
     )
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import Counter
 from statistics import median
 
-from hf_distprof.analysis.results.across import ReferencePoint
+from hf_distprof.analysis.results.across import ReferencePoint, RunEvidence
 from hf_distprof.analysis.results.rank import RankResult
 from hf_distprof.analysis.results.whatif import ReplayedRank, WhatIf, WhatIfModel, WhatIfScenario
 from hf_distprof.analysis.whatif import path as whatif_path
@@ -31,6 +31,8 @@ from hf_distprof.analysis.whatif import replay as wr
 from hf_distprof.core.stats import scaled_mad
 
 MS_PER_HOUR = 3.6e6
+RANK_SCENARIOS = ("slow_rank", "fastest_pace")
+"""The scenarios that change one rank's pace: their saving counts only when the run's slow-rank evidence is real."""
 
 
 
@@ -42,7 +44,8 @@ MS_PER_HOUR = 3.6e6
 
 
 def what_if(
-    ranks: list[RankResult], offsets: dict[int, float], reference: list[ReferencePoint] | None = None
+    ranks: list[RankResult], offsets: dict[int, float], reference: list[ReferencePoint] | None = None,
+    evidence: RunEvidence | None = None,
 ) -> WhatIf | None:
     """Replay the traced steps of ``ranks``, find the median step's critical path and replay each scenario.
 
@@ -50,6 +53,10 @@ def what_if(
         ranks: Per-rank results with their timelines, sorted by rank.
         offsets: Rank -> its clock's offset to the first rank's (``RankSkew.clock_offset_us``); 0 when missing.
         reference: ``analyze --bandwidth-ref``'s points: adds the ``network_at_reference`` scenario.
+        evidence: The step timer's account of the run's other steps: the noise a saving must stand out from is the
+            run's (not the few traced steps'), the slowest and fastest rank are the run's, and a saving on the slow
+            rank counts only when the verdict engine calls its excess real over the run. None: the traced steps'
+            own noise and ranks.
 
     Returns:
         The answer, scenarios sorted by saving (largest first); None when some rank has no timeline or no step
@@ -63,7 +70,8 @@ def what_if(
     now = _stat(measured)
     error = max(abs(a - b) for s in g.steps for a, b in zip(replayed[s], measured[s]))
     noise = scaled_mad([sum(v) / len(v) for v in measured.values()]) if len(g.steps) > 1 else None
-    runs, slowest, fastest = wr.scenarios(g, reference)
+    order = (evidence.slowest_rank, evidence.fastest_rank) if evidence is not None else (None, None)
+    runs, slowest, fastest = wr.scenarios(g, reference, order)
     out = []
     for name, title, changed, rep in runs:
         scenario = wr.step_times(g, rep)
@@ -71,13 +79,17 @@ def what_if(
         saving = now - predicted
         per_step = [100.0 * (1.0 - sum(scenario[s]) / sum(replayed[s])) if sum(replayed[s]) > 0 else 0.0
                     for s in g.steps]
-        spread = min(noise, scaled_mad([sum(v) / len(v) for v in scenario.values()])) if noise is not None else None
+        if evidence is not None:  # the run's own noise, from every judged step
+            spread: float | None = 1e3 * evidence.noise_ms
+        else:
+            spread = min(noise, scaled_mad([sum(v) / len(v) for v in scenario.values()])) if noise is not None else None
+        real = evidence is None or name not in RANK_SCENARIOS or evidence.slow_rank_real
         out.append(WhatIfScenario(
             scenario=name, title=title, ranks=changed, step_ms_now=now / 1e3, step_ms_predicted=predicted / 1e3,
             saving_ms=saving / 1e3, saving_pct=100.0 * saving / now if now > 0 else 0.0,
             hours_per_1000_steps=saving * 1000 / MS_PER_HOUR / 1e3, error_ms=error / 1e3,
             noise_ms=spread / 1e3 if spread is not None else None,
-            beyond_noise=spread is not None and saving > max(error, spread), saving_pct_per_step=per_step))
+            beyond_noise=spread is not None and saving > max(error, spread) and real, saving_pct_per_step=per_step))
     out.sort(key=lambda s: -s.saving_ms)
     order = sorted(g.steps, key=lambda s: sum(replayed[s]) / len(replayed[s]))
     mid = order[(len(order) - 1) // 2]
@@ -91,6 +103,8 @@ def what_if(
     model = WhatIfModel(
         steps=list(g.steps), median_step=mid, step_ms_measured=now / 1e3, step_ms_replayed=_stat(replayed) / 1e3,
         error_ms=error / 1e3, noise_ms=noise / 1e3 if noise is not None else None,
+        run_noise_ms=evidence.noise_ms if evidence is not None else None,
+        run_steps=evidence.steps if evidence is not None else None,
         sync_points=int(median(per_step_syncs.get(s, 0) for s in g.steps)),
         slowest_rank=g.ranks[slowest] if slowest is not None else None,
         fastest_rank=g.ranks[fastest] if fastest is not None else None,

@@ -250,9 +250,14 @@ def _per_step_work(g: Graph, seg_work: list[dict[tuple[Any, ...], float]]) -> li
     return out
 
 
-def scenarios(g: Graph, reference: list[ReferencePoint] | None = None
+def scenarios(g: Graph, reference: list[ReferencePoint] | None = None,
+              order: tuple[int | None, int | None] = (None, None),
               ) -> tuple[list[tuple[str, str, list[int], Replay]], int | None, int | None]:
-    """The scenario replays: (id, title, ranks changed, replay); and the slowest and fastest rank indices."""
+    """The scenario replays: (id, title, ranks changed, replay); and the slowest and fastest rank indices.
+
+    ``order`` names the slowest and the fastest rank (rank ids) as the run's evidence sees them (the slow-rank
+    verdict's candidate, the least own work over the run's steps); where it names none, the replay picks by the
+    traced steps' local work."""
     n = len(g.ranks)
     out: list[tuple[str, str, list[int], Replay]] = []
     seg_work = segment_work(g)
@@ -261,6 +266,12 @@ def scenarios(g: Graph, reference: list[ReferencePoint] | None = None
         totals = _per_step_work(g, seg_work)
         slowest = max(range(n), key=lambda r: (totals[r], -r))
         fastest = min(range(n), key=lambda r: (totals[r], r))
+        if order[0] in g.ranks:
+            slowest = g.ranks.index(order[0])
+        if order[1] in g.ranks and g.ranks.index(order[1]) != slowest:
+            fastest = g.ranks.index(order[1])
+        elif fastest == slowest:
+            fastest = min((r for r in range(n) if r != slowest), key=lambda r: (totals[r], r))
         peers = [seg_work[r] for r in range(n) if r != slowest]
         goal = {}
         for s in seg_work[slowest]:

@@ -1,0 +1,138 @@
+"""One answer from all the run's evidence: the step timer's verdict over the untraced steps decides which rank holds the
+others back, the traced window is one more sample (never a veto), and every part of the output says the same thing.
+
+The committed 2-rank gloo traces (steps 2-7) are paired with step timer records written here (steps 1-30, step 1 the
+timer's warm-up, 2-7 traced): rank 1's own work 30% above rank 0's in every untraced step, or the ranks balanced.
+The traced steps' rows stay balanced: the analysis judges busy time in the window on the timer's own work there, and
+these runs are about a window that disagrees with the rest of the run.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from hf_distprof.analysis import AnalysisOptions, analyze_paths, format_box, format_findings
+from hf_distprof.core.run_verdict import decided, follow_the_run, verdict_from_json
+from hf_distprof.core.verdicts import judge_own_work
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+OPTS = AnalysisOptions(workers=1)
+STEPS = range(1, 31)
+TRACED = range(2, 8)
+
+
+def _rows(rank: int, slow_rank: int | None, excess: float) -> list[dict[str, object]]:
+    rows = []
+    for s in STEPS:
+        wobble = 0.002 * ((s * 7 + rank * 3) % 5 - 2)  # deterministic step-to-step noise, +-4 ms
+        extra = excess * 0.1 if rank == slow_rank and s not in TRACED else 0.0
+        data = 0.02 + extra
+        own = 0.1 + wobble + extra
+        rows.append({"step": s, "step_s": 0.2 + wobble, "own_work_s": own, "own_step_s": 0.2 + wobble,
+                     "cpu_wait_s": 0.0, "data_s": data + wobble, "forward_s": 0.03, "backward_s": 0.05,
+                     "optimizer_s": 0.01, "warmup": s == 1, "traced": s in TRACED})
+    return rows
+
+
+def run_folder(tmp_path: Path, traces: str, slow_rank: int | None, excess: float = 0.3) -> list[Path]:
+    for rank in (0, 1):
+        shutil.copy(DATA / traces / f"rank-{rank}.json.gz", tmp_path / f"rank-{rank}.json.gz")
+        rows = _rows(rank, slow_rank, excess)
+        (tmp_path / f"timing_rank{rank}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return [tmp_path / "rank-0.json.gz", tmp_path / "rank-1.json.gz"]
+
+
+def test_a_rank_slow_across_the_run_is_named_though_the_window_is_quiet(tmp_path: Path) -> None:
+    result = analyze_paths(run_folder(tmp_path, "clean", slow_rank=1), OPTS)
+    cross = result.cross_rank
+    assert cross is not None and cross.imbalance_window is not None
+    assert cross.imbalance_window.status == "quiet"  # the balanced traces alone see nothing
+    for verdict in (cross.straggler_verdict, cross.imbalance_verdict):
+        assert verdict is not None and (verdict.status, verdict.rank, verdict.steps) == ("raised", 1, 23)
+        assert verdict.test.endswith("step timer")
+    named = [f for f in result.findings if f.ranks == [1]]
+    assert named and {f.kind for f in named} & {"slow_rank", "straggler", "imbalance"}
+    assert all(f.basis == "trace + step timer" for f in named if f.kind != "what_to_fix_first")
+    # The window's disagreement is said, with its steps against the untraced ones.
+    assert [n.question for n in result.window_notes] == ["straggler", "imbalance"]
+    assert result.window_notes[1].text.startswith("The traced window alone says otherwise (imbalance): ")
+    assert "the step timer says rank 1 is slow across the run, and the verdict follows the run" in \
+        result.window_notes[1].text
+    text = format_findings(result)
+    assert result.window_notes[0].text in text
+    # One rank story: the what-if's slowest rank is the verdict's, and its saving counts (the run calls it real).
+    model = result.what_if_model
+    assert model is not None and (model.slowest_rank, model.fastest_rank) == (1, 0)
+    assert model.run_steps == 23 and model.run_noise_ms is not None
+    box = format_box(result)
+    assert "(rank 1)" in box.splitlines()[1] or "(ranks 1)" in box.splitlines()[1]
+
+
+def test_a_rank_slow_in_the_window_only_raises_nothing(tmp_path: Path) -> None:
+    result = analyze_paths(run_folder(tmp_path, "slow_rank1", slow_rank=None), OPTS)
+    cross = result.cross_rank
+    assert cross is not None and cross.straggler_window is not None and cross.straggler_window.raised
+    assert (cross.straggler_verdict.status, cross.imbalance_verdict.status) == ("quiet", "quiet")
+    assert {"straggler", "imbalance", "slow_rank", "what_to_fix_first"}.isdisjoint(f.kind for f in result.findings)
+    # The window's lateness names rank 1; its busy time (the timer's own work in the traced steps) does not.
+    assert [n.question for n in result.window_notes] == ["straggler"]
+    assert "no rank is slow across the run" in result.window_notes[0].text
+    # The what-if table does not count a saving on a rank the run does not call slow; the box says no finding.
+    rank_savings = [s for s in result.what_if if s.scenario in ("slow_rank", "fastest_pace")]
+    assert rank_savings and not any(s.beyond_noise for s in rank_savings)
+    assert "| Verdict: no finding" in format_box(result)
+
+
+def test_the_live_verdict_and_the_analysis_are_the_same_verdict(tmp_path: Path) -> None:
+    """What the live step timer judges at train end (the same rows, the same rule) is the analysis's answer."""
+    files = run_folder(tmp_path, "clean", slow_rank=1)
+    rows = {r: [json.loads(line) for line in (tmp_path / f"timing_rank{r}.jsonl").read_text().splitlines()]
+            for r in (0, 1)}
+    judged = [s for s in STEPS if s != 1 and s not in TRACED]
+    live = judge_own_work({r: [rows[r][s - 1]["own_work_s"] for s in judged] for r in rows}, 10.0,
+                          [max(rows[r][s - 1]["own_step_s"] for r in rows) for s in judged])
+    verdict = analyze_paths(files, OPTS).cross_rank.imbalance_verdict
+    assert (verdict.status, verdict.rank, verdict.effect_pct, verdict.p_value, verdict.steps) == (
+        live.status, live.rank, live.effect_pct, live.p_value, live.steps)
+
+
+def test_a_verdict_round_trips_through_json_and_a_malformed_one_is_ignored() -> None:
+    v = judge_own_work({0: [1.0, 1.1, 0.9, 1.0, 1.05, 0.95], 1: [1.3, 1.4, 1.2, 1.3, 1.35, 1.25]}, 10.0, [2.0] * 6)
+    back = verdict_from_json(v.to_json())
+    assert back == v and decided(back)
+    for bad in ({**v.to_json(), "p_value": 2.0}, {**v.to_json(), "rank": "1"}, {**v.to_json(), "steps": 0},
+                {k: x for k, x in v.to_json().items() if k != "reason"}, None, []):
+        assert verdict_from_json(bad) is None, bad
+    window = judge_own_work({0: [1.0, 1.0, 1.0], 1: [1.0, 1.01, 1.0]}, 10.0, [2.0] * 3)
+    followed = follow_the_run(window, v)
+    assert (followed.status, followed.rank, followed.p_value) == (v.status, v.rank, v.p_value)
+    assert followed.reason.startswith(f"over the run's 6 untraced steps the step timer says: {v.reason}; the traced "
+                                      "window (3 steps) alone says otherwise: ")
+
+
+@pytest.mark.parametrize("traces", ["clean", "slow_rank1"])
+def test_box_findings_and_what_if_agree(tmp_path: Path, traces: str) -> None:
+    """Whatever the window, the box's verdict, the findings and the what-if table tell one story."""
+    for slow_rank in (None, 1):
+        folder = tmp_path / f"{traces}-{slow_rank}"
+        folder.mkdir()
+        result = analyze_paths(run_folder(folder, traces, slow_rank), OPTS)
+        box = format_box(result)
+        counted = [s for s in result.what_if if s.beyond_noise]
+        first = [f for f in result.findings if f.kind == "what_to_fix_first"]
+        # A what-to-fix-first finding exactly when a counted saving crosses the threshold, naming the table's top.
+        worth = [s for s in counted if s.saving_pct > OPTS.what_if_pct]
+        assert bool(first) == bool(worth), (traces, slow_rank)
+        if first:
+            assert first[0].title == f"What to fix first: {worth[0].title}"
+        if not result.findings:
+            assert "| Verdict: no finding" in box
+            top = result.what_if[0] if result.what_if else None
+            if top is not None and top.saving_pct > 0:
+                assert top.title.split(" ")[0] in box  # the box names the largest saving
+        rank_named = {r for f in result.findings if f.kind in ("slow_rank", "straggler", "imbalance") for r in f.ranks}
+        assert rank_named == ({1} if slow_rank == 1 else set()), (traces, slow_rank)
