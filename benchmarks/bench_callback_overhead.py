@@ -1,17 +1,23 @@
 #!/usr/bin/env python
-"""What the always-on callbacks cost: the same 2-rank CPU DDP training with none, then with all of them.
+"""What the always-on callbacks cost: the same training with none, then with all of them, alternated in one run.
 
-    python benchmarks/bench_callback_overhead.py                 # 8 A/B pairs of 40 steps
+    python benchmarks/bench_callback_overhead.py                 # 8 A/B pairs of 40 steps, 2 CPU ranks
     python benchmarks/bench_callback_overhead.py --pairs 4 --steps 30
     python benchmarks/bench_callback_overhead.py --callbacks timer          # B = a subset of them
+    python benchmarks/bench_callback_overhead.py --device cuda --hidden-size 768 --layers 22 \
+        --seq-len 1024 --batch-size 32 --bf16 --pairs 3 --steps 20      # one GPU, a 137 M-parameter model
 
-One ``torchrun --nproc_per_node=2`` launch of this file in worker mode: a tiny ModernBERT (hidden 128,
-4 layers, vocab 8192, ~1.7 M parameters) built from its config, trained by the HF Trainer on random
-tokens (8 x 128 per rank per step), gloo. The worker alternates ``trainer.train()`` calls of ``--steps``
-steps on the same model: variant A with no hf_distprof callback, variant B with every always-on one (the
-profiler built and stepped but outside its active window, the memory logger at every step, the step
-timer on every step). Both variants carry one ``on_step_end`` timestamp on rank 0, the measurement
-itself, and the Trainer logs every 10 steps in both.
+On CPU (the default), one ``torchrun --nproc_per_node=2`` launch of this file in worker mode: a tiny ModernBERT
+(hidden 128, 4 layers, vocab 8192, ~1.7 M parameters) built from its config, trained by the HF Trainer on random
+tokens (8 x 128 per rank per step), gloo. ``--device cuda`` runs the worker in this one process on the GPU
+instead (``--processes 1`` does that on CPU too), with the model shape, batch and precision the flags give: the
+callbacks' cost with CUDA events and asynchronous gathers, on a GPU that runs behind the host. The worker
+alternates ``trainer.train()`` calls of ``--steps`` steps on the same model: variant A with no hf_distprof
+callback, variant B with every always-on one (the profiler built and stepped but outside its active window, the
+memory logger at every step, the step timer on every step). Both variants carry one ``on_step_end`` timestamp on
+rank 0, the measurement itself, and the Trainer logs every 10 steps in both. On a GPU these are host times: the
+host runs ahead of the GPU by at most its launch queue and waits for it at every logging step (``loss.item()``),
+so while the GPU is the bottleneck they keep its pace, and host work of ours shows only where it delays a launch.
 
 The order is A B, B A, A B, ... so that drift of a shared machine hits both variants alike, and the
 variants alternate every few seconds inside the same processes rather than across process launches.
@@ -44,6 +50,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +68,35 @@ CALLBACK_FLAGS: dict[str, tuple[str, ...]] = {
     "capture": ("profile_on_demand", "profile_on_anomaly"),
 }
 DEFAULT_CALLBACKS = "profiler,memory,timer"
+VOCAB = 8192
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What every ``train()`` call trains: a ModernBERT built from its config (the demo's tiny one by default, vocab
+    8192) on random tokens, ``batch_size`` sequences of ``seq_len`` per process and step."""
+
+    device: str = "cpu"
+    processes: int = 2
+    hidden_size: int = 128
+    layers: int = 4
+    seq_len: int = 128
+    batch_size: int = 8
+    bf16: bool = False
+
+    def describe(self) -> str:
+        """One line for the output: where it runs and what it trains."""
+        where = (f"{self.processes} CPU ranks (gloo)" if self.processes > 1 else "1 CPU process") \
+            if self.device == "cpu" else "1 CUDA process"
+        return (f"{where}, ModernBERT hidden {self.hidden_size} x {self.layers} layers, batch {self.batch_size} x "
+                f"{self.seq_len} tokens{', bf16' if self.bf16 else ''}")
+
+    def training_arguments(self, out: Path, steps: int) -> dict[str, Any]:
+        """The ``TrainingArguments`` of every ``train()`` call, variant A and B alike."""
+        return {"output_dir": str(out / "out"), "use_cpu": self.device == "cpu", "bf16": self.bf16,
+                "max_steps": steps, "per_device_train_batch_size": self.batch_size, "logging_steps": 10,
+                "report_to": "none", "save_strategy": "no", "disable_tqdm": True, "seed": 0,
+                "ddp_find_unused_parameters": False, "dataloader_num_workers": 0}
 
 
 class DirectCost:
@@ -116,8 +153,9 @@ def variant_b_flags(names: str) -> dict[str, bool]:
     return {flag: name in chosen for name, flags in CALLBACK_FLAGS.items() for flag in flags}
 
 
-def worker(pairs: int, steps: int, names: str, result: Path) -> None:
-    """All pairs of one launch; rank 0 writes the per-step wall times of every train() call to ``result``."""
+def worker(pairs: int, steps: int, names: str, result: Path, work: Workload) -> None:
+    """All pairs of one launch; each rank writes the per-step wall times of every train() call to
+    ``<result>.rank<R>``."""
     import torch
     import torch.distributed as dist
     from transformers import (
@@ -148,13 +186,14 @@ def worker(pairs: int, steps: int, names: str, result: Path) -> None:
             self.stamps.append(time.perf_counter())
 
     torch.manual_seed(0)
-    seq, vocab = 128, 8192
-    config = tiny_modernbert_config(vocab_size=vocab, seq_len=seq)
+    seq = work.seq_len
+    config = tiny_modernbert_config(vocab_size=VOCAB, hidden_size=work.hidden_size, num_layers=work.layers,
+                                    seq_len=seq)
     model = ModernBertForMaskedLM(config)
     g = torch.Generator().manual_seed(1)
     data = []
-    for _ in range(steps * 8 * 2 + 64):
-        ids = torch.randint(5, vocab, (seq,), generator=g)
+    for _ in range(steps * work.batch_size * 2 + 64):
+        ids = torch.randint(5, VOCAB, (seq,), generator=g)
         labels = torch.where(torch.rand(seq, generator=g) < 0.3, ids, torch.full_like(ids, -100))
         data.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels})
 
@@ -174,19 +213,7 @@ def worker(pairs: int, steps: int, names: str, result: Path) -> None:
                 callbacks = build_callbacks(prof)
                 for callback in callbacks:
                     direct.instrument_callback(callback)
-            args = TrainingArguments(
-                output_dir=str(out / "out"),
-                use_cpu=True,
-                max_steps=steps,
-                per_device_train_batch_size=8,
-                logging_steps=10,
-                report_to="none",
-                save_strategy="no",
-                disable_tqdm=True,
-                seed=0,
-                ddp_find_unused_parameters=False,
-                dataloader_num_workers=0,
-            )
+            args = TrainingArguments(**work.training_arguments(out, steps))
             trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[*callbacks, clock])
             direct.reset()
             direct.enabled = variant == "B"
@@ -194,7 +221,7 @@ def worker(pairs: int, steps: int, names: str, result: Path) -> None:
                 trainer.train()
             direct.enabled = False
             runs.append({"pair": pair, "variant": variant, "stamps": clock.stamps, "direct_s": direct.seconds})
-    Path(f"{result}.rank{dist.get_rank()}").write_text(json.dumps(runs))
+    Path(f"{result}.rank{dist.get_rank() if dist.is_initialized() else 0}").write_text(json.dumps(runs))
 
 
 def _untimed_next(direct: DirectCost, inner_next: Any) -> Any:
@@ -238,43 +265,41 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def launch(pairs: int, steps: int, names: str) -> dict[int, list[dict[str, Any]]]:
-    """One 2-rank launch running every pair; returns each rank's runs with their per-step wall times."""
+def launch(pairs: int, steps: int, names: str, work: Workload) -> dict[int, list[dict[str, Any]]]:
+    """Run every pair: 2 CPU ranks under torchrun, or this one process (``work.processes == 1``, every CUDA run).
+
+    Returns:
+        Each rank's runs with their per-step wall times (``step_s``, the first :data:`WARMUP` steps left out).
+    """
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "result.json"
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=2",
-            "--master_addr=127.0.0.1",
-            f"--master_port={free_port()}",
-            __file__,
-            "--worker",
-            "--pairs",
-            str(pairs),
-            "--steps",
-            str(steps),
-            "--callbacks",
-            names,
-            "--result",
-            str(result),
-        ]
-        env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error"}
-        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
-        if proc.returncode != 0:
-            raise RuntimeError(f"the benchmark launch failed:\n{proc.stderr[-4000:]}")
-        per_rank = {rank: json.loads(Path(f"{result}.rank{rank}").read_text()) for rank in (0, 1)}
+        if work.processes == 1:
+            os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+            worker(pairs, steps, names, result, work)
+        else:
+            cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={work.processes}",
+                   "--master_addr=127.0.0.1", f"--master_port={free_port()}", __file__, "--worker",
+                   *worker_flags(pairs, steps, names, work), "--result", str(result)]
+            env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error"}
+            proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
+            if proc.returncode != 0:
+                raise RuntimeError(f"the benchmark launch failed:\n{proc.stderr[-4000:]}")
+        per_rank = {rank: json.loads(Path(f"{result}.rank{rank}").read_text()) for rank in range(work.processes)}
     for runs in per_rank.values():
         for run in runs:
             run["step_s"] = [b - a for a, b in itertools.pairwise(run["stamps"])][WARMUP:]
     return per_rank
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def worker_flags(pairs: int, steps: int, names: str, work: Workload) -> list[str]:
+    """The command-line flags that give a torchrun worker the same pairs, callbacks and workload."""
+    return ["--pairs", str(pairs), "--steps", str(steps), "--callbacks", names, "--device", work.device,
+            "--processes", str(work.processes), "--hidden-size", str(work.hidden_size), "--layers", str(work.layers),
+            "--seq-len", str(work.seq_len), "--batch-size", str(work.batch_size), *(["--bf16"] if work.bf16 else [])]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", type=int, default=8, help="A/B pairs (default 8)")
     parser.add_argument("--steps", type=int, default=40, help="optimizer steps per train() call (default 40)")
     parser.add_argument(
@@ -283,12 +308,47 @@ def main() -> int:
         help=f"variant B's callbacks, comma-separated, from {', '.join(CALLBACK_FLAGS)} (default: "
              f"{DEFAULT_CALLBACKS}; capture needs profiler)",
     )
+    shape = Workload()
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cpu (default): 2 ranks on gloo; cuda: one process on the current GPU")
+    parser.add_argument("--processes", type=int, choices=(1, 2), default=None,
+                        help="processes: 2 on cpu (default there), 1 (the only choice on cuda)")
+    parser.add_argument("--hidden-size", type=int, default=shape.hidden_size,
+                        help=f"the model's hidden size, a multiple of 8 (default {shape.hidden_size})")
+    parser.add_argument("--layers", type=int, default=shape.layers, help=f"encoder layers (default {shape.layers})")
+    parser.add_argument("--seq-len", type=int, default=shape.seq_len, help=f"tokens per sequence (default "
+                                                                             f"{shape.seq_len})")
+    parser.add_argument("--batch-size", type=int, default=shape.batch_size,
+                        help=f"sequences per process and step (default {shape.batch_size})")
+    parser.add_argument("--bf16", action="store_true", help="train in bf16 mixed precision (the Trainer's --bf16)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser
+
+
+def parse_workload(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Workload:
+    """The workload the flags ask for; a bad combination exits with status 2 naming the flag."""
+    processes = args.processes or (2 if args.device == "cpu" else 1)
+    if args.device == "cuda" and processes != 1:
+        parser.error("--processes 2 with --device cuda: the GPU mode runs one process on one GPU")
+    if args.device == "cuda" and not args.worker:
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.error(f"--device cuda: no CUDA device here (torch {torch.__version__})")
+    if args.hidden_size % 8 or min(args.hidden_size, args.layers, args.seq_len, args.batch_size) < 1:
+        parser.error("--hidden-size must be a positive multiple of 8 (4 attention heads of an even width); "
+                     "--layers, --seq-len and --batch-size positive")
+    return Workload(args.device, processes, args.hidden_size, args.layers, args.seq_len, args.batch_size, args.bf16)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    work = parse_workload(parser, args)
     if args.worker:
         try:
-            worker(args.pairs, args.steps, args.callbacks, args.result)
+            worker(args.pairs, args.steps, args.callbacks, args.result, work)
         finally:
             import torch.distributed as dist
 
@@ -304,15 +364,19 @@ def main() -> int:
         parser.error("--callbacks: capture needs profiler")
     label = "all" if set(args.callbacks.split(",")) == set(DEFAULT_CALLBACKS.split(",")) else args.callbacks
 
-    print(
-        f"{args.pairs} A/B pairs of {args.steps} steps, 2 CPU ranks (gloo), B = {label}; "
-        "median step time in ms"
-    )
-    per_rank = launch(args.pairs, args.steps, args.callbacks)
+    print(f"{args.pairs} A/B pairs of {args.steps} steps, {work.describe()}, B = {label}; median step time in ms",
+          flush=True)
+    per_rank = launch(args.pairs, args.steps, args.callbacks, work)
+    report(per_rank, args.pairs, label)
+    return 0
+
+
+def report(per_rank: dict[int, list[dict[str, Any]]], pairs: int, label: str) -> None:
+    """Print each pair, the median ratio with its interval, and each rank's direct cost."""
     runs = per_rank[0]
     ratios: list[float] = []
     medians: dict[str, list[float]] = {"A": [], "B": []}
-    for pair in range(args.pairs):
+    for pair in range(pairs):
         got = {r["variant"]: statistics.median(r["step_s"]) for r in runs if r["pair"] == pair}
         order = "".join(r["variant"] for r in runs if r["pair"] == pair)
         for variant, value in got.items():
@@ -336,7 +400,9 @@ def main() -> int:
         b_runs = [r for r in rank_runs if r["variant"] == "B"]
         # Per step: each run's direct seconds over its steps, logging steps included (a mean, where the
         # A/B ratio takes medians); what runs once per train() call is shown apart.
-        per_step, once, totals = [], [], {}
+        per_step: list[float] = []
+        once: list[float] = []
+        totals: dict[str, float] = {}
         for r in b_runs:
             steps = len(r["stamps"]) or 1
             every = {n: sec for n, sec in r["direct_s"].items() if n.rsplit(".", 1)[-1] not in ONCE_PER_CALL}
@@ -350,7 +416,6 @@ def main() -> int:
             f"direct cost, rank {rank}: {cost * 1e3:.2f} ms per step = {cost / step_b * 100:.2f}% of {label}'s "
             f"median step (most: {top} ms); once per train() call: {statistics.median(once) * 1e3:.1f} ms"
         )
-    return 0
 
 
 if __name__ == "__main__":

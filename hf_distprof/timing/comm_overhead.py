@@ -287,7 +287,8 @@ def measure_before_training(
         return None
     result: dict[str, Any] | None = None
     try:
-        probe = measure_comm_overhead(model, batch, passes)
+        with dist.ours("comm overhead probe"):  # its passes' collectives are ours, not the user's training
+            probe = measure_comm_overhead(model, batch, passes)
         result = probe.to_json()
     except Exception as err:  # noqa: BLE001  # e.g. a model that rejects the batch: same on every rank
         logger.warning(f"--measure-comm-overhead failed: {err!r}; training goes on without it")

@@ -52,6 +52,42 @@ PHASE_PREFIX = "hf_distprof/"
 ``hf_distprof/optimizer``."""
 
 
+class NvtxRanges:
+    """The NVTX ranges pushed and popped through it, counted here: the balance is ours to keep.
+
+    ``torch.cuda.nvtx.range_push`` returns the depth of the range it opened only while an NVTX tool (Nsight Systems)
+    is attached; without one it returns a negative number (-2 seen on an H100 with CUDA 13), so a run cannot read
+    its NVTX stack from the return values alone. Two counters cost nothing beside the C call.
+
+    Attributes:
+        pushed: Ranges pushed.
+        popped: Ranges popped.
+        deepest: The deepest depth ``range_push`` reported, or None when it never reported one (no tool attached).
+    """
+
+    def __init__(self) -> None:
+        self.pushed = 0
+        self.popped = 0
+        self.deepest: int | None = None
+
+    @property
+    def open(self) -> int:
+        """Ranges pushed and not popped yet."""
+        return self.pushed - self.popped
+
+    def push(self, name: str) -> None:
+        """Push the NVTX range ``name``."""
+        depth = torch.cuda.nvtx.range_push(name)
+        self.pushed += 1
+        if isinstance(depth, int) and depth >= 0 and (self.deepest is None or depth > self.deepest):
+            self.deepest = depth
+
+    def pop(self) -> None:
+        """Pop the innermost NVTX range."""
+        torch.cuda.nvtx.range_pop()
+        self.popped += 1
+
+
 class PhaseLabels:
     """Names the phases of each optimizer step: ``record_function`` ranges in traces, NVTX ranges for Nsight.
 
@@ -65,11 +101,12 @@ class PhaseLabels:
     viewers require.
 
     Args:
-        nvtx: Also push each phase as an NVTX range (``torch.cuda.nvtx``).
+        nvtx: Also push each phase as an NVTX range (``torch.cuda.nvtx``), counted in :attr:`nvtx_ranges`.
     """
 
     def __init__(self, nvtx: bool = False) -> None:
         self.nvtx = nvtx
+        self.nvtx_ranges = NvtxRanges()
         self.phase: str | None = None
         self._range: record_function | None = None
 
@@ -82,7 +119,7 @@ class PhaseLabels:
             self._range = record_function(PHASE_PREFIX + phase)
             self._range.__enter__()
         if self.nvtx:
-            torch.cuda.nvtx.range_push(PHASE_PREFIX + phase)
+            self.nvtx_ranges.push(PHASE_PREFIX + phase)
 
     def exit(self) -> None:
         """Close the open phase, if any."""
@@ -93,7 +130,7 @@ class PhaseLabels:
             self._range.__exit__(None, None, None)
             self._range = None
         if self.nvtx:
-            torch.cuda.nvtx.range_pop()
+            self.nvtx_ranges.pop()
 
     def fetch(self) -> None:
         """A batch is being fetched: the data phase starts unless a phase is open."""

@@ -11,6 +11,8 @@ How it sets up logging and whether it passes hf_distprof's callbacks itself come
   ``first``, from its ``first``-th batch on; with ``block``, in ``block`` batches from the ``first``-th, then not in
   the next ``block``, and so on. Batches count from 1; accelerate fetches one ahead, so the ``k``-th batch is
   collated during step ``k - 1`` (``state.global_step`` after it, the step timer's and the profiler's step).
+- ``PLAIN_PROFILE_NOW="<step>:<path>"``: rank 0 touches ``path`` (a run folder's ``PROFILE_NOW``) at the start of that
+  optimizer step, as a user asking ``--profile-on-demand`` for a window would.
 - ``HF_DISTPROF_ALTERNATE_CORES=1``: at every batch the collator moves the main thread to the next CPU (rank ``r``'s
   ``n``-th batch on CPU ``(r + n) mod`` the CPUs it may use), as the demo's training script does for the scenario
   suite: this VM's cores each switch between speeds ~20% apart for seconds at a time, so in a run of a few seconds a
@@ -28,7 +30,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from transformers import GPT2Config, GPT2LMHeadModel, HfArgumentParser, Trainer, TrainingArguments
+from transformers import GPT2Config, GPT2LMHeadModel, HfArgumentParser, Trainer, TrainerCallback, TrainingArguments
 
 
 class RandomTokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
@@ -56,6 +58,17 @@ def collate(rank: int, sleep_s: float, every: int = 1, first: int = 1, block: in
     return fn
 
 
+class TouchAt(TrainerCallback):
+    """Rank 0 touches ``path`` at the start of optimizer step ``step``."""
+
+    def __init__(self, step: int, path: str) -> None:
+        self.step, self.path = step, path
+
+    def on_step_begin(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step + 1 == self.step and args.process_index == 0:
+            open(self.path, "a").close()
+
+
 def main() -> None:
     style = os.environ.get("PLAIN_LOGGING", "none")
     if style == "basicconfig":
@@ -80,6 +93,9 @@ def main() -> None:
     first, _, block = rest.partition(":")
     model = GPT2LMHeadModel(GPT2Config(vocab_size=512, n_positions=32, n_embd=32, n_layer=1, n_head=2))
     sleep_s = float(seconds) if int(who) == rank else 0.0
+    touch_step, _, touch_path = os.environ.get("PLAIN_PROFILE_NOW", "").partition(":")
+    if touch_step:
+        callbacks = [*callbacks, TouchAt(int(touch_step), touch_path)]
     trainer = Trainer(model=model, args=training_args, train_dataset=RandomTokens(), callbacks=callbacks,
                       data_collator=collate(rank, sleep_s, int(every or 1), int(first or 1), int(block or 0)))
     trainer.train()

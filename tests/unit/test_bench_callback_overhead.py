@@ -1,12 +1,17 @@
-"""``benchmarks/bench_callback_overhead.py``'s measuring parts: the direct-cost timer and the pairs' interval."""
+"""``benchmarks/bench_callback_overhead.py``: the direct-cost timer, the pairs' interval, the workload's flags, and
+the one-process mode that runs on a GPU, run here on CPU."""
 
 from __future__ import annotations
 
 import importlib.util
+import re
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from hf_distprof.timing.instrument import _TimedIterator
 
@@ -17,8 +22,10 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_callback_ove
 def bench():
     spec = importlib.util.spec_from_file_location("bench_callback_overhead", BENCH)
     module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_callback_overhead"] = module  # dataclasses look their module up while the class is built
     spec.loader.exec_module(module)
-    return module
+    yield module
+    sys.modules.pop("bench_callback_overhead", None)
 
 
 class FakeTime:
@@ -120,3 +127,54 @@ def test_variant_b_can_add_the_capture_watch(bench):
     assert bench.variant_b_flags("profiler,capture") == {
         "enable_profiling": True, "enable_memory_logging": False, "enable_step_timing": False,
         "profile_on_demand": True, "profile_on_anomaly": True}
+
+
+def test_the_workload_sets_the_trainer_for_its_device_and_batch(bench, tmp_path):
+    gpu = bench.Workload("cuda", 1, hidden_size=768, layers=22, seq_len=1024, batch_size=32, bf16=True)
+    args = gpu.training_arguments(tmp_path, steps=20)
+    assert (args["use_cpu"], args["bf16"], args["per_device_train_batch_size"], args["max_steps"]) == (False, True,
+                                                                                                         32, 20)
+    assert gpu.describe() == "1 CUDA process, ModernBERT hidden 768 x 22 layers, batch 32 x 1024 tokens, bf16"
+    cpu = bench.Workload()
+    assert cpu.training_arguments(tmp_path, steps=40)["use_cpu"] is True
+    assert cpu.describe() == "2 CPU ranks (gloo), ModernBERT hidden 128 x 4 layers, batch 8 x 128 tokens"
+    # A torchrun worker gets the same workload back from its flags.
+    parser = bench.build_parser()
+    flags = bench.worker_flags(3, 20, "timer", gpu)
+    assert bench.parse_workload(parser, parser.parse_args([*flags, "--worker"])) == gpu
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+@pytest.mark.parametrize(("flags", "error"), [
+    (["--device", "cuda"], "--device cuda: no CUDA device here"),
+    (["--device", "cuda", "--processes", "2"], "--processes 2 with --device cuda: the GPU mode runs one process"),
+    (["--hidden-size", "100"], "--hidden-size must be a positive multiple of 8"),
+])
+def test_a_workload_that_cannot_run_here_fails_before_any_work_naming_the_flag(flags, error):
+    proc = subprocess.run([sys.executable, str(BENCH), *flags], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and error in proc.stderr
+
+
+def test_one_process_alternates_the_variants_and_prints_what_gpu_check_reads(tmp_path):
+    # The GPU mode's path (the worker in this process, no torchrun) on CPU, with a model small enough for seconds.
+    proc = subprocess.run([sys.executable, str(BENCH), "--processes", "1", "--hidden-size", "32", "--layers", "1",
+                           "--seq-len", "16", "--batch-size", "2", "--pairs", "2", "--steps", "8"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert out.startswith("2 A/B pairs of 8 steps, 1 CPU process, ModernBERT hidden 32 x 1 layers, batch 2 x 16 "
+                          "tokens, B = all;")
+    assert re.findall(r"^pair (\d) \((\w\w)\)", out, flags=re.MULTILINE) == [("1", "AB"), ("2", "BA")]
+    assert "direct cost, rank 1" not in out
+    spec = importlib.util.spec_from_file_location("gpu_check", BENCH.parent / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = gpu_check
+    try:
+        spec.loader.exec_module(gpu_check)
+        import gpu_check_checks
+
+        figures = gpu_check_checks.parse_overhead(out)
+    finally:
+        sys.modules.pop("gpu_check", None)
+    assert figures["ab_low"] <= figures["ab_ratio"] <= figures["ab_high"]
+    assert figures["step_ms_none"] > 0 and figures["step_ms_all"] > 0 and figures["direct_ms_per_step"] > 0

@@ -21,7 +21,7 @@ from hf_distprof.analysis.options import AnalysisOptions
 from hf_distprof.callbacks.nsys import NsightCallback
 from hf_distprof.recipe.models import tiny_modernbert_config
 from hf_distprof.timing.clock import default_clock
-from hf_distprof.timing.instrument import PHASE_PREFIX, ModelHooks, PhaseLabels
+from hf_distprof.timing.instrument import PHASE_PREFIX, ModelHooks, NvtxRanges, PhaseLabels
 from hf_distprof.timing.recorder import StepRecorder
 
 from . import fake_trainer
@@ -66,6 +66,84 @@ def nvtx_calls(monkeypatch) -> list[str]:
     monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda name: calls.append(f"push {name}"))
     monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: calls.append("pop"))
     return calls
+
+
+def assert_nvtx_balanced(ranges: NvtxRanges, probe_depth: int) -> None:
+    """Every phase range pushed was popped: by our own count, and by the tool's depth where one is attached.
+
+    ``probe_depth`` is what ``range_push`` returned for a range pushed after the run: the depth of the NVTX stack
+    then under a tool (0: empty), negative without one (the depth cannot be read).
+    """
+    assert ranges.pushed > 0, "the run pushed no NVTX range"
+    assert ranges.open == 0, f"{ranges.open} NVTX range(s) left open ({ranges.pushed} pushed, {ranges.popped} popped)"
+    if probe_depth >= 0:
+        assert probe_depth == 0, f"the NVTX stack is {probe_depth} deep after the run"
+    if ranges.deepest is not None:
+        assert ranges.deepest == 0, f"a phase range was pushed {ranges.deepest} deep: phases nest or one stayed open"
+
+
+class FakeNvtxTool:
+    """``torch.cuda.nvtx.range_push``/``range_pop`` as an attached tool answers them: the stack's depth."""
+
+    def __init__(self) -> None:
+        self.stack: list[str] = []
+
+    def push(self, name: str) -> int:
+        self.stack.append(name)
+        return len(self.stack) - 1
+
+    def pop(self) -> int:
+        self.stack.pop()
+        return len(self.stack)
+
+
+@pytest.fixture(params=["no tool", "a tool"])
+def nvtx_api(request, monkeypatch) -> str:
+    """CUDA and NVTX faked on CPU: without a tool every call returns -2 (as on an H100 without nsys), with one the
+    depth."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    if request.param == "no tool":
+        monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda name: -2)
+        monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: -2)
+    else:
+        tool = FakeNvtxTool()
+        monkeypatch.setattr(torch.cuda.nvtx, "range_push", tool.push)
+        monkeypatch.setattr(torch.cuda.nvtx, "range_pop", tool.pop)
+    return request.param
+
+
+def _timed_run(tmp_path) -> StepTimerCallback:
+    timer = StepTimerCallback(ProfilingArguments(nvtx=True, enable_step_timing=True,
+                                                 profiler_output_dir=str(tmp_path / "prof")))
+    fake_trainer.run([timer], max_steps=3, tmp_path=tmp_path)
+    return timer
+
+
+def test_the_nvtx_balance_check_passes_a_clean_run_with_or_without_a_tool(tmp_path, nvtx_api):
+    timer = _timed_run(tmp_path)
+    ranges = timer._labels.nvtx_ranges
+    assert (ranges.pushed, ranges.popped) == (9, 9)  # 3 phases a step, 3 steps
+    assert ranges.deepest == (None if nvtx_api == "no tool" else 0)
+    assert_nvtx_balanced(ranges, torch.cuda.nvtx.range_push("probe"))
+
+
+def test_the_nvtx_balance_check_fails_a_run_that_leaves_a_phase_open(tmp_path, nvtx_api):
+    timer = _timed_run(tmp_path)
+    timer._labels.enter("optimizer")  # a phase opened and never closed, as a missed exit would leave it
+    with pytest.raises(AssertionError, match=r"1 NVTX range\(s\) left open \(10 pushed, 9 popped\)"):
+        assert_nvtx_balanced(timer._labels.nvtx_ranges, torch.cuda.nvtx.range_push("probe"))
+
+
+def test_with_a_tool_a_range_pushed_around_the_run_shows_in_the_depth(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    tool = FakeNvtxTool()
+    monkeypatch.setattr(torch.cuda.nvtx, "range_push", tool.push)
+    monkeypatch.setattr(torch.cuda.nvtx, "range_pop", tool.pop)
+    tool.push("left open before the run")  # not ours: our counts balance, the tool's depth does not
+    ranges = _timed_run(tmp_path)._labels.nvtx_ranges
+    assert ranges.open == 0 and ranges.deepest == 1
+    with pytest.raises(AssertionError, match="the NVTX stack is 1 deep after the run"):
+        assert_nvtx_balanced(ranges, tool.push("probe"))
 
 
 def _pushes_and_pops(phases: list[str]) -> list[str]:
@@ -307,9 +385,12 @@ def test_on_gpu_a_run_leaves_the_nvtx_stack_balanced_and_the_trace_labelled(tmp_
                               profiler_output_dir=str(tmp_path / "prof"), profiler_run_name="run")
     training_args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=5, per_device_train_batch_size=2,
                                       report_to="none", save_strategy="no", disable_tqdm=True)
-    Trainer(model=_tiny_model(), args=training_args, train_dataset=_dataset(), callbacks=build_callbacks(prof)).train()
-    assert torch.cuda.nvtx.range_push("probe") == 0  # the depth of a new range: every phase range was popped
+    callbacks = build_callbacks(prof)
+    (timer,) = [cb for cb in callbacks if isinstance(cb, StepTimerCallback)]
+    Trainer(model=_tiny_model(), args=training_args, train_dataset=_dataset(), callbacks=callbacks).train()
+    probe = torch.cuda.nvtx.range_push("probe")  # a depth under an NVTX tool (nsys), -2 without one
     torch.cuda.nvtx.range_pop()
+    assert_nvtx_balanced(timer._labels.nvtx_ranges, probe)
     (trace,) = (tmp_path / "prof" / "run").glob("*.pt.trace.json.gz")
     events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
     on_gpu = {e["name"] for e in events if e.get("cat") == "gpu_user_annotation"}

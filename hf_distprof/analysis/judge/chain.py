@@ -21,6 +21,7 @@ from hf_distprof.analysis.results.across import CrossRankResult
 from hf_distprof.analysis.results.findings import TRACE, TRACE_AND_TIMER, Finding
 from hf_distprof.analysis.results.rank import RankResult
 from hf_distprof.core.advice import PHASE_NAMES, phase_advice
+from hf_distprof.core.run_verdict import by_the_timer
 from hf_distprof.core.verdicts import SlowRankVerdict
 
 SLOW_RANK = "slow_rank"
@@ -134,11 +135,17 @@ def explain(findings: list[Finding], ranks: list[RankResult], cross: CrossRankRe
     about = sorted((f for f in findings if f.kind in ("straggler", "imbalance") and f.ranks == [slow]),
                    key=lambda f: -f.severity)
     waits, wait_pct, wait_us = wait_sentence(slow, ranks)
-    if not about or not waits:
-        return findings
     traced = {s.step for r in ranks for s in r.steps}
     phase = phase_excess(slow, ranks, records, traced)
-    if phase is None or phase.excess_us <= 0 or phase.excess_us < EXPLAINS * wait_us:
+    explains = bool(about and waits) and phase is not None and phase.excess_us > 0 and \
+        phase.excess_us >= EXPLAINS * wait_us
+    if not explains and by_the_timer(verdicts[0][1]):
+        # Named by the run, not by the window: one finding with the run's evidence, in place of the window's.
+        rest = [f for f in findings if f not in about]
+        return [_across_the_run(slow, verdicts[0][1], phase, waits, wait_pct, ranks, about), *rest]
+    if not about or not waits:
+        return findings
+    if not explains or phase is None:
         extended = [replace(f, evidence=f"{f.evidence}; {waits}") if f is about[0] else f for f in findings]
         return extended
     name = PHASE_NAMES.get(phase.phase, phase.phase)
@@ -183,3 +190,33 @@ def explain(findings: list[Finding], ranks: list[RankResult], cross: CrossRankRe
     )
     rest = [f for f in findings if f not in about and f not in folded]
     return [chain, *rest]
+
+
+def _across_the_run(slow: int, verdict: SlowRankVerdict, phase: PhaseExcess | None, waits: str, wait_pct: float,
+                    ranks: list[RankResult], about: list[Finding]) -> Finding:
+    """The slow rank's finding when the step timer names it over the run and the traced window does not explain it
+    (its peers' waits there are small, or another phase): the run's numbers, the window's beside them."""
+    on_gpu = any(r.device == "gpu" for r in ranks)
+    timed = phase is not None and phase.from_timer and phase.excess_us > 0
+    name = PHASE_NAMES.get(phase.phase, phase.phase) if timed and phase is not None else ""
+    action = f"Rank {slow}: {phase_advice(phase.phase if timed and phase is not None else 'compute', on_gpu)}"
+    why = (f"its own work exceeds its peers' by a median {verdict.effect_pct:.1f}% over the run's {verdict.steps} "
+           f"untraced steps (the step timer; slowest in {verdict.slowest_in} of them)")
+    most = (f"; most of it in its {name}: {phase.excess_us / 1e3:.2f} ms more per step than its peers' ({phase.source})"
+            if timed and phase is not None else "")
+    return Finding(
+        kind=SLOW_RANK,
+        severity=max([wait_pct, *(f.severity for f in about)]) or verdict.effect_pct,
+        title=f"Rank {slow} holds the others back" + (f": its {name}" if name else ""),
+        ranks=[slow],
+        evidence=f"{why}{most}" + (f"; in the traced window {waits}" if waits else "") + f". {verdict.reason}",
+        recommendation=f"{action}.",
+        numbers={"effect_pct": verdict.effect_pct, "peer_wait_pct": wait_pct, "slowest_in_steps": verdict.slowest_in,
+                 "steps": verdict.steps, **({"phase_excess_ms": phase.excess_us / 1e3} if timed and phase else {})},
+        confidence=verdict.confidence,
+        phase=phase.phase if timed and phase is not None else None,
+        why=why,
+        action=action,
+        basis=TRACE_AND_TIMER,
+        steps=verdict.steps,
+    )

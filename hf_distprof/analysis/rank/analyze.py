@@ -1,4 +1,9 @@
-"""Per-rank analyzer (pure): a parsed trace -> per-step CPU and GPU breakdowns, kernels, collectives."""
+"""Per-rank analyzer (pure): a parsed trace -> per-step CPU and GPU breakdowns, kernels, collectives.
+
+hf_distprof's own collectives (:mod:`hf_distprof.analysis.rank.ours`) are left out of the rank's collectives, their
+time in flight out of the training thread's communication, their kernels out of the steps' GPU breakdowns and the
+what-if's GPU busy time, and the training thread's time in hf_distprof's ranges counts as other; each step lists them
+apart (:attr:`~hf_distprof.analysis.results.rank.StepResult.own_collectives`)."""
 
 from __future__ import annotations
 
@@ -10,12 +15,14 @@ from typing import Any
 from hf_distprof.analysis.options import AnalysisOptions
 from hf_distprof.analysis.rank import exposure
 from hf_distprof.analysis.rank import intervals as iv
-from hf_distprof.analysis.rank.cpu import MainThreadSplit, breakdown_of, split_main_thread
+from hf_distprof.analysis.rank.cpu import MainThreadSplit, breakdown_of, split_main_thread, without_ours
 from hf_distprof.analysis.rank.gpu import gpu_breakdown, kernel_stats
 from hf_distprof.analysis.rank.kernels import (
     COMMUNICATION,
     COMPUTATION,
+    GLOO_RUNS_AS,
     MAIN_KINDS,
+    NO_GLOO_SPAN,
     c10d_kind,
     gloo_kind,
     kernel_category,
@@ -23,13 +30,12 @@ from hf_distprof.analysis.rank.kernels import (
     nccl_op_kind,
 )
 from hf_distprof.analysis.rank.memory import analyze_memory
+from hf_distprof.analysis.rank.ours import gloo_ours, own_kernels, own_kernels_fast, own_ranges
 from hf_distprof.analysis.rank.timeline import rank_timeline
 from hf_distprof.analysis.read.events import RECORD_PARAM_COMMS, ParsedTrace, Span
 from hf_distprof.analysis.read.message_sizes import MessageSize, message_bytes
 from hf_distprof.analysis.results.rank import Collective, GpuBreakdown, RankResult, StepResult
 
-# The gloo span a c10d collective runs as, when it is not the collective's own kind.
-GLOO_RUNS_AS = {"reduce_scatter": "all_reduce"}
 # NCCL runs these as SendRecv kernels: the nccl:* annotation around the launch names the collective.
 _SEND_RECV_KINDS = ("all_to_all", "send", "recv", "gather", "scatter")
 # (start, end, kind, issued, size) of one collective, before it is numbered.
@@ -72,25 +78,35 @@ def hta_selection(trace: ParsedTrace) -> list[int]:
     return [i for i, corr in enumerate(gpu.correlation) if corr in launches and launches[corr] < last]
 
 
-def _collectives(trace: ParsedTrace, gpu_steps: list[list[int]]) -> list[Collective]:
-    """Each collective's own time span, keyed by (step, kind, k-th of that kind in the step)."""
-    if len(trace.gpu):
-        return _gpu_collectives(trace, gpu_steps)
-    out: list[Collective] = []
+def _collectives(trace: ParsedTrace, own: list[iv.Interval]) -> tuple[list[Collective], list[Collective]]:
+    """A CPU trace's collectives, each keyed by (step, kind, k-th of that kind in the step): the user's, and apart
+    hf_distprof's own (:func:`~hf_distprof.analysis.rank.ours.gloo_ours`), numbered apart, so that the user's keys
+    match across ranks and their ops and spans pair within each step whatever ours do."""
+    ours_spans, ours_ops = gloo_ours(trace, own) if own else ({}, set())
     starts = [s.start for s in trace.steps]
     sizes = trace.message_sizes
     spans_per_step: list[list[tuple[float, float, str, MessageSize | None]]] = [[] for _ in trace.steps]
+    own_per_step: list[list[_Run]] = [[] for _ in trace.steps]
     for span in trace.comm_spans:
         s, e, name = span
-        spans_per_step[_step_index(starts, s)].append((s, e, gloo_kind(name), sizes.get(span)))
+        if span in ours_spans:
+            op = ours_spans[span]
+            kind, issued = (gloo_kind(name), None) if op is None else (c10d_kind(op[2]), op[0])
+            size = sizes.get(span) or (sizes.get(op) if op is not None else None)
+            own_per_step[_step_index(starts, s)].append((s, e, kind, issued, size))
+        else:
+            spans_per_step[_step_index(starts, s)].append((s, e, gloo_kind(name), sizes.get(span)))
     ops_per_step: list[list[tuple[float, str, MessageSize | None]]] = [[] for _ in trace.steps]
     for span in trace.c10d_ops:
         kind = c10d_kind(span[2])
-        if kind not in ("", "barrier", "wait", "monitored_barrier"):
+        if kind not in NO_GLOO_SPAN and span not in ours_ops:
             ops_per_step[_step_index(starts, span[0])].append((span[0], kind, sizes.get(span)))
-    for step, spans, ops in zip(trace.steps, spans_per_step, ops_per_step):
-        out.extend(_numbered(step.number, _name_gloo_spans(spans, ops), trace.world_size))
-    return out
+    out: list[Collective] = []
+    ours: list[Collective] = []
+    for k, step in enumerate(trace.steps):
+        out.extend(_numbered(step.number, _name_gloo_spans(spans_per_step[k], ops_per_step[k]), trace.world_size))
+        ours.extend(_numbered(step.number, own_per_step[k], trace.world_size))
+    return out, ours
 
 
 def _name_gloo_spans(
@@ -215,20 +231,30 @@ def analyze_rank(trace: ParsedTrace, options: AnalysisOptions) -> RankResult:
             step_events = columns.per_step([s.start for s in trace.steps], issued)
     if step_events is None or issued is None:
         columns = None
-    if columns is not None and step_events is not None:
+    own = own_ranges(trace)
+    own_steps: list[list[int]] = [[] for _ in trace.steps]  # GPU: the kernels of our collectives, per step
+    if columns is not None and step_events is not None and issued is not None:
+        if own:
+            step_events, own_steps = own_kernels_fast(columns, step_events, issued, own)
         # Only the NCCL kernels of each step are read to find its collectives.
         gpu_steps = [ix[columns.bits[ix] == fast.COMM_BIT].tolist() for ix in step_events]
         breakdowns = [columns.breakdown(ix, options.tiny_kernel_us) for ix in step_events]
     else:
         gpu_steps = assign_gpu_events_to_steps(trace)
+        if own and on_gpu:
+            gpu_steps, own_steps = own_kernels(trace, gpu_steps, own)
         breakdowns = [_gpu_breakdown_of(trace, indices, options) for indices in gpu_steps]
-    collectives = _collectives(trace, gpu_steps)
     if on_gpu:
-        in_flight = iv.merge((c.start_us, c.end_us) for c in collectives)
+        collectives, ours = _gpu_collectives(trace, gpu_steps), _gpu_collectives(trace, own_steps)
     else:
-        in_flight = iv.merge((s, e) for s, e, _ in trace.comm_spans)
-    splits = _splits(trace, in_flight, waits_block=not on_gpu)
+        collectives, ours = _collectives(trace, own)
+    # The collectives in flight (CPU: every gloo span, ours left out).
+    in_flight = iv.merge((c.start_us, c.end_us) for c in collectives)
+    splits = [without_ours(split, own) for split in _splits(trace, in_flight, waits_block=not on_gpu)]
     per_step = Counter(c.step for c in collectives)
+    own_per_step: dict[int, list[Collective]] = {}
+    for c in ours:
+        own_per_step.setdefault(c.step, []).append(c)
     steps = [
         StepResult(
             step=step.number,
@@ -237,6 +263,7 @@ def analyze_rank(trace: ParsedTrace, options: AnalysisOptions) -> RankResult:
             cpu=breakdown_of(split, step.duration),
             gpu=breakdown,
             n_collectives=per_step[step.number],
+            own_collectives=own_per_step.get(step.number, []),
         )
         for step, breakdown, split in zip(trace.steps, breakdowns, splits)
     ]
@@ -285,17 +312,29 @@ def analyze_rank(trace: ParsedTrace, options: AnalysisOptions) -> RankResult:
         collectives=collectives,
         base_time_ns=trace.base_time_ns,
         memory=analyze_memory(trace.memory, trace.steps),
-        timeline=rank_timeline(trace, collectives, splits, _gpu_busy(trace, columns) if on_gpu else None),
+        timeline=rank_timeline(trace, collectives, splits, _gpu_busy(trace, columns, own_steps) if on_gpu else None),
     )
 
 
-def _gpu_busy(trace: ParsedTrace, columns: object) -> list[iv.Interval]:
-    """The union of all GPU activity (the what-if timeline's busy and idle), from the int64 columns when there are."""
+def _gpu_busy(trace: ParsedTrace, columns: object, own_steps: list[list[int]]) -> list[iv.Interval]:
+    """The union of all GPU activity but our collectives' kernels (``own_steps``), the what-if timeline's busy and
+    idle, from the int64 columns when there are."""
     from hf_distprof.analysis.rank import fast
 
+    ours = [i for indices in own_steps for i in indices]
     if isinstance(columns, fast.GpuColumns):
-        return fast.as_list(fast.merge(columns.starts, columns.ends))
-    return iv.merge(zip(trace.gpu.start, trace.gpu.end))
+        if not ours:
+            return fast.as_list(fast.merge(columns.starts, columns.ends))
+        import numpy as np
+
+        keep = np.ones(len(columns.starts), dtype=bool)
+        keep[ours] = False
+        return fast.as_list(fast.merge(columns.starts[keep], columns.ends[keep]))
+    gpu = trace.gpu
+    if not ours:
+        return iv.merge(zip(gpu.start, gpu.end))
+    left_out = set(ours)
+    return iv.merge((s, e) for i, (s, e) in enumerate(zip(gpu.start, gpu.end)) if i not in left_out)
 
 
 def _gpu_exposed_per_step(

@@ -15,7 +15,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from hf_distprof.analysis.rank import intervals as iv
-from hf_distprof.analysis.read.events import STEP_PREFIX, Span
+from hf_distprof.analysis.read.events import STEP_PREFIX, ParsedTrace, Span
 from hf_distprof.analysis.results.rank import CpuBreakdown
 
 DATA_LOADING_PREFIX = "enumerate(DataLoader)"
@@ -31,6 +31,10 @@ _STEP, _LOADING, _ENQUEUE, _BUSY, _BACKWARD, _WAIT = range(6)
 
 PHASE_PREFIX = "hf_distprof/"
 """The step timer's phase ranges in a trace (``hf_distprof/data``, ``/forward``, ``/backward``, ``/optimizer``)."""
+OURS_PREFIX = "hf_distprof/ours"
+"""hf_distprof's own work: the range (``hf_distprof/ours <what>``, :func:`hf_distprof.dist.ours`, the same name) around
+every collective hf_distprof issues itself. What runs inside one is ours, not the user's: neither compute nor
+communication (``other``), and its collectives are not the user's (:mod:`hf_distprof.analysis.rank.analyze`)."""
 
 
 @lru_cache(maxsize=65536)
@@ -67,6 +71,33 @@ def _nested_in(merged: list[iv.Interval], starts: list[float], span: iv.Interval
     """Whether ``span`` lies inside one of the disjoint intervals ``merged`` (``starts`` are theirs)."""
     i = bisect_right(starts, span[0]) - 1
     return i >= 0 and span[1] <= merged[i][1]
+
+
+def main_thread_ranges(trace: ParsedTrace, prefix: str) -> list[Span]:
+    """The training thread's ops and annotations whose name starts with ``prefix``, sorted.
+
+    From a compact file the names are looked up once in its string table, not op by op.
+    """
+    if trace.main_op_columns is not None:
+        import numpy as np  # in the worker only (see hf_distprof.analysis.rank.analyze.analyze_rank)
+
+        starts, ends, ids, table = trace.main_op_columns
+        wanted = [k for k, name in enumerate(table) if name.startswith(prefix)]
+        if not wanted:
+            return []
+        found = np.flatnonzero(np.isin(np.asarray(ids), wanted)).tolist()
+        return [(starts[i], ends[i], table[ids[i]]) for i in found]
+    return [op for op in trace.main_ops if op[2].startswith(prefix)]
+
+
+def without_ours(split: MainThreadSplit, ours: list[iv.Interval]) -> MainThreadSplit:
+    """``split`` less the time the training thread spent in hf_distprof's own ranges (``ours``, sorted, disjoint):
+    enqueueing or waiting for a collective of ours, or packing its data, is neither the user's communication nor
+    compute, so it counts as other. Collectives of ours in flight are already left out of ``comm``."""
+    if not ours:
+        return split
+    return split._replace(compute=iv.subtract(split.compute, ours),
+                          communication=iv.subtract(split.communication, ours))
 
 
 def split_main_thread(

@@ -104,6 +104,12 @@ def gloo_kind(name: str) -> str:
     return name.split(":", 1)[1] if name.startswith("gloo:") else ""
 
 
+# The gloo span a c10d collective runs as, when it is not the collective's own kind.
+GLOO_RUNS_AS = {"reduce_scatter": "all_reduce"}
+# The kinds of c10d ops that start no gloo span of a collective.
+NO_GLOO_SPAN = ("", "barrier", "wait", "monitored_barrier")
+
+
 def short_kernel_name(name: str) -> str:
     """A kernel name without its argument list, for tables (``void f<T>(int)`` -> ``void f<T>``)."""
     cut = name.find("(")

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hf_distprof.analysis.rank import intervals as iv
-from hf_distprof.analysis.rank.cpu import PHASE_PREFIX, MainThreadSplit
+from hf_distprof.analysis.rank.cpu import OURS_PREFIX, PHASE_PREFIX, MainThreadSplit, main_thread_ranges
 from hf_distprof.analysis.read.events import ParsedTrace, Span
 from hf_distprof.analysis.results.rank import Collective, RankTimeline
 
@@ -112,17 +112,9 @@ def rank_timeline(
 
 
 def _phase_ranges(trace: ParsedTrace) -> list[Span]:
-    """The step timer's ``hf_distprof/<phase>`` ranges on the training thread, sorted."""
-    if trace.main_op_columns is not None:  # from a compact file: look the names up once in its string table
-        import numpy as np
-
-        starts, ends, ids, table = trace.main_op_columns
-        wanted = [k for k, name in enumerate(table) if name.startswith(PHASE_PREFIX)]
-        if not wanted:
-            return []
-        found = np.flatnonzero(np.isin(np.asarray(ids), wanted)).tolist()
-        return [(starts[i], ends[i], table[ids[i]]) for i in found]
-    return [op for op in trace.main_ops if op[2].startswith(PHASE_PREFIX)]
+    """The step timer's ``hf_distprof/<phase>`` ranges on the training thread, sorted (hf_distprof's own ranges,
+    ``hf_distprof/ours ...``, are not phases: their time is other)."""
+    return [r for r in main_thread_ranges(trace, PHASE_PREFIX) if not r[2].startswith(OURS_PREFIX)]
 
 
 def _cpu_points(

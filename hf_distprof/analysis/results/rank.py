@@ -72,6 +72,10 @@ class StepResult:
     cpu: CpuBreakdown
     gpu: GpuBreakdown | None
     n_collectives: int
+    own_collectives: list[Collective] = field(default_factory=list)
+    """The collectives hf_distprof issued itself in this step (capture agreements, gathers of its own figures: issued
+    inside a ``hf_distprof/ours ...`` range), left out of :attr:`n_collectives`, of the rank's collectives and of its
+    communication; each numbered among ours of its kind. Per step, so that a rank's windows combine by their steps."""
 
     def busy_us(self, device: str) -> float:
         """The rank's own work in this step: compute kernels on GPU; compute plus data loading on CPU.

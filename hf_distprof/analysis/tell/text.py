@@ -162,6 +162,21 @@ def _kind_table(result: AnalysisResult) -> list[str]:
     return out + _kind_totals(result)
 
 
+def _own_collectives(result: AnalysisResult) -> list[str]:
+    """The collectives hf_distprof issued itself in the traced steps, named once: no table or figure counts them."""
+    counts: dict[str, int] = {}
+    busy_us = 0.0
+    for c in (c for r in result.ranks for s in r.steps for c in s.own_collectives):
+        counts[c.kind] = counts.get(c.kind, 0) + 1
+        busy_us += c.duration_us
+    if not counts:
+        return []
+    n = len(result.ranks)
+    kinds = ", ".join(f"{counts[k] / n:g} {k}" for k in sorted(counts))
+    return [f"hf-distprof's own collectives left out: {kinds} per rank in the traced steps "
+            f"({_ms(busy_us / n)} ms in flight per rank)"]
+
+
 def _unit_table(result: AnalysisResult) -> list[str]:
     """FSDP's collectives per unit, most exposed first (mean over ranks)."""
     rows = result.comm_by_module
@@ -345,6 +360,7 @@ def format_summary(result: AnalysisResult) -> str:
         for rank in result.ranks:
             out += _rank_rows(rank)
     out += _kind_table(result)
+    out += _own_collectives(result)
     out += _unit_table(result)
     out += _bandwidth_table(result)
     ref = reference_lines(result)

@@ -172,10 +172,11 @@ def measure_clocks(hosts: Sequence[str], rounds: int = CLOCK_ROUNDS) -> list[dic
             # A failed exchange leaves that host unmeasured; every rank still reaches the broadcast below, or
             # the ranks' later collectives would pair wrongly.
             try:
-                if rank == 0:
-                    measured[leader] = ping(_ProcessGroupTransport(leader, group), rounds=rounds)
-                elif rank == leader:
-                    pong(_ProcessGroupTransport(0, group), rounds=rounds)
+                with dist.ours("clock offsets"):
+                    if rank == 0:
+                        measured[leader] = ping(_ProcessGroupTransport(leader, group), rounds=rounds)
+                    elif rank == leader:
+                        pong(_ProcessGroupTransport(0, group), rounds=rounds)
             except Exception as err:  # noqa: BLE001 - a clock measurement must not stop training
                 logger.warning(f"clock offset of rank {leader} against rank 0 not measured: {err!r}")
     measured = dist.broadcast_object(measured)
