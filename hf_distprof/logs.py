@@ -15,18 +15,27 @@ script that configured no logging would print no warning of ours at all. So, onc
 
 The ``hf_distprof`` logger is set to INFO only when nobody set its level: ``logging.getLogger("hf_distprof")
 .setLevel(logging.WARNING)`` keeps INFO out of the log file too.
+
+Records of ours come before the file: ``build_callbacks`` and ``hf-distprof run``'s attach line run when the Trainer
+is built, the run folder (and so ``rank{R}.log``) exists only at train start. The router is installed as soon as
+callbacks are built (:func:`route_package_logs`), and while no rank log is open it keeps every record of ours (at
+most :data:`PENDING_MAX`, the newest) besides handling it as above; the file, once opened, starts with them.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+from collections import deque
 from pathlib import Path
 from typing import TextIO
 
 PACKAGE_LOGGER = "hf_distprof"
 # The rank is in every message of ours already ("[RANK n] ..."), from dist.RankPrefixAdapter.
 CONSOLE_FORMAT = "%(asctime)s hf_distprof %(levelname)s: %(message)s"
+# Records of ours kept while no rank{R}.log is open (the Trainer is built before its run folder exists): a bound, so
+# that a process that never opens one (a run folder that could not be created) does not grow.
+PENDING_MAX = 1000
 
 
 class RankLogHandler(logging.FileHandler):
@@ -85,6 +94,8 @@ class _Router(logging.Handler):
         self.console = _Stderr()
         # The level we gave the package logger (INFO), so that it does not count as the application's.
         self.our_level: int | None = None
+        # Records of ours while no rank log is open, for the next one (see the module's docstring).
+        self.pending: deque[logging.LogRecord] = deque(maxlen=PENDING_MAX)
 
     def application_level(self, name: str) -> int:
         """The effective level the application left for logger ``name``, without our INFO on the package."""
@@ -107,6 +118,15 @@ class _Router(logging.Handler):
                 self.console.handle(record)
         elif self.rank_log is not None:
             self.rank_log.handle(record)
+        if self.rank_log is None:
+            self.pending.append(record)
+
+    def to_rank_log(self, record: logging.LogRecord) -> None:
+        """``record`` into the rank log only: now when one is open, else when the next one opens."""
+        if self.rank_log is not None:
+            self.rank_log.handle(record)
+        else:
+            self.pending.append(record)
 
     def _propagate(self, root: logging.Logger, record: logging.LogRecord) -> None:
         """What propagation to the root would have done: its handlers (rank{R}.log among them), Python's last
@@ -152,6 +172,22 @@ def unroute_package_logs() -> None:
     if _ROUTER.our_level is not None and package.level == _ROUTER.our_level:
         package.setLevel(logging.NOTSET)
     _ROUTER.our_level = None
+    _ROUTER.pending.clear()
+
+
+def record_in_rank_log(name: str, level: int, message: str) -> None:
+    """A record of logger ``name`` (under ``hf_distprof``) for ``rank{R}.log`` only, for a message the console has
+    had another way (``hf-distprof run``'s attach line, written to stderr before any logging is set up): written
+    now when the file is open, else at the top of the file when it opens. A level set on our logger holds."""
+    route_package_logs()
+    logger = logging.getLogger(name)
+    if logger.isEnabledFor(level):
+        _ROUTER.to_rank_log(logger.makeRecord(name, level, "(hf_distprof)", 0, message, (), None))
+
+
+def discard_pending() -> None:
+    """Forget the records kept for a rank log not yet opened (tests: each starts without the last one's)."""
+    _ROUTER.pending.clear()
 
 
 _RANK_LOG: RankLogHandler | None = None
@@ -162,7 +198,8 @@ def open_rank_log(path: Path, rank: int, host: str) -> Path | None:
 
     A handler on the root logger, so the training script's, the Trainer's and hf_distprof's records all go
     there, at the levels the script configured, hf_distprof's at INFO whatever the root's level (the console
-    is left as it is). A later run folder in the same process takes the file over.
+    is left as it is). A later run folder in the same process takes the file over. The file starts with the
+    records of ours kept while none was open (see the module's docstring).
 
     Returns:
         The log file, or None when it could not be opened (then ``OSError`` was raised to the caller).
@@ -178,6 +215,10 @@ def open_rank_log(path: Path, rank: int, host: str) -> Path | None:
         close_rank_log()
     handler = RankLogHandler(path, encoding="utf-8", delay=False)
     handler.setFormatter(logging.Formatter(f"%(asctime)s rank {rank} {host} %(levelname)s %(name)s: %(message)s"))
+    # Our records from before the file (the callbacks and the attach line come with the Trainer, the file at train
+    # start) open it, in the order they came.
+    while _ROUTER.pending:
+        handler.handle(_ROUTER.pending.popleft())
     logging.getLogger().addHandler(handler)
     _RANK_LOG = handler
     _ROUTER.rank_log = handler

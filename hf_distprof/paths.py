@@ -54,6 +54,11 @@ from hf_distprof.core.names import (  # noqa: E402, F401
 )
 
 
+# A file that each node's first process (LOCAL_RANK 0) writes this run's folder into, its absolute path and a newline,
+# once the folder exists: how a launcher script learns which folder its training wrote, wherever
+# --profiler-output-dir pointed and whatever else is beside it (local_scripts/train_lambda_with_profiling.sh).
+RUN_DIR_FILE_ENV = "HF_DISTPROF_RUN_DIR_FILE"
+
 # (output_dir, run_name, id(owner)) -> (owner, run folder): every callback of one train() call agrees on the
 # folder and the broadcast happens once. The owner (the Trainer's per-train() TrainerState) is kept alive in
 # the value so its id is never reused by a later train() call in the same process.
@@ -131,7 +136,23 @@ def resolve_run_dir(
     _RUN_DIRS[key] = (owner, run_dir)
     if run_dir is not None:
         log_to_run_dir(run_dir)
+        announce_run_dir(run_dir)
     return run_dir
+
+
+def announce_run_dir(run_dir: Path) -> None:
+    """Write ``run_dir`` into the file named by ``$HF_DISTPROF_RUN_DIR_FILE``, if set, from the first process of each
+    node (``LOCAL_RANK`` 0, which torchrun and accelerate set; the global rank without it): one writer per machine,
+    so that a file on a node-local disk names the folder on that node too. Atomic; a later ``train()`` in the same
+    process names its own folder. A file that cannot be written is one warning."""
+    target = os.environ.get(RUN_DIR_FILE_ENV)
+    local_rank = os.environ.get("LOCAL_RANK", "").strip()
+    if not target or (int(local_rank) if local_rank.isdigit() else dist.get_rank()) != 0:
+        return
+    try:
+        atomic_write_text(Path(target).expanduser(), f"{run_dir}\n")
+    except OSError as err:
+        logger.warning(f"cannot write the run folder's path into ${RUN_DIR_FILE_ENV} ({target}): {err}")
 
 
 def run_dirs_of(owner: object) -> list[Path]:

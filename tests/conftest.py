@@ -25,6 +25,15 @@ def require(present: bool, what: str) -> None:
     pytest.skip(what)
 
 
+@pytest.fixture(autouse=True)
+def _no_log_records_of_earlier_tests() -> None:
+    """Records of ours kept for a rank log not yet open (hf_distprof.logs) are the test's that made them: without
+    this, the first rank0.log a later test opens would start with them."""
+    from hf_distprof import logs
+
+    logs.discard_pending()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if torch.cuda.is_available():
         return

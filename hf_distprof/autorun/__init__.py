@@ -16,6 +16,7 @@ import functools
 import importlib.abc
 import importlib.machinery
 import json
+import logging
 import os
 import sys
 import threading
@@ -34,10 +35,20 @@ _ATTACHED = "_hf_distprof_attached"
 _AUTO = "_hf_distprof_auto_callbacks"  # on a Trainer: the callbacks hf-distprof run added
 
 
-def _say(rank: int, message: str) -> None:
-    # Before any run folder or logging set-up of ours: straight to stderr, where the launcher shows it.
-    sys.stderr.write(f"hf_distprof: [RANK {rank}] {message}\n")
-    sys.stderr.flush()
+def _say(rank: int, message: str, *, console: bool = True, level: int = logging.INFO) -> None:
+    """``message`` on stderr when ``console`` (where the launcher shows it, whatever logging the script set up: we
+    are inside its Trainer's constructor), and into this rank's ``rank{R}.log`` in any case: the file opens at train
+    start, with this record at its top (:func:`hf_distprof.logs.record_in_rank_log`)."""
+    text = f"[RANK {rank}] {message}"
+    if console:
+        sys.stderr.write(f"hf_distprof: {text}\n")
+        sys.stderr.flush()
+    try:
+        from hf_distprof import logs
+
+        logs.record_in_rank_log(__name__, level, text)
+    except Exception:  # noqa: BLE001 - the line was said; a log of ours never breaks training
+        pass
 
 
 def _library_dirs() -> tuple[str, ...]:
@@ -77,16 +88,16 @@ def attach(trainer: Any) -> list[Any]:
     where = f"{type(trainer).__name__} built at {_created_at()}"
     ours = [type(cb).__name__ for cb in trainer.callback_handler.callbacks if _ours(cb)]
     if ours:
-        if rank == 0:
-            _say(rank, f"hf-distprof run: {where} already has {', '.join(ours)}; it gets no callbacks from "
-                       f"hf-distprof run (no duplicates)")
+        _say(rank, f"hf-distprof run: {where} already has {', '.join(ours)}; it gets no callbacks from "
+                   f"hf-distprof run (no duplicates)", console=rank == 0)
         return []
     callbacks = build_callbacks(ProfilingArguments(**json.loads(os.environ[RUN_ARGS_ENV])))
     for callback in callbacks:
         trainer.add_callback(callback)
     setattr(trainer, _AUTO, callbacks)
-    if rank == 0:
-        _say(rank, f"hf-distprof run: attached {', '.join(type(cb).__name__ for cb in callbacks)} to {where}")
+    # Every rank's log says what was attached; the console hears it once, from rank 0.
+    _say(rank, f"hf-distprof run: attached {', '.join(type(cb).__name__ for cb in callbacks)} to {where}",
+         console=rank == 0)
     return callbacks
 
 
@@ -103,10 +114,10 @@ def withdraw(trainer: Any, added: Any) -> None:
     setattr(trainer, _AUTO, [])
     for callback in auto:
         trainer.remove_callback(callback)
-    if int(getattr(trainer.args, "process_index", 0)) == 0:
-        name = added.__name__ if isinstance(added, type) else type(added).__name__
-        _say(0, f"hf-distprof run: the script added {name} itself; the callbacks hf-distprof run attached are "
-                f"taken back (no duplicates)")
+    rank = int(getattr(trainer.args, "process_index", 0))
+    name = added.__name__ if isinstance(added, type) else type(added).__name__
+    _say(rank, f"hf-distprof run: the script added {name} itself; the callbacks hf-distprof run attached are "
+               f"taken back (no duplicates)", console=rank == 0)
 
 
 def patch_trainer(module: ModuleType) -> None:
@@ -124,7 +135,8 @@ def patch_trainer(module: ModuleType) -> None:
         try:
             withdraw(self, callback)
         except Exception as err:  # noqa: BLE001 - profiling never breaks training
-            _say(0, f"hf-distprof run: could not take back the attached callbacks: {err!r}")
+            _say(int(getattr(getattr(self, "args", None), "process_index", 0)),
+                 f"hf-distprof run: could not take back the attached callbacks: {err!r}", level=logging.WARNING)
 
     trainer_cls.add_callback = add_callback
 
@@ -135,7 +147,8 @@ def patch_trainer(module: ModuleType) -> None:
             attach(self)
         except Exception as err:  # noqa: BLE001 - profiling never breaks training
             _say(int(getattr(getattr(self, "args", None), "process_index", 0)),
-                 f"hf-distprof run: could not attach the callbacks: {err!r}; training goes on without them")
+                 f"hf-distprof run: could not attach the callbacks: {err!r}; training goes on without them",
+                 level=logging.WARNING)
 
     setattr(__init__, _ATTACHED, True)
     trainer_cls.__init__ = __init__

@@ -61,4 +61,8 @@ def build_callbacks(args: ProfilingArguments) -> list[TrainerCallback]:
         from hf_distprof.callbacks.summary import RunSummaryCallback
 
         callbacks.append(RunSummaryCallback(args))
+        # From here on our records are kept for rank{R}.log, which opens only at train start (hf_distprof.logs).
+        from hf_distprof import logs
+
+        logs.route_package_logs()
     return callbacks

@@ -27,6 +27,8 @@ from hf_distprof.core.names import (
 BANNER = "hf_distprof: training finished"
 # Summaries a run folder may hold, named in the block when they are there.
 _SUMMARIES = (TIMING_SUMMARY_NAME, MEMORY_SUMMARY_NAME, ANALYSIS_NAME, PARALLELISM_NAME, MANIFEST_NAME)
+# How far below the parent that the tensorboard line opens each listed folder may lie (see tensorboard_command).
+_NEAR = 2
 
 
 def trainer_tensorboard_dir(args: TrainingArguments) -> Path | None:
@@ -39,12 +41,53 @@ def trainer_tensorboard_dir(args: TrainingArguments) -> Path | None:
     return Path(env).expanduser() if env else Path(args.output_dir or ".") / "runs"
 
 
+def distinct_folders(folders: list[Path]) -> list[Path]:
+    """``folders`` made absolute, each folder once (the same folder given absolute and relative, or through a symbolic
+    link, is one), in their first order."""
+    seen: set[Path] = set()
+    kept: list[Path] = []
+    for folder in folders:
+        key = folder.expanduser().resolve()
+        if key not in seen:
+            seen.add(key)
+            kept.append(Path(os.path.abspath(folder.expanduser())))  # without "..", as the user would write it
+    return kept
+
+
+def tensorboard_command(folders: list[Path]) -> str:
+    """A ``tensorboard`` command line that opens every one of ``folders`` (absolute, distinct, at least one).
+
+    TensorBoard reads a ``--logdir`` recursively, so a parent opens them all, and shows the runs beside them (the
+    Trainer's earlier runs in ``<output_dir>/runs``): one folder's parent, several folders' deepest common parent,
+    when every folder lies at most :data:`_NEAR` levels below it. A parent further up (the file system's root, a home
+    folder) would scan everything under it: then ``--logdir_spec name:path,...`` names exactly these folders.
+    """
+    parent = folders[0].parent if len(folders) == 1 else Path(os.path.commonpath([str(f) for f in folders]))
+    if parent != Path(parent.anchor) and all(len(f.relative_to(parent).parts) <= _NEAR for f in folders):
+        return f"tensorboard --logdir {parent}"
+    if len(folders) == 1:
+        return f"tensorboard --logdir {folders[0]}"
+    if any("," in str(f) for f in folders):  # commas separate the specs: the common parent opens them, slowly
+        return f"tensorboard --logdir {parent}"
+    names: list[str] = []
+    for folder in folders:
+        # A name holds no ":" or "," (they delimit the specs), and each is its own.
+        base = folder.name.replace(":", "_").replace(",", "_") or "run"
+        name, n = base, 1
+        while name in names:
+            n += 1
+            name = f"{base}-{n}"
+        names.append(name)
+    return "tensorboard --logdir_spec " + ",".join(f"{n}:{f}" for n, f in zip(names, folders))
+
+
 def where_to_look(run_dirs: list[Path], tensorboard_dirs: list[Path], profiling: bool) -> str:
     """The end-of-run block: what each run folder holds and the exact commands that open it.
 
     Args:
         run_dirs: This run's profiler folders.
-        tensorboard_dirs: Folders holding TensorBoard events of this run (ours and the Trainer's).
+        tensorboard_dirs: Folders holding TensorBoard events of this run (ours and the Trainer's); each is listed
+            once, however it is written (:func:`distinct_folders`), and the ``tensorboard`` line opens them all.
         profiling: Whether traces were asked for (``--enable-profiling``).
     """
     lines = ["", "=" * 78, BANNER]
@@ -55,14 +98,12 @@ def where_to_look(run_dirs: list[Path], tensorboard_dirs: list[Path], profiling:
         summaries = [name for name in _SUMMARIES if (run_dir / name).exists()]
         if summaries:
             lines.append(f"    summaries: {', '.join(summaries)}; per-rank log: rank<R>.log")
+    tensorboard_dirs = distinct_folders(tensorboard_dirs)
     for folder in tensorboard_dirs:
         lines.append(f"  TensorBoard events: {folder}")
     lines += ["", "View them:"]
     if tensorboard_dirs:
-        # One parent shows every run (the Trainer's loss and our scalars) side by side.
-        common = Path(os.path.commonpath([str(f.absolute()) for f in tensorboard_dirs]))
-        logdir = common if len(tensorboard_dirs) > 1 else tensorboard_dirs[0].absolute().parent
-        lines.append(f"  tensorboard --logdir {logdir}          # scalars")
+        lines.append(f"  {tensorboard_command(tensorboard_dirs)}          # scalars")
     if run_dirs:
         first = run_dirs[0]
         if profiling:
@@ -91,9 +132,13 @@ class RunSummaryCallback(TrainerCallback):
         if not state.is_world_process_zero:
             return
         run_dirs = paths.run_dirs_of(state)
-        folders = [*tensorboard.open_folders()]
+        folders = distinct_folders(tensorboard.open_folders())
         trainer_tb = trainer_tensorboard_dir(args)
-        if trainer_tb is not None and not any(f == trainer_tb or trainer_tb in f.parents for f in folders):
-            folders.append(trainer_tb)
+        # The Trainer's folder, unless it is one of ours or holds ours (then the block names the one inside); ours
+        # are absolute, the Trainer's may be relative ($TENSORBOARD_LOGGING_DIR, output_dir): compared resolved.
+        if trainer_tb is not None:
+            key = trainer_tb.expanduser().resolve()
+            if not any(f.resolve() == key or key in f.resolve().parents for f in folders):
+                folders.append(trainer_tb)
         self.printed = where_to_look(run_dirs, folders, self.args.enable_profiling)
         print(self.printed, flush=True)

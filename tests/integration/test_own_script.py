@@ -86,6 +86,12 @@ def test_hf_distprof_run_profiles_a_script_that_never_imports_it(tmp_path):
                            "RunSummaryCallback to Trainer built at ")
     assert line.endswith(f"{PLAIN}:{line.rsplit(':', 1)[1]}")
     run_dir = tmp_path / "P" / "run"
+    # Said on the console by rank 0; every rank's log records what it attached, once, as its first line.
+    attached = line.split("[RANK 0] ", 1)[1]
+    for rank in (0, 1):
+        log = (run_dir / f"rank{rank}.log").read_text().splitlines()
+        assert log[0].endswith(f"rank {rank} {HOST} INFO hf_distprof.autorun: [RANK {rank}] {attached}"), log[:2]
+        assert sum(attached in entry for entry in log) == 1
     assert sorted(p.name for p in run_dir.glob("*.pt.trace.json.gz")) == [
         f"rank{r}_{HOST}_step3-4.pt.trace.json.gz" for r in (0, 1)]
     summary = json.loads((run_dir / "timing_summary.json").read_text())

@@ -167,11 +167,15 @@ def test_clean_runs_raise_no_straggler_or_imbalance(outcomes):
         assert set(RANK_FINDINGS).isdisjoint(o.kinds), o.name
         # Memory: a clean run's RSS does not keep growing.
         assert o.summary["memory_growth"] == [] and "grows" not in o.proc.stdout + o.proc.stderr, o.name
-        # The questions were asked and answered: both verdicts over the 3 traced steps, weighed with the step timer's
-        # 16 untraced ones (quiet, never "not enough evidence").
+        # The questions were asked and answered over the run: both verdicts are the step timer's over its untraced
+        # steps, as live (quiet, never "not enough evidence"); the 3 traced steps' own verdicts are kept beside them.
         cross = o.analysis["cross_rank"]
+        live = o.summary["imbalance_verdict"]
         for verdict in (cross["straggler_verdict"], cross["imbalance_verdict"]):
-            assert verdict["steps"] == TRACED and verdict["status"] != "undecided", verdict["reason"]
+            assert verdict["steps"] == live["steps"] and verdict["status"] == live["status"] == "quiet", \
+                verdict["reason"]
+        for window in (cross["straggler_window"], cross["imbalance_window"]):
+            assert window["steps"] == TRACED, window["reason"]
         assert o.analysis["undecided"] == [], o.name
 
 

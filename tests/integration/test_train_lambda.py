@@ -6,6 +6,7 @@ import gzip
 import hashlib
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,8 @@ EXPECTED_RUN_FILES = sorted(
     # the run manifest: each rank's part, and rank 0's combined file
     + [f"manifest_rank{r}_{HOST}.json" for r in (0, 1)] + ["manifest.json"]
 )
+# An earlier run in the demo's default --profiler-output-dir, ./profiler_traces, when the demo runs into OUT.
+OLDER_RUN = "older-run"
 # The first run adds --memory-tracker and --track-activation-memory.
 MEMORY_VIEW_FILES = sorted(
     [f"rank{r}_memory_stats.yaml" for r in (0, 1)]
@@ -54,13 +57,17 @@ def digest(folder: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory):
     """Two runs with the same schedule into the same folders, the tree snapshotted between them: the first
-    through train_lambda.sh, the second through the demo script with its schedule shortened."""
+    through train_lambda.sh, the second through the demo script with its schedule shortened and
+    ``--profiler-output-dir OUT`` as an extra argument, while its default folder (./profiler_traces) holds an
+    older run (a copy of the first) that is the newest folder there."""
     work = tmp_path_factory.mktemp("job")
     first = train_lambda(work, *ARGS)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-6000:]
     snapshot = digest(work / "OUT")
     run_dirs_first = sorted(p.name for p in (work / "OUT").iterdir())
-    second = train_lambda(work, *SHORT_SCHEDULE, env={"OUTPUT_DIR": "OUT", "SKIP_PREFLIGHT": "1"}, script=DEMO)
+    shutil.copytree(work / "OUT" / run_dirs_first[0], work / "profiler_traces" / OLDER_RUN)
+    second = train_lambda(work, *SHORT_SCHEDULE, "--profiler-output-dir", "OUT", env={"SKIP_PREFLIGHT": "1"},
+                          script=DEMO)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-6000:]
     return work, first, run_dirs_first, snapshot, second
 
@@ -182,9 +189,12 @@ def test_demo_script_ends_by_saying_where_everything_is(two_runs):
     assert f"run folder: {work / 'OUT' / new_run}  (2 trace(s))" in tail
     assert f"tensorboard --logdir {work / 'outputs' / 'modernbert' / 'runs'}" in tail
     assert f"hf-distprof analyze {work / 'OUT' / new_run}" in tail
-    # ... and ends with the findings, not only file paths.
-    findings = tail[tail.index(f"Findings (hf-distprof analyze OUT/{new_run}/ --findings):"):]
+    # ... and ends with the findings of this run's folder (not the newest one in ./profiler_traces, the demo's
+    # default, which the extra --profiler-output-dir OUT overrode), not only file paths.
+    findings = tail[tail.index(f"Findings (hf-distprof analyze {work / 'OUT' / new_run} --findings):"):]
     assert "Headline: exposed communication" in findings and "(2 rank(s))" in findings
+    assert OLDER_RUN not in second.stdout + second.stderr
+    assert sorted(p.name for p in (work / "profiler_traces").iterdir()) == [OLDER_RUN]
 
 
 def test_bad_flag_through_the_launcher_exits_2_before_launching(tmp_path):

@@ -125,11 +125,16 @@ def test_rank_1_at_its_peer_s_pace_predicts_the_run_without_the_slowdown(run: di
 
 def test_the_answer_names_rank_1_s_data_loading(run: dict[str, Any]) -> None:
     analysis = run["analysis"]
+    # The first finding names rank 1. (Whether the what-if's saving counts as "what to fix first" depends on the run's
+    # untraced steps, which weigh every saving on a rank's pace since issue 30: by this test's design half of them are
+    # slowed, half not, so the slowdown is not persistent over the run and the answer may be rank 1's data loading.)
     first = analysis["findings"][0]
-    assert first["kind"] == "what_to_fix_first" and 1 in first["ranks"], first
-    assert first["title"] in ("What to fix first: rank 1 at its peers' median pace",
-                              "What to fix first: every rank at the fastest rank's (rank 0) pace",
-                              "What to fix first: data loading at zero on every rank")
+    assert first["kind"] in ("what_to_fix_first", "data_loading_bound", "slow_rank") and first["ranks"] in ([1],
+                                                                                                         [0, 1]), first
+    assert 1 in first["ranks"] and first["phase"] in ("data", None), first
+    top = analysis["what_if"][0]  # the table's largest saving, counted or not
+    assert top["title"] in ("rank 1 at its peers' median pace", "every rank at the fastest rank's (rank 0) pace",
+                            "data loading at zero on every rank"), top
     for seg in analysis["critical_path"]:
         assert set(seg) >= {"rank", "kind", "name", "ms"} and seg["kind"] in ("phase", "collective")
     # Every analysed step is a slowed one: rank 1's sleep sets the median step's time.

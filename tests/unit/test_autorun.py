@@ -160,3 +160,43 @@ def test_a_real_script_run_under_hf_distprof_run_gets_them_and_a_users_sitecusto
     assert proc.stdout.splitlines() == ["theirs ran False", "theirs ran True",
                                         "callbacks: ['ProgressCallback', 'StepTimerCallback', 'RunSummaryCallback']"]
     assert f"to MyTrainer built at {tmp_path / 'train.py'}:10" in proc.stderr
+
+
+PLAIN_SCRIPT = textwrap.dedent("""
+    import torch
+    from transformers import Trainer, TrainingArguments
+
+
+    class Regression(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 1)
+
+        def forward(self, x, labels):
+            return {"loss": torch.nn.functional.mse_loss(self.linear(x).squeeze(-1), labels)}
+
+
+    data = [{"x": torch.randn(4), "labels": torch.randn(())} for _ in range(16)]
+    args = TrainingArguments(output_dir="out", use_cpu=True, report_to="none", max_steps=3, save_strategy="no",
+                             per_device_train_batch_size=4, disable_tqdm=True)
+    trainer = Trainer(model=Regression(), args=args, train_dataset=data)
+    trainer.train()
+""")
+
+
+def test_the_attach_line_is_in_the_rank_log_of_a_script_that_set_up_no_logging(tmp_path):
+    # The Trainer (and the line) comes before the run folder and its rank0.log (train start): the line waits for it.
+    (tmp_path / "train.py").write_text(PLAIN_SCRIPT)
+    proc = subprocess.run([sys.executable, "-m", "hf_distprof.cli.main", "run", "--enable-step-timing",
+                           "--profiler-output-dir", "P", "--profiler-run-name", "run", "--", sys.executable,
+                           "train.py"], capture_output=True, text=True, cwd=tmp_path, timeout=180,
+                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = (f"[RANK 0] hf-distprof run: attached StepTimerCallback, RunSummaryCallback to Trainer built at "
+            f"{tmp_path / 'train.py'}:18")
+    assert proc.stderr.count(said) == 1  # on the console once, as before
+    log = (tmp_path / "P" / "run" / "rank0.log").read_text().splitlines()
+    # The first line of the file, once, with the rank log's own prefix; the run's own records follow.
+    assert log[0].endswith(f" INFO hf_distprof.autorun: {said}") and " rank 0 " in log[0]
+    assert sum(said in line for line in log) == 1
+    assert any("hf_distprof.callbacks.parallelism: [RANK 0] parallelism: " in line for line in log[1:])

@@ -105,3 +105,30 @@ def test_a_root_at_notset_lets_our_info_through_as_python_does(tmp_path):
     console, _ = run("notset", tmp_path)
     assert console[:2] == ["INFO:hf_distprof.test:[RANK 0] an info of ours",
                            "WARNING:hf_distprof.test:[RANK 0] a warning of ours"]
+
+
+EARLY = textwrap.dedent("""
+    import sys
+    from hf_distprof import dist, logs, paths
+    logs.route_package_logs()  # as build_callbacks does: the Trainer and its callbacks come before the run folder
+    ours = dist.get_logger("hf_distprof.test")
+    ours.info("an early info of ours")
+    ours.warning("an early warning of ours")
+    logs.record_in_rank_log("hf_distprof.test", 20, "a line the console had another way")
+    paths.resolve_run_dir(sys.argv[1], "r", owner=object())
+    ours.info("an info of ours")
+""")
+
+
+def test_our_records_from_before_the_run_folder_open_its_rank_log(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", EARLY, str(tmp_path)], capture_output=True, text=True,
+                          cwd=REPO_ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    # The console as before: the warning printed once (Python's last resort: no handler anywhere yet), no INFO.
+    assert [line for line in proc.stderr.splitlines() if "of ours" in line or "another way" in line] == [
+        "[RANK 0] an early warning of ours"]
+    log = (tmp_path / "r" / "rank0.log").read_text().splitlines()
+    assert [line.split(" hf_distprof.test: ", 1)[1] for line in log if "hf_distprof.test" in line] == [
+        "[RANK 0] an early info of ours", "[RANK 0] an early warning of ours", "a line the console had another way",
+        "[RANK 0] an info of ours"]
+    assert " rank 0 " in log[0] and " INFO " in log[0] and " WARNING " in log[1]

@@ -138,3 +138,29 @@ def test_an_output_folder_that_is_a_file_is_one_warning_and_no_run_folder(tmp_pa
     assert message.startswith(f"[RANK 0] cannot create a run folder in --profiler-output-dir {blocker}: ")
     assert message.endswith("; profiling files are not written, training goes on")
     assert blocker.read_text() == "a file in the way"
+
+
+def test_the_run_folder_is_named_in_the_file_the_launcher_asked_for(tmp_path, monkeypatch):
+    named = tmp_path / "run_dir.txt"
+    monkeypatch.setenv(paths.RUN_DIR_FILE_ENV, str(named))
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    (tmp_path / "out").mkdir()
+    first = paths.resolve_run_dir(tmp_path / "out", "exp", owner=object())
+    assert named.read_text() == f"{first}\n" and first.is_absolute()
+    # A later train() in the same process names its own folder (exp taken: exp-1).
+    second = paths.resolve_run_dir(tmp_path / "out", "exp", owner=object())
+    assert second.name == "exp-1" and named.read_text() == f"{second}\n"
+    # One writer per node: the node's first process.
+    named.unlink()
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    paths.resolve_run_dir(tmp_path / "out", "exp", owner=object())
+    assert not named.exists()
+
+
+def test_a_relative_output_folder_is_named_absolute(tmp_path, monkeypatch):
+    named = tmp_path / "run_dir.txt"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(paths.RUN_DIR_FILE_ENV, str(named))
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    run = paths.resolve_run_dir("rel", "exp", owner=object())
+    assert named.read_text() == f"{tmp_path / 'rel' / 'exp'}\n" == f"{run}\n"

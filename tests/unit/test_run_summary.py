@@ -5,6 +5,8 @@ from __future__ import annotations
 import types
 from pathlib import Path
 
+import pytest
+
 from hf_distprof.callbacks.summary import BANNER, RunSummaryCallback, trainer_tensorboard_dir, where_to_look
 from hf_distprof.config import ProfilingArguments
 
@@ -63,3 +65,72 @@ def test_printed_once_at_train_end_on_rank_0(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.count(BANNER) == 1 and summary.printed is not None
     assert f"  run folder: {tmp_path / 'P' / 'run'}  (0 trace(s))" in summary.printed
+
+
+def opened_by(line: str) -> list[Path]:
+    """The folders a ``tensorboard`` line of the block opens, read as TensorBoard reads its flags."""
+    from tensorboard.backend.event_processing.data_ingester import _parse_event_files_spec
+
+    command = line.split("#")[0].split()
+    assert command[:2] in (["tensorboard", "--logdir"], ["tensorboard", "--logdir_spec"]) and len(command) == 3
+    if command[1] == "--logdir":
+        return [Path(command[2])]
+    return [Path(p) for p in _parse_event_files_spec(command[2])]
+
+
+def tensorboard_lines(block: str) -> tuple[list[str], str]:
+    lines = block.splitlines()
+    listed = [line.split("TensorBoard events: ", 1)[1] for line in lines if "TensorBoard events: " in line]
+    (command,) = [line.split("#")[0].strip() for line in lines if line.strip().startswith("tensorboard --logdir")]
+    return listed, command
+
+
+def test_a_folder_given_absolute_and_relative_is_listed_once_and_opened(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "out" / "runs" / "20261127-101010_vm"
+    folder.mkdir(parents=True)
+    listed, command = tensorboard_lines(where_to_look([], [folder, Path("out/runs/20261127-101010_vm")], False))
+    assert listed == [str(folder)]
+    # Its parent: the Trainer's earlier runs beside it.
+    assert command == f"tensorboard --logdir {tmp_path / 'out' / 'runs'}"
+
+
+@pytest.mark.parametrize("layout", ["siblings", "nested", "far apart", "far apart, same name"])
+def test_the_tensorboard_line_opens_every_folder_it_lists(tmp_path, monkeypatch, layout):
+    monkeypatch.chdir(tmp_path)
+    runs = tmp_path / "out" / "runs"
+    folders = {
+        "siblings": [runs / "hf_distprof_run", runs / "20261127_vm"],
+        "nested": [runs / "hf_distprof_run", Path("out/runs")],
+        # A common parent of these would be / (everything on the machine): the line names each folder instead.
+        "far apart": [tmp_path / "a" / "b" / "c" / "tb", Path("/tmp") / "elsewhere_tb"],
+        "far apart, same name": [tmp_path / "x" / "y" / "z" / "tb", tmp_path / "tb"],
+    }[layout]
+    listed, command = tensorboard_lines(where_to_look([], folders, False))
+    assert listed == [str(f.absolute()) for f in folders]
+    opened = opened_by(command)
+    for folder in listed:
+        assert any(Path(folder) == o or o in Path(folder).parents for o in opened), (folder, command)
+    if layout.startswith("far apart"):
+        assert command.startswith("tensorboard --logdir_spec ")
+        assert sorted(opened) == sorted(Path(f) for f in listed)  # exactly these, nothing scanned besides
+    else:
+        assert opened == [runs]
+
+
+def test_the_trainers_folder_written_relative_is_not_listed_beside_ours(tmp_path, monkeypatch, capsys):
+    # The demo: $TENSORBOARD_LOGGING_DIR relative, our writer on the same folder made absolute.
+    from hf_distprof import tensorboard
+    from hf_distprof.callbacks import summary as summary_module
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", "outputs/runs/20261127-101010_vm")
+    ours = tmp_path / "outputs" / "runs" / "20261127-101010_vm"
+    monkeypatch.setattr(tensorboard, "open_folders", lambda: [ours])
+    callback = summary_module.RunSummaryCallback(ProfilingArguments(enable_step_timing=True))
+    args = types.SimpleNamespace(report_to=["tensorboard"], output_dir="outputs")
+    state = types.SimpleNamespace(is_world_process_zero=True)
+    callback.on_train_end(args, state, None)
+    listed, command = tensorboard_lines(capsys.readouterr().out)
+    assert listed == [str(ours)]
+    assert command == f"tensorboard --logdir {tmp_path / 'outputs' / 'runs'}"
