@@ -102,7 +102,9 @@ def analyze_paths(
     rows = bandwidth.collective_bandwidth(ranks)
     # 4. whatif: the traced steps replayed across ranks.
     evidence = run_evidence(records, {s.step for r in ranks for s in r.steps}) if len(ranks) > 1 else None
-    answer = what_if(ranks, alignment.offsets, list(reference) if reference else None, evidence) if ranks else None
+    window = (cross.straggler_verdict or cross.imbalance_verdict) if cross is not None else None
+    answer = (what_if(ranks, alignment.offsets, list(reference) if reference else None, evidence, window)
+              if ranks else None)
     # 5. judge: every finding, in one order.
     slowdown = slowdown_of(summary, records, ranks, options)
     findings, undecided = judge(ranks, cross, options, records, slowdown, timer, answer)

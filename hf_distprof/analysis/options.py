@@ -51,7 +51,9 @@ class AnalysisOptions:
             "help": (
                 "A rank arriving at each step's collectives later than its peers by a median of more than this % "
                 "of step time, last in most steps (more often than chance) and beyond the run's noise, is a "
-                "straggler. Under --profiler-analyze: the training's --straggler-threshold-pct."
+                "straggler (the traced window's verdict: with the step timer's records beside the traces, its verdict "
+                "over the run's untraced steps decides, at --imbalance-pct). Under --profiler-analyze: the training's "
+                "--straggler-threshold-pct."
             )
         },
     )
@@ -97,8 +99,8 @@ class AnalysisOptions:
         metadata={
             "help": (
                 "A what-if scenario (the traced steps replayed across ranks with one fix) that saves more than this "
-                "% of the step, and more than the model's error and the steps' own noise, opens the findings as "
-                "'what to fix first'."
+                "% of the step, and more than the model's error and the run's own noise, is the finding 'what to fix "
+                "first' (listed right after the slow rank's, when there is one)."
             )
         },
     )

@@ -35,9 +35,20 @@ PHASE_NAMES = {
 """phase -> how a finding names it."""
 
 
+_SLOWER_HOST = (
+    "check for uneven sequence lengths across ranks (pad to a fixed length or use --group_by_length), and that rank's "
+    "host for other processes sharing its cores"
+)
+
+
 def phase_advice(phase: str, on_gpu: bool = True) -> str:
     """What to try for a rank slow in ``phase``, phrased after "rank R: "; a run without a GPU gets no advice that
-    only a GPU run can use (pinned memory speeds copies to a GPU, nothing else)."""
-    if phase == "data" and not on_gpu:
+    only a GPU run can use (pinned memory speeds copies to a GPU; nvidia-smi reads a GPU's clocks)."""
+    if on_gpu:
+        return PHASE_ADVICE.get(phase, PHASE_ADVICE["compute"])
+    if phase == "data":
         return _DATA.format(pin="")
-    return PHASE_ADVICE.get(phase, PHASE_ADVICE["compute"])
+    if phase == "optimizer":
+        return PHASE_ADVICE["optimizer"].replace("a slower device or host", "a slower or busier host")
+    what = {"forward": "its forward compute", "backward": "its backward compute"}.get(phase, "its compute")
+    return f"{what} is slower: {_SLOWER_HOST}"

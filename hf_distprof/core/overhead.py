@@ -1,4 +1,4 @@
-"""Is the profiler distorting the run: the traced steps against the untraced steps around them."""
+"""Is the profiler distorting the run: the traced steps against the untraced steps after the window's start."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ class ProfilerSlowdown:
     median_step_s_before: float | None
     median_step_s_after: float | None
     ratio: float | None
-    """Median step inside / median untraced step around the windows (the warm-up before the first left out); None
+    """Median step inside / median untraced step after the first window's start (the warm-up before it left out); None
     with fewer than ``min_outside`` untraced steps (see ``note``)."""
     threshold_ratio: float
     options: dict[str, bool]
@@ -86,7 +86,7 @@ def profiler_slowdown(
     threshold_ratio: float = 1.25,
     min_outside: int = MIN_REFERENCE,
 ) -> ProfilerSlowdown | None:
-    """Compare the median step time inside the profiler's windows with the untraced steps around them.
+    """Compare the median step time inside the profiler's windows with the untraced steps after the first one starts.
 
     The reference is the :data:`NEAREST` untraced steps after the first window starts (between windows and after
     the last), warm-up excluded: the untraced steps before the first window are the run's warm-up, its slowest

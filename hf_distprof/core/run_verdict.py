@@ -8,7 +8,8 @@ rank across the whole run. Here the run decides: when the timer reached a verdic
 agreement or disagreement stated. Only when the timer could not decide (too few untraced steps) or is absent does the
 window's verdict, weighed with it (:func:`hf_distprof.core.verdicts.across_the_run`), stand.
 
-Torch-free; the live timer and ``hf-distprof analyze`` both use it, so they say the same thing.
+Torch-free. The live timer's verdict at train end is :func:`hf_distprof.core.verdicts.judge_own_work` over the same
+untraced steps with the same rule, so that the live table and ``hf-distprof analyze`` say the same thing.
 """
 
 from __future__ import annotations
@@ -63,8 +64,17 @@ def verdict_from_json(doc: Mapping[str, Any] | None) -> SlowRankVerdict | None:
 
 
 def decided(run: SlowRankVerdict | None) -> bool:
-    """Whether the step timer reached a verdict of its own over the run (``raised`` or ``quiet``, with a candidate)."""
-    return run is not None and run.status in (RAISED, QUIET) and run.rank is not None
+    """Whether the step timer reached a verdict of its own over the run: ``raised`` or ``quiet``, with a candidate,
+    over at least as many steps as any verdict needs with its ranks (fewer: the window is weighed with it instead)."""
+    return run is not None and run.status in (RAISED, QUIET) and run.rank is not None and run.steps >= run.min_steps
+
+
+def agrees(window: SlowRankVerdict, run: SlowRankVerdict) -> bool:
+    """Whether the traced window's own verdict says what the run's says: the same status, and the same rank when one
+    is named; a window too short to decide (``undecided``) contradicts nothing."""
+    if window.status == UNDECIDED:
+        return True
+    return window.raised == run.raised and (not run.raised or window.rank == run.rank)
 
 
 def follow_the_run(window: SlowRankVerdict, run: SlowRankVerdict) -> SlowRankVerdict:
@@ -78,7 +88,7 @@ def follow_the_run(window: SlowRankVerdict, run: SlowRankVerdict) -> SlowRankVer
         The run's verdict, its ``reason`` saying what the timer found over how many steps and what the window alone
         says (agreeing or not), its ``test`` ending with :data:`TIMER_TEST`.
     """
-    same = window.rank == run.rank and (window.raised == run.raised or window.status == UNDECIDED)
+    same = agrees(window, run)
     window_says = (f"the traced window ({window.steps} step{'s' if window.steps != 1 else ''}) "
                    + ("agrees" if same else "alone says otherwise") + f": {window.reason or window.claim or 'nothing'}")
     fields = {f.name: getattr(run, f.name) for f in dataclasses.fields(run) if f.init}

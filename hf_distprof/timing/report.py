@@ -241,7 +241,8 @@ def cross_rank_report(
     slow = ranks[max(range(len(ranks)), key=lambda i: pre[i])]
     if verdict is not None and verdict.rank is not None and any(r.rank == verdict.rank for r in ranks):
         slow = next(r for r in ranks if r.rank == verdict.rank)
-    fast = ranks[min(range(len(ranks)), key=lambda i: pre[i])]
+    others = [i for i, r in enumerate(ranks) if r.rank != slow.rank] or list(range(len(ranks)))
+    fast = ranks[min(others, key=lambda i: pre[i])]  # never the slowest rank too
     phase, excess = _slowest_phase(ranks, slow)
     imbalance = imbalance_pct(pre)
 

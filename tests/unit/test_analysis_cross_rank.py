@@ -174,8 +174,8 @@ def test_stragglers_late_together_are_named_with_their_evidence():
     result = cross_rank([rank(r, late) for r, late in enumerate(minority)], AnalysisOptions())
     head = (
         "rank {r} reaches a collective of each step {ms:.2f} ms after the earliest rank (its latest arrival per step, "
-        "median over steps; 24 matched collectives; {ms:.1f}% of the 100.00 ms step); it waits 10.00 ms per step on "
-        "communication while its peers wait 10.00 ms; "
+        "median over steps; 24 matched collectives; {ms:.1f}% of the 100.00 ms step); its exposed communication is "
+        "10.00 ms per step against its peers' 10.00 ms; "
     )
     assert [(s.rank, s.reason, s.lateness_us, s.step_excess_pct) for s in result.stragglers] == [
         (5, "late_collectives", 22_000.0, None), (3, "late_collectives", 21_000.0, None),

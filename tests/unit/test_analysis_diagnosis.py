@@ -62,10 +62,11 @@ def test_slow_rank1_is_one_chain_and_rank_0s_wait_is_not_communication_bound():
           "noise 3.4%); it is the slowest in 6 of 6 steps (p = 0.016 in a balanced run of 2 ranks, signed-rank test "
           "of the per-step difference); imbalance verdict raised too: rank 1's busy time (GPU: compute kernels; CPU: "
           "compute + data loading) exceeds its peers' by a median 102.8%",
+          # A CPU (gloo) run: its host, not a device's clocks.
           "Rank 1: its compute is slower: check for uneven sequence lengths across ranks (pad to a fixed length or "
-          "use --group_by_length), a slower or throttled device (nvidia-smi -q -d PERFORMANCE,CLOCK), or other "
-          "processes sharing that device or host. The others' exposed communication is a wait for it, not the "
-          "network: larger buckets or a faster network will not shorten it.",
+          "use --group_by_length), and that rank's host for other processes sharing its cores. The others' exposed "
+          "communication is a wait for it, not the network: larger buckets or a faster network will not shorten "
+          "it.",
           {"phase_excess_ms": 29.6269990234375, "peer_wait_pct": 46.70561842119689,
            "lateness_us": 31484.08349609375, "imbalance_pct": 102.8139526129988, "max_busy_us": 58211.26025390625,
            "typical_busy_us": 28836.122233072918, "slowest_in_steps": 6, "steps": 6}, 1 - 0.5**6)

@@ -27,8 +27,8 @@ def test_the_slow_ranks_chain_is_the_verdict() -> None:
         "| Why:     compute (forward, backward and optimizer) takes 29.6 ms more per step than on its       |",
         "|          peers, who wait 46.7% of their step for it at the collectives (confidence 0.98)         |",
         "| Try:     Rank 1: its compute is slower: check for uneven sequence lengths across ranks (pad to a |",
-        "|          fixed length or use --group_by_length), a slower or throttled device (nvidia-smi -q -d  |",
-        "|          PERFORMANCE,CLOCK), or other processes sharing that device or host                      |",
+        "|          fixed length or use --group_by_length), and that rank's host for other processes        |",
+        "|          sharing its cores                                                                       |",
         "+" + "-" * 98 + "+",
     ]
 
@@ -113,3 +113,17 @@ def test_every_finding_and_question_carries_its_fields_in_json(capsys: pytest.Ca
         for u in doc["undecided"]:
             assert set(u) == {"question", "reason", "why", "to_decide", "ranks", "basis", "steps"}
     assert {"slow_rank", "communication_bound", "fsdp_exposed_all_gather", "data_loading_bound"} <= seen
+    # An undecided question as data (3 traced steps, no step timer's records: the verdicts cannot decide).
+    from .test_analysis_cross_rank import rank as cpu_rank
+    from hf_distprof.analysis.across.skew import cross_rank
+    from hf_distprof.analysis.judge.diagnosis import undecided
+    from hf_distprof.analysis.results.result import AnalysisResult
+
+    ranks = [cpu_rank(0, 0.0, steps=3), cpu_rank(1, 30_000.0, steps=3)]
+    cross = cross_rank(ranks, OPTS)
+    doc = orjson.loads(AnalysisResult(ranks=ranks, cross_rank=cross, findings=[], errors=[], options=OPTS,
+                                      undecided=undecided(cross)).to_json())
+    assert [u["question"] for u in doc["undecided"]] == ["straggler"]  # the ranks' busy time is even: no candidate
+    for u in doc["undecided"]:
+        assert set(u) == {"question", "reason", "why", "to_decide", "ranks", "basis", "steps"}
+        assert u["ranks"] == [1] and u["steps"] == 3 and u["to_decide"].startswith("trace at least 6 steps")

@@ -132,7 +132,12 @@ def test_box_findings_and_what_if_agree(tmp_path: Path, traces: str) -> None:
         if not result.findings:
             assert "| Verdict: no finding" in box
             top = result.what_if[0] if result.what_if else None
-            if top is not None and top.saving_pct > 0:
-                assert top.title.split(" ")[0] in box  # the box names the largest saving
+            if top is not None and top.saving_pct > 0:  # the box names the largest saving, and why it is no finding
+                said = (f"nothing worth fixing: the largest saving the what-if predicts, {top.title}, is "
+                        f"{top.saving_pct:.1f}% of the step, under the {OPTS.what_if_pct:g}% worth fixing"
+                        if top.beyond_noise else
+                        f"nothing to fix: the largest saving the what-if predicts, {top.title} ({top.saving_pct:.1f}% "
+                        "of the step), is within the run's noise")
+                assert said in " ".join(" ".join(line.strip("|").split()) for line in box.splitlines()), box
         rank_named = {r for f in result.findings if f.kind in ("slow_rank", "straggler", "imbalance") for r in f.ranks}
         assert rank_named == ({1} if slow_rank == 1 else set()), (traces, slow_rank)

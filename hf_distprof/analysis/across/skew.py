@@ -224,8 +224,8 @@ def _stragglers(
                 rank=p.rank,
                 reason="late_collectives",
                 summary=summary,
-                evidence=f"{summary}; it waits {p.comm_wait_us / 1e3:.2f} ms per step on communication while its peers "
-                f"wait {peer_wait / 1e3:.2f} ms; {_why_named(p.rank, verdict)}",
+                evidence=f"{summary}; its exposed communication is {p.comm_wait_us / 1e3:.2f} ms per step against its "
+                f"peers' {peer_wait / 1e3:.2f} ms; {_why_named(p.rank, verdict)}",
                 lateness_us=p.lateness_us,
                 step_excess_pct=None,
                 confidence=verdict.confidence,

@@ -21,7 +21,7 @@ from hf_distprof.analysis.results.across import CrossRankResult
 from hf_distprof.analysis.results.findings import TRACE, TRACE_AND_TIMER, Finding
 from hf_distprof.analysis.results.rank import RankResult
 from hf_distprof.core.advice import PHASE_NAMES, phase_advice
-from hf_distprof.core.run_verdict import by_the_timer
+from hf_distprof.core.run_verdict import TIMER_TEST
 from hf_distprof.core.verdicts import SlowRankVerdict
 
 SLOW_RANK = "slow_rank"
@@ -139,7 +139,7 @@ def explain(findings: list[Finding], ranks: list[RankResult], cross: CrossRankRe
     phase = phase_excess(slow, ranks, records, traced)
     explains = bool(about and waits) and phase is not None and phase.excess_us > 0 and \
         phase.excess_us >= EXPLAINS * wait_us
-    if not explains and by_the_timer(verdicts[0][1]):
+    if not explains and verdicts[0][1].test.endswith(TIMER_TEST):
         # Named by the run, not by the window: one finding with the run's evidence, in place of the window's.
         rest = [f for f in findings if f not in about]
         return [_across_the_run(slow, verdicts[0][1], phase, waits, wait_pct, ranks, about), *rest]

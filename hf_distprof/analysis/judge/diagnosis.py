@@ -102,13 +102,14 @@ def _comm_bound(ranks: list[RankResult], options: AnalysisOptions, fsdp_findings
     )
     late = "".join(_waits_left_out(r, transfer[r.rank]) for r in hit)
     exposed = stats.mean([r.exposed_comm_pct for r in ranks])
-    action = (
-        "FSDP's all-gathers and reduce-scatters: see the FSDP findings for which and where"
-        if fsdp_findings
-        else "Overlap communication with compute: larger DDP buckets (bucket_cap_mb) or gradient "
-        "accumulation to all-reduce less often, FSDP prefetching and wrap granularity, "
-        "fewer/larger collectives (the per-kind table says which)"
-    )
+    if fsdp_findings:
+        action = "FSDP's all-gathers and reduce-scatters: see the FSDP findings for which and where"
+    elif any(_is_fsdp(r) for r in ranks):
+        action = ("Overlap communication with compute: FSDP prefetching and wrap granularity, fewer/larger "
+                  "collectives (the per-kind table says which)")
+    else:
+        action = ("Overlap communication with compute: larger DDP buckets (bucket_cap_mb) or gradient accumulation to "
+                  "all-reduce less often, fewer/larger collectives (the per-kind table says which)")
     return [
         Finding(
             kind="communication_bound",

@@ -21,9 +21,9 @@ from hf_distprof.analysis.results.rank import RankResult
 from hf_distprof.analysis.results.whatif import WhatIf
 from hf_distprof.core.run_verdict import by_the_timer
 
-_FIRST = (WHAT_TO_FIX_FIRST, chain.SLOW_RANK)
-"""Kinds that open the list, in this order, whatever their severity: the largest saving the replay predicts, then the
-slow rank's chain."""
+_FIRST = (chain.SLOW_RANK, WHAT_TO_FIX_FIRST)
+"""Kinds that open the list, in this order, whatever their severity: the slow rank's chain (the cause and its phase),
+then the largest saving the replay predicts. The box shows the first finding of the list, as every output orders it."""
 
 
 def in_order(findings: list[Finding]) -> list[Finding]:
@@ -63,5 +63,6 @@ def judge(
     findings = chain.explain(findings, ranks, cross, records)
     on_gpu = any(r.device == "gpu" for r in ranks)
     backend = next((r.backend for r in ranks if r.backend), None)
-    first = what_to_fix_first(answer, options.what_if_pct, on_gpu, backend) if answer is not None else None
+    fsdp = any(c.module is not None for r in ranks for c in r.collectives)
+    first = what_to_fix_first(answer, options.what_if_pct, on_gpu, backend, fsdp) if answer is not None else None
     return in_order(findings + ([first] if first is not None else [])), undecided(cross) + withheld

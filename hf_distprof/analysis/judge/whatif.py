@@ -14,8 +14,8 @@ _ADVICE = {  # scenario -> (the first thing to try, the rest)
                   "imbalance findings say where): uneven data, extra work on that rank, a slower device or host", "."),
     "no_data_loading": ("Load data ahead of the step: DataLoader num_workers > 0, {pin}"
                         "persistent_workers=True, prefetch_factor", "; pre-tokenise instead of tokenising per item."),
-    "hide_communication": ("Overlap communication with computation (DDP bucket_cap_mb, gradient accumulation, "
-                           "FSDP prefetching) or send fewer bytes (bf16 reduction, fewer and larger collectives)", "."),
+    "hide_communication": ("Overlap communication with computation ({overlap}) or send fewer bytes (bf16 reduction, "
+                           "fewer and larger collectives)", "."),
     "fastest_pace": ("Give every rank the same work, at the pace of the fastest: balance the data (sequence "
                      "lengths, batch sizes), then look at the hosts and devices of the slower ranks", "."),
     "network_at_reference": ("The transfers run slower than bench-collectives measured on this fabric: check the "
@@ -33,8 +33,8 @@ def noise_of(model: WhatIfModel, noise_ms: float | None) -> str:
             f"{model.noise_ms or 0.0:.2f} ms and the predicted ones'")
 
 
-def what_to_fix_first(answer: WhatIf, threshold_pct: float, on_gpu: bool = True, backend: str | None = None
-                      ) -> Finding | None:
+def what_to_fix_first(answer: WhatIf, threshold_pct: float, on_gpu: bool = True, backend: str | None = None,
+                      fsdp: bool = False) -> Finding | None:
     """The finding that opens the list when a scenario saves more than the noise and more than ``threshold_pct``
     % of the step (``AnalysisOptions.what_if_pct``); None otherwise. Its advice fits the run: no pinned memory without
     a GPU, the backend's own settings (NCCL's, gloo's)."""
@@ -49,7 +49,9 @@ def what_to_fix_first(answer: WhatIf, threshold_pct: float, on_gpu: bool = True,
            f"+-{top.error_ms:.2f} ms; {noise_of(model, top.noise_ms)})")
     action, more = _ADVICE[top.scenario]
     action = action.format(ranks=", ".join(map(str, top.ranks)), pin="pin_memory=True, " if on_gpu else "",
-                           library="NCCL" if backend in (None, "nccl") else backend)
+                           library="NCCL" if backend in (None, "nccl") else backend,
+                           overlap="FSDP prefetching, wrap granularity" if fsdp else "DDP bucket_cap_mb, gradient "
+                           "accumulation")
     return Finding(
         kind=WHAT_TO_FIX_FIRST,
         severity=top.saving_pct,

@@ -10,14 +10,7 @@ from typing import Any
 from hf_distprof.analysis.read.timer_records import TimerRecords
 from hf_distprof.analysis.results.across import CrossRankResult
 from hf_distprof.analysis.results.findings import WindowNote
-from hf_distprof.core.run_verdict import TIMER_TEST
-from hf_distprof.core.verdicts import UNDECIDED, SlowRankVerdict
-
-
-def _disagree(window: SlowRankVerdict, run: SlowRankVerdict) -> bool:
-    if window.status == UNDECIDED:
-        return False  # too short to say anything against the run
-    return window.raised != run.raised or (window.raised and window.rank != run.rank)
+from hf_distprof.core.run_verdict import TIMER_TEST, agrees
 
 
 def window_notes(cross: CrossRankResult | None, records: TimerRecords | None, traced: set[int],
@@ -39,15 +32,18 @@ def window_notes(cross: CrossRankResult | None, records: TimerRecords | None, tr
     out = []
     for question, final, window in (("straggler", cross.straggler_verdict, cross.straggler_window),
                                     ("imbalance", cross.imbalance_verdict, cross.imbalance_window)):
-        if final is None or window is None or not final.test.endswith(TIMER_TEST) or not _disagree(window, final):
+        if final is None or window is None or not final.test.endswith(TIMER_TEST) or agrees(window, final):
             continue
         said = (f"rank {final.rank} is slow across the run" if final.raised
                 else f"no rank is slow across the run ({final.claim or final.status})")
         distortion = ""
         if steps and untraced:
+            ratio = median(steps) / untraced
             distortion = (f"; its steps took {', '.join(f'{t:.0f}' for t in steps)} ms against a median {untraced:.0f} "
-                          f"ms untraced ({median(steps) / untraced:.2f}x): the profiler's own cost and the host's load "
-                          "weigh on those few steps")
+                          f"ms untraced ({ratio:.2f}x)")
+            noise = slowdown.get("noise_pct") if slowdown else None
+            if isinstance(noise, (int, float)) and abs(100.0 * (ratio - 1.0)) > noise:
+                distortion += ", beyond the run's own noise: the profiler's cost and the host's load weigh on them"
         text = (f"The traced window alone says otherwise ({question}): {window.reason}; over the run's "
                 f"{final.steps} untraced steps the step timer says {said}, and the verdict follows the run"
                 + distortion)

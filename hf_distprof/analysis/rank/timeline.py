@@ -34,13 +34,12 @@ from typing import Any
 from hf_distprof.analysis.rank import intervals as iv
 from hf_distprof.analysis.rank.cpu import OURS_PREFIX, PHASE_PREFIX, MainThreadSplit, main_thread_ranges
 from hf_distprof.analysis.read.events import ParsedTrace, Span
-from hf_distprof.analysis.results.rank import Collective, RankTimeline
+from hf_distprof.analysis.results.rank import Collective, CollectiveKey, RankTimeline
 
 # Point kinds, in the order they sort at equal times (a wait ends before the next op issues a collective).
 START, RELEASE, ISSUE, ARRIVE, END = range(5)
 KIND_NAMES = ("start", "release", "issue", "arrive", "end")
 
-CollectiveKey = tuple[int, str, int]
 
 DATA_LOADING = "data_loading"
 # What a step timer's phase range is called on the critical path.

@@ -72,6 +72,10 @@ class WhatIfModel:
     held against; None without the step timer's records (then each scenario's own noise is used)."""
     run_steps: int | None = None
     """How many of the run's steps ``run_noise_ms`` is over."""
+    rank_saving_real: bool = True
+    """Whether a saving on one rank's pace (``slow_rank``, ``fastest_pace``) may count: the verdict engine calls that
+    rank's excess real over the run (the step timer's records), or, without them, the traced window's verdict is
+    raised for it. When False those scenarios are never beyond the noise, whatever their saving."""
     ranks: list[ReplayedRank] = field(default_factory=list)
     lanes: list[dict[str, Any]] = field(default_factory=list)
     """The median step as replayed, for the figure: ``{rank, start_ms, end_ms, name}`` (a phase, "waiting", or

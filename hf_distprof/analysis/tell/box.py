@@ -30,7 +30,7 @@ def _fields(result: AnalysisResult) -> list[tuple[str, str]]:
         return [("Verdict", "no trace could be analysed"), ("Why", "; ".join(e.reason for e in result.errors[:2]))]
     findings = result.findings
     if findings:
-        top = next((f for f in findings if f.kind == CHAIN), findings[0])
+        top = findings[0]  # the list's own order (hf_distprof.analysis.judge.findings.in_order)
         who = f" (rank{'s' if len(top.ranks) > 1 else ''} {', '.join(map(str, top.ranks))})" if top.ranks else ""
         rows = [("Verdict", f"{top.title}{who}"), ("Why", _why(top)), ("Try", top.action)]
         rest = [f.title for f in findings if f is not top]
@@ -61,7 +61,17 @@ def _slowest(result: AnalysisResult) -> str:
     v = cross.imbalance_verdict if cross is not None else None
     if v is None or v.rank is None or v.raised:
         return ""
-    return f"; slowest rank {v.rank} ({v.effect_pct:+.1f}%, under the {v.threshold_pct:g}% threshold)"
+    why = _QUIET.get(v.gate, "no verdict") if v.gate != "threshold" else f"under the {v.threshold_pct:g}% threshold"
+    return f"; slowest rank {v.rank} ({v.effect_pct:+.1f}%, {why})"
+
+
+_QUIET = {  # why a quiet verdict is quiet, by the gate that kept it so (hf_distprof.core.verdicts)
+    "material": "too small a share of the step to matter",
+    "noise": "within the run's noise",
+    "persistence": "not the slowest in enough steps",
+    "stand_out": "not standing out from the other ranks",
+    "outside": "slow in the traced window only",
+}
 
 
 def _largest_saving(result: AnalysisResult) -> str:

@@ -24,7 +24,8 @@ def _header(model: WhatIfModel) -> str:
                   "and on a rank's pace only when the slow-rank verdict calls that rank's excess real over the run")
     else:
         counts = ("a saving counts when it is larger than the error and the noise (the smaller of the measured steps' "
-                  "and the predicted steps')")
+                  "and the predicted steps'), and on a rank's pace only when the traced window's slow-rank verdict "
+                  "names that rank")
     return (
         f"{len(model.steps)} traced step(s) replayed across ranks: measured {model.step_ms_measured:.2f} ms per "
         f"step (median over steps of the mean over ranks; step-to-step noise {_noise(model)}), replayed "
@@ -112,12 +113,12 @@ def plot_critical_path(result: AnalysisResult, out: Path) -> None:
     lanes = model.lanes if model is not None else []
     ranks = sorted({lane["rank"] for lane in lanes} | {seg.rank for seg in result.critical_path})
     row = {rank: k for k, rank in enumerate(ranks)}
-    names = sorted({_family(lane["name"]) for lane in lanes})
+    names = sorted({lane["family"] for lane in lanes})
     colours = {name: plt.get_cmap("tab20")(k % 20) for k, name in enumerate(names)}
     colours["waiting"] = (0.85, 0.85, 0.85, 1.0)
     fig, ax = plt.subplots(figsize=(11, max(2.5, 0.45 * len(ranks) + 1.8)))
     for lane in lanes:
-        family = _family(lane["name"])
+        family = lane["family"]
         ax.barh(row[lane["rank"]], lane["end_ms"] - lane["start_ms"], left=lane["start_ms"], height=0.6,
                 color=colours[family], label=family)
     xs, ys = [], []
@@ -137,12 +138,3 @@ def plot_critical_path(result: AnalysisResult, out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
-
-
-def _family(name: str) -> str:
-    """What a lane segment is drawn as: its phase, "waiting", "transfer", or "collective start"."""
-    if name.startswith("transfer "):
-        return "transfer"
-    if name.endswith(" start"):
-        return "collective start"
-    return name

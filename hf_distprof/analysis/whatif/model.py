@@ -29,23 +29,17 @@ from hf_distprof.analysis.results.whatif import ReplayedRank, WhatIf, WhatIfMode
 from hf_distprof.analysis.whatif import path as whatif_path
 from hf_distprof.analysis.whatif import replay as wr
 from hf_distprof.core.stats import scaled_mad
+from hf_distprof.core.verdicts import SlowRankVerdict
 
 MS_PER_HOUR = 3.6e6
 RANK_SCENARIOS = ("slow_rank", "fastest_pace")
 """The scenarios that change one rank's pace: their saving counts only when the run's slow-rank evidence is real."""
 
 
-
-
-
-
-
-
-
-
 def what_if(
     ranks: list[RankResult], offsets: dict[int, float], reference: list[ReferencePoint] | None = None,
     evidence: RunEvidence | None = None,
+    window: SlowRankVerdict | None = None,
 ) -> WhatIf | None:
     """Replay the traced steps of ``ranks``, find the median step's critical path and replay each scenario.
 
@@ -56,7 +50,9 @@ def what_if(
         evidence: The step timer's account of the run's other steps: the noise a saving must stand out from is the
             run's (not the few traced steps'), the slowest and fastest rank are the run's, and a saving on the slow
             rank counts only when the verdict engine calls its excess real over the run. None: the traced steps'
-            own noise and ranks.
+            own noise, and ``window``'s word on the ranks.
+        window: Without ``evidence``, the traced window's slow-rank verdict: its candidate is the slowest rank, and a
+            saving on a rank's pace counts only when it is raised for that rank.
 
     Returns:
         The answer, scenarios sorted by saving (largest first); None when some rank has no timeline or no step
@@ -70,7 +66,12 @@ def what_if(
     now = _stat(measured)
     error = max(abs(a - b) for s in g.steps for a, b in zip(replayed[s], measured[s]))
     noise = scaled_mad([sum(v) / len(v) for v in measured.values()]) if len(g.steps) > 1 else None
-    order = (evidence.slowest_rank, evidence.fastest_rank) if evidence is not None else (None, None)
+    if evidence is not None:
+        order, rank_real = (evidence.slowest_rank, evidence.fastest_rank), evidence.slow_rank_real
+    elif window is not None:
+        order, rank_real = (window.rank, None), window.raised
+    else:
+        order, rank_real = (None, None), True
     runs, slowest, fastest = wr.scenarios(g, reference, order)
     out = []
     for name, title, changed, rep in runs:
@@ -83,7 +84,7 @@ def what_if(
             spread: float | None = 1e3 * evidence.noise_ms
         else:
             spread = min(noise, scaled_mad([sum(v) / len(v) for v in scenario.values()])) if noise is not None else None
-        real = evidence is None or name not in RANK_SCENARIOS or evidence.slow_rank_real
+        real = name not in RANK_SCENARIOS or rank_real
         out.append(WhatIfScenario(
             scenario=name, title=title, ranks=changed, step_ms_now=now / 1e3, step_ms_predicted=predicted / 1e3,
             saving_ms=saving / 1e3, saving_pct=100.0 * saving / now if now > 0 else 0.0,
@@ -105,6 +106,7 @@ def what_if(
         error_ms=error / 1e3, noise_ms=noise / 1e3 if noise is not None else None,
         run_noise_ms=evidence.noise_ms if evidence is not None else None,
         run_steps=evidence.steps if evidence is not None else None,
+        rank_saving_real=rank_real,
         sync_points=int(median(per_step_syncs.get(s, 0) for s in g.steps)),
         slowest_rank=g.ranks[slowest] if slowest is not None else None,
         fastest_rank=g.ranks[fastest] if fastest is not None else None,

@@ -28,20 +28,25 @@ def _window(g: Graph, rep: Replay, step: int) -> tuple[float, float, int]:
     return origin, end, last
 
 
-def _pieces(g: Graph, r: int, i: int) -> list[tuple[str, float]]:
-    """The local work of point ``i`` of rank index ``r`` by phase, as replayed (scaled to its replayed work)."""
+COLLECTIVE_START = "collective start"
+"""The family of a piece of work that is a collective's start on its worker (gloo), not a phase of the step."""
+
+
+def _pieces(g: Graph, r: int, i: int) -> list[tuple[str, float, str]]:
+    """The local work of point ``i`` of rank index ``r`` by phase, as replayed (scaled to its replayed work):
+    ``(name, us, family)``, the family the phase itself or :data:`COLLECTIVE_START`."""
     tl = g.tl[r]
     w = g.work[r][i]
     if tl.kind[i] == ARRIVE and not tl.main[i]:
         key = tl.key[i]
-        return [(f"{collective_name(key)} start", w)] if key is not None and w > 0 else []
+        return [(f"{collective_name(key)} start", w, COLLECTIVE_START)] if key is not None and w > 0 else []
     pieces = list(tl.phases[i])
     total = sum(us for _, us in pieces)
     if w > total:  # a wait on a collective not matched on every rank stays local time
         pieces.append(("waiting (unmatched collective)", w - total))
     elif total > w > 0:
         pieces = [(name, us * w / total) for name, us in pieces]
-    return pieces
+    return [(name, us, name) for name, us in pieces]
 
 
 def critical_path(g: Graph, rep: Replay, step: int, transfer: dict[CollectiveKey, float]) -> list[CriticalSegment]:
@@ -79,9 +84,9 @@ def critical_path(g: Graph, rep: Replay, step: int, transfer: dict[CollectiveKey
             r, i = last, g.arrive_at[last][key]
             continue
         t = at
-        for name, us in reversed(_pieces(g, r, i)):
+        for name, us, family in reversed(_pieces(g, r, i)):
             begin = max(t - us, origin)
-            what = "collective" if name.endswith(" start") else "phase"
+            what = "collective" if family == COLLECTIVE_START else "phase"
             if t > begin:
                 out.append(CriticalSegment(g.ranks[r], what, name, (t - begin) / 1e3, (begin - origin) / 1e3))
             t = begin
@@ -132,11 +137,12 @@ def _merged(path: list[CriticalSegment]) -> list[CriticalSegment]:
 
 def lanes(g: Graph, rep: Replay, step: int, transfer: dict[CollectiveKey, float]) -> list[dict[str, Any]]:
     """``step`` as replayed, per rank: its work by phase, its waits, and each transfer on the rank that arrived
-    last; ``{rank, start_ms, end_ms, name}`` from the step's start, clipped to the step."""
+    last; ``{rank, start_ms, end_ms, name, family}`` from the step's start, clipped to the step (``family``: what the
+    figure draws it as: its phase, "waiting", "transfer" or :data:`COLLECTIVE_START`)."""
     origin, end, _ = _window(g, rep, step)
     out: list[dict[str, Any]] = []
 
-    def add(r: int, a: float, b: float, name: str) -> None:
+    def add(r: int, a: float, b: float, name: str, family: str) -> None:
         a, b = max(a, origin), min(b, end)
         if b <= a:
             return
@@ -145,7 +151,8 @@ def lanes(g: Graph, rep: Replay, step: int, transfer: dict[CollectiveKey, float]
                 abs(prev["end_ms"] - (a - origin) / 1e3) < 1e-9:
             prev["end_ms"] = (b - origin) / 1e3
             return
-        out.append({"rank": g.ranks[r], "start_ms": (a - origin) / 1e3, "end_ms": (b - origin) / 1e3, "name": name})
+        out.append({"rank": g.ranks[r], "start_ms": (a - origin) / 1e3, "end_ms": (b - origin) / 1e3, "name": name,
+                    "family": family})
 
     for r, tl in enumerate(g.tl):
         v = rep.value[r]
@@ -154,12 +161,12 @@ def lanes(g: Graph, rep: Replay, step: int, transfer: dict[CollectiveKey, float]
                 continue
             p = tl.pred[i]
             t = v[p] if p >= 0 else v[i]
-            for name, us in _pieces(g, r, i):
-                add(r, t, t + us, name)
+            for name, us, family in _pieces(g, r, i):
+                add(r, t, t + us, name, family)
                 t += us
             if rep.bound[r][i] == GATED and v[i] > t:
-                add(r, t, v[i], "waiting")
+                add(r, t, v[i], "waiting", "waiting")
     for key, done in rep.done.items():
         if key[0] == step:
-            add(rep.last[key], done - transfer.get(key, 0.0), done, f"transfer {collective_name(key)}")
+            add(rep.last[key], done - transfer.get(key, 0.0), done, f"transfer {collective_name(key)}", "transfer")
     return out
