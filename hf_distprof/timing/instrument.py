@@ -165,6 +165,7 @@ class ModelHooks:
         def pre_forward(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             nonlocal backward_at
             if rec.in_step:
+                self._after_backward(rec)
                 rec.forward_begin(*batch_size_and_tokens(args, kwargs))
                 phases.enter("forward")
                 # DDP says which DDP module is running (torch.compile asks it the same way).
@@ -192,21 +193,55 @@ class ModelHooks:
                 backward_at = ""  # an evaluation forward through DDP later opens nothing
                 phases.enter("backward")
 
-        def grad_ready(_param: torch.Tensor) -> None:
+        def grad_ready(param: torch.Tensor) -> None:
+            self._grad_calls += 1
+            self._last_grad = param
             rec.grad_ready()
 
         # prepend: the forward window also covers other pre-hooks (an FSDP2 root's parameter all-gather).
         self._handles.append(model.register_forward_pre_hook(pre_forward, with_kwargs=True, prepend=True))
         self._handles.append(model.register_forward_hook(post_forward, with_kwargs=True))
-        for param in model.parameters():
-            if param.requires_grad:
-                self._handles.append(param.register_post_accumulate_grad_hook(grad_ready))
+        self._params = [p for p in model.parameters() if p.requires_grad]
+        self._grad_hook = grad_ready
+        self._grad_handles: list[Any] = []
+        self._grad_calls = 0
+        self._last_grad: torch.Tensor | None = None
+        self._pruned = False
+        self._arm(self._params)
+
+    def _arm(self, params: list[torch.Tensor]) -> None:
+        """A gradient hook on each of ``params`` (the ones there were removed first)."""
+        for handle in self._grad_handles:
+            handle.remove()
+        self._grad_handles = [p.register_post_accumulate_grad_hook(self._grad_hook) for p in params]
+
+    def _after_backward(self, rec: StepRecorder) -> None:
+        """At a forward inside a step, once the backward before it ran: keep only the gradient hook that fired last.
+
+        A hook on every parameter calls into Python once per parameter in every backward (hundreds of calls on a
+        large model, each taking the GIL from the autograd engine); only the last one marks the end of the backward.
+        The first backward shows which parameter's gradient comes last; from then on that parameter's hook alone
+        runs. Should it not fire in a later backward (a parameter left out of that step's graph), every hook is put
+        back and the last one learned again.
+        """
+        calls, self._grad_calls = self._grad_calls, 0
+        if self._last_grad is None:
+            return  # no backward since the hooks were set
+        if not self._pruned and calls > 1:
+            self._arm([self._last_grad])
+            self._pruned = True
+            rec.expect_grads(1)
+        elif self._pruned and calls == 0:
+            self._arm(self._params)
+            self._pruned = False
+            self._last_grad = None
 
     def remove(self) -> None:
         """Remove every hook."""
-        for handle in self._handles:
+        for handle in self._handles + self._grad_handles:
             handle.remove()
         self._handles.clear()
+        self._grad_handles = []
 
 
 class _TimedIterator:

@@ -260,6 +260,11 @@ class StepRecorder:
         if self.run_queue is not None and (self._grad_learned is None or self._grad_calls >= self._grad_learned):
             micro.run_queue_grad, micro.grad_calls = self._run_queue(), self._grad_calls
 
+    def expect_grads(self, calls: int) -> None:
+        """From now on each backward makes ``calls`` gradient-hook calls (the hooks were pruned to the parameter whose
+        gradient comes last): the call that completes the count is the backward's end."""
+        self._grad_expected = self._grad_learned = calls
+
     def micro_end(self) -> None:
         """A non-final micro-batch's backward finished (``on_substep_end``)."""
         cur = self._current

@@ -142,3 +142,54 @@ def test_peak_memory_is_the_process_peak_rss_on_cpu():
     import psutil
 
     assert peak_memory_bytes(torch.device("cpu")) >= psutil.Process().memory_info().rss * 0.5
+
+
+def test_gradient_hooks_are_pruned_to_the_last_parameter_after_the_first_backward() -> None:
+    """One Python call per parameter and backward is the step timer's costliest instrument on a large model: after
+    the first backward only the hook of the parameter whose gradient came last stays, and the backward's end is still
+    marked at that gradient; a backward in which that parameter gets no gradient puts every hook back."""
+    from hf_distprof.timing.clock import CpuClock
+    from hf_distprof.timing.instrument import ModelHooks
+    from hf_distprof.timing.recorder import StepRecorder
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.first, self.second = torch.nn.Linear(4, 8), torch.nn.Linear(8, 2)
+
+        def forward(self, x: torch.Tensor, skip_first_layer: bool = False) -> torch.Tensor:
+            h = self.first(x)
+            return self.second(torch.relu(h.detach() if skip_first_layer else h))
+
+    torch.manual_seed(0)
+    model = Net()
+    order: list[int] = []  # which parameter's hook ran, by index, in each backward
+    params = list(model.parameters())
+    rec = StepRecorder(CpuClock())
+    calls = []
+    real = rec.grad_ready
+    rec.grad_ready = lambda: (calls.append(1), real())[1]  # type: ignore[method-assign]
+    hooks = ModelHooks(model, rec)
+    for index, p in enumerate(params):  # a second hook of ours, to see the order the gradients come in
+        p.register_post_accumulate_grad_hook(lambda t, i=index: order.append(i))
+
+    def step(x: torch.Tensor, skip_first_layer: bool = False) -> int:
+        calls.clear()
+        rec.step_begin()
+        model(x, skip_first_layer=skip_first_layer).sum().backward()
+        rec.optimizer_begin()
+        rec.step_end(len(order))
+        return len(calls)
+
+    assert step(torch.randn(3, 4)) == 4  # the first backward: every parameter's hook
+    last = order[-1]
+    assert step(torch.randn(3, 4)) == 1 and len(hooks._grad_handles) == 1  # pruned at the next forward
+    assert hooks._last_grad is params[last]
+    timing = rec.resolve()[-1]
+    assert timing.backward_compute_s is not None and timing.backward_compute_s > 0
+    # The first layer left out of the graph: the kept hook (the first layer's) does not fire, every hook comes back.
+    assert step(torch.randn(3, 4), skip_first_layer=True) == 0
+    assert step(torch.randn(3, 4)) == 4 and len(hooks._grad_handles) == 4
+    assert step(torch.randn(3, 4)) == 1
+    hooks.remove()
+    assert step(torch.randn(3, 4)) == 0

@@ -1,0 +1,321 @@
+#!/usr/bin/env python
+"""Where the always-on callbacks' cost comes from: each feature alone, each step-timer instrument taken out, and the
+whole set, against none, in one run, on 2 CPU ranks (gloo).
+
+    python benchmarks/bench_overhead_attribution.py                    # 6 rounds of every variant, 30 steps each
+    python benchmarks/bench_overhead_attribution.py --rounds 8 --busy  # beside a busy core (a spinning process)
+    python benchmarks/bench_overhead_attribution.py --variants none,all,timer
+
+``bench_callback_overhead.py`` measures the whole set against none (A/B) and the direct cost of our hooks. The
+difference between the two (the A/B ratio less 1, less the direct cost's share of the step) is the *indirect* cost:
+what our callbacks cause around them (a Python hook in the autograd engine, a thread woken, garbage left for the
+collector, a cache disturbed) and never time themselves. This benchmark attributes it: one ``torchrun`` launch trains
+the same tiny ModernBERT with the Trainer (random tokens, 8 x 128 per rank per step), each variant a ``train()``
+call of ``--steps`` steps, every variant once per round, the order rotated from round to round (round r starts at
+variant r), so that a shared machine's drift falls on all alike. Per round and variant: the median step time over
+its steps (the first 5 left out) divided by the same round's ``none``; the figure is the median over rounds, with a
+bootstrap 95% interval, and the direct cost of the variant's hooks, per step (``bench_callback_overhead.DirectCost``).
+
+The variants (``--variants`` picks some; ``none`` is always run):
+
+- ``none``: no hf_distprof callback (the reference);
+- ``all``: the always-on set at its defaults: the profiler built and waiting for its window, the memory logger every
+  10 steps, the step timer; ``all@1``: the memory logger every step;
+- ``profiler``, ``memory``, ``memory@1``, ``timer``: each alone;
+- ``timer-grad``, ``timer-runqueue``, ``timer-labels``, ``timer-loader``: the step timer with one instrument taken
+  out: the per-parameter gradient hooks (the end of backward), the run-queue reads (the wait for a CPU), the phase
+  ranges, the data-loader hook. Its cost in ``timer`` less its cost without the instrument is that instrument's.
+
+``--busy`` adds a process that spins on one core for the whole run: a user's data workers or a third rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import itertools
+import json
+import multiprocessing
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_callback_overhead import (  # noqa: E402
+    ONCE_PER_CALL,
+    VOCAB,
+    WARMUP,
+    DirectCost,
+    Workload,
+    _untimed_next,
+    bootstrap_interval,
+    free_port,
+)
+
+# variant -> (ProfilingArguments overrides, step-timer instrument taken out or "")
+ALWAYS_ON = {"enable_profiling": True, "enable_memory_logging": True, "enable_step_timing": True}
+VARIANTS: dict[str, tuple[dict[str, Any], str]] = {
+    "all": (ALWAYS_ON, ""),
+    "all@1": ({**ALWAYS_ON, "memory_log_steps": 1}, ""),
+    "profiler": ({"enable_profiling": True, "enable_step_timing": False}, ""),
+    "memory": ({"enable_memory_logging": True}, ""),
+    "memory@1": ({"enable_memory_logging": True, "memory_log_steps": 1}, ""),
+    "timer": ({"enable_step_timing": True}, ""),
+    "timer-grad": ({"enable_step_timing": True}, "grad"),
+    "timer-runqueue": ({"enable_step_timing": True}, "runqueue"),
+    "timer-labels": ({"enable_step_timing": True}, "labels"),
+    "timer-loader": ({"enable_step_timing": True}, "loader"),
+}
+DEFAULT_VARIANTS = ",".join(["none", *VARIANTS])
+
+
+@contextlib.contextmanager
+def without(instrument: str) -> Iterator[None]:
+    """The step timer built with one instrument taken out (patched for the duration of one ``train()`` call)."""
+    import torch
+
+    from hf_distprof.callbacks import step_timer
+    from hf_distprof.timing import cpu_wait, instrument as inst
+
+    saved: list[tuple[Any, str, Any]] = []
+
+    def patch(owner: Any, name: str, value: Any) -> None:
+        saved.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, value)
+
+    if instrument == "grad":
+        original = inst.ModelHooks.__init__
+
+        def no_grad_hooks(self: Any, *args: Any, **kwargs: Any) -> None:
+            real = torch.Tensor.register_post_accumulate_grad_hook
+            torch.Tensor.register_post_accumulate_grad_hook = lambda t, hook: _NoHandle()  # type: ignore[method-assign]
+            try:
+                original(self, *args, **kwargs)
+            finally:
+                torch.Tensor.register_post_accumulate_grad_hook = real  # type: ignore[method-assign]
+
+        patch(inst.ModelHooks, "__init__", no_grad_hooks)
+    elif instrument == "runqueue":
+        patch(cpu_wait.RunQueueClock, "read", lambda self: None)
+    elif instrument == "labels":
+        for name in ("enter", "exit", "fetch"):
+            patch(inst.PhaseLabels, name, lambda self, *a: None)
+    elif instrument == "loader":
+        patch(step_timer, "instrument_loader", lambda loader, *a, **k: None)
+    try:
+        yield
+    finally:
+        for owner, name, value in reversed(saved):
+            setattr(owner, name, value)
+
+
+class _NoHandle:
+    def remove(self) -> None:
+        pass
+
+
+def worker(rounds: int, steps: int, names: list[str], result: Path) -> None:
+    """Every round of one launch; each rank writes its runs' step timestamps and direct costs to
+    ``<result>.rank<R>``."""
+    import torch
+    import torch.distributed as dist
+    from transformers import ModernBertForMaskedLM, Trainer, TrainerCallback, TrainingArguments
+
+    from hf_distprof import ProfilingArguments, build_callbacks
+    from hf_distprof.recipe.models import tiny_modernbert_config
+    from hf_distprof.timing.instrument import PhaseLabels, _TimedIterator
+    from hf_distprof.timing.recorder import StepRecorder
+
+    direct = DirectCost()
+    direct.instrument_class(StepRecorder, "StepRecorder")
+    direct.instrument_class(PhaseLabels, "PhaseLabels")
+    _TimedIterator.__next__ = _untimed_next(direct, _TimedIterator.__next__)  # type: ignore[method-assign]
+
+    class StepClock(TrainerCallback):  # type: ignore[misc]
+        """Per step: wall time, the process's CPU time (every thread: gloo's too) and the training thread's."""
+
+        def __init__(self) -> None:
+            self.stamps: list[float] = []
+            self.cpu: list[float] = []
+            self.main: list[float] = []
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.stamps.append(time.perf_counter())
+            self.cpu.append(time.process_time())
+            self.main.append(time.thread_time())
+
+    work = Workload()
+    torch.manual_seed(0)
+    model = ModernBertForMaskedLM(tiny_modernbert_config(vocab_size=VOCAB, hidden_size=work.hidden_size,
+                                                         num_layers=work.layers, seq_len=work.seq_len))
+    g = torch.Generator().manual_seed(1)
+    data = []
+    for _ in range(steps * work.batch_size * 2 + 64):
+        ids = torch.randint(5, VOCAB, (work.seq_len,), generator=g)
+        labels = torch.where(torch.rand(work.seq_len, generator=g) < 0.3, ids, torch.full_like(ids, -100))
+        data.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels})
+    out = Path(tempfile.mkdtemp(prefix="bench_attr_"))
+    runs: list[dict[str, Any]] = []
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            clock = StepClock()
+            callbacks: list[Any] = []
+            overrides, instrument = VARIANTS.get(name, ({}, ""))
+            with without(instrument) if instrument else contextlib.nullcontext():
+                if name != "none":
+                    prof = ProfilingArguments(profiler_skip_first=10**6, profiler_output_dir=str(out / "prof"),
+                                              **overrides)
+                    callbacks = build_callbacks(prof)
+                    for callback in callbacks:
+                        direct.instrument_callback(callback)
+                args = TrainingArguments(**work.training_arguments(out, steps))
+                trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[*callbacks, clock])
+                direct.reset()
+                direct.enabled = name != "none"
+                with contextlib.redirect_stdout(io.StringIO()):
+                    trainer.train()
+                direct.enabled = False
+            runs.append({"round": r, "variant": name, "stamps": clock.stamps, "cpu": clock.cpu, "main": clock.main,
+                         "direct_s": direct.seconds})
+    Path(f"{result}.rank{dist.get_rank() if dist.is_initialized() else 0}").write_text(json.dumps(runs))
+
+
+def _spin(stop: Any) -> None:
+    while not stop.is_set():
+        sum(i * i for i in range(10_000))
+
+
+def launch(rounds: int, steps: int, names: list[str], busy: bool) -> dict[int, list[dict[str, Any]]]:
+    stop = multiprocessing.Event()
+    spinner = multiprocessing.Process(target=_spin, args=(stop,), daemon=True) if busy else None
+    if spinner is not None:
+        spinner.start()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            result = Path(tmp) / "result.json"
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+                   f"--master_port={free_port()}", __file__, "--worker", "--rounds", str(rounds), "--steps",
+                   str(steps), "--variants", ",".join(names), "--result", str(result)]
+            env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error"}
+            proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
+            if proc.returncode != 0:
+                raise RuntimeError(f"the benchmark launch failed:\n{proc.stderr[-4000:]}")
+            per_rank = {rank: json.loads(Path(f"{result}.rank{rank}").read_text()) for rank in (0, 1)}
+    finally:
+        if spinner is not None:
+            stop.set()
+            spinner.join(timeout=5)
+    for runs in per_rank.values():
+        for run in runs:
+            for key, out in (("stamps", "step_s"), ("cpu", "cpu_s"), ("main", "main_s")):
+                run[out] = [b - a for a, b in itertools.pairwise(run[key])][WARMUP:]
+    return per_rank
+
+
+def direct_per_step(run: dict[str, Any]) -> float:
+    """Seconds of our hooks per step in one run (what runs once per train() call left out)."""
+    every = {n: s for n, s in run["direct_s"].items() if n.rsplit(".", 1)[-1] not in ONCE_PER_CALL}
+    return sum(every.values()) / (len(run["stamps"]) or 1)
+
+
+def _ratios(per_rank: dict[int, list[dict[str, Any]]], name: str, key: str) -> list[float]:
+    """Per round: the variant's median per-step figure over the same round's ``none``, mean over the ranks."""
+    out = []
+    for rnd in sorted({r["round"] for r in per_rank[0]}):
+        per = []
+        for runs in per_rank.values():
+            got = {r["variant"]: statistics.median(r[key]) for r in runs if r["round"] == rnd}
+            if name in got and got.get("none"):
+                per.append(got[name] / got["none"])
+        if per:
+            out.append(sum(per) / len(per))
+    return out
+
+
+def report(per_rank: dict[int, list[dict[str, Any]]], rounds: int, names: list[str]) -> None:
+    """One line per variant: the ratio to ``none`` of the wall step time, of the process's CPU time per step (every
+    thread) and of the training thread's (medians over rounds, 95% intervals), the direct cost of each rank, and the
+    indirect cost: a ratio's excess less the direct cost's share of ``none``'s step."""
+    step_none = statistics.median(statistics.median(r["step_s"]) for r in per_rank[0] if r["variant"] == "none")
+    cpu_none = statistics.median(statistics.median(r["cpu_s"]) for r in per_rank[0] if r["variant"] == "none")
+    print(f"none: median step {step_none * 1e3:.1f} ms wall, {cpu_none * 1e3:.1f} ms of CPU (rank 0's process) over "
+          f"{rounds} rounds")
+    print(f"{'variant':<16}{'wall A/B (95%)':>26}{'CPU A/B (95%)':>26}{'main A/B':>10}{'direct ms r0/r1':>17}"
+          f"{'direct %':>10}{'indirect % wall/CPU':>21}")
+    tops: dict[str, str] = {}
+    for name in names:
+        if name == "none":
+            continue
+        direct = [statistics.median(direct_per_step(r) for r in per_rank[rank] if r["variant"] == name)
+                  for rank in sorted(per_rank)]
+        direct_pct = 100.0 * max(direct) / step_none
+        cells, excess = [], []
+        for key in ("step_s", "cpu_s"):
+            ratios = _ratios(per_rank, name, key)
+            low, high = bootstrap_interval(ratios)
+            ratio = statistics.median(ratios)
+            cells.append(f"{ratio:.4f} ({low:.3f}-{high:.3f})")
+            base = step_none if key == "step_s" else cpu_none
+            excess.append(100.0 * (ratio - 1.0) - 100.0 * max(direct) / base)
+        main = statistics.median(_ratios(per_rank, name, "main_s"))
+        direct_ms = f"{direct[0] * 1e3:.2f}/{direct[-1] * 1e3:.2f}"
+        tops[name] = _top_hooks([r for r in per_rank[0] if r["variant"] == name])
+        print(f"{name:<16}{cells[0]:>26}{cells[1]:>26}{main:>10.4f}{direct_ms:>17}{direct_pct:>9.2f}%"
+              f"{f'{excess[0]:.2f}/{excess[1]:.2f}':>21}")
+    print("direct cost by hook, rank 0, ms per step:")
+    for name, top in tops.items():
+        print(f"  {name}: {top}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=6, help="rounds: every variant once per round (default 6)")
+    parser.add_argument("--steps", type=int, default=30, help="optimizer steps per train() call (default 30)")
+    parser.add_argument("--variants", default=DEFAULT_VARIANTS,
+                        help=f"comma-separated, from none, {', '.join(VARIANTS)} (default: all of them)")
+    parser.add_argument("--busy", action="store_true", help="a process spinning on one core beside the ranks")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    names = list(dict.fromkeys(["none", *args.variants.split(",")]))
+    unknown = [n for n in names if n != "none" and n not in VARIANTS]
+    if unknown:
+        parser.error(f"--variants: unknown {unknown}; choose from none, {', '.join(VARIANTS)}")
+    if args.steps <= WARMUP + 2 or args.rounds < 1:
+        parser.error(f"--steps must be > {WARMUP + 2} and --rounds >= 1")
+    if args.worker:
+        try:
+            worker(args.rounds, args.steps, names, args.result)
+        finally:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        return 0
+    load = os.getloadavg()[0]
+    print(f"{args.rounds} rounds x {len(names)} variants x {args.steps} steps, 2 CPU ranks (gloo), "
+          f"{'beside a busy core' if args.busy else 'no busy core added'}; load average {load:.1f}", flush=True)
+    report(launch(args.rounds, args.steps, names, args.busy), args.rounds, names)
+    return 0
+
+
+def _top_hooks(runs: list[dict[str, Any]], n: int = 5) -> str:
+    """Rank 0's costliest hooks of one variant, ms per step (mean over its runs, once-per-call hooks left out)."""
+    totals: dict[str, float] = {}
+    for r in runs:
+        steps = len(r["stamps"]) or 1
+        for hook, sec in r["direct_s"].items():
+            if hook.rsplit(".", 1)[-1] not in ONCE_PER_CALL:
+                totals[hook] = totals.get(hook, 0.0) + sec / steps / len(runs)
+    return ", ".join(f"{h} {sec * 1e3:.2f}" for h, sec in sorted(totals.items(), key=lambda kv: -kv[1])[:n])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
