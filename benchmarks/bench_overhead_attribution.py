@@ -79,7 +79,6 @@ DEFAULT_VARIANTS = ",".join(["none", *VARIANTS])
 @contextlib.contextmanager
 def without(instrument: str) -> Iterator[None]:
     """The step timer built with one instrument taken out (patched for the duration of one ``train()`` call)."""
-    import torch
 
     from hf_distprof.callbacks import step_timer
     from hf_distprof.timing import cpu_wait, instrument as inst
@@ -91,17 +90,10 @@ def without(instrument: str) -> Iterator[None]:
         setattr(owner, name, value)
 
     if instrument == "grad":
-        original = inst.ModelHooks.__init__
+        def no_grad_hooks(self: Any, params: Any) -> None:
+            self._grad_handles = []
 
-        def no_grad_hooks(self: Any, *args: Any, **kwargs: Any) -> None:
-            real = torch.Tensor.register_post_accumulate_grad_hook
-            torch.Tensor.register_post_accumulate_grad_hook = lambda t, hook: _NoHandle()  # type: ignore[method-assign]
-            try:
-                original(self, *args, **kwargs)
-            finally:
-                torch.Tensor.register_post_accumulate_grad_hook = real  # type: ignore[method-assign]
-
-        patch(inst.ModelHooks, "__init__", no_grad_hooks)
+        patch(inst.ModelHooks, "_arm", no_grad_hooks)
     elif instrument == "runqueue":
         patch(cpu_wait.RunQueueClock, "read", lambda self: None)
     elif instrument == "labels":
@@ -114,11 +106,6 @@ def without(instrument: str) -> Iterator[None]:
     finally:
         for owner, name, value in reversed(saved):
             setattr(owner, name, value)
-
-
-class _NoHandle:
-    def remove(self) -> None:
-        pass
 
 
 def worker(rounds: int, steps: int, names: list[str], result: Path) -> None:

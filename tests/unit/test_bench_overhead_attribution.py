@@ -1,0 +1,59 @@
+"""benchmarks/bench_overhead_attribution.py: each variant takes out exactly the instrument it names, and puts it back;
+the report's ratios are per round against the same round's ``none``. (The benchmark itself is never timed here.)"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hf_distprof.timing import cpu_wait, instrument
+from hf_distprof.timing.clock import CpuClock
+from hf_distprof.timing.recorder import StepRecorder
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_overhead_attribution.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, str(BENCH.parent))
+    spec = importlib.util.spec_from_file_location("bench_overhead_attribution", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_each_variant_takes_out_its_instrument_and_puts_it_back(bench):
+    model = torch.nn.Linear(3, 2)
+    with bench.without("grad"):
+        hooks = instrument.ModelHooks(model, StepRecorder(CpuClock()))
+        assert hooks._grad_handles == []
+        model(torch.randn(1, 3)).sum().backward()
+        hooks._after_backward(StepRecorder(CpuClock()))  # not put back after a backward either
+        assert hooks._grad_handles == []
+    assert len(instrument.ModelHooks(model, StepRecorder(CpuClock()))._grad_handles) == 2  # weight and bias
+    read = cpu_wait.RunQueueClock.read
+    with bench.without("runqueue"):
+        assert cpu_wait.RunQueueClock().read() is None
+    assert cpu_wait.RunQueueClock.read is read
+    enter = instrument.PhaseLabels.enter
+    with bench.without("labels"):
+        assert instrument.PhaseLabels().enter("forward") is None
+    assert instrument.PhaseLabels.enter is enter
+    assert set(bench.VARIANTS) == {"all", "all@1", "profiler", "memory", "memory@1", "timer", "timer-grad",
+                                   "timer-runqueue", "timer-labels", "timer-loader"}
+    assert bench.VARIANTS["all"][0] == {"enable_profiling": True, "enable_memory_logging": True,
+                                        "enable_step_timing": True}  # memory at its default, every 10 steps
+
+
+def test_ratios_are_taken_per_round_against_that_rounds_none(bench):
+    def run(rnd, variant, step):
+        return {"round": rnd, "variant": variant, "step_s": [step] * 3}
+
+    per_rank = {0: [run(0, "none", 1.0), run(0, "all", 1.1), run(1, "none", 2.0), run(1, "all", 2.0)],
+                1: [run(0, "none", 1.0), run(0, "all", 1.3), run(1, "none", 2.0), run(1, "all", 2.2)]}
+    assert bench._ratios(per_rank, "all", "step_s") == pytest.approx([1.2, 1.05])
