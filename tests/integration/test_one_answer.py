@@ -24,9 +24,9 @@ RANK_KINDS = {"slow_rank", "straggler", "imbalance"}
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("one_answer")
-    balanced = train(tmp, "balanced", 30, crossover=True)
+    balanced = train(tmp, "balanced", 24, crossover=True)
     step_s = json.loads((balanced / "timing_summary.json").read_text())["step_mean_s"]
-    return {"balanced": balanced, "slow5": train(tmp, "slow5", 30, sleep=0.05 * step_s)}
+    return {"balanced": balanced, "slow5": train(tmp, "slow5", 24, sleep=0.05 * step_s)}
 
 
 @pytest.mark.parametrize("name", ["balanced", "slow5"])
