@@ -1,8 +1,9 @@
 """A user's plain GPT-2 Trainer script on 2 CPU ranks (gloo) whose rank 1 sleeps in its collator for a quarter of a
 step: ``analyze`` names rank 1 from the short window and the step timer's records of the same run, at a 4-step
 window and at the default schedule (3 active steps), and no finding blames rank 0's communication without naming
-rank 1 as what it waits for. The same script without the sleep raises none of it; on it the per-kind exposed
-times add up to the headline and the profiler's slowdown is stated with its noise.
+rank 1 as what it waits for. The same script without the sleep names no rank unless its step timer named one over
+the run (the analysis says what the run says); on it the per-kind exposed times add up to the headline and the
+profiler's slowdown is stated with its noise.
 """
 
 from __future__ import annotations
@@ -87,8 +88,15 @@ def test_rank_1_is_named_from_the_window_and_the_step_timer(runs, name):
 
 def test_the_clean_run_names_nobody_and_its_numbers_agree(runs):
     result = analyze_paths([runs["clean"]], AnalysisOptions(workers=1))
-    assert RANK_KINDS.isdisjoint(f.kind for f in result.findings), [(f.kind, f.evidence) for f in result.findings]
-    assert result.cross_rank is not None and result.cross_rank.stragglers == []
+    # The analysis says what the run's step timer said at train end (the same steps, the same rule). Beside a busy
+    # core a clean run's rank can truly be slower over the whole run (once: rank 1 +13.7% in most of 17 steps); then
+    # both name it, and only it. Whether clean runs stay quiet is the scenario suite's question, over 5 runs.
+    live = json.loads((runs["clean"] / "timing_summary.json").read_text())["imbalance_verdict"]
+    named = {r for f in result.findings if f.kind in RANK_KINDS for r in f.ranks}
+    assert named == ({live["rank"]} if live["status"] == "raised" else set()), \
+        [(f.kind, f.evidence) for f in result.findings]
+    assert result.cross_rank is not None
+    assert [s.rank for s in result.cross_rank.stragglers] in ([], [live["rank"]] if named else [])
     # Each rank's per-kind exposed share adds up to its exposed communication in the headline (well within 1% of
     # the step), and so do the means over ranks.
     for rank in result.ranks:
