@@ -68,7 +68,7 @@ def _window(step: int) -> tuple[int, bool]:
     return (step - SKIP - 1) // CYCLE, (step - SKIP - 1) % CYCLE >= WAIT + WARMUP
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # each test trains its own run: a rerun (below) must be a new experiment, not the same data again
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One 2-rank run, rank 1's collator asleep in every other profiler window; ``hf-distprof analyze --json`` of the
     slowed windows' traces."""
@@ -95,6 +95,10 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"analysis": json.loads(out.stdout), "rows": rows}
 
 
+@pytest.mark.flaky(reruns=1, reason=(
+    "a statistical scenario: the prediction and its reference come from windows a second apart on 2 shared cores "
+    "whose speeds change by ~20% for seconds at a time; in November 2026 one run in three or four missed 15% on a "
+    "busy host, the code before and after issue 30 alike"))
 def test_rank_1_at_its_peer_s_pace_predicts_the_run_without_the_slowdown(run: dict[str, Any]) -> None:
     analysis, rows = run["analysis"], run["rows"]
     recorded = {s: _window(s)[0] for s in rows if s > SKIP and _window(s)[1]}
@@ -129,8 +133,14 @@ def test_the_answer_names_rank_1_s_data_loading(run: dict[str, Any]) -> None:
     # untraced steps, which weigh every saving on a rank's pace since issue 30: by this test's design half of them are
     # slowed, half not, so the slowdown is not persistent over the run and the answer may be rank 1's data loading.)
     first = analysis["findings"][0]
-    assert first["kind"] in ("slow_rank", "what_to_fix_first", "data_loading_bound") and first["ranks"] == [1], first
+    assert first["kind"] in ("slow_rank", "what_to_fix_first", "data_loading_bound") and 1 in first["ranks"], first
     assert first["phase"] in ("data", None), first
+    if first["kind"] == "what_to_fix_first":  # rank 1's pace, or data loading at zero (on the ranks that load)
+        assert first["title"] in ("What to fix first: rank 1 at its peers' median pace",
+                                  "What to fix first: every rank at the fastest rank's (rank 0) pace",
+                                  "What to fix first: data loading at zero on every rank"), first
+    else:
+        assert first["ranks"] == [1], first
     top = analysis["what_if"][0]  # the table's largest saving, counted or not
     assert top["title"] in ("rank 1 at its peers' median pace", "every rank at the fastest rank's (rank 0) pace",
                             "data loading at zero on every rank"), top
