@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import pickle
 import sys
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
@@ -76,7 +77,7 @@ def all_gather_object(obj: Any) -> list[Any]:
 
 
 class PendingGather:
-    """A started all-gather of floats; ``result()`` waits for it (by then usually long finished).
+    """A started all-gather of one tensor per rank; ``result()`` waits for it (by then usually long finished).
 
     Args:
         work: The collective's work handle; None when there is nothing to wait for.
@@ -93,8 +94,8 @@ class PendingGather:
             return bool(self._ready.query())
         return self._work is None or bool(self._work.is_completed())
 
-    def result(self) -> list[list[float]]:
-        """Each rank's values, in rank order."""
+    def tensors(self) -> list[torch.Tensor]:
+        """Each rank's tensor, in rank order, on the host."""
         if self._work is not None:
             with ours("wait"):  # usually long finished; if not, the wait is ours too
                 self._work.wait()
@@ -102,30 +103,29 @@ class PendingGather:
         if self._ready is not None:
             self._ready.synchronize()
             self._ready = None
-        return [t.tolist() for t in self._out]
+        return self._out
+
+    def result(self) -> list[list[float]]:
+        """Each rank's values, in rank order."""
+        return [t.tolist() for t in self.tensors()]
 
 
-def all_gather_floats_async(values: Sequence[float]) -> PendingGather:
-    """Start gathering a fixed-length list of floats from every rank, in one collective, without waiting.
+def _all_gather_async(local: torch.Tensor, what: str) -> PendingGather:
+    """Start gathering ``local`` (a host tensor, the same shape on every rank) from every rank, without waiting.
 
-    ``all_gather_object`` would take two collectives and pickling, and waiting on the spot would add a
-    synchronisation point to the step: instead the caller collects the result later (the next logging
-    step, or train end). Every rank must call this at the same points with the same number of values.
-
-    On NCCL the floats travel on the current CUDA device, and nothing makes the host wait for the GPU: the
+    On NCCL the tensor travels on the current CUDA device, and nothing makes the host wait for the GPU: the
     upload is from pinned memory, the current stream waits for the gather (``Work.wait`` on NCCL holds the
     stream, not the host), the results are copied to pinned host tensors on that stream, and an event
     recorded after them says when they are there (:meth:`PendingGather.done`). A plain ``.to(device)`` and
     ``.tolist()`` would each wait for every kernel the step had queued.
     """
-    local = torch.tensor(list(values), dtype=torch.float64)
     if not is_distributed() or get_world_size() == 1:
         return PendingGather(None, [local])
     if dist.get_backend() != "nccl":
         out = [torch.empty_like(local) for _ in range(get_world_size())]
-        with ours("all_gather_floats_async"):
+        with ours(what):
             return PendingGather(dist.all_gather(out, local, async_op=True), out)
-    with ours("all_gather_floats_async"):
+    with ours(what):
         device = torch.device("cuda", torch.cuda.current_device())
         on_gpu = local.pin_memory().to(device, non_blocking=True)
         gathered = [torch.empty_like(on_gpu) for _ in range(get_world_size())]
@@ -136,6 +136,87 @@ def all_gather_floats_async(values: Sequence[float]) -> PendingGather:
         ready = torch.cuda.Event()
         ready.record()
     return PendingGather(None, host, ready)
+
+
+def all_gather_floats_async(values: Sequence[float]) -> PendingGather:
+    """Start gathering a fixed-length list of floats from every rank, in one collective, without waiting.
+
+    ``all_gather_object`` would take two collectives and pickling, and waiting on the spot would add a
+    synchronisation point to the step: instead the caller collects the result later (the next logging
+    step, or train end). Every rank must call this at the same points with the same number of values.
+    On NCCL nothing makes the host wait for the GPU (see :func:`_all_gather_async`).
+    """
+    return _all_gather_async(torch.tensor(list(values), dtype=torch.float64), "all_gather_floats_async")
+
+
+OBJECT_HEADER = 8  # bytes: each rank's pickled length, little-endian, before its bytes
+OBJECT_CAP_MIN = 16 * 1024
+
+
+class PendingObjects:
+    """A started all-gather of one picklable object per rank (:func:`all_gather_object_async`).
+
+    Args:
+        obj: This rank's object (returned as is without a process group).
+        payload: Its pickled bytes.
+        gather: The started gather of every rank's fixed-size buffer; None without a process group.
+        cap: The bytes each buffer holds after its header.
+    """
+
+    def __init__(self, obj: Any, payload: bytes, gather: PendingGather | None, cap: int) -> None:
+        self._obj, self._payload, self._gather, self.cap = obj, payload, gather, cap
+        self._result: list[Any] | None = None
+        self.max_len = len(payload)
+
+    def done(self) -> bool:
+        """Whether the buffers are there to read; never waits. (An object larger than ``cap`` on some rank still
+        takes one more, blocking, gather in :meth:`result`.)"""
+        return self._gather is None or self._gather.done()
+
+    def result(self) -> list[Any]:
+        """Each rank's object, in rank order. Every rank must call it at the same point: when some rank's object
+        did not fit its buffer (every rank reads every length), every rank gathers the whole objects once more."""
+        if self._result is not None:
+            return self._result
+        if self._gather is None:
+            self._result = [self._obj]
+            return self._result
+        buffers = [t.numpy().tobytes() for t in self._gather.tensors()]
+        lengths = [int.from_bytes(b[:OBJECT_HEADER], "little") for b in buffers]
+        self.max_len = max(lengths)
+        if self.max_len > self.cap:
+            whole = all_gather_object(self._payload)
+        else:
+            whole = [b[OBJECT_HEADER:OBJECT_HEADER + n] for b, n in zip(buffers, lengths, strict=True)]
+        self._result = [pickle.loads(b) for b in whole]  # noqa: S301  # our own ranks' payloads, as all_gather_object
+        return self._result
+
+    @property
+    def next_cap(self) -> int:
+        """The buffer size for the next gather of objects like these: the power of two at or above 1.5 times the
+        largest object (every rank derives the same from the same lengths), at least ``OBJECT_CAP_MIN``."""
+        need = max(OBJECT_CAP_MIN, int(1.5 * self.max_len))
+        return 1 << (need - 1).bit_length()
+
+
+def all_gather_object_async(obj: Any, cap: int = OBJECT_CAP_MIN) -> PendingObjects:
+    """Start gathering one picklable object from every rank, in one collective, without waiting.
+
+    Each rank sends a buffer of ``cap`` bytes after an 8-byte length (the same size on every rank, as an
+    all-gather needs); :meth:`PendingObjects.result` unpickles them, or gathers the whole objects once more
+    when one did not fit. Every rank must call this at the same points with the same ``cap``: pass the
+    previous gather's :attr:`PendingObjects.next_cap` to keep it fitting. On NCCL nothing makes the host
+    wait for the GPU (see :func:`_all_gather_async`).
+    """
+    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    if not is_distributed() or get_world_size() == 1:
+        return PendingObjects(obj, payload, None, cap)
+    buffer = bytearray(OBJECT_HEADER + cap)
+    buffer[:OBJECT_HEADER] = len(payload).to_bytes(OBJECT_HEADER, "little")
+    if len(payload) <= cap:
+        buffer[OBJECT_HEADER:OBJECT_HEADER + len(payload)] = payload
+    local = torch.frombuffer(buffer, dtype=torch.uint8)
+    return PendingObjects(obj, payload, _all_gather_async(local, "all_gather_object_async"), cap)
 
 
 def barrier() -> None:

@@ -91,6 +91,10 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self._gathered_step = 0
         # The global_step of a Trainer logging step not yet gathered; None when there is none.
         self._log_step: int | None = None
+        # The logging step whose gather was started at its on_step_end and is read at its on_log, and the size of
+        # the next gather's buffers (every rank derives it from the same gathered lengths).
+        self._pending: tuple[int, dist.PendingObjects] | None = None
+        self._gather_cap = dist.OBJECT_CAP_MIN
         self._flos_logged = 0.0
         self._flos_begin = 0.0
         # (kind, rank) -> the step of its live warning (each is said once).
@@ -153,6 +157,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self._first_step = state.global_step + 1
         self._gathered_step = state.global_step
         self._log_step = None
+        self._pending, self._gather_cap = None, dist.OBJECT_CAP_MIN
         self._flos_logged = self._flos_begin = float(state.total_flos)
         self._interval, self._run, self._warmup = PhaseTotals(), PhaseTotals(), PhaseTotals()
         self._rows, self._streak, self._ended_early = deque(maxlen=ROWS_KEPT), {}, None
@@ -180,6 +185,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         if self._recorder is None:
             return
         self._labels.exit()
+        self._finish_gather(state, None)  # a logging step whose on_log never came (a Trainer that skipped it)
         payload = self._guarded(self._final_payload)
         gathered = dist.all_gather_object(payload)  # the end-of-run gather; every rank reaches it
         if dist.get_rank() == 0 and all(g is not None for g in gathered):
@@ -248,7 +254,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             self._labels.exit()
             self._recorder.step_end(state.global_step)
         # DefaultFlowCallback (always the first callback) has decided on every rank whether the Trainer
-        # logs this step; the gather in on_log follows that decision, not whoever calls on_log.
+        # logs this step; the gather follows that decision, not whoever calls on_log.
         self._mark_log_step(state, control)
         if self._recorder.pending_steps >= MAX_PENDING_STEPS:
             self._guarded(self._drain)  # local only: bounded memory when logging is rare or off
@@ -281,6 +287,17 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         # Same condition as the Trainer's _maybe_log_save_evaluate: a step already logged is not logged again.
         if control.should_log and state.global_step > self._gathered_step:
             self._log_step = state.global_step
+            self._start_gather(state)
+
+    def _start_gather(self, state: TrainerState) -> None:
+        """Start this logging step's gather of every rank's figures, without waiting: the Trainer's own loss gather
+        (a blocking all-gather on every logging step) runs between this ``on_step_end`` and ``on_log``, which reads
+        the result. The ranks' wait for each other is then the Trainer's, paid once, not ours again."""
+        if self._pending is not None:  # an earlier logging step whose on_log never came
+            self._finish_gather(state, None)
+        payload = self._guarded(self._interval_payload)
+        self._pending = (state.global_step, dist.all_gather_object_async(payload, self._gather_cap))
+        self._gathered_step = state.global_step
 
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
@@ -306,12 +323,19 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         # collective: a rank alone in all_gather_object waits forever.
         if self._log_step is not None and self._log_step == state.global_step:
             self._log_step = None
-            payload = self._guarded(self._interval_payload)
-            gathered = dist.all_gather_object(payload)
-            self._gathered_step = state.global_step
-            if dist.get_rank() == 0 and all(g is not None for g in gathered):
-                self._guarded(self._publish_interval, gathered, state, kw.get("logs"))
+            self._finish_gather(state, kw.get("logs"))
         self._recorder.boundary()  # logging time is not the next step's data wait
+
+    def _finish_gather(self, state: TrainerState, logs: dict[str, Any] | None) -> None:
+        """Read the started gather (every rank, at the same point) and publish it on rank 0."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        step, gather = pending
+        gathered = gather.result()
+        self._gather_cap = gather.next_cap
+        if dist.get_rank() == 0 and all(g is not None for g in gathered):
+            self._guarded(self._publish_interval, gathered, state, logs, step)
 
     def _drain(self) -> None:
         """Resolve finished steps into the running totals and the jsonl file (no collective)."""
@@ -431,21 +455,23 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         return subject is not None and previous == subject
 
     def _publish_interval(
-        self, gathered: list[dict[str, Any]], state: TrainerState, logs: dict[str, Any] | None
+        self, gathered: list[dict[str, Any]], state: TrainerState, logs: dict[str, Any] | None, step: int
     ) -> None:
-        flops = float(state.total_flos) - self._flos_logged
+        # The Trainer's FLOP count is its own at this logging step (store_flos before on_log); read later, it would
+        # hold steps after the interval: no MFU for that interval then.
+        flops = float(state.total_flos) - self._flos_logged if state.global_step == step else 0.0
         interval = self._report([g["interval"] for g in gathered], flops if flops > 0 else None)
         if flops > 0:
             self._flos_logged = float(state.total_flos)
         if interval is not None and self._writer is not None:
-            publish.write_scalars(self._writer, interval, state.global_step)
+            publish.write_scalars(self._writer, interval, step)
         if interval is not None:
             # Callbacks after this one (the progress printer) see them in `logs`; the entry the Trainer
             # already appended to log_history for this step (saved in trainer_state.json) gets them too.
             figures = publish.headline_figures(interval)
             if logs is not None:
                 logs.update(figures)
-            if state.log_history and state.log_history[-1].get("step") == state.global_step:
+            if state.log_history and state.log_history[-1].get("step") == step:
                 state.log_history[-1].update(figures)
         # Live warnings come from the run so far, never from one window, and only when the verdict held at
         # the previous logging step too (persistence across windows); each (kind, rank) is said once.
@@ -456,19 +482,19 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             return
         slow = verdict.rank if verdict is not None and verdict.raised else None
         if self._persistent("time", slow):
-            self._warn_once("time", run.slowest_rank, state, run.warnings[0])
+            self._warn_once("time", run.slowest_rank, step, run.warnings[0])
         mem_over = run.memory_imbalance_pct is not None and run.memory_imbalance_pct > run.memory_threshold_pct
         if self._persistent("memory", run.max_memory_rank if mem_over else None):
             warning = memory_warning(run.ranks, run.memory_imbalance_pct or 0.0, run.memory_threshold_pct)
-            self._warn_once("memory", run.max_memory_rank or 0, state, warning)
+            self._warn_once("memory", run.max_memory_rank or 0, step, warning)
         if self.args.enable_memory_logging:
             return  # the memory logger, with its finer samples, owns the growth verdict
         for rank, g in enumerate(gathered):
             if g.get("memory") is not None:
                 # Warned when the verdict held at this logging step and the previous one.
-                growth = self._growth_watch.add(rank, state.global_step, float(g["memory"]) / MB)
+                growth = self._growth_watch.add(rank, step, float(g["memory"]) / MB)
                 if growth is not None:
-                    self._warn_once("growth", rank, state, growth.message)
+                    self._warn_once("growth", rank, step, growth.message)
 
     def _growth(self, rank: int) -> MemoryGrowth | None:
         """The memory-growth verdict of ``rank``; None when the memory logger (finer samples) owns it."""
@@ -481,10 +507,10 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
     def _memory_kind(self) -> str:
         return "allocated CUDA memory" if self._device.type == "cuda" else "process RSS"
 
-    def _warn_once(self, kind: str, rank: int, state: TrainerState, warning: str) -> None:
+    def _warn_once(self, kind: str, rank: int, step: int, warning: str) -> None:
         if (kind, rank) not in self._warned:
-            self._warned[(kind, rank)] = state.global_step
-            logger.warning(f"step {state.global_step}: {warning}")
+            self._warned[(kind, rank)] = step
+            logger.warning(f"step {step}: {warning}")
 
     def _live_time_warnings(self, final: Any) -> tuple[list[dict[str, Any]], list[str]]:
         """Each live step-time warning, whether the verdict over the whole run still names its rank, and the

@@ -40,17 +40,22 @@ def _train(tmp_path, monkeypatch):
     monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
     gathers: list[int] = []
     resolves: list[int] = []
-    real_gather, real_resolve = dist.all_gather_object, StepRecorder.resolve
+    real_gather, real_async, real_resolve = dist.all_gather_object, dist.all_gather_object_async, StepRecorder.resolve
 
     def counting_gather(obj):
         gathers.append(trainer.state.global_step)
         return real_gather(obj)
+
+    def counting_async(obj, cap):
+        gathers.append(trainer.state.global_step)
+        return real_async(obj, cap)
 
     def counting_resolve(self):
         resolves.append(self.pending_steps)
         return real_resolve(self)
 
     monkeypatch.setattr(dist, "all_gather_object", counting_gather)
+    monkeypatch.setattr(dist, "all_gather_object_async", counting_async)
     monkeypatch.setattr(StepRecorder, "resolve", counting_resolve)
     model = tiny_model()
     prof = ProfilingArguments(
@@ -150,7 +155,8 @@ def test_per_step_lines_and_summary(trained):
 
 def test_one_gather_per_logging_step_and_resolution_only_there(trained):
     _, _, gathers, resolves, _, _ = trained
-    # The parallelism report at train start, on_log at steps 3 and 6, then the end-of-run gather; none between.
+    # The parallelism report at train start, the logging steps 3 and 6 (started at their on_step_end, read at their
+    # on_log), then the end-of-run gather; none between.
     assert gathers == [0, 0, 3, 6, 6]  # train start: the run folder, the parallelism report
     assert [n for n in resolves if n] == [3, 3]  # marks were turned into seconds on logging steps only
 
@@ -332,7 +338,7 @@ def _live(tmp_path, windows, memory=None, traced=lambda step: False):
         steps = range(2 + 4 * i, 6 + 4 * i)
         state.global_step = steps[-1]
         mem = memory[i] if memory else 1e9
-        cb._publish_interval([_payload(0, steps, pre0, mem), _payload(1, steps, pre1, mem)], state, None)
+        cb._publish_interval([_payload(0, steps, pre0, mem), _payload(1, steps, pre1, mem)], state, None, steps[-1])
     return cb
 
 
@@ -438,6 +444,6 @@ def test_memory_growth_is_left_to_the_memory_logger_when_it_runs(tmp_path, caplo
         for i, mem in enumerate([1e9, 1.1e9, 1.2e9, 1.3e9, 1.4e9]):
             steps = range(2 + 4 * i, 6 + 4 * i)
             state.global_step = steps[-1]
-            cb._publish_interval([_payload(0, steps, 0.3, mem), _payload(1, steps, 0.3, mem)], state, None)
+            cb._publish_interval([_payload(0, steps, 0.3, mem), _payload(1, steps, 0.3, mem)], state, None, steps[-1])
     assert not [r for r in caplog.records if "grows" in r.getMessage()]
     assert cb._growth(0) is None

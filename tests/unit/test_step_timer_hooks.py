@@ -30,7 +30,14 @@ class Run:
             self.gathers.append(self.state.global_step)
             return [obj]
 
+        real_async = step_timer.dist.all_gather_object_async
+
+        def one_rank_async(obj: Any, cap: int) -> Any:
+            self.gathers.append(self.state.global_step)
+            return real_async(obj, cap)  # no process group: nothing is sent
+
         monkeypatch.setattr(step_timer.dist, "all_gather_object", one_rank_gather)
+        monkeypatch.setattr(step_timer.dist, "all_gather_object_async", one_rank_async)
         prof = ProfilingArguments(
             enable_step_timing=True, profiler_output_dir=str(tmp_path / "prof"), profiler_run_name="run"
         )
@@ -81,7 +88,9 @@ def test_a_log_at_a_later_step_does_not_use_a_stale_logging_flag(tmp_path, monke
     run.log({"custom": 1.0})  # rank 0 only, at step 2: must not gather for step 1's flag
     run.step(should_log=True)
     run.log({"loss": 1.0})
-    assert run.gathers == [0, 0, 3]  # train start: run folder, parallelism report; step 3's logging step
+    # Train start: run folder, parallelism report; step 1's gather, started at its on_step_end on every rank (each
+    # rank's DefaultFlowCallback flagged it) and read when step 3's starts; step 3's. None for the log at step 2.
+    assert run.gathers == [0, 0, 1, 3]
 
 
 class FullDiskFile:

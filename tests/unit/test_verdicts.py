@@ -13,7 +13,7 @@ from hf_distprof.core.overhead import profiler_slowdown
 from hf_distprof.core.stats import binomial_tail, fisher_p, signed_rank_p
 
 from hf_distprof.core.verdicts import (
-    across_the_run, imbalance_pct, judge_share, judge_slow_rank, medians_of_the_others, min_steps,
+    across_the_run, imbalance_pct, judge_share, judge_slow_rank, medians_of_the_others, min_steps, per_step_excess,
 )
 
 
@@ -270,3 +270,35 @@ def test_a_rank_slow_in_the_window_only_is_not_named_when_the_timer_does_not_bea
                 {**neutral, "status": "maybe"}, {**neutral, "rank": None}, {**neutral, "rank": True},
                 {**neutral, "p_value": 1.5}, {**neutral, "p_value": False}, None, ["quiet"]):
         assert across_the_run(window, bad) is window, bad
+
+
+def _per_step_excess_loop(per_step, ranks, n, scale):
+    """The loop ``per_step_excess`` replaced, as it was: the reference its numpy must equal exactly."""
+    excess = {r: [] for r in ranks}
+    excess_abs = {r: [] for r in ranks}
+    slowest_count = dict.fromkeys(ranks, 0)
+    for s in range(n):
+        values = {r: float(per_step[r][s]) for r in ranks}
+        slowest_count[max(ranks, key=lambda r: values[r])] += 1
+        for r, others in zip(ranks, medians_of_the_others([values[r] for r in ranks])):
+            denom = others if scale is None else float(scale[s])
+            excess_abs[r].append(values[r] - others)
+            excess[r].append(100.0 * (values[r] - others) / denom if denom > 0 else 0.0)
+    return excess, excess_abs, slowest_count
+
+
+@pytest.mark.parametrize("width", [2, 3, 4, 5, 8])
+@pytest.mark.parametrize("scaled", [False, True])
+def test_the_per_step_excess_in_numpy_is_exactly_the_loop_s(width, scaled):
+    import random
+
+    rng = random.Random(width * 10 + scaled)
+    n = 300
+    # Ties (values drawn from a few levels), zeros and negative scales included.
+    per_step = {r: [rng.choice([0.0, 0.1, 0.3, 0.3, rng.random()]) for _ in range(n + 5)] for r in range(width)}
+    scale = [rng.choice([0.0, -1.0, 0.5, rng.random()]) for _ in range(n)] if scaled else None
+    ranks = sorted(per_step)
+    got = per_step_excess(per_step, ranks, n, scale)
+    want = _per_step_excess_loop(per_step, ranks, n, scale)
+    assert got == want  # exact: every float, every count
+    assert all(type(v) is float for values in got[0].values() for v in values)
