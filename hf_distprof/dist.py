@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import atexit
 import logging
+import json
 import os
-import pickle
 import sys
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
@@ -149,16 +149,16 @@ def all_gather_floats_async(values: Sequence[float]) -> PendingGather:
     return _all_gather_async(torch.tensor(list(values), dtype=torch.float64), "all_gather_floats_async")
 
 
-OBJECT_HEADER = 8  # bytes: each rank's pickled length, little-endian, before its bytes
+OBJECT_HEADER = 8  # bytes: each rank's encoded length, little-endian, before its bytes
 OBJECT_CAP_MIN = 16 * 1024
 
 
-class PendingObjects:
-    """A started all-gather of one picklable object per rank (:func:`all_gather_object_async`).
+class PendingJson:
+    """A started all-gather of one JSON object per rank (:func:`all_gather_json_async`).
 
     Args:
         obj: This rank's object (returned as is without a process group).
-        payload: Its pickled bytes.
+        payload: Its JSON, UTF-8.
         gather: The started gather of every rank's fixed-size buffer; None without a process group.
         cap: The bytes each buffer holds after its header.
     """
@@ -188,35 +188,49 @@ class PendingObjects:
             whole = all_gather_object(self._payload)
         else:
             whole = [b[OBJECT_HEADER:OBJECT_HEADER + n] for b, n in zip(buffers, lengths, strict=True)]
-        self._result = [pickle.loads(b) for b in whole]  # noqa: S301  # our own ranks' payloads, as all_gather_object
+        self._result = [json.loads(b) for b in whole]
         return self._result
 
     @property
     def next_cap(self) -> int:
         """The buffer size for the next gather of objects like these: the power of two at or above 1.5 times the
-        largest object (every rank derives the same from the same lengths), at least ``OBJECT_CAP_MIN``."""
+        largest encoded object (every rank derives the same from the same lengths), at least ``OBJECT_CAP_MIN``."""
         need = max(OBJECT_CAP_MIN, int(1.5 * self.max_len))
         return 1 << (need - 1).bit_length()
 
 
-def all_gather_object_async(obj: Any, cap: int = OBJECT_CAP_MIN) -> PendingObjects:
-    """Start gathering one picklable object from every rank, in one collective, without waiting.
+def _scalar(value: Any) -> Any:
+    """A numpy or torch scalar as the Python number JSON can write; anything else is an error."""
+    if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def all_gather_json_async(obj: Any, cap: int = OBJECT_CAP_MIN) -> PendingJson:
+    """Start gathering one JSON-serialisable object (dicts, lists, numbers, strings, None; tuples come back as
+    lists) from every rank, in one collective, without waiting.
 
     Each rank sends a buffer of ``cap`` bytes after an 8-byte length (the same size on every rank, as an
-    all-gather needs); :meth:`PendingObjects.result` unpickles them, or gathers the whole objects once more
-    when one did not fit. Every rank must call this at the same points with the same ``cap``: pass the
-    previous gather's :attr:`PendingObjects.next_cap` to keep it fitting. On NCCL nothing makes the host
-    wait for the GPU (see :func:`_all_gather_async`).
+    all-gather needs); :meth:`PendingJson.result` decodes them, or gathers the whole objects once more
+    when one did not fit. JSON, not pickle: nothing received is ever executed (no module of ours unpickles;
+    ``tests/unit/test_hostile_input.py``). Every rank must call this at the same points with the same ``cap``:
+    pass the previous gather's :attr:`PendingJson.next_cap` to keep it fitting. On NCCL nothing makes the
+    host wait for the GPU (see :func:`_all_gather_async`).
     """
-    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    try:
+        payload = json.dumps(obj, separators=(",", ":"), default=_scalar).encode()
+    except (TypeError, ValueError) as err:  # every rank must still take part: it sends null
+        logging.getLogger(__name__).warning(f"cannot send a {type(obj).__name__} to the other ranks: {err!r}; "
+                                            "sent null instead")
+        obj, payload = None, b"null"
     if not is_distributed() or get_world_size() == 1:
-        return PendingObjects(obj, payload, None, cap)
+        return PendingJson(obj, payload, None, cap)
     buffer = bytearray(OBJECT_HEADER + cap)
     buffer[:OBJECT_HEADER] = len(payload).to_bytes(OBJECT_HEADER, "little")
     if len(payload) <= cap:
         buffer[OBJECT_HEADER:OBJECT_HEADER + len(payload)] = payload
     local = torch.frombuffer(buffer, dtype=torch.uint8)
-    return PendingObjects(obj, payload, _all_gather_async(local, "all_gather_object_async"), cap)
+    return PendingJson(obj, payload, _all_gather_async(local, "all_gather_json_async"), cap)
 
 
 def barrier() -> None:

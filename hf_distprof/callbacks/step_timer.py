@@ -93,7 +93,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self._log_step: int | None = None
         # The logging step whose gather was started at its on_step_end and is read at its on_log, and the size of
         # the next gather's buffers (every rank derives it from the same gathered lengths).
-        self._pending: tuple[int, dist.PendingObjects] | None = None
+        self._pending: tuple[int, dist.PendingJson] | None = None
         self._gather_cap = dist.OBJECT_CAP_MIN
         self._flos_logged = 0.0
         self._flos_begin = 0.0
@@ -296,7 +296,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         if self._pending is not None:  # an earlier logging step whose on_log never came
             self._finish_gather(state, None)
         payload = self._guarded(self._interval_payload)
-        self._pending = (state.global_step, dist.all_gather_object_async(payload, self._gather_cap))
+        self._pending = (state.global_step, dist.all_gather_json_async(payload, self._gather_cap))
         self._gathered_step = state.global_step
 
     def on_save(

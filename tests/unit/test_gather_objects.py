@@ -1,5 +1,5 @@
-"""``hf_distprof.dist.all_gather_object_async``: one picklable object per rank in one non-blocking collective of
-fixed-size buffers (an 8-byte length, then the pickled bytes), read later; an object that does not fit its buffer
+"""``hf_distprof.dist.all_gather_json_async``: one JSON object per rank in one non-blocking collective of
+fixed-size buffers (an 8-byte length, then the encoded bytes), read later; an object that does not fit its buffer
 makes every rank gather the whole objects once more. Tried on 2 real gloo ranks, and without a process group."""
 
 from __future__ import annotations
@@ -23,16 +23,16 @@ out = {}
 calls = []
 real = dist.all_gather_object
 dist.all_gather_object = lambda *a, **k: calls.append("all_gather_object") or real(*a, **k)
-pending = ours.all_gather_object_async({"rank": rank, "rows": [[rank, 0.5]] * 3})
+pending = ours.all_gather_json_async({"rank": rank, "rows": [[rank, 0.5]] * 3})
 out["small"] = pending.result()
 out["small_cap"], out["small_next"], out["small_calls"] = pending.cap, pending.next_cap, list(calls)
 # 2. Rank 1's object is larger than the buffer: both ranks learn it from the lengths and gather once more.
 big = {"rank": rank, "blob": "x" * (40000 if rank == 1 else 10)}
-pending = ours.all_gather_object_async(big, pending.next_cap)
+pending = ours.all_gather_json_async(big, pending.next_cap)
 out["big"] = [(o["rank"], len(o["blob"])) for o in pending.result()]
 out["big_calls"], out["big_next"] = list(calls), pending.next_cap
 # 3. The next gather at that size fits again, in one collective.
-pending = ours.all_gather_object_async(big, pending.next_cap)
+pending = ours.all_gather_json_async(big, pending.next_cap)
 out["again"] = [(o["rank"], len(o["blob"])) for o in pending.result()]
 out["again_calls"] = list(calls)
 print(json.dumps(out))
@@ -55,21 +55,33 @@ def test_two_gloo_ranks_gather_their_objects_and_grow_the_buffer_together(tmp_pa
         assert out["small"] == [{"rank": 0, "rows": [[0, 0.5]] * 3}, {"rank": 1, "rows": [[1, 0.5]] * 3}]
         assert (out["small_cap"], out["small_next"], out["small_calls"]) == (16384, 16384, [])
         assert out["big"] == [[0, 10], [1, 40000]] and out["big_calls"] == ["all_gather_object"]
-        # 1.5 x the largest pickled object (~40 kB), to the next power of two: the same on both ranks.
+        # 1.5 x the largest encoded object (~40 kB), to the next power of two: the same on both ranks.
         assert out["big_next"] == 65536
         assert out["again"] == [[0, 10], [1, 40000]] and out["again_calls"] == ["all_gather_object"]
 
 
 def test_without_a_process_group_the_object_comes_back_as_is():
     obj = {"a": [1, 2]}
-    pending = dist.all_gather_object_async(obj)
+    pending = dist.all_gather_json_async(obj)
     assert pending.done() is True and pending.result() == [obj] and pending.result()[0] is obj
     assert pending.cap == dist.OBJECT_CAP_MIN == 16384 and pending.next_cap == 16384
 
 
 def test_the_next_buffer_is_the_power_of_two_at_or_above_one_and_a_half_times_the_largest_object():
-    pending = dist.all_gather_object_async(None)
+    pending = dist.all_gather_json_async(None)
     for largest, cap in ((0, 16384), (10922, 16384), (10924, 32768), (40000, 65536), (690_000, 1 << 20),
                          (700_000, 1 << 21)):
         pending.max_len = largest
         assert pending.next_cap == cap, largest
+
+
+def test_numpy_and_torch_scalars_travel_as_numbers_and_anything_else_as_null_with_one_warning(caplog):
+    import numpy as np
+    import torch
+
+    assert dist.all_gather_json_async({"a": np.float32(0.5), "b": torch.tensor(3)})._payload == b'{"a":0.5,"b":3}'
+    with caplog.at_level("WARNING"):
+        pending = dist.all_gather_json_async({"a": object()})
+    assert pending.result() == [None] and pending._payload == b"null"
+    assert [r.getMessage() for r in caplog.records] == [
+        "cannot send a dict to the other ranks: TypeError('object is not JSON serialisable'); sent null instead"]

@@ -199,9 +199,9 @@ def test_step_timer_as_rank3_names_its_file_and_reports_rank3(rank3, tmp_path, m
         sent.append(obj)
         return real_async(obj, cap)  # no process group: nothing is sent
 
-    real_async = step_timer.dist.all_gather_object_async
+    real_async = step_timer.dist.all_gather_json_async
     monkeypatch.setattr(step_timer.dist, "all_gather_object", gather)
-    monkeypatch.setattr(step_timer.dist, "all_gather_object_async", gather_async)
+    monkeypatch.setattr(step_timer.dist, "all_gather_json_async", gather_async)
     cb = StepTimerCallback(ProfilingArguments(enable_step_timing=True, profiler_output_dir=str(tmp_path / "prof"),
                                               profiler_run_name=RUN))
     args, state, control = fake_trainer.training_args(tmp_path), TrainerState(), TrainerControl()

@@ -40,7 +40,7 @@ def _train(tmp_path, monkeypatch):
     monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
     gathers: list[int] = []
     resolves: list[int] = []
-    real_gather, real_async, real_resolve = dist.all_gather_object, dist.all_gather_object_async, StepRecorder.resolve
+    real_gather, real_async, real_resolve = dist.all_gather_object, dist.all_gather_json_async, StepRecorder.resolve
 
     def counting_gather(obj):
         gathers.append(trainer.state.global_step)
@@ -55,7 +55,7 @@ def _train(tmp_path, monkeypatch):
         return real_resolve(self)
 
     monkeypatch.setattr(dist, "all_gather_object", counting_gather)
-    monkeypatch.setattr(dist, "all_gather_object_async", counting_async)
+    monkeypatch.setattr(dist, "all_gather_json_async", counting_async)
     monkeypatch.setattr(StepRecorder, "resolve", counting_resolve)
     model = tiny_model()
     prof = ProfilingArguments(

@@ -30,14 +30,14 @@ class Run:
             self.gathers.append(self.state.global_step)
             return [obj]
 
-        real_async = step_timer.dist.all_gather_object_async
+        real_async = step_timer.dist.all_gather_json_async
 
         def one_rank_async(obj: Any, cap: int) -> Any:
             self.gathers.append(self.state.global_step)
             return real_async(obj, cap)  # no process group: nothing is sent
 
         monkeypatch.setattr(step_timer.dist, "all_gather_object", one_rank_gather)
-        monkeypatch.setattr(step_timer.dist, "all_gather_object_async", one_rank_async)
+        monkeypatch.setattr(step_timer.dist, "all_gather_json_async", one_rank_async)
         prof = ProfilingArguments(
             enable_step_timing=True, profiler_output_dir=str(tmp_path / "prof"), profiler_run_name="run"
         )
