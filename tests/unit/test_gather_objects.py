@@ -85,3 +85,56 @@ def test_numpy_and_torch_scalars_travel_as_numbers_and_anything_else_as_null_wit
     assert pending.result() == [None] and pending._payload == b"null"
     assert [r.getMessage() for r in caplog.records] == [
         "cannot send a dict to the other ranks: TypeError('object is not JSON serialisable'); sent null instead"]
+
+
+def test_on_nccl_the_buffers_travel_on_this_ranks_gpu_and_only_result_waits(monkeypatch):
+    """A CPU build has no CUDA tensor to make: the GPU's steps are fakes that record what happened, in order."""
+    import torch
+
+    seen: list[tuple] = []
+    d = dist.dist
+    monkeypatch.setattr(d, "is_initialized", lambda: True)
+    monkeypatch.setattr(d, "get_world_size", lambda: 2)
+    monkeypatch.setattr(d, "get_backend", lambda: "nccl")
+    monkeypatch.setattr(dist.torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: seen.append(("pin",)) or self)
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, device, non_blocking=False: seen.append(
+        ("upload", str(device), non_blocking)) or self)
+    real_empty = torch.empty
+    monkeypatch.setattr(dist.torch, "empty", lambda *shape, pin_memory=False, **kw: seen.append(
+        ("host buffer", pin_memory)) or real_empty(*shape, **kw))
+    peer = {"rank": 1, "rows": [[1, 0.25]]}
+
+    def all_gather(out: list, local: torch.Tensor, async_op: bool) -> object:
+        seen.append(("all_gather", async_op))
+        encoded = json.dumps(peer, separators=(",", ":")).encode()
+        other = bytearray(local.numel())
+        other[:8] = len(encoded).to_bytes(8, "little")
+        other[8:8 + len(encoded)] = encoded
+        out[0].copy_(local)
+        out[1].copy_(torch.frombuffer(other, dtype=torch.uint8))
+
+        class Work:
+            def wait(self) -> None:
+                seen.append(("stream waits",))
+
+        return Work()
+
+    class Event:
+        def record(self) -> None:
+            seen.append(("event recorded",))
+
+        def query(self) -> bool:
+            return False
+
+        def synchronize(self) -> None:
+            seen.append(("host waits for the event",))
+
+    monkeypatch.setattr(d, "all_gather", all_gather)
+    monkeypatch.setattr(dist.torch.cuda, "Event", Event)
+    pending = dist.all_gather_json_async({"rank": 0, "rows": []})
+    assert seen == [("pin",), ("upload", "cuda:1", True), ("all_gather", True), ("stream waits",),
+                    ("host buffer", True), ("host buffer", True), ("event recorded",)]
+    assert pending.done() is False  # asks the event, never waits
+    assert pending.result() == [{"rank": 0, "rows": []}, peer]
+    assert seen[-1] == ("host waits for the event",)  # result() is the one place that may wait
