@@ -323,34 +323,27 @@ def across_the_run(
     Returns:
         ``window``, or a new verdict whose p-value and reason are the combined ones.
     """
+    timer_fields = _timer_fields(outside)
     if window.status == UNDECIDED and window.rank is not None:
-        return _short_window(window, _timer_fields(outside), pool_effect)
-    if not isinstance(outside, Mapping) or window.rank is None:
+        return _short_window(window, timer_fields, pool_effect)
+    if timer_fields is None or window.rank is None:
         return window
     below = pool_effect and window.status == QUIET and window.gate in ("threshold", "noise")
     if not (window.raised or (window.status == QUIET and window.gate == "persistence") or below):
         return window
-    status, rank, p, steps = (outside.get(k) for k in ("status", "rank", "p_value", "steps"))
-    if status not in (RAISED, QUIET, UNDECIDED) or isinstance(rank, bool) or not isinstance(rank, int):
-        return window
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
-        return window
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
-        return window
+    status, rank, p, steps, effect, said = timer_fields
     pooled = ""
     if below:
-        effect = outside.get("effect_pct")
-        if status != RAISED or rank != window.rank or isinstance(effect, bool) or not isinstance(effect, (int, float)):
+        if status != RAISED or rank != window.rank or effect is None:
             return window
-        mean = (window.steps * window.effect_pct + steps * float(effect)) / (window.steps + steps)
+        mean = (window.steps * window.effect_pct + steps * effect) / (window.steps + steps)
         if not mean > max(window.threshold_pct, window.noise_pct):  # also False for NaN
             return window
         pooled = (f"; over the run's {window.steps + steps} judged steps its excess is {mean:.1f}% (the traced "
-                  f"window's {window.effect_pct:.1f}% weighted with the step timer's {float(effect):.1f}%), above "
+                  f"window's {window.effect_pct:.1f}% weighted with the step timer's {effect:.1f}%), above "
                   f"the {window.threshold_pct:g}% threshold and the window's noise ({window.noise_pct:.1f}%)")
-    p_same = float(p) if rank == window.rank else (1.0 - float(p) if window.ranks == 2 else 1.0)
+    p_same = p if rank == window.rank else (1.0 - p if window.ranks == 2 else 1.0)
     both = fisher_p(window.p_value, p_same)
-    said = outside.get("reason") if isinstance(outside.get("reason"), str) else status
     timer = (f"over the run's {steps} untraced steps the step timer says: {said} (p = {p_same:.3f} for rank "
              f"{window.rank})")
     fields = {k: getattr(window, k) for k in window.__dataclass_fields__ if k != "confidence"}
