@@ -62,6 +62,11 @@ WARMUP_STEPS = 1
 MAX_PENDING_STEPS = 1000
 # Per-step rows a rank keeps for rank 0 between logging steps; older ones are dropped when logging is rare.
 ROWS_KEPT = 4096
+# The live slow-rank verdict is judged again once the steps it has seen grew by this share since it was last judged,
+# at most this share of the steps it keeps (at every logging step up to 20 steps seen; for 2 ranks, which keep
+# 10,000, at least every 500): its cost grows with the steps it judges (22 ms at 10,000 steps of 2 ranks), which
+# every logging step of a long run would otherwise pay.
+LIVE_VERDICT_GROWTH = 0.05
 
 
 class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
@@ -115,6 +120,8 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self._busy_at_begin = False
         self._busy_steps: set[int] = set()
         self._streak: dict[str, int | None] = {}  # what was over its threshold at the previous logging step
+        # The live verdict and how many steps the series had seen when it was judged (LIVE_VERDICT_GROWTH).
+        self._live: tuple[Any, int] | None = None
         # rank 0: each rank's MB in use at each logging step, for the memory-growth verdict
         self._growth_watch = GrowthWatch(args.memory_growth_threshold_pct, "process RSS", self._distorts_memory)
         # Called with each resolved step after the warm-up (--profile-ranks auto keeps this rank's step times).
@@ -160,7 +167,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self._pending, self._gather_cap = None, dist.OBJECT_CAP_MIN
         self._flos_logged = self._flos_begin = float(state.total_flos)
         self._interval, self._run, self._warmup = PhaseTotals(), PhaseTotals(), PhaseTotals()
-        self._rows, self._streak, self._ended_early = deque(maxlen=ROWS_KEPT), {}, None
+        self._rows, self._streak, self._ended_early, self._live = deque(maxlen=ROWS_KEPT), {}, None, None
         self._busy_at_begin, self._busy_steps = False, set()
         self._series = StepSeries(dist.get_world_size())
         self._traced = traced_steps(self.args, state.global_step)
@@ -448,6 +455,18 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         exclude = distorted if len(untraced) >= 2 else None
         return self._series.verdict(self.args.imbalance_threshold_pct, exclude)
 
+    def _live_verdict(self) -> tuple[Any, bool]:
+        """The live slow-rank verdict, and whether it was judged now: again only once the series has seen
+        ``LIVE_VERDICT_GROWTH`` more steps than when it was last judged, at most that share of the steps it keeps
+        (the end of the run always judges anew)."""
+        assert self._series is not None
+        seen = self._series.added
+        if self._live is None or seen - self._live[1] >= max(
+                1, int(LIVE_VERDICT_GROWTH * min(self._live[1], self._series.max_steps))):
+            self._live = (self._verdict(), seen)
+            return self._live[0], True
+        return self._live[0], False
+
     def _persistent(self, key: str, subject: int | None) -> bool:
         """Whether ``subject`` was over its threshold at this logging step and the previous one."""
         previous = self._streak.get(key)
@@ -476,12 +495,12 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         # Live warnings come from the run so far, never from one window, and only when the verdict held at
         # the previous logging step too (persistence across windows); each (kind, rank) is said once.
         self._add_rows(gathered)
-        verdict = self._verdict()
+        verdict, fresh = self._live_verdict()
         run = self._report([g["run"] for g in gathered], None, verdict)
         if run is None:
             return
         slow = verdict.rank if verdict is not None and verdict.raised else None
-        if self._persistent("time", slow):
+        if fresh and self._persistent("time", slow):  # held when judged now and when judged before
             self._warn_once("time", run.slowest_rank, step, run.warnings[0])
         mem_over = run.memory_imbalance_pct is not None and run.memory_imbalance_pct > run.memory_threshold_pct
         if self._persistent("memory", run.max_memory_rank if mem_over else None):

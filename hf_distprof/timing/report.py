@@ -324,6 +324,7 @@ class StepSeries:
         self.max_steps = max_steps or max(64, KEPT_CELLS // max(world_size, 1))
         # step -> (every rank's own work, the step time, the step time less the ranks' wait for a CPU)
         self._steps: OrderedDict[int, tuple[list[float], float, float]] = OrderedDict()
+        self.added = 0  # steps ever added, the ones dropped past max_steps included
 
     def add(self, per_rank: Sequence[Sequence[Sequence[float]]]) -> None:
         """Add the ``[step, step_s, own_work_s, own_step_s]`` rows of every rank; steps missing on a rank are dropped.
@@ -343,6 +344,7 @@ class StepSeries:
             if len(got) != self.world_size:
                 continue
             pre = [got[r][1] for r in range(self.world_size)]
+            self.added += step not in self._steps
             self._steps[step] = (pre, max(v[0] for v in got.values()), max(v[2] for v in got.values()))
         while len(self._steps) > self.max_steps:
             self._steps.popitem(last=False)

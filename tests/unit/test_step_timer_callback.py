@@ -447,3 +447,39 @@ def test_memory_growth_is_left_to_the_memory_logger_when_it_runs(tmp_path, caplo
             cb._publish_interval([_payload(0, steps, 0.3, mem), _payload(1, steps, 0.3, mem)], state, None, steps[-1])
     assert not [r for r in caplog.records if "grows" in r.getMessage()]
     assert cb._growth(0) is None
+
+
+def test_the_live_verdict_is_judged_again_once_the_steps_grew_by_5_percent(tmp_path, caplog, monkeypatch):
+    # 300 logging steps of 4 steps each: judged at every one while 4 steps are 5% or more of those seen (up to 80),
+    # then once the series grew by 5% since the last judgement: 71 judgements for 1200 steps, not 300. Rank 1 is
+    # slowed from step 202 on (200 clean steps, then 1000 slow): the median excess passes the threshold once more
+    # than half the steps are slow, first judged raised at 404 steps seen and again at 424: warned once, at the
+    # logging step of the second (global step 425; the series starts at step 2).
+    judged: list[tuple[int, str]] = []
+    real = StepTimerCallback._verdict
+
+    def counting(self):
+        verdict = real(self)
+        judged.append((self._series.added, verdict.status))
+        return verdict
+
+    monkeypatch.setattr(StepTimerCallback, "_verdict", counting)
+    with caplog.at_level(logging.WARNING):
+        cb = _live(tmp_path, [(0.3, 0.3)] * 50 + [(0.3, 0.45)] * 250)
+    seen = [n for n, _ in judged]
+    assert len(seen) == 71 and seen[:20] == list(range(4, 81, 4)) and seen[-3:] == [1056, 1108, 1164], seen
+    assert all(b - a == max(4, -(-max(1, int(0.05 * a)) // 4) * 4) for a, b in zip(seen, seen[1:])), seen
+    assert [j for j in judged if 380 <= j[0] <= 430] == [(384, "quiet"), (404, "raised"), (424, "raised")]
+    (warning,) = [r.getMessage() for r in caplog.records if "imbalance" in r.getMessage()]
+    assert warning.startswith("[RANK 0] step 425: Step time imbalance 50.0% > 10%: rank 1 is the slowest")
+    assert cb._live is not None and cb._live[1] == 1164
+    # Past the steps the series keeps, the wait is 5% of those (10 of 200 here), not of every step seen (58).
+    from transformers import TrainerState
+
+    cb._series.max_steps = 200
+    for first in (1202, 1206, 1210, 1214, 1218):
+        steps = range(first, first + 4)
+        cb._publish_interval([_payload(0, steps, 0.3, 1e9), _payload(1, steps, 0.45, 1e9)],
+                             TrainerState(global_step=steps[-1]), None, steps[-1])
+    # 1200 steps were seen when the last ran at 1164: judged at 1204 (40 more), then 1216 (12 more), not 1208, 1212
+    assert [n for n, _ in judged[71:]] == [1204, 1216]
