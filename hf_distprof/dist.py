@@ -121,10 +121,13 @@ def _all_gather_async(local: torch.Tensor, what: str) -> PendingGather:
     """
     if not is_distributed() or get_world_size() == 1:
         return PendingGather(None, [local])
-    if dist.get_backend() != "nccl":
+    backend = str(dist.get_backend())
+    if "gloo" in backend:  # "gloo", or a group with a CPU backend beside the device's ("cpu:gloo,cuda:nccl")
         out = [torch.empty_like(local) for _ in range(get_world_size())]
         with ours(what):
             return PendingGather(dist.all_gather(out, local, async_op=True), out)
+    if backend != "nccl":  # another accelerator's backend (xccl, hccl): torch's own, blocking, object gather
+        return PendingGather(None, [t.cpu() for t in all_gather_object(local)])
     with ours(what):
         device = torch.device("cuda", torch.cuda.current_device())
         on_gpu = local.pin_memory().to(device, non_blocking=True)
@@ -157,14 +160,13 @@ class PendingJson:
     """A started all-gather of one JSON object per rank (:func:`all_gather_json_async`).
 
     Args:
-        obj: This rank's object (returned as is without a process group).
-        payload: Its JSON, UTF-8.
+        payload: This rank's object as JSON, UTF-8.
         gather: The started gather of every rank's fixed-size buffer; None without a process group.
         cap: The bytes each buffer holds after its header.
     """
 
-    def __init__(self, obj: Any, payload: bytes, gather: PendingGather | None, cap: int) -> None:
-        self._obj, self._payload, self._gather, self.cap = obj, payload, gather, cap
+    def __init__(self, payload: bytes, gather: PendingGather | None, cap: int) -> None:
+        self._payload, self._gather, self.cap = payload, gather, cap
         self._result: list[Any] | None = None
         self.max_len = len(payload)
 
@@ -174,21 +176,21 @@ class PendingJson:
         return self._gather is None or self._gather.done()
 
     def result(self) -> list[Any]:
-        """Each rank's object, in rank order. Every rank must call it at the same point: when some rank's object
-        did not fit its buffer (every rank reads every length), every rank gathers the whole objects once more."""
+        """Each rank's object, decoded from JSON (also without a process group: one behaviour at every world size),
+        in rank order. Every rank must call it at the same point: when some rank's object did not fit its buffer
+        (every rank reads every length), every rank gathers buffers of the largest length once more, waiting."""
         if self._result is not None:
             return self._result
         if self._gather is None:
-            self._result = [self._obj]
+            self._result = [json.loads(self._payload)]
             return self._result
         buffers = [t.numpy().tobytes() for t in self._gather.tensors()]
         lengths = [int.from_bytes(b[:OBJECT_HEADER], "little") for b in buffers]
         self.max_len = max(lengths)
         if self.max_len > self.cap:
-            whole = all_gather_object(self._payload)
-        else:
-            whole = [b[OBJECT_HEADER:OBJECT_HEADER + n] for b, n in zip(buffers, lengths, strict=True)]
-        self._result = [json.loads(b) for b in whole]
+            again = _all_gather_async(_framed(self._payload, self.max_len), "all_gather_json_async (larger)")
+            buffers = [t.numpy().tobytes() for t in again.tensors()]
+        self._result = [json.loads(b[OBJECT_HEADER:OBJECT_HEADER + n]) for b, n in zip(buffers, lengths, strict=True)]
         return self._result
 
     @property
@@ -197,6 +199,25 @@ class PendingJson:
         largest encoded object (every rank derives the same from the same lengths), at least ``OBJECT_CAP_MIN``."""
         need = max(OBJECT_CAP_MIN, int(1.5 * self.max_len))
         return 1 << (need - 1).bit_length()
+
+
+def _framed(payload: bytes, cap: int) -> torch.Tensor:
+    """``payload``'s length (8 bytes, little-endian), then the payload when it fits, in a buffer of ``8 + cap``."""
+    buffer = bytearray(OBJECT_HEADER + cap)
+    buffer[:OBJECT_HEADER] = len(payload).to_bytes(OBJECT_HEADER, "little")
+    if len(payload) <= cap:
+        buffer[OBJECT_HEADER:OBJECT_HEADER + len(payload)] = payload
+    return torch.frombuffer(buffer, dtype=torch.uint8)
+
+
+def json_cap(rows: int) -> int:
+    """A first buffer size for objects carrying ``rows`` per-step rows of a few floats (the step timer's): 80 bytes
+    per row and 4 KiB besides, to the power of two, at least ``OBJECT_CAP_MIN``."""
+    need = max(OBJECT_CAP_MIN, 4096 + 80 * max(0, rows))
+    return 1 << (need - 1).bit_length()
+
+
+_WARNED_JSON = False
 
 
 def _scalar(value: Any) -> Any:
@@ -211,26 +232,24 @@ def all_gather_json_async(obj: Any, cap: int = OBJECT_CAP_MIN) -> PendingJson:
     lists) from every rank, in one collective, without waiting.
 
     Each rank sends a buffer of ``cap`` bytes after an 8-byte length (the same size on every rank, as an
-    all-gather needs); :meth:`PendingJson.result` decodes them, or gathers the whole objects once more
-    when one did not fit. JSON, not pickle: nothing received is ever executed (no module of ours unpickles;
-    ``tests/unit/test_hostile_input.py``). Every rank must call this at the same points with the same ``cap``:
-    pass the previous gather's :attr:`PendingJson.next_cap` to keep it fitting. On NCCL nothing makes the
-    host wait for the GPU (see :func:`_all_gather_async`).
+    all-gather needs); :meth:`PendingJson.result` decodes them, or, when one did not fit, gathers buffers of
+    the largest length once more (blocking). JSON, not pickle: nothing received is ever executed (no module of
+    ours unpickles; ``tests/unit/test_hostile_input.py``). Every rank must call this at the same points with
+    the same ``cap``: pass the previous gather's :attr:`PendingJson.next_cap` to keep it fitting. On NCCL
+    nothing makes the host wait for the GPU (see :func:`_all_gather_async`).
     """
+    global _WARNED_JSON
     try:
         payload = json.dumps(obj, separators=(",", ":"), default=_scalar).encode()
-    except (TypeError, ValueError) as err:  # every rank must still take part: it sends null
-        logging.getLogger(__name__).warning(f"cannot send a {type(obj).__name__} to the other ranks: {err!r}; "
-                                            "sent null instead")
-        obj, payload = None, b"null"
+    except Exception as err:  # noqa: BLE001  # every rank must still take part (it sends null), whatever failed
+        if not _WARNED_JSON:
+            _WARNED_JSON = True
+            logging.getLogger(__name__).warning(f"cannot send a {type(obj).__name__} to the other ranks: {err!r}; "
+                                                "sent null instead (said once)")
+        payload = b"null"
     if not is_distributed() or get_world_size() == 1:
-        return PendingJson(obj, payload, None, cap)
-    buffer = bytearray(OBJECT_HEADER + cap)
-    buffer[:OBJECT_HEADER] = len(payload).to_bytes(OBJECT_HEADER, "little")
-    if len(payload) <= cap:
-        buffer[OBJECT_HEADER:OBJECT_HEADER + len(payload)] = payload
-    local = torch.frombuffer(buffer, dtype=torch.uint8)
-    return PendingJson(obj, payload, _all_gather_async(local, "all_gather_json_async"), cap)
+        return PendingJson(payload, None, cap)
+    return PendingJson(payload, _all_gather_async(_framed(payload, cap), "all_gather_json_async"), cap)
 
 
 def barrier() -> None:

@@ -164,7 +164,11 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self._first_step = state.global_step + 1
         self._gathered_step = state.global_step
         self._log_step = None
-        self._pending, self._gather_cap = None, dist.OBJECT_CAP_MIN
+        # Rows of an interval, 4 floats each, are most of the payload: size the first buffer for the Trainer's
+        # logging interval (the same on every rank), so that a run's first logging step fits too.
+        every = getattr(state, "logging_steps", 0)
+        rows = min(int(every), ROWS_KEPT) if isinstance(every, (int, float)) and every >= 1 else ROWS_KEPT
+        self._pending, self._gather_cap = None, dist.json_cap(rows)
         self._flos_logged = self._flos_begin = float(state.total_flos)
         self._interval, self._run, self._warmup = PhaseTotals(), PhaseTotals(), PhaseTotals()
         self._rows, self._streak, self._ended_early, self._live = deque(maxlen=ROWS_KEPT), {}, None, None
@@ -480,8 +484,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         # hold steps after the interval: no MFU for that interval then.
         flops = float(state.total_flos) - self._flos_logged if state.global_step == step else 0.0
         interval = self._report([g["interval"] for g in gathered], flops if flops > 0 else None)
-        if flops > 0:
-            self._flos_logged = float(state.total_flos)
+        self._flos_logged = float(state.total_flos)  # read late or not, the next interval counts from here
         if interval is not None and self._writer is not None:
             publish.write_scalars(self._writer, interval, step)
         if interval is not None:

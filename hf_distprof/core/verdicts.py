@@ -151,8 +151,11 @@ def per_step_excess(
 
     In numpy, one array of steps x ranks: the step timer judges up to :data:`KEPT_CELLS` values on every logging
     step, which a loop over the steps took 40-180 ms to do. Exactly the loop's results (the same operations on the
-    same float64 values in the same order: ``tests/unit/test_verdicts.py`` holds the loop and compares)."""
+    same float64 values in the same order: ``tests/unit/test_verdicts.py`` holds the loop and compares) for finite
+    values; with a NaN or an infinity among them (numpy and Python order NaN differently) the loop itself runs."""
     values = np.array([[float(v) for v in per_step[r][:n]] for r in ranks], dtype=np.float64).T  # (n, R)
+    if not np.isfinite(values).all() or (scale is not None and not np.isfinite(np.array(scale[:n], float)).all()):
+        return _per_step_excess_loop(per_step, ranks, n, scale)
     width = len(ranks)
     slowest = np.bincount(np.argmax(values, axis=1), minlength=width)
     order = np.argsort(values, axis=1, kind="stable")
@@ -172,6 +175,23 @@ def per_step_excess(
     return ({r: pct[:, i].tolist() for i, r in enumerate(ranks)},
             {r: diff[:, i].tolist() for i, r in enumerate(ranks)},
             {r: int(slowest[i]) for i, r in enumerate(ranks)})
+
+
+def _per_step_excess_loop(
+    per_step: Mapping[int, Sequence[float]], ranks: Sequence[int], n: int, scale: Sequence[float] | None
+) -> tuple[dict[int, list[float]], dict[int, list[float]], dict[int, int]]:
+    """:func:`per_step_excess` one step at a time, for values numpy would order differently (NaN)."""
+    excess: dict[int, list[float]] = {r: [] for r in ranks}
+    excess_abs: dict[int, list[float]] = {r: [] for r in ranks}
+    slowest_count = dict.fromkeys(ranks, 0)
+    for s in range(n):
+        values = {r: float(per_step[r][s]) for r in ranks}
+        slowest_count[max(ranks, key=lambda r: values[r])] += 1
+        for r, others in zip(ranks, medians_of_the_others([values[r] for r in ranks]), strict=True):
+            denom = others if scale is None else float(scale[s])
+            excess_abs[r].append(values[r] - others)
+            excess[r].append(100.0 * (values[r] - others) / denom if denom > 0 else 0.0)
+    return excess, excess_abs, slowest_count
 
 
 def judge_slow_rank(

@@ -1,6 +1,7 @@
 """``hf_distprof.dist.all_gather_json_async``: one JSON object per rank in one non-blocking collective of
 fixed-size buffers (an 8-byte length, then the encoded bytes), read later; an object that does not fit its buffer
-makes every rank gather the whole objects once more. Tried on 2 real gloo ranks, and without a process group."""
+makes every rank gather buffers of the largest length once more. Tried on 2 real gloo ranks, and without a process
+group."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import json
 import subprocess
 import sys
 import textwrap
+
+import pytest
 
 from hf_distprof import dist
 
@@ -21,8 +24,9 @@ dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=rank, 
 out = {}
 # 1. Small objects: one all-gather of 16 KiB buffers, nothing more.
 calls = []
-real = dist.all_gather_object
+real, real_tensors = dist.all_gather_object, dist.all_gather
 dist.all_gather_object = lambda *a, **k: calls.append("all_gather_object") or real(*a, **k)
+dist.all_gather = lambda out, t, **k: calls.append(("all_gather", t.numel())) or real_tensors(out, t, **k)
 pending = ours.all_gather_json_async({"rank": rank, "rows": [[rank, 0.5]] * 3})
 out["small"] = pending.result()
 out["small_cap"], out["small_next"], out["small_calls"] = pending.cap, pending.next_cap, list(calls)
@@ -53,17 +57,23 @@ def test_two_gloo_ranks_gather_their_objects_and_grow_the_buffer_together(tmp_pa
         outs.append(json.loads(stdout.strip().splitlines()[-1]))
     for out in outs:
         assert out["small"] == [{"rank": 0, "rows": [[0, 0.5]] * 3}, {"rank": 1, "rows": [[1, 0.5]] * 3}]
-        assert (out["small_cap"], out["small_next"], out["small_calls"]) == (16384, 16384, [])
-        assert out["big"] == [[0, 10], [1, 40000]] and out["big_calls"] == ["all_gather_object"]
+        one = [["all_gather", 16384 + 8]]
+        assert (out["small_cap"], out["small_next"], out["small_calls"]) == (16384, 16384, one)
+        # Rank 1's object did not fit: both ranks gather buffers of its length once more (no pickle).
+        size = len('{"rank":1,"blob":""}') + 40000
+        assert out["big"] == [[0, 10], [1, 40000]] and out["big_calls"] == [*one, *one, ["all_gather", size + 8]]
         # 1.5 x the largest encoded object (~40 kB), to the next power of two: the same on both ranks.
         assert out["big_next"] == 65536
-        assert out["again"] == [[0, 10], [1, 40000]] and out["again_calls"] == ["all_gather_object"]
+        assert out["again"] == [[0, 10], [1, 40000]]
+        assert out["again_calls"] == [*one, *one, ["all_gather", size + 8], ["all_gather", 65536 + 8]]
 
 
 def test_without_a_process_group_the_object_comes_back_as_is():
     obj = {"a": [1, 2]}
     pending = dist.all_gather_json_async(obj)
-    assert pending.done() is True and pending.result() == [obj] and pending.result()[0] is obj
+    # Decoded from its JSON as with several ranks: a tuple comes back a list, whatever the world size.
+    assert pending.done() is True and pending.result() == [obj] and pending.result()[0] is not obj
+    assert dist.all_gather_json_async({"t": (1, 2)}).result() == [{"t": [1, 2]}]
     assert pending.cap == dist.OBJECT_CAP_MIN == 16384 and pending.next_cap == 16384
 
 
@@ -75,16 +85,21 @@ def test_the_next_buffer_is_the_power_of_two_at_or_above_one_and_a_half_times_th
         assert pending.next_cap == cap, largest
 
 
-def test_numpy_and_torch_scalars_travel_as_numbers_and_anything_else_as_null_with_one_warning(caplog):
+def test_numpy_and_torch_scalars_travel_as_numbers_and_anything_else_as_null_with_one_warning(caplog, monkeypatch):
     import numpy as np
     import torch
 
     assert dist.all_gather_json_async({"a": np.float32(0.5), "b": torch.tensor(3)})._payload == b'{"a":0.5,"b":3}'
+    monkeypatch.setattr(dist, "_WARNED_JSON", False)
     with caplog.at_level("WARNING"):
         pending = dist.all_gather_json_async({"a": object()})
-    assert pending.result() == [None] and pending._payload == b"null"
+        looped: list = []
+        looped.append(looped)
+        again = dist.all_gather_json_async(looped)  # ValueError (a circular reference): also null, not said again
+    assert pending.result() == [None] and pending._payload == b"null" and again.result() == [None]
     assert [r.getMessage() for r in caplog.records] == [
-        "cannot send a dict to the other ranks: TypeError('object is not JSON serialisable'); sent null instead"]
+        "cannot send a dict to the other ranks: TypeError('object is not JSON serialisable'); sent null instead "
+        "(said once)"]
 
 
 def test_on_nccl_the_buffers_travel_on_this_ranks_gpu_and_only_result_waits(monkeypatch):
@@ -138,3 +153,23 @@ def test_on_nccl_the_buffers_travel_on_this_ranks_gpu_and_only_result_waits(monk
     assert pending.done() is False  # asks the event, never waits
     assert pending.result() == [{"rank": 0, "rows": []}, peer]
     assert seen[-1] == ("host waits for the event",)  # result() is the one place that may wait
+
+
+def test_the_first_buffer_fits_the_trainer_s_logging_interval_of_rows():
+    # 80 bytes per row and 4 KiB besides, to a power of two; at least 16 KiB.
+    assert [dist.json_cap(rows) for rows in (0, 10, 150, 200, 500, 4096)] == [16384, 16384, 16384, 32768, 65536,
+                                                                               524288]
+
+
+def test_another_accelerator_s_backend_takes_torch_s_blocking_object_gather(monkeypatch):
+    import torch
+
+    d = dist.dist
+    monkeypatch.setattr(d, "is_initialized", lambda: True)
+    monkeypatch.setattr(d, "get_world_size", lambda: 2)
+    monkeypatch.setattr(d, "get_backend", lambda: "xccl")
+    monkeypatch.setattr(d, "all_gather", lambda *a, **k: pytest.fail("no async gather of host tensors on xccl"))
+    monkeypatch.setattr(dist, "all_gather_object", lambda obj: [obj, obj + 1])
+    pending = dist.all_gather_floats_async([1.0, 2.5])
+    assert pending.done() is True and pending.result() == [[1.0, 2.5], [2.0, 3.5]]
+    assert torch.is_tensor(pending.tensors()[1])

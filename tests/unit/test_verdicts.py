@@ -302,3 +302,13 @@ def test_the_per_step_excess_in_numpy_is_exactly_the_loop_s(width, scaled):
     want = _per_step_excess_loop(per_step, ranks, n, scale)
     assert got == want  # exact: every float, every count
     assert all(type(v) is float for values in got[0].values() for v in values)
+
+
+def test_with_a_nan_or_an_infinity_the_per_step_excess_is_the_loop_s_too():
+    per_step = {0: [0.1, float("nan"), 0.3, 0.2], 1: [0.2, 0.2, float("inf"), 0.1], 2: [0.3, 0.1, 0.2, float("nan")]}
+    got = per_step_excess(per_step, [0, 1, 2], 4, None)
+    want = _per_step_excess_loop(per_step, [0, 1, 2], 4, None)
+    assert repr(got) == repr(want)  # NaN != NaN: compared as text
+    scale = [1.0, float("nan"), 1.0, 1.0]
+    assert repr(per_step_excess(per_step, [0, 1, 2], 4, scale)) == repr(_per_step_excess_loop(per_step, [0, 1, 2], 4,
+                                                                                             scale))
