@@ -62,11 +62,6 @@ WARMUP_STEPS = 1
 MAX_PENDING_STEPS = 1000
 # Per-step rows a rank keeps for rank 0 between logging steps; older ones are dropped when logging is rare.
 ROWS_KEPT = 4096
-# The live slow-rank verdict is judged again once the steps it has seen grew by this share since it was last judged,
-# at most this share of the steps it keeps (at every logging step up to 20 steps seen; for 2 ranks, which keep
-# 10,000, at least every 500): its cost grows with the steps it judges (22 ms at 10,000 steps of 2 ranks), which
-# every logging step of a long run would otherwise pay.
-LIVE_VERDICT_GROWTH = 0.05
 
 
 class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
@@ -120,8 +115,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self._busy_at_begin = False
         self._busy_steps: set[int] = set()
         self._streak: dict[str, int | None] = {}  # what was over its threshold at the previous logging step
-        # The live verdict and how many steps the series had seen when it was judged (LIVE_VERDICT_GROWTH).
-        self._live: tuple[Any, int] | None = None
+        self._live: tuple[Any, int] | None = None  # the live verdict, and the steps seen when it was judged
         # rank 0: each rank's MB in use at each logging step, for the memory-growth verdict
         self._growth_watch = GrowthWatch(args.memory_growth_threshold_pct, "process RSS", self._distorts_memory)
         # Called with each resolved step after the warm-up (--profile-ranks auto keeps this rank's step times).
@@ -164,11 +158,9 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self._first_step = state.global_step + 1
         self._gathered_step = state.global_step
         self._log_step = None
-        # Rows of an interval, 4 floats each, are most of the payload: size the first buffer for the Trainer's
-        # logging interval (the same on every rank), so that a run's first logging step fits too.
-        every = getattr(state, "logging_steps", 0)
-        rows = min(int(every), ROWS_KEPT) if isinstance(every, (int, float)) and every >= 1 else ROWS_KEPT
-        self._pending, self._gather_cap = None, dist.json_cap(rows)
+        # The first buffer fits an interval of the Trainer's logging steps (the same on every rank; rows are most).
+        every = float(getattr(state, "logging_steps", 0) or 0)
+        self._pending, self._gather_cap = None, dist.json_cap(min(int(every), ROWS_KEPT) if every >= 1 else ROWS_KEPT)
         self._flos_logged = self._flos_begin = float(state.total_flos)
         self._interval, self._run, self._warmup = PhaseTotals(), PhaseTotals(), PhaseTotals()
         self._rows, self._streak, self._ended_early, self._live = deque(maxlen=ROWS_KEPT), {}, None, None
@@ -460,16 +452,14 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         return self._series.verdict(self.args.imbalance_threshold_pct, exclude)
 
     def _live_verdict(self) -> tuple[Any, bool]:
-        """The live slow-rank verdict, and whether it was judged now: again only once the series has seen
-        ``LIVE_VERDICT_GROWTH`` more steps than when it was last judged, at most that share of the steps it keeps
-        (the end of the run always judges anew)."""
+        """The live slow-rank verdict, and whether it was judged now (:meth:`StepSeries.due`); the end of the run
+        always judges anew."""
         assert self._series is not None
-        seen = self._series.added
-        if self._live is None or seen - self._live[1] >= max(
-                1, int(LIVE_VERDICT_GROWTH * min(self._live[1], self._series.max_steps))):
-            self._live = (self._verdict(), seen)
-            return self._live[0], True
-        return self._live[0], False
+        fresh = self._live is None or self._series.due(self._live[1])
+        if fresh:
+            self._live = (self._verdict(), self._series.added)
+        assert self._live is not None
+        return self._live[0], fresh
 
     def _persistent(self, key: str, subject: int | None) -> bool:
         """Whether ``subject`` was over its threshold at this logging step and the previous one."""

@@ -310,6 +310,10 @@ def memory_warning(ranks: Sequence[RankSummary], mem_imbalance: float, threshold
 
 
 
+LIVE_VERDICT_GROWTH = 0.05
+"""The growth of the steps seen after which the live slow-rank verdict is judged again (:meth:`StepSeries.due`)."""
+
+
 class StepSeries:
     """Rank 0's per-step record of every rank's pre-sync time and step time, bounded in length.
 
@@ -351,6 +355,13 @@ class StepSeries:
 
     def __len__(self) -> int:
         return len(self._steps)
+
+    def due(self, judged_at: int) -> bool:
+        """Whether a verdict judged when :attr:`added` was ``judged_at`` is due again: once the steps seen grew by
+        :data:`LIVE_VERDICT_GROWTH` since, at most that share of the steps kept (every logging step up to 20 steps
+        seen; with 2 ranks, which keep 10,000, at least every 500). A verdict's cost grows with the steps it judges
+        (22 ms at 10,000 steps of 2 ranks), which every logging step of a long run would otherwise pay."""
+        return self.added - judged_at >= max(1, int(LIVE_VERDICT_GROWTH * min(judged_at, self.max_steps)))
 
     def step_times(self) -> dict[int, float]:
         """step -> the step time (the slowest rank's; under DDP they are equal)."""
