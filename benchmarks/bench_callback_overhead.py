@@ -167,16 +167,8 @@ def worker(pairs: int, steps: int, names: str, result: Path, work: Workload) -> 
 
     from hf_distprof import ProfilingArguments, build_callbacks
     from hf_distprof.recipe.models import tiny_modernbert_config
-    from hf_distprof.timing.instrument import PhaseLabels, _TimedIterator
-    from hf_distprof.timing.recorder import StepRecorder
 
-    direct = DirectCost()
-    # The step timer's code that runs inside the Trainer's step rather than in a callback hook. The data
-    # loader hook's own cost is its on_fetch call (the phase label) and the recorder's data sink; the
-    # next() it wraps is the loader's time, not ours.
-    direct.instrument_class(StepRecorder, "StepRecorder")
-    direct.instrument_class(PhaseLabels, "PhaseLabels")
-    _TimedIterator.__next__ = _untimed_next(direct, _TimedIterator.__next__)  # type: ignore[method-assign]
+    direct = step_timer_direct_cost()
 
     class StepClock(TrainerCallback):  # type: ignore[misc]
         def __init__(self) -> None:
@@ -222,6 +214,20 @@ def worker(pairs: int, steps: int, names: str, result: Path, work: Workload) -> 
             direct.enabled = False
             runs.append({"pair": pair, "variant": variant, "stamps": clock.stamps, "direct_s": direct.seconds})
     Path(f"{result}.rank{dist.get_rank() if dist.is_initialized() else 0}").write_text(json.dumps(runs))
+
+
+def step_timer_direct_cost() -> DirectCost:
+    """A :class:`DirectCost` that also times the step timer's code running inside the Trainer's step rather than in
+    a callback hook. The data loader hook's own cost is its on_fetch call (the phase label) and the recorder's data
+    sink; the next() it wraps is the loader's time, not ours."""
+    from hf_distprof.timing.instrument import PhaseLabels, _TimedIterator
+    from hf_distprof.timing.recorder import StepRecorder
+
+    direct = DirectCost()
+    direct.instrument_class(StepRecorder, "StepRecorder")
+    direct.instrument_class(PhaseLabels, "PhaseLabels")
+    _TimedIterator.__next__ = _untimed_next(direct, _TimedIterator.__next__)  # type: ignore[method-assign]
+    return direct
 
 
 def _untimed_next(direct: DirectCost, inner_next: Any) -> Any:

@@ -52,11 +52,10 @@ from bench_callback_overhead import (  # noqa: E402
     ONCE_PER_CALL,
     VOCAB,
     WARMUP,
-    DirectCost,
     Workload,
-    _untimed_next,
     bootstrap_interval,
     free_port,
+    step_timer_direct_cost,
 )
 
 # variant -> (ProfilingArguments overrides, step-timer instrument taken out or "")
@@ -117,13 +116,8 @@ def worker(rounds: int, steps: int, names: list[str], result: Path) -> None:
 
     from hf_distprof import ProfilingArguments, build_callbacks
     from hf_distprof.recipe.models import tiny_modernbert_config
-    from hf_distprof.timing.instrument import PhaseLabels, _TimedIterator
-    from hf_distprof.timing.recorder import StepRecorder
 
-    direct = DirectCost()
-    direct.instrument_class(StepRecorder, "StepRecorder")
-    direct.instrument_class(PhaseLabels, "PhaseLabels")
-    _TimedIterator.__next__ = _untimed_next(direct, _TimedIterator.__next__)  # type: ignore[method-assign]
+    direct = step_timer_direct_cost()
 
     class StepClock(TrainerCallback):  # type: ignore[misc]
         """Per step: wall time, the process's CPU time (every thread: gloo's too) and the training thread's."""
