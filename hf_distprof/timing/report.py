@@ -359,8 +359,9 @@ class StepSeries:
     def due(self, judged_at: int) -> bool:
         """Whether a verdict judged when :attr:`added` was ``judged_at`` is due again: once the steps seen grew by
         :data:`LIVE_VERDICT_GROWTH` since, at most that share of the steps kept (at every logging step while one
-        logging interval is 5% of the steps seen; with 2 ranks, which keep 10,000, at least every 500). A verdict's cost grows with the steps it judges
-        (22 ms at 10,000 steps of 2 ranks), which every logging step of a long run would otherwise pay."""
+        logging interval is 5% of the steps seen; with 2 ranks, which keep 10,000, at least every 500). A verdict's
+        cost grows with the steps it judges (22 ms at 10,000 steps of 2 ranks), which every logging step of a long
+        run would otherwise pay."""
         return self.added - judged_at >= max(1, int(LIVE_VERDICT_GROWTH * min(judged_at, self.max_steps)))
 
     def step_times(self) -> dict[int, float]:

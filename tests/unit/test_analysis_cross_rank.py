@@ -274,3 +274,24 @@ def test_the_imbalance_verdict_judges_the_step_timers_own_work_in_the_traced_ste
     # A step the timer did not record for a rank: the trace's figure, as before.
     partial = {0: own[0], 1: {s: 0.080 for s in range(1, 6)}}
     assert cross_rank(ranks, AnalysisOptions(), cpu_wait=wait, own_work=partial).imbalance_verdict.effect_pct == 0.0
+
+
+def test_a_rank_the_step_timer_names_but_the_window_shows_waiting_says_the_window_does_not_show_it():
+    from hf_distprof.analysis.across.skew import _stragglers
+    from hf_distprof.analysis.results.across import RankSkew
+    from hf_distprof.core.verdicts import SlowRankVerdict
+
+    timer = SlowRankVerdict("raised", 1, 14.0, 10.0, 8.9, 15, 16, 2, 0.0001, 6, "named", test="signed-rank, step timer")
+    window = SlowRankVerdict("raised", 1, 14.0, 10.0, 8.9, 6, 6, 2, 0.01, 6, "named", test="signed-rank")
+    ranks = [RankSkew(0, 41_130.0, 27_000.0, 6_270.0, 0.0, 0.0), RankSkew(1, 41_130.0, 27_000.0, 13_570.0, 221.9, 0.0)]
+    (named,) = _stragglers(ranks, timer, 11, AnalysisOptions())
+    assert named.evidence.endswith(
+        "the step timer names it over the run's 16 untraced steps: slowest in 15 of 16 (p = 0.000 by chance), beyond "
+        "the step-to-step noise of 8.9%, which the traced window does not show (there this rank waited longer than "
+        "its peers): the run's untraced steps carry the verdict")
+    # The window's own verdict, or a named rank that waited less than its peers: no such clause.
+    (by_window,) = _stragglers(ranks, window, 11, AnalysisOptions())
+    assert "does not show" not in by_window.evidence
+    ranks[1].comm_wait_us = 1_000.0
+    (waits_less,) = _stragglers(ranks, timer, 11, AnalysisOptions())
+    assert waits_less.evidence.endswith("beyond the step-to-step noise of 8.9%")
