@@ -160,12 +160,10 @@ def worker(pairs: int, steps: int, names: str, result: Path, work: Workload) -> 
     import torch.distributed as dist
     from transformers import (
         ModernBertForMaskedLM,
-        Trainer,
         TrainerCallback,
-        TrainingArguments,
     )
 
-    from hf_distprof import ProfilingArguments, build_callbacks
+    from hf_distprof import ProfilingArguments
     from hf_distprof.recipe.models import tiny_modernbert_config
 
     direct = step_timer_direct_cost()
@@ -194,7 +192,7 @@ def worker(pairs: int, steps: int, names: str, result: Path, work: Workload) -> 
     for pair in range(pairs):
         for variant in ("A", "B") if pair % 2 == 0 else ("B", "A"):
             clock = StepClock()
-            callbacks: list[Any] = []
+            prof = None
             if variant == "B":
                 prof = ProfilingArguments(
                     profiler_skip_first=10**6,  # the profiler is built and stepped, never recording
@@ -202,18 +200,29 @@ def worker(pairs: int, steps: int, names: str, result: Path, work: Workload) -> 
                     profiler_output_dir=str(out / "prof"),
                     **variant_b_flags(names),
                 )
-                callbacks = build_callbacks(prof)
-                for callback in callbacks:
-                    direct.instrument_callback(callback)
-            args = TrainingArguments(**work.training_arguments(out, steps))
-            trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[*callbacks, clock])
-            direct.reset()
-            direct.enabled = variant == "B"
-            with contextlib.redirect_stdout(io.StringIO()):  # the step timer's table, every train() call
-                trainer.train()
-            direct.enabled = False
+            train_once(direct, prof, model, data, work, out, steps, clock)
             runs.append({"pair": pair, "variant": variant, "stamps": clock.stamps, "direct_s": direct.seconds})
     Path(f"{result}.rank{dist.get_rank() if dist.is_initialized() else 0}").write_text(json.dumps(runs))
+
+
+def train_once(direct: DirectCost, prof: Any, model: Any, data: Any, work: Workload, out: Path, steps: int,
+               clock: Any) -> None:
+    """One ``train()`` call of ``steps`` steps: with our callbacks built from ``prof`` (each hook timed by ``direct``),
+    or none when ``prof`` is None; ``clock`` (a callback) records the steps."""
+    from transformers import Trainer, TrainingArguments
+
+    from hf_distprof import build_callbacks
+
+    callbacks = build_callbacks(prof) if prof is not None else []
+    for callback in callbacks:
+        direct.instrument_callback(callback)
+    args = TrainingArguments(**work.training_arguments(out, steps))
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[*callbacks, clock])
+    direct.reset()
+    direct.enabled = prof is not None
+    with contextlib.redirect_stdout(io.StringIO()):  # the step timer's table, every train() call
+        trainer.train()
+    direct.enabled = False
 
 
 def step_timer_direct_cost() -> DirectCost:

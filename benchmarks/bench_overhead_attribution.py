@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import itertools
 import json
 import multiprocessing
@@ -56,6 +55,7 @@ from bench_callback_overhead import (  # noqa: E402
     bootstrap_interval,
     free_port,
     step_timer_direct_cost,
+    train_once,
 )
 
 # variant -> (ProfilingArguments overrides, step-timer instrument taken out or "")
@@ -112,9 +112,9 @@ def worker(rounds: int, steps: int, names: list[str], result: Path) -> None:
     ``<result>.rank<R>``."""
     import torch
     import torch.distributed as dist
-    from transformers import ModernBertForMaskedLM, Trainer, TrainerCallback, TrainingArguments
+    from transformers import ModernBertForMaskedLM, TrainerCallback
 
-    from hf_distprof import ProfilingArguments, build_callbacks
+    from hf_distprof import ProfilingArguments
     from hf_distprof.recipe.models import tiny_modernbert_config
 
     direct = step_timer_direct_cost()
@@ -147,22 +147,11 @@ def worker(rounds: int, steps: int, names: list[str], result: Path) -> None:
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
             clock = StepClock()
-            callbacks: list[Any] = []
             overrides, instrument = VARIANTS.get(name, ({}, ""))
             with without(instrument) if instrument else contextlib.nullcontext():
-                if name != "none":
-                    prof = ProfilingArguments(profiler_skip_first=10**6, profiler_output_dir=str(out / "prof"),
-                                              **overrides)
-                    callbacks = build_callbacks(prof)
-                    for callback in callbacks:
-                        direct.instrument_callback(callback)
-                args = TrainingArguments(**work.training_arguments(out, steps))
-                trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[*callbacks, clock])
-                direct.reset()
-                direct.enabled = name != "none"
-                with contextlib.redirect_stdout(io.StringIO()):
-                    trainer.train()
-                direct.enabled = False
+                prof = None if name == "none" else ProfilingArguments(
+                    profiler_skip_first=10**6, profiler_output_dir=str(out / "prof"), **overrides)
+                train_once(direct, prof, model, data, work, out, steps, clock)
             runs.append({"round": r, "variant": name, "stamps": clock.stamps, "cpu": clock.cpu, "main": clock.main,
                          "direct_s": direct.seconds})
     Path(f"{result}.rank{dist.get_rank() if dist.is_initialized() else 0}").write_text(json.dumps(runs))
