@@ -2,9 +2,9 @@
 """Where the always-on callbacks' cost comes from: each feature alone, each step-timer instrument taken out, and the
 whole set, against none, in one run, on 2 CPU ranks (gloo).
 
-    python benchmarks/bench_overhead_attribution.py                    # 6 rounds of every variant, 30 steps each
-    python benchmarks/bench_overhead_attribution.py --rounds 8 --busy  # beside a busy core (a spinning process)
-    python benchmarks/bench_overhead_attribution.py --variants none,all,timer
+    python benchmarks/bench_overhead_attribution.py              # 30 rounds of none, all, all@1: 12 steps each
+    python benchmarks/bench_overhead_attribution.py --busy       # the same beside a busy core (a spinning process)
+    python benchmarks/bench_overhead_attribution.py --variants every --rounds 10   # each feature, each instrument
 
 ``bench_callback_overhead.py`` measures the whole set against none (A/B) and the direct cost of our hooks. The
 difference between the two (the A/B ratio less 1, less the direct cost's share of the step) is the *indirect* cost:
@@ -13,8 +13,15 @@ collector, a cache disturbed) and never time themselves. This benchmark attribut
 the same tiny ModernBERT with the Trainer (random tokens, 8 x 128 per rank per step), each variant a ``train()``
 call of ``--steps`` steps, every variant once per round, the order rotated from round to round (round r starts at
 variant r), so that a shared machine's drift falls on all alike. Per round and variant: the median step time over
-its steps (the first 5 left out) divided by the same round's ``none``; the figure is the median over rounds, with a
-bootstrap 95% interval, and the direct cost of the variant's hooks, per step (``bench_callback_overhead.DirectCost``).
+its steps (the first step and the ``--warmup`` after it left out) divided by the same round's ``none``; the figure
+is the median over rounds, with a bootstrap 95% interval, and the direct cost of the variant's hooks, per step
+(``bench_callback_overhead.DirectCost``). The same ratio of *mean* step times is printed beside it: a cost paid on
+one step in ten (a logging step's gather, the memory logger's sample) moves a mean and hides from a median.
+
+Many short calls rather than a few long ones: on a shared 2-core VM whose cores change speed by ~20% for seconds at
+a time, a 30-step call (10 s) mixes speeds and every pair's ratio spreads by 5-10%, so 8 rounds resolve nothing
+finer than +-5%; a 12-step call (4 s) mostly runs at one speed, the rounds that straddle a change fall to the tails,
+and the median of 30 rounds resolves about +-1.5% in 6 minutes.
 
 The variants (``--variants`` picks some; ``none`` is always run):
 
@@ -25,6 +32,9 @@ The variants (``--variants`` picks some; ``none`` is always run):
 - ``timer-grad``, ``timer-runqueue``, ``timer-labels``, ``timer-loader``: the step timer with one instrument taken
   out: the per-parameter gradient hooks (the end of backward), the run-queue reads (the wait for a CPU), the phase
   ranges, the data-loader hook. Its cost in ``timer`` less its cost without the instrument is that instrument's.
+
+The default is ``none,all,all@1`` (the always-on set's targets: the defaults, and memory every step); ``every`` is
+all of them.
 
 ``--busy`` adds a process that spins on one core for the whole run: a user's data workers or a third rank.
 """
@@ -42,7 +52,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +60,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_callback_overhead import (  # noqa: E402
     ONCE_PER_CALL,
     VOCAB,
-    WARMUP,
     Workload,
     bootstrap_interval,
     free_port,
@@ -72,7 +81,7 @@ VARIANTS: dict[str, tuple[dict[str, Any], str]] = {
     "timer-labels": ({"enable_step_timing": True}, "labels"),
     "timer-loader": ({"enable_step_timing": True}, "loader"),
 }
-DEFAULT_VARIANTS = ",".join(["none", *VARIANTS])
+DEFAULT_VARIANTS = "none,all,all@1"
 
 
 @contextlib.contextmanager
@@ -162,7 +171,7 @@ def _spin(stop: Any) -> None:
         sum(i * i for i in range(10_000))
 
 
-def launch(rounds: int, steps: int, names: list[str], busy: bool) -> dict[int, list[dict[str, Any]]]:
+def launch(rounds: int, steps: int, names: list[str], busy: bool, warmup: int) -> dict[int, list[dict[str, Any]]]:
     stop = multiprocessing.Event()
     spinner = multiprocessing.Process(target=_spin, args=(stop,), daemon=True) if busy else None
     if spinner is not None:
@@ -185,7 +194,7 @@ def launch(rounds: int, steps: int, names: list[str], busy: bool) -> dict[int, l
     for runs in per_rank.values():
         for run in runs:
             for key, out in (("stamps", "step_s"), ("cpu", "cpu_s"), ("main", "main_s")):
-                run[out] = [b - a for a, b in itertools.pairwise(run[key])][WARMUP:]
+                run[out] = [b - a for a, b in itertools.pairwise(run[key])][warmup:]
     return per_rank
 
 
@@ -195,13 +204,15 @@ def direct_per_step(run: dict[str, Any]) -> float:
     return sum(every.values()) / (len(run["stamps"]) or 1)
 
 
-def _ratios(per_rank: dict[int, list[dict[str, Any]]], name: str, key: str) -> list[float]:
-    """Per round: the variant's median per-step figure over the same round's ``none``, mean over the ranks."""
+def _ratios(per_rank: dict[int, list[dict[str, Any]]], name: str, key: str,
+            stat: Callable[[list[float]], float] = statistics.median) -> list[float]:
+    """Per round: the variant's median (or ``stat``) per-step figure over the same round's ``none``, mean over the
+    ranks."""
     out = []
     for rnd in sorted({r["round"] for r in per_rank[0]}):
         per = []
         for runs in per_rank.values():
-            got = {r["variant"]: statistics.median(r[key]) for r in runs if r["round"] == rnd}
+            got = {r["variant"]: stat(r[key]) for r in runs if r["round"] == rnd}
             if name in got and got.get("none"):
                 per.append(got[name] / got["none"])
         if per:
@@ -217,8 +228,8 @@ def report(per_rank: dict[int, list[dict[str, Any]]], rounds: int, names: list[s
     cpu_none = statistics.median(statistics.median(r["cpu_s"]) for r in per_rank[0] if r["variant"] == "none")
     print(f"none: median step {step_none * 1e3:.1f} ms wall, {cpu_none * 1e3:.1f} ms of CPU (rank 0's process) over "
           f"{rounds} rounds")
-    print(f"{'variant':<16}{'wall A/B (95%)':>26}{'CPU A/B (95%)':>26}{'main A/B':>10}{'direct ms r0/r1':>17}"
-          f"{'direct %':>10}{'indirect % wall/CPU':>21}")
+    print(f"{'variant':<16}{'wall A/B (95%)':>26}{'CPU A/B (95%)':>26}{'mean-step A/B (95%)':>26}{'main A/B':>10}"
+          f"{'direct ms r0/r1':>17}{'direct %':>10}{'indirect % wall/CPU':>21}")
     tops: dict[str, str] = {}
     for name in names:
         if name == "none":
@@ -234,10 +245,13 @@ def report(per_rank: dict[int, list[dict[str, Any]]], rounds: int, names: list[s
             cells.append(f"{ratio:.4f} ({low:.3f}-{high:.3f})")
             base = step_none if key == "step_s" else cpu_none
             excess.append(100.0 * (ratio - 1.0) - 100.0 * max(direct) / base)
+        means = _ratios(per_rank, name, "step_s", statistics.fmean)
+        low, high = bootstrap_interval(means)
+        cells.append(f"{statistics.median(means):.4f} ({low:.3f}-{high:.3f})")
         main = statistics.median(_ratios(per_rank, name, "main_s"))
         direct_ms = f"{direct[0] * 1e3:.2f}/{direct[-1] * 1e3:.2f}"
         tops[name] = _top_hooks([r for r in per_rank[0] if r["variant"] == name])
-        print(f"{name:<16}{cells[0]:>26}{cells[1]:>26}{main:>10.4f}{direct_ms:>17}{direct_pct:>9.2f}%"
+        print(f"{name:<16}{cells[0]:>26}{cells[1]:>26}{cells[2]:>26}{main:>10.4f}{direct_ms:>17}{direct_pct:>9.2f}%"
               f"{f'{excess[0]:.2f}/{excess[1]:.2f}':>21}")
     print("direct cost by hook, rank 0, ms per step:")
     for name, top in tops.items():
@@ -246,20 +260,25 @@ def report(per_rank: dict[int, list[dict[str, Any]]], rounds: int, names: list[s
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=6, help="rounds: every variant once per round (default 6)")
-    parser.add_argument("--steps", type=int, default=30, help="optimizer steps per train() call (default 30)")
+    parser.add_argument("--rounds", type=int, default=30, help="rounds: every variant once per round (default 30)")
+    parser.add_argument("--steps", type=int, default=12, help="optimizer steps per train() call (default 12)")
     parser.add_argument("--variants", default=DEFAULT_VARIANTS,
-                        help=f"comma-separated, from none, {', '.join(VARIANTS)} (default: all of them)")
+                        help=f"comma-separated, from none, {', '.join(VARIANTS)}; every: all of them "
+                             f"(default {DEFAULT_VARIANTS})")
+    parser.add_argument("--warmup", type=int, default=2,
+                        help="steps left out at the start of every train() call, after its first (default 2)")
     parser.add_argument("--busy", action="store_true", help="a process spinning on one core beside the ranks")
+    parser.add_argument("--save", type=Path, help="also write every run's per-step figures, per rank, to this file")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    names = list(dict.fromkeys(["none", *args.variants.split(",")]))
+    asked = list(VARIANTS) if args.variants == "every" else args.variants.split(",")
+    names = list(dict.fromkeys(["none", *asked]))
     unknown = [n for n in names if n != "none" and n not in VARIANTS]
     if unknown:
         parser.error(f"--variants: unknown {unknown}; choose from none, {', '.join(VARIANTS)}")
-    if args.steps <= WARMUP + 2 or args.rounds < 1:
-        parser.error(f"--steps must be > {WARMUP + 2} and --rounds >= 1")
+    if args.warmup < 0 or args.steps <= args.warmup + 2 or args.rounds < 1:
+        parser.error(f"--warmup must be >= 0, --steps > --warmup + 2 (here {args.warmup + 2}) and --rounds >= 1")
     if args.worker:
         try:
             worker(args.rounds, args.steps, names, args.result)
@@ -272,7 +291,10 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()[0]
     print(f"{args.rounds} rounds x {len(names)} variants x {args.steps} steps, 2 CPU ranks (gloo), "
           f"{'beside a busy core' if args.busy else 'no busy core added'}; load average {load:.1f}", flush=True)
-    report(launch(args.rounds, args.steps, names, args.busy), args.rounds, names)
+    per_rank = launch(args.rounds, args.steps, names, args.busy, args.warmup)
+    if args.save is not None:
+        args.save.write_text(json.dumps(per_rank))
+    report(per_rank, args.rounds, names)
     return 0
 
 

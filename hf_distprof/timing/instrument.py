@@ -348,13 +348,13 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 
 def current_memory_bytes(device: torch.device) -> int | None:
-    """Memory in use now: CUDA allocated on GPU, the process's RSS on CPU (psutil); None when unreadable.
+    """Memory in use now: CUDA allocated on GPU, the process's RSS on CPU; None when unreadable.
 
     Host counters only (no device sync). Sampled on logging steps, for the memory-growth verdict.
     """
     if device.type == "cuda":
         return int(torch.cuda.memory_allocated(device))
     try:
-        return int(memstats.this_process().memory_info().rss)
+        return memstats.host_rss_bytes()
     except Exception:  # noqa: BLE001 - a sandbox without /proc: no growth check, nothing else lost
         return None

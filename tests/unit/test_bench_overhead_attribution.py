@@ -4,6 +4,7 @@ the report's ratios are per round against the same round's ``none``. (The benchm
 from __future__ import annotations
 
 import importlib.util
+import statistics
 import sys
 from pathlib import Path
 
@@ -57,3 +58,24 @@ def test_ratios_are_taken_per_round_against_that_rounds_none(bench):
     per_rank = {0: [run(0, "none", 1.0), run(0, "all", 1.1), run(1, "none", 2.0), run(1, "all", 2.0)],
                 1: [run(0, "none", 1.0), run(0, "all", 1.3), run(1, "none", 2.0), run(1, "all", 2.2)]}
     assert bench._ratios(per_rank, "all", "step_s") == pytest.approx([1.2, 1.05])
+
+
+def test_the_mean_step_ratio_sees_a_cost_paid_on_one_step_in_ten(bench):
+    # A 20 ms cost on one step of ten leaves the median where it was and moves the mean by 2 ms a step.
+    def run(rnd, variant, steps):
+        return {"round": rnd, "variant": variant, "step_s": steps}
+
+    none = [0.1] * 10
+    logged = [0.1] * 9 + [0.12]
+    per_rank = {0: [run(0, "none", none), run(0, "all", logged)], 1: [run(0, "none", none), run(0, "all", logged)]}
+    assert bench._ratios(per_rank, "all", "step_s") == pytest.approx([1.0])
+    assert bench._ratios(per_rank, "all", "step_s", statistics.fmean) == pytest.approx([1.02])
+
+
+def test_bad_flags_exit_2_naming_the_flag(bench, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--steps", "4", "--warmup", "2"])
+    assert exc.value.code == 2 and "--steps > --warmup + 2 (here 4)" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--variants", "none,all,fast"])
+    assert exc.value.code == 2 and "--variants: unknown ['fast']" in capsys.readouterr().err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import psutil
@@ -27,6 +28,45 @@ def test_cpu_sample_is_the_process_rss():
     assert set(sample) == {"rss_mb", "vms_mb", "peak_rss_mb"}
     assert min(before, after) - 1 <= sample["rss_mb"] <= max(before, after) + 1
     assert sample["vms_mb"] >= sample["rss_mb"] and sample["peak_rss_mb"] >= sample["rss_mb"] - 1
+
+
+def test_host_memory_reads_what_psutil_reads_and_falls_back_to_it_without_statm(monkeypatch):
+    info = psutil.Process().memory_info()
+    fast = memstats.host_memory()
+    assert fast["vms_mb"] == pytest.approx(info.vms / MB, abs=4)  # the same statm fields, a moment apart
+    assert fast["rss_mb"] == pytest.approx(info.rss / MB, abs=4)
+    assert memstats.host_rss_bytes() == pytest.approx(info.rss, abs=4 * MB)
+    assert memstats._STATM is not None and memstats._STATM[0] == os.getpid() and memstats._STATM[1] >= 0
+
+    def no_proc(*args, **kwargs):
+        raise OSError("no /proc here")
+
+    monkeypatch.setattr(memstats, "_STATM", None)
+    monkeypatch.setattr(memstats.os, "open", no_proc)
+    slow = memstats.host_memory()
+    assert memstats._STATM == (os.getpid(), -1)  # tried once, psutil from then on
+    assert slow["vms_mb"] == pytest.approx(info.vms / MB, abs=4)
+    assert memstats.host_rss_bytes() == pytest.approx(info.rss, abs=4 * MB)
+
+
+def test_a_forked_child_reads_its_own_statm_not_its_parents():
+    memstats.host_memory()  # the parent's descriptor is open
+    parent = memstats._STATM
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: grows by 200 MiB, which only its own statm shows
+        try:
+            before = memstats.host_memory()["rss_mb"]
+            x = b"\x01" * (200 * MB)  # bytes, not a tensor: no OpenMP in a forked child
+            grown = memstats.host_memory()["rss_mb"] - before
+            ok = memstats._STATM is not None and memstats._STATM[0] == os.getpid() and memstats._STATM != parent
+            os.write(write, json.dumps({"grown": grown, "own": ok, "size": len(x)}).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    got = json.loads(os.read(read, 4096))
+    os.waitpid(pid, 0)
+    assert got["own"] and 190 <= got["grown"] <= 260, got  # read from its own statm: the parent did not grow
 
 
 def test_a_logged_peak_belongs_to_its_window_and_the_run_peak_survives_resets():

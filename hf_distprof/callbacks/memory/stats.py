@@ -32,8 +32,46 @@ def this_process() -> psutil.Process:
     return _PROCESS
 
 
+# (pid, file descriptor) of /proc/self/statm, kept open by the process that opened it; fd -1: not readable here.
+_STATM: tuple[int, int] | None = None
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _statm_pages() -> tuple[int, int] | None:
+    """(virtual size, resident size) in pages from Linux's ``/proc/self/statm``, or None where it cannot be read.
+
+    One ``pread`` of a descriptor kept open (~1 us): psutil's ``memory_info()`` reads the same two numbers from
+    the same file through a stack of Python wrappers, 12 us warm and 120-170 us at a training step's end, when a
+    step's work has left the caches cold. A forked child opens its own (``/proc/self`` was the parent's).
+    """
+    global _STATM
+    pid = os.getpid()
+    if _STATM is None or _STATM[0] != pid:
+        try:
+            _STATM = (pid, os.open("/proc/self/statm", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)))
+        except OSError:
+            _STATM = (pid, -1)
+    if _STATM[1] < 0:
+        return None
+    try:
+        size, resident = os.pread(_STATM[1], 128, 0).split()[:2]
+        return int(size), int(resident)
+    except (OSError, ValueError):
+        return None
+
+
+def host_rss_bytes() -> int:
+    """The process's resident set size in bytes (``/proc/self/statm``; psutil elsewhere)."""
+    pages = _statm_pages()
+    return pages[1] * _PAGE_BYTES if pages is not None else int(this_process().memory_info().rss)
+
+
 def host_memory() -> dict[str, float]:
-    """The process's resident and virtual size in MiB: ``{"rss_mb", "vms_mb"}`` (psutil, one syscall)."""
+    """The process's resident and virtual size in MiB: ``{"rss_mb", "vms_mb"}`` (``/proc/self/statm``, as psutil
+    reads them, in one syscall; psutil where that file is missing)."""
+    pages = _statm_pages()
+    if pages is not None:
+        return {"rss_mb": pages[1] * _PAGE_BYTES / MB, "vms_mb": pages[0] * _PAGE_BYTES / MB}
     info = this_process().memory_info()
     return {"rss_mb": info.rss / MB, "vms_mb": info.vms / MB}
 
