@@ -10,9 +10,10 @@ config, random tokens, ``Trainer.train()``, the two-line route: hf_distprof's fl
 gloo, ``--max_steps`` steps at the profiler's default schedule (wait 5, warmup 2, active 3: steps 8-10 traced),
 logging every 10 steps (the Trainer's default is 500; 10 is what a user watching a short run sets). The slowed runs
 make rank 1's collator sleep ``--share`` of a clean step per batch (the clean step measured by the first clean run,
-which runs first); the clean runs sleep nowhere. Nothing is crossed over the cores: a user's ranks stay where the
-kernel puts them, and when one of this VM's cores runs ~20% slower for a whole run its rank is truly slower (the tool
-is right to say so, and this benchmark counts it apart).
+which runs first); the clean runs sleep nowhere. Every rank's main thread moves to the next core at every batch
+(``HF_DISTPROF_ALTERNATE_CORES=1``, as the scenario suite does): each of this VM's two cores runs ~20% slower for
+seconds at a time, so in a 4-second run a rank that stays on one core can be truly slower, by no doing of its own,
+and the tool is right to name it (``--no-crossover`` shows that: a user's view on this machine).
 
 Per run, one line: what the step timer said at train end (``timing_summary.json``'s ``imbalance_verdict``: status
 and rank), what ``analyze`` says (its imbalance and straggler verdicts, the ranks its findings name, the what-if
@@ -77,14 +78,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_once(tmp: Path, name: str, steps: int, sleep_s: float) -> Path:
+def run_once(tmp: Path, name: str, steps: int, batch: int, sleep_s: float, crossover: bool) -> Path:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
            str(PLAIN), "--output_dir", str(tmp / "out"), "--use_cpu", "true", "--report_to", "none",
            "--disable_tqdm", "true", "--save_strategy", "no", "--max_steps", str(steps),
-           "--per_device_train_batch_size", "64", "--logging_steps", "10", "--enable-profiling",
+           "--per_device_train_batch_size", str(batch), "--logging_steps", "10", "--enable-profiling",
            "--profiler-output-dir", str(tmp / "prof"), "--profiler-run-name", name]
     env = {**os.environ, "PYTHONPATH": str(REPO), "PLAIN_CALLBACKS": "1",
-           "PLAIN_COLLATOR_SLEEP": f"1:{sleep_s:.4f}" if sleep_s else "-1:0", "HF_DISTPROF_ALTERNATE_CORES": "0"}
+           "PLAIN_COLLATOR_SLEEP": f"1:{sleep_s:.4f}" if sleep_s else "-1:0",
+           "HF_DISTPROF_ALTERNATE_CORES": "1" if crossover else "0"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=tmp)
     if proc.returncode != 0:
         raise RuntimeError(f"run {name} failed:\n{proc.stderr[-3000:]}")
@@ -102,7 +104,7 @@ def judge(folder: Path, name: str, slowed: bool) -> Outcome:
     imb = cross.imbalance_verdict if cross is not None else None
     strag = cross.straggler_verdict if cross is not None else None
     named = {r for f in result.findings if f.kind in RANK_KINDS for r in f.ranks}
-    counted = [f"{s.label} {s.saving_pct:.1f}%" for s in result.what_if
+    counted = [f"{s.scenario} {s.saving_pct:.1f}%" for s in result.what_if
                if s.beyond_noise and s.saving_pct > options.what_if_pct]
     box = next((line.strip("| ").strip() for line in format_box(result).splitlines() if "Verdict" in line), "")
     slow = result.profiler_slowdown or {}
@@ -134,11 +136,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--share", type=float, default=0.3,
                         help="rank 1's collator sleep per batch, as a share of a clean step (default 0.3)")
     parser.add_argument("--steps", type=int, default=30, help="optimizer steps per run (default 30)")
+    parser.add_argument("--batch-size", type=int, default=256,
+                        help="sequences of 32 tokens per rank and step (default 256: steps of ~150 ms here)")
+    parser.add_argument("--no-crossover", dest="crossover", action="store_false",
+                        help="leave each rank's thread where the kernel puts it (the default moves it every batch)")
     parser.add_argument("--busy", action="store_true", help="a process spinning on one core beside the runs")
     args = parser.parse_args(argv)
-    if args.clean_runs < 1 or args.slow_runs < 0 or not 0.0 < args.share < 5.0 or args.steps < 20:
+    if min(args.clean_runs, args.batch_size) < 1 or args.slow_runs < 0 or not 0.0 < args.share < 5.0 or args.steps < 20:
         parser.error("--clean-runs must be >= 1 (the first measures the clean step), --slow-runs >= 0, "
-                     "--share in (0, 5), --steps >= 20")
+                     "--share in (0, 5), --steps >= 20, --batch-size >= 1")
     stop = multiprocessing.Event()
     spinner = multiprocessing.Process(target=_spin, args=(stop,), daemon=True) if args.busy else None
     if spinner is not None:
@@ -146,9 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     outcomes: list[Outcome] = []
     print(f"{args.clean_runs} clean runs and {args.slow_runs} with rank 1's collator sleeping {args.share:.0%} of a "
           f"clean step, {args.steps} steps each, 2 CPU ranks (gloo), default schedule; load average "
-          f"{os.getloadavg()[0]:.1f}{', beside a busy core' if args.busy else ''}", flush=True)
+          f"{os.getloadavg()[0]:.1f}{', beside a busy core' if args.busy else ''}"
+          f"{'' if args.crossover else ', no crossover'}", flush=True)
     print(f"{'run':<10}{'step ms':>8}  {'live':<14}{'analyze':<14}{'straggler':<14}{'named':<8}{'slowdown':<9}"
-          f"{'counted savings':<28}box", flush=True)
+          f"{'counted savings':<44}box", flush=True)
     try:
         with tempfile.TemporaryDirectory() as tmp_dir:
             tmp = Path(tmp_dir)
@@ -156,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
             sleep_s = 0.0
             for name in mixed:
                 slowed = name.startswith("slow")
-                folder = run_once(tmp, name, args.steps, sleep_s if slowed else 0.0)
+                folder = run_once(tmp, name, args.steps, args.batch_size, sleep_s if slowed else 0.0,
+                                  args.crossover)
                 out = judge(folder, name, slowed)
                 if name == "clean0":
                     sleep_s = args.share * out.step_ms / 1e3
@@ -164,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name:<10}{out.step_ms:>8.0f}  {_said(out.live):<14}{_said(out.offline):<14}"
                       f"{_said(out.straggler):<14}"
                       f"{','.join(map(str, sorted(out.named))) or '-':<8}{out.slowdown:<9}"
-                      f"{'; '.join(out.counted) or '-':<28}{out.box}", flush=True)
+                      f"{'; '.join(out.counted) or '-':<44}{out.box}", flush=True)
     finally:
         if spinner is not None:
             stop.set()
