@@ -50,7 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -272,6 +272,28 @@ def _untimed_next(direct: DirectCost, inner_next: Any) -> Any:
             direct.seconds["data loader hook"] = direct.seconds.get("data loader hook", 0.0) + spent
 
     return timed_next
+
+
+def _spin(stop: Any) -> None:
+    while not stop.is_set():
+        sum(i * i for i in range(10_000))
+
+
+@contextlib.contextmanager
+def busy_core(on: bool = True) -> Iterator[None]:
+    """A process spinning on one core for the duration (a user's data workers or a third rank), when ``on``."""
+    import multiprocessing
+
+    stop = multiprocessing.Event()
+    spinner = multiprocessing.Process(target=_spin, args=(stop,), daemon=True) if on else None
+    if spinner is not None:
+        spinner.start()
+    try:
+        yield
+    finally:
+        if spinner is not None:
+            stop.set()
+            spinner.join(timeout=5)
 
 
 def free_port() -> int:

@@ -27,15 +27,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_callback_overhead import busy_core, free_port  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 PLAIN = REPO / "tests" / "integration" / "plain_trainer.py"
@@ -72,14 +72,8 @@ def run_order(slow_runs: int, clean_runs: int) -> list[str]:
     return ["clean0"] + [name for name, _ in sorted(later, key=lambda item: item[1])]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def run_once(tmp: Path, name: str, steps: int, batch: int, sleep_s: float, crossover: bool) -> Path:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            str(PLAIN), "--output_dir", str(tmp / "out"), "--use_cpu", "true", "--report_to", "none",
            "--disable_tqdm", "true", "--save_strategy", "no", "--max_steps", str(steps),
            "--per_device_train_batch_size", str(batch), "--logging_steps", "10", "--enable-profiling",
@@ -124,11 +118,6 @@ def _said(verdict: tuple[str, int | None]) -> str:
     return f"{verdict[0]} r{verdict[1]}" if verdict[1] is not None else verdict[0]
 
 
-def _spin(stop: Any) -> None:
-    while not stop.is_set():
-        sum(i * i for i in range(10_000))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--slow-runs", type=int, default=20, help="runs with rank 1's collator slowed (default 20)")
@@ -145,10 +134,6 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.clean_runs, args.batch_size) < 1 or args.slow_runs < 0 or not 0.0 < args.share < 5.0 or args.steps < 20:
         parser.error("--clean-runs must be >= 1 (the first measures the clean step), --slow-runs >= 0, "
                      "--share in (0, 5), --steps >= 20, --batch-size >= 1")
-    stop = multiprocessing.Event()
-    spinner = multiprocessing.Process(target=_spin, args=(stop,), daemon=True) if args.busy else None
-    if spinner is not None:
-        spinner.start()
     outcomes: list[Outcome] = []
     print(f"{args.clean_runs} clean runs and {args.slow_runs} with rank 1's collator sleeping {args.share:.0%} of a "
           f"clean step, {args.steps} steps each, 2 CPU ranks (gloo), default schedule; load average "
@@ -156,27 +141,22 @@ def main(argv: list[str] | None = None) -> int:
           f"{'' if args.crossover else ', no crossover'}", flush=True)
     print(f"{'run':<10}{'step ms':>8}  {'live':<14}{'analyze':<14}{'straggler':<14}{'named':<8}{'slowdown':<9}"
           f"{'counted savings':<44}box", flush=True)
-    try:
-        with tempfile.TemporaryDirectory() as tmp_dir:
-            tmp = Path(tmp_dir)
-            mixed = run_order(args.slow_runs, args.clean_runs)
-            sleep_s = 0.0
-            for name in mixed:
-                slowed = name.startswith("slow")
-                folder = run_once(tmp, name, args.steps, args.batch_size, sleep_s if slowed else 0.0,
-                                  args.crossover)
-                out = judge(folder, name, slowed)
-                if name == "clean0":
-                    sleep_s = args.share * out.step_ms / 1e3
-                outcomes.append(out)
-                print(f"{name:<10}{out.step_ms:>8.0f}  {_said(out.live):<14}{_said(out.offline):<14}"
-                      f"{_said(out.straggler):<14}"
-                      f"{','.join(map(str, sorted(out.named))) or '-':<8}{out.slowdown:<9}"
-                      f"{'; '.join(out.counted) or '-':<44}{out.box}", flush=True)
-    finally:
-        if spinner is not None:
-            stop.set()
-            spinner.join(timeout=5)
+    with busy_core(args.busy), tempfile.TemporaryDirectory() as tmp_dir:
+        tmp = Path(tmp_dir)
+        mixed = run_order(args.slow_runs, args.clean_runs)
+        sleep_s = 0.0
+        for name in mixed:
+            slowed = name.startswith("slow")
+            folder = run_once(tmp, name, args.steps, args.batch_size, sleep_s if slowed else 0.0,
+                              args.crossover)
+            out = judge(folder, name, slowed)
+            if name == "clean0":
+                sleep_s = args.share * out.step_ms / 1e3
+            outcomes.append(out)
+            print(f"{name:<10}{out.step_ms:>8.0f}  {_said(out.live):<14}{_said(out.offline):<14}"
+                  f"{_said(out.straggler):<14}"
+                  f"{','.join(map(str, sorted(out.named))) or '-':<8}{out.slowdown:<9}"
+                  f"{'; '.join(out.counted) or '-':<44}{out.box}", flush=True)
     slowed = [o for o in outcomes if o.slowed]
     clean = [o for o in outcomes if not o.slowed]
     both = [o for o in slowed if o.live == ("raised", 1) and o.offline == ("raised", 1) and o.named == {1}]

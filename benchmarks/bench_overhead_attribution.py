@@ -45,7 +45,6 @@ import argparse
 import contextlib
 import itertools
 import json
-import multiprocessing
 import os
 import statistics
 import subprocess
@@ -62,6 +61,7 @@ from bench_callback_overhead import (  # noqa: E402
     VOCAB,
     Workload,
     bootstrap_interval,
+    busy_core,
     free_port,
     step_timer_direct_cost,
     train_once,
@@ -166,31 +166,17 @@ def worker(rounds: int, steps: int, names: list[str], result: Path) -> None:
     Path(f"{result}.rank{dist.get_rank() if dist.is_initialized() else 0}").write_text(json.dumps(runs))
 
 
-def _spin(stop: Any) -> None:
-    while not stop.is_set():
-        sum(i * i for i in range(10_000))
-
-
 def launch(rounds: int, steps: int, names: list[str], busy: bool, warmup: int) -> dict[int, list[dict[str, Any]]]:
-    stop = multiprocessing.Event()
-    spinner = multiprocessing.Process(target=_spin, args=(stop,), daemon=True) if busy else None
-    if spinner is not None:
-        spinner.start()
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            result = Path(tmp) / "result.json"
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-                   f"--master_port={free_port()}", __file__, "--worker", "--rounds", str(rounds), "--steps",
-                   str(steps), "--variants", ",".join(names), "--result", str(result)]
-            env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error"}
-            proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
-            if proc.returncode != 0:
-                raise RuntimeError(f"the benchmark launch failed:\n{proc.stderr[-4000:]}")
-            per_rank = {rank: json.loads(Path(f"{result}.rank{rank}").read_text()) for rank in (0, 1)}
-    finally:
-        if spinner is not None:
-            stop.set()
-            spinner.join(timeout=5)
+    with busy_core(busy), tempfile.TemporaryDirectory() as tmp:
+        result = Path(tmp) / "result.json"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+               f"--master_port={free_port()}", __file__, "--worker", "--rounds", str(rounds), "--steps",
+               str(steps), "--variants", ",".join(names), "--result", str(result)]
+        env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error"}
+        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            raise RuntimeError(f"the benchmark launch failed:\n{proc.stderr[-4000:]}")
+        per_rank = {rank: json.loads(Path(f"{result}.rank{rank}").read_text()) for rank in (0, 1)}
     for runs in per_rank.values():
         for run in runs:
             for key, out in (("stamps", "step_s"), ("cpu", "cpu_s"), ("main", "main_s")):
