@@ -31,7 +31,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -56,6 +56,10 @@ class Outcome:
     box: str
     slowdown: str
     step_ms: float
+    effect: str = ""
+    """The live verdict's effect and its noise: ``+12.3% (noise 5.1%)``."""
+    others: list[str] = field(default_factory=list)
+    """Findings that name no rank and count no saving (the profiler's slowdown, data loading on every rank...)."""
 
     @property
     def agree(self) -> bool:
@@ -98,6 +102,7 @@ def judge(folder: Path, name: str, slowed: bool) -> Outcome:
     imb = cross.imbalance_verdict if cross is not None else None
     strag = cross.straggler_verdict if cross is not None else None
     named = {r for f in result.findings if f.kind in RANK_KINDS for r in f.ranks}
+    others = [f.kind for f in result.findings if f.kind not in RANK_KINDS and f.kind != "what_to_fix_first"]
     counted = [f"{s.scenario} {s.saving_pct:.1f}%" for s in result.what_if
                if s.beyond_noise and s.saving_pct > options.what_if_pct]
     box = next((line.strip("| ").strip() for line in format_box(result).splitlines() if "Verdict" in line), "")
@@ -111,6 +116,9 @@ def judge(folder: Path, name: str, slowed: bool) -> Outcome:
         named=named, counted=counted, box=box,
         slowdown=f"{ratio:.2f}x" if isinstance(ratio, (int, float)) else "-",
         step_ms=1e3 * float(summary["step_mean_s"]),
+        effect=(f"{float(live['effect_pct']):+.1f}% (noise {float(live['noise_pct']):.1f}%)"
+                if live.get("effect_pct") is not None and live.get("noise_pct") is not None else ""),
+        others=others,
     )
 
 
@@ -130,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-crossover", dest="crossover", action="store_false",
                         help="leave each rank's thread where the kernel puts it (the default moves it every batch)")
     parser.add_argument("--busy", action="store_true", help="a process spinning on one core beside the runs")
+    parser.add_argument("--keep", type=Path, help="keep the run folders under this folder (prof/<run>)")
     args = parser.parse_args(argv)
     if min(args.clean_runs, args.batch_size) < 1 or args.slow_runs < 0 or not 0.0 < args.share < 5.0 or args.steps < 20:
         parser.error("--clean-runs must be >= 1 (the first measures the clean step), --slow-runs >= 0, "
@@ -139,10 +148,11 @@ def main(argv: list[str] | None = None) -> int:
           f"clean step, {args.steps} steps each, 2 CPU ranks (gloo), default schedule; load average "
           f"{os.getloadavg()[0]:.1f}{', beside a busy core' if args.busy else ''}"
           f"{'' if args.crossover else ', no crossover'}", flush=True)
-    print(f"{'run':<10}{'step ms':>8}  {'live':<14}{'analyze':<14}{'straggler':<14}{'named':<8}{'slowdown':<9}"
-          f"{'counted savings':<44}box", flush=True)
+    print(f"{'run':<10}{'step ms':>8}  {'live':<14}{'effect (noise)':<22}{'analyze':<14}{'straggler':<14}"
+          f"{'named':<7}{'slowdown':<9}{'counted savings':<44}{'other findings':<20}box", flush=True)
     with busy_core(args.busy), tempfile.TemporaryDirectory() as tmp_dir:
-        tmp = Path(tmp_dir)
+        tmp = Path(tmp_dir) if args.keep is None else args.keep
+        tmp.mkdir(parents=True, exist_ok=True)
         mixed = run_order(args.slow_runs, args.clean_runs)
         sleep_s = 0.0
         for name in mixed:
@@ -153,10 +163,10 @@ def main(argv: list[str] | None = None) -> int:
             if name == "clean0":
                 sleep_s = args.share * out.step_ms / 1e3
             outcomes.append(out)
-            print(f"{name:<10}{out.step_ms:>8.0f}  {_said(out.live):<14}{_said(out.offline):<14}"
-                  f"{_said(out.straggler):<14}"
-                  f"{','.join(map(str, sorted(out.named))) or '-':<8}{out.slowdown:<9}"
-                  f"{'; '.join(out.counted) or '-':<44}{out.box}", flush=True)
+            print(f"{name:<10}{out.step_ms:>8.0f}  {_said(out.live):<14}{out.effect or '-':<22}"
+                  f"{_said(out.offline):<14}{_said(out.straggler):<14}"
+                  f"{','.join(map(str, sorted(out.named))) or '-':<7}{out.slowdown:<9}"
+                  f"{'; '.join(out.counted) or '-':<44}{', '.join(out.others) or '-':<20}{out.box}", flush=True)
     slowed = [o for o in outcomes if o.slowed]
     clean = [o for o in outcomes if not o.slowed]
     both = [o for o in slowed if o.live == ("raised", 1) and o.offline == ("raised", 1) and o.named == {1}]
@@ -164,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     disagree = [o for o in outcomes if not o.agree]
     print(f"slowed runs where the live verdict and analyze both name rank 1 (and no finding names rank 0): "
           f"{len(both)} of {len(slowed)}")
-    print(f"clean runs with no finding that names a rank and no saving counted: {len(quiet)} of {len(clean)}"
+    print(f"clean runs with no finding that names a rank and no saving counted: {len(quiet)} of {len(clean)}; "
+          f"with any finding: {sum(bool(o.named or o.counted or o.others) for o in clean)}"
           + "".join(f"; {o.name}: live {o.live}, named {sorted(o.named)}, counted {o.counted}"
                     for o in clean if o not in quiet))
     print(f"runs where the live verdict and analyze disagree: {len(disagree)}"
