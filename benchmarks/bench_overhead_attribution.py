@@ -32,6 +32,9 @@ The variants (``--variants`` picks some; ``none`` is always run):
 - ``timer-grad``, ``timer-runqueue``, ``timer-labels``, ``timer-loader``: the step timer with one instrument taken
   out: the per-parameter gradient hooks (the end of backward), the run-queue reads (the wait for a CPU), the phase
   ranges, the data-loader hook. Its cost in ``timer`` less its cost without the instrument is that instrument's.
+- ``memory@1-tensorboard``, ``memory@1-peak``, ``memory@1-state``, ``memory@1-jsonl``: the memory logger at every
+  step with one part taken out: rank 0's TensorBoard events of the samples, the peak-RSS reset at every sample, the
+  model state's sizes at every optimizer step, the line per sample in ``memory_rank{R}.jsonl``.
 
 The default is ``none,all,all@1`` (the always-on set's targets: the defaults, and memory every step); ``every`` is
 all of them.
@@ -80,15 +83,21 @@ VARIANTS: dict[str, tuple[dict[str, Any], str]] = {
     "timer-runqueue": ({"enable_step_timing": True}, "runqueue"),
     "timer-labels": ({"enable_step_timing": True}, "labels"),
     "timer-loader": ({"enable_step_timing": True}, "loader"),
+    "memory@1-tensorboard": ({"enable_memory_logging": True, "memory_log_steps": 1}, "tensorboard"),
+    "memory@1-peak": ({"enable_memory_logging": True, "memory_log_steps": 1}, "peak"),
+    "memory@1-state": ({"enable_memory_logging": True, "memory_log_steps": 1}, "state"),
+    "memory@1-jsonl": ({"enable_memory_logging": True, "memory_log_steps": 1}, "jsonl"),
 }
 DEFAULT_VARIANTS = "none,all,all@1"
 
 
 @contextlib.contextmanager
 def without(instrument: str) -> Iterator[None]:
-    """The step timer built with one instrument taken out (patched for the duration of one ``train()`` call)."""
+    """The step timer or the memory logger built with one instrument taken out (patched for the duration of one
+    ``train()`` call)."""
 
     from hf_distprof.callbacks import step_timer
+    from hf_distprof.callbacks.memory import logger as memory, stats as memstats
     from hf_distprof.timing import cpu_wait, instrument as inst
 
     saved: list[tuple[Any, str, Any]] = []
@@ -109,11 +118,35 @@ def without(instrument: str) -> Iterator[None]:
             patch(inst.PhaseLabels, name, lambda self, *a: None)
     elif instrument == "loader":
         patch(step_timer, "instrument_loader", lambda loader, *a, **k: None)
+    elif instrument == "tensorboard":  # rank 0's TensorBoard events of the memory samples
+        patch(memory, "tensorboard", _WithoutScalars(memory.tensorboard))
+    elif instrument == "peak":  # the peak RSS reset at every sample (/proc/self/clear_refs)
+        patch(memstats, "_reset_peak_rss", lambda: None)
+    elif instrument == "state":  # the model state's sizes at every optimizer step
+        patch(memory, "model_state_memory", lambda *a, **k: dict.fromkeys(memory.MODEL_STATE_METRICS, 0.0))
+    elif instrument == "jsonl":  # the line per sample in memory_rank{R}.jsonl
+        begin = memory.MemoryLoggerCallback.on_train_begin
+
+        def no_jsonl(self: Any, *args: Any, **kwargs: Any) -> None:
+            begin(self, *args, **kwargs)
+            self._close_jsonl()
+
+        patch(memory.MemoryLoggerCallback, "on_train_begin", no_jsonl)
     try:
         yield
     finally:
         for owner, name, value in reversed(saved):
             setattr(owner, name, value)
+
+
+class _WithoutScalars:
+    """``hf_distprof.tensorboard`` with ``add_scalars`` doing nothing."""
+
+    def __init__(self, module: Any) -> None:
+        self._module = module
+
+    def __getattr__(self, name: str) -> Any:
+        return (lambda *a, **k: None) if name == "add_scalars" else getattr(self._module, name)
 
 
 def worker(rounds: int, steps: int, names: list[str], result: Path) -> None:

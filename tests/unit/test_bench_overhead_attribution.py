@@ -46,7 +46,8 @@ def test_each_variant_takes_out_its_instrument_and_puts_it_back(bench):
         assert instrument.PhaseLabels().enter("forward") is None
     assert instrument.PhaseLabels.enter is enter
     assert set(bench.VARIANTS) == {"all", "all@1", "profiler", "memory", "memory@1", "timer", "timer-grad",
-                                   "timer-runqueue", "timer-labels", "timer-loader"}
+                                   "timer-runqueue", "timer-labels", "timer-loader", "memory@1-tensorboard",
+                                   "memory@1-peak", "memory@1-state", "memory@1-jsonl"}
     assert bench.VARIANTS["all"][0] == {"enable_profiling": True, "enable_memory_logging": True,
                                         "enable_step_timing": True}  # memory at its default, every 10 steps
 
@@ -79,3 +80,30 @@ def test_bad_flags_exit_2_naming_the_flag(bench, capsys):
     with pytest.raises(SystemExit) as exc:
         bench.main(["--variants", "none,all,fast"])
     assert exc.value.code == 2 and "--variants: unknown ['fast']" in capsys.readouterr().err
+
+
+def test_each_memory_logger_part_is_taken_out_and_put_back(bench, tmp_path):
+    from hf_distprof import ProfilingArguments, tensorboard
+    from hf_distprof.callbacks.memory import logger as memory, stats as memstats
+
+    from . import fake_trainer
+
+    add_scalars, reset, state = tensorboard.add_scalars, memstats._reset_peak_rss, memory.model_state_memory
+    with bench.without("tensorboard"):
+        assert memory.tensorboard.add_scalars(None, {"a": 1.0}, 1, 0.0) is None
+        assert memory.tensorboard.get_writer is tensorboard.get_writer  # the rest is the module's own
+    with bench.without("peak"):
+        assert memstats._reset_peak_rss() is None and memstats._reset_peak_rss is not reset
+    with bench.without("state"):
+        assert memory.model_state_memory(None, None) == dict.fromkeys(memory.MODEL_STATE_METRICS, 0.0)
+    def lines(folder):
+        args = ProfilingArguments(enable_memory_logging=True, memory_log_steps=1, profiler_output_dir=str(folder))
+        fake_trainer.run([memory.MemoryLoggerCallback(args)], 2, folder)
+        return [len(p.read_text().splitlines()) for p in folder.rglob("memory_rank*.jsonl")]
+
+    with bench.without("jsonl"):
+        assert lines(tmp_path / "without") in ([], [0])  # opened, closed at once: no sample written
+    assert lines(tmp_path / "with") == [2]
+    assert (memory.tensorboard, memstats._reset_peak_rss, memory.model_state_memory) == (tensorboard, reset, state)
+    assert tensorboard.add_scalars is add_scalars
+    assert memory.MemoryLoggerCallback.on_train_begin.__name__ == "on_train_begin"

@@ -49,8 +49,9 @@ def test_host_memory_reads_what_psutil_reads_and_falls_back_to_it_without_statm(
     assert memstats.host_rss_bytes() == pytest.approx(info.rss, abs=4 * MB)
 
 
-def test_a_forked_child_reads_its_own_statm_not_its_parents():
-    memstats.host_memory()  # the parent's descriptor is open
+def test_a_forked_child_reads_its_own_statm_and_resets_its_own_peak_not_its_parents():
+    memstats.host_memory()  # the parent's descriptors are open
+    memstats.window_peak_bytes(torch.device("cpu"))
     parent = memstats._STATM
     read, write = os.pipe()
     pid = os.fork()
@@ -60,6 +61,8 @@ def test_a_forked_child_reads_its_own_statm_not_its_parents():
             x = b"\x01" * (200 * MB)  # bytes, not a tensor: no OpenMP in a forked child
             grown = memstats.host_memory()["rss_mb"] - before
             ok = memstats._STATM is not None and memstats._STATM[0] == os.getpid() and memstats._STATM != parent
+            memstats.window_peak_bytes(torch.device("cpu"))  # resets its own peak, not its parent's
+            ok = ok and (memstats._CLEAR_REFS_FD is None or memstats._CLEAR_REFS_FD[0] == os.getpid())
             os.write(write, json.dumps({"grown": grown, "own": ok, "size": len(x)}).encode())
         finally:
             os._exit(0)

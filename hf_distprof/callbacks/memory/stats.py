@@ -110,15 +110,20 @@ def window_peak_bytes(device: torch.device) -> int:
 
 
 _RSS_RESET_WORKS: bool | None = None
+# (pid, file descriptor) of /proc/self/clear_refs, kept open by the process that opened it: each write of "5" resets
+# the peak (the kernel reads the value written, not a position), without an open and a close per sample.
+_CLEAR_REFS_FD: tuple[int, int] | None = None
 
 
 def _reset_peak_rss() -> None:
-    global _RSS_RESET_WORKS
+    global _RSS_RESET_WORKS, _CLEAR_REFS_FD
     if _RSS_RESET_WORKS is False:
         return
+    pid = os.getpid()
     try:
-        with open(_CLEAR_REFS, "w", encoding="ascii") as f:
-            f.write("5")
+        if _CLEAR_REFS_FD is None or _CLEAR_REFS_FD[0] != pid:
+            _CLEAR_REFS_FD = (pid, os.open(_CLEAR_REFS, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0)))
+        os.write(_CLEAR_REFS_FD[1], b"5")
         _RSS_RESET_WORKS = True
     except OSError:
         _RSS_RESET_WORKS = False
