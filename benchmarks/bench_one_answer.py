@@ -63,9 +63,12 @@ class Outcome:
 
     @property
     def agree(self) -> bool:
-        """Live and offline give the same status and candidate, and the findings name the raised verdict's rank and
-        no other (none when nothing was raised)."""
-        return self.live == self.offline and self.named == ({self.live[1]} if self.live[0] == "raised" else set())
+        """Live and offline give the same status and candidate (the straggler verdict the same status, unless the
+        live one is undecided), and the findings name the raised verdict's rank and no other (none when nothing was
+        raised)."""
+        straggler = self.live[0] == "undecided" or self.straggler[0] == self.live[0]
+        return (self.live == self.offline and straggler
+                and self.named == ({self.live[1]} if self.live[0] == "raised" else set()))
 
 
 def run_order(slow_runs: int, clean_runs: int) -> list[str]:

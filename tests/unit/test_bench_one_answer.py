@@ -22,9 +22,9 @@ def bench():
     return module
 
 
-def outcome(bench, live, offline, named):
-    return bench.Outcome(name="r", slowed=True, live=live, offline=offline, straggler=offline, named=set(named),
-                         counted=[], box="", slowdown="-", step_ms=100.0)
+def outcome(bench, live, offline, named, straggler=None):
+    return bench.Outcome(name="r", slowed=True, live=live, offline=offline, straggler=straggler or offline,
+                         named=set(named), counted=[], box="", slowdown="-", step_ms=100.0)
 
 
 def test_one_story_is_the_same_verdict_live_and_offline_and_findings_naming_only_its_rank(bench):
@@ -34,6 +34,8 @@ def test_one_story_is_the_same_verdict_live_and_offline_and_findings_naming_only
     assert not outcome(bench, ("raised", 1), ("raised", 0), {0}).agree  # two different ranks
     assert not outcome(bench, ("raised", 1), ("raised", 1), {0, 1}).agree  # a finding blames the other rank too
     assert not outcome(bench, ("quiet", 1), ("quiet", 1), {1}).agree  # a finding names a rank no verdict raised
+    assert not outcome(bench, ("raised", 1), ("raised", 1), {1}, straggler=("quiet", 1)).agree  # two verdicts differ
+    assert outcome(bench, ("undecided", 1), ("undecided", 1), set(), straggler=("quiet", 1)).agree
 
 
 def test_the_clean_run_that_measures_the_step_comes_first_and_the_rest_interleave(bench):
