@@ -11,8 +11,9 @@ difference between the two (the A/B ratio less 1, less the direct cost's share o
 what our callbacks cause around them (a Python hook in the autograd engine, a thread woken, garbage left for the
 collector, a cache disturbed) and never time themselves. This benchmark attributes it: one ``torchrun`` launch trains
 the same tiny ModernBERT with the Trainer (random tokens, 8 x 128 per rank per step), each variant a ``train()``
-call of ``--steps`` steps, every variant once per round, the order rotated from round to round (round r starts at
-variant r), so that a shared machine's drift falls on all alike. Per round and variant: the median step time over
+call of ``--steps`` steps, every variant once per round, in orders where each variant follows each other one
+equally often (:func:`balanced_orders`), so that a shared machine's drift, and whatever one call leaves to the next,
+fall on all alike. Per round and variant: the median step time over
 its steps (the first step and the ``--warmup`` after it left out) divided by the same round's ``none``; the figure
 is the median over rounds, with a bootstrap 95% interval, and the direct cost of the variant's hooks, per step
 (``bench_callback_overhead.DirectCost``). The same ratio of *mean* step times is printed beside it: a cost paid on
@@ -139,6 +140,24 @@ def without(instrument: str) -> Iterator[None]:
             setattr(owner, name, value)
 
 
+def balanced_orders(n: int) -> list[list[int]]:
+    """Orders of ``n`` variants in which each variant comes right after each other one equally often (a Williams
+    design: rows of a balanced Latin square, mirrored for odd ``n``). A plain rotation keeps every variant behind the
+    same neighbour, so whatever a ``train()`` call leaves behind (its threads winding down, its garbage, a file being
+    flushed) would fall on one variant only: in a rotation of none, all, all@1, memory@1 beside a busy core,
+    ``memory@1`` (always after ``all@1``) read 0.973 in two runs, faster than no callback at all."""
+    first, low, high = [0], 1, n - 1
+    while len(first) < n:
+        if len(first) % 2:
+            first.append(low)
+            low += 1
+        else:
+            first.append(high)
+            high -= 1
+    rows = [[(v + shift) % n for v in first] for shift in range(n)]
+    return rows + [row[::-1] for row in rows] if n % 2 else rows
+
+
 class _WithoutScalars:
     """``hf_distprof.tensorboard`` with ``add_scalars`` doing nothing."""
 
@@ -186,8 +205,9 @@ def worker(rounds: int, steps: int, names: list[str], result: Path) -> None:
         data.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels})
     out = Path(tempfile.mkdtemp(prefix="bench_attr_"))
     runs: list[dict[str, Any]] = []
+    orders = balanced_orders(len(names))
     for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in (names[i] for i in orders[r % len(orders)]):
             clock = StepClock()
             overrides, instrument = VARIANTS.get(name, ({}, ""))
             with without(instrument) if instrument else contextlib.nullcontext():

@@ -107,3 +107,16 @@ def test_each_memory_logger_part_is_taken_out_and_put_back(bench, tmp_path):
     assert (memory.tensorboard, memstats._reset_peak_rss, memory.model_state_memory) == (tensorboard, reset, state)
     assert tensorboard.add_scalars is add_scalars
     assert memory.MemoryLoggerCallback.on_train_begin.__name__ == "on_train_begin"
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 6, 15])
+def test_every_variant_follows_every_other_equally_often(bench, n):
+    orders = bench.balanced_orders(n)
+    assert all(sorted(order) == list(range(n)) for order in orders)  # each order holds every variant once
+    follows = {}
+    for order in orders:
+        for before, after in zip(order, order[1:]):
+            follows[(before, after)] = follows.get((before, after), 0) + 1
+    assert set(follows) == {(a, b) for a in range(n) for b in range(n) if a != b}
+    assert len(set(follows.values())) <= 1, follows
+    assert bench.balanced_orders(2) == [[0, 1], [1, 0]]  # A B, B A
