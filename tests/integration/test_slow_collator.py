@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,25 +43,38 @@ def train(tmp_path: Path, name: str, steps: int, *schedule: str, sleep: float = 
     return tmp_path / "prof" / name
 
 
+def slowed(tmp: Path, name: str, clean_step_s: float) -> Path:
+    """Rank 1's collator asleep for :data:`SHARE` of a clean step, at a 4-step window or at the default schedule (wait
+    5, warmup 2, active 3: steps 8-10 traced). Crossed over the cores like the clean run: a rank held on a core in its
+    slow mode for the whole second of a run is ~20% slower, which can hide most of a 25% sleep on the other rank."""
+    sleep = SHARE * clean_step_s
+    if name == "window4":
+        return train(tmp, name, 24, "--profiler-active-steps", "4", sleep=sleep, crossover=True)
+    return train(tmp, name, 30, sleep=sleep, crossover=True)
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("slow_collator")
     # The clean run crosses its ranks over the cores at every batch (plain_trainer.py): a run of ~1 s can sit in one
     # core's slow mode (~20%) from start to end, and the timer, rightly, names the rank on it (CI once: rank 0 +11%
     # in 16 of 17 steps). Crossed over, that speed is step-to-step noise; the silence tested is the tool's own.
     clean = train(tmp, "clean", 24, "--profiler-active-steps", "4", crossover=True)
     step_s = json.loads((clean / "timing_summary.json").read_text())["step_mean_s"]
-    sleep = SHARE * step_s
-    return {
-        "clean": clean,
-        "window4": train(tmp, "window4", 24, "--profiler-active-steps", "4", sleep=sleep),
-        "defaults": train(tmp, "defaults", 30, sleep=sleep),  # wait 5, warmup 2, active 3: steps 8-10 traced
-    }
+    return {"clean": clean, "clean_step_s": step_s,
+            **{name: slowed(tmp, name, step_s) for name in ("window4", "defaults")}}
 
 
+@pytest.mark.flaky(reruns=1, reason=(
+    "a statistical scenario: 2 ranks on 2 shared cores whose speeds change by ~20% for seconds at a time, judged over "
+    "17 to 22 steps of ~70 ms; CI once (November 2026, before the slowed runs crossed over the cores) saw the step "
+    "timer quiet on a run slowed by 25%. The rerun trains its run anew"))
 @pytest.mark.parametrize("name", ["window4", "defaults"])
-def test_rank_1_is_named_from_the_window_and_the_step_timer(runs, name):
-    result = analyze_paths([runs[name]], AnalysisOptions(workers=1))
+def test_rank_1_is_named_from_the_window_and_the_step_timer(runs, name, request, tmp_path):
+    # A rerun is a new experiment: the module's run, judged already, would only fail again.
+    rerun = getattr(request.node, "execution_count", 1) > 1
+    folder = slowed(tmp_path, name, runs["clean_step_s"]) if rerun else runs[name]
+    result = analyze_paths([folder], AnalysisOptions(workers=1))
     cross = result.cross_rank
     assert cross is not None and len(result.ranks[0].steps) == (4 if name == "window4" else 3)
     # Too few traced steps alone (2 ranks need 6): the step timer's verdict over the run's untraced steps decides
@@ -69,7 +83,7 @@ def test_rank_1_is_named_from_the_window_and_the_step_timer(runs, name):
     raised = [v for v in verdicts if v.raised]
     assert raised and all(v.rank == 1 for v in raised), [v.reason for v in verdicts]
     assert all(v.test == "signed-rank, step timer" and "over the run's" in v.reason for v in raised)
-    live = json.loads((runs[name] / "timing_summary.json").read_text())["imbalance_verdict"]
+    live = json.loads((folder / "timing_summary.json").read_text())["imbalance_verdict"]
     assert (live["status"], live["rank"]) == ("raised", 1)  # what the live verdict said at train end
     assert [s.rank for s in cross.stragglers] in ([], [1])
     named = [f for f in result.findings if f.kind in RANK_KINDS]
