@@ -7,7 +7,7 @@ name the same rank with the same status; the box, the findings and the what-if t
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,18 +19,22 @@ pytestmark = pytest.mark.integration
 
 OPTS = AnalysisOptions(workers=1)
 RANK_KINDS = {"slow_rank", "straggler", "imbalance"}
+SLOW5 = 0.05  # of a balanced step, slept by rank 1's collator per batch in the run "slow5"
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("one_answer")
     balanced = train(tmp, "balanced", 24, crossover=True)
     step_s = json.loads((balanced / "timing_summary.json").read_text())["step_mean_s"]
-    return {"balanced": balanced, "slow5": train(tmp, "slow5", 24, sleep=0.05 * step_s)}
+    # Both runs cross their ranks over the cores: a rank held on a core in its slow mode (~20%) for the whole run
+    # is slower by far more than a 5% sleep on the other.
+    return {"balanced": balanced, "slow5": train(tmp, "slow5", 24, sleep=SLOW5 * step_s, crossover=True),
+            "sleep_s": SLOW5 * step_s}
 
 
 @pytest.mark.parametrize("name", ["balanced", "slow5"])
-def test_live_and_offline_say_the_same_and_every_part_agrees(runs: dict[str, Path], name: str) -> None:
+def test_live_and_offline_say_the_same_and_every_part_agrees(runs: dict[str, Any], name: str) -> None:
     folder = runs[name]
     live = json.loads((folder / "timing_summary.json").read_text())["imbalance_verdict"]
     result = analyze_paths([folder], OPTS)
@@ -60,4 +64,10 @@ def test_live_and_offline_say_the_same_and_every_part_agrees(runs: dict[str, Pat
             said = "under the 10% worth fixing" if top.beyond_noise else "is within the run's noise"
             assert said in " ".join(line.strip("| ") for line in box.splitlines()), box
     if name == "slow5":
-        assert live["rank"] == 1, live["reason"]  # rank 1 is the slowest, named or not
+        # The experiment is what it says: rank 1's data loading is the longer by about the sleep. Which rank the
+        # verdict leans to under its threshold is the run's noise (beside a busy core rank 0 once led by 3.7%, the
+        # sleep ~7% of the own work it is judged on); a rank it names is rank 1.
+        per_rank = json.loads((folder / "timing_summary.json").read_text())["per_rank"]
+        data = {r["rank"]: r["data_load_s"] for r in per_rank}
+        assert data[1] - data[0] > 0.5 * runs["sleep_s"], (data, runs["sleep_s"])
+        assert live["status"] != "raised" or live["rank"] == 1, live["reason"]
