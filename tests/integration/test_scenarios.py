@@ -236,8 +236,14 @@ def test_timing_summary_and_analysis_carry_the_profiler_slowdown(outcomes):
         assert o.analysis["profiler_slowdown"] == slowdown
 
 
-def test_compare_names_the_slowed_rank_and_data_loading_and_nothing_between_clean_runs(outcomes):
+@pytest.mark.flaky(reruns=1, reason=(
+    "a statistical scenario: two clean runs a minute apart on 2 shared cores, where one rank's share of the cores "
+    "can drift between runs (docs/measurements.md: a pair of clean runs once named rank 0's backward compute +23%); "
+    "the rerun trains its two clean runs anew"))
+def test_compare_names_the_slowed_rank_and_data_loading_and_nothing_between_clean_runs(outcomes, request, tmp_path):
     # hf-distprof compare on the same folders: rank 1 slowed by 50% against a clean run, and two clean runs.
+    if getattr(request.node, "execution_count", 1) > 1:  # a rerun is a new experiment, not the same runs again
+        outcomes = {**outcomes, **{name: run(tmp_path, name) for name in ("clean0", "clean1")}}
     clean, other = (load_run(outcomes[name].run_dir) for name in ("clean0", "clean1"))
     slowed = compare_runs(clean, load_run(outcomes["slow50%"].run_dir), COMPARE_MIN_EFFECT_PCT)
     h = slowed.headline
