@@ -228,7 +228,7 @@ def judge_slow_rank(
             ``arrival``). None: ``per_step`` is the arrival.
 
     Returns:
-        The verdict; ``raised`` only when effect, noise, persistence, enough-data (and ``arrival``) all agree.
+        The verdict; ``raised`` only when effect, noise, persistence and enough-data all agree.
     """
     ranks = sorted(per_step)
     n = min((len(per_step[r]) for r in ranks), default=0)
