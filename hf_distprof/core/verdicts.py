@@ -222,10 +222,8 @@ def judge_slow_rank(
         min_step_pct: See :data:`MATERIAL_PCT`.
         arrival: When ``per_step`` leaves something out of when a rank reaches the synchronisation (its waits for a
             CPU): rank -> the time it took to get there in each step (same steps, same order). A rank named slow
-            must also arrive later than its peers beyond chance (the signed-rank test of its per-step difference
-            with 2 ranks, which weighs by how much; the binomial tail of how often it is last with more): a rank
-            whose own work is longer but whose peers waited as long for a CPU holds no one back (gate
-            ``arrival``). None: ``per_step`` is the arrival.
+            must also be the last to arrive, persistently: a rank whose own work is longer but whose peers waited
+            as long for a CPU holds no one back (gate ``arrival``). None: ``per_step`` is the arrival.
 
     Returns:
         The verdict; ``raised`` only when effect, noise, persistence and enough-data all agree.
@@ -286,12 +284,12 @@ def judge_slow_rank(
         )
     if arrival is not None:
         last_in, arrival_p = _last_to_arrive(arrival, ranks, n, candidate)
-        if arrival_p >= alpha:
+        if last_in <= MOST * n or arrival_p >= alpha:
             return SlowRankVerdict(
                 QUIET, **base, gate="arrival",
-                reason=f"{late}, but it does not reach the synchronisation (its waits for a CPU included) reliably "
-                f"later than its peers: last in {last_in} of {n} steps (p = {arrival_p:.3f}); its peers waited as "
-                "long for a CPU, so none waited for it",
+                reason=f"{late}, but it is the last to reach the synchronisation (its waits for a CPU included) in "
+                f"only {last_in} of {n} steps (p = {arrival_p:.3f}): its peers waited as long for a CPU, so none "
+                "waited for it",
             )
     also = [
         r for r in ranks
