@@ -211,10 +211,9 @@ def _framed(payload: bytes, cap: int) -> torch.Tensor:
 
 
 def json_cap(rows: int) -> int:
-    """A first buffer size for objects carrying ``rows`` per-step rows of a few floats (the step timer's, a step and
-    four floats: about 85 bytes in JSON): 104 bytes per row and 4 KiB besides, to the power of two, at least
-    ``OBJECT_CAP_MIN``."""
-    need = max(OBJECT_CAP_MIN, 4096 + 104 * max(0, rows))
+    """A first buffer size for objects carrying ``rows`` per-step rows of a few floats (the step timer's): 80 bytes
+    per row and 4 KiB besides, to the power of two, at least ``OBJECT_CAP_MIN``."""
+    need = max(OBJECT_CAP_MIN, 4096 + 80 * max(0, rows))
     return 1 << (need - 1).bit_length()
 
 

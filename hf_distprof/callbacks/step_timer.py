@@ -103,8 +103,8 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         # Phases timed on the host clock (CPU training): only then is the thread's wait for a CPU part of them
         # and taken out of the pre-sync time compared across ranks (on GPU the phases are device time).
         self._host_timed = True
-        # Per-step rows ([step, step_s, own_work_s, own_step_s, pre_sync_s]) not yet sent to rank 0, and rank 0's
-        # record of all ranks.
+        # Per-step rows ([step, step_s, own_work_s, own_step_s]) not yet sent to rank 0, and rank 0's record of all
+        # ranks.
         self._rows: deque[list[float]] = deque(maxlen=ROWS_KEPT)
         self._series: StepSeries | None = None
         self._traced: Any = None  # step -> whether the profiler ran over it
@@ -396,7 +396,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         if timing.pre_sync_s is not None:
             work = timing.own_work_s if self._host_timed else timing.pre_sync_s
             own_step = timing.own_step_s if self._host_timed else timing.step_s
-            self._rows.append([timing.step, timing.step_s, work, own_step, timing.pre_sync_s])
+            self._rows.append([timing.step, timing.step_s, work, own_step])
 
     def _summaries(self, totals: PhaseTotals) -> dict[str, Any] | None:
         if totals.steps == 0:

@@ -204,7 +204,6 @@ def judge_slow_rank(
     what: str = "its work",
     step_time: Sequence[float] | None = None,
     min_step_pct: float = MATERIAL_PCT,
-    arrival: Mapping[int, Sequence[float]] | None = None,
 ) -> SlowRankVerdict:
     """Decide whether one rank is slower than the others, step by step.
 
@@ -220,10 +219,6 @@ def judge_slow_rank(
         step_time: Per-step step times (same unit as the values): the median excess must also be more than
             ``min_step_pct`` of them (materiality). None: no such check.
         min_step_pct: See :data:`MATERIAL_PCT`.
-        arrival: When ``per_step`` leaves something out of when a rank reaches the synchronisation (its waits for a
-            CPU): rank -> the time it took to get there in each step (same steps, same order). A rank named slow
-            must also be the last to arrive, persistently: a rank whose own work is longer but whose peers waited
-            as long for a CPU holds no one back (gate ``arrival``). None: ``per_step`` is the arrival.
 
     Returns:
         The verdict; ``raised`` only when effect, noise, persistence and enough-data all agree.
@@ -282,15 +277,6 @@ def judge_slow_rank(
             "(3 scaled median absolute deviations): several ranks are late together, an imbalance rather than "
             "one straggler",
         )
-    if arrival is not None:
-        last_in, arrival_p = _last_to_arrive(arrival, ranks, n, candidate)
-        if last_in <= MOST * n or arrival_p >= alpha:
-            return SlowRankVerdict(
-                QUIET, **base, gate="arrival",
-                reason=f"{late}, but it is the last to reach the synchronisation (its waits for a CPU included) in "
-                f"only {last_in} of {n} steps (p = {arrival_p:.3f}): its peers waited as long for a CPU, so none "
-                "waited for it",
-            )
     also = [
         r for r in ranks
         if r != candidate and r in standing_out and median(excess[r]) > max(threshold_pct, noise)
@@ -302,15 +288,6 @@ def judge_slow_rank(
     )
 
 
-def _last_to_arrive(arrival: Mapping[int, Sequence[float]], ranks: Sequence[int], n: int, rank: int
-                    ) -> tuple[int, float]:
-    """In how many of the first ``n`` steps ``rank`` arrives last, and the chance of arriving that late that often in
-    a balanced run (the signed-rank test of its per-step difference with 2 ranks, the binomial tail with more)."""
-    _, excess_abs, last = per_step_excess(arrival, ranks, n, None)
-    k = last[rank]
-    return k, signed_rank_p(excess_abs[rank]) if len(ranks) == 2 else binomial_tail(k, n, 1.0 / len(ranks))
-
-
 OWN_WORK = "pre-sync work (data + forward + backward compute, less its wait for a CPU)"
 """What the step timer compares across ranks (``own_work_s`` in its records), as its verdicts name it."""
 KEPT_CELLS = 20_000
@@ -319,18 +296,15 @@ KEPT_CELLS = 20_000
 
 
 def judge_own_work(
-    own_work: Mapping[int, Sequence[float]], threshold_pct: float, step_time: Sequence[float],
-    arrival: Mapping[int, Sequence[float]] | None = None,
+    own_work: Mapping[int, Sequence[float]], threshold_pct: float, step_time: Sequence[float]
 ) -> SlowRankVerdict:
     """The step timer's slow-rank verdict: each rank's own work per step (pre-sync time less its wait for a CPU;
-    on GPU, pre-sync device time) against its peers', material against the step time, and the rank named only when
-    it also reaches the synchronisation last (``arrival``: the pre-sync times, waits for a CPU included; None when
-    they are the own work).
+    on GPU, pre-sync device time) against its peers', material against the step time.
 
     The one rule for the live timer (:class:`hf_distprof.timing.report.StepSeries`) and for the analysis, which
     judges the timer's records of the untraced steps again (:mod:`hf_distprof.analysis.read.timer_records`).
     """
-    return judge_slow_rank(own_work, threshold_pct, what=OWN_WORK, step_time=step_time, arrival=arrival)
+    return judge_slow_rank(own_work, threshold_pct, what=OWN_WORK, step_time=step_time)
 
 
 def across_the_run(

@@ -326,35 +326,30 @@ class StepSeries:
     def __init__(self, world_size: int, max_steps: int | None = None) -> None:
         self.world_size = world_size
         self.max_steps = max_steps or max(64, KEPT_CELLS // max(world_size, 1))
-        # step -> (every rank's own work, the step time, the step time less the ranks' wait for a CPU, every rank's
-        # pre-sync time with its waits for a CPU: when it reached the synchronisation)
-        self._steps: OrderedDict[int, tuple[list[float], float, float, list[float]]] = OrderedDict()
+        # step -> (every rank's own work, the step time, the step time less the ranks' wait for a CPU)
+        self._steps: OrderedDict[int, tuple[list[float], float, float]] = OrderedDict()
         self.added = 0  # steps ever added, the ones dropped past max_steps included
 
     def add(self, per_rank: Sequence[Sequence[Sequence[float]]]) -> None:
-        """Add the ``[step, step_s, own_work_s, own_step_s, pre_sync_s]`` rows of every rank; steps missing on a rank
-        are dropped.
+        """Add the ``[step, step_s, own_work_s, own_step_s]`` rows of every rank; steps missing on a rank are dropped.
 
         ``own_work_s`` is the pre-sync time less the time the rank's thread waited for a CPU
         (:attr:`StepTiming.own_work_s`), ``own_step_s`` the step time less that wait (:attr:`StepTiming.own_step_s`;
-        a row of 3 takes the step time), ``pre_sync_s`` the pre-sync time with it (a row of 4 or fewer takes
-        ``own_work_s``).
+        a row of 3 takes the step time).
         """
-        by_step: dict[int, dict[int, tuple[float, float, float, float]]] = {}
+        by_step: dict[int, dict[int, tuple[float, float, float]]] = {}
         for rank, rows in enumerate(per_rank):
             for row in rows:
                 step, step_s, pre = row[0], row[1], row[2]
                 own_step = row[3] if len(row) > 3 else step_s
-                arrival = row[4] if len(row) > 4 else pre
-                by_step.setdefault(int(step), {})[rank] = (float(step_s), float(pre), float(own_step), float(arrival))
+                by_step.setdefault(int(step), {})[rank] = (float(step_s), float(pre), float(own_step))
         for step in sorted(by_step):
             got = by_step[step]
             if len(got) != self.world_size:
                 continue
             pre = [got[r][1] for r in range(self.world_size)]
-            arrivals = [got[r][3] for r in range(self.world_size)]
             self.added += step not in self._steps
-            self._steps[step] = (pre, max(v[0] for v in got.values()), max(v[2] for v in got.values()), arrivals)
+            self._steps[step] = (pre, max(v[0] for v in got.values()), max(v[2] for v in got.values()))
         while len(self._steps) > self.max_steps:
             self._steps.popitem(last=False)
 
@@ -388,11 +383,8 @@ class StepSeries:
         kept = [v for step, v in self._steps.items() if exclude is None or not exclude(step)]
         if self.world_size < 2:
             return None
-        per_rank = {r: [row[r] for row, _, _, _ in kept] for r in range(self.world_size)}
-        arrival = {r: [row[r] for _, _, _, row in kept] for r in range(self.world_size)}
-        same = all(arrival[r] == per_rank[r] for r in per_rank)  # no wait for a CPU measured (GPU, older rows)
-        return judge_own_work(per_rank, threshold_pct, [own_step for _, _, own_step, _ in kept],
-                              None if same else arrival)
+        per_rank = {r: [row[r] for row, _, _ in kept] for r in range(self.world_size)}
+        return judge_own_work(per_rank, threshold_pct, [own_step for _, _, own_step in kept])
 
 
 def unresolved_note(comm: dict[str, Any]) -> str:

@@ -18,7 +18,6 @@ import pytest
 from hf_distprof.analysis import AnalysisOptions, analyze_paths, format_box, format_findings
 from hf_distprof.core.run_verdict import decided, follow_the_run, verdict_from_json
 from hf_distprof.core.verdicts import judge_own_work
-from hf_distprof.timing.report import StepSeries
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 OPTS = AnalysisOptions(workers=1)
@@ -99,36 +98,6 @@ def test_the_live_verdict_and_the_analysis_are_the_same_verdict(tmp_path: Path) 
     verdict = analyze_paths(files, OPTS).cross_rank.imbalance_verdict
     assert (verdict.status, verdict.rank, verdict.effect_pct, verdict.p_value, verdict.steps) == (
         live.status, live.rank, live.effect_pct, live.p_value, live.steps)
-
-
-def test_a_rank_whose_peers_waited_as_long_for_a_cpu_is_named_neither_live_nor_offline(tmp_path: Path) -> None:
-    """Rank 1's own work is 30% above rank 0's over the run, but rank 0 waited 60 ms for a CPU in every other step
-    (a busy core): each reaches the synchronisation last in half the steps, so no one waits for rank 1. The live
-    timer (:class:`StepSeries`, fed the rows the ranks send) and the analysis (the same rows from the files) both
-    stay quiet at the arrival gate; nothing names rank 1 and the what-if counts no saving on its pace."""
-    files = run_folder(tmp_path, "clean", slow_rank=1)
-    rows = {}
-    for r in (0, 1):
-        path = tmp_path / f"timing_rank{r}.jsonl"
-        rows[r] = [json.loads(line) for line in path.read_text().splitlines()]
-        for row in rows[r]:
-            wait = 0.06 if r == 0 and row["step"] % 2 else 0.0
-            row.update(cpu_wait_s=wait, pre_sync_s=row["own_work_s"] + wait)
-        path.write_text("".join(json.dumps(row) + "\n" for row in rows[r]))
-    series = StepSeries(2)
-    series.add([[[row["step"], row["step_s"], row["own_work_s"], row["own_step_s"], row["pre_sync_s"]]
-                 for row in rows[r] if not row["warmup"]] for r in (0, 1)])
-    live = series.verdict(10.0, exclude=lambda step: step in TRACED)
-    assert live is not None and (live.status, live.rank, live.gate, live.steps) == ("quiet", 1, "arrival", 23)
-    result = analyze_paths(files, OPTS)
-    verdict = result.cross_rank.imbalance_verdict
-    assert (verdict.status, verdict.rank, verdict.gate, verdict.effect_pct, verdict.p_value) == (
-        live.status, live.rank, live.gate, live.effect_pct, live.p_value)
-    assert not [f for f in result.findings if 1 in f.ranks], [(f.kind, f.ranks) for f in result.findings]
-    assert not [s for s in result.what_if if s.scenario in ("slow_rank", "fastest_pace") and s.beyond_noise]
-    box = " ".join(line.strip("| ") for line in format_box(result).splitlines())
-    assert "Verdict: no finding" in box, box
-    assert f"slowest rank 1 (+{live.effect_pct:.1f}%, its peers waited as long for a CPU" in box, box
 
 
 def test_a_verdict_round_trips_through_json_and_a_malformed_one_is_ignored() -> None:

@@ -48,30 +48,6 @@ def test_a_persistently_slow_rank_is_raised_with_its_evidence():
     assert "slowest in 8 of 8 steps (p = 0.004" in v.reason
 
 
-def test_a_rank_named_slow_must_also_be_the_last_to_reach_the_synchronisation():
-    # Rank 0's own work is 20% above rank 1's in every step; a busy core made one rank wait 50 ms for a CPU in each
-    # step, in turn (as a 2-rank run beside a busy core measured: own work rank 0 +19.5%, pre-sync equal).
-    wobble = [0.002 * ((s * 7) % 5 - 2) for s in range(24)]
-    own = {0: [0.090 + w for w in wobble], 1: [0.075 - w for w in wobble]}
-    arrival = {0: [v + (0.05 if s % 2 else 0.0) for s, v in enumerate(own[0])],
-               1: [v + (0.0 if s % 2 else 0.05) for s, v in enumerate(own[1])]}
-    alone = judge_slow_rank(own, 10.0)
-    assert (alone.status, alone.rank, alone.slowest_in) == ("raised", 0, 24)
-    v = judge_slow_rank(own, 10.0, arrival=arrival)
-    assert (v.status, v.rank, v.gate, v.effect_pct) == ("quiet", 0, "arrival", alone.effect_pct)
-    assert v.reason.startswith(alone.claim + ", but it is the last to reach the synchronisation (its waits for a CPU "
-                               "included) in only 12 of 24 steps (p = ")
-    assert v.reason.endswith("its peers waited as long for a CPU, so none waited for it")
-    # The same own work reaching the synchronisation last, both ranks waiting 10 ms for a CPU in every step: named.
-    late = judge_slow_rank(own, 10.0, arrival={r: [x + 0.01 for x in own[r]] for r in own})
-    assert (late.status, late.rank, late.p_value) == ("raised", 0, alone.p_value)
-    # With more ranks, the binomial tail: rank 0 last in 4 of 24 steps is no one's straggler.
-    four = {r: own[1] for r in (1, 2, 3)} | {0: own[0]}
-    spread = {r: [own[0][s] + (0.08 if s % 4 == r else 0.0) for s in range(24)] for r in range(4)}
-    assert judge_slow_rank(four, 10.0).raised
-    assert judge_slow_rank(four, 10.0, arrival=spread).gate == "arrival"
-
-
 def brute_signed_rank_p(d: list[float]) -> float:
     """P(W+ >= observed) by enumerating every sign pattern, mid-ranks for ties, zeros dropped."""
     d = [x for x in d if x != 0]

@@ -110,22 +110,9 @@ class TimerRecords:
         ranks = sorted(self.rows)
         step_time = [max(self._own_step(self.rows[r][s]) for r in ranks) for s in judged]
         work = {r: [float(self.rows[r][s]["own_work_s"]) for s in judged] for r in ranks}
-        arrival = self._arrival(ranks, judged, work)
         if not material:
-            return judge_slow_rank(work, threshold_pct, what=OWN_WORK, arrival=arrival)
-        return judge_own_work(work, threshold_pct, step_time, arrival)
-
-    def _arrival(self, ranks: list[int], steps: list[int], work: dict[int, list[float]]
-                 ) -> dict[int, list[float]] | None:
-        """rank -> its pre-sync time (``pre_sync_s``, its waits for a CPU included) in each of ``steps``, as the live
-        timer passes it to the verdict; None when a row lacks it or it is the own work (on GPU)."""
-        arrival: dict[int, list[float]] = {}
-        for r in ranks:
-            values = [_number(self.rows[r][s].get("pre_sync_s")) for s in steps]
-            if any(v is None for v in values):
-                return None
-            arrival[r] = [float(v) for v in values if v is not None]
-        return None if all(arrival[r] == work[r] for r in ranks) else arrival
+            return judge_slow_rank(work, threshold_pct, what=OWN_WORK)
+        return judge_own_work(work, threshold_pct, step_time)
 
     @staticmethod
     def _own_step(row: dict[str, Any]) -> float:

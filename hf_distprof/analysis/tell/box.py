@@ -70,7 +70,6 @@ _QUIET = {  # why a quiet verdict is quiet, by the gate that kept it so (hf_dist
     "noise": "within the run's noise",
     "persistence": "not the slowest in enough steps",
     "stand_out": "not standing out from the other ranks",
-    "arrival": "its peers waited as long for a CPU, so none waited for it",
     "outside": "slow in the traced window only",
 }
 
