@@ -181,8 +181,9 @@ def shell_for(out: Path, number: int, name: str) -> Shell:
                                out / "logs" / f"{number:02d}_{slug}_{next(counter)}.log")
 
 
-def run_checks(checks: Sequence[Check], ctx: Ctx) -> list[Result]:
-    """Run every check in order, each past the failures of the others, writing the results after each one."""
+def run_checks(checks: Sequence[Check], ctx: Ctx, limit_s: float = TOTAL_LIMIT_S) -> list[Result]:
+    """Run every check in order, each past the failures of the others, writing the results after each one; a check
+    whose budget would end past ``limit_s`` from the start is skipped."""
     results: list[Result] = []
     models = [", ".join(m.describe() for m in check.models) for check in checks]  # counted before the clock starts
     start = time.monotonic()
@@ -191,8 +192,8 @@ def run_checks(checks: Sequence[Check], ctx: Ctx) -> list[Result]:
         passed, error, began = False, None, time.monotonic()
         print(f"[{i}/{len(checks)}] {check.name} (budget {check.budget_s:.0f} s)"
               + (f" on {models[i - 1]}" if models[i - 1] else ""), flush=True)
-        if began - start + check.budget_s > TOTAL_LIMIT_S:
-            error = f"skipped: its {check.budget_s:.0f} s would pass the run's {TOTAL_LIMIT_S:.0f} s limit"
+        if began - start + check.budget_s > limit_s:
+            error = f"skipped: its {check.budget_s:.0f} s would pass the run's {limit_s:.0f} s limit"
         else:
             try:
                 check.run(ctx, check.plan(ctx), numbers, shell_for(ctx.out, i, check.name))
@@ -236,6 +237,28 @@ def write_results(results: Sequence[Result], out: Path) -> None:
     (out / "gpu_check.md").write_text(render_md(results), encoding="utf-8")
 
 
+def select(checks: Sequence[Check], only: str | None, scale: float) -> list[Check]:
+    """The checks numbered in ``only`` ("2,3,4"; all when None), each command's timeout and each budget times
+    ``scale``. For a rerun of checks that failed or ran out of time: a check that reads another's files (mfu,
+    analyze and overhead read the demo's) needs that one listed too.
+
+    Raises:
+        ValueError: A number is not a check's, or the scale is not positive.
+    """
+    if not scale > 0:
+        raise ValueError(f"--budget-scale must be > 0, got {scale}")
+    numbers = range(1, len(checks) + 1) if only is None else [int(n) for n in only.split(",") if n.strip()]
+    if bad := [n for n in numbers if not 1 <= n <= len(checks)]:
+        raise ValueError(f"--only: no check numbered {bad[0]} (1-{len(checks)})")
+
+    def scaled(check: Check) -> Check:
+        plan = check.plan
+        return replace(check, budget_s=check.budget_s * scale,
+                       plan=lambda ctx: [replace(c, timeout_s=c.timeout_s * scale) for c in plan(ctx)])
+
+    return [scaled(checks[n - 1]) if scale != 1 else checks[n - 1] for n in sorted(set(numbers))]
+
+
 def main(argv: Sequence[str] | None = None, checks: Sequence[Check] = CHECKS, help_of: HelpOf = help_text) -> int:
     """Run the GPU check.
 
@@ -250,7 +273,16 @@ def main(argv: Sequence[str] | None = None, checks: Sequence[Check] = CHECKS, he
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for gpu_check.json, gpu_check.md, logs")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and check its commands and flags")
+    parser.add_argument("--only", metavar="N,M", help="run only these checks (numbers of the plan; a check that "
+                        "reads the demo's files needs check 2 listed too)")
+    parser.add_argument("--budget-scale", type=float, default=1.0, metavar="X",
+                        help="multiply every budget, every command's timeout and the 480 s limit by X (default 1; "
+                        "for a rerun of a check that ran out of time)")
     args = parser.parse_args(argv)
+    try:
+        checks = select(checks, args.only, args.budget_scale)
+    except ValueError as err:
+        parser.error(str(err))
     ctx = Ctx(args.out.resolve())
     if args.dry_run:
         return dry_run(checks, ctx, help_of)
@@ -263,7 +295,7 @@ def main(argv: Sequence[str] | None = None, checks: Sequence[Check] = CHECKS, he
     for name in OWN_PATHS:
         path = ctx.out / name
         shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-    results = run_checks(checks, ctx)
+    results = run_checks(checks, ctx, TOTAL_LIMIT_S * args.budget_scale)
     failed = [r.name for r in results if not r.passed]
     print(f"gpu_check: {len(results) - len(failed)} of {len(results)} passed; {ctx.out / 'gpu_check.md'}"
           + (f"; failed: {', '.join(failed)}" if failed else ""))

@@ -278,3 +278,21 @@ def test_the_fsdp_check_fails_naming_what_is_wrong(checks, tmp_path, built, even
     with pytest.raises(checks.CheckFailed) as failed:
         checks.run_fsdp(ctx, checks.plan_fsdp(ctx), {}, lambda cmd: (0, log))
     assert str(failed.value) == error
+
+
+def test_only_picks_checks_by_number_and_the_scale_stretches_budgets_and_timeouts(gc, tmp_path):
+    picked = gc.select(gc.CHECKS, "5,2", 1.5)
+    assert [c.name for c in picked] == [gc.CHECKS[1].name, gc.CHECKS[4].name]  # in the plan's order
+    ctx = gc.Ctx(tmp_path)
+    assert [c.budget_s for c in picked] == [gc.CHECKS[1].budget_s * 1.5, gc.CHECKS[4].budget_s * 1.5]
+    assert [c.timeout_s for c in picked[1].plan(ctx)] == [c.timeout_s * 1.5 for c in gc.CHECKS[4].plan(ctx)]
+    assert gc.select(gc.CHECKS, None, 1.0) == list(gc.CHECKS)
+    for only, scale, message in [("13", 1.0, "no check numbered 13"), ("2", 0.0, "must be > 0")]:
+        with pytest.raises(ValueError, match=message):
+            gc.select(gc.CHECKS, only, scale)
+
+
+def test_a_check_past_the_scaled_limit_is_skipped_saying_so(gc, tmp_path):
+    checks = [gc.Check("long", 10, lambda ctx: [], lambda ctx, cmds, n, sh: None)]
+    (result,) = gc.run_checks(checks, gc.Ctx(tmp_path), limit_s=5)
+    assert not result.passed and result.error == "skipped: its 10 s would pass the run's 5 s limit"
