@@ -166,7 +166,7 @@ def run_environment(ctx: Ctx, cmds: list[Cmd], n: dict[str, Any], sh: Shell) -> 
 def plan_demo(ctx: Ctx) -> list[Cmd]:
     env = {"NPROC": "1", "MAX_STEPS": "40", "OUTPUT_DIR": str(ctx.traces), "TRAIN_OUTPUT": str(ctx.train),
            "MIXED_PRECISION": "bf16", "SKIP_PREFLIGHT": "1"}
-    return [Cmd("demo", ("--profiler-run-name", "demo", "--nvtx", *BASE.train_flags()), 85, env)]
+    return [Cmd("demo", ("--profiler-run-name", "demo", "--nvtx", *BASE.train_flags()), 70, env)]
 
 
 def run_demo(ctx: Ctx, cmds: list[Cmd], n: dict[str, Any], sh: Shell) -> None:
@@ -197,8 +197,8 @@ def run_mfu(ctx: Ctx, cmds: list[Cmd], n: dict[str, Any], sh: Shell) -> None:
 
 def plan_analyze(ctx: Ctx) -> list[Cmd]:
     run = str(ctx.traces / "demo")
-    return [Cmd("analyze", (run, "--report", str(ctx.out / "report"), "--no-progress"), 20),
-            Cmd("snippet", ("hta_snippet", "{trace}", str(ctx.out / "hta_traces"), str(ctx.out / "hta.json")), 25)]
+    return [Cmd("analyze", (run, "--report", str(ctx.out / "report"), "--no-progress"), 15),
+            Cmd("snippet", ("hta_snippet", "{trace}", str(ctx.out / "hta_traces"), str(ctx.out / "hta.json")), 15)]
 
 
 def run_analyze(ctx: Ctx, cmds: list[Cmd], n: dict[str, Any], sh: Shell) -> None:
@@ -236,7 +236,7 @@ def run_analyze(ctx: Ctx, cmds: list[Cmd], n: dict[str, Any], sh: Shell) -> None
 
 
 def plan_overhead(ctx: Ctx) -> list[Cmd]:
-    return [Cmd("bench-overhead", ("--device", "cuda", *BASE.bench_flags(), "--pairs", "3", "--steps", "20"), 40)]
+    return [Cmd("bench-overhead", ("--device", "cuda", *BASE.bench_flags(), "--pairs", "3", "--steps", "20"), 70)]
 
 
 def run_overhead(ctx: Ctx, cmds: list[Cmd], n: dict[str, Any], sh: Shell) -> None:
@@ -266,7 +266,7 @@ def run_sync(ctx: Ctx, cmds: list[Cmd], n: dict[str, Any], sh: Shell) -> None:
 def plan_memory(ctx: Ctx) -> list[Cmd]:
     args = train_args(ctx, "memory", 8, "--memory-snapshot", "--memory-tracker", "--enable-memory-logging",
                       "--memory-log-steps", "1", *SCHEDULE, *BASE.train_flags())
-    return [Cmd("train", args, 35), Cmd("memory-viz", ("{snapshot}", "-o", str(ctx.out / "memory_snapshot.html")), 10)]
+    return [Cmd("train", args, 30), Cmd("memory-viz", ("{snapshot}", "-o", str(ctx.out / "memory_snapshot.html")), 10)]
 
 
 def run_memory(ctx: Ctx, cmds: list[Cmd], n: dict[str, Any], sh: Shell) -> None:
@@ -320,7 +320,10 @@ def run_fsdp(ctx: Ctx, cmds: list[Cmd], n: dict[str, Any], sh: Shell) -> None:
     n.update(peak_mib_fsdp=fsdp, peak_mib_unsharded=unsharded,
              peak_ratio=round(fsdp / unsharded, 3) if fsdp and unsharded else None)
     expect(report.get("built") == "fsdp2", f"parallelism.json says built {report.get('built')!r}, not fsdp2")
-    kinds = {"FSDP::all_gather", "FSDP::post_backward_reduce"}
+    # FSDP2 skips the all-gather on a group of one (the parameters are whole already: `FSDPParamGroup.unshard`
+    # returns before its `FSDP::all_gather` range), so one rank names its forward and its gradient reduction.
+    kinds = {"FSDP::pre_forward", "FSDP::post_backward_reduce"}
+    kinds |= {"FSDP::all_gather"} if n["world_size"] != 1 else set()
     expect(kinds <= set(n["fsdp_annotations"]), f"the trace names {sorted(n['fsdp_annotations'])}, not {sorted(kinds)}")
     expect(n["peak_ratio"], f"no peak memory to compare: fsdp {fsdp}, unsharded {unsharded}")
 
@@ -393,17 +396,17 @@ def no_commands(ctx: Ctx) -> list[Cmd]:
 
 CHECKS: list[Check] = [
     Check("environment", 15, plan_environment, run_environment, "versions, GPU, our package importable"),
-    Check("demo on 1 GPU", 90, plan_demo, run_demo, "40 steps of the demo: kernels, device phases, the logged "
+    Check("demo on 1 GPU", 75, plan_demo, run_demo, "40 steps of the demo: kernels, device phases, the logged "
           "parameter count", (BASE.model,)),
     Check("mfu", 2, no_commands, run_mfu, "the demo's MFU as FLOPs per token within 10% of 6 x parameters",
           (BASE.model,)),
-    Check("analyze and HTA", 45, plan_analyze, run_analyze, "the demo's trace: GPU idle < 20%, HTA within 0.5 pp, "
+    Check("analyze and HTA", 30, plan_analyze, run_analyze, "the demo's trace: GPU idle < 20%, HTA within 0.5 pp, "
           "analyze time, trace and compact MB per step", (BASE.model,)),
-    Check("overhead", 40, plan_overhead, run_overhead, "always-on callbacks A/B on the GPU (target <= 1.01), the "
+    Check("overhead", 70, plan_overhead, run_overhead, "always-on callbacks A/B on the GPU (target <= 1.01), the "
           "demo's profiler slowdown", (BASE.model,)),
     Check("no host sync", 25, plan_sync, run_sync, "step timer and memory logger under sync debug 'error'",
           (SYNC_MLP,)),
-    Check("memory views", 45, plan_memory, run_memory, "--memory-snapshot renders; --memory-tracker's peak within "
+    Check("memory views", 40, plan_memory, run_memory, "--memory-snapshot renders; --memory-tracker's peak within "
           "10% of the allocator's", (BASE.model,)),
     Check("oom snapshot", 30, plan_oom, run_oom, "an out-of-memory error leaves a snapshot", (OOM_LINEAR,)),
     Check("fsdp2", 50, plan_fsdp, run_fsdp, "--strategy fsdp on 1 GPU: fsdp2, peak memory against the demo's, "

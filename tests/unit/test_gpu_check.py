@@ -52,9 +52,9 @@ def test_the_dry_run_names_every_check_its_budget_and_models_and_finds_every_com
         "gpu tests": ["the gpu-marked tests' own tiny models"],
     }
     total = sum(int(budget) for _, _, budget in checks)
-    assert total == 472
-    assert "total budget: 472 s for 12 checks (limit 480 s)" in proc.stdout
-    assert proc.stdout.startswith("gpu_check plan: 12 checks, budget 472 s (limit 480 s)")
+    assert total == 467
+    assert "total budget: 467 s for 12 checks (limit 480 s)" in proc.stdout
+    assert proc.stdout.startswith("gpu_check plan: 12 checks, budget 467 s (limit 480 s)")
     assert "0 problem(s)" in proc.stdout and "PROBLEM" not in proc.stderr
     assert not list(tmp_path.iterdir())  # a dry run writes nothing
 
@@ -227,6 +227,8 @@ FSDP_EVENTS = [
     {"ph": "X", "cat": "user_annotation", "name": "FSDP::all_gather (model.layers.0)"},
     {"ph": "X", "cat": "user_annotation", "name": "FSDP::all_gather (model.layers.1)"},
     {"ph": "X", "cat": "user_annotation", "name": "FSDP::post_backward_reduce (model.layers.0)"},
+    {"ph": "X", "cat": "user_annotation", "name": "FSDP::pre_forward (model.layers.0)"},
+    {"ph": "X", "cat": "user_annotation", "name": "FSDP::backward_prefetch for model.layers.0"},  # as on the H100
     {"ph": "i", "cat": "user_annotation", "name": "FSDP::all_gather (an instant: not a span)"},
     {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllGather_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"},
     {"ph": "X", "cat": "kernel", "name": "ncclKernel_ReduceScatter_RING_LL_Sum_bf16(...)"},
@@ -239,15 +241,16 @@ def test_trace_stats_count_kernels_steps_phases_and_communication_by_kind(checks
     trace = _write_trace(tmp_path / "rank0.pt.trace.json.gz", FSDP_EVENTS)
     assert checks.trace_stats(trace) == {
         "kernels": 3, "gpu_memcpy": 1, "profiler_steps": 2, "phases_on_gpu": ["hf_distprof/forward"],
-        "fsdp_annotations": {"FSDP::all_gather": 2, "FSDP::post_backward_reduce": 1},
+        "fsdp_annotations": {"FSDP::all_gather": 2, "FSDP::backward_prefetch": 1, "FSDP::post_backward_reduce": 1,
+                             "FSDP::pre_forward": 1},
         "nccl_kernels": {"AllGather": 1, "ReduceScatter": 1}}
 
 
-def _fsdp_run(ctx, built: str, fsdp_peak: float, events: list[dict]) -> None:
+def _fsdp_run(ctx, built: str, fsdp_peak: float, events: list[dict], world_size: int = 1) -> None:
     run, demo = ctx.traces / "fsdp", ctx.traces / "demo"
     _write_trace(run / "rank0_host.pt.trace.json.gz", events)
     demo.mkdir(parents=True)
-    (run / "parallelism.json").write_text(json.dumps({"built": built, "world_size": 1, "fsdp_units": [1, 2, 3]}))
+    (run / "parallelism.json").write_text(json.dumps({"built": built, "world_size": world_size, "fsdp_units": [1, 2, 3]}))
     (run / "memory_summary.json").write_text(json.dumps({"per_rank": [{"peak_allocated_mb": fsdp_peak}]}))
     (demo / "memory_summary.json").write_text(json.dumps({"per_rank": [{"peak_allocated_mb": 40000.0}]}))
     (demo / "parallelism.json").write_text(json.dumps({"built": "none"}))
@@ -261,20 +264,37 @@ def test_the_fsdp_check_reads_what_was_built_the_communication_and_the_peaks(che
     assert {k: numbers[k] for k in ("parameters", "built", "fsdp_units", "fsdp_annotations", "nccl_kernels",
                                     "peak_mib_fsdp", "peak_mib_unsharded", "peak_ratio", "unsharded_built")} == {
         "parameters": 136.69e6, "built": "fsdp2", "fsdp_units": 3,
-        "fsdp_annotations": {"FSDP::all_gather": 2, "FSDP::post_backward_reduce": 1},
+        "fsdp_annotations": {"FSDP::all_gather": 2, "FSDP::backward_prefetch": 1, "FSDP::post_backward_reduce": 1,
+                             "FSDP::pre_forward": 1},
         "nccl_kernels": {"AllGather": 1, "ReduceScatter": 1}, "peak_mib_fsdp": 36000.0, "peak_mib_unsharded": 40000.0,
         "peak_ratio": 0.9, "unsharded_built": "none"}
 
 
-@pytest.mark.parametrize(("built", "events", "log", "error"), [
-    ("ddp", FSDP_EVENTS, "model: 136.69 M parameters", "parallelism.json says built 'ddp', not fsdp2"),
-    ("fsdp2", [e for e in FSDP_EVENTS if "post_backward" not in e["name"]], "model: 136.69 M parameters",
-     "the trace names ['FSDP::all_gather'], not ['FSDP::all_gather', 'FSDP::post_backward_reduce']"),
-    ("fsdp2", FSDP_EVENTS, "model: 1.73 M parameters", "the plan says 136686080 parameters, the run built 1730000.0"),
-])
-def test_the_fsdp_check_fails_naming_what_is_wrong(checks, tmp_path, built, events, log, error):
+ONE_RANK_FSDP = [e for e in FSDP_EVENTS if "all_gather" not in e["name"]]  # FSDP2 gathers nothing on a group of 1
+
+
+def test_one_rank_of_fsdp2_passes_without_an_all_gather(checks, tmp_path):
     ctx = checks.Ctx(tmp_path)
-    _fsdp_run(ctx, built, 36000.0, events)
+    _fsdp_run(ctx, "fsdp2", 36000.0, ONE_RANK_FSDP)  # what the H100 run wrote: no FSDP::all_gather range
+    numbers: dict = {}
+    checks.run_fsdp(ctx, checks.plan_fsdp(ctx), numbers, lambda cmd: (0, "x: [RANK 0] model: 136.69 M parameters\n"))
+    assert numbers["fsdp_annotations"] == {"FSDP::backward_prefetch": 1, "FSDP::post_backward_reduce": 1,
+                                           "FSDP::pre_forward": 1}
+
+
+@pytest.mark.parametrize(("built", "events", "world", "log", "error"), [
+    ("ddp", FSDP_EVENTS, 1, "model: 136.69 M parameters", "parallelism.json says built 'ddp', not fsdp2"),
+    ("fsdp2", [e for e in ONE_RANK_FSDP if "post_backward" not in e["name"]], 1, "model: 136.69 M parameters",
+     "the trace names ['FSDP::backward_prefetch', 'FSDP::pre_forward'], "
+     "not ['FSDP::post_backward_reduce', 'FSDP::pre_forward']"),
+    ("fsdp2", ONE_RANK_FSDP, 2, "model: 136.69 M parameters",
+     "the trace names ['FSDP::backward_prefetch', 'FSDP::post_backward_reduce', 'FSDP::pre_forward'], "
+     "not ['FSDP::all_gather', 'FSDP::post_backward_reduce', 'FSDP::pre_forward']"),
+    ("fsdp2", FSDP_EVENTS, 1, "model: 1.73 M parameters", "the plan says 136686080 parameters, the run built 1730000.0"),
+])
+def test_the_fsdp_check_fails_naming_what_is_wrong(checks, tmp_path, built, events, world, log, error):
+    ctx = checks.Ctx(tmp_path)
+    _fsdp_run(ctx, built, 36000.0, events, world)
     with pytest.raises(checks.CheckFailed) as failed:
         checks.run_fsdp(ctx, checks.plan_fsdp(ctx), {}, lambda cmd: (0, log))
     assert str(failed.value) == error

@@ -394,7 +394,13 @@ def test_on_gpu_a_run_leaves_the_nvtx_stack_balanced_and_the_trace_labelled(tmp_
     (trace,) = (tmp_path / "prof" / "run").glob("*.pt.trace.json.gz")
     events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
     on_gpu = {e["name"] for e in events if e.get("cat") == "gpu_user_annotation"}
-    assert {"hf_distprof/forward", "hf_distprof/backward", "hf_distprof/optimizer"} <= on_gpu
+    on_host = [e["name"] for e in events if e.get("cat") == "user_annotation"]
+    assert {"hf_distprof/forward", "hf_distprof/backward"} <= on_gpu
+    # Kineto puts a kernel under the innermost user range around its launch: the optimizer's kernels are launched
+    # inside torch's own `Optimizer.step#AdamW.step`, which opens inside our optimizer phase (seen on an H100), so
+    # that phase is on the host timeline and its kernels on the GPU under torch's name.
+    assert on_host.count("hf_distprof/optimizer") == 2  # the two active steps
+    assert "hf_distprof/optimizer" in on_gpu or any(n.startswith("Optimizer.step#") for n in on_gpu)
 
 
 @pytest.mark.gpu
