@@ -221,12 +221,15 @@ class Workload:
     def train_flags(self) -> tuple[str, ...]:
         """The training script's flags for this workload, every step a full batch: the demo corpus is small (the
         standard library's docstrings; Python 3.11's make 212 k tokens with the demo tokenizer, 206 sequences of
-        1024), and an epoch of batches of 32 would end in a short one. Four persistent data-loader workers prepare
-        the batches (the MLM collator's masking): on the first H100 run the main process did it, 40 ms of a 265 ms
-        step, and the GPU idled 23% of the traced steps."""
+        1024), and an epoch of batches of 32 would end in a short one. Four data-loader workers prepare the batches
+        (the MLM collator's masking): on the first H100 run the main process did it, 40 ms of a 265 ms step, and
+        the GPU idled 23% of the traced steps; with the workers 8.9%. Not persistent ones: with
+        ``--dataloader-persistent-workers`` (and pinned memory, the default on CUDA) the launched runs trained and
+        then hung at exit until their timeouts (most likely torch's exit handler, which joins each persistent worker
+        with a 5 s timeout: pytorch/pytorch#81794)."""
         return ("--tiny-hidden-size", str(self.hidden), "--tiny-num-layers", str(self.layers), "--max-seq-length",
                 str(self.seq), "--per-device-train-batch-size", str(self.batch), "--dataloader-drop-last",
-                "--dataloader-num-workers", "4", "--dataloader-persistent-workers",
+                "--dataloader-num-workers", "4",
                 *(("--bf16",) if self.bf16 else ()))
 
     def bench_flags(self) -> tuple[str, ...]:
