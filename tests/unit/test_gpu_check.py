@@ -250,7 +250,8 @@ def _fsdp_run(ctx, built: str, fsdp_peak: float, events: list[dict], world_size:
     run, demo = ctx.traces / "fsdp", ctx.traces / "demo"
     _write_trace(run / "rank0_host.pt.trace.json.gz", events)
     demo.mkdir(parents=True)
-    (run / "parallelism.json").write_text(json.dumps({"built": built, "world_size": world_size, "fsdp_units": [1, 2, 3]}))
+    report = {"built": built, "world_size": world_size, "fsdp_units": [1, 2, 3]}
+    (run / "parallelism.json").write_text(json.dumps(report))
     (run / "memory_summary.json").write_text(json.dumps({"per_rank": [{"peak_allocated_mb": fsdp_peak}]}))
     (demo / "memory_summary.json").write_text(json.dumps({"per_rank": [{"peak_allocated_mb": 40000.0}]}))
     (demo / "parallelism.json").write_text(json.dumps({"built": "none"}))
@@ -290,7 +291,8 @@ def test_one_rank_of_fsdp2_passes_without_an_all_gather(checks, tmp_path):
     ("fsdp2", ONE_RANK_FSDP, 2, "model: 136.69 M parameters",
      "the trace names ['FSDP::backward_prefetch', 'FSDP::post_backward_reduce', 'FSDP::pre_forward'], "
      "not ['FSDP::all_gather', 'FSDP::post_backward_reduce', 'FSDP::pre_forward']"),
-    ("fsdp2", FSDP_EVENTS, 1, "model: 1.73 M parameters", "the plan says 136686080 parameters, the run built 1730000.0"),
+    ("fsdp2", FSDP_EVENTS, 1, "model: 1.73 M parameters",
+     "the plan says 136686080 parameters, the run built 1730000.0"),
 ])
 def test_the_fsdp_check_fails_naming_what_is_wrong(checks, tmp_path, built, events, world, log, error):
     ctx = checks.Ctx(tmp_path)
