@@ -150,11 +150,11 @@ def validate(checks: Sequence[Check], ctx: Ctx, help_of: HelpOf = help_text) -> 
     return problems, sorted(notes)
 
 
-def dry_run(checks: Sequence[Check], ctx: Ctx, help_of: HelpOf = help_text) -> int:
+def dry_run(checks: Sequence[Check], ctx: Ctx, help_of: HelpOf = help_text, limit_s: float = TOTAL_LIMIT_S) -> int:
     """Print the numbered plan (each check's budget and models) and validate it: 0 when every script, command and
     flag exists, else 1."""
     total = sum(c.budget_s for c in checks)
-    print(f"gpu_check plan: {len(checks)} checks, budget {total:.0f} s (limit {TOTAL_LIMIT_S:.0f} s), out {ctx.out}")
+    print(f"gpu_check plan: {len(checks)} checks, budget {total:.0f} s (limit {limit_s:.0f} s), out {ctx.out}")
     for i, check in enumerate(checks, 1):
         print(f"{i:2d}. {check.name} ({check.budget_s:.0f} s): {check.what}")
         for model in check.models or (Model("none"),):
@@ -166,7 +166,7 @@ def dry_run(checks: Sequence[Check], ctx: Ctx, help_of: HelpOf = help_text) -> i
         print(f"note: {note}")
     for problem in problems:
         print(f"PROBLEM: {problem}", file=sys.stderr)
-    print(f"total budget: {total:.0f} s for {len(checks)} checks (limit {TOTAL_LIMIT_S:.0f} s)")
+    print(f"total budget: {total:.0f} s for {len(checks)} checks (limit {limit_s:.0f} s)")
     print(f"dry run: {sum(len(c.plan(ctx)) for c in checks)} commands checked, {len(problems)} problem(s)")
     return 1 if problems else 0
 
@@ -283,9 +283,9 @@ def main(argv: Sequence[str] | None = None, checks: Sequence[Check] = CHECKS, he
         checks = select(checks, args.only, args.budget_scale)
     except ValueError as err:
         parser.error(str(err))
-    ctx = Ctx(args.out.resolve())
+    ctx, limit_s = Ctx(args.out.resolve()), TOTAL_LIMIT_S * args.budget_scale
     if args.dry_run:
-        return dry_run(checks, ctx, help_of)
+        return dry_run(checks, ctx, help_of, limit_s)
     import torch
 
     if not torch.cuda.is_available():
@@ -295,7 +295,7 @@ def main(argv: Sequence[str] | None = None, checks: Sequence[Check] = CHECKS, he
     for name in OWN_PATHS:
         path = ctx.out / name
         shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-    results = run_checks(checks, ctx, TOTAL_LIMIT_S * args.budget_scale)
+    results = run_checks(checks, ctx, limit_s)
     failed = [r.name for r in results if not r.passed]
     print(f"gpu_check: {len(results) - len(failed)} of {len(results)} passed; {ctx.out / 'gpu_check.md'}"
           + (f"; failed: {', '.join(failed)}" if failed else ""))

@@ -318,3 +318,15 @@ def test_a_check_past_the_scaled_limit_is_skipped_saying_so(gc, tmp_path):
     checks = [gc.Check("long", 10, lambda ctx: [], lambda ctx, cmds, n, sh: None)]
     (result,) = gc.run_checks(checks, gc.Ctx(tmp_path), limit_s=5)
     assert not result.passed and result.error == "skipped: its 10 s would pass the run's 5 s limit"
+
+
+def test_the_dry_run_of_a_scaled_rerun_states_its_budget_and_limit(gc, tmp_path, capsys):
+    ctx = gc.Ctx(tmp_path.resolve())
+    flags = " ".join(a for c in gc.CHECKS for cmd in c.plan(ctx) for a in (*cmd.args, *(cmd.via[1] if cmd.via else ()))
+                     if a.startswith("-"))
+    assert gc.main(["--dry-run", "--out", str(tmp_path), "--only", "2,5", "--budget-scale", "2"],
+                   help_of=lambda tool: flags) == 0
+    out = capsys.readouterr().out
+    total = 2 * (gc.CHECKS[1].budget_s + gc.CHECKS[4].budget_s)
+    assert out.startswith(f"gpu_check plan: 2 checks, budget {total:.0f} s (limit 960 s)")
+    assert f"(timeout {2 * gc.CHECKS[4].plan(ctx)[0].timeout_s:.0f} s)" in out
