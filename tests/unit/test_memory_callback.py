@@ -92,15 +92,17 @@ def test_gpu_sample_reads_allocator_counters_without_synchronising(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
     calls = []
 
-    def counter(value):
-        def read(device):
-            calls.append(torch.device(device).index)
-            return value
-        return read
+    def memory_stats(device):
+        calls.append(torch.device(device).index)
+        return {"allocated_bytes.all.current": 512 * MB, "reserved_bytes.all.current": 1024 * MB,
+                "allocated_bytes.all.peak": 768 * MB, "active_bytes.all.current": 500 * MB}
 
-    monkeypatch.setattr(torch.cuda, "memory_allocated", counter(512 * MB))
-    monkeypatch.setattr(torch.cuda, "memory_reserved", counter(1024 * MB))
-    monkeypatch.setattr(torch.cuda, "max_memory_allocated", counter(768 * MB))
+    def one_read_only(device=None):
+        raise AssertionError("read_memory reads memory_stats() once, not a counter that reads it again")
+
+    monkeypatch.setattr(torch.cuda, "memory_stats", memory_stats)
+    for name in ("memory_allocated", "memory_reserved", "max_memory_allocated"):
+        monkeypatch.setattr(torch.cuda, name, one_read_only)
     resets = []
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device: resets.append(device.index))
 
@@ -113,10 +115,11 @@ def test_gpu_sample_reads_allocator_counters_without_synchronising(monkeypatch):
     assert sample["reserved_mb"] == 1024.0
     assert sample["fragmentation_mb"] == 512.0
     assert sample["peak_allocated_mb"] == 768.0
-    assert calls == [3, 3, 3] and resets == []
+    assert calls == [3] and resets == []  # one read of the allocator's counters per sample
     assert sample["rss_mb"] > 0
     memory.read_memory(reset_peaks=True)
     assert resets == [3]  # the CUDA peak restarts at each logging step
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: 100 * MB)  # the peak since the reset
     assert memstats.lifetime_peak_bytes(torch.device("cuda", 3)) == 768 * MB
 
 

@@ -80,10 +80,11 @@ def _key(device: torch.device) -> str:
     return "cpu" if device.type != "cuda" else f"cuda:{device.index if device.index is not None else 0}"
 
 
-def current_peak_bytes(device: torch.device) -> int:
-    """The peak since the last reset: CUDA peak allocated on a GPU, peak RSS of the process on CPU."""
+def current_peak_bytes(device: torch.device, cuda_peak: int | None = None) -> int:
+    """The peak since the last reset: CUDA peak allocated on a GPU (``cuda_peak`` when the caller has just read
+    ``memory_stats()``'s ``allocated_bytes.all.peak``), peak RSS of the process on CPU."""
     if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
+        return int(cuda_peak if cuda_peak is not None else torch.cuda.max_memory_allocated(device))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)  # bytes on macOS, KiB on Linux
 
@@ -93,13 +94,14 @@ def lifetime_peak_bytes(device: torch.device) -> int:
     return max(current_peak_bytes(device), _PEAK_BEFORE_RESET.get(_key(device), 0))
 
 
-def window_peak_bytes(device: torch.device) -> int:
+def window_peak_bytes(device: torch.device, cuda_peak: int | None = None) -> int:
     """The peak since the previous call (or the start), then reset, so that the next window has its own.
 
     On CPU the reset needs Linux's ``/proc/self/clear_refs``; where it cannot be written, the value is the
-    peak since the process started (and :func:`peak_resets` says so).
+    peak since the process started (and :func:`peak_resets` says so). ``cuda_peak``: as for
+    :func:`current_peak_bytes`.
     """
-    peak = current_peak_bytes(device)
+    peak = current_peak_bytes(device, cuda_peak)
     key = _key(device)
     _PEAK_BEFORE_RESET[key] = max(_PEAK_BEFORE_RESET.get(key, 0), peak)
     if device.type == "cuda":
