@@ -42,46 +42,6 @@ def binomial_tail(k: int, n: int, p: float) -> float:
     return min(1.0, total)
 
 
-def signed_rank_p(differences: Sequence[float]) -> float:
-    """One-sided p-value of the Wilcoxon signed-rank test: P(W+ >= observed) when the differences are
-    symmetric about 0.
-
-    Zero differences are dropped (Wilcoxon's rule) and tied magnitudes share their mean rank. Exact (the
-    distribution of the rank sum given the ties, by counting subsets) up to 50 differences; beyond, the
-    normal approximation with the tie correction. All ``n`` differences positive gives ``2**-n``, as the
-    sign test does, so the test needs no more steps than the arrival-order test.
-    """
-    d = [float(x) for x in differences if x != 0 and not math.isnan(x)]
-    n = len(d)
-    if n == 0:
-        return 1.0
-    order = sorted(range(n), key=lambda i: abs(d[i]))
-    ranks2 = [0] * n  # twice the mid-ranks: integers even with ties
-    i = 0
-    while i < n:
-        j = i
-        while j + 1 < n and abs(d[order[j + 1]]) == abs(d[order[i]]):
-            j += 1
-        for t in range(i, j + 1):
-            ranks2[order[t]] = i + j + 2
-        i = j + 1
-    w2 = sum(r for r, x in zip(ranks2, d) if x > 0)
-    if n > 50:
-        mean = sum(ranks2) / 2.0
-        var = sum(r * r for r in ranks2) / 4.0
-        z = (w2 - 1.0 - mean) / math.sqrt(var)  # 1: continuity correction on the doubled scale
-        return 0.5 * math.erfc(z / math.sqrt(2.0))
-    counts = [0] * (sum(ranks2) + 1)  # counts[s]: sign patterns whose positive doubled ranks sum to s
-    counts[0] = 1
-    top = 0
-    for r in ranks2:
-        for s in range(top, -1, -1):
-            if counts[s]:
-                counts[s + r] += counts[s]
-        top += r
-    return min(1.0, sum(counts[w2:]) / 2.0**n)
-
-
 def finite(value: Any) -> float | None:
     """``value`` as a float when it is a finite int or float (not a bool), else None: the one check of a number read
     from a file (JSON documents, the step timer's records, the run manifest)."""

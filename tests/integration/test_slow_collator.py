@@ -82,7 +82,7 @@ def test_rank_1_is_named_from_the_window_and_the_step_timer(runs, name, request,
     verdicts = [v for v in (cross.straggler_verdict, cross.imbalance_verdict) if v is not None]
     raised = [v for v in verdicts if v.raised]
     assert raised and all(v.rank == 1 for v in raised), [v.reason for v in verdicts]
-    assert all(v.test == "signed-rank, step timer" and "over the run's" in v.reason for v in raised)
+    assert all(v.test == "binomial, step timer" and "over the run's" in v.reason for v in raised)
     live = json.loads((folder / "timing_summary.json").read_text())["imbalance_verdict"]
     assert (live["status"], live["rank"]) == ("raised", 1)  # what the live verdict said at train end
     assert [s.rank for s in cross.stragglers] in ([], [1])

@@ -238,7 +238,7 @@ def test_on_cpu_the_imbalance_verdict_judges_busy_time_less_the_wait_for_a_cpu()
     assert (raw.status, raw.rank, raw.effect_pct) == ("quiet", 0, pytest.approx(100 * 2 / 60))
     waits = {0: {s: 0.015 for s in range(1, 7)}, 1: {s: 0.0 for s in range(1, 7)}}
     own = cross_rank(ranks, AnalysisOptions(), waits).imbalance_verdict
-    assert (own.status, own.rank, own.slowest_in, own.test) == ("raised", 1, 6, "signed-rank")
+    assert (own.status, own.rank, own.slowest_in, own.test) == ("raised", 1, 6, "binomial")
     assert own.effect_pct == pytest.approx(100 * (60 - 47) / 47)
     assert "busy time (CPU: compute + data loading, less its wait for a CPU)" in own.reason
     # A rank whose extra busy time is all run-queue wait is no slow rank.
@@ -281,8 +281,8 @@ def test_a_rank_the_step_timer_names_but_the_window_shows_waiting_says_the_windo
     from hf_distprof.analysis.results.across import RankSkew
     from hf_distprof.core.verdicts import SlowRankVerdict
 
-    timer = SlowRankVerdict("raised", 1, 14.0, 10.0, 8.9, 15, 16, 2, 0.0001, 6, "named", test="signed-rank, step timer")
-    window = SlowRankVerdict("raised", 1, 14.0, 10.0, 8.9, 6, 6, 2, 0.01, 6, "named", test="signed-rank")
+    timer = SlowRankVerdict("raised", 1, 14.0, 10.0, 8.9, 15, 16, 2, 0.0001, 6, "named", test="binomial, step timer")
+    window = SlowRankVerdict("raised", 1, 14.0, 10.0, 8.9, 6, 6, 2, 0.01, 6, "named", test="binomial")
     ranks = [RankSkew(0, 41_130.0, 27_000.0, 6_270.0, 0.0, 0.0), RankSkew(1, 41_130.0, 27_000.0, 13_570.0, 221.9, 0.0)]
     (named,) = _stragglers(ranks, timer, 11, AnalysisOptions())
     assert named.evidence.endswith(

@@ -59,8 +59,8 @@ def test_slow_rank1_is_one_chain_and_rank_0s_wait_is_not_communication_bound():
           "after the earliest rank, and the others wait for it there (from their arrival at the same collective to "
           "its, clocks aligned): rank 0 waits 46.7% of its step at all_reduce for rank 1. straggler verdict: rank "
           "1's arrival at the step's collectives exceeds its peers' by a median 52.2% (threshold 10%, step-to-step "
-          "noise 3.4%); it is the slowest in 6 of 6 steps (p = 0.016 in a balanced run of 2 ranks, signed-rank test "
-          "of the per-step difference); imbalance verdict raised too: rank 1's busy time (GPU: compute kernels; CPU: "
+          "noise 3.4%); it is the slowest in 6 of 6 steps (p = 0.016 in a balanced run of 2 ranks); imbalance verdict "
+          "raised too: rank 1's busy time (GPU: compute kernels; CPU: "
           "compute + data loading) exceeds its peers' by a median 102.8%",
           # A CPU (gloo) run: its host, not a device's clocks.
           "Rank 1: its compute is slower: check for uneven sequence lengths across ranks (pad to a fixed length or "

@@ -453,8 +453,9 @@ def test_the_live_verdict_is_judged_again_once_the_steps_grew_by_5_percent(tmp_p
     # 300 logging steps of 4 steps each: judged at every one while 4 steps are 5% or more of those seen (up to 80),
     # then once the series grew by 5% since the last judgement: 71 judgements for 1200 steps, not 300. Rank 1 is
     # slowed from step 202 on (200 clean steps, then 1000 slow): the median excess passes the threshold once more
-    # than half the steps are slow, first judged raised at 404 steps seen and again at 424: warned once, at the
-    # logging step of the second (global step 425; the series starts at step 2).
+    # than half the steps are slow, and the count of steps it is the slowest in is beyond chance from 248 of 448
+    # (p = 0.013): first judged raised at 448 steps seen and again at 472: warned once, at the logging step of the
+    # second (global step 473; the series starts at step 2).
     judged: list[tuple[int, str]] = []
     real = StepTimerCallback._verdict
 
@@ -469,9 +470,10 @@ def test_the_live_verdict_is_judged_again_once_the_steps_grew_by_5_percent(tmp_p
     seen = [n for n, _ in judged]
     assert len(seen) == 71 and seen[:20] == list(range(4, 81, 4)) and seen[-3:] == [1056, 1108, 1164], seen
     assert all(b - a == max(4, -(-max(1, int(0.05 * a)) // 4) * 4) for a, b in zip(seen, seen[1:])), seen
-    assert [j for j in judged if 380 <= j[0] <= 430] == [(384, "quiet"), (404, "raised"), (424, "raised")]
+    assert [j for j in judged if 380 <= j[0] <= 480] == [(384, "quiet"), (404, "quiet"), (424, "quiet"),
+                                                         (448, "raised"), (472, "raised")]
     (warning,) = [r.getMessage() for r in caplog.records if "imbalance" in r.getMessage()]
-    assert warning.startswith("[RANK 0] step 425: Step time imbalance 50.0% > 10%: rank 1 is the slowest")
+    assert warning.startswith("[RANK 0] step 473: Step time imbalance 50.0% > 10%: rank 1 is the slowest")
     assert cb._live is not None and cb._live[1] == 1164
     # Past the steps the series keeps, the wait is 5% of those (10 of 200 here), not of every step seen (58).
     from transformers import TrainerState

@@ -131,7 +131,7 @@ def test_means_alone_never_warn():
 
 def test_a_rank_slow_in_7_of_12_steps_is_noise():
     # Rank 1 is 32% slower in 7 of 12 steps and rank 0 as much slower in the other 5: a large effect, but an
-    # alternation like this happens by chance 39% of the time with two ranks (signed-rank, all magnitudes tied).
+    # alternation like this happens by chance 39% of the time with two ranks (slowest in 7 of 12 at 1/2 a step).
     ranks = [ddp_rank(0, 0.01), ddp_rank(1, 0.01)]
     rows = [[[2 + i, 1.0, 0.31 + (0.1 if (r == 1) == (i < 7) else 0.0)] for i in range(12)] for r in (0, 1)]
     s = StepSeries(2)

@@ -3,13 +3,12 @@ their definitions, and the comparisons at equality (threshold, materiality, nois
 
 from __future__ import annotations
 
-import itertools
 import math
 from fractions import Fraction
 
 import pytest
 
-from hf_distprof.core.stats import MAD_SCALE, binomial_tail, fisher_p, scaled_mad, signed_rank_p
+from hf_distprof.core.stats import MAD_SCALE, binomial_tail, fisher_p, scaled_mad
 
 from hf_distprof.core.verdicts import (
     ShareVerdict, SlowRankVerdict, _noise_pct, _standing_out, across_the_run, judge_share, judge_slow_rank,
@@ -64,46 +63,6 @@ def test_binomial_tail_log_space_past_1000_steps():
     assert binomial_tail(1001, 1001, 0.5) == pytest.approx(0.5**1001, rel=1e-9, abs=0.0)
     assert binomial_tail(1000, 1001, 0.5) == pytest.approx(1002 * 0.5**1001, rel=1e-9, abs=0.0)
     assert binomial_tail(520, 1001, 0.5) == pytest.approx(exact_tail(520, 1001, Fraction(1, 2)), rel=1e-9, abs=0.0)
-
-
-# ---------------------------------------------------------------- signed_rank_p
-
-
-def brute_signed_rank_p(d: list[float]) -> float:
-    """P(W+ >= observed) over all 2**n sign patterns; zeros dropped, mid-ranks for tied magnitudes."""
-    d = [x for x in d if x != 0]
-    mags = sorted(abs(x) for x in d)
-    rank = {m: Fraction(sum(i + 1 for i, v in enumerate(mags) if v == m), mags.count(m)) for m in mags}
-    w = sum((rank[abs(x)] for x in d if x > 0), Fraction(0))
-    patterns = list(itertools.product((0, 1), repeat=len(d)))
-    hits = sum(1 for s in patterns if sum((rank[abs(x)] for x, b in zip(d, s) if b), Fraction(0)) >= w)
-    return hits / len(patterns)
-
-
-@pytest.mark.parametrize("d", [
-    [3.0], [-3.0], [1.0, -2.0], [-1.0, 2.0], [2.0, -1.0], [1.0, 1.0, -1.0], [3.0, -1.0, 2.0, 2.0, -4.0],
-    [5.0, 4.0, -3.0, 2.0, 1.0, -6.0, 0.0], [1.0, -1.0, 2.0, -2.0, 3.0],
-])
-def test_signed_rank_p_against_enumeration(d):
-    # Exact tail by counting subsets equals the brute-force enumeration (n == 1 is 0.5, not 1).
-    assert signed_rank_p(d) == brute_signed_rank_p(d)
-
-
-def test_signed_rank_p_small_cases_by_hand():
-    # One positive difference: W+ = 1 of {0, 1}: p = 1/2.
-    assert signed_rank_p([3.0]) == 0.5
-    # Ranks 1 (+) and 2 (-): W+ = 1, P(W+ >= 1) = 3/4 (the counting must not wrap to counts[-1]).
-    assert signed_rank_p([1.0, -2.0]) == 0.75
-    assert signed_rank_p([]) == 1.0 and signed_rank_p([0.0, float("nan")]) == 1.0
-
-
-def test_signed_rank_p_exact_up_to_50_normal_beyond():
-    # 50 positive differences: still exact, 2**-50.
-    assert signed_rank_p([float(i) for i in range(1, 51)]) == 2.0**-50
-    # 51: the normal approximation with continuity correction, doubled scale: mean 1326, var = sum k^2 = 45526.
-    z = (2 * 1326 - 1.0 - 1326) / math.sqrt(51 * 52 * 103 / 6)
-    assert signed_rank_p([float(i) for i in range(1, 52)]) == pytest.approx(0.5 * math.erfc(z / math.sqrt(2.0)),
-                                                                             rel=1e-12, abs=0.0)
 
 
 # ---------------------------------------------------------------- scaled_mad, _noise_pct, _standing_out
@@ -179,9 +138,8 @@ def test_raised_two_ranks_every_field_and_reason():
         "status": "raised", "rank": 1, "effect_pct": 20.0, "threshold_pct": 10.0, "noise_pct": 0.0,
         "slowest_in": 6, "steps": 6, "ranks": 2, "p_value": 1 / 64, "min_steps": 6,
         "reason": "rank 1's its work exceeds its peers' by a median 20.0% (threshold 10%, step-to-step noise "
-                  "0.0%); it is the slowest in 6 of 6 steps (p = 0.016 in a balanced run of 2 ranks, signed-rank "
-                  "test of the per-step difference)",
-        "effect_abs": 2.0, "also": [], "per_step_excess_pct": [20.0] * 6, "gate": "", "test": "signed-rank",
+                  "0.0%); it is the slowest in 6 of 6 steps (p = 0.016 in a balanced run of 2 ranks)",
+        "effect_abs": 2.0, "also": [], "per_step_excess_pct": [20.0] * 6, "gate": "", "test": "binomial",
         "claim": "rank 1's its work exceeds its peers' by a median 20.0%", "to_decide": "", "confidence": 63 / 64,
     }
 
@@ -339,7 +297,7 @@ def window(status: str = "raised", slowest_in: int = 6, steps: int = 6, p: float
            gate: str = "") -> SlowRankVerdict:
     """A traced window's verdict for rank 1, built field by field."""
     return SlowRankVerdict(status, 1, 30.0, 10.0, 1.0, slowest_in, steps, ranks, p, 6, "W", gate=gate,
-                           test="signed-rank")
+                           test="binomial")
 
 
 def test_across_the_run_one_outside_step_counts():
@@ -347,7 +305,7 @@ def test_across_the_run_one_outside_step_counts():
     # quiet, gate 'outside'.
     v = across_the_run(window(), {"status": "quiet", "rank": 1, "p_value": 0.5, "steps": 1, "reason": "R"})
     both = fisher_p(0.01, 0.5)
-    assert (v.status, v.gate, v.p_value, v.test) == ("quiet", "outside", both, "signed-rank + step timer")
+    assert (v.status, v.gate, v.p_value, v.test) == ("quiet", "outside", both, "binomial + step timer")
     assert v.reason == ("W; but over the run's 1 untraced steps the step timer says: R (p = 0.500 for rank 1); "
                         "together p = 0.031 (Fisher), not below 0.02: slow in the traced window, not across the run")
 
@@ -397,7 +355,7 @@ def test_across_the_run_raised_reason_exact():
 def below_threshold(effect: float = 8.0, slowest_in: int = 4, p: float = 0.05, noise: float = 1.0) -> SlowRankVerdict:
     """A traced window of 6 steps quiet at the threshold gate: rank 1's own work 8% over its peer's."""
     return SlowRankVerdict("quiet", 1, effect, 10.0, noise, slowest_in, 6, 2, p, 6, "W", gate="threshold",
-                           test="signed-rank")
+                           test="binomial")
 
 
 TIMER = {"status": "raised", "rank": 1, "p_value": 0.0005, "steps": 12, "effect_pct": 20.0, "reason": "R"}
@@ -406,7 +364,7 @@ TIMER = {"status": "raised", "rank": 1, "p_value": 0.0005, "steps": 12, "effect_
 def test_pooled_effect_of_a_window_below_the_threshold_with_a_timer_naming_the_rank():
     v = across_the_run(below_threshold(), TIMER, pool_effect=True)
     both = fisher_p(0.05, 0.0005)
-    assert (v.status, v.gate, v.rank, v.p_value, v.test) == ("raised", "", 1, both, "signed-rank + step timer")
+    assert (v.status, v.gate, v.rank, v.p_value, v.test) == ("raised", "", 1, both, "binomial + step timer")
     assert v.effect_pct == (6 * 8.0 + 12 * 20.0) / 18 == 16.0
     assert v.reason == ("W in the traced window alone; over the run's 12 untraced steps the step timer says: R "
                         "(p = 0.001 for rank 1); over the run's 18 judged steps its excess is 16.0% (the traced "

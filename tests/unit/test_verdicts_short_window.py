@@ -32,7 +32,7 @@ def test_a_short_window_is_named_with_a_timer_that_names_the_same_rank():
     v = across_the_run(window(), TIMER)
     both = fisher_p(0.125, 0.0001)
     assert (v.status, v.rank, v.gate, v.p_value, v.steps) == ("raised", 1, "", both, 3)
-    assert v.test == "signed-rank + step timer"
+    assert v.test == "binomial + step timer"
     assert v.confidence == 1.0 - both and both < 0.02
     assert v.reason == (f"{CLAIM} in the traced window (threshold 10%, step-to-step noise 2.1%); {SHORT}; over the "
                         f"run's 16 untraced steps the step timer says: T (p = 0.000 for rank 1); together p = "
@@ -84,11 +84,11 @@ def test_the_window_must_lean_the_same_way_beyond_its_noise():
 
 def test_not_enough_evidence_only_when_neither_source_can_decide_and_it_says_what_would():
     v = across_the_run(window(), {**TIMER, "status": "undecided", "p_value": 0.25, "steps": 2, "reason": "U"})
-    assert (v.status, v.gate, v.test) == ("undecided", "", "signed-rank + step timer")
+    assert (v.status, v.gate, v.test) == ("undecided", "", "binomial + step timer")
     assert v.reason == (f"not enough evidence: {CLAIM} in the traced window (threshold 10%), but {SHORT}, and over "
                         f"the run's 2 untraced steps the step timer says: U (p = 0.250 for rank 1); {DECIDE}")
     alone = across_the_run(window(), None)
-    assert (alone.status, alone.p_value, alone.test) == ("undecided", 0.125, "signed-rank")
+    assert (alone.status, alone.p_value, alone.test) == ("undecided", 0.125, "binomial")
     assert alone.reason == (f"not enough evidence: {CLAIM} in the traced window (threshold 10%), but {SHORT}, and "
                             "no step timer records of the run's other steps are beside the traces "
                             f"(timing_rank{{R}}.jsonl); {DECIDE}")
