@@ -223,9 +223,9 @@ def test_the_summary_and_the_report_show_it(slow_loader: AnalysisResult, tmp_pat
             "smaller of the measured steps' and the predicted steps'), and on a rank's pace only when the traced "
             "window's slow-rank verdict names that rank):") in text
     assert ("data loading at zero on every rank                             8.05     0.00     0.00     -21.00     72.3"
-            "      0.006          yes") in text
+            "      -      0.006          yes") in text
     assert ("exposed communication hidden (transfers fully overlapped)     27.05     0.00     1.48      -2.00      6.9"
-            "      0.001          yes") in text
+            "      -      0.001          yes") in text
     assert "Critical path of step 1 (the median step; 29.05 ms, ranks 1):" in text
     assert "       0.00 ms  rank 1    phase      data_loading                         21.00 ms" in text
     write_report(slow_loader, tmp_path / "rep")
@@ -265,3 +265,33 @@ def test_dlrm_replay_reproduces_every_rank_s_step_time() -> None:
         0: 14.455, 1: 19.901, 2: 13.017, 3: 19.313, 4: 17.979, 5: 17.797, 6: 13.091, 7: 12.509}
     # One step: the noise is unknown, so nothing is claimed beyond it.
     assert model.noise_ms is None and "what_to_fix_first" not in {f.kind for f in result.findings}
+
+
+def test_what_to_fix_first_counts_a_rank_s_pace_as_much_as_the_run_shows() -> None:
+    """The replay of the traced steps promises 49% from rank 1's pace, the run's judged steps 13%; data loading at
+    zero 24%: the data loading comes first, rank 1's pace counts 13% and says so."""
+    from hf_distprof.analysis.judge.whatif import what_to_fix_first
+    from hf_distprof.analysis.results.whatif import WhatIf, WhatIfModel, WhatIfScenario
+
+    def scenario(name: str, title: str, pct: float, run: float | None) -> WhatIfScenario:
+        return WhatIfScenario(scenario=name, title=title, ranks=[1], step_ms_now=260.0,
+                              step_ms_predicted=260.0 * (1 - pct / 100), saving_ms=2.6 * pct, saving_pct=pct,
+                              hours_per_1000_steps=0.0, error_ms=0.0, noise_ms=16.0, beyond_noise=True,
+                              saving_pct_per_step=[pct] * 3, run_saving_pct=run)
+
+    pace = scenario("slow_rank", "rank 1 at its peers' median pace", 49.0, 13.0)
+    data = scenario("no_data_loading", "data loading at zero on every rank", 24.1, None)
+    model = WhatIfModel(steps=[8, 9, 10], median_step=9, step_ms_measured=260.0, step_ms_replayed=260.0,
+                        error_ms=0.0, noise_ms=8.0, sync_points=1, slowest_rank=1, fastest_rank=0,
+                        run_noise_ms=16.0, run_steps=24)
+    assert (pace.counted_pct, data.counted_pct) == (13.0, 24.1)
+    first = what_to_fix_first(WhatIf(scenarios=[pace, data], model=model, critical_path=[]), 10.0)
+    assert first is not None and first.title == "What to fix first: data loading at zero on every rank"
+    assert first.severity == 24.1 and "run_saving_pct" not in first.numbers
+    assert first.evidence.endswith("in order: data loading at zero on every rank: 197.34 ms (-24.1%); rank 1 at its "
+                                   "peers' median pace: -13.0% over the run")
+    alone = what_to_fix_first(WhatIf(scenarios=[pace], model=model, critical_path=[]), 10.0)
+    assert alone is not None and alone.severity == 13.0 and alone.numbers["run_saving_pct"] == 13.0
+    assert alone.why.endswith("; over the run's 24 judged steps that pace saves 13.0% of the step (the step timer's "
+                              "records), the figure that counts")
+    assert what_to_fix_first(WhatIf(scenarios=[pace], model=model, critical_path=[]), 15.0) is None

@@ -32,11 +32,17 @@ def run_evidence(records: TimerRecords, traced: set[int]) -> RunEvidence | None:
     real = records.verdict(0.0, traced, material=False)  # beyond the noise and persistent, whatever its size
     candidate = real.rank if real is not None else None
     fastest = min(medians, key=lambda r: (medians[r], r)) if len(medians) > 1 else None
+    named = real is not None and candidate is not None
+    gap = (1e3 * median(own[candidate][s] - own[fastest][s] for s in steps)
+           if candidate in medians and fastest is not None and fastest != candidate else None)
     return RunEvidence(
         steps=len(steps),
         noise_ms=1e3 * scaled_mad(judged) if len(judged) > 1 else 0.0,
         slowest_rank=candidate,
         fastest_rank=fastest if fastest != candidate else None,
         slow_rank_real=real is not None and real.raised,
-        slow_rank_excess_pct=real.effect_pct if real is not None and candidate is not None else None,
+        slow_rank_excess_pct=real.effect_pct if named else None,
+        slow_rank_excess_ms=1e3 * real.effect_abs if named else None,
+        fastest_gap_ms=gap,
+        step_ms=1e3 * median(judged) if judged else None,
     )

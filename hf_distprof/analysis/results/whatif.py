@@ -35,6 +35,17 @@ class WhatIfScenario:
     noise is unknown)."""
     saving_pct_per_step: list[float] = field(default_factory=list)
     """The saving in each traced step (its replayed step time against the scenario's), in %."""
+    run_saving_pct: float | None = None
+    """What this rank's pace saves over the run (``slow_rank``, ``fastest_pace`` with the step timer's records): the
+    slowest rank's own-work excess per step over its peers (over the fastest rank for ``fastest_pace``), median over
+    the run's judged steps, in % of their median step; None for other scenarios or without the records. The replay
+    describes the traced steps, which the profiler slows and reshapes; the verdicts weigh the run: a saving counts
+    (``beyond_noise``, "what to fix first", the box) on the smaller of the two (:attr:`counted_pct`)."""
+
+    @property
+    def counted_pct(self) -> float:
+        """The saving that counts: ``saving_pct``, or the run's figure when it is smaller."""
+        return self.saving_pct if self.run_saving_pct is None else min(self.saving_pct, self.run_saving_pct)
 
 @dataclass
 class ReplayedRank:

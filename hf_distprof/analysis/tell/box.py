@@ -76,14 +76,16 @@ _QUIET = {  # why a quiet verdict is quiet, by the gate that kept it so (hf_dist
 
 def _largest_saving(result: AnalysisResult) -> str:
     """The all-clear's "Try": the largest saving the what-if predicts, and why it is not a finding."""
-    top = result.what_if[0] if result.what_if else None  # sorted by saving, largest first
-    if top is None or top.saving_pct <= 0:
+    top = max(result.what_if, key=lambda s: s.counted_pct) if result.what_if else None
+    if top is None or top.counted_pct <= 0:
         return "nothing to fix from these steps; the tables show where each step goes"
+    held = f" over the run; {top.saving_pct:.1f}% in the traced steps alone" if top.counted_pct < top.saving_pct else ""
     if top.beyond_noise:
-        return (f"nothing worth fixing: the largest saving the what-if predicts, {top.title}, is {top.saving_pct:.1f}% "
-                f"of the step, under the {result.options.what_if_pct:g}% worth fixing")
-    return (f"nothing to fix: the largest saving the what-if predicts, {top.title} ({top.saving_pct:.1f}% of the "
-            "step), is within the run's noise")
+        held = f" ({held.strip()})" if held else ""
+        return (f"nothing worth fixing: the largest saving the what-if predicts, {top.title}, is "
+                f"{top.counted_pct:.1f}% of the step{held}, under the {result.options.what_if_pct:g}% worth fixing")
+    return (f"nothing to fix: the largest saving the what-if predicts, {top.title} ({top.counted_pct:.1f}% of the "
+            f"step{held}), is within the run's noise")
 
 
 def format_box(result: AnalysisResult, title: str = "hf-distprof: in short") -> str:

@@ -21,7 +21,8 @@ def _header(model: WhatIfModel) -> str:
     if model.run_noise_ms is not None:
         counts = (f"a saving counts when it is larger than the error and the run's step-to-step noise "
                   f"({model.run_noise_ms:.2f} ms over its {model.run_steps} judged steps, the step timer's records), "
-                  "and on a rank's pace only when the slow-rank verdict calls that rank's excess real over the run")
+                  "and on a rank's pace only when the slow-rank verdict calls that rank's excess real over the run, "
+                  "and then as much as that pace saves over the run (run%) when that is less")
     else:
         counts = ("a saving counts when it is larger than the error and the noise (the smaller of the measured steps' "
                   "and the predicted steps'), and on a rank's pace only when the traced window's slow-rank verdict "
@@ -36,8 +37,9 @@ def _header(model: WhatIfModel) -> str:
 
 def _row(s: WhatIfScenario) -> tuple[str, ...]:
     noise = "-" if s.noise_ms is None else f"{s.noise_ms:.2f}"
+    run = "-" if s.run_saving_pct is None else f"{s.run_saving_pct:.1f}"
     return (s.title, f"{s.step_ms_predicted:.2f}", f"{s.error_ms:.2f}", noise, f"{-s.saving_ms:+.2f}",
-            f"{s.saving_pct:.1f}", f"{s.hours_per_1000_steps:.3f}", "yes" if s.beyond_noise else "no")
+            f"{s.saving_pct:.1f}", run, f"{s.hours_per_1000_steps:.3f}", "yes" if s.beyond_noise else "no")
 
 
 def what_if_lines(result: AnalysisResult) -> list[str]:
@@ -46,11 +48,12 @@ def what_if_lines(result: AnalysisResult) -> list[str]:
     if model is None:
         return []
     head = (f"{'what if':<58} {'step ms':>8} {'+-err ms':>8} {'noise ms':>8} {'change ms':>10} {'saving%':>8} "
-            f"{'h/1k steps':>10} {'beyond noise':>12}")
+            f"{'run%':>6} {'h/1k steps':>10} {'beyond noise':>12}")
     out = ["", f"What if ({_header(model)}):", head, "-" * len(head)]
     for s in result.what_if:
-        title, step, error, noise, change, pct, hours, beyond = _row(s)
-        out.append(f"{title:<58} {step:>8} {error:>8} {noise:>8} {change:>10} {pct:>8} {hours:>10} {beyond:>12}")
+        title, step, error, noise, change, pct, run, hours, beyond = _row(s)
+        out.append(f"{title:<58} {step:>8} {error:>8} {noise:>8} {change:>10} {pct:>8} {run:>6} {hours:>10} "
+                   f"{beyond:>12}")
     out += ["", *critical_path_lines(result)]
     return out
 
@@ -91,7 +94,8 @@ def what_if_markdown(result: AnalysisResult, with_figure: bool) -> list[str]:
         "",
     ]
     lines += markdown_table(["what if", "step ms", "+- error ms", "noise ms", "change ms", "saving %",
-                             "hours per 1,000 steps", "beyond the noise"], (_row(s) for s in result.what_if))
+                             "saving over the run %", "hours per 1,000 steps", "beyond the noise"],
+                            (_row(s) for s in result.what_if))
     if result.critical_path:
         lines += ["", f"### Critical path of step {model.median_step} (the median step)", ""]
         lines += markdown_table(["from ms", "rank", "kind", "name", "ms"],
