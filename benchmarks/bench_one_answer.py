@@ -106,8 +106,8 @@ def judge(folder: Path, name: str, slowed: bool) -> Outcome:
     strag = cross.straggler_verdict if cross is not None else None
     named = {r for f in result.findings if f.kind in RANK_KINDS for r in f.ranks}
     others = [f.kind for f in result.findings if f.kind not in RANK_KINDS and f.kind != "what_to_fix_first"]
-    counted = [f"{s.scenario} {s.saving_pct:.1f}%" for s in result.what_if
-               if s.beyond_noise and s.saving_pct > options.what_if_pct]
+    counted = [f"{s.scenario} {s.counted_pct:.1f}%" for s in result.what_if
+               if s.beyond_noise and s.counted_pct > options.what_if_pct]
     box = next((line.strip("| ").strip() for line in format_box(result).splitlines() if "Verdict" in line), "")
     slow = result.profiler_slowdown or {}
     ratio = slow.get("ratio")
