@@ -41,7 +41,6 @@ def run_evidence(records: TimerRecords, traced: set[int]) -> RunEvidence | None:
         slowest_rank=candidate,
         fastest_rank=fastest if fastest != candidate else None,
         slow_rank_real=real is not None and real.raised,
-        slow_rank_excess_pct=real.effect_pct if named else None,
         slow_rank_excess_ms=1e3 * real.effect_abs if named else None,
         fastest_gap_ms=gap,
         step_ms=1e3 * median(judged) if judged else None,

@@ -42,11 +42,9 @@ class RunEvidence:
     slow_rank_real: bool
     """Whether the verdict engine calls the candidate's excess real (beyond the run's noise and persistent over the
     steps), whatever its size: a what-if saving on that rank counts only then."""
-    slow_rank_excess_pct: float | None = None
-    """The candidate's median excess over its peers' own work, % (None without a candidate)."""
     slow_rank_excess_ms: float | None = None
-    """The same excess in ms per step (median over the steps): at most what its peers wait for it, so the most that
-    bringing it to their pace saves (None without a candidate)."""
+    """The candidate's excess over its peers' own work, ms per step (median over the steps): at most what its peers
+    wait for it, so the most that bringing it to their pace saves (None without a candidate)."""
     fastest_gap_ms: float | None = None
     """The candidate's own work less the fastest rank's, ms per step (median over the steps; with 2 ranks
     ``slow_rank_excess_ms``): the most that every rank at the fastest's pace saves (None without both)."""
