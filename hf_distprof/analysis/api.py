@@ -1,11 +1,11 @@
-"""The front of the analysis: ``analyze_paths`` runs the stages in order, from the files on disk to the findings.
+"""The front of the analysis: ``analyze_paths`` runs the stages once each, in order, from the files on disk to words.
 
-1. ``read``: find the trace files and the run's other files (manifest, step timer's records);
-2. ``rank``: each trace parsed and analysed in a worker process (:mod:`hf_distprof.analysis.rank.workers`);
-3. ``across``: one result per rank, the ranks aligned and compared, the per-kind tables, bandwidth;
-4. ``whatif``: the traced steps replayed across ranks, what one fix would save;
-5. ``judge``: the findings, the undecided questions, in one order;
-6. ``tell`` renders the result (text, box, report); ``to_json`` serialises it.
+1. ``read``: the trace files, the step timer's records and summary, the run manifest (:func:`read_run`);
+2. ``rank``: each trace read and analysed in a worker process (:mod:`hf_distprof.analysis.rank.workers`);
+3. ``across``: one result per rank, the ranks aligned and compared, every cross-rank figure (:func:`compare`);
+4. ``whatif``: the traced steps replayed across ranks, what one change would save (:func:`what_if`);
+5. ``judge``: every decision, from those figures (:func:`judge`);
+6. ``tell``: the findings' words (:func:`write_all`); the text, the box and the report render the result.
 
 Every stage's output is plain data (:mod:`hf_distprof.analysis.results`); a stage imports only the stages before it.
 """
@@ -17,27 +17,22 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from hf_distprof.analysis.across import bandwidth, comm
-from hf_distprof.analysis.across.align import align, set_waits
 from hf_distprof.analysis.across.combine import one_result_per_rank
-from hf_distprof.analysis.across.evidence import run_evidence
-from hf_distprof.analysis.across.reference import compare_to_reference
-from hf_distprof.analysis.across.skew import cross_rank
+from hf_distprof.analysis.across.compare import compare
 from hf_distprof.analysis.judge.findings import judge
-from hf_distprof.analysis.judge.slowdown import slowdown_of
-from hf_distprof.analysis.judge.window import window_notes
 from hf_distprof.analysis.options import AnalysisOptions
 from hf_distprof.analysis.rank.workers import analyze_file, run_all
-from hf_distprof.analysis.read.manifest import run_summary_beside, why_no_trace
-from hf_distprof.analysis.read.timer_records import read_timer_records
-from hf_distprof.analysis.read.timing_summary import read_timing_summary
-from hf_distprof.analysis.read.trace_io import NoTraceError, discover_trace_files
-from hf_distprof.analysis.results.across import ReferencePoint
+from hf_distprof.analysis.read.run import read_run
+from hf_distprof.analysis.results.across import Across, CrossRankResult, ReferencePoint
+from hf_distprof.analysis.results.facts import Judged
 from hf_distprof.analysis.results.rank import FileError, RankResult
 from hf_distprof.analysis.results.result import AnalysisResult
+from hf_distprof.analysis.results.run import RunInput
+from hf_distprof.analysis.results.timer import TimerRecords, TimingSummary
+from hf_distprof.analysis.tell.findings import write_all
 from hf_distprof.analysis.whatif.model import what_if
 
-__all__ = ["analysis_document", "analyze_file", "analyze_paths"]
+__all__ = ["analysis_document", "analyze_file", "analyze_paths", "analyze_ranks"]
 
 
 def analyze_paths(
@@ -71,67 +66,86 @@ def analyze_paths(
         FileNotFoundError: A path does not exist, or a folder holds no trace.
     """
     options = options or AnalysisOptions()
-    if isinstance(paths, (str, os.PathLike)):
-        paths = [paths]
-    # 1. read: the trace files, then (below) the run's other files beside them.
-    try:
-        files = [str(p) for p in discover_trace_files(paths)]
-    except NoTraceError as exc:
-        why = why_no_trace(exc.folder) if exc.run_folder else None
-        if why is None:
-            raise
-        raise FileNotFoundError(f"{exc}: {why}") from None  # the run's manifest says why no window was taken
-    # 2. rank: each trace parsed and analysed in a worker process.
-    outcomes = run_all(files, options, read_compact, write_compact)
+    run = read_run([paths] if isinstance(paths, (str, os.PathLike)) else paths)
+    outcomes = run_all(run.files, options, read_compact, write_compact)
     errors = [o for o in outcomes if isinstance(o, FileError)]
-    # 3. across: one result per rank, on one clock; the late-peer waits, then the per-kind tables.
     ranks = one_result_per_rank([o for o in outcomes if isinstance(o, RankResult)], errors)
-    alignment = align(ranks)
-    set_waits(ranks, alignment)
-    for r in ranks:
-        r.comm_by_kind = comm.by_kind(r.steps, r.collectives, gpu=r.device == "gpu")
-        r.peer_waits = comm.waits_for_peers(r)
-    # The step timer's records of the same run: each traced step's wait for a CPU, the steps outside the window,
-    # and its verdict over those, judged again here (timing_summary.json's when the records cannot say).
-    records = read_timer_records(files)
-    summary = read_timing_summary(files)
-    judged = records.verdict(options.imbalance_pct, {s.step for r in ranks for s in r.steps})
-    timer = judged.to_json() if judged is not None else summary.imbalance_verdict
-    cross = (cross_rank(ranks, options, records.cpu_wait(), timer, records.own_work(), records.own_steps(),
-                        alignment=alignment) if len(ranks) > 1 else None)
-    rows = bandwidth.collective_bandwidth(ranks)
-    # 4. whatif: the traced steps replayed across ranks.
-    evidence = run_evidence(records, {s.step for r in ranks for s in r.steps}) if len(ranks) > 1 else None
-    window = (cross.straggler_verdict or cross.imbalance_verdict) if cross is not None else None
-    answer = (what_if(ranks, alignment.offsets, list(reference) if reference else None, evidence, window)
-              if ranks else None)
-    # 5. judge: every finding, in one order.
-    slowdown = slowdown_of(summary, records, ranks, options)
-    findings, undecided = judge(ranks, cross, options, records, slowdown, timer, answer)
-    notes = window_notes(cross, records, {s.step for r in ranks for s in r.steps}, slowdown)
-    run, manifest_errors = run_summary_beside(files)  # hosts, windows and why, files lost since
-    errors += [FileError(path, reason) for path, reason in manifest_errors]
-    errors.sort(key=lambda e: e.path)
+    run.errors = errors + run.errors
+    return _analyze(ranks, run, options, reference, reference_file)
+
+
+def analyze_ranks(
+    ranks: list[RankResult],
+    options: AnalysisOptions | None = None,
+    *,
+    records: TimerRecords | None = None,
+    summary: TimingSummary | None = None,
+    reference: Sequence[ReferencePoint] | None = None,
+) -> AnalysisResult:
+    """The stages after ``rank`` over per-rank results already made (one per rank, sorted by rank): what
+    ``analyze_paths`` does once the traces are read, for callers that build ranks themselves (tests, tools).
+
+    Args:
+        ranks: One result per rank; their collectives' waits and per-kind tables are set here.
+        options: Thresholds; defaults when None.
+        records: The step timer's records of the same run, if any.
+        summary: The step timer's summary of the same run, if any.
+        reference: Bandwidths measured by ``hf-distprof bench-collectives``.
+    """
+    run = RunInput(files=[r.path for r in ranks], records=records or TimerRecords(),
+                   summary=summary or TimingSummary(), run=None)
+    return _analyze(ranks, run, options or AnalysisOptions(), reference, None)
+
+
+def _analyze(ranks: list[RankResult], run: RunInput, options: AnalysisOptions,
+             reference: Sequence[ReferencePoint] | None, reference_file: str | None) -> AnalysisResult:
+    across = compare(ranks, run, reference)
+    replay = what_if(ranks, across.alignment, list(reference) if reference else None, across.evidence, across.pace) \
+        if ranks else None
+    judged = judge(ranks, across, replay, run.summary, options)
+    findings, undecided, notes = write_all(judged)
     return AnalysisResult(
         ranks=ranks,
-        cross_rank=cross,
+        cross_rank=_cross_rank(ranks, across, judged),
         findings=findings,
-        errors=errors,
+        errors=sorted(run.errors, key=lambda e: e.path),
         options=options,
-        comm_by_kind=comm.mean_by_kind(ranks),
-        comm_by_module=comm.by_module(ranks),
+        comm_by_kind=across.comm_by_kind,
+        comm_by_module=across.comm_by_module,
         undecided=undecided,
-        profiler_slowdown=slowdown,
-        bandwidth=rows,
-        unsized_collectives=bandwidth.unsized(ranks),
-        bandwidth_reference=compare_to_reference(rows, list(reference)) if reference else [],
+        profiler_slowdown=judged.slowdown,
+        bandwidth=across.bandwidth,
+        unsized_collectives=across.unsized_collectives,
+        bandwidth_reference=across.bandwidth_reference,
         bandwidth_reference_file=reference_file if reference else None,
-        run=run,
-        what_if=answer.scenarios if answer is not None else [],
-        critical_path=answer.critical_path if answer is not None else [],
-        what_if_model=answer.model if answer is not None else None,
+        run=run.run,
+        what_if=judged.what_if.scenarios if judged.what_if is not None else [],
+        critical_path=judged.what_if.critical_path if judged.what_if is not None else [],
+        what_if_model=judged.what_if.model if judged.what_if is not None else None,
         window_notes=notes,
-        alignment=alignment,
+        alignment=across.alignment,
+        late_peers=across.late_peers,
+        reference_totals=across.reference_totals,
+        common_steps=across.common_steps,
+    )
+
+
+def _cross_rank(ranks: list[RankResult], across: Across, judged: Judged) -> CrossRankResult | None:
+    """The cross-rank view ``--json`` shows: the skew's figures and the judge's verdicts."""
+    skew, verdicts = across.skew, judged.verdicts
+    if skew is None:
+        return None
+    return CrossRankResult(
+        ranks=[r.rank for r in ranks],
+        per_rank=skew.per_rank,
+        step_spread=skew.step_spread,
+        imbalance_pct=skew.imbalance_pct,
+        matched_collectives=skew.matched_collectives,
+        stragglers=verdicts.stragglers,
+        straggler_verdict=verdicts.straggler,
+        imbalance_verdict=verdicts.imbalance,
+        straggler_window=verdicts.straggler_window,
+        imbalance_window=verdicts.imbalance_window,
     )
 
 

@@ -22,7 +22,9 @@ from typing import Any
 from hf_distprof.core.verdicts import QUIET, RAISED, UNDECIDED, SlowRankVerdict
 
 TIMER_TEST = "step timer"
-"""Marks a verdict whose answer is the step timer's over the run (its ``test`` ends with it)."""
+"""Named in the ``test`` of a verdict whose answer is the step timer's over the run (what ``--json`` shows); the
+analysis decides on its own typed record of that (:class:`hf_distprof.analysis.results.findings.Basis`), never on
+this text."""
 
 
 def verdict_from_json(doc: Mapping[str, Any] | None) -> SlowRankVerdict | None:
@@ -98,9 +100,3 @@ def follow_the_run(window: SlowRankVerdict, run: SlowRankVerdict) -> SlowRankVer
         to_decide="",
     )
     return SlowRankVerdict(**fields)
-
-
-def by_the_timer(verdict: SlowRankVerdict | None) -> bool:
-    """Whether ``verdict`` is the step timer's answer over the run (:func:`follow_the_run`) or weighs its records
-    (:func:`hf_distprof.core.verdicts.across_the_run`): a finding built on it rests on the trace and the timer."""
-    return verdict is not None and (verdict.test.endswith(TIMER_TEST) or verdict.test.endswith("+ step timer"))

@@ -199,6 +199,36 @@ def _per_step_excess_loop(
     return excess, excess_abs, slowest_count
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """The rank a slow-rank verdict would weigh: the largest median excess over its peers (:func:`candidate`)."""
+
+    rank: int
+    effect_pct: float
+    """Its median excess over the median of the other ranks, per step, in % (of ``scale`` when given)."""
+    effect_abs: float
+    """The same in the values' own unit."""
+    slowest_in: int
+    """Steps in which it was the slowest rank."""
+
+
+def _candidate(ranks: Sequence[int], excess: Mapping[int, Sequence[float]], slowest_count: Mapping[int, int]) -> int:
+    """The rank with the largest median excess; among equals, the slowest in more steps (then the first)."""
+    return max(ranks, key=lambda r: (median(excess[r]), slowest_count[r]))
+
+
+def candidate(per_step: Mapping[int, Sequence[float]], scale: Sequence[float] | None = None) -> Candidate | None:
+    """The rank :func:`judge_slow_rank` would judge for ``per_step`` (the same choice, whatever the verdict): the one
+    fact the what-if's pace and the verdicts share. None with fewer than 2 ranks or no step."""
+    ranks = sorted(per_step)
+    n = min((len(per_step[r]) for r in ranks), default=0)
+    if len(ranks) < 2 or n == 0:
+        return None
+    excess, excess_abs, slowest_count = per_step_excess(per_step, ranks, n, scale)
+    rank = _candidate(ranks, excess, slowest_count)
+    return Candidate(rank, median(excess[rank]), median(excess_abs[rank]), slowest_count[rank])
+
+
 def judge_slow_rank(
     per_step: Mapping[int, Sequence[float]],
     threshold_pct: float,
@@ -235,7 +265,7 @@ def judge_slow_rank(
         return SlowRankVerdict(QUIET, None, 0.0, threshold_pct, 0.0, 0, n, len(ranks), 1.0, need,
                                "fewer than 2 ranks or no step to compare")
     excess, excess_abs, slowest_count = per_step_excess(per_step, ranks, n, scale)
-    candidate = max(ranks, key=lambda r: (median(excess[r]), slowest_count[r]))
+    candidate = _candidate(ranks, excess, slowest_count)
     effect = median(excess[candidate])
     effect_abs = median(excess_abs[candidate])
     noise = median(_noise_pct(per_step[r][:n], scale) for r in ranks)
@@ -310,6 +340,13 @@ def judge_own_work(
 def across_the_run(
     window: SlowRankVerdict, outside: Mapping[str, Any] | None, pool_effect: bool = False
 ) -> SlowRankVerdict:
+    """:func:`weigh_with_the_run`'s verdict alone."""
+    return weigh_with_the_run(window, outside, pool_effect)[0]
+
+
+def weigh_with_the_run(
+    window: SlowRankVerdict, outside: Mapping[str, Any] | None, pool_effect: bool = False
+) -> tuple[SlowRankVerdict, bool]:
     """A traced window's verdict, weighed with the step timer's verdict over the run's other steps.
 
     The window holds a few steps; the step timer judged the untraced ones with the same rules. The two look at
@@ -341,24 +378,26 @@ def across_the_run(
         pool_effect: Whether ``window`` and ``outside`` measure the same figure, so that their effects pool.
 
     Returns:
-        ``window``, or a new verdict whose p-value and reason are the combined ones.
+        ``window``, or a new verdict whose p-value and reason are the combined ones; and whether the step timer's
+        verdict was weighed in (then the verdict's ``test`` ends with "+ step timer"): a verdict resting on the trace
+        and the timer, not on the window alone.
     """
     timer_fields = _timer_fields(outside)
     if window.status == UNDECIDED and window.rank is not None:
-        return _short_window(window, timer_fields, pool_effect)
+        return _short_window(window, timer_fields, pool_effect), timer_fields is not None
     if timer_fields is None or window.rank is None:
-        return window
+        return window, False
     below = pool_effect and window.status == QUIET and window.gate in ("threshold", "noise")
     if not (window.raised or (window.status == QUIET and window.gate == "persistence") or below):
-        return window
+        return window, False
     status, rank, p, steps, effect, said = timer_fields
     pooled = ""
     if below:
         if status != RAISED or rank != window.rank or effect is None:
-            return window
+            return window, False
         mean = (window.steps * window.effect_pct + steps * effect) / (window.steps + steps)
         if not mean > max(window.threshold_pct, window.noise_pct):  # also False for NaN
-            return window
+            return window, False
         pooled = (f"; over the run's {window.steps + steps} judged steps its excess is {mean:.1f}% (the traced "
                   f"window's {window.effect_pct:.1f}% weighted with the step timer's {effect:.1f}%), above "
                   f"the {window.threshold_pct:g}% threshold and the window's noise ({window.noise_pct:.1f}%)")
@@ -379,12 +418,12 @@ def across_the_run(
             f"{window.reason}{'' if window.raised else ' in the traced window alone'}; {timer}{pooled}; together "
             f"p = {both:.4f} (Fisher): slow across the run"))
     elif below:
-        return window
+        return window, False
     else:
         fields.update(status=QUIET, gate="outside" if window.raised else window.gate, reason=(
             f"{window.reason}; but {timer}; together p = {both:.3f} (Fisher), not below {ALPHA:g}: slow in "
             "the traced window, not across the run"))
-    return SlowRankVerdict(**fields)
+    return SlowRankVerdict(**fields), True
 
 
 TIMER_FILES = "timing_rank{R}.jsonl"

@@ -105,3 +105,27 @@ def test_to_dict_is_the_one_from_dataclasses_asdict(monkeypatch: pytest.MonkeyPa
     out = res.to_json()
     monkeypatch.setattr(model, "_asdict", dataclasses.asdict)
     assert out == res.to_json()
+
+
+@pytest.mark.parametrize("name", ["gpu_float_ts", "dlrm_8gpu_v100"])
+def test_a_whole_rank_is_the_same_through_either_path(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """analyze_rank asks one path for the GPU events (hf_distprof.analysis.rank.device): the columns when every time
+    is an int, else the reference code; forced through the reference code, each rank's result is the same."""
+    from pathlib import Path
+
+    from hf_distprof.analysis.options import AnalysisOptions
+    from hf_distprof.analysis.rank import analyze, device
+    from hf_distprof.analysis.read.events import parse_trace
+    from tests.conftest import require
+
+    root = Path(__file__).resolve().parents[2]
+    folder = root / "tests" / "data" / name if name == "gpu_float_ts" else root.parent / "shared" / "traces" / name
+    require(folder.is_dir(), f"the shared traces are not at {folder}")
+    traces = [parse_trace(p) for p in sorted(folder.glob("*.json.gz"))[:2]]
+    options = AnalysisOptions(workers=1)
+    paths = {type(device.gpu_events(t, [])).__name__ for t in traces}
+    assert paths == ({"ReferencePath"} if name == "gpu_float_ts" else {"ColumnPath"})  # float times: the reference
+    # repr: every field (collectives and the what-if timeline too), values and types.
+    by_path = [repr(analyze.analyze_rank(t, options)) for t in traces]
+    monkeypatch.setattr(fast.ColumnPath, "of", classmethod(lambda cls, trace, own: None))
+    assert [repr(analyze.analyze_rank(t, options)) for t in traces] == by_path

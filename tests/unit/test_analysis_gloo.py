@@ -222,5 +222,8 @@ def test_the_wait_for_a_cpu_is_read_from_the_timer_files_beside_the_traces(tmp_p
     (tmp_path / "timing_rank2.jsonl").write_text("{not json\n")  # unreadable: skipped
     (tmp_path / "timing_rankX.jsonl").write_text('{"step": 1, "cpu_wait_s": 0.5}\n')  # no rank in the name
     files = [str(tmp_path / "rank-0.json.gz"), str(tmp_path / "rank-1.json.gz")]
-    assert read_timer_records(files).cpu_wait() == {0: {1: 0.02, 2: 0.02, 3: 0.02}, 1: {1: 0.0, 2: 0.0, 3: 0.0}}
-    assert read_timer_records([str(tmp_path / "elsewhere" / "rank-0.json.gz")]).cpu_wait() == {}
+    from hf_distprof.analysis.across.evidence import timer_figures
+
+    assert timer_figures(read_timer_records(files), set()).cpu_wait == {0: {1: 0.02, 2: 0.02, 3: 0.02},
+                                                                        1: {1: 0.0, 2: 0.0, 3: 0.0}}
+    assert timer_figures(read_timer_records([str(tmp_path / "elsewhere" / "rank-0.json.gz")]), set()).cpu_wait == {}

@@ -18,7 +18,7 @@ from hf_distprof.analysis import AnalysisOptions, AnalysisResult, analyze_paths
 from hf_distprof.analysis.read.events import parse_trace
 from hf_distprof.analysis.rank.gpu import kernel_stats
 from hf_distprof.analysis.rank.kernels import COMMUNICATION, COMPUTATION, MEMORY
-from hf_distprof.analysis.rank.analyze import hta_selection
+from hf_distprof.analysis.rank.device import hta_selection
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "gpu_float_ts"
 TRACES = sorted(DATA.glob("rank-*.json.gz"))

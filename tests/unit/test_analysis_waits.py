@@ -125,11 +125,12 @@ def test_the_chain_names_the_timers_phase_over_the_run(tmp_path: Path) -> None:
     assert chain.title == "Rank 1 holds the others back: its data loading"
     assert chain.numbers["phase_excess_ms"] == pytest.approx(50.0)
     assert chain.evidence.startswith(
-        "rank 1's data loading takes 50.00 ms more per step than its peers' (the step timer, median over 15 untraced "
-        "steps), so it reaches each step's collectives 50.00 ms (25.0% of the step) after the earliest rank, and the "
-        "others wait for it there (from their arrival at the same collective to its, clocks aligned): rank 0 waits "
-        "25.0% of its step at all_gather for rank 1; data loading is 30.0% of rank 1's step (median over the traced "
-        "steps). straggler verdict: ")
+        "data loading takes 50.0 ms more per step than on its peers, who wait 25.0% of their step for it at the "
+        "collectives: rank 1's data loading exceeds its peers' by 50.00 ms per step (the step timer, median over 15 "
+        "untraced steps), so it reaches each step's collectives 50.00 ms (25.0% of the step) after the earliest rank, "
+        "and the others wait for it there (from their arrival at the same collective to its, clocks aligned): rank 0 "
+        "waits 25.0% of its step at all_gather for rank 1; data loading is 30.0% of rank 1's step (median over the "
+        "traced steps). straggler verdict: ")
     assert "over the run's 15 untraced steps the step timer says" in chain.evidence  # 3 traced steps decide with it
     assert chain.recommendation.startswith("Rank 1: its input pipeline is the bottleneck")
     # Its straggler, imbalance and data-loading findings are this one finding.

@@ -270,7 +270,6 @@ def test_dlrm_replay_reproduces_every_rank_s_step_time() -> None:
 def test_what_to_fix_first_counts_a_rank_s_pace_as_much_as_the_run_shows() -> None:
     """The replay of the traced steps promises 49% from rank 1's pace, the run's judged steps 13%; data loading at
     zero 24%: the data loading comes first, rank 1's pace counts 13% and says so."""
-    from hf_distprof.analysis.judge.whatif import what_to_fix_first
     from hf_distprof.analysis.results.whatif import WhatIf, WhatIfModel, WhatIfScenario
 
     def scenario(name: str, title: str, pct: float, run: float | None) -> WhatIfScenario:
@@ -285,6 +284,14 @@ def test_what_to_fix_first_counts_a_rank_s_pace_as_much_as_the_run_shows() -> No
                         error_ms=0.0, noise_ms=8.0, sync_points=1, slowest_rank=1, fastest_rank=0,
                         run_noise_ms=16.0, run_steps=24)
     assert (pace.counted_pct, data.counted_pct) == (13.0, 24.1)
+
+    def what_to_fix_first(answer: WhatIf, threshold_pct: float):  # type: ignore[no-untyped-def]
+        from hf_distprof.analysis.judge.whatif import by_saving, what_to_fix_first as judge
+        from hf_distprof.analysis.tell.findings import write
+
+        found = judge(WhatIf(by_saving(answer.scenarios), answer.critical_path, answer.model), threshold_pct)
+        return write(found) if found is not None else None
+
     first = what_to_fix_first(WhatIf(scenarios=[pace, data], model=model, critical_path=[]), 10.0)
     assert first is not None and first.title == "What to fix first: data loading at zero on every rank"
     assert first.severity == 24.1 and "run_saving_pct" not in first.numbers

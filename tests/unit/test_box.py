@@ -62,15 +62,9 @@ def test_other_findings_are_listed_and_the_fields_stay_short() -> None:
 def test_an_undecided_question_says_what_would_decide_it(tmp_path: Path) -> None:
     # The slow_rank1 traces cut to 3 steps and no step timer beside them: the window alone cannot decide.
     from .test_analysis_cross_rank import rank as cpu_rank
-    from hf_distprof.analysis.across.skew import cross_rank
-    from hf_distprof.analysis.results.result import AnalysisResult
+    from hf_distprof.analysis import analyze_ranks
 
-    ranks = [cpu_rank(0, 0.0, steps=3), cpu_rank(1, 30_000.0, steps=3)]
-    cross = cross_rank(ranks, OPTS)
-    from hf_distprof.analysis.judge.diagnosis import undecided
-
-    result = AnalysisResult(ranks=ranks, cross_rank=cross, findings=[], errors=[], options=OPTS,
-                            undecided=undecided(cross))
+    result = analyze_ranks([cpu_rank(0, 0.0, steps=3), cpu_rank(1, 30_000.0, steps=3)], OPTS)
     text = re.sub(r"\s*\|\n\|\s+", " ", format_box(result))  # the fields' lines joined
     assert "| Verdict: not enough evidence for a slow-rank verdict" in text
     assert ("Try:     trace at least 6 steps (--profiler-active-steps 6) or keep the step timer on "
@@ -115,14 +109,9 @@ def test_every_finding_and_question_carries_its_fields_in_json(capsys: pytest.Ca
     assert {"slow_rank", "communication_bound", "fsdp_exposed_all_gather", "data_loading_bound"} <= seen
     # An undecided question as data (3 traced steps, no step timer's records: the verdicts cannot decide).
     from .test_analysis_cross_rank import rank as cpu_rank
-    from hf_distprof.analysis.across.skew import cross_rank
-    from hf_distprof.analysis.judge.diagnosis import undecided
-    from hf_distprof.analysis.results.result import AnalysisResult
+    from hf_distprof.analysis import analyze_ranks
 
-    ranks = [cpu_rank(0, 0.0, steps=3), cpu_rank(1, 30_000.0, steps=3)]
-    cross = cross_rank(ranks, OPTS)
-    doc = orjson.loads(AnalysisResult(ranks=ranks, cross_rank=cross, findings=[], errors=[], options=OPTS,
-                                      undecided=undecided(cross)).to_json())
+    doc = orjson.loads(analyze_ranks([cpu_rank(0, 0.0, steps=3), cpu_rank(1, 30_000.0, steps=3)], OPTS).to_json())
     assert [u["question"] for u in doc["undecided"]] == ["straggler"]  # the ranks' busy time is even: no candidate
     for u in doc["undecided"]:
         assert set(u) == {"question", "reason", "why", "to_decide", "ranks", "basis", "steps"}

@@ -153,3 +153,41 @@ def test_the_analysis_stages_import_only_the_stages_before_them():
     results = {n: imports(p, n, set(mods)) for n, p in mods.items() if stage_of(n) == 1}
     assert {m for deps in results.values() for m in deps if m.startswith("hf_distprof.analysis")
             and stage_of(m) not in (0, 1)} == set()
+
+
+def _stage_imports(stage: str, typing: bool = True) -> dict[str, set[str]]:
+    """module of the stage -> the analysis stages (by folder name) it imports, itself and the options left out."""
+    mods = modules()
+    out: dict[str, set[str]] = {}
+    for name, path in mods.items():
+        if stage_of(name) != ANALYSIS_STAGES.index(stage):
+            continue
+        used = {ANALYSIS_STAGES[s] for m in imports(path, name, set(mods), typing=typing)
+                if (s := stage_of(m)) is not None}
+        out[name] = used - {stage, "options"}
+    return out
+
+
+def test_each_stage_imports_only_what_its_job_needs():
+    # read/ turns files into results: it imports the results and the core only.
+    assert {n: used for n, used in _stage_imports("read").items() if used - {"results"}} == {}
+    # judge/ decides: it never reaches for the words.
+    assert {n: used for n, used in _stage_imports("judge").items() if "tell" in used} == {}
+    # tell/ only formats: no stage but the results (and the judge, for types only).
+    assert {n: used for n, used in _stage_imports("tell", typing=False).items() if used - {"results"}} == {}
+    assert {n: used for n, used in _stage_imports("tell").items() if used - {"results", "judge"}} == {}
+
+
+def test_the_analysis_package_imports_nothing_eagerly_and_a_reader_loads_no_judge_or_words():
+    tree = ast.parse((PACKAGE / "analysis" / "__init__.py").read_text(encoding="utf-8"))
+    eager = [ast.unparse(node) for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))
+             and not (isinstance(node, ast.ImportFrom) and node.module == "__future__")]
+    # Names resolve on first use (__getattr__); no module of the package is imported at the top.
+    assert eager == ["import importlib", "from typing import TYPE_CHECKING, Any"]
+    # What a training rank imports to write its compact file: the reader, never the judge, the words or the plots.
+    code = ("import sys, hf_distprof.analysis.read.compact; "
+            "print(sorted(m for m in sys.modules if m.startswith(('hf_distprof.analysis.judge', "
+            "'hf_distprof.analysis.tell', 'hf_distprof.analysis.across', 'hf_distprof.analysis.whatif', "
+            "'hf_distprof.analysis.api', 'matplotlib'))))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from hf_distprof.analysis.across.evidence import timer_figures
+from hf_distprof.analysis.judge.verdicts import run_verdict
 from hf_distprof.analysis.read.timer_records import read_timer_records
+from hf_distprof.analysis.results.timer import TimerRecords
 from hf_distprof.timing.report import StepSeries
 from hf_distprof.core.verdicts import KEPT_CELLS
 
@@ -20,6 +23,11 @@ def own_work(rank: int, step: int) -> float:
     # Rank 1 25% slower, with the same step-to-step wobble on both; the traced steps 3x slower (the profiler's doing).
     base = 0.1 + 0.004 * ((step * 7) % 5)
     return base * (1.25 if rank == 1 else 1.0) * (3.0 if step in TRACED else 1.0)
+
+
+def verdict(records: TimerRecords, threshold_pct: float, traced: set[int] | None = None):  # type: ignore[no-untyped-def]
+    """The run's verdict the analysis judges again from the records (the traces holding ``traced``)."""
+    return run_verdict(timer_figures(records, traced or set()), threshold_pct)
 
 
 def write(folder: Path, marked: bool = True) -> None:
@@ -38,7 +46,7 @@ def test_the_verdict_is_the_live_timers_on_the_same_steps(tmp_path: Path) -> Non
     write(tmp_path)
     records = read_timer_records([tmp_path / "rank0_host_step8-10.pt.trace.json.gz"])
     assert records.marked and records.warmup == {1} and records.traced == TRACED
-    got = records.verdict(10.0)
+    got = verdict(records, 10.0)
     # The live timer: every step after its warm-up, as [step, step_s, own_work_s] rows, the profiler's steps left out.
     series = StepSeries(2)
     series.add([[[s, 0.2 + 0.001 * s + 0.0001 * r, own_work(r, s)] for s in STEPS if s > 1] for r in (0, 1)])
@@ -48,15 +56,16 @@ def test_the_verdict_is_the_live_timers_on_the_same_steps(tmp_path: Path) -> Non
     assert (got.status, got.rank, got.steps, got.slowest_in) == ("raised", 1, 16, 16)  # 2-5 and 11-22
     assert got.effect_pct == pytest.approx(25.0)
     # Steps of a trace the marks do not cover (an on-demand window) are left out too.
-    more = records.verdict(10.0, traced={20, 21, 22})
+    more = verdict(records, 10.0, traced={20, 21, 22})
     assert more is not None and more.steps == 13
 
 
 def test_cpu_wait_step_times_and_the_warm_up(tmp_path: Path) -> None:
     write(tmp_path)
     records = read_timer_records([tmp_path / "x.json"])
-    assert records.cpu_wait() == {0: {s: 0.0 for s in STEPS}, 1: {s: 0.001 for s in STEPS}}
-    times = records.step_times()
+    figures = timer_figures(records, set())
+    assert figures.cpu_wait == {0: {s: 0.0 for s in STEPS}, 1: {s: 0.001 for s in STEPS}}
+    times = figures.step_times
     assert sorted(times) == list(range(2, 23)) and times[5] == 0.2 + 0.005 + 0.0001  # the slowest rank's
 
 
@@ -64,8 +73,8 @@ def test_older_files_without_marks_give_no_verdict_and_their_first_row_is_the_wa
     write(tmp_path, marked=False)
     records = read_timer_records([tmp_path / "x.json"])
     assert not records.marked and records.warmup == {1} and records.traced == set()
-    assert records.verdict(10.0) is None
-    assert sorted(records.step_times()) == list(range(2, 23))
+    assert verdict(records, 10.0) is None
+    assert sorted(timer_figures(records, set()).step_times) == list(range(2, 23))
 
 
 def test_bad_rows_are_skipped_and_one_rank_gives_no_verdict(tmp_path: Path) -> None:
@@ -76,7 +85,7 @@ def test_bad_rows_are_skipped_and_one_rank_gives_no_verdict(tmp_path: Path) -> N
     (tmp_path / "timing_rankX.jsonl").write_text(json.dumps(row))  # no rank in the name
     records = read_timer_records([tmp_path / "x.json"])
     assert records.rows == {0: {2: row}} and records.marked
-    assert records.verdict(10.0) is None  # one rank
+    assert verdict(records, 10.0) is None  # one rank
     assert read_timer_records([tmp_path / "elsewhere" / "x.json"]).rows == {}
 
 
@@ -87,5 +96,5 @@ def test_the_verdict_keeps_the_latest_steps_the_timer_keeps(tmp_path: Path) -> N
         rows = [{"step": s, "step_s": 1.0, "own_work_s": 1.5 if (rank == 1 and s <= 100) else 1.0,
                  "warmup": s == 1, "traced": False} for s in range(1, kept + 101)]
         (tmp_path / f"timing_rank{rank}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    verdict = read_timer_records([tmp_path / "x.json"]).verdict(10.0)
-    assert verdict is not None and (verdict.steps, verdict.effect_pct, verdict.status) == (kept, 0.0, "quiet")
+    got = verdict(read_timer_records([tmp_path / "x.json"]), 10.0)
+    assert got is not None and (got.steps, got.effect_pct, got.status) == (kept, 0.0, "quiet")

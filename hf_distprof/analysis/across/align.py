@@ -62,6 +62,12 @@ def align(ranks: list[RankResult]) -> Alignment:
     return Alignment(matched, offsets, arrivals)
 
 
+def last_to_arrive(arrivals: dict[int, float]) -> int:
+    """The rank that reached a collective last (ties: the higher rank): the one its peers wait for, and whose time in
+    it is the transfer itself. The one tie-break of every stage that asks (the waits, the what-if replay)."""
+    return max(arrivals, key=lambda rank: (arrivals[rank], rank))
+
+
 def set_waits(ranks: list[RankResult], alignment: Alignment) -> None:
     """Set each matched collective's ``peers_in_us``, ``waited_for`` and ``late_peer_wait_us``: the one
     account of waiting for a late peer, which the per-kind tables, the findings and the bandwidth table read.
@@ -79,7 +85,7 @@ def set_waits(ranks: list[RankResult], alignment: Alignment) -> None:
             c.peers_in_us, c.waited_for, c.late_peer_wait_us = None, None, None
     for key, same in alignment.matched.items():
         arrivals = alignment.arrivals[key]
-        last = max(arrivals, key=lambda rank: (arrivals[rank], rank))
+        last = last_to_arrive(arrivals)
         for rank, c in same.items():
             c.peers_in_us = arrivals[last] + alignment.offsets[rank]
             c.waited_for = last if last != rank and arrivals[last] > arrivals[rank] else None

@@ -8,10 +8,12 @@ so the tables are built here, once, after that.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from statistics import median
 
 from hf_distprof.analysis.rank import intervals as iv
 from hf_distprof.analysis.rank.kernels import MAIN_KINDS, OTHER_KIND, kind_bucket
+from hf_distprof.analysis.results.across import LatePeer
 from hf_distprof.analysis.results.rank import (
     Collective,
     CommKindStat,
@@ -32,14 +34,16 @@ def wait_share(c: Collective) -> list[tuple[float, float, int]]:
             if max(s, c.start_us) < min(e, until)]
 
 
-def _step_basis(step: StepResult, gpu: bool) -> float:
-    """What a step's shares are of: its GPU span on GPU traces (as HTA's), its wall time on CPU."""
+def step_basis(step: StepResult, gpu: bool) -> float:
+    """What a step's shares are of: its GPU span on GPU traces (as HTA's), its wall time on CPU. The one basis of
+    every per-step share of communication (the per-kind tables, the waits, the findings' thresholds)."""
     if gpu and step.gpu is not None:
         return step.gpu.kernel_time_us
     return step.duration_us
 
 
-def by_kind(steps: list[StepResult], collectives: list[Collective], gpu: bool) -> list[CommKindStat]:
+def by_kind(steps: list[StepResult], collectives: list[Collective], gpu: bool
+            ) -> tuple[list[CommKindStat], dict[str, list[float]]]:
     """Per-kind table of one rank: all_gather, reduce_scatter, all_reduce, then the other kinds summed.
 
     Time is the union of a kind's spans per step (not their sum; with the enqueueing ops, on CPU, that its exposed
@@ -54,12 +58,13 @@ def by_kind(steps: list[StepResult], collectives: list[Collective], gpu: bool) -
         gpu: Whether the rank's trace holds GPU events.
 
     Returns:
-        One row per kind present, in that order; empty when the rank ran no collective.
+        One row per kind present, in that order (empty when the rank ran no collective), and per row's kind its
+        exposed share of each step (%, what its median is of).
     """
     if not steps:
-        return []
+        return [], {}
     index = {s.step: i for i, s in enumerate(steps)}
-    bases = [_step_basis(s, gpu) for s in steps]
+    bases = [step_basis(s, gpu) for s in steps]
     n = len(steps)
     spans: dict[str, list[list[iv.Interval]]] = {}
     rows: dict[str, dict[str, list[float]]] = {}
@@ -95,11 +100,12 @@ def by_kind(steps: list[StepResult], collectives: list[Collective], gpu: bool) -
                 peers = waited.setdefault(bucket, {})
                 peers[c.waited_for] = peers.get(c.waited_for, 0.0) + e - s
     out = []
+    series: dict[str, list[float]] = {}
     for bucket in [*MAIN_KINDS, OTHER_KIND]:
         row = rows.get(bucket)
         if row is None or not kinds[bucket]:
             continue
-        pct = [100.0 * e / b if b > 0 else 0.0 for e, b in zip(row["exposed"], bases)]
+        pct = series[bucket] = [100.0 * e / b if b > 0 else 0.0 for e, b in zip(row["exposed"], bases)]
         peers = waited.get(bucket, {})
         out.append(
             CommKindStat(
@@ -117,42 +123,63 @@ def by_kind(steps: list[StepResult], collectives: list[Collective], gpu: bool) -
                 waited_for=sorted(peers, key=lambda p: (-peers[p], p)),
             )
         )
-    return out
+    return out, series
 
 
-def waits_for_peers(rank: RankResult) -> list[PeerWait]:
-    """Who ``rank`` waits for at its collectives: per peer (the one that arrived last) and kind, the % of the step it
-    waits there, mean over the rank's steps (same base as the per-kind table); in the order first met."""
+@dataclass
+class RankWaits:
+    """One rank's waits for late peers at its collectives, every figure of them from one pass."""
+
+    per_step_us: dict[int, float]
+    """step -> microseconds of its exposed communication that are such a wait."""
+    peer_waits: list[PeerWait]
+    """Per peer (the one that arrived last) and kind, the % of the step it waits there, mean over the rank's steps,
+    in the order first met (what ``--json`` shows per rank)."""
+    late_peers: list[LatePeer]
+    """The same per peer, longest wait first (ties: the lower rank), with microseconds per step."""
+
+
+def rank_waits(rank: RankResult) -> RankWaits:
+    """Who ``rank`` waits for at its collectives, and how long, per step and per peer: the one account of the wait per
+    late peer (each exposed moment once, :func:`wait_share`), on the per-kind table's base."""
     gpu = rank.device == "gpu"
     index = {s.step: i for i, s in enumerate(rank.steps)}
-    bases = [_step_basis(s, gpu) for s in rank.steps]
-    out: dict[int, dict[str, float]] = {}
+    bases = [step_basis(s, gpu) for s in rank.steps]
+    n = len(rank.steps)
+    per_step = {s.step: 0.0 for s in rank.steps}
+    pct: dict[int, dict[str, float]] = {}
+    us: dict[int, float] = {}
     for c in rank.collectives:
         for s, e, step in wait_share(c):
+            if step in per_step:
+                per_step[step] += e - s
             j = index.get(step)
             if j is None or c.waited_for is None or bases[j] <= 0:
                 continue
-            kinds = out.setdefault(c.waited_for, {})
+            kinds = pct.setdefault(c.waited_for, {})
             bucket = kind_bucket(c.kind)
-            kinds[bucket] = kinds.get(bucket, 0.0) + 100.0 * (e - s) / bases[j] / len(rank.steps)
-    return [PeerWait(peer, kind, pct) for peer, kinds in out.items() for kind, pct in kinds.items()]
+            kinds[bucket] = kinds.get(bucket, 0.0) + 100.0 * (e - s) / bases[j] / n
+            us[c.waited_for] = us.get(c.waited_for, 0.0) + (e - s) / n
+    peer_waits = [PeerWait(peer, kind, share) for peer, kinds in pct.items() for kind, share in kinds.items()]
+    late = [LatePeer(peer, sum(kinds.values()), us[peer], sorted(kinds.items(), key=lambda kv: -kv[1]))
+            for peer, kinds in pct.items()]
+    late.sort(key=lambda p: (-p.pct, p.peer))
+    return RankWaits(per_step, peer_waits, late)
 
 
-def wait_pct_per_step(rank: RankResult) -> list[float]:
+def wait_pct_per_step(rank: RankResult, waits: RankWaits) -> list[float]:
     """Per step, the exposed communication that is a wait for a late peer, % of the step (GPU: its GPU span)."""
-    waits = wait_us_per_step(rank)
-    bases = [_step_basis(s, rank.device == "gpu") for s in rank.steps]
-    return [100.0 * waits[s.step] / b if b > 0 else 0.0 for s, b in zip(rank.steps, bases)]
+    bases = [step_basis(s, rank.device == "gpu") for s in rank.steps]
+    return [100.0 * waits.per_step_us[s.step] / b if b > 0 else 0.0 for s, b in zip(rank.steps, bases)]
 
 
-def wait_us_per_step(rank: RankResult) -> dict[int, float]:
-    """step -> microseconds of the step's exposed communication that are a wait for a late peer."""
-    out = {s.step: 0.0 for s in rank.steps}
-    for c in rank.collectives:
-        for s, e, step in wait_share(c):
-            if step in out:
-                out[step] += e - s
-    return out
+def transfer_pct_per_step(rank: RankResult, waits: RankWaits) -> list[float]:
+    """Per step, the exposed communication that is not a wait for a late peer, % of the step (GPU: its GPU span;
+    GPU steps without GPU events left out)."""
+    if rank.device == "gpu":
+        return [100.0 * max(0.0, s.gpu.exposed_comm_us - waits.per_step_us[s.step]) / s.gpu.kernel_time_us
+                if s.gpu.kernel_time_us > 0 else 0.0 for s in rank.steps if s.gpu is not None]
+    return [s.cpu.pct(max(0.0, s.cpu.communication_us - waits.per_step_us[s.step])) for s in rank.steps]
 
 
 def by_module(ranks: list[RankResult]) -> list[ModuleCommStat]:

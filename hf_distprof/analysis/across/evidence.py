@@ -1,5 +1,6 @@
-"""The run's evidence beyond the traced window (pure): the step timer's records of every judged step, summarised for
-the stages that weigh the traced steps against the run (the slow-rank answer, the what-if's noise).
+"""The run's evidence beyond the traced window (pure): the step timer's records, computed once into the figures every
+later stage reads (:class:`~hf_distprof.analysis.results.across.TimerFigures`), summarised for the what-if
+(:class:`~hf_distprof.analysis.results.across.RunEvidence`), and which phase of each rank's step exceeds its peers'.
 
 The traced window holds a few steps, slowed and reshaped by the profiler; the step timer times every step at a small
 cost. A what-if saving, a slow rank, a step-to-step noise: each is judged on the run's steps when the timer's records
@@ -9,39 +10,160 @@ are there, and on the traced steps only when they are not.
 from __future__ import annotations
 
 from statistics import median
+from typing import Any
 
-from hf_distprof.analysis.read.timer_records import TimerRecords
-from hf_distprof.analysis.results.across import RunEvidence
-from hf_distprof.core.stats import scaled_mad
+from hf_distprof.analysis.results.across import PhaseExcess, RunEvidence, TimerFigures
+from hf_distprof.analysis.results.rank import RankResult
+from hf_distprof.analysis.results.timer import TimerRecords
+from hf_distprof.core.stats import finite, scaled_mad
+from hf_distprof.core.verdicts import KEPT_CELLS, candidate
+
+PHASE_KEYS = {
+    "data": ("data_load_s", "data_s"),
+    "forward": ("forward_s",),
+    "backward": ("backward_compute_s", "backward_s"),
+    "optimizer": ("optimizer_s",),
+}
+"""The phases of a step the timer records, each by its keys in order of preference."""
 
 
-def run_evidence(records: TimerRecords, traced: set[int]) -> RunEvidence | None:
-    """What the step timer's records say about the run's judged steps; None without records of 2+ ranks.
+def _number(value: Any) -> float | None:
+    """A finite number >= 0, else None (booleans, strings, NaN, negative values)."""
+    number = finite(value)
+    return number if number is not None and number >= 0 else None
+
+
+def _per_step(records: TimerRecords, key: str) -> dict[int, dict[int, float]]:
+    """rank -> step -> the rows' ``key`` where it is a usable number."""
+    out: dict[int, dict[int, float]] = {}
+    for rank, steps in records.rows.items():
+        for step, row in steps.items():
+            value = _number(row.get(key))
+            if value is not None:
+                out.setdefault(rank, {})[step] = value
+    return out
+
+
+def _own_step(row: dict[str, Any]) -> float | None:
+    """The step less the wait for a CPU (``own_step_s``; the step time in rows written before it); None in a row
+    with neither."""
+    own = _number(row.get("own_step_s"))
+    return own if own is not None else _number(row.get("step_s"))
+
+
+def judged_steps(records: TimerRecords, traced: set[int]) -> list[int]:
+    """The steps the run's slow-rank verdict judges, in order: those every rank recorded with its own work, less the
+    timer's warm-up and the steps the profiler ran over (its marks, plus ``traced``: the steps of the traces, which
+    on-demand and anomaly windows add), among the latest steps the timer keeps
+    (:data:`~hf_distprof.core.verdicts.KEPT_CELLS`); all of those when fewer than 2 remain (the timer's own rule).
+    Empty for older files (no marks) or fewer than 2 ranks."""
+    if not records.marked or len(records.rows) < 2:
+        return []
+    ranks = sorted(records.rows)
+    common = set.intersection(*(set(records.rows[r]) for r in ranks)) - records.warmup
+    usable = [s for s in common if all(_number(records.rows[r][s].get("own_work_s")) is not None for r in ranks)]
+    kept = sorted(usable)[-max(64, KEPT_CELLS // len(ranks)):]
+    skip = records.traced | records.busy | traced
+    untraced = [s for s in kept if s not in skip]
+    return untraced if len(untraced) >= 2 else kept
+
+
+def _phases(records: TimerRecords, steps: list[int]) -> dict[str, dict[int, list[float]]]:
+    """phase -> rank -> its seconds in each of ``steps`` (data: inside the loader, else the data wait; forward;
+    backward compute, else the whole backward; optimizer); a phase some row lacks is left out."""
+    out: dict[str, dict[int, list[float]]] = {}
+    for phase, keys in PHASE_KEYS.items():
+        values: dict[int, list[float]] = {}
+        for rank, rows in sorted(records.rows.items()):
+            got = [next((v for v in (_number(rows[s].get(k)) for k in keys) if v is not None), None)
+                   if s in rows else None for s in steps]
+            if any(v is None for v in got):
+                break
+            values[rank] = [float(v or 0.0) for v in got]
+        else:
+            if steps and values:
+                out[phase] = values
+    return out
+
+
+def timer_figures(records: TimerRecords, traced: set[int]) -> TimerFigures:
+    """Everything the analysis takes from the step timer's records, computed once.
 
     Args:
-        records: The step timer's records beside the traces.
-        traced: The steps the traces hold (left out, as the timer's verdict leaves them out).
+        records: The rows beside the traces.
+        traced: The steps the traces hold.
     """
-    steps = records.judged_steps(traced)
+    step_times: dict[int, float] = {}
+    own_step: dict[int, float] = {}
+    for steps in records.rows.values():
+        for step, row in steps.items():
+            own = _own_step(row)
+            if own is not None:
+                own_step[step] = max(own_step.get(step, 0.0), own)
+            t = _number(row.get("step_s"))
+            if t is not None and step not in records.warmup and step not in records.busy:
+                step_times[step] = max(step_times.get(step, 0.0), t)
+    judged = judged_steps(records, traced)
+    return TimerFigures(
+        cpu_wait=_per_step(records, "cpu_wait_s"),
+        own_work=_per_step(records, "own_work_s"),
+        own_step=own_step,
+        step_times=step_times,
+        judged=judged,
+        phases=_phases(records, judged),
+        marked_traced=set(records.traced),
+    )
+
+
+def run_evidence(timer: TimerFigures) -> RunEvidence | None:
+    """What the step timer's records say about the run's judged steps; None without records of 2+ ranks."""
+    steps = timer.judged
     if len(steps) < 2:
         return None
-    times = records.step_times()
-    judged = [times[s] for s in steps if s in times]
-    own = records.own_work()
+    judged = [timer.step_times[s] for s in steps if s in timer.step_times]
+    own = timer.own_work
     medians = {rank: median(own[rank][s] for s in steps) for rank in sorted(own) if all(s in own[rank] for s in steps)}
-    real = records.verdict(0.0, traced, material=False)  # beyond the noise and persistent, whatever its size
-    candidate = real.rank if real is not None else None
+    found = candidate(timer.judged_work())
+    slowest = found.rank if found is not None else None
     fastest = min(medians, key=lambda r: (medians[r], r)) if len(medians) > 1 else None
-    named = real is not None and candidate is not None
-    gap = (1e3 * median(own[candidate][s] - own[fastest][s] for s in steps)
-           if candidate in medians and fastest is not None and fastest != candidate else None)
+    gap = (1e3 * median(own[slowest][s] - own[fastest][s] for s in steps)
+           if slowest in medians and fastest is not None and fastest != slowest else None)
     return RunEvidence(
         steps=len(steps),
         noise_ms=1e3 * scaled_mad(judged) if len(judged) > 1 else 0.0,
-        slowest_rank=candidate,
-        fastest_rank=fastest if fastest != candidate else None,
-        slow_rank_real=real is not None and real.raised,
-        slow_rank_excess_ms=1e3 * real.effect_abs if named else None,
+        slowest_rank=slowest,
+        fastest_rank=fastest if fastest != slowest else None,
+        slow_rank_excess_ms=1e3 * found.effect_abs if found is not None else None,
         fastest_gap_ms=gap,
         step_ms=1e3 * median(judged) if judged else None,
     )
+
+
+def phase_excess(ranks: list[RankResult], timer: TimerFigures, common: list[int]) -> dict[int, PhaseExcess]:
+    """For each rank, the phase of its step that exceeds its peers' the most: from the step timer's records over the
+    judged steps when they have the rank (data, forward, backward, optimizer), else from the traced steps every rank
+    has (data loading, compute). Empty with fewer than 2 ranks."""
+    timed = {p: {r: [1e6 * v for v in vs] for r, vs in by_rank.items()} for p, by_rank in timer.phases.items()}
+    window: dict[str, dict[int, list[float]]] = {}
+    if common:
+        by_step = {r.rank: {s.step: s for s in r.steps} for r in ranks}
+        window = {
+            "data": {r: [by_step[r][s].cpu.data_loading_us for s in common] for r in by_step},
+            "compute": {r: [by_step[r][s].busy_us(dev) - by_step[r][s].cpu.data_loading_us for s in common]
+                        for r, dev in ((x.rank, x.device) for x in ranks)},
+        }
+    out: dict[int, PhaseExcess] = {}
+    for r in ranks:
+        use_timer = bool(timed) and r.rank in next(iter(timed.values()))
+        per_phase, n = (timed, len(timer.judged)) if use_timer else (window, len(common))
+        best: PhaseExcess | None = None
+        for phase, values in per_phase.items():
+            if r.rank not in values or len(values) < 2:
+                continue
+            peers = [p for p in values if p != r.rank]
+            excess = median(values[r.rank][i] - median(values[p][i] for p in peers) for i in range(n))
+            if best is None or excess > best.excess_us:
+                best = PhaseExcess(phase, excess, n, from_timer=use_timer)
+        if best is not None:
+            out[r.rank] = best
+    return out

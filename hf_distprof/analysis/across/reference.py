@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from hf_distprof.analysis.results.across import BandwidthStat, BandwidthVsReference, ReferencePoint
+from hf_distprof.analysis.results.across import BandwidthStat, BandwidthVsReference, ReferencePoint, ReferenceTotals
 
 
 def nearest_reference(points: list[ReferencePoint], kind: str, size: float,
@@ -79,8 +79,8 @@ def compare_to_reference(rows: list[BandwidthStat], points: list[ReferencePoint]
     return out
 
 
-def totals(rows: list[BandwidthVsReference]) -> tuple[float, float, float, float]:
-    """Per rank, over the rows: (compared time, the same at reference speed, lost to a slow network, waited
-    for a late peer), in microseconds."""
-    return (sum(r.time_us for r in rows), sum(r.at_ref_us for r in rows), sum(r.slow_network_us for r in rows),
-            sum(r.late_peer_us or 0.0 for r in rows))
+def totals(rows: list[BandwidthVsReference]) -> ReferenceTotals:
+    """Per rank, over the rows: the compared time, the same at reference speed, lost to a slow network, waited for a
+    late peer (us)."""
+    return ReferenceTotals(sum(r.time_us for r in rows), sum(r.at_ref_us for r in rows),
+                           sum(r.slow_network_us for r in rows), sum(r.late_peer_us or 0.0 for r in rows))

@@ -1,68 +1,76 @@
-"""The judge stage's front (pure): every finding of the run, in the one order the output shows them.
+"""The judge stage's front (pure): every decision of the run, from the figures, in order.
 
-The findings come from the diagnosis (:mod:`hf_distprof.analysis.judge.diagnosis`), the profiler's slowdown, the
-slow rank's causal chain (:mod:`hf_distprof.analysis.judge.chain`) and the what-if model
-(:mod:`hf_distprof.analysis.judge.whatif`); :func:`in_order` is the only place they are put in order.
+1. which rank holds the others back (:mod:`~hf_distprof.analysis.judge.verdicts`);
+2. which what-if savings count, and their order (:mod:`~hf_distprof.analysis.judge.whatif`);
+3. the profiler's slowdown (:mod:`~hf_distprof.analysis.judge.slowdown`);
+4. the findings (:mod:`~hf_distprof.analysis.judge.diagnosis`), those of a distorted window withheld, the slow rank's
+   as one causal chain (:mod:`~hf_distprof.analysis.judge.chain`), what to fix first;
+5. where the traced window disagrees with the run (:mod:`~hf_distprof.analysis.judge.window`).
+
+:func:`in_order` is the only place findings are put in order. The words are the tell stage's.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from hf_distprof.analysis.judge import chain
 from hf_distprof.analysis.judge.diagnosis import diagnose, undecided
-from hf_distprof.analysis.judge.slowdown import slowdown_findings, withhold_in_a_distorted_window
-from hf_distprof.analysis.judge.whatif import WHAT_TO_FIX_FIRST, what_to_fix_first
+from hf_distprof.analysis.judge.slowdown import slowdown_findings, slowdown_of, withhold_in_a_distorted_window
+from hf_distprof.analysis.judge.verdicts import judge_ranks
+from hf_distprof.analysis.judge.whatif import WHAT_TO_FIX_FIRST, judge_scenarios, what_to_fix_first
+from hf_distprof.analysis.judge.window import window_notes
 from hf_distprof.analysis.options import AnalysisOptions
-from hf_distprof.analysis.read.timer_records import TimerRecords
-from hf_distprof.analysis.results.across import CrossRankResult
-from hf_distprof.analysis.results.findings import Finding, Undecided
+from hf_distprof.analysis.results.across import Across
+from hf_distprof.analysis.results.facts import Judged
+from hf_distprof.analysis.results.findings import TRACE, Judgement
 from hf_distprof.analysis.results.rank import RankResult
+from hf_distprof.analysis.results.timer import TimingSummary
 from hf_distprof.analysis.results.whatif import WhatIf
-from hf_distprof.core.run_verdict import by_the_timer
 
 _FIRST = (chain.SLOW_RANK, WHAT_TO_FIX_FIRST)
 """Kinds that open the list, in this order, whatever their severity: the slow rank's chain (the cause and its phase),
 then the largest saving the replay predicts. The box shows the first finding of the list, as every output orders it."""
 
 
-def in_order(findings: list[Finding]) -> list[Finding]:
+def in_order(findings: list[Judgement]) -> list[Judgement]:
     """The findings as every output shows them: :data:`_FIRST`'s kinds first, then by decreasing severity (ties keep
     the order they were found in)."""
     return sorted(findings, key=lambda f: (_FIRST.index(f.kind) if f.kind in _FIRST else len(_FIRST), -f.severity))
 
 
-def judge(
-    ranks: list[RankResult],
-    cross: CrossRankResult | None,
-    options: AnalysisOptions,
-    records: TimerRecords | None,
-    slowdown: dict[str, Any] | None,
-    timer: dict[str, Any] | None,
-    answer: WhatIf | None,
-) -> tuple[list[Finding], list[Undecided]]:
-    """Every finding of the run, in order, and the questions it cannot decide.
+def judge(ranks: list[RankResult], across: Across, replay: WhatIf | None, summary: TimingSummary,
+          options: AnalysisOptions) -> Judged:
+    """Every decision of the run.
 
     Args:
         ranks: Per-rank results, aligned and with their per-kind tables.
-        cross: The cross-rank view (None for one rank).
+        across: The across stage's figures.
+        replay: The what-if replay (None without one).
+        summary: The step timer's ``timing_summary.json`` (its verdict and the profiler's slowdown, as the run wrote
+            them).
         options: The thresholds.
-        records: The step timer's records beside the traces.
-        slowdown: The profiler's slowdown (:func:`hf_distprof.analysis.judge.slowdown.slowdown_of`).
-        timer: The step timer's slow-rank verdict over the untraced steps, as JSON.
-        answer: The what-if model's answer (None without one).
 
     Returns:
-        The findings, in :func:`in_order`'s order, and the questions left undecided (with the findings withheld).
+        The verdicts, the findings in :func:`in_order`'s order, the questions left undecided (with the findings
+        withheld), the window's disagreements, the profiler's slowdown and the judged what-if.
     """
-    findings = diagnose(ranks, cross, options) + slowdown_findings(slowdown)
-    # A window whose verdicts were weighed with the timer's (across_the_run) already answers for the whole run.
-    weighed = cross is not None and any(by_the_timer(v) for v in (cross.imbalance_verdict, cross.straggler_verdict))
-    findings, withheld = withhold_in_a_distorted_window(findings, slowdown, None if weighed else timer)
+    verdicts = judge_ranks(across, summary, options)
+    answer = judge_scenarios(replay, verdicts, across.evidence is not None) if replay is not None else None
+    slowdown = slowdown_of(summary, across.timer, across.traced, options)
+    findings = diagnose(ranks, across, verdicts, options) + slowdown_findings(slowdown)
+    # A window whose verdicts were weighed with the timer's already answers for the whole run.
+    weighed = verdicts.imbalance_basis != TRACE or verdicts.straggler_basis != TRACE
+    findings, withheld = withhold_in_a_distorted_window(findings, slowdown, None if weighed else verdicts.run_json)
+    gpu = any(r.device == "gpu" for r in ranks)
     # The slow rank's finding as one chain (its slow phase -> late at the collectives -> its peers wait).
-    findings = chain.explain(findings, ranks, cross, records)
-    on_gpu = any(r.device == "gpu" for r in ranks)
+    findings = chain.explain(findings, across, verdicts, gpu)
     backend = next((r.backend for r in ranks if r.backend), None)
     fsdp = any(c.module is not None for r in ranks for c in r.collectives)
-    first = what_to_fix_first(answer, options.what_if_pct, on_gpu, backend, fsdp) if answer is not None else None
-    return in_order(findings + ([first] if first is not None else [])), undecided(cross) + withheld
+    first = what_to_fix_first(answer, options.what_if_pct, gpu, backend, fsdp) if answer is not None else None
+    return Judged(
+        verdicts=verdicts,
+        findings=in_order(findings + ([first] if first is not None else [])),
+        questions=undecided(verdicts) + withheld,
+        windows=window_notes(verdicts, across.timer, across.traced, slowdown),
+        slowdown=slowdown,
+        what_if=answer,
+    )

@@ -1,80 +1,79 @@
-"""The what-if model's finding (pure): "what to fix first", when one fix would save more than the threshold and the
-noise."""
+"""The what-if model judged (pure): which savings count, in the one order every output shows them, and "what to fix
+first" when one fix would save more than the threshold and the noise."""
 
 from __future__ import annotations
 
-from hf_distprof.analysis.results.findings import REPLAY, Finding
-from hf_distprof.analysis.results.whatif import WhatIf, WhatIfModel, WhatIfScenario
+from dataclasses import replace
+
+from hf_distprof.analysis.results.across import RankVerdicts
+from hf_distprof.analysis.results.facts import FixFirstFacts
+from hf_distprof.analysis.results.findings import REPLAY, Judgement
+from hf_distprof.analysis.results.whatif import WhatIf, WhatIfScenario
+from hf_distprof.analysis.whatif.model import RANK_SCENARIOS
 
 WHAT_TO_FIX_FIRST = "what_to_fix_first"
 """The kind of the what-if finding."""
 
-_ADVICE = {  # scenario -> (the first thing to try, the rest)
-    "slow_rank": ("Find what rank {ranks} does that its peers do not (the critical path and the straggler and "
-                  "imbalance findings say where): uneven data, extra work on that rank, a slower device or host", "."),
-    "no_data_loading": ("Load data ahead of the step: DataLoader num_workers > 0, {pin}"
-                        "persistent_workers=True, prefetch_factor", "; pre-tokenise instead of tokenising per item."),
-    "hide_communication": ("Overlap communication with computation ({overlap}) or send fewer bytes (bf16 reduction, "
-                           "fewer and larger collectives)", "."),
-    "fastest_pace": ("Give every rank the same work, at the pace of the fastest: balance the data (sequence "
-                     "lengths, batch sizes), then look at the hosts and devices of the slower ranks", "."),
-    "network_at_reference": ("The transfers run slower than bench-collectives measured on this fabric: check the "
-                             "{library} settings and the network path of the collectives that take longest", "."),
-}
 _PHASES = {"slow_rank": None, "no_data_loading": "data", "hide_communication": "communication",
            "fastest_pace": None, "network_at_reference": "communication"}
 
 
-def noise_of(model: WhatIfModel, noise_ms: float | None) -> str:
-    """What a saving was held against, in words: the run's noise over its judged steps, or the traced steps'."""
-    if model.run_noise_ms is not None:
-        return f"step-to-step noise {model.run_noise_ms:.2f} ms over the run's {model.run_steps} judged steps"
-    return (f"step-to-step noise {noise_ms or 0.0:.2f} ms, the smaller of the measured steps' "
-            f"{model.noise_ms or 0.0:.2f} ms and the predicted ones'")
+def by_saving(scenarios: list[WhatIfScenario]) -> list[WhatIfScenario]:
+    """The scenarios in the one order every output shows them: the saving that counts, largest first (ties: in the
+    order replayed)."""
+    return sorted(scenarios, key=lambda s: -s.counted_pct)
 
 
-def over_the_run(scenario: WhatIfScenario, model: WhatIfModel) -> str:
-    """"; over the run's N judged steps that pace saves X% ..." when the run's figure is the smaller one, else ""."""
-    if scenario.run_saving_pct is None or scenario.run_saving_pct >= scenario.saving_pct:
-        return ""
-    return (f"; over the run's {model.run_steps} judged steps that pace saves {scenario.run_saving_pct:.1f}% of the "
-            "step (the step timer's records), the figure that counts")
+def judge_scenarios(answer: WhatIf, verdicts: RankVerdicts, run_evidence: bool) -> WhatIf:
+    """Whether each saving counts, and the scenarios in order.
+
+    A saving counts (``beyond_noise``) when the part of it that counts (:attr:`WhatIfScenario.counted_pct`: the
+    replay's, or what the pace saves over the run when that is less) is larger than the model's error and the noise;
+    on a rank's pace only when the slow-rank verdict calls that rank's excess real: over the run (the step timer's
+    records, whatever its size), or, without them, the traced window's verdict raised for the rank replayed.
+
+    Args:
+        answer: The replay.
+        verdicts: The slow-rank verdicts.
+        run_evidence: Whether the step timer's records of the run are there (then ``verdicts.run_real`` decides).
+    """
+    model = answer.model
+    if run_evidence:
+        real = bool(verdicts.run_real)
+    else:
+        window = verdicts.straggler or verdicts.imbalance
+        real = window is None or (window.raised and window.rank == model.slowest_rank)
+    judged = []
+    for s in answer.scenarios:
+        counted = s.saving_ms if s.run_saving_pct is None else min(s.saving_ms, s.step_ms_now * s.run_saving_pct / 100)
+        beyond = (s.noise_ms is not None and counted > max(s.error_ms, s.noise_ms)
+                  and (s.scenario not in RANK_SCENARIOS or real))
+        judged.append(replace(s, beyond_noise=beyond))
+    return WhatIf(by_saving(judged), answer.critical_path, replace(model, rank_saving_real=real))
 
 
 def what_to_fix_first(answer: WhatIf, threshold_pct: float, on_gpu: bool = True, backend: str | None = None,
-                      fsdp: bool = False) -> Finding | None:
+                      fsdp: bool = False) -> Judgement | None:
     """The finding that opens the list when a scenario saves more than the noise and more than ``threshold_pct``
-    % of the step (``AnalysisOptions.what_if_pct``); None otherwise. Its advice fits the run: no pinned memory without
-    a GPU, the backend's own settings (NCCL's, gloo's)."""
-    worth = sorted((s for s in answer.scenarios if s.beyond_noise and s.counted_pct > threshold_pct),
-                   key=lambda s: -s.counted_pct)
+    % of the step (``AnalysisOptions.what_if_pct``); None otherwise.
+
+    Args:
+        answer: The judged replay (:func:`judge_scenarios`).
+        threshold_pct: What is worth fixing, % of the step.
+        on_gpu, backend, fsdp: What the advice fits (no pinned memory without a GPU, the backend's own settings).
+    """
+    worth = [s for s in answer.scenarios if s.beyond_noise and s.counted_pct > threshold_pct]
     if not worth:
         return None
-    top, model = worth[0], answer.model
-    ranked = "; ".join(f"{s.title}: {s.step_ms_predicted:.2f} ms (-{s.saving_pct:.1f}%)"
-                       if s.counted_pct == s.saving_pct else f"{s.title}: -{s.counted_pct:.1f}% over the run"
-                       for s in worth)
-    why = (f"replaying the {len(model.steps)} traced step(s) across ranks with {top.title} predicts "
-           f"{top.step_ms_predicted:.2f} ms per step instead of the measured {top.step_ms_now:.2f} ms: "
-           f"{top.saving_pct:.1f}% faster, {top.hours_per_1000_steps:.3f} h saved per 1,000 steps (model error "
-           f"+-{top.error_ms:.2f} ms; {noise_of(model, top.noise_ms)}){over_the_run(top, model)}")
-    action, more = _ADVICE[top.scenario]
-    action = action.format(ranks=", ".join(map(str, top.ranks)), pin="pin_memory=True, " if on_gpu else "",
-                           library="NCCL" if backend in (None, "nccl") else backend,
-                           overlap="FSDP prefetching, wrap granularity" if fsdp else "DDP bucket_cap_mb, gradient "
-                           "accumulation")
-    return Finding(
+    top = worth[0]
+    return Judgement(
         kind=WHAT_TO_FIX_FIRST,
         severity=top.counted_pct,
-        title=f"What to fix first: {top.title}",
         ranks=list(top.ranks),
-        evidence=f"{why}. Above the {threshold_pct:g}% threshold and the noise, in order: {ranked}",
-        recommendation=action + more,
+        facts=FixFirstFacts(top, worth, answer.model, threshold_pct, on_gpu, backend, fsdp),
         phase=_PHASES.get(top.scenario),
-        why=why,
-        action=action,
         basis=REPLAY,
-        steps=len(model.steps),
+        steps=len(answer.model.steps),
         numbers={"step_ms_now": top.step_ms_now, "step_ms_predicted": top.step_ms_predicted,
                  "saving_pct": top.saving_pct, "error_ms": top.error_ms,
                  **({"run_saving_pct": top.run_saving_pct} if top.run_saving_pct is not None else {})},

@@ -9,17 +9,14 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import Counter
-from collections.abc import Sequence
-from typing import Any
 
 from hf_distprof.analysis.options import AnalysisOptions
 from hf_distprof.analysis.rank import exposure
 from hf_distprof.analysis.rank import intervals as iv
 from hf_distprof.analysis.rank.cpu import MainThreadSplit, breakdown_of, split_main_thread, without_ours
-from hf_distprof.analysis.rank.gpu import gpu_breakdown, kernel_stats
+from hf_distprof.analysis.rank.device import gpu_events
 from hf_distprof.analysis.rank.kernels import (
     COMMUNICATION,
-    COMPUTATION,
     GLOO_RUNS_AS,
     MAIN_KINDS,
     NO_GLOO_SPAN,
@@ -30,11 +27,11 @@ from hf_distprof.analysis.rank.kernels import (
     nccl_op_kind,
 )
 from hf_distprof.analysis.rank.memory import analyze_memory
-from hf_distprof.analysis.rank.ours import gloo_ours, own_kernels, own_kernels_fast, own_ranges
+from hf_distprof.analysis.rank.ours import gloo_ours, own_ranges
 from hf_distprof.analysis.rank.timeline import rank_timeline
 from hf_distprof.analysis.read.events import RECORD_PARAM_COMMS, ParsedTrace, Span
 from hf_distprof.analysis.read.message_sizes import MessageSize, message_bytes
-from hf_distprof.analysis.results.rank import Collective, GpuBreakdown, RankResult, StepResult
+from hf_distprof.analysis.results.rank import Collective, RankResult, StepResult
 
 # NCCL runs these as SendRecv kernels: the nccl:* annotation around the launch names the collective.
 _SEND_RECV_KINDS = ("all_to_all", "send", "recv", "gather", "scatter")
@@ -45,37 +42,6 @@ _Run = tuple[float, float, str, float | None, MessageSize | None]
 def _step_index(starts: list[float], t: float) -> int:
     """Index of the step that contains (or last started before) time ``t``; the first step if none."""
     return max(0, bisect_right(starts, t) - 1)
-
-
-def assign_gpu_events_to_steps(trace: ParsedTrace) -> list[list[int]]:
-    """Indices of the GPU events of each step.
-
-    A GPU event belongs to the step whose CPU extent holds its launch (found by correlation id), since a
-    kernel often runs after the step that launched it has ended on the CPU. Events without a launch
-    record go by their own start time.
-    """
-    starts = [s.start for s in trace.steps]
-    per_step: list[list[int]] = [[] for _ in trace.steps]
-    launches = trace.launches
-    gpu = trace.gpu
-    for i, (start, corr) in enumerate(zip(gpu.start, gpu.correlation)):
-        per_step[_step_index(starts, launches.get(corr, start))].append(i)
-    return per_step
-
-
-def hta_selection(trace: ParsedTrace) -> list[int]:
-    """The GPU events HTA 0.5.0 analyses for this rank.
-
-    With more than one profiler step HTA keeps only kernels whose launch (matched by correlation) starts
-    before the last step, dropping the last, possibly incomplete, step; with one step it keeps them all.
-    (HTA counts distinct step names over all ranks; here the rank's own steps are counted.)
-    """
-    gpu = trace.gpu
-    if len(trace.steps) <= 1:
-        return list(range(len(gpu)))
-    last = trace.steps[-1].start
-    launches = trace.launches
-    return [i for i, corr in enumerate(gpu.correlation) if corr in launches and launches[corr] < last]
 
 
 def _collectives(trace: ParsedTrace, own: list[iv.Interval]) -> tuple[list[Collective], list[Collective]]:
@@ -216,41 +182,17 @@ def analyze_rank(trace: ParsedTrace, options: AnalysisOptions) -> RankResult:
         Per-step breakdowns, the HTA-compatible GPU aggregate, kernel stats, the collectives, and the memory
         per device when the trace holds ``[memory]`` events.
     """
-    # Imported here, in the worker: numpy starts a thread at import, and the parent process of the workers must
-    # have none to fork them rather than spawn them (see api._start_method).
-    from hf_distprof.analysis.rank import fast
-
-    gpu = trace.gpu
-    on_gpu = bool(len(gpu))
-    # Int64 columns for the vectorised analyzers (the same results), when every time is an int.
-    columns = fast.GpuColumns.of(gpu) if on_gpu else None
-    step_events = issued = None
-    if columns is not None:
-        issued = fast.int_column(list(map(trace.launches.get, gpu.correlation, gpu.start)))
-        if issued is not None:
-            step_events = columns.per_step([s.start for s in trace.steps], issued)
-    if step_events is None or issued is None:
-        columns = None
     own = own_ranges(trace)
-    own_steps: list[list[int]] = [[] for _ in trace.steps]  # GPU: the kernels of our collectives, per step
-    if columns is not None and step_events is not None and issued is not None:
-        if own:
-            step_events, own_steps = own_kernels_fast(columns, step_events, issued, own)
-        # Only the NCCL kernels of each step are read to find its collectives.
-        gpu_steps = [ix[columns.bits[ix] == fast.COMM_BIT].tolist() for ix in step_events]
-        breakdowns = [columns.breakdown(ix, options.tiny_kernel_us) for ix in step_events]
-    else:
-        gpu_steps = assign_gpu_events_to_steps(trace)
-        if own and on_gpu:
-            gpu_steps, own_steps = own_kernels(trace, gpu_steps, own)
-        breakdowns = [_gpu_breakdown_of(trace, indices, options) for indices in gpu_steps]
-    if on_gpu:
-        collectives, ours = _gpu_collectives(trace, gpu_steps), _gpu_collectives(trace, own_steps)
+    device = gpu_events(trace, own)  # one path for the GPU events, chosen once (None on a CPU trace)
+    if device is not None:
+        collectives, ours = _gpu_collectives(trace, device.comm_kernels()), _gpu_collectives(trace, device.own_steps)
+        breakdowns = device.breakdowns(options.tiny_kernel_us)
     else:
         collectives, ours = _collectives(trace, own)
+        breakdowns = [None] * len(trace.steps)
     # The collectives in flight (CPU: every gloo span, ours left out).
     in_flight = iv.merge((c.start_us, c.end_us) for c in collectives)
-    splits = [without_ours(split, own) for split in _splits(trace, in_flight, waits_block=not on_gpu)]
+    splits = [without_ours(split, own) for split in _splits(trace, in_flight, waits_block=device is None)]
     per_step = Counter(c.step for c in collectives)
     own_per_step: dict[int, list[Collective]] = {}
     for c in ours:
@@ -268,38 +210,22 @@ def analyze_rank(trace: ParsedTrace, options: AnalysisOptions) -> RankResult:
         for step, breakdown, split in zip(trace.steps, breakdowns, splits)
     ]
     exposure.attribute(collectives, trace.fsdp_spans)
-    if columns is not None:
-        fast.set_exposure(collectives, columns.merged(fast.COMP_BIT))
-    elif on_gpu:
-        compute = iv.merge(
-            (s, e) for s, e, name in zip(gpu.start, gpu.end, gpu.name) if kernel_category(name) == COMPUTATION
-        )
-        exposure.set_exposure(collectives, compute, hidden_when_covered=True)
+    # Each exposed moment of a step goes to one collective, so that the per-kind rows add up to the step's exposed
+    # communication (CPU: the training thread waiting; GPU: communication kernels with no computation running).
+    if device is not None:
+        device.set_exposure(collectives)
+        exposure.share_exposure(collectives, device.exposed_per_step())
+        gpu_total, cat_us, cat_n, top = device.totals(options)
     else:
         waiting = iv.merge(w for split in splits for w in split.communication)
         exposure.set_exposure(collectives, waiting, hidden_when_covered=False)
-    # Each exposed moment of a step goes to one collective, so that the per-kind rows add up to the step's exposed
-    # communication (CPU: the training thread waiting; GPU: communication kernels with no computation running).
-    if on_gpu:
-        exposed = _gpu_exposed_per_step(trace, columns, step_events if columns is not None else None, gpu_steps)
-    else:
-        exposed = [(step.number, split.communication) for step, split in zip(trace.steps, splits)]
-    exposure.share_exposure(collectives, exposed)
-    if columns is not None and issued is not None:
-        selected = columns.hta_selection(trace, issued)
-        gpu_total = columns.breakdown(selected, options.tiny_kernel_us)
-        cat_us, cat_n, top = fast.kernel_stats(columns.starts, columns.ends, gpu.name, options.top_kernels)
-    else:
-        selected_list = hta_selection(trace)
-        starts = [gpu.start[i] for i in selected_list]
-        ends = [gpu.end[i] for i in selected_list]
-        names = [gpu.name[i] for i in selected_list]
-        gpu_total = gpu_breakdown(starts, ends, names, options.tiny_kernel_us)
-        cat_us, cat_n, top = kernel_stats(gpu.start, gpu.end, gpu.name, options.top_kernels)
+        exposure.share_exposure(collectives, [(step.number, split.communication)
+                                              for step, split in zip(trace.steps, splits)])
+        gpu_total, cat_us, cat_n, top = None, {}, {}, []
     return RankResult(
         rank=trace.rank,
         path=trace.path,
-        device="gpu" if on_gpu else "cpu",
+        device="gpu" if device is not None else "cpu",
         backend=trace.backend,
         world_size=trace.world_size,
         host=trace.host,
@@ -312,58 +238,13 @@ def analyze_rank(trace: ParsedTrace, options: AnalysisOptions) -> RankResult:
         collectives=collectives,
         base_time_ns=trace.base_time_ns,
         memory=analyze_memory(trace.memory, trace.steps),
-        timeline=rank_timeline(trace, collectives, splits, _gpu_busy(trace, columns, own_steps) if on_gpu else None),
+        timeline=rank_timeline(trace, collectives, splits, device.busy() if device is not None else None),
     )
-
-
-def _gpu_busy(trace: ParsedTrace, columns: object, own_steps: list[list[int]]) -> list[iv.Interval]:
-    """The union of all GPU activity but our collectives' kernels (``own_steps``), the what-if timeline's busy and
-    idle, from the int64 columns when there are."""
-    from hf_distprof.analysis.rank import fast
-
-    ours = [i for indices in own_steps for i in indices]
-    if isinstance(columns, fast.GpuColumns):
-        if not ours:
-            return fast.as_list(fast.merge(columns.starts, columns.ends))
-        import numpy as np
-
-        keep = np.ones(len(columns.starts), dtype=bool)
-        keep[ours] = False
-        return fast.as_list(fast.merge(columns.starts[keep], columns.ends[keep]))
-    gpu = trace.gpu
-    if not ours:
-        return iv.merge(zip(gpu.start, gpu.end))
-    left_out = set(ours)
-    return iv.merge((s, e) for i, (s, e) in enumerate(zip(gpu.start, gpu.end)) if i not in left_out)
-
-
-def _gpu_exposed_per_step(
-    trace: ParsedTrace, columns: object, step_events: Sequence[Any] | None, gpu_steps: list[list[int]]
-) -> list[tuple[int, list[iv.Interval]]]:
-    """Per step, its communication kernels with no computation kernel of the step running: the intervals whose
-    total is the step's ``exposed_comm_us`` (:func:`hf_distprof.analysis.rank.gpu.gpu_breakdown`)."""
-    from hf_distprof.analysis.rank import fast  # imported in the worker, see analyze_rank
-
-    out: list[tuple[int, list[iv.Interval]]] = []
-    if isinstance(columns, fast.GpuColumns) and step_events is not None:
-        for step, ix in zip(trace.steps, step_events):
-            bits, starts, ends = columns.bits[ix], columns.starts[ix], columns.ends[ix]
-            comm_m = fast.as_list(fast.merge(starts[bits == fast.COMM_BIT], ends[bits == fast.COMM_BIT]))
-            comp_m = fast.as_list(fast.merge(starts[bits == fast.COMP_BIT], ends[bits == fast.COMP_BIT]))
-            out.append((step.number, iv.subtract(comm_m, comp_m)))
-        return out
-    gpu = trace.gpu
-    for step, indices in zip(trace.steps, gpu_steps):  # every event of the step on this path
-        cats = [(gpu.start[i], gpu.end[i], kernel_category(gpu.name[i])) for i in indices]
-        comm_m = iv.merge((s, e) for s, e, cat in cats if cat == COMMUNICATION)
-        comp_m = iv.merge((s, e) for s, e, cat in cats if cat == COMPUTATION)
-        out.append((step.number, iv.subtract(comm_m, comp_m)))
-    return out
 
 
 def _splits(trace: ParsedTrace, in_flight: list[iv.Interval], waits_block: bool) -> list[MainThreadSplit]:
     """The main thread's split of every step (vectorised when every op and step time is an int)."""
-    from hf_distprof.analysis.rank import fast  # imported in the worker, see analyze_rank
+    from hf_distprof.analysis.rank import fast  # in the worker (numpy: see hf_distprof.analysis.rank.device)
 
     columns = fast.MainOpColumns.of(trace) if trace.main_ops else None
     if columns is None:
@@ -377,13 +258,3 @@ def _splits(trace: ParsedTrace, in_flight: list[iv.Interval], waits_block: bool)
         columns.split(bounds[2 * k], bounds[2 * k + 1], in_flight, step.start, step.end, waits_block)
         for k, step in enumerate(trace.steps)
     ]
-
-
-def _gpu_breakdown_of(trace: ParsedTrace, indices: list[int], options: AnalysisOptions) -> GpuBreakdown | None:
-    gpu = trace.gpu
-    return gpu_breakdown(
-        [gpu.start[i] for i in indices],
-        [gpu.end[i] for i in indices],
-        [gpu.name[i] for i in indices],
-        options.tiny_kernel_us,
-    )

@@ -69,7 +69,7 @@ class GpuColumns:
         return cls(starts, ends, category_bits(gpu.name))
 
     def per_step(self, step_starts: Sequence[Any], issued: np.ndarray) -> list[np.ndarray] | None:
-        """:func:`~hf_distprof.analysis.rank.analyze.assign_gpu_events_to_steps` with each event's launch time (or its
+        """:func:`~hf_distprof.analysis.rank.device.assign_gpu_events_to_steps` with each event's launch time (or its
         own start) given: the indices of each step's events, in file order; None when not all are ints."""
         starts = int_column(step_starts)
         if starts is None:
@@ -80,7 +80,7 @@ class GpuColumns:
         return np.split(order, bounds)
 
     def hta_selection(self, trace: ParsedTrace, issued: np.ndarray) -> np.ndarray:
-        """:func:`~hf_distprof.analysis.rank.analyze.hta_selection`, with each event's launch time (or its own
+        """:func:`~hf_distprof.analysis.rank.device.hta_selection`, with each event's launch time (or its own
         start)."""
         selected = np.arange(len(self.starts))
         if len(trace.steps) <= 1:
@@ -289,3 +289,74 @@ class MainOpColumns:
             start,
             end,
         )
+
+
+def own_kernels_fast(
+    columns: GpuColumns, step_events: list[np.ndarray], issued: np.ndarray, own: list[iv.Interval]
+) -> tuple[list[np.ndarray], list[list[int]]]:
+    """:func:`~hf_distprof.analysis.rank.ours.own_kernels` on the int64 columns: ``step_events`` as index arrays,
+    ``issued`` each event's launch (else its start)."""
+    starts = np.array([s for s, _ in own])
+    ends = np.array([e for _, e in own])
+    k = np.searchsorted(starts, issued, side="right") - 1
+    mine = (k >= 0) & (issued <= ends[np.maximum(k, 0)]) & (columns.bits == COMM_BIT)
+    if not mine.any():
+        return step_events, [[] for _ in step_events]
+    return [ix[~mine[ix]] for ix in step_events], [ix[mine[ix]].tolist() for ix in step_events]
+
+
+class ColumnPath:
+    """The GPU events as int64 columns (:class:`~hf_distprof.analysis.rank.device.GpuPath`): what
+    :class:`~hf_distprof.analysis.rank.device.ReferencePath` gives, from whole-column operations."""
+
+    def __init__(self, trace: ParsedTrace, columns: GpuColumns, issued: np.ndarray, step_events: list[np.ndarray],
+                 own: list[iv.Interval]) -> None:
+        self.trace, self.columns, self.issued = trace, columns, issued
+        self.step_events = step_events
+        self.own_steps: list[list[int]] = [[] for _ in trace.steps]
+        if own:
+            self.step_events, self.own_steps = own_kernels_fast(columns, step_events, issued, own)
+
+    @classmethod
+    def of(cls, trace: ParsedTrace, own: list[iv.Interval]) -> ColumnPath | None:
+        """The trace's events as columns, or None when the reference path must run (a float time, a huge span)."""
+        gpu = trace.gpu
+        columns = GpuColumns.of(gpu)
+        if columns is None:
+            return None
+        issued = int_column(list(map(trace.launches.get, gpu.correlation, gpu.start)))
+        step_events = columns.per_step([s.start for s in trace.steps], issued) if issued is not None else None
+        if issued is None or step_events is None:
+            return None
+        return cls(trace, columns, issued, step_events, own)
+
+    def comm_kernels(self) -> list[list[int]]:
+        return [ix[self.columns.bits[ix] == COMM_BIT].tolist() for ix in self.step_events]
+
+    def breakdowns(self, tiny_kernel_us: float) -> list[GpuBreakdown | None]:
+        return [self.columns.breakdown(ix, tiny_kernel_us) for ix in self.step_events]
+
+    def set_exposure(self, collectives: list[Collective]) -> None:
+        set_exposure(collectives, self.columns.merged(COMP_BIT))
+
+    def exposed_per_step(self) -> list[tuple[int, list[iv.Interval]]]:
+        out = []
+        for step, ix in zip(self.trace.steps, self.step_events):
+            bits, starts, ends = self.columns.bits[ix], self.columns.starts[ix], self.columns.ends[ix]
+            comm_m = as_list(merge(starts[bits == COMM_BIT], ends[bits == COMM_BIT]))
+            comp_m = as_list(merge(starts[bits == COMP_BIT], ends[bits == COMP_BIT]))
+            out.append((step.number, iv.subtract(comm_m, comp_m)))
+        return out
+
+    def totals(self, options: Any) -> tuple[GpuBreakdown | None, dict[str, float], dict[str, int], list[KernelStat]]:
+        columns = self.columns
+        total = columns.breakdown(columns.hta_selection(self.trace, self.issued), options.tiny_kernel_us)
+        return (total, *kernel_stats(columns.starts, columns.ends, self.trace.gpu.name, options.top_kernels))
+
+    def busy(self) -> list[iv.Interval]:
+        ours = [i for indices in self.own_steps for i in indices]
+        if not ours:
+            return as_list(merge(self.columns.starts, self.columns.ends))
+        keep = np.ones(len(self.columns.starts), dtype=bool)
+        keep[ours] = False
+        return as_list(merge(self.columns.starts[keep], self.columns.ends[keep]))

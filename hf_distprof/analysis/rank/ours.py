@@ -11,7 +11,6 @@ inside one. :mod:`hf_distprof.analysis.rank.analyze` leaves them out of the user
 from __future__ import annotations
 
 from bisect import bisect_right
-from typing import Any
 
 from hf_distprof.analysis.rank import intervals as iv
 from hf_distprof.analysis.rank.cpu import OURS_PREFIX, main_thread_ranges
@@ -87,21 +86,3 @@ def own_kernels(
         kept.append([i for i, m in zip(indices, flags) if not m])
         mine.append([i for i, m in zip(indices, flags) if m])
     return kept, mine
-
-
-def own_kernels_fast(
-    columns: Any, step_events: list[Any], issued: Any, own: list[iv.Interval]
-) -> tuple[list[Any], list[list[int]]]:
-    """:func:`own_kernels` on the int64 columns (:class:`~hf_distprof.analysis.rank.fast.GpuColumns`): ``step_events``
-    as index arrays, ``issued`` each event's launch (else its start)."""
-    import numpy as np  # in the worker only (see hf_distprof.analysis.rank.analyze.analyze_rank)
-
-    from hf_distprof.analysis.rank import fast
-
-    starts = np.array([s for s, _ in own])
-    ends = np.array([e for _, e in own])
-    k = np.searchsorted(starts, issued, side="right") - 1
-    mine = (k >= 0) & (issued <= ends[np.maximum(k, 0)]) & (columns.bits == fast.COMM_BIT)
-    if not mine.any():
-        return step_events, [[] for _ in step_events]
-    return [ix[~mine[ix]] for ix in step_events], [ix[mine[ix]].tolist() for ix in step_events]

@@ -4,22 +4,12 @@ slow-rank verdict over the untraced steps, as the run wrote them at train end.""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hf_distprof.analysis.results.timer import TimingSummary
 from hf_distprof.core import names
 from hf_distprof.core.stats import finite
-
-
-@dataclass
-class TimingSummary:
-    """What the analysis takes from the ``timing_summary.json`` files in the traces' folders."""
-
-    profiler_slowdown: dict[str, Any] | None = None
-    """The first folder's ``profiler_slowdown`` whose fields the analysis reads all have their types; None without."""
-    imbalance_verdict: dict[str, Any] | None = None
-    """The first folder's ``imbalance_verdict`` (the step timer's slow-rank verdict); None without."""
 
 
 def read_timing_summary(files: list[str]) -> TimingSummary:

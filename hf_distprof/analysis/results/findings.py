@@ -1,21 +1,56 @@
 """What the judge stage yields (plain data): findings, and the questions the run could not decide.
 
-Every renderer (the text, the box, the report, ``--json``) shows these fields as they are: none of them reads a
-finding's sentences to find its verdict, its rank or its phase.
+The judge decides (:mod:`hf_distprof.analysis.judge`): a :class:`Judgement` holds what was found, about whom, how
+sure, on what evidence, and the facts its words are written from (one ``*Facts`` dataclass per kind,
+:mod:`hf_distprof.analysis.results.facts`). The tell stage writes the words once, last
+(:mod:`hf_distprof.analysis.tell.findings`): a :class:`Finding` is a judgement with them. Every renderer (the text,
+the box, the report, ``--json``) shows these fields as they are: none of them reads a finding's sentences to find its
+verdict, its rank or its phase.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
 
-TRACE = "trace"
-"""A finding's basis: the traced steps only (the profiler window)."""
-TRACE_AND_TIMER = "trace + step timer"
-"""The traced steps weighed with the step timer's records of the run's other steps."""
-REPLAY = "replay"
-"""The what-if model: the traced steps replayed across ranks."""
-STEP_TIMER = "step timer"
-"""The step timer's records of the run's steps (the profiler's slowdown)."""
+
+class Basis(str, Enum):
+    """The evidence a finding, or a slow-rank verdict, rests on. Its value is what ``--json`` shows."""
+
+    TRACE = "trace"
+    """The traced steps only (the profiler window)."""
+    TRACE_AND_TIMER = "trace + step timer"
+    """The traced steps weighed with the step timer's records of the run's other steps."""
+    REPLAY = "replay"
+    """The what-if model: the traced steps replayed across ranks."""
+    STEP_TIMER = "step timer"
+    """The step timer's records of the run's steps (the profiler's slowdown; a slow-rank verdict the timer decided
+    over the run, the traced window one more sample)."""
+
+
+TRACE, TRACE_AND_TIMER, REPLAY, STEP_TIMER = Basis.TRACE, Basis.TRACE_AND_TIMER, Basis.REPLAY, Basis.STEP_TIMER
+
+
+@dataclass
+class Judgement:
+    """One finding as the judge decided it, before its words are written (:func:`hf_distprof.analysis.tell.findings.
+    write`)."""
+
+    kind: str
+    """What was found: ``slow_rank``, ``straggler``, ``imbalance``, ``communication_bound``, ``data_loading_bound``,
+    ``what_to_fix_first`` ... (PROFILING_GUIDE.md lists them)."""
+    severity: float
+    """Rough % of step time at stake; findings are ordered by it (:func:`hf_distprof.analysis.judge.findings.
+    in_order`)."""
+    ranks: list[int]
+    facts: Any
+    """The kind's facts (:mod:`hf_distprof.analysis.results.facts`): every figure its words state."""
+    numbers: dict[str, float] = field(default_factory=dict)
+    confidence: float | None = None
+    phase: str | None = None
+    basis: Basis = TRACE
+    steps: int | None = None
 
 
 @dataclass
@@ -32,8 +67,9 @@ class Finding:
     ranks: list[int]
     """The ranks it names (empty: the run as a whole)."""
     evidence: str
-    """The full account: every number the verdict rests on, in sentences."""
+    """The full account: :attr:`why`, then every other number the verdict rests on."""
     recommendation: str
+    """:attr:`action`, then the rest of what to try."""
     numbers: dict[str, float] = field(default_factory=dict)
     confidence: float | None = None
     """How sure: 1 - p of the arrival-order test for rank findings, the share of steps above the threshold
@@ -42,11 +78,12 @@ class Finding:
     """The part of the step it is about: ``data``, ``forward``, ``backward``, ``optimizer``, ``compute`` (on the
     device), ``communication``, ``memory``, ``profiler``; None when it is about the whole step."""
     why: str = ""
-    """One sentence: the measurement that makes it a finding (what the box shows under "Why")."""
+    """One sentence: the measurement that makes it a finding (what the box shows under "Why"; ``evidence`` starts
+    with it)."""
     action: str = ""
-    """One sentence: the first thing to try (what the box shows under "Try"); ``recommendation`` has the rest."""
-    basis: str = TRACE
-    """The evidence it rests on: :data:`TRACE`, :data:`TRACE_AND_TIMER`, :data:`REPLAY` or :data:`STEP_TIMER`."""
+    """One sentence: the first thing to try (what the box shows under "Try"; ``recommendation`` starts with it)."""
+    basis: Basis = TRACE
+    """The evidence it rests on (:class:`Basis`)."""
     steps: int | None = None
     """How many steps were judged (None where no per-step test decides it)."""
 
@@ -65,8 +102,8 @@ class Undecided:
     """What would decide it (trace more steps, keep the step timer on ...); empty when nothing more would."""
     ranks: list[int] = field(default_factory=list)
     """The candidate rank, when there is one."""
-    basis: str = TRACE
-    """The evidence that was weighed (:data:`TRACE`, :data:`TRACE_AND_TIMER` ...)."""
+    basis: Basis = TRACE
+    """The evidence that was weighed (:class:`Basis`)."""
     steps: int | None = None
     """How many steps were judged."""
 
@@ -89,4 +126,4 @@ class WindowNote:
     untraced_step_ms: float | None = None
     """The median untraced step the window is compared with."""
     text: str = ""
-    """All of it in one sentence, as the text output shows it."""
+    """All of it in one sentence, as the text output shows it (:mod:`hf_distprof.analysis.tell.findings`)."""

@@ -339,16 +339,9 @@ class RankResult:
     """Memory per device, from ``[memory]`` events (``profile_memory``); empty without them."""
     peer_waits: list[PeerWait] = field(default_factory=list)
     """Who this rank waits for, at which kind of collective, for how long (set across ranks, once the ranks are
-    aligned: :func:`hf_distprof.analysis.across.comm.waits_for_peers`); empty with one rank."""
+    aligned: :func:`hf_distprof.analysis.across.comm.rank_waits`); empty with one rank."""
     timeline: RankTimeline | None = None
     """The what-if model's points (:mod:`hf_distprof.analysis.rank.timeline`); not in ``to_dict``."""
-
-    def waits_by_peer(self) -> dict[int, dict[str, float]]:
-        """:attr:`peer_waits` as peer -> kind -> % of the step."""
-        out: dict[int, dict[str, float]] = {}
-        for w in self.peer_waits:
-            out.setdefault(w.peer, {})[w.kind] = w.pct
-        return out
 
     @property
     def mean_step_us(self) -> float:

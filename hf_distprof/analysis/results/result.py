@@ -10,7 +10,14 @@ from typing import Any
 import orjson
 
 from hf_distprof.analysis.options import AnalysisOptions
-from hf_distprof.analysis.results.across import Alignment, BandwidthStat, BandwidthVsReference, CrossRankResult
+from hf_distprof.analysis.results.across import (
+    Alignment,
+    BandwidthStat,
+    BandwidthVsReference,
+    CrossRankResult,
+    LatePeer,
+    ReferenceTotals,
+)
 from hf_distprof.analysis.results.findings import Finding, Undecided, WindowNote
 from hf_distprof.analysis.results.rank import CommKindStat, FileError, ModuleCommStat, RankResult
 from hf_distprof.analysis.results.run import RunSummary
@@ -61,6 +68,12 @@ class AnalysisResult:
     alignment: Alignment | None = None
     """The ranks on one clock (matched collectives, clock offsets, arrivals), as the cross-rank stages used it; not in
     ``to_dict`` (its figures are each rank's ``clock_offset_us`` and ``matched_collectives``). ``merge`` reuses it."""
+    late_peers: dict[int, list[LatePeer]] = field(default_factory=dict)
+    """Waiting rank -> the peers it waits for, longest first; not in ``to_dict`` (each rank's ``peer_waits`` are)."""
+    reference_totals: ReferenceTotals | None = None
+    """The ``bandwidth_reference`` rows added up per rank; not in ``to_dict``."""
+    common_steps: list[int] = field(default_factory=list)
+    """The steps every rank traced, in order; not in ``to_dict``."""
 
     @property
     def exposed_comm_pct(self) -> float:
@@ -75,7 +88,8 @@ class AnalysisResult:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict, with the headline numbers and per-rank derived values included."""
         out = _asdict(self)
-        out.pop("alignment")
+        for name in _NOT_IN_JSON:
+            out.pop(name)
         out["exposed_comm_pct"] = self.exposed_comm_pct
         out["imbalance_pct"] = self.imbalance_pct
         for rank_out, rank in zip(out["ranks"], self.ranks):
@@ -97,6 +111,7 @@ class AnalysisResult:
         return orjson.dumps(self.to_dict(), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
 
 _ATOMS = frozenset({str, int, float, bool, type(None)})
+_NOT_IN_JSON = ("alignment", "late_peers", "reference_totals", "common_steps")
 
 def _asdict(obj: Any) -> Any:
     """``dataclasses.asdict(obj)``, the same dict, without copying each rank's collectives and timeline
@@ -106,7 +121,7 @@ def _asdict(obj: Any) -> Any:
     if kind in _ATOMS:
         return obj
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        skip = ("collectives", "timeline") if kind is RankResult else ("alignment",) if kind is AnalysisResult else ()
+        skip = ("collectives", "timeline") if kind is RankResult else _NOT_IN_JSON if kind is AnalysisResult else ()
         return {
             f.name: [] if f.name in skip else _asdict(getattr(obj, f.name))
             for f in dataclasses.fields(obj)

@@ -1,9 +1,13 @@
-"""The run manifest's account of a run, as ``analyze`` reports it (plain data)."""
+"""The run as read from disk besides the traces' events (plain data): the files found, the step timer's records
+and summary, and the run manifest's account (hosts, windows, what is missing), as ``analyze`` reports it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from hf_distprof.analysis.results.rank import FileError
+from hf_distprof.analysis.results.timer import TimerRecords, TimingSummary
 
 
 @dataclass
@@ -49,3 +53,20 @@ class RunSummary:
     def clock_offsets_us(self) -> dict[int, float]:
         """Measured offsets by rank (ranks without a measurement left out)."""
         return {c.rank: c.offset_us for c in self.clocks if c.offset_us is not None}
+
+
+@dataclass
+class RunInput:
+    """Everything ``analyze`` reads from disk but the traces' events, read once, first
+    (:func:`hf_distprof.analysis.read.run.read_run`); the traces themselves are read in the workers, one per rank."""
+
+    files: list[str]
+    """The trace files, in the order found."""
+    records: TimerRecords
+    """The step timer's per-step records beside the traces (empty without any)."""
+    summary: TimingSummary
+    """The step timer's ``timing_summary.json`` beside the traces."""
+    run: RunSummary | None
+    """The run manifest's account; None without a manifest."""
+    errors: list[FileError] = field(default_factory=list)
+    """Manifests that could not be read."""

@@ -30,9 +30,10 @@ class WhatIfScenario:
     steps' (each the scaled median absolute deviation of the step times over the steps). Each inflates on its own
     side: a rank slow in every other step makes the measured times bimodal, which is what the scenario removes; a
     rank given its peers' work step by step takes on their variation. None with one traced step."""
-    beyond_noise: bool
-    """Whether the saving is larger than both the error bar and ``noise_ms`` (never with one traced step, whose
-    noise is unknown)."""
+    beyond_noise: bool = False
+    """Whether the saving that counts (:attr:`counted_pct`) is larger than both the error bar and ``noise_ms`` (never
+    with one traced step, whose noise is unknown), and on a rank's pace only when the slow-rank verdict calls that
+    rank's excess real: the judge's decision (:func:`hf_distprof.analysis.judge.whatif.judge_scenarios`)."""
     saving_pct_per_step: list[float] = field(default_factory=list)
     """The saving in each traced step (its replayed step time against the scenario's), in %."""
     run_saving_pct: float | None = None
@@ -44,7 +45,8 @@ class WhatIfScenario:
 
     @property
     def counted_pct(self) -> float:
-        """The saving that counts: ``saving_pct``, or the run's figure when it is smaller."""
+        """The saving that counts: ``saving_pct``, or the run's figure when it is smaller (the one place it is
+        computed)."""
         return self.saving_pct if self.run_saving_pct is None else min(self.saving_pct, self.run_saving_pct)
 
 @dataclass
@@ -86,7 +88,8 @@ class WhatIfModel:
     rank_saving_real: bool = True
     """Whether a saving on one rank's pace (``slow_rank``, ``fastest_pace``) may count: the verdict engine calls that
     rank's excess real over the run (the step timer's records), or, without them, the traced window's verdict is
-    raised for it. When False those scenarios are never beyond the noise, whatever their saving."""
+    raised for it. When False those scenarios are never beyond the noise, whatever their saving. The judge's
+    decision (:func:`hf_distprof.analysis.judge.whatif.judge_scenarios`)."""
     ranks: list[ReplayedRank] = field(default_factory=list)
     lanes: list[dict[str, Any]] = field(default_factory=list)
     """The median step as replayed, for the figure: ``{rank, start_ms, end_ms, name}`` (a phase, "waiting", or

@@ -1,21 +1,38 @@
-"""Report writer: an :class:`AnalysisResult` -> a folder with Markdown, self-contained HTML, PNGs, JSON."""
+"""Report writer: an :class:`AnalysisResult` -> a folder with Markdown, self-contained HTML, PNGs, JSON.
+
+The report is built once as blocks (:mod:`hf_distprof.analysis.tell.document`) and written as Markdown and as HTML
+from them; every figure shares one tail (:func:`hf_distprof.analysis.tell.plot.save`)."""
 
 from __future__ import annotations
 
-import base64
-import html
 import os
 from pathlib import Path
 
 from hf_distprof.analysis.results.result import AnalysisResult
 from hf_distprof.analysis.tell.box import format_box
+from hf_distprof.analysis.tell.document import (
+    Blank,
+    Block,
+    Bullet,
+    Heading,
+    Image,
+    Lines,
+    Numbered,
+    Pre,
+    Table,
+    para,
+    plain,
+    to_html,
+    to_markdown,
+)
+from hf_distprof.analysis.tell.plot import pyplot, save
 from hf_distprof.analysis.tell.run import format_run
 from hf_distprof.analysis.tell.text import format_gbps, format_summary, missing_sizes_note, reference_lines
-from hf_distprof.analysis.tell.whatif import CRITICAL_PATH_PNG, plot_critical_path, what_if_markdown
+from hf_distprof.analysis.tell.whatif import CRITICAL_PATH_PNG, plot_critical_path, what_if_blocks
 from hf_distprof.core import names
 from hf_distprof.core.files import atomic_path, atomic_write_text
 from hf_distprof.core.stats import mean
-from hf_distprof.core.text import format_bytes, markdown_table
+from hf_distprof.core.text import format_bytes
 
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
@@ -26,15 +43,6 @@ PHASES_PNG = "phases_per_step.png"
 LATENESS_PNG = "lateness_per_step.png"
 COMM_PNG = "communication_by_kind.png"
 MEMORY_PNG = "memory_over_time.png"  # only when the traces hold [memory] events
-
-
-def _pyplot():  # type: ignore[no-untyped-def]
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display: the report is written on headless hosts too
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _heatmap(ax, rows: list[list[float]], ranks: list[int], steps: list[int], title: str, unit: str) -> None:  # type: ignore[no-untyped-def]
@@ -52,15 +60,10 @@ def _heatmap(ax, rows: list[list[float]], ranks: list[int], steps: list[int], ti
     ax.figure.colorbar(image, ax=ax, label=unit)
 
 
-def _common_steps(result: AnalysisResult) -> list[int]:
-    steps = [set(s.step for s in r.steps) for r in result.ranks]
-    return sorted(set.intersection(*steps)) if steps else []
-
-
 def _phases_plot(result: AnalysisResult, out: Path) -> None:
     """Per rank and step: each phase's share of the step, one heatmap per phase."""
-    plt = _pyplot()
-    steps = _common_steps(result)
+    plt = pyplot()
+    steps = result.common_steps
     ranks = [r.rank for r in result.ranks]
     gpu = any(r.device == "gpu" for r in result.ranks)
     if gpu:
@@ -82,14 +85,12 @@ def _phases_plot(result: AnalysisResult, out: Path) -> None:
             by_step = {s.step: s for s in r.steps}
             rows.append([value(by_step[step]) for step in steps])
         _heatmap(ax, rows, ranks, steps, f"{name} (% of step)", "%")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save(fig, out)
 
 
 def _lateness_plot(result: AnalysisResult, out: Path) -> None:
     """Per rank and step: how late the rank reached that step's collectives (the straggler evidence)."""
-    plt = _pyplot()
+    plt = pyplot()
     cross = result.cross_rank
     fig, ax = plt.subplots(figsize=(7, max(3.0, 0.25 * len(result.ranks) + 2)))
     steps = sorted({s for p in cross.per_rank for s in p.lateness_steps}) if cross else []
@@ -102,14 +103,12 @@ def _lateness_plot(result: AnalysisResult, out: Path) -> None:
     else:
         ax.text(0.5, 0.5, "no collective matched across ranks", ha="center", va="center")
         ax.set_axis_off()
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save(fig, out)
 
 
 def _comm_plot(result: AnalysisResult, out: Path) -> None:
     """Communication per collective kind, per step: exposed and hidden time (mean over ranks)."""
-    plt = _pyplot()
+    plt = pyplot()
     rows = result.comm_by_kind
     fig, ax = plt.subplots(figsize=(6, 3.5))
     if rows:
@@ -124,13 +123,11 @@ def _comm_plot(result: AnalysisResult, out: Path) -> None:
         ax.text(0.5, 0.5, "no collective in the traces", ha="center", va="center")
         ax.set_axis_off()
     ax.set_title("Communication by collective kind")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save(fig, out)
 
 
 def _breakdown_plot(result: AnalysisResult, out: Path) -> None:
-    plt = _pyplot()
+    plt = pyplot()
 
     gpu = any(r.device == "gpu" for r in result.ranks)
     labels = [f"r{r.rank}" for r in result.ranks]
@@ -165,15 +162,13 @@ def _breakdown_plot(result: AnalysisResult, out: Path) -> None:
     ax.set_ylim(0, 100)
     ax.set_title(title)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save(fig, out)
 
 
 def _steps_plot(result: AnalysisResult, out: Path) -> None:
     from matplotlib.ticker import MaxNLocator
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for r in result.ranks:
         ax.plot(
@@ -188,14 +183,12 @@ def _steps_plot(result: AnalysisResult, out: Path) -> None:
     ax.set_title("Step duration per rank")
     if len(result.ranks) <= 16:
         ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save(fig, out)
 
 
 def _memory_plot(result: AnalysisResult, out: Path) -> None:
     """Allocated memory over the traced steps, one line per rank, one panel per device type."""
-    plt = _pyplot()
+    plt = pyplot()
     kinds = sorted({d.kind for r in result.ranks for d in r.memory}, key=lambda k: (k != "cpu", k))
     fig, axes = plt.subplots(len(kinds), 1, figsize=(8, 3.5 * len(kinds)), squeeze=False)
     for ax, kind in zip(axes[:, 0], kinds):
@@ -210,200 +203,126 @@ def _memory_plot(result: AnalysisResult, out: Path) -> None:
         ax.set_title(f"{kind} memory allocated ([memory] events)")
         if len(result.ranks) <= 16:
             ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save(fig, out)
 
 
 def _has_memory(result: AnalysisResult) -> bool:
     return any(r.memory for r in result.ranks)
 
 
-def _markdown(result: AnalysisResult) -> str:
-    lines = [
-        "# hf-distprof trace analysis",
-        "",
-        f"**Exposed communication:** {result.exposed_comm_pct:.1f}% of step time  ",
-        f"**Load imbalance:** {result.imbalance_pct:.1f}%  ",
-        f"**Ranks analysed:** {len(result.ranks)}; files skipped: {len(result.errors)}",
-        "",
-        "```",
-        format_box(result),
-        "```",
-        "",
-        *_run_markdown(result),
-        "## Findings",
-        "",
+def _document(result: AnalysisResult, images: list[str]) -> list[Block]:
+    """The report, block by block (``images``: the figures written)."""
+    def figure(name: str, alt: str) -> list[Block]:
+        return [Image(name, alt), Blank()] if name in images else [Blank()]
+
+    blocks: list[Block] = [
+        Heading(1, "hf-distprof trace analysis"),
+        Blank(),
+        Lines([[("b", "Exposed communication:"), ("", f" {result.exposed_comm_pct:.1f}% of step time")],
+               [("b", "Load imbalance:"), ("", f" {result.imbalance_pct:.1f}%")],
+               [("b", "Ranks analysed:"), ("", f" {len(result.ranks)}; files skipped: {len(result.errors)}")]]),
+        Blank(),
+        Pre(format_box(result)),
+        Blank(),
+        *_run_blocks(result),
+        Heading(2, "Findings"),
+        Blank(),
     ]
     if not result.findings:
-        lines.append("No finding: no threshold crossed beyond the run's own noise.")
+        blocks.append(para("No finding: no threshold crossed beyond the run's own noise."))
     for i, f in enumerate(result.findings, 1):
         who = f" (ranks {', '.join(map(str, f.ranks))})" if f.ranks else ""
         sure = f", confidence {f.confidence:.2f}" if f.confidence is not None else ""
-        lines += [
-            f"{i}. **{f.title}**{who}{sure}",
-            f"   - Evidence: {f.evidence}",
-            f"   - Recommendation: {f.recommendation}",
-        ]
-    lines += [f"- Not enough evidence, no verdict: {u.question}: {u.reason}" for u in result.undecided]
-    lines += [f"- {note.text}" for note in result.window_notes]
-    lines += what_if_markdown(result, with_figure=bool(result.critical_path))
-    lines += _comm_markdown(result)
-    lines += _bandwidth_markdown(result)
+        blocks.append(Numbered(i, [("b", f.title), ("", who + sure)],
+                               [plain(f"Evidence: {f.evidence}"), plain(f"Recommendation: {f.recommendation}")]))
+    blocks += [Bullet(plain(f"Not enough evidence, no verdict: {u.question}: {u.reason}")) for u in result.undecided]
+    blocks += [Bullet(plain(note.text)) for note in result.window_notes]
+    blocks += what_if_blocks(result, with_figure=CRITICAL_PATH_PNG in images)
+    blocks += _comm_blocks(result)
+    blocks += _bandwidth_blocks(result)
     if result.errors:
-        lines += ["", "## Skipped files", ""] + [f"- `{e.path}`: {e.reason}" for e in result.errors]
-    lines += [
-        "",
-        "## Plots",
-        "",
-        f"![per-rank breakdown]({BREAKDOWN_PNG})",
-        "",
-        f"![step durations]({STEPS_PNG})",
-        "",
-        f"![phases per rank and step]({PHASES_PNG})",
-        "",
-        f"![lateness per rank and step]({LATENESS_PNG})",
-        "",
-        f"![communication by kind]({COMM_PNG})",
-        "",
-        *([f"![memory over time]({MEMORY_PNG})", ""] if _has_memory(result) else []),
-        "## Details",
-        "",
-        "```",
-        format_summary(result),
-        "```",
-        "",
-    ]
-    return "\n".join(lines)
+        blocks += [Blank(), Heading(2, "Skipped files"), Blank()]
+        blocks += [Bullet([("code", e.path), ("", f": {e.reason}")]) for e in result.errors]
+    blocks += [Blank(), Heading(2, "Plots"), Blank(),
+               *figure(BREAKDOWN_PNG, "per-rank breakdown"), *figure(STEPS_PNG, "step durations"),
+               *figure(PHASES_PNG, "phases per rank and step"), *figure(LATENESS_PNG, "lateness per rank and step"),
+               *figure(COMM_PNG, "communication by kind")]
+    if _has_memory(result):
+        blocks += figure(MEMORY_PNG, "memory over time")
+    return [*blocks, Heading(2, "Details"), Blank(), Pre(format_summary(result)), Blank()]
 
 
-def _run_markdown(result: AnalysisResult) -> list[str]:
+def _run_blocks(result: AnalysisResult) -> list[Block]:
     """The run manifest's section: hosts, each window and why it was taken, files listed but missing."""
     if result.run is None:
         return []
     head, *rest = format_run(result.run)
-    missing = [f"- Missing: {text}" for text in result.run.missing_files]
-    return ["## Run", "", head, "", *[f"- {line.strip()}" for line in rest], *missing, ""]
+    return [Heading(2, "Run"), Blank(), para(head), Blank(), *[Bullet(plain(line.strip())) for line in rest],
+            *[Bullet(plain(f"Missing: {text}")) for text in result.run.missing_files], Blank()]
 
 
-def _comm_markdown(result: AnalysisResult) -> list[str]:
-    """The per-kind communication table (mean over ranks) and the FSDP unit table, as Markdown."""
+def _comm_blocks(result: AnalysisResult) -> list[Block]:
+    """The per-kind communication table (mean over ranks) and the FSDP unit table."""
     if not result.comm_by_kind:
         return []
-    lines = [
-        "",
-        "## Communication by collective kind",
-        "",
-        "Per step, mean over ranks. Busy: the union of the collectives' spans. Exposed: not hidden behind "
-        "computation (GPU: no computation kernel runs; CPU: the training thread waits), each moment counted once, "
-        "so the rows add up to the headline's exposed communication. Late-peer wait: of the exposed time, waiting for "
-        "the last rank to reach the same collective; the rest is the collective itself. % of step: "
-        "of the step's wall time (GPU: its GPU span), mean over steps. Forward/backward: issued in FSDP's forward "
-        "or backward.",
-        "",
-    ]
     fsdp = bool(result.comm_by_module)  # FSDP's forward/backward columns only where FSDP issued collectives
-    lines += markdown_table(
-        ["kind", "calls", "busy ms", "exposed ms", "late-peer wait ms", "exposed % of step", "late-peer wait % of step",
-         "hidden % of busy"] + (["forward exposed ms", "backward exposed ms"] if fsdp else []),
-        ([f"{row.kind} ({', '.join(row.kinds)})", f"{row.count_per_step:.1f}", f"{row.time_us / 1e3:.2f}",
-          f"{row.exposed_us / 1e3:.2f}", f"{row.wait_us / 1e3:.2f}", f"{row.exposed_pct:.1f}", f"{row.wait_pct:.1f}",
-          "-" if row.overlap_pct is None else f"{row.overlap_pct:.1f}"]
-         + ([f"{row.forward_exposed_us / 1e3:.2f}", f"{row.backward_exposed_us / 1e3:.2f}"] if fsdp else [])
-         for row in result.comm_by_kind),
-    )
+    blocks: list[Block] = [
+        Blank(),
+        Heading(2, "Communication by collective kind"),
+        Blank(),
+        para("Per step, mean over ranks. Busy: the union of the collectives' spans. Exposed: not hidden behind "
+             "computation (GPU: no computation kernel runs; CPU: the training thread waits), each moment counted once, "
+             "so the rows add up to the headline's exposed communication. Late-peer wait: of the exposed time, waiting "
+             "for the last rank to reach the same collective; the rest is the collective itself. % of step: "
+             "of the step's wall time (GPU: its GPU span), mean over steps. Forward/backward: issued in FSDP's forward "
+             "or backward."),
+        Blank(),
+        Table(["kind", "calls", "busy ms", "exposed ms", "late-peer wait ms", "exposed % of step",
+               "late-peer wait % of step", "hidden % of busy"]
+              + (["forward exposed ms", "backward exposed ms"] if fsdp else []),
+              [[f"{row.kind} ({', '.join(row.kinds)})", f"{row.count_per_step:.1f}", f"{row.time_us / 1e3:.2f}",
+                f"{row.exposed_us / 1e3:.2f}", f"{row.wait_us / 1e3:.2f}", f"{row.exposed_pct:.1f}",
+                f"{row.wait_pct:.1f}", "-" if row.overlap_pct is None else f"{row.overlap_pct:.1f}"]
+               + ([f"{row.forward_exposed_us / 1e3:.2f}", f"{row.backward_exposed_us / 1e3:.2f}"] if fsdp else [])
+               for row in result.comm_by_kind]),
+    ]
     if result.comm_by_module:
-        lines += ["", "### FSDP collectives per unit", ""]
-        lines += markdown_table(
-            ["unit", "kind", "phase", "calls", "time ms", "exposed ms"],
-            ([unit.module or "(root)", unit.kind, unit.phase or "-", f"{unit.count_per_step:.1f}",
-              f"{unit.time_us / 1e3:.2f}", f"{unit.exposed_us / 1e3:.2f}"] for unit in result.comm_by_module),
-        )
-    return lines
+        blocks += [Blank(), Heading(3, "FSDP collectives per unit"), Blank(),
+                   Table(["unit", "kind", "phase", "calls", "time ms", "exposed ms"],
+                         [[unit.module or "(root)", unit.kind, unit.phase or "-", f"{unit.count_per_step:.1f}",
+                           f"{unit.time_us / 1e3:.2f}", f"{unit.exposed_us / 1e3:.2f}"]
+                          for unit in result.comm_by_module])]
+    return blocks
 
 
-def _bandwidth_markdown(result: AnalysisResult) -> list[str]:
-    """The collective bandwidth table as Markdown, or the note saying how to get sizes."""
+def _bandwidth_blocks(result: AnalysisResult) -> list[Block]:
+    """The collective bandwidth table, or the note saying how to get sizes."""
     note = missing_sizes_note(result)
     if not result.bandwidth and not note:
         return []
-    lines = ["", "## Collective bandwidth", ""]
+    blocks: list[Block] = [Blank(), Heading(2, "Collective bandwidth"), Blank()]
     if result.bandwidth:
-        lines += [
-            "GB/s, nccl-tests' definitions (algbw = size / time, busbw = algbw x 2(n-1)/n for all_reduce, "
-            "(n-1)/n for all_gather, reduce_scatter and all_to_all, 1 otherwise). Calls and time per rank. "
-            "Late-peer wait: the part of the time spent waiting for the last rank to arrive; transfer bandwidths "
-            "divide by the rest, the time data was moving.",
-            "",
+        blocks += [
+            para("GB/s, nccl-tests' definitions (algbw = size / time, busbw = algbw x 2(n-1)/n for all_reduce, "
+                 "(n-1)/n for all_gather, reduce_scatter and all_to_all, 1 otherwise). Calls and time per rank. "
+                 "Late-peer wait: the part of the time spent waiting for the last rank to arrive; transfer bandwidths "
+                 "divide by the rest, the time data was moving."),
+            Blank(),
+            Table(["kind", "n", "size", "calls", "mean size", "time ms", "algbw", "busbw", "late-peer wait % of time",
+                   "transfer algbw", "transfer busbw"],
+                  [[row.kind, str(row.group_size or "-"), row.bucket, f"{row.count_per_rank:.1f}",
+                    format_bytes(row.mean_bytes), f"{row.time_us / 1e3:.2f}", format_gbps(row.algbw_gbps),
+                    format_gbps(row.busbw_gbps), "-" if row.wait_pct is None else f"{row.wait_pct:.1f}",
+                    format_gbps(row.transfer_algbw_gbps), format_gbps(row.transfer_busbw_gbps)]
+                   for row in result.bandwidth]),
         ]
-        lines += markdown_table(
-            ["kind", "n", "size", "calls", "mean size", "time ms", "algbw", "busbw", "late-peer wait % of time",
-             "transfer algbw", "transfer busbw"],
-            ([row.kind, str(row.group_size or "-"), row.bucket, f"{row.count_per_rank:.1f}",
-              format_bytes(row.mean_bytes), f"{row.time_us / 1e3:.2f}", format_gbps(row.algbw_gbps),
-              format_gbps(row.busbw_gbps), "-" if row.wait_pct is None else f"{row.wait_pct:.1f}",
-              format_gbps(row.transfer_algbw_gbps), format_gbps(row.transfer_busbw_gbps)] for row in result.bandwidth),
-        )
     if note:
-        lines += ["", note] if result.bandwidth else [note]
+        blocks += [Blank(), para(note)] if result.bandwidth else [para(note)]
     reference = reference_lines(result)
     if reference:
-        lines += ["", "### Against the reference bandwidth (`--bandwidth-ref`)", "", "```", *reference, "```"]
-    return lines
-
-
-def _html(markdown_text: str, images: dict[str, Path]) -> str:
-    # A minimal Markdown-to-HTML pass for the few constructs _markdown emits, so no extra dependency.
-    body: list[str] = []
-    in_pre = False
-    in_table = False
-    for line in markdown_text.splitlines():
-        if in_table and not line.startswith("|"):
-            body.append("</table>")
-            in_table = False
-        if line.startswith("|") and not in_pre:
-            cells = [html.escape(c.strip()) for c in line.strip("|").split("|")]
-            if all(set(c) <= {"-"} for c in cells):
-                continue  # the header separator
-            tag = "td" if in_table else "th"
-            if not in_table:
-                body.append("<table>")
-                in_table = True
-            body.append("<tr>" + "".join(f"<{tag}>{c}</{tag}>" for c in cells) + "</tr>")
-            continue
-        if line.startswith("```"):
-            body.append("</pre>" if in_pre else "<pre>")
-            in_pre = not in_pre
-            continue
-        if in_pre:
-            body.append(html.escape(line))
-            continue
-        if line.startswith("!["):
-            name = line[line.index("(") + 1 : line.rindex(")")]
-            data = base64.b64encode(images[name].read_bytes()).decode()
-            body.append(f'<p><img alt="{html.escape(name)}" src="data:image/png;base64,{data}"></p>')
-        elif line.startswith("# "):
-            body.append(f"<h1>{html.escape(line[2:])}</h1>")
-        elif line.startswith("## "):
-            body.append(f"<h2>{html.escape(line[3:])}</h2>")
-        elif line.startswith("### "):
-            body.append(f"<h3>{html.escape(line[4:])}</h3>")
-        elif line.strip():
-            text = html.escape(line.strip())
-            for marker, tag in (("**", "b"), ("`", "code")):
-                while text.count(marker) >= 2:
-                    text = text.replace(marker, f"<{tag}>", 1).replace(marker, f"</{tag}>", 1)
-            body.append(f"<p>{text}</p>")
-    if in_table:
-        body.append("</table>")
-    return (
-        "<!doctype html><html><head><meta charset='utf-8'><title>hf-distprof trace analysis</title>"
-        "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}pre{background:#f4f4f4;"
-        "padding:1em;overflow-x:auto;font-size:12px}img{max-width:100%}table{border-collapse:collapse;"
-        "font-size:13px}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}</style></head><body>"
-        + "\n".join(body)
-        + "</body></html>"
-    )
+        blocks += [Blank(), Heading(3, "Against the reference bandwidth (`--bandwidth-ref`)"), Blank(),
+                   Pre("\n".join(reference))]
+    return blocks
 
 
 def write_report(result: AnalysisResult, out_dir: str | os.PathLike[str]) -> Path:
@@ -434,17 +353,13 @@ def write_report(result: AnalysisResult, out_dir: str | os.PathLike[str]) -> Pat
         plots[MEMORY_PNG] = _memory_plot
     if result.critical_path:
         plots[CRITICAL_PATH_PNG] = plot_critical_path
-    images = {name: out / name for name in plots}
-    if result.ranks:
-        for name, plot in plots.items():
-            with atomic_path(images[name], suffix=".png") as tmp:  # matplotlib picks the format by suffix
-                plot(result, tmp)
-    md = _markdown(result)
-    if not result.ranks:
-        for name in plots:
-            md = "\n".join(line for line in md.splitlines() if f"]({name})" not in line)
-    atomic_write_text(out / REPORT_MD, md)
-    atomic_write_text(out / REPORT_HTML, _html(md, images))
+    images = {name: out / name for name in plots} if result.ranks else {}
+    for name, path in images.items():
+        with atomic_path(path, suffix=".png") as tmp:  # matplotlib picks the format by suffix
+            plots[name](result, tmp)
+    blocks = _document(result, list(images))
+    atomic_write_text(out / REPORT_MD, to_markdown(blocks))
+    atomic_write_text(out / REPORT_HTML, to_html(blocks, images, "hf-distprof trace analysis"))
     with atomic_path(out / RESULT_JSON) as tmp:
         tmp.write_bytes(result.to_json())
     return out / REPORT_HTML

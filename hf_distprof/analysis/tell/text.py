@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from hf_distprof.analysis.across.reference import totals
 from hf_distprof.analysis.results.across import BandwidthStat
 from hf_distprof.analysis.results.rank import CommKindStat, DeviceMemory, RankResult
 from hf_distprof.analysis.results.result import AnalysisResult
@@ -122,11 +121,11 @@ def _kind_totals(result: AnalysisResult) -> list[str]:
     sums = ", ".join(f"rank {r.rank} {sum(row.exposed_pct for row in r.comm_by_kind):.1f}%" for r in ranks)
     out = [f"exposed %step per rank (its rows added up; the headline's figure): {sums}"]
     for r in ranks[:KIND_TABLE_MAX_RANKS]:
-        peers = {peer: sum(kinds.values()) for peer, kinds in r.waits_by_peer().items()}
-        shown = sorted((p for p, pct in peers.items() if pct >= 0.05), key=lambda p: (-peers[p], p))
+        peers = result.late_peers.get(r.rank, [])
+        shown = [p for p in peers if p.pct >= 0.05]
         if shown:
-            out.append(f"rank {r.rank}'s late-peer wait: {sum(peers.values()):.1f}% of its step ("
-                       + ", ".join(f"for rank {p} {peers[p]:.1f}%" for p in shown) + ")")
+            out.append(f"rank {r.rank}'s late-peer wait: {sum(p.pct for p in peers):.1f}% of its step ("
+                       + ", ".join(f"for rank {p.peer} {p.pct:.1f}%" for p in shown) + ")")
     return out
 
 
@@ -275,13 +274,14 @@ def reference_lines(result: AnalysisResult) -> list[str]:
             f"{format_gbps(r.ref_busbw_gbps):>9} {format_gbps(r.busbw_gbps):>7} {_ms(r.time_us):>9} "
             f"{_ms(r.at_ref_us):>9} {_ms(r.slow_network_us):>11} {late:>12}"
         )
-    time_us, at_ref, slow, late_total = totals(result.bandwidth_reference)
+    total = result.reference_totals
+    assert total is not None  # set with the rows
     waited = "" if all(r.late_peer_us is None for r in result.bandwidth_reference) else (
-        f"{_ms(late_total)} ms waiting for a late peer; ")
+        f"{_ms(total.late_peer_us)} ms waiting for a late peer; ")
     spent = "of transfers" if waited else "in collectives (waits included: one rank)"
     out.append(
-        f"Per rank: {waited}{_ms(time_us)} ms {spent} would take {_ms(at_ref)} ms at the reference speed: "
-        f"{_ms(slow)} ms lost to a slow network."
+        f"Per rank: {waited}{_ms(total.time_us)} ms {spent} would take {_ms(total.at_ref_us)} ms at the reference "
+        f"speed: {_ms(total.slow_network_us)} ms lost to a slow network."
     )
     return out
 

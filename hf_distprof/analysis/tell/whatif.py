@@ -6,7 +6,8 @@ from pathlib import Path
 
 from hf_distprof.analysis.results.result import AnalysisResult
 from hf_distprof.analysis.results.whatif import WhatIfModel, WhatIfScenario
-from hf_distprof.core.text import markdown_table
+from hf_distprof.analysis.tell.document import Blank, Block, Heading, Image, Table, para
+from hf_distprof.analysis.tell.plot import pyplot, save
 
 CRITICAL_PATH_PNG = "critical_path.png"
 # Links of the critical path listed in the terminal (all of them are in --json and the report).
@@ -81,38 +82,29 @@ def _ranks_in_order(result: AnalysisResult) -> list[str]:
     return out
 
 
-def what_if_markdown(result: AnalysisResult, with_figure: bool) -> list[str]:
+def what_if_blocks(result: AnalysisResult, with_figure: bool) -> list[Block]:
     """The report's "What if" section: the model, the ranked scenarios, the critical path and its figure."""
     model = result.what_if_model
     if model is None:
         return []
-    lines = [
-        "",
-        "## What if",
-        "",
-        f"The {_header(model)}. Each scenario replays the same steps with one change.",
-        "",
-    ]
-    lines += markdown_table(["what if", "step ms", "+- error ms", "noise ms", "change ms", "saving %",
-                             "saving over the run %", "hours per 1,000 steps", "beyond the noise"],
-                            (_row(s) for s in result.what_if))
+    out: list[Block] = [Blank(), Heading(2, "What if"), Blank(),
+                        para(f"The {_header(model)}. Each scenario replays the same steps with one change."), Blank(),
+                        Table(["what if", "step ms", "+- error ms", "noise ms", "change ms", "saving %",
+                               "saving over the run %", "hours per 1,000 steps", "beyond the noise"],
+                              [list(_row(s)) for s in result.what_if])]
     if result.critical_path:
-        lines += ["", f"### Critical path of step {model.median_step} (the median step)", ""]
-        lines += markdown_table(["from ms", "rank", "kind", "name", "ms"],
-                                ([f"{s.start_ms:.2f}", str(s.rank), s.kind, s.name, f"{s.ms:.2f}"]
-                                 for s in result.critical_path))
+        out += [Blank(), Heading(3, f"Critical path of step {model.median_step} (the median step)"), Blank(),
+                Table(["from ms", "rank", "kind", "name", "ms"],
+                      [[f"{s.start_ms:.2f}", str(s.rank), s.kind, s.name, f"{s.ms:.2f}"]
+                       for s in result.critical_path])]
     if with_figure:
-        lines += ["", f"![critical path over the ranks' timelines]({CRITICAL_PATH_PNG})"]
-    return lines
+        out += [Blank(), Image(CRITICAL_PATH_PNG, "critical path over the ranks' timelines")]
+    return out
 
 
 def plot_critical_path(result: AnalysisResult, out: Path) -> None:
     """The median step as replayed, one lane per rank (work by phase, waits, transfers), the critical path over it."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display: the report is written on headless hosts too
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     model = result.what_if_model
     lanes = model.lanes if model is not None else []
     ranks = sorted({lane["rank"] for lane in lanes} | {seg.rank for seg in result.critical_path})
@@ -139,6 +131,4 @@ def plot_critical_path(result: AnalysisResult, out: Path) -> None:
     ax.set_xlabel("ms from the step's start (replayed)")
     step = model.median_step if model is not None else "-"
     ax.set_title(f"Critical path of step {step} over the ranks' timelines")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save(fig, out)

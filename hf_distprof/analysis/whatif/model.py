@@ -23,17 +23,17 @@ from __future__ import annotations
 from collections import Counter
 from statistics import median
 
-from hf_distprof.analysis.results.across import ReferencePoint, RunEvidence
+from hf_distprof.analysis.results.across import Alignment, ReferencePoint, RunEvidence
 from hf_distprof.analysis.results.rank import RankResult
 from hf_distprof.analysis.results.whatif import ReplayedRank, WhatIf, WhatIfModel, WhatIfScenario
 from hf_distprof.analysis.whatif import path as whatif_path
 from hf_distprof.analysis.whatif import replay as wr
 from hf_distprof.core.stats import scaled_mad
-from hf_distprof.core.verdicts import SlowRankVerdict
 
 MS_PER_HOUR = 3.6e6
 RANK_SCENARIOS = ("slow_rank", "fastest_pace")
-"""The scenarios that change one rank's pace: their saving counts only when the run's slow-rank evidence is real."""
+"""The scenarios that change one rank's pace: their saving counts only when the run's slow-rank evidence is real
+(the judge's word)."""
 
 
 def run_saving_pct(scenario: str, evidence: RunEvidence | None) -> float | None:
@@ -51,28 +51,29 @@ def run_saving_pct(scenario: str, evidence: RunEvidence | None) -> float | None:
 
 
 def what_if(
-    ranks: list[RankResult], offsets: dict[int, float], reference: list[ReferencePoint] | None = None,
-    evidence: RunEvidence | None = None,
-    window: SlowRankVerdict | None = None,
+    ranks: list[RankResult], alignment: Alignment, reference: list[ReferencePoint] | None = None,
+    evidence: RunEvidence | None = None, pace: tuple[int | None, int | None] = (None, None),
 ) -> WhatIf | None:
     """Replay the traced steps of ``ranks``, find the median step's critical path and replay each scenario.
 
+    Figures only: whether a saving counts (beyond the noise, on a rank's pace only when that rank's excess is real) is
+    the judge's (:func:`hf_distprof.analysis.judge.whatif.judge_scenarios`).
+
     Args:
         ranks: Per-rank results with their timelines, sorted by rank.
-        offsets: Rank -> its clock's offset to the first rank's (``RankSkew.clock_offset_us``); 0 when missing.
+        alignment: The ranks on one clock and the collectives matched across them (the replay's sync points).
         reference: ``analyze --bandwidth-ref``'s points: adds the ``network_at_reference`` scenario.
         evidence: The step timer's account of the run's other steps: the noise a saving must stand out from is the
-            run's (not the few traced steps'), the slowest and fastest rank are the run's, and a saving on the slow
-            rank counts only when the verdict engine calls its excess real over the run. None: the traced steps'
-            own noise, and ``window``'s word on the ranks.
-        window: Without ``evidence``, the traced window's slow-rank verdict: its candidate is the slowest rank, and a
-            saving on a rank's pace counts only when it is raised for that rank.
+            run's (not the few traced steps'), and a rank's pace saves over the run what its own work there exceeds.
+            None: the traced steps' own noise.
+        pace: The slowest and fastest rank as the run's evidence sees them (``Across.pace``); where it names none,
+            the replay picks by the traced steps' local work.
 
     Returns:
-        The answer, scenarios sorted by saving (largest first); None when some rank has no timeline or no step
-        is common to every rank.
+        The answer, scenarios in the order replayed; None when some rank has no timeline or no step is common to
+        every rank.
     """
-    g = wr.build(ranks, offsets)
+    g = wr.build(ranks, alignment)
     if g is None:
         return None
     base = wr.replay(g)
@@ -80,13 +81,7 @@ def what_if(
     now = _stat(measured)
     error = max(abs(a - b) for s in g.steps for a, b in zip(replayed[s], measured[s]))
     noise = scaled_mad([sum(v) / len(v) for v in measured.values()]) if len(g.steps) > 1 else None
-    if evidence is not None:
-        order, rank_real = (evidence.slowest_rank, evidence.fastest_rank), evidence.slow_rank_real
-    elif window is not None:
-        order, rank_real = (window.rank, None), window.raised
-    else:
-        order, rank_real = (None, None), True
-    runs, slowest, fastest = wr.scenarios(g, reference, order)
+    runs, slowest, fastest = wr.scenarios(g, reference, pace)
     out = []
     for name, title, changed, rep in runs:
         scenario = wr.step_times(g, rep)
@@ -98,17 +93,12 @@ def what_if(
             spread: float | None = 1e3 * evidence.noise_ms
         else:
             spread = min(noise, scaled_mad([sum(v) / len(v) for v in scenario.values()])) if noise is not None else None
-        real = name not in RANK_SCENARIOS or rank_real
-        over_run = run_saving_pct(name, evidence)
-        counted = saving if over_run is None else min(saving, now * over_run / 100.0)  # the run's word on a pace
         out.append(WhatIfScenario(
             scenario=name, title=title, ranks=changed, step_ms_now=now / 1e3, step_ms_predicted=predicted / 1e3,
             saving_ms=saving / 1e3, saving_pct=100.0 * saving / now if now > 0 else 0.0,
             hours_per_1000_steps=saving * 1000 / MS_PER_HOUR / 1e3, error_ms=error / 1e3,
-            noise_ms=spread / 1e3 if spread is not None else None,
-            beyond_noise=spread is not None and counted > max(error, spread) and real, saving_pct_per_step=per_step,
-            run_saving_pct=over_run))
-    out.sort(key=lambda s: -s.saving_ms)
+            noise_ms=spread / 1e3 if spread is not None else None, saving_pct_per_step=per_step,
+            run_saving_pct=run_saving_pct(name, evidence)))
     order = sorted(g.steps, key=lambda s: sum(replayed[s]) / len(replayed[s]))
     mid = order[(len(order) - 1) // 2]
     per_step_syncs = Counter(k[0] for k in g.transfer)
@@ -123,7 +113,6 @@ def what_if(
         error_ms=error / 1e3, noise_ms=noise / 1e3 if noise is not None else None,
         run_noise_ms=evidence.noise_ms if evidence is not None else None,
         run_steps=evidence.steps if evidence is not None else None,
-        rank_saving_real=rank_real,
         sync_points=int(median(per_step_syncs.get(s, 0) for s in g.steps)),
         slowest_rank=g.ranks[slowest] if slowest is not None else None,
         fastest_rank=g.ranks[fastest] if fastest is not None else None,

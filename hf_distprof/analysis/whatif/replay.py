@@ -12,12 +12,13 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from hf_distprof.analysis.across.align import last_to_arrive
 from hf_distprof.analysis.across.bandwidth import bus_factor
 from hf_distprof.analysis.rank.timeline import ARRIVE, END, ISSUE, START
 from hf_distprof.analysis.results.rank import CollectiveKey, RankTimeline
 
 if TYPE_CHECKING:
-    from hf_distprof.analysis.results.across import ReferencePoint
+    from hf_distprof.analysis.results.across import Alignment, ReferencePoint
     from hf_distprof.analysis.results.rank import RankResult
 
 LOCAL, GATED = 0, 1
@@ -52,23 +53,28 @@ class Replay:
     last: dict[CollectiveKey, int]  # rank index arriving last
 
 
-def build(ranks: list[RankResult], offsets: dict[int, float]) -> Graph | None:
-    """The replay graph of the ranks' timelines; None when a rank has none or no step is common to all."""
+def build(ranks: list[RankResult], alignment: Alignment) -> Graph | None:
+    """The replay graph of the ranks' timelines, synchronised at the collectives the alignment matched; None when a
+    rank has none or no step is common to all."""
     tls = [r.timeline for r in ranks]
     if not ranks or any(t is None or not len(t) for t in tls):
         return None
     timelines: list[RankTimeline] = [t for t in tls if t is not None]
+    offsets = alignment.offsets
     t0 = [[x - offsets.get(r.rank, 0.0) for x in tl.t] for r, tl in zip(ranks, timelines)]
-    arrivals: dict[CollectiveKey, list[tuple[float, float]]] = {}
-    for times, tl in zip(t0, timelines):
-        for i, kind in enumerate(tl.kind):
-            key = tl.key[i]
-            if kind == ARRIVE and key is not None:
-                arrivals.setdefault(key, []).append((times[i], times[i] + tl.end[i] - tl.t[i]))
-    matched = {k for k, v in arrivals.items() if len(v) == len(ranks)}
-    # The transfer: the collective's time on the rank that arrived last (the others waited for that one).
-    transfer = {k: max(0.0, max(arrivals[k])[1] - max(arrivals[k])[0]) for k in matched}
-    completed = {k: max(arrivals[k])[1] for k in matched}  # measured, on the first rank's clock
+    # The transfer: the collective's time on the rank that arrived last (the others waited for that one). A lone
+    # rank's collectives are its own sync points.
+    same = alignment.matched if len(ranks) > 1 else {(c.step, c.kind, c.index): {ranks[0].rank: c}
+                                                     for c in ranks[0].collectives}
+    last = {k: last_to_arrive(alignment.arrivals[k]) for k in same} if len(ranks) > 1 else \
+        {k: ranks[0].rank for k in same}
+    transfer, completed = {}, {}  # the transfer, and when it completed (measured, on the first rank's clock)
+    for k, r in last.items():
+        c = same[k][r]
+        arrived = c.start_us - offsets.get(r, 0.0)
+        completed[k] = arrived + c.end_us - c.start_us
+        transfer[k] = max(0.0, completed[k] - arrived)
+    matched = set(last)
     keys = sorted(matched)
     number = {k: c for c, k in enumerate(keys)}
     work, dep, wake, starts, ends, segments, arrive_id, arrive_at = [], [], [], [], [], [], [], []

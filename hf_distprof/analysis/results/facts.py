@@ -1,0 +1,241 @@
+"""The facts of each kind of finding (plain data): what the judge decided on and every figure the finding's words
+state, handed to the tell stage, which writes the words once (:mod:`hf_distprof.analysis.tell.findings`).
+
+One dataclass per kind of :class:`~hf_distprof.analysis.results.findings.Judgement` (its ``facts``), one per kind of
+question the run could not decide, and one for the traced window against the run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hf_distprof.analysis.results.across import PhaseExcess, RankVerdicts, Straggler
+from hf_distprof.analysis.results.findings import Basis, Judgement
+from hf_distprof.analysis.results.rank import CommKindStat, DeviceMemory
+from hf_distprof.analysis.results.whatif import WhatIf, WhatIfModel, WhatIfScenario
+from hf_distprof.core.verdicts import SlowRankVerdict
+
+
+@dataclass
+class PeerWaits:
+    """Who waits for a slow rank at the collectives: the peer that waits longest, by kind, and how many others do."""
+
+    slow: int
+    worst: int
+    """The waiting rank that waits longest (ties: the lower rank)."""
+    kinds: list[tuple[str, float]]
+    """Its wait by kind of collective, % of its step, largest first."""
+    pct: float
+    """Its whole wait, % of its step."""
+    us: float
+    """The same in microseconds per step."""
+    others: list[float] = field(default_factory=list)
+    """The other waiting ranks' waits, % of their step (those worth a sentence)."""
+
+
+@dataclass
+class LateShare:
+    """Of one rank's exposed communication, the part that is a wait for late peers."""
+
+    rank: int
+    exposed_pct: float
+    waited_pct: float
+    peers: list[int]
+
+
+@dataclass
+class CommBoundFacts:
+    gpu: bool
+    mean_pct: float
+    """The collectives themselves (waits for late peers left out), % of the step, mean over the ranks."""
+    worst: int
+    worst_pct: float
+    worst_median_pct: float
+    threshold_pct: float
+    exposed_pct: float
+    """Exposed communication in all, % of the step, mean over the ranks."""
+    late: list[LateShare]
+    overlap_pct: float | None
+    kind_split: list[tuple[str, float, float]]
+    """The worst rank's rows with exposed time: (kind, exposed %, waiting %)."""
+    advice: str
+    """``fsdp_findings`` (FSDP findings say where), ``fsdp`` or ``ddp``."""
+
+
+@dataclass
+class WaitingFacts:
+    mean_pct: float
+    worst: int
+    worst_median_pct: float
+    steps: int
+    threshold_pct: float
+    whom: list[tuple[int, float]]
+    """The worst rank's peers it waits for, (peer, % of its step), longest first, at most 3."""
+
+
+@dataclass
+class FsdpFacts:
+    kind: str
+    """``all_gather`` or ``reduce_scatter``."""
+    rank: int
+    row: CommKindStat
+    steps: int
+    threshold_pct: float
+    backward: bool
+    """all_gather: most of the exposed time in backward."""
+    unit: tuple[str, str | None, float] | None
+    """The most exposed unit: (module, phase, ms per step)."""
+    cpu: bool
+
+
+@dataclass
+class StragglerFacts:
+    straggler: Straggler
+    verdict: SlowRankVerdict
+    basis: Basis
+    """What the straggler verdict weighed (:class:`~hf_distprof.analysis.results.findings.Basis`)."""
+    matched: int
+    """Collectives matched across the ranks."""
+    waits: PeerWaits | None = None
+    """Who waits for it, when the slow rank's chain does not stand in for this finding."""
+
+
+@dataclass
+class ImbalanceFacts:
+    rank: int
+    busy_us: float
+    typical_us: float
+    verdict: SlowRankVerdict
+    waits: PeerWaits | None = None
+
+
+@dataclass
+class LowUtilFacts:
+    busy_pct: float
+    low: int
+    ranks: int
+    lowest: int
+    lowest_pct: float
+    threshold_pct: float
+
+
+@dataclass
+class LaunchBoundFacts:
+    tiny_pct: float
+    kernels_per_step: float
+    tiny_kernel_us: float
+    idle_pct: float
+
+
+@dataclass
+class DataLoadingFacts:
+    pct: float
+    hit: int
+    ranks: int
+    threshold_pct: float
+    gpu: bool
+
+
+@dataclass
+class MemoryFacts:
+    kind: str
+    rank: int
+    high: DeviceMemory
+    typical_bytes: float
+    pct: float
+    threshold_pct: float
+
+
+@dataclass
+class ChainFacts:
+    """The slow rank's causal chain: one phase of its step explains its peers' waits."""
+
+    rank: int
+    phase: PhaseExcess
+    source_steps: int
+    lateness_us: float | None
+    step_us: float
+    waits: PeerWaits
+    verdicts: list[tuple[str, SlowRankVerdict]]
+    """Every raised verdict naming the rank, the straggler's first."""
+    data_pct: float | None
+    """When a data-loading finding naming only it is folded in: data loading's share of its step."""
+    gpu: bool
+
+
+@dataclass
+class RunSlowFacts:
+    """The slow rank named by the step timer over the run, its traced window not explaining it."""
+
+    rank: int
+    verdict: SlowRankVerdict
+    phase: PhaseExcess | None
+    """The phase the step timer shows slower (None: none is)."""
+    waits: PeerWaits | None
+    gpu: bool
+
+
+@dataclass
+class FixFirstFacts:
+    top: WhatIfScenario
+    worth: list[WhatIfScenario]
+    """Every scenario beyond the noise and the threshold, in order."""
+    model: WhatIfModel
+    threshold_pct: float
+    gpu: bool
+    backend: str | None
+    fsdp: bool
+
+
+@dataclass
+class SlowdownFacts:
+    ratio: float
+    threshold_ratio: float
+    warning: str
+
+
+@dataclass
+class Question:
+    """A question the run could not decide, as the judge left it (its words: :func:`hf_distprof.analysis.tell.
+    findings.undecided`)."""
+
+    question: str
+    ranks: list[int]
+    basis: Basis
+    steps: int | None
+    verdict: SlowRankVerdict | None = None
+    """A slow-rank verdict too short to decide."""
+    withheld: Judgement | None = None
+    """A finding withheld: the traced window was distorted and the step timer names no slow rank."""
+    ratio: float = 0.0
+    """With ``withheld``: how much slower the traced steps ran."""
+    timer_reason: str = ""
+    """With ``withheld``: the step timer's verdict in words."""
+
+
+@dataclass
+class WindowFacts:
+    """Where the traced window's own slow-rank verdict disagrees with the run's, which the answer follows."""
+
+    question: str
+    window: SlowRankVerdict
+    run: SlowRankVerdict
+    traced_step_ms: list[float]
+    untraced_step_ms: float | None
+    noise_pct: float | None
+
+
+@dataclass
+class Judged:
+    """Everything the judge decided (:func:`hf_distprof.analysis.judge.findings.judge`), before the words."""
+
+    verdicts: RankVerdicts
+    findings: list[Judgement]
+    """In the one order every output shows them."""
+    questions: list[Question]
+    windows: list[WindowFacts]
+    slowdown: dict[str, Any] | None
+    """The profiler's slowdown (:func:`hf_distprof.analysis.judge.slowdown.slowdown_of`)."""
+    what_if: WhatIf | None
+    """The replay, each saving judged, in order (None without one)."""

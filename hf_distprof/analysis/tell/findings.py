@@ -1,0 +1,451 @@
+"""The findings' words, written once, last (pure): each judgement's facts into its title, its one-sentence ``why``
+and ``action``, and the rest of its evidence and of what to try.
+
+A finding has one prose pair: ``why`` (the measurement that makes it a finding, what the box shows) and ``action``
+(the first thing to try). Its ``evidence`` is ``why`` followed by every other figure the verdict rests on, its
+``recommendation`` is ``action`` followed by the rest: the long forms extend the short ones, so they cannot diverge.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from statistics import median
+
+from hf_distprof.analysis.results.facts import (
+    ChainFacts,
+    CommBoundFacts,
+    DataLoadingFacts,
+    FixFirstFacts,
+    FsdpFacts,
+    ImbalanceFacts,
+    Judged,
+    LaunchBoundFacts,
+    LowUtilFacts,
+    MemoryFacts,
+    PeerWaits,
+    Question,
+    RunSlowFacts,
+    SlowdownFacts,
+    StragglerFacts,
+    WaitingFacts,
+    WindowFacts,
+)
+from hf_distprof.analysis.results.findings import STEP_TIMER, TRACE_AND_TIMER, Finding, Judgement, Undecided, WindowNote
+from hf_distprof.analysis.results.whatif import WhatIfModel, WhatIfScenario
+from hf_distprof.core.advice import PHASE_NAMES, phase_advice
+from hf_distprof.core.text import format_bytes
+
+
+@dataclass
+class Prose:
+    """A finding's words: its title, the pair (``why``, ``action``) and what extends each."""
+
+    title: str
+    why: str
+    details: str
+    """Appended to ``why`` to make the evidence."""
+    action: str
+    more: str
+    """Appended to ``action`` to make the recommendation."""
+
+
+def write(j: Judgement) -> Finding:
+    """The finding of one judgement, with its words."""
+    words = _WRITERS[type(j.facts)](j)
+    return Finding(kind=j.kind, severity=j.severity, title=words.title, ranks=j.ranks,
+                   evidence=words.why + words.details, recommendation=words.action + words.more, numbers=j.numbers,
+                   confidence=j.confidence, phase=j.phase, why=words.why, action=words.action, basis=j.basis,
+                   steps=j.steps)
+
+
+def write_all(judged: Judged) -> tuple[list[Finding], list[Undecided], list[WindowNote]]:
+    """Every finding, undecided question and window note of the run, in words."""
+    return ([write(j) for j in judged.findings], [undecided(q) for q in judged.questions],
+            [window_note(w) for w in judged.windows])
+
+
+def waits_sentence(w: PeerWaits) -> str:
+    """"rank 0 waits 55.7% of its step at all_gather and 6.7% at all_reduce for rank 1" (the peer that waits most,
+    and how many others do)."""
+    parts = [f"{pct:.1f}% of its step at {kind}" if i == 0 else f"{pct:.1f}% at {kind}"
+             for i, (kind, pct) in enumerate(w.kinds) if pct >= 0.05]
+    text = f"rank {w.worst} waits {' and '.join(parts)} for rank {w.slow}"
+    if w.others:
+        low, high = f"{min(w.others):.1f}", f"{max(w.others):.1f}"
+        spread = low if low == high else f"{low}-{high}"
+        text += f"; {len(w.others)} other rank{'s' if len(w.others) > 1 else ''} wait {spread}%"
+    return text
+
+
+def _comm_bound(j: Judgement) -> Prose:
+    f: CommBoundFacts = j.facts
+    what = "communication kernels run with no computation" if f.gpu else "the training thread waits on collectives"
+    late = "".join(
+        f"; of rank {s.rank}'s {s.exposed_pct:.1f}% exposed, {s.waited_pct:.1f}% is a wait for a late peer "
+        f"(rank{'s' if len(s.peers) > 1 else ''} {', '.join(map(str, s.peers))}), left out" for s in f.late)
+    split = [f"{kind} {exposed:.1f}%" + (f" ({wait:.1f}% waiting)" if wait >= 0.05 else "")
+             for kind, exposed, wait in f.kind_split]
+    if f.advice == "fsdp_findings":
+        action = "FSDP's all-gathers and reduce-scatters: see the FSDP findings for which and where"
+    elif f.advice == "fsdp":
+        action = ("Overlap communication with compute: FSDP prefetching and wrap granularity, fewer/larger "
+                  "collectives (the per-kind table says which)")
+    else:
+        action = ("Overlap communication with compute: larger DDP buckets (bucket_cap_mb) or gradient accumulation to "
+                  "all-reduce less often, fewer/larger collectives (the per-kind table says which)")
+    return Prose(
+        title="Communication-bound",
+        why=(f"the collectives themselves, waits for late peers left out, are {f.mean_pct:.1f}% of the step on average "
+             f"(exposed in all: {f.exposed_pct:.1f}%)"),
+        details=(f"; rank {f.worst}: {f.worst_pct:.1f}%, median {f.worst_median_pct:.1f}% (threshold "
+                 f"{f.threshold_pct:g}%): {what}" + late
+                 + (f"; only {f.overlap_pct:.1f}% of communication overlaps computation" if f.overlap_pct is not None
+                    else "")
+                 + (f"; exposed by kind on rank {f.worst} (% of the step): {', '.join(split)}" if split else "")),
+        action=action,
+        more=".",
+    )
+
+
+def _waiting(j: Judgement) -> Prose:
+    f: WaitingFacts = j.facts
+    whom = ", ".join(f"rank {p} {pct:.1f}%" for p, pct in f.whom)
+    return Prose(
+        title="Ranks wait for late peers",
+        why=(f"the ranks wait at collectives for a peer that arrives later for {f.mean_pct:.1f}% of step time on "
+             f"average (rank {f.worst}: {f.worst_median_pct:.1f}%, median over {f.steps} "
+             f"step{'s' if f.steps != 1 else ''}; threshold {f.threshold_pct:g}%)"),
+        details=(f"; rank {f.worst} waits for {whom} of its step; no verdict names a slow rank (see the straggler and "
+                 "imbalance verdicts)"),
+        action=("This is the ranks' skew, not the network: compare the late ranks' steps with a peer's in the merged "
+                "trace (hf-distprof merge), trace more steps (or keep the step timer on) so that the verdicts can "
+                "name a rank, and give every rank the same work"),
+        more=".",
+    )
+
+
+def _fsdp(j: Judgement) -> Prose:
+    f: FsdpFacts = j.facts
+    row = f.row
+    median_over = f"median over {f.steps} steps; threshold {f.threshold_pct:g}%"
+    if f.kind == "all_gather":
+        title = "Exposed FSDP all-gather" + (" in backward" if f.backward else " before forward")
+        why = (f"on rank {f.rank} the training waits {row.exposed_us / 1e3:.2f} ms per step for all-gathers, "
+               f"{row.exposed_pct_median:.1f}% of the step ({median_over}): {row.forward_exposed_us / 1e3:.2f} ms in "
+               f"forward, {row.backward_exposed_us / 1e3:.2f} ms in backward, of {row.time_us / 1e3:.2f} ms of "
+               f"all-gather in {row.count_per_step:g} calls ({row.overlap_pct or 0.0:.1f}% hidden)")
+        if f.backward:
+            action = ("Most of it is in backward, re-gathering the parameters that forward freed: keep them instead "
+                      "(--fsdp-reshard-after-forward false; fully_shard(reshard_after_forward=False); FSDP1 "
+                      "SHARD_GRAD_OP), for every unit or only the last ones, trading memory for those all-gathers")
+            more = "; FSDP1: backward_prefetch=BACKWARD_PRE."
+        else:
+            action = ("Most of it is before forward: prefetch further ahead (FSDP2 gathers one unit ahead; "
+                      "unit.set_modules_to_forward_prefetch([next units]); FSDP1 forward_prefetch=True), and check the "
+                      "wrap granularity: many small units make latency-bound all-gathers (wrap coarser), one huge "
+                      "unit cannot hide behind its predecessor's compute (wrap finer)")
+            more = "."
+    else:
+        title = "Reduce-scatter not overlapped with backward"
+        why = (f"on rank {f.rank} {row.time_us / 1e3:.2f} ms of reduce-scatter per step "
+               f"({row.count_per_step:g} calls), {row.overlap_pct or 0.0:.1f}% of it hidden behind backward "
+               f"computation: {row.exposed_us / 1e3:.2f} ms exposed, {row.exposed_pct_median:.1f}% of the step "
+               f"({median_over})")
+        action = ("A unit's reduce-scatter can only hide behind the backward of the units before it, so the last "
+                  "one (the root's) is always exposed: keep the root unit small and wrap finer")
+        more = ("; with gradient accumulation skip it on all but the last micro-batch "
+                "(set_requires_gradient_sync(False)); reduce in bf16 "
+                "(MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)) to halve the bytes.")
+    unit = ""
+    if f.unit is not None:
+        module, phase, ms = f.unit
+        unit = f"; most exposed unit: {module or '(root)'} ({f'{phase}, ' if phase else ''}{ms:.2f} ms per step)"
+    cpu = (" On CPU (gloo) the training thread waits for each collective, so nothing hides it: there the levers are "
+           "fewer and smaller collectives." if f.cpu else "")
+    return Prose(title=title, why=why, details=unit, action=action, more=more + cpu)
+
+
+def _why_named(f: StragglerFacts) -> str:
+    """Why the straggler verdict names the rank: the arrival order in the window, weighed with the step timer's
+    untraced steps, or the step timer's own verdict over the run."""
+    v = f.verdict
+    if f.straggler.rank != v.rank:
+        text = f"late together with rank {v.rank}, standing out from the other ranks"
+    elif f.basis == STEP_TIMER:
+        text = (f"the step timer names it over the run's {v.steps} untraced steps: slowest in {v.slowest_in} of "
+                f"{v.steps} (p = {v.p_value:.3f} by chance)")
+    elif f.basis == TRACE_AND_TIMER:
+        text = (f"it is the last to arrive in {v.slowest_in} of {v.steps} steps (p = {v.p_value:.3f} by chance, with "
+                "the step timer's untraced steps)")
+    else:
+        text = f"it is the last to arrive in {v.slowest_in} of {v.steps} steps (p = {v.p_value:.3f} by chance)"
+    return f"{text}, beyond the step-to-step noise of {v.noise_pct:.1f}%"
+
+
+def _straggler(j: Judgement) -> Prose:
+    f: StragglerFacts = j.facts
+    s = f.straggler
+    waits = f"; {waits_sentence(f.waits)}" if f.waits is not None else ""
+    if s.reason == "late_collectives" and s.lateness_us is not None:
+        why = (f"rank {s.rank} reaches a collective of each step {s.lateness_us / 1e3:.2f} ms after the earliest rank "
+               f"(its latest arrival per step, median over steps; {f.matched} matched collectives; "
+               f"{100 * s.lateness_us / s.step_us:.1f}% of the {s.step_us / 1e3:.2f} ms step)")
+        # Named by the step timer over the run, a rank the traced window shows waiting longer than its peers: the
+        # window does not show the slowdown, and the evidence says so rather than reading as a contradiction.
+        shown = f.basis == STEP_TIMER and s.comm_wait_us > s.peer_wait_us
+        unseen = (", which the traced window does not show (there this rank waited longer than its peers): the "
+                  "run's untraced steps carry the verdict") if shown else ""
+        return Prose(
+            title=f"Straggler: rank {s.rank}",
+            why=why,
+            details=(f"; its exposed communication is {s.comm_wait_us / 1e3:.2f} ms per step against its peers' "
+                     f"{s.peer_wait_us / 1e3:.2f} ms; {_why_named(f)}{unseen}{waits}"),
+            action=(f"Look at what rank {s.rank} does before its first collective that its peers do not: uneven data "
+                    "(sequence lengths, batch sizes), extra work on that rank (logging, eval, checkpointing), a slower "
+                    "device or a busy host"),
+            more=(". Open the merged trace (hf-distprof merge) and compare the forward/backward of that rank with a "
+                  "peer."),
+        )
+    return Prose(
+        title=f"Straggler: rank {s.rank}",
+        why=(f"rank {s.rank}'s steps take {s.mean_step_us / 1e3:.2f} ms, {s.step_excess_pct or 0.0:.1f}% more than the "
+             f"median rank's {s.step_us / 1e3:.2f} ms and more than 3 scaled median absolute deviations "
+             f"({s.spread_us / 1e3:.2f} ms) from it across the {f.verdict.ranks} ranks"),
+        details=waits,
+        action="Compare this rank's step with a peer's in the merged trace",
+        more="; check its host and device.",
+    )
+
+
+def _imbalance(j: Judgement) -> Prose:
+    f: ImbalanceFacts = j.facts
+    return Prose(
+        title="Load imbalance across ranks",
+        why=(f"busy time (GPU: compute kernels; CPU: compute + data loading): rank {f.rank} "
+             f"{f.busy_us / 1e3:.2f} ms per step vs {f.typical_us / 1e3:.2f} ms on a typical peer"),
+        details=f"; {f.verdict.reason}" + (f"; {waits_sentence(f.waits)}" if f.waits is not None else ""),
+        action=("Give every rank the same amount of work: pack or bucket sequences by length, drop uneven "
+                "last batches, shard evenly"),
+        more="; the other ranks idle in collectives until the busiest finishes.",
+    )
+
+
+def _low_util(j: Judgement) -> Prose:
+    f: LowUtilFacts = j.facts
+    return Prose(
+        title="Low GPU utilisation",
+        why=(f"the GPU is busy for {f.busy_pct:.1f}% of its step span (median over steps) on {f.low} of {f.ranks} "
+             f"ranks (lowest: rank {f.lowest} at {f.lowest_pct:.1f}%; threshold {f.threshold_pct:g}%)"),
+        details="",
+        action=("The GPU waits for the host: look for CPU work, synchronisations (.item(), .cpu(), printing "
+                "tensors) and data loading between kernels"),
+        more="; increase the batch size or use CUDA graphs.",
+    )
+
+
+def _launch_bound(j: Judgement) -> Prose:
+    f: LaunchBoundFacts = j.facts
+    return Prose(
+        title="Launch-bound: many tiny kernels",
+        why=(f"{f.tiny_pct:.0f}% of the {f.kernels_per_step:.0f} kernels per step run under {f.tiny_kernel_us:g} us "
+             f"while the GPU idles {f.idle_pct:.1f}% of the step"),
+        details="",
+        action=("Fuse small ops (torch.compile, fused optimizers foreach=True/fused=True, fused layer norms), "
+                "use CUDA graphs, or raise the batch size so each kernel does more work"),
+        more=".",
+    )
+
+
+def _data_loading(j: Judgement) -> Prose:
+    f: DataLoadingFacts = j.facts
+    pin = "pin_memory=True, " if f.gpu else ""  # pinned memory helps copies to a GPU
+    return Prose(
+        title="Data-loading bound",
+        why=(f"fetching the next batch takes {f.pct:.1f}% of step time (median over steps) on {f.hit} of "
+             f"{f.ranks} ranks, above the {f.threshold_pct:g}% threshold in most steps"),
+        details="",
+        action=(f"Load data ahead of the step: DataLoader num_workers > 0, {pin}persistent_workers=True, "
+                "prefetch_factor"),
+        more="; pre-tokenise the dataset instead of tokenising in __getitem__.",
+    )
+
+
+def _memory(j: Judgement) -> Prose:
+    f: MemoryFacts = j.facts
+    allocators = ", ".join(f"{op.name} {format_bytes(op.allocated_bytes)}" for op in f.high.top_ops[:3])
+    return Prose(
+        title=f"Peak {f.kind} memory imbalance across ranks",
+        why=(f"peak allocated memory over the traced steps ([memory] events): rank {f.rank} "
+             f"{format_bytes(f.high.peak_allocated_bytes)} on {f.high.device} (step {f.high.peak_step}) vs "
+             f"{format_bytes(f.typical_bytes)}, the median of the other ranks: {f.pct:.1f}% more "
+             f"(threshold {f.threshold_pct:g}%)"),
+        details=f"; its top allocators: {allocators}",
+        action=("Look for work only that rank does (evaluation, logging, checkpoint saving on rank 0), "
+                "uneven batch shapes (pad to a fixed length or group by length), or tensors kept alive on one rank"),
+        more="; sharding optimizer state and gradients (FSDP) also evens memory out.",
+    )
+
+
+def _source(from_timer: bool, steps: int) -> str:
+    """Where a phase's excess comes from, in words."""
+    return (f"the step timer, median over {steps} untraced steps" if from_timer
+            else f"the traced window, median over {steps} steps")
+
+
+def _chain(j: Judgement) -> Prose:
+    f: ChainFacts = j.facts
+    name = PHASE_NAMES.get(f.phase.phase, f.phase.phase)
+    late = ""
+    if f.lateness_us is not None:
+        late = (f", so it reaches each step's collectives {f.lateness_us / 1e3:.2f} ms "
+                f"({100 * f.lateness_us / f.step_us:.1f}% of the step) after the earliest rank")
+    (first, verdict), *more = f.verdicts
+    reasons = f"{first} verdict: {verdict.reason}" + "".join(f"; {other} verdict raised too: {v.claim}"
+                                                             for other, v in more)
+    data = (f"; data loading is {f.data_pct:.1f}% of rank {f.rank}'s step (median over the traced steps)"
+            if f.data_pct is not None else "")
+    action = f"Rank {f.rank}: {phase_advice(f.phase.phase, on_gpu=f.gpu)}"
+    return Prose(
+        title=f"Rank {f.rank} holds the others back: its {name}",
+        why=(f"{name} takes {f.phase.excess_us / 1e3:.1f} ms more per step than on its peers, who wait "
+             f"{f.waits.pct:.1f}% of their step for it at the collectives"),
+        details=(f": rank {f.rank}'s {name} exceeds its peers' by {f.phase.excess_us / 1e3:.2f} ms per step "
+                 f"({_source(f.phase.from_timer, f.source_steps)}){late}, and the others wait for it there (from their "
+                 f"arrival at the same collective to its, clocks aligned): {waits_sentence(f.waits)}{data}. {reasons}"),
+        action=action,
+        more=(". The others' exposed communication is a wait for it, not the network: larger buckets or a faster "
+              "network will not shorten it."),
+    )
+
+
+def _run_slow(j: Judgement) -> Prose:
+    f: RunSlowFacts = j.facts
+    v = f.verdict
+    name = PHASE_NAMES.get(f.phase.phase, f.phase.phase) if f.phase is not None else ""
+    most = (f"; most of it in its {name}: {f.phase.excess_us / 1e3:.2f} ms more per step than its peers' "
+            f"({_source(f.phase.from_timer, f.phase.steps)})" if f.phase is not None else "")
+    return Prose(
+        title=f"Rank {f.rank} holds the others back" + (f": its {name}" if name else ""),
+        why=(f"its own work exceeds its peers' by a median {v.effect_pct:.1f}% over the run's {v.steps} "
+             f"untraced steps (the step timer; slowest in {v.slowest_in} of them)"),
+        details=most + (f"; in the traced window {waits_sentence(f.waits)}" if f.waits is not None else "")
+        + f". {v.reason}",
+        action=f"Rank {f.rank}: {phase_advice(f.phase.phase if f.phase is not None else 'compute', f.gpu)}",
+        more=".",
+    )
+
+
+_ADVICE = {  # scenario -> (the first thing to try, the rest)
+    "slow_rank": ("Find what rank {ranks} does that its peers do not (the critical path and the straggler and "
+                  "imbalance findings say where): uneven data, extra work on that rank, a slower device or host", "."),
+    "no_data_loading": ("Load data ahead of the step: DataLoader num_workers > 0, {pin}"
+                        "persistent_workers=True, prefetch_factor", "; pre-tokenise instead of tokenising per item."),
+    "hide_communication": ("Overlap communication with computation ({overlap}) or send fewer bytes (bf16 reduction, "
+                           "fewer and larger collectives)", "."),
+    "fastest_pace": ("Give every rank the same work, at the pace of the fastest: balance the data (sequence "
+                     "lengths, batch sizes), then look at the hosts and devices of the slower ranks", "."),
+    "network_at_reference": ("The transfers run slower than bench-collectives measured on this fabric: check the "
+                             "{library} settings and the network path of the collectives that take longest", "."),
+}
+
+
+def noise_of(model: WhatIfModel, noise_ms: float | None) -> str:
+    """What a saving was held against, in words: the run's noise over its judged steps, or the traced steps'."""
+    if model.run_noise_ms is not None:
+        return f"step-to-step noise {model.run_noise_ms:.2f} ms over the run's {model.run_steps} judged steps"
+    return (f"step-to-step noise {noise_ms or 0.0:.2f} ms, the smaller of the measured steps' "
+            f"{model.noise_ms or 0.0:.2f} ms and the predicted ones'")
+
+
+def over_the_run(scenario: WhatIfScenario, model: WhatIfModel) -> str:
+    """"; over the run's N judged steps that pace saves X% ..." when the run's figure is the smaller one, else ""."""
+    if scenario.run_saving_pct is None or scenario.run_saving_pct >= scenario.saving_pct:
+        return ""
+    return (f"; over the run's {model.run_steps} judged steps that pace saves {scenario.run_saving_pct:.1f}% of the "
+            "step (the step timer's records), the figure that counts")
+
+
+def _fix_first(j: Judgement) -> Prose:
+    f: FixFirstFacts = j.facts
+    top, model = f.top, f.model
+    ranked = "; ".join(f"{s.title}: {s.step_ms_predicted:.2f} ms (-{s.saving_pct:.1f}%)"
+                       if s.counted_pct == s.saving_pct else f"{s.title}: -{s.counted_pct:.1f}% over the run"
+                       for s in f.worth)
+    action, more = _ADVICE[top.scenario]
+    action = action.format(ranks=", ".join(map(str, top.ranks)), pin="pin_memory=True, " if f.gpu else "",
+                           library="NCCL" if f.backend in (None, "nccl") else f.backend,
+                           overlap="FSDP prefetching, wrap granularity" if f.fsdp else "DDP bucket_cap_mb, gradient "
+                           "accumulation")
+    return Prose(
+        title=f"What to fix first: {top.title}",
+        why=(f"replaying the {len(model.steps)} traced step(s) across ranks with {top.title} predicts "
+             f"{top.step_ms_predicted:.2f} ms per step instead of the measured {top.step_ms_now:.2f} ms: "
+             f"{top.saving_pct:.1f}% faster, {top.hours_per_1000_steps:.3f} h saved per 1,000 steps (model error "
+             f"+-{top.error_ms:.2f} ms; {noise_of(model, top.noise_ms)}){over_the_run(top, model)}"),
+        details=f". Above the {f.threshold_pct:g}% threshold and the noise, in order: {ranked}",
+        action=action,
+        more=more,
+    )
+
+
+def _slowdown(j: Judgement) -> Prose:
+    f: SlowdownFacts = j.facts
+    action = "Read the trace's absolute times with care and trust its shares more"
+    return Prose(
+        title="The profiler slows the traced steps",
+        why=(f"the traced steps took {f.ratio:.2f}x as long as the run's other steps (threshold "
+             f"{f.threshold_ratio:.2f}x)"),
+        details=f": {f.warning}",
+        action=action,
+        more=("; profile with fewer options (--profiler-record-shapes false, no --profiler-with-stack / "
+              "--profiler-profile-memory unless you need them) and see PROFILING_GUIDE.md for what each option "
+              "costs."),
+    )
+
+
+_WRITERS = {
+    CommBoundFacts: _comm_bound, WaitingFacts: _waiting, FsdpFacts: _fsdp, StragglerFacts: _straggler,
+    ImbalanceFacts: _imbalance, LowUtilFacts: _low_util, LaunchBoundFacts: _launch_bound,
+    DataLoadingFacts: _data_loading, MemoryFacts: _memory, ChainFacts: _chain, RunSlowFacts: _run_slow,
+    FixFirstFacts: _fix_first, SlowdownFacts: _slowdown,
+}
+
+
+def undecided(q: Question) -> Undecided:
+    """A question the run could not decide, in words."""
+    if q.withheld is not None:
+        title = write(q.withheld).title
+        why = (f"the traced steps ran {q.ratio:.2f}x slower than the rest of the run, and over the untraced steps the "
+               "step timer names no slow rank")
+        return Undecided(question=q.question, reason=f"{title} withheld: {why} ({q.timer_reason})",
+                         why=f"{title} withheld: {why}", ranks=q.ranks, basis=q.basis, steps=q.steps)
+    v = q.verdict
+    assert v is not None
+    return Undecided(
+        question=q.question,
+        reason=v.reason,
+        why=(f"{v.claim} (threshold {v.threshold_pct:g}%), but {v.steps} traced steps of {v.ranks} ranks are "
+             f"too few to tell a slow rank from chance (at least {v.min_steps} are needed)"),
+        to_decide=v.to_decide,
+        ranks=q.ranks,
+        basis=q.basis,
+        steps=q.steps,
+    )
+
+
+def window_note(w: WindowFacts) -> WindowNote:
+    """The traced window's own verdict against the run's, in words."""
+    final, window, steps, untraced = w.run, w.window, w.traced_step_ms, w.untraced_step_ms
+    said = (f"rank {final.rank} is slow across the run" if final.raised
+            else f"no rank is slow across the run ({final.claim or final.status})")
+    distortion = ""
+    if steps and untraced:
+        ratio = median(steps) / untraced
+        distortion = (f"; its steps took {', '.join(f'{t:.0f}' for t in steps)} ms against a median {untraced:.0f} "
+                      f"ms untraced ({ratio:.2f}x)")
+        if w.noise_pct is not None and abs(100.0 * (ratio - 1.0)) > w.noise_pct:
+            distortion += ", beyond the run's own noise: the profiler's cost and the host's load weigh on them"
+    text = (f"The traced window alone says otherwise ({w.question}): {window.reason}; over the run's "
+            f"{final.steps} untraced steps the step timer says {said}, and the verdict follows the run" + distortion)
+    return WindowNote(w.question, window.status, window.rank, final.status, final.rank, window.reason, steps, untraced,
+                      text)
