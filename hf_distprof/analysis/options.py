@@ -143,7 +143,8 @@ class AnalysisOptions:
     )
     workers: int = field(
         default=0,
-        metadata={"help": ("Processes parsing ranks in parallel; 0 means min(files, CPU cores).")},
+        metadata={"help": ("Processes parsing ranks in parallel; 0 means min(files, CPU cores) when the traces are "
+                           "16 MiB or more on disk in all, else one (starting processes costs more than they save).")},
     )
     progress: bool | None = field(
         default=None,

@@ -51,7 +51,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--workers", type=number(int, 0, check_range=False), default=0,
-        help="parallel processes (0: one per file, at most one per CPU core)",
+        help="parallel processes (0: one per file, at most one per CPU core, when the traces are 16 MiB or more on "
+        "disk in all; else one)",
     )
     parser.add_argument(
         "--no-compact",

@@ -20,8 +20,12 @@ SUBCOMMANDS: tuple[str, ...] = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Build the top-level parser with every available subcommand registered.
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """Build the top-level parser with every available subcommand registered, or only one.
+
+    Args:
+        only: A subcommand's module name (``hang_report`` for ``hang-report``): only its module is imported and
+            registered, so that running one subcommand loads only its own code; None registers every one.
 
     Returns:
         The parser; each sub-parser sets ``func`` to its module's ``run``.
@@ -32,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"hf-distprof {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in SUBCOMMANDS:
+    for name in SUBCOMMANDS if only is None else (only,):
         module = importlib.import_module(f"hf_distprof.cli.{name}")
         sub = module.add_parser(subparsers)
         sub.set_defaults(func=module.run)
@@ -48,7 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The process exit status.
     """
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    named = argv[0].replace("-", "_") if argv else None
+    parser = build_parser(named if named in SUBCOMMANDS else None)
     args = parser.parse_args(argv)
     if getattr(args, "func", None) is None:
         parser.print_help()

@@ -184,3 +184,30 @@ def test_message_sizes_takes_only_its_values(capsys: pytest.CaptureFixture[str])
         main(["analyze", str(DATA / "clean"), "--message-sizes", "bogus"])
     assert exc.value.code == 2
     assert "--message-sizes: invalid choice: 'bogus' (choose from 'auto', 'shapes')" in capsys.readouterr().err
+
+
+def test_running_one_subcommand_imports_only_its_own_code() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; from hf_distprof.cli.main import main; "
+            f"main(['analyze', {str(DATA / 'clean')!r}, '--json']); "
+            "print(sorted(m for m in sys.modules if m.startswith(('hf_distprof.cli.', 'hf_distprof.doctor', "
+            "'hf_distprof.autorun', 'hf_distprof.collectives', 'hf_distprof.analysis.merge'))), file=sys.stderr)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stderr.strip().splitlines()[-1] == "['hf_distprof.cli.analyze', 'hf_distprof.cli.main']"
+    # Help without a subcommand still lists every one.
+    assert [a.dest for a in build_parser()._subparsers._group_actions][0] == "command"  # type: ignore[union-attr]
+    assert len(build_parser()._subparsers._group_actions[0].choices) == 9  # type: ignore[union-attr]
+
+
+def test_worker_processes_start_only_when_the_traces_pay_for_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from hf_distprof.analysis.rank import workers
+
+    files = [str(p) for p in sorted((DATA / "clean").glob("*.json.gz"))]
+    assert workers.worker_count(files, 0) == 1  # 76 kB in all: read here, one after the other
+    assert workers.worker_count(files, 3) == 3  # as asked
+    monkeypatch.setattr(workers, "PARALLEL_BYTES", sum(os.path.getsize(f) for f in files))
+    assert workers.worker_count(files, 0) == min(2, os.cpu_count() or 1)
