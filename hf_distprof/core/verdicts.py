@@ -36,8 +36,6 @@ from dataclasses import asdict, dataclass, field
 from statistics import median
 from typing import Any
 
-import numpy as np
-
 from hf_distprof.core.stats import ALPHA, binomial_tail, fisher_p, scaled_mad
 
 MOST = 0.5
@@ -157,7 +155,25 @@ def per_step_excess(
     In numpy, one array of steps x ranks: the step timer judges up to :data:`KEPT_CELLS` values on every logging
     step, which a loop over the steps took 40-180 ms to do. Exactly the loop's results (the same operations on the
     same float64 values in the same order: ``tests/unit/test_verdicts.py`` holds the loop and compares) for finite
-    values; with a NaN or an infinity among them (numpy and Python order NaN differently) the loop itself runs."""
+    values; with a NaN or an infinity among them (numpy and Python order NaN differently) the loop itself runs, and so
+    it does for a table of at most :data:`LOOP_CELLS` values (a traced window's: 3-60 steps of a few ranks), where
+    the loop takes a few milliseconds and importing numpy (in ``analyze``'s parent process, which imports it for
+    nothing else) would take 45."""
+    if n * len(ranks) <= LOOP_CELLS:
+        return _per_step_excess_loop(per_step, ranks, n, scale)
+    return _per_step_excess_numpy(per_step, ranks, n, scale)
+
+
+LOOP_CELLS = 2048
+"""Tables of steps x ranks up to this size are judged by the loop (:func:`per_step_excess`)."""
+
+
+def _per_step_excess_numpy(
+    per_step: Mapping[int, Sequence[float]], ranks: Sequence[int], n: int, scale: Sequence[float] | None
+) -> tuple[dict[int, list[float]], dict[int, list[float]], dict[int, int]]:
+    """:func:`per_step_excess` in numpy (its exact results; the loop's for a NaN or an infinity)."""
+    import numpy as np  # imported when first needed: the analysis's parent process stays without numpy's threads
+
     values = np.array([[float(v) for v in per_step[r][:n]] for r in ranks], dtype=np.float64).T  # (n, R)
     if not np.isfinite(values).all() or (scale is not None and not np.isfinite(np.array(scale[:n], float)).all()):
         return _per_step_excess_loop(per_step, ranks, n, scale)

@@ -13,7 +13,8 @@ from hf_distprof.core.overhead import profiler_slowdown
 from hf_distprof.core.stats import binomial_tail, fisher_p
 
 from hf_distprof.core.verdicts import (
-    across_the_run, imbalance_pct, judge_share, judge_slow_rank, medians_of_the_others, min_steps, per_step_excess,
+    _per_step_excess_numpy, across_the_run, imbalance_pct, judge_share, judge_slow_rank, medians_of_the_others,
+    min_steps, per_step_excess,
 )
 
 
@@ -268,13 +269,19 @@ def test_the_per_step_excess_in_numpy_is_exactly_the_loop_s(width, scaled):
     per_step = {r: [rng.choice([0.0, 0.1, 0.3, 0.3, rng.random()]) for _ in range(n + 5)] for r in range(width)}
     scale = [rng.choice([0.0, -1.0, 0.5, rng.random()]) for _ in range(n)] if scaled else None
     ranks = sorted(per_step)
-    got = per_step_excess(per_step, ranks, n, scale)
+    got = _per_step_excess_numpy(per_step, ranks, n, scale)
     want = _per_step_excess_loop(per_step, ranks, n, scale)
     assert got == want  # exact: every float, every count
+    assert per_step_excess(per_step, ranks, n, scale) == want  # whichever of the two it picks for this size
     assert all(type(v) is float for values in got[0].values() for v in values)
 
 
 def test_with_a_nan_or_an_infinity_the_per_step_excess_is_the_loop_s_too():
+    from hf_distprof.core.verdicts import _per_step_excess_numpy
+
+    nan = {0: [0.1, float("nan")] * 600, 1: [0.2, 0.2] * 600, 2: [0.3, 0.1] * 600}  # numpy's size, with a NaN
+    assert repr(_per_step_excess_numpy(nan, [0, 1, 2], 1200, None)) == repr(
+        _per_step_excess_loop(nan, [0, 1, 2], 1200, None))
     per_step = {0: [0.1, float("nan"), 0.3, 0.2], 1: [0.2, 0.2, float("inf"), 0.1], 2: [0.3, 0.1, 0.2, float("nan")]}
     got = per_step_excess(per_step, [0, 1, 2], 4, None)
     want = _per_step_excess_loop(per_step, [0, 1, 2], 4, None)

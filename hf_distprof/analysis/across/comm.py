@@ -42,7 +42,11 @@ def step_basis(step: StepResult, gpu: bool) -> float:
     return step.duration_us
 
 
-def by_kind(steps: list[StepResult], collectives: list[Collective], gpu: bool
+Pieces = list[tuple[float, float, int]]
+"""A collective's wait for a late peer, as exposed pieces (:func:`wait_share`)."""
+
+
+def by_kind(steps: list[StepResult], collectives: list[Collective], gpu: bool, waits: list[Pieces] | None = None
             ) -> tuple[list[CommKindStat], dict[str, list[float]]]:
     """Per-kind table of one rank: all_gather, reduce_scatter, all_reduce, then the other kinds summed.
 
@@ -70,7 +74,9 @@ def by_kind(steps: list[StepResult], collectives: list[Collective], gpu: bool
     rows: dict[str, dict[str, list[float]]] = {}
     kinds: dict[str, set[str]] = {}
     waited: dict[str, dict[int, float]] = {}
-    for c in collectives:
+    if waits is None:
+        waits = [wait_share(c) for c in collectives]
+    for c, pieces in zip(collectives, waits):
         bucket = kind_bucket(c.kind)
         row = rows.get(bucket)
         if row is None:
@@ -93,7 +99,7 @@ def by_kind(steps: list[StepResult], collectives: list[Collective], gpu: bool
                 row["fwd"][j] += e - s
             elif c.phase == "backward":
                 row["bwd"][j] += e - s
-        for s, e, step in wait_share(c):
+        for s, e, step in pieces:
             j = index.get(step)
             if j is not None and c.waited_for is not None:
                 row["wait"][j] += e - s
@@ -139,7 +145,7 @@ class RankWaits:
     """The same per peer, longest wait first (ties: the lower rank), with microseconds per step."""
 
 
-def rank_waits(rank: RankResult) -> RankWaits:
+def rank_waits(rank: RankResult, waits: list[Pieces] | None = None) -> RankWaits:
     """Who ``rank`` waits for at its collectives, and how long, per step and per peer: the one account of the wait per
     late peer (each exposed moment once, :func:`wait_share`), on the per-kind table's base."""
     gpu = rank.device == "gpu"
@@ -149,8 +155,10 @@ def rank_waits(rank: RankResult) -> RankWaits:
     per_step = {s.step: 0.0 for s in rank.steps}
     pct: dict[int, dict[str, float]] = {}
     us: dict[int, float] = {}
-    for c in rank.collectives:
-        for s, e, step in wait_share(c):
+    if waits is None:
+        waits = [wait_share(c) for c in rank.collectives]
+    for c, pieces in zip(rank.collectives, waits):
+        for s, e, step in pieces:
             if step in per_step:
                 per_step[step] += e - s
             j = index.get(step)

@@ -43,8 +43,9 @@ def compare(ranks: list[RankResult], run: RunInput, reference: Sequence[Referenc
     exposed: dict[int, dict[str, list[float]]] = {}
     waits: dict[int, comm.RankWaits] = {}
     for r in ranks:
-        r.comm_by_kind, exposed[r.rank] = comm.by_kind(r.steps, r.collectives, gpu=r.device == "gpu")
-        waits[r.rank] = comm.rank_waits(r)
+        pieces = [comm.wait_share(c) for c in r.collectives]  # each collective's wait for a late peer, once
+        r.comm_by_kind, exposed[r.rank] = comm.by_kind(r.steps, r.collectives, r.device == "gpu", pieces)
+        waits[r.rank] = comm.rank_waits(r, pieces)
         r.peer_waits = waits[r.rank].peer_waits
     timer = evidence.timer_figures(run.records, traced)
     several = len(ranks) > 1
