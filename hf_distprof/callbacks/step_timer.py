@@ -46,9 +46,12 @@ from hf_distprof.timing.report import (
     StepSeries,
     cross_rank_report,
     format_table,
+    live_time_warnings,
     memory_warning,
     peak_tflops_for_device,
+    step_row,
 )
+from hf_distprof.core.cause import Attribution
 from hf_distprof.core.growth import GrowthWatch, MemoryGrowth
 from hf_distprof.core.overhead import profiler_slowdown
 
@@ -62,6 +65,8 @@ WARMUP_STEPS = 1
 MAX_PENDING_STEPS = 1000
 # Per-step rows a rank keeps for rank 0 between logging steps; older ones are dropped when logging is rare.
 ROWS_KEPT = 4096
+# The TensorBoard text tag of every live warning (the slow rank and its cause, memory), at the step it was said.
+WARNINGS_TAG = "hf_distprof/warnings"
 
 
 class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
@@ -103,7 +108,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         # Phases timed on the host clock (CPU training): only then is the thread's wait for a CPU part of them
         # and taken out of the pre-sync time compared across ranks (on GPU the phases are device time).
         self._host_timed = True
-        # Per-step rows ([step, step_s, own_work_s, own_step_s]) not yet sent to rank 0, and rank 0's record of all
+        # Per-step rows (timing.report.step_row) not yet sent to rank 0, and rank 0's record of all
         # ranks.
         self._rows: deque[list[float]] = deque(maxlen=ROWS_KEPT)
         self._series: StepSeries | None = None
@@ -394,9 +399,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         for listener in self.step_listeners:
             listener(timing)
         if timing.pre_sync_s is not None:
-            work = timing.own_work_s if self._host_timed else timing.pre_sync_s
-            own_step = timing.own_step_s if self._host_timed else timing.step_s
-            self._rows.append([timing.step, timing.step_s, work, own_step])
+            self._rows.append(step_row(timing, self._host_timed))
 
     def _summaries(self, totals: PhaseTotals) -> dict[str, Any] | None:
         if totals.steps == 0:
@@ -432,6 +435,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
     def _report(self, summaries: list[Any], flops: float | None, verdict: Any = None) -> CrossRankReport | None:
         if any(s is None for s in summaries):
             return None
+        cause = self._cause(verdict) if verdict is not None and verdict.raised else None
         return cross_rank_report(
             [RankSummary.from_dict(s) for s in summaries],
             self.args.imbalance_threshold_pct,
@@ -440,16 +444,25 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             peak_tflops=self._peak_tflops,
             verdict=verdict,
             on_gpu=getattr(self._device, "type", "cpu") == "cuda",
+            cause=cause,
         )
+
+    def _exclude(self) -> Callable[[int], bool] | None:
+        """The steps the verdict leaves out: the profiler's (its own distortion), unless fewer than 2 are left (the
+        profiler ran over nearly every step: those are all there is to judge)."""
+        assert self._series is not None
+        untraced = [s for s in self._series.step_times() if not self._distorted(s)]
+        return self._distorted if len(untraced) >= 2 else None
+
+    def _cause(self, verdict: Any) -> Attribution | None:
+        """Why the verdict's rank makes its peers wait, over the steps the verdict judged."""
+        assert self._series is not None
+        return self._series.cause(verdict.rank, self.args.imbalance_threshold_pct, self._exclude())
 
     def _verdict(self) -> Any:
         """The slow-rank verdict over the steps so far, the profiler's steps left out (its own distortion)."""
         assert self._series is not None
-        distorted = self._distorted
-        untraced = [s for s in self._series.step_times() if not distorted(s)]
-        # When the profiler ran over (nearly) every step, those steps are all there is to judge.
-        exclude = distorted if len(untraced) >= 2 else None
-        return self._series.verdict(self.args.imbalance_threshold_pct, exclude)
+        return self._series.verdict(self.args.imbalance_threshold_pct, self._exclude())
 
     def _live_verdict(self) -> tuple[Any, bool]:
         """The live slow-rank verdict, and whether it was judged now (:meth:`StepSeries.due`); the end of the run
@@ -523,23 +536,8 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         if (kind, rank) not in self._warned:
             self._warned[(kind, rank)] = step
             logger.warning(f"step {step}: {warning}")
-
-    def _live_time_warnings(self, final: Any) -> tuple[list[dict[str, Any]], list[str]]:
-        """Each live step-time warning, whether the verdict over the whole run still names its rank, and the
-        sentence withdrawing each one that does not: a rank slower for the first 20 steps of 30 (a shared
-        machine's drift) is warned about live, then found within the threshold over the run."""
-        rows: list[dict[str, Any]] = []
-        withdrawn: list[str] = []
-        for (kind, rank), step in sorted(self._warned.items(), key=lambda item: item[1]):
-            if kind != "time":
-                continue
-            held = bool(final is not None and final.raised and final.rank == rank)
-            rows.append({"rank": rank, "step": step, "held_at_end": held})
-            if not held:
-                why = final.reason if final is not None else "no verdict over the run"
-                withdrawn.append(f"The step-time warning of step {step} about rank {rank} did not hold over the "
-                                 f"whole run: {why}")
-        return rows, withdrawn
+            if self._writer is not None:  # where the run's scalars are, at the step it was said
+                self._writer.add_text(WARNINGS_TAG, warning, step)
 
     def _write_summary(self, gathered: list[dict[str, Any]], state: TrainerState) -> None:
         runs = [g["run"] for g in gathered]
@@ -552,7 +550,8 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         report = self._report(runs, flops, final)
         if report is None:
             return
-        live, withdrawn = self._live_time_warnings(final)
+        cause = self._cause(final) if final is not None and final.raised else None
+        live, withdrawn = live_time_warnings(self._warned, final)
         report.warnings.extend(withdrawn)
         assert self._series is not None
         a = self.args
@@ -578,6 +577,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             "profiler_slowdown": slowdown.to_json() if slowdown is not None else None,
             "memory_growth": [g.to_json() for g in map(self._growth, range(len(gathered))) if g is not None],
             "live_time_warnings": live,
+            "slow_rank_cause": cause.to_json() if cause is not None else None,
             "files": sorted(paths.TIMING_LOG_NAME.format(rank=r) for r in range(len(gathered))),
         }
         del summary["ranks"]

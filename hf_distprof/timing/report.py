@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from hf_distprof.core.advice import phase_advice
+from hf_distprof.core.cause import Attribution, attribute_rows, cause_action, cause_why
+from hf_distprof.core.verdicts import KEPT_CELLS, SlowRankVerdict, imbalance_pct, judge_run
 from hf_distprof.timing.recorder import StepTiming
-from hf_distprof.core.verdicts import KEPT_CELLS, SlowRankVerdict, imbalance_pct, judge_own_work
 
 # Mean phases carried per rank; the optional ones are None when not measured on some step.
 PHASES: tuple[str, ...] = ("data_s", "forward_s", "backward_s", "optimizer_s", "step_s")
@@ -210,6 +211,7 @@ def cross_rank_report(
     peak_tflops: float | None = None,
     verdict: SlowRankVerdict | None = None,
     on_gpu: bool = True,
+    cause: Attribution | None = None,
 ) -> CrossRankReport:
     """Compare the ranks of one window of steps.
 
@@ -226,6 +228,8 @@ def cross_rank_report(
         verdict: The slow-rank verdict over the window's steps; None: no time warning. Its candidate is the slowest
             rank, raised or not, so that the table, the warning and ``hf-distprof analyze`` name the same rank.
         on_gpu: Whether the ranks train on a GPU (advice that only a GPU run can use is left out otherwise).
+        cause: Why the verdict's rank makes its peers wait (:meth:`StepSeries.cause`): the warning says it, with what
+            to try for that cause; None: the slowest phase's advice.
 
     Returns:
         The report, with warnings (and recommendations) for the verdicts raised.
@@ -262,13 +266,16 @@ def cross_rank_report(
     if len(ranks) > 1 and verdict is not None and verdict.raised:
         others = [p for r, p in zip(ranks, pre) if r.rank != slow.rank]
         typical = sorted(others)[len(others) // 2]
+        advice = phase_advice(phase, on_gpu)
+        why = (f"Most of the difference is in {phase} (+{excess:.4f}s per step): rank {slow.rank}: {advice}."
+               if cause is None or cause.rank != slow.rank else
+               f"Rank {slow.rank}: {cause_why(cause)}. Rank {slow.rank}: {cause_action(cause, on_gpu, advice)}.")
         warnings.append(
             f"Step time imbalance {verdict.effect_pct:.1f}% > {time_threshold_pct:g}%: "
             f"rank {slow.rank} is the slowest. "
             f"Its own work before the gradient sync (data + forward + backward compute) takes "
             f"{slow.pre_sync_s:.4f}s per step vs {typical:.4f}s on a typical peer, and the other ranks wait "
-            f"for it in the collectives ({verdict.reason}; confidence {verdict.confidence:.3f}). Most of the "
-            f"difference is in {phase} (+{excess:.4f}s per step): rank {slow.rank}: {phase_advice(phase, on_gpu)}."
+            f"for it in the collectives ({verdict.reason}; confidence {verdict.confidence:.3f}). {why}"
         )
     if mem_imbalance is not None and mem_imbalance > memory_threshold_pct:
         warnings.append(memory_warning(ranks, mem_imbalance, memory_threshold_pct))
@@ -326,30 +333,36 @@ class StepSeries:
     def __init__(self, world_size: int, max_steps: int | None = None) -> None:
         self.world_size = world_size
         self.max_steps = max_steps or max(64, KEPT_CELLS // max(world_size, 1))
-        # step -> (every rank's own work, the step time, the step time less the ranks' wait for a CPU)
-        self._steps: OrderedDict[int, tuple[list[float], float, float]] = OrderedDict()
+        # step -> (every rank's own work, the step time, the step time less the ranks' wait for a CPU, every rank's
+        # parts: (arrival, cpu_wait, data, compute, tokens, samples), or None for rows without them)
+        self._steps: OrderedDict[int, tuple[list[float], float, float, list[tuple[float, ...]] | None]] = OrderedDict()
         self.added = 0  # steps ever added, the ones dropped past max_steps included
 
     def add(self, per_rank: Sequence[Sequence[Sequence[float]]]) -> None:
-        """Add the ``[step, step_s, own_work_s, own_step_s]`` rows of every rank; steps missing on a rank are dropped.
+        """Add the rows of every rank; steps missing on a rank are dropped.
 
-        ``own_work_s`` is the pre-sync time less the time the rank's thread waited for a CPU
-        (:attr:`StepTiming.own_work_s`), ``own_step_s`` the step time less that wait (:attr:`StepTiming.own_step_s`;
-        a row of 3 takes the step time).
+        A row is ``[step, step_s, own_work_s, own_step_s, pre_sync_s, cpu_wait_s, data_s, compute_s, tokens,
+        samples]`` (:func:`step_row`); rows of 3 or 4 (older callers) take the step time as ``own_step_s`` and carry
+        no parts, which only the cause (:meth:`cause`) needs. ``own_work_s`` is the pre-sync time less the time the
+        rank's thread waited for a CPU (:attr:`StepTiming.own_work_s`), ``own_step_s`` the step time less that wait
+        (:attr:`StepTiming.own_step_s`).
         """
-        by_step: dict[int, dict[int, tuple[float, float, float]]] = {}
+        by_step: dict[int, dict[int, tuple[float, float, float, tuple[float, ...] | None]]] = {}
         for rank, rows in enumerate(per_rank):
             for row in rows:
                 step, step_s, pre = row[0], row[1], row[2]
                 own_step = row[3] if len(row) > 3 else step_s
-                by_step.setdefault(int(step), {})[rank] = (float(step_s), float(pre), float(own_step))
+                parts = tuple(float(v) for v in row[4:10]) if len(row) >= 10 else None
+                by_step.setdefault(int(step), {})[rank] = (float(step_s), float(pre), float(own_step), parts)
         for step in sorted(by_step):
             got = by_step[step]
             if len(got) != self.world_size:
                 continue
             pre = [got[r][1] for r in range(self.world_size)]
+            parts = [got[r][3] for r in range(self.world_size)]
             self.added += step not in self._steps
-            self._steps[step] = (pre, max(v[0] for v in got.values()), max(v[2] for v in got.values()))
+            self._steps[step] = (pre, max(v[0] for v in got.values()), max(v[2] for v in got.values()),
+                                 parts if all(p is not None for p in parts) else None)  # type: ignore[misc]
         while len(self._steps) > self.max_steps:
             self._steps.popitem(last=False)
 
@@ -373,18 +386,68 @@ class StepSeries:
         materiality is judged against, since a host's run-queue waits lengthen the step for nobody's work."""
         return {step: v[2] for step, v in self._steps.items()}
 
+    def _kept(self, exclude: Callable[[int], bool] | None) -> list[tuple[list[float], float, float, Any]]:
+        return [v for step, v in self._steps.items() if exclude is None or not exclude(step)]
+
     def verdict(
         self, threshold_pct: float, exclude: Callable[[int], bool] | None = None
     ) -> SlowRankVerdict | None:
-        """The slow-rank verdict on pre-sync time over the kept steps, leaving out ``exclude``d steps.
+        """The slow-rank verdict over the kept steps, leaving out ``exclude``d steps: each rank's own work, and when
+        that names no rank, its pre-sync time with its wait for a CPU (:func:`hf_distprof.core.verdicts.judge_run`,
+        the rule ``hf-distprof analyze`` judges the records by). The pre-sync time is judged only over steps whose
+        rows carry it.
 
         Steps the profiler traced are left out by the caller: a slow rank there may be the profiler's doing.
         """
-        kept = [v for step, v in self._steps.items() if exclude is None or not exclude(step)]
+        kept = self._kept(exclude)
         if self.world_size < 2:
             return None
-        per_rank = {r: [row[r] for row, _, _ in kept] for r in range(self.world_size)}
-        return judge_own_work(per_rank, threshold_pct, [own_step for _, _, own_step in kept])
+        per_rank = {r: [row[r] for row, _, _, _ in kept] for r in range(self.world_size)}
+        parted = kept if all(parts is not None for *_, parts in kept) else []
+        arrival = {r: [parts[r][0] for *_, parts in parted] for r in range(self.world_size)} if parted else {}
+        return judge_run(per_rank, arrival, threshold_pct, [own_step for _, _, own_step, _ in kept],
+                         [step_s for _, step_s, _, _ in parted])
+
+    def cause(self, rank: int, threshold_pct: float,
+              exclude: Callable[[int], bool] | None = None) -> Attribution | None:
+        """Why ``rank`` makes its peers wait (:func:`hf_distprof.core.cause.attribute`), over the same steps as
+        :meth:`verdict`; None without the rows' parts or with one rank."""
+        kept = self._kept(exclude)
+        if self.world_size < 2 or not kept or any(parts is None for *_, parts in kept):
+            return None
+        return attribute_rows({r: [parts[r] for *_, parts in kept] for r in range(self.world_size)}, rank,
+                              threshold_pct)
+
+
+def step_row(timing: StepTiming, host_timed: bool) -> list[float]:
+    """One step of one rank as the step timer sends it to rank 0 (:meth:`StepSeries.add`): ``[step, step_s,
+    own_work_s, own_step_s, pre_sync_s, cpu_wait_s, data_s, compute_s, tokens, samples]``. Without host timing (a GPU's
+    device times) the work is the pre-sync time and no wait for a CPU is taken out."""
+    pre = timing.pre_sync_s
+    work = timing.own_work_s if host_timed else pre
+    data = timing.data_load_s if timing.data_load_s is not None else timing.data_s
+    # The wait for a CPU is what the own work took out of the pre-sync time (what the records say too).
+    return [timing.step, timing.step_s, work, timing.own_step_s if host_timed else timing.step_s, pre, pre - work,
+            data, max(0.0, work - data), float(timing.tokens), float(timing.samples)]
+
+
+def live_time_warnings(warned: Mapping[tuple[str, int], int], final: SlowRankVerdict | None
+                       ) -> tuple[list[dict[str, Any]], list[str]]:
+    """Each live step-time warning (``warned``: (kind, rank) -> the step it was said), whether the verdict over the
+    whole run still names its rank, and the sentence withdrawing each one that does not: a rank slower for the first
+    20 steps of 30 (a shared machine's drift) is warned about live, then found within the threshold over the run."""
+    rows: list[dict[str, Any]] = []
+    withdrawn: list[str] = []
+    for (kind, rank), step in sorted(warned.items(), key=lambda item: item[1]):
+        if kind != "time":
+            continue
+        held = bool(final is not None and final.raised and final.rank == rank)
+        rows.append({"rank": rank, "step": step, "held_at_end": held})
+        if not held:
+            why = final.reason if final is not None else "no verdict over the run"
+            withdrawn.append(f"The step-time warning of step {step} about rank {rank} did not hold over the "
+                             f"whole run: {why}")
+    return rows, withdrawn
 
 
 def unresolved_note(comm: dict[str, Any]) -> str:

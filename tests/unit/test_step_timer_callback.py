@@ -358,6 +358,8 @@ def test_a_slow_rank_is_warned_about_live_once_the_verdict_held_twice(tmp_path, 
 
 
 def test_a_live_warning_the_whole_run_does_not_bear_out_is_withdrawn_at_the_end(tmp_path, caplog):
+    from hf_distprof.timing.report import live_time_warnings
+
     # Rank 1 slower for 12 steps (warned at step 13), then rank 0 for 12: over the run the median excess is
     # (50% - 33.3%) / 2 = 8.3%, under the 10% threshold. The end says the live warning did not hold.
     with caplog.at_level(logging.WARNING):
@@ -366,16 +368,16 @@ def test_a_live_warning_the_whole_run_does_not_bear_out_is_withdrawn_at_the_end(
         "[RANK 0] step 13: Step time imbalance 50.0% >"]
     final = cb._verdict()
     assert (final.status, final.gate, final.steps) == ("quiet", "threshold", 24)
-    rows, withdrawn = cb._live_time_warnings(final)
+    rows, withdrawn = live_time_warnings(cb._warned, final)
     assert rows == [{"rank": 1, "step": 13, "held_at_end": False}]
     assert withdrawn == [f"The step-time warning of step 13 about rank 1 did not hold over the whole run: "
                          f"{final.reason}"]
     assert final.reason.endswith("exceeds its peers' by a median 8.3%, within the 10% threshold")
     # Borne out: rank 1 slower throughout; the warning stands and nothing is withdrawn.
     held = _live(tmp_path, [(0.3, 0.45)] * 5)
-    assert held._live_time_warnings(held._verdict()) == ([{"rank": 1, "step": 13, "held_at_end": True}], [])
+    assert live_time_warnings(held._warned, held._verdict()) == ([{"rank": 1, "step": 13, "held_at_end": True}], [])
     # No verdict at all over the run (1 rank, say): the warning is withdrawn with that said.
-    assert cb._live_time_warnings(None)[1] == [
+    assert live_time_warnings(cb._warned, None)[1] == [
         "The step-time warning of step 13 about rank 1 did not hold over the whole run: no verdict over the run"]
 
 
@@ -423,13 +425,16 @@ def test_ranks_are_compared_on_their_work_less_their_wait_for_a_cpu(tmp_path):
     timing = StepTiming(step=5, data_s=0.05, forward_s=0.1, backward_s=0.2, optimizer_s=0.01, step_s=0.4,
                         data_load_s=0.05, backward_compute_s=0.15, cpu_wait_s=0.1)
     cb._add(timing)
-    assert list(cb._rows) == [[5, 0.4, pytest.approx(0.2), pytest.approx(0.3)]]
+    # [step, step_s, own work, own step, pre-sync (what peers wait for), its wait for a CPU, data, compute, tokens,
+    # samples]: the parts say why, when the rank is named (hf_distprof.core.cause).
+    assert list(cb._rows) == [[5, 0.4, pytest.approx(0.2), pytest.approx(0.3), pytest.approx(0.3), 0.1, 0.05,
+                               pytest.approx(0.15), 0.0, 0.0]]
     summary = cb._run.to_rank_summary(0)
     assert (summary.pre_sync_s, summary.cpu_wait_s) == (pytest.approx(0.3), pytest.approx(0.1))
     # On GPU the phases are device time (CUDA events): the host thread's wait is shown, not taken out.
     cb._host_timed = False
     cb._add(dataclasses.replace(timing, step=6))
-    assert list(cb._rows)[-1] == [6, 0.4, pytest.approx(0.3), 0.4]  # nor from the step
+    assert list(cb._rows)[-1][:6] == [6, 0.4, pytest.approx(0.3), 0.4, pytest.approx(0.3), 0.0]  # nor from the step
 
 
 def test_memory_growth_is_left_to_the_memory_logger_when_it_runs(tmp_path, caplog):

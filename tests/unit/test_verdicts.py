@@ -12,8 +12,9 @@ from hf_distprof.core.overhead import profiler_slowdown
 
 from hf_distprof.core.stats import binomial_tail, fisher_p
 
+from hf_distprof.core.run_verdict import across_the_run
 from hf_distprof.core.verdicts import (
-    _per_step_excess_numpy, across_the_run, imbalance_pct, judge_share, judge_slow_rank, medians_of_the_others,
+    _per_step_excess_numpy, imbalance_pct, judge_share, judge_slow_rank, medians_of_the_others,
     min_steps, per_step_excess,
 )
 

@@ -10,9 +10,9 @@ import pytest
 
 from hf_distprof.core.stats import MAD_SCALE, binomial_tail, fisher_p, scaled_mad
 
+from hf_distprof.core.run_verdict import across_the_run
 from hf_distprof.core.verdicts import (
-    ShareVerdict, SlowRankVerdict, _noise_pct, _standing_out, across_the_run, judge_share, judge_slow_rank,
-    min_steps,
+    ShareVerdict, SlowRankVerdict, _noise_pct, _standing_out, judge_share, judge_slow_rank, min_steps,
 )
 
 

@@ -1,5 +1,5 @@
 """A traced window too short for a slow-rank verdict of its own, weighed with the step timer's verdict over the run's
-other steps (``verdicts.across_the_run`` on an ``undecided`` window): named only when both lean to the same rank and
+other steps (``run_verdict.across_the_run`` on an ``undecided`` window): named only when both lean to the same rank and
 the combined test is below alpha; quiet when the timer judged enough steps and does not bear the rank out; "not enough
 evidence" only when neither source can decide, saying what would."""
 
@@ -9,7 +9,8 @@ import pytest
 
 from hf_distprof.core.stats import fisher_p
 
-from hf_distprof.core.verdicts import across_the_run, judge_slow_rank
+from hf_distprof.core.run_verdict import across_the_run
+from hf_distprof.core.verdicts import judge_slow_rank
 
 # Rank 1 is 25% slower than rank 0 in each of 3 traced steps (a little noise): undecided, 2 ranks need 6 steps.
 WINDOW = {0: [100.0, 102.0, 98.0], 1: [125.0, 128.0, 124.0]}

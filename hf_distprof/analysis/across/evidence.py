@@ -86,6 +86,22 @@ def _phases(records: TimerRecords, steps: list[int]) -> dict[str, dict[int, list
     return out
 
 
+def _parts(records: TimerRecords) -> dict[int, dict[int, tuple[float, ...]]]:
+    """rank -> step -> (pre-sync time, its wait for a CPU, data loading, own compute, tokens, samples) where the row
+    has them: the live timer's parts (:func:`hf_distprof.timing.report.step_row`), from the row's own figures."""
+    out: dict[int, dict[int, tuple[float, ...]]] = {}
+    for rank, steps in records.rows.items():
+        for step, row in steps.items():
+            pre, work = _number(row.get("pre_sync_s")), _number(row.get("own_work_s"))
+            data = _number(row.get("data_load_s"))
+            data = data if data is not None else _number(row.get("data_s"))
+            if pre is None or work is None or data is None:
+                continue
+            tokens, samples = _number(row.get("tokens")) or 0.0, _number(row.get("samples")) or 0.0
+            out.setdefault(rank, {})[step] = (pre, pre - work, data, max(0.0, work - data), tokens, samples)
+    return out
+
+
 def timer_figures(records: TimerRecords, traced: set[int]) -> TimerFigures:
     """Everything the analysis takes from the step timer's records, computed once.
 
@@ -112,6 +128,7 @@ def timer_figures(records: TimerRecords, traced: set[int]) -> TimerFigures:
         judged=judged,
         phases=_phases(records, judged),
         marked_traced=set(records.traced),
+        parts=_parts(records),
     )
 
 

@@ -18,6 +18,7 @@ from dataclasses import replace
 from hf_distprof.analysis.results.across import Across, PhaseExcess, RankVerdicts
 from hf_distprof.analysis.results.facts import ChainFacts, PeerWaits, RunSlowFacts
 from hf_distprof.analysis.results.findings import STEP_TIMER, TRACE, TRACE_AND_TIMER, Judgement
+from hf_distprof.core.cause import Attribution
 from hf_distprof.core.verdicts import SlowRankVerdict
 
 SLOW_RANK = "slow_rank"
@@ -72,10 +73,11 @@ def explain(findings: list[Judgement], across: Across, verdicts: RankVerdicts, g
     explains = (bool(about) and waits is not None and phase is not None and phase.excess_us > 0
                 and phase.excess_us >= EXPLAINS * waits.us)
     first = naming[0][1]
+    cause = verdicts.cause if verdicts.cause is not None and verdicts.cause.rank == slow else None
     if not explains and naming[0][2] == STEP_TIMER:
         # Named by the run, not by the window: one finding with the run's evidence, in place of the window's.
         rest = [f for f in findings if f not in about]
-        return [_across_the_run(slow, first, phase, waits, about, gpu), *rest]
+        return [_across_the_run(slow, first, phase, waits, about, gpu, cause), *rest]
     if not about or waits is None:
         return findings
     if not explains or phase is None:
@@ -91,7 +93,8 @@ def explain(findings: list[Judgement], across: Across, verdicts: RankVerdicts, g
         facts=ChainFacts(rank=slow, phase=phase, source_steps=phase.steps, lateness_us=lateness,
                          step_us=skew.mean_step_us if skew is not None else 0.0, waits=waits,
                          verdicts=[(name, v) for name, v, _ in naming],
-                         data_pct=folded[0].numbers["data_loading_pct"] if folded else None, gpu=gpu),
+                         data_pct=folded[0].numbers["data_loading_pct"] if folded else None, gpu=gpu,
+                         cause=cause),
         numbers={
             "phase_excess_ms": phase.excess_us / 1e3,
             "peer_wait_pct": waits.pct,
@@ -107,7 +110,7 @@ def explain(findings: list[Judgement], across: Across, verdicts: RankVerdicts, g
 
 
 def _across_the_run(slow: int, verdict: SlowRankVerdict, phase: PhaseExcess | None, waits: PeerWaits | None,
-                    about: list[Judgement], gpu: bool) -> Judgement:
+                    about: list[Judgement], gpu: bool, cause: Attribution | None) -> Judgement:
     """The slow rank's finding when the step timer names it over the run and the traced window does not explain it
     (its peers' waits there are small, or another phase): the run's numbers, the window's beside them."""
     timed = phase if phase is not None and phase.from_timer and phase.excess_us > 0 else None
@@ -116,7 +119,7 @@ def _across_the_run(slow: int, verdict: SlowRankVerdict, phase: PhaseExcess | No
         kind=SLOW_RANK,
         severity=max([wait_pct, *(f.severity for f in about)]) or verdict.effect_pct,
         ranks=[slow],
-        facts=RunSlowFacts(rank=slow, verdict=verdict, phase=timed, waits=waits, gpu=gpu),
+        facts=RunSlowFacts(rank=slow, verdict=verdict, phase=timed, waits=waits, gpu=gpu, cause=cause),
         numbers={"effect_pct": verdict.effect_pct, "peer_wait_pct": wait_pct, "slowest_in_steps": verdict.slowest_in,
                  "steps": verdict.steps, **({"phase_excess_ms": timed.excess_us / 1e3} if timed else {})},
         confidence=verdict.confidence,

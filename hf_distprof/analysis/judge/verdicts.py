@@ -20,8 +20,9 @@ from hf_distprof.analysis.options import AnalysisOptions
 from hf_distprof.analysis.results.across import Across, RankSkew, RankVerdicts, Straggler, TimerFigures
 from hf_distprof.analysis.results.findings import Basis
 from hf_distprof.analysis.results.timer import TimingSummary
-from hf_distprof.core.run_verdict import decided, follow_the_run, verdict_from_json
-from hf_distprof.core.verdicts import OWN_WORK, SlowRankVerdict, judge_own_work, judge_slow_rank, weigh_with_the_run
+from hf_distprof.core.cause import Attribution, attribute_rows
+from hf_distprof.core.run_verdict import decided, follow_the_run, verdict_from_json, weigh_with_the_run
+from hf_distprof.core.verdicts import OWN_WORK, SlowRankVerdict, judge_run, judge_slow_rank
 
 LATE = "late_collectives"
 SLOW_STEPS = "slow_steps"
@@ -42,8 +43,9 @@ def judge_ranks(across: Across, summary: TimingSummary, options: AnalysisOptions
     # Whether the run's candidate is real (beyond its noise and persistent) whatever its size: the what-if's word.
     real = judge_slow_rank(timer.judged_work(), 0.0, what=OWN_WORK).raised if across.evidence is not None else None
     skew = across.skew
+    cause = run_cause(timer, run, options.imbalance_pct) if decided(run) else None
     if skew is None:
-        return RankVerdicts(run=run, run_json=outside, run_real=real)
+        return RankVerdicts(run=run, run_json=outside, run_real=real, cause=cause)
     imbalance_window = judge_slow_rank(skew.busy, options.imbalance_pct, what=skew.busy_what,
                                        step_time=skew.busy_step_time)
     straggler_window = judge_slow_rank(skew.lateness, options.straggler_pct, scale=skew.lateness_scale,
@@ -62,6 +64,7 @@ def judge_ranks(across: Across, summary: TimingSummary, options: AnalysisOptions
         straggler=straggler, imbalance=imbalance, straggler_window=straggler_window,
         imbalance_window=imbalance_window, straggler_basis=straggler_basis, imbalance_basis=imbalance_basis,
         run=run, run_json=outside, run_real=real, stragglers=stragglers(skew.per_rank, straggler, options),
+        cause=cause,
     )
 
 
@@ -71,7 +74,19 @@ def run_verdict(timer: TimerFigures, threshold_pct: float) -> SlowRankVerdict | 
     older files (no marks) or fewer than 2 ranks."""
     if not timer.judged:
         return None
-    return judge_own_work(timer.judged_work(), threshold_pct, timer.judged_step_time())
+    parts = timer.judged_parts()
+    arrival = {r: [p[0] for p in rows] for r, rows in parts.items()}
+    step_time = [timer.step_times.get(s, 0.0) for s in timer.judged] if parts else []
+    return judge_run(timer.judged_work(), arrival, threshold_pct, timer.judged_step_time(), step_time)
+
+
+def run_cause(timer: TimerFigures, verdict: SlowRankVerdict | None, threshold_pct: float) -> Attribution | None:
+    """Why the run's verdict names its rank (:func:`hf_distprof.core.cause.attribute`, as the live timer says it),
+    over the steps it judged; None when it names no rank or the records lack the parts."""
+    if verdict is None or not verdict.raised or verdict.rank is None:
+        return None
+    parts = timer.judged_parts()
+    return attribute_rows(parts, verdict.rank, threshold_pct) if parts else None
 
 
 def stragglers(per_rank: list[RankSkew], verdict: SlowRankVerdict, options: AnalysisOptions) -> list[Straggler]:

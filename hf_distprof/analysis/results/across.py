@@ -9,6 +9,7 @@ from typing import Any
 
 from hf_distprof.analysis.results.findings import Basis
 from hf_distprof.analysis.results.rank import Collective, CollectiveKey, CommKindStat, ModuleCommStat
+from hf_distprof.core.cause import Attribution
 from hf_distprof.core.verdicts import SlowRankVerdict
 
 
@@ -50,6 +51,10 @@ class TimerFigures:
     """phase -> rank -> its seconds in each judged step (data, forward, backward, optimizer)."""
     marked_traced: set[int] = field(default_factory=set)
     """The steps the rows mark as traced by the profiler."""
+    parts: dict[int, dict[int, tuple[float, ...]]] = field(default_factory=dict)
+    """rank -> step -> (pre-sync time, its wait for a CPU, data loading, own compute, tokens, samples): what the
+    run's verdict weighs when own work names no rank, and what says why a rank is slow
+    (:func:`hf_distprof.timing.report.step_row`'s parts, read back from the records)."""
 
     def judged_work(self) -> dict[int, list[float]]:
         """rank -> its own work in each judged step (what the run's verdict judges)."""
@@ -58,6 +63,12 @@ class TimerFigures:
     def judged_step_time(self) -> list[float]:
         """The step less the ranks' wait for a CPU, in each judged step (what the verdict's materiality weighs)."""
         return [self.own_step.get(s, 0.0) for s in self.judged]
+
+    def judged_parts(self) -> dict[int, list[tuple[float, ...]]]:
+        """rank -> its parts in each judged step; empty when a rank lacks them in one (older records)."""
+        if not self.judged or any(s not in self.parts.get(r, {}) for r in self.own_work for s in self.judged):
+            return {}
+        return {r: [self.parts[r][s] for s in self.judged] for r in sorted(self.own_work)}
 
 
 @dataclass
@@ -182,7 +193,7 @@ class Skew:
     """The step time of each of those steps, us (the imbalance's materiality)."""
     busy_is_own_work: bool = False
     """Whether ``busy`` is the figure the step timer judges (own work): the window's effect then pools with the
-    timer's (:func:`hf_distprof.core.verdicts.across_the_run`)."""
+    timer's (:func:`hf_distprof.core.run_verdict.across_the_run`)."""
 
 
 @dataclass
@@ -211,6 +222,9 @@ class RankVerdicts:
     """With the step timer's records: whether the run's candidate's excess is real (beyond its noise and persistent,
     whatever its size), which a saving on its pace needs to count; None without them."""
     stragglers: list[Straggler] = field(default_factory=list)
+    cause: Attribution | None = None
+    """Why the run's verdict names its rank, from the step timer's records (:mod:`hf_distprof.core.cause`); None when
+    it names none or the records lack the figures."""
 
     def raised(self) -> list[tuple[str, SlowRankVerdict, Basis]]:
         """The raised verdicts that name a rank, the straggler's first."""

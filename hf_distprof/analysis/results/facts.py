@@ -14,6 +14,7 @@ from hf_distprof.analysis.results.across import PhaseExcess, RankVerdicts, Strag
 from hf_distprof.analysis.results.findings import Basis, Judgement
 from hf_distprof.analysis.results.rank import CommKindStat, DeviceMemory
 from hf_distprof.analysis.results.whatif import WhatIf, WhatIfModel, WhatIfScenario
+from hf_distprof.core.cause import Attribution
 from hf_distprof.core.verdicts import SlowRankVerdict
 
 
@@ -162,6 +163,8 @@ class ChainFacts:
     data_pct: float | None
     """When a data-loading finding naming only it is folded in: data loading's share of its step."""
     gpu: bool
+    cause: Attribution | None = None
+    """Why, from the step timer's records over the run (its figures are the live warning's)."""
 
 
 @dataclass
@@ -174,6 +177,8 @@ class RunSlowFacts:
     """The phase the step timer shows slower (None: none is)."""
     waits: PeerWaits | None
     gpu: bool
+    cause: Attribution | None = None
+    """Why, from the step timer's records over the run (its figures are the live warning's)."""
 
 
 @dataclass

@@ -33,6 +33,7 @@ from hf_distprof.analysis.results.facts import (
 from hf_distprof.analysis.results.findings import STEP_TIMER, TRACE_AND_TIMER, Finding, Judgement, Undecided, WindowNote
 from hf_distprof.analysis.results.whatif import WhatIfModel, WhatIfScenario
 from hf_distprof.core.advice import PHASE_NAMES, phase_advice
+from hf_distprof.core.cause import Attribution, cause_action, cause_title, cause_why
 from hf_distprof.core.text import format_bytes
 
 
@@ -62,6 +63,10 @@ def write_all(judged: Judged) -> tuple[list[Finding], list[Undecided], list[Wind
     """Every finding, undecided question and window note of the run, in words."""
     return ([write(j) for j in judged.findings], [undecided(q) for q in judged.questions],
             [window_note(w) for w in judged.windows])
+
+
+def _ms_of(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms"
 
 
 def waits_sentence(w: PeerWaits) -> str:
@@ -304,6 +309,13 @@ def _chain(j: Judgement) -> Prose:
                                                              for other, v in more)
     data = (f"; data loading is {f.data_pct:.1f}% of rank {f.rank}'s step (median over the traced steps)"
             if f.data_pct is not None else "")
+    if f.cause is not None:
+        return _caused(f.rank, f.cause, f.gpu, phase_advice(f.phase.phase, on_gpu=f.gpu),
+                       f"its peers wait {f.waits.pct:.1f}% of their step for it at the collectives",
+                       f"; its {name} exceeds its peers' by {f.phase.excess_us / 1e3:.2f} ms per step "
+                       f"({_source(f.phase.from_timer, f.source_steps)}){late}, and the others wait for it there (from "
+                       f"their arrival at the same collective to its, clocks aligned): {waits_sentence(f.waits)}"
+                       f"{data}. {reasons}", _WAIT_NOT_NETWORK)
     action = f"Rank {f.rank}: {phase_advice(f.phase.phase, on_gpu=f.gpu)}"
     return Prose(
         title=f"Rank {f.rank} holds the others back: its {name}",
@@ -313,14 +325,36 @@ def _chain(j: Judgement) -> Prose:
                  f"({_source(f.phase.from_timer, f.source_steps)}){late}, and the others wait for it there (from their "
                  f"arrival at the same collective to its, clocks aligned): {waits_sentence(f.waits)}{data}. {reasons}"),
         action=action,
-        more=(". The others' exposed communication is a wait for it, not the network: larger buckets or a faster "
-              "network will not shorten it."),
+        more=_WAIT_NOT_NETWORK,
+    )
+
+
+_WAIT_NOT_NETWORK = (". The others' exposed communication is a wait for it, not the network: larger buckets or a "
+                     "faster network will not shorten it.")
+
+
+def _caused(rank: int, cause: Attribution, gpu: bool, advice: str, peers: str, details: str, more: str) -> Prose:
+    """The slow rank's words when the step timer's records say why (:mod:`hf_distprof.core.cause`): the cause and its
+    figures as the live warning says them, what its peers pay; ``details``: the rest of the evidence."""
+    machine = " (not your code)" if cause.machine else ""
+    return Prose(
+        title=f"Rank {rank} holds the others back: {cause_title(cause)}{machine}",
+        why=f"{cause_why(cause)}; {peers}",
+        details=details,
+        action=f"Rank {rank}: {cause_action(cause, gpu, advice)}",
+        more=more,
     )
 
 
 def _run_slow(j: Judgement) -> Prose:
     f: RunSlowFacts = j.facts
     v = f.verdict
+    if f.cause is not None:
+        peers = (f"its peers wait {_ms_of(f.cause.excess_s)} per step for it over the run's {v.steps} untraced steps "
+                 "(the step timer)")
+        window = f"; in the traced window {waits_sentence(f.waits)}" if f.waits is not None else ""
+        advice = phase_advice(f.phase.phase if f.phase is not None else "compute", f.gpu)
+        return _caused(f.rank, f.cause, f.gpu, advice, peers, f"{window}. {v.reason}", ".")
     name = PHASE_NAMES.get(f.phase.phase, f.phase.phase) if f.phase is not None else ""
     most = (f"; most of it in its {name}: {f.phase.excess_us / 1e3:.2f} ms more per step than its peers' "
             f"({_source(f.phase.from_timer, f.phase.steps)})" if f.phase is not None else "")
