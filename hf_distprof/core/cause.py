@@ -208,10 +208,10 @@ def _unit(a: Attribution, one: bool = False) -> str:
 def cause_title(a: Attribution) -> str:
     """What holds the rank back, as a finding's title ends ("Rank 1 holds the others back: <this>")."""
     return {
-        Cause.CPU_WAIT: "its machine (it waits for a CPU)",
+        Cause.CPU_WAIT: "its machine, not your code (it waits for a CPU)",
         Cause.INPUT: "its data loading",
         Cause.MORE_WORK: f"more work ({a.work_ratio or 0.0:.1f}x the {_unit(a)} of its peers)",
-        Cause.SLOWER_MACHINE: "its machine (the same work, slower)",
+        Cause.SLOWER_MACHINE: "its machine, not your code (the same work, slower)",
         Cause.COMPUTE: "its compute",
     }[a.cause]
 

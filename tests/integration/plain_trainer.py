@@ -13,6 +13,10 @@ How it sets up logging and whether it passes hf_distprof's callbacks itself come
   collated during step ``k - 1`` (``state.global_step`` after it, the step timer's and the profiler's step).
 - ``PLAIN_PROFILE_NOW="<step>:<path>"``: rank 0 touches ``path`` (a run folder's ``PROFILE_NOW``) at the start of that
   optimizer step, as a user asking ``--profile-on-demand`` for a window would.
+- ``PLAIN_MORE_WORK="<rank>:<factor>"``: that rank's collator repeats each batch's samples ``factor`` times (more work
+  per step: uneven batches).
+- ``PLAIN_PIN=1``: rank ``r`` runs on CPU ``r`` only (of those it may use), so that another process pinned to one core
+  shares that rank's core alone.
 - ``HF_DISTPROF_ALTERNATE_CORES=1``: at every batch the collator moves the main thread to the next CPU (rank ``r``'s
   ``n``-th batch on CPU ``(r + n) mod`` the CPUs it may use), as the demo's training script does for the scenario
   suite: this VM's cores each switch between speeds ~20% apart for seconds at a time, so in a run of a few seconds a
@@ -42,7 +46,7 @@ class RandomTokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
         return {"input_ids": ids, "labels": ids.clone()}
 
 
-def collate(rank: int, sleep_s: float, every: int = 1, first: int = 1, block: int = 0) -> Any:
+def collate(rank: int, sleep_s: float, every: int = 1, first: int = 1, block: int = 0, repeat: int = 1) -> Any:
     calls = 0
     cpus = sorted(os.sched_getaffinity(0)) if os.environ.get("HF_DISTPROF_ALTERNATE_CORES") == "1" else []
 
@@ -53,6 +57,7 @@ def collate(rank: int, sleep_s: float, every: int = 1, first: int = 1, block: in
         calls += 1
         if sleep_s and calls % every == 0 and calls >= first and (not block or (calls - first) // block % 2 == 0):
             time.sleep(sleep_s)
+        features = features * repeat
         return {k: torch.stack([f[k] for f in features]) for k in features[0]}
 
     return fn
@@ -87,6 +92,11 @@ def main() -> None:
     else:
         (training_args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses()
     rank = training_args.process_index
+    if os.environ.get("PLAIN_PIN") == "1":
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[training_args.local_process_index % len(cpus)]})
+    heavy, _, factor = os.environ.get("PLAIN_MORE_WORK", "-1:1").partition(":")
+    repeat = int(factor) if int(heavy) == rank else 1
     who, _, rest = os.environ.get("PLAIN_COLLATOR_SLEEP", "-1:0").partition(":")
     seconds, _, rest = rest.partition(":")
     every, _, rest = rest.partition(":")
@@ -97,7 +107,8 @@ def main() -> None:
     if touch_step:
         callbacks = [*callbacks, TouchAt(int(touch_step), touch_path)]
     trainer = Trainer(model=model, args=training_args, train_dataset=RandomTokens(), callbacks=callbacks,
-                      data_collator=collate(rank, sleep_s, int(every or 1), int(first or 1), int(block or 0)))
+                      data_collator=collate(rank, sleep_s, int(every or 1), int(first or 1), int(block or 0),
+                                            repeat))
     trainer.train()
 
 

@@ -104,6 +104,7 @@ def explain(findings: list[Judgement], across: Across, verdicts: RankVerdicts, g
         phase=phase.phase,
         basis=TRACE_AND_TIMER if phase.from_timer or any(f.basis == TRACE_AND_TIMER for f in about) else TRACE,
         steps=first.steps,
+        cause=cause.cause.value if cause is not None else None,
     )
     rest = [f for f in findings if f not in about and f not in folded]
     return [chain, *rest]
@@ -126,4 +127,5 @@ def _across_the_run(slow: int, verdict: SlowRankVerdict, phase: PhaseExcess | No
         phase=timed.phase if timed else None,
         basis=TRACE_AND_TIMER,
         steps=verdict.steps,
+        cause=cause.cause.value if cause is not None else None,
     )

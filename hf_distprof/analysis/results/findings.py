@@ -51,6 +51,9 @@ class Judgement:
     phase: str | None = None
     basis: Basis = TRACE
     steps: int | None = None
+    cause: str | None = None
+    """Why the rank it names holds the others back (:class:`hf_distprof.core.cause.Cause`'s value), when the step
+    timer's records say; None otherwise."""
 
 
 @dataclass
@@ -86,6 +89,10 @@ class Finding:
     """The evidence it rests on (:class:`Basis`)."""
     steps: int | None = None
     """How many steps were judged (None where no per-step test decides it)."""
+    cause: str | None = None
+    """Why the rank it names holds the others back, as :class:`hf_distprof.core.cause.Cause` names it: ``cpu_wait``
+    and ``slower_machine`` (its machine, not your code), ``input``, ``more_work``, ``compute``; None when the step
+    timer's records do not say (or the finding names no slow rank)."""
 
 
 @dataclass

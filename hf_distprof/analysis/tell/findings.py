@@ -56,7 +56,7 @@ def write(j: Judgement) -> Finding:
     return Finding(kind=j.kind, severity=j.severity, title=words.title, ranks=j.ranks,
                    evidence=words.why + words.details, recommendation=words.action + words.more, numbers=j.numbers,
                    confidence=j.confidence, phase=j.phase, why=words.why, action=words.action, basis=j.basis,
-                   steps=j.steps)
+                   steps=j.steps, cause=j.cause)
 
 
 def write_all(judged: Judged) -> tuple[list[Finding], list[Undecided], list[WindowNote]]:
@@ -336,9 +336,8 @@ _WAIT_NOT_NETWORK = (". The others' exposed communication is a wait for it, not 
 def _caused(rank: int, cause: Attribution, gpu: bool, advice: str, peers: str, details: str, more: str) -> Prose:
     """The slow rank's words when the step timer's records say why (:mod:`hf_distprof.core.cause`): the cause and its
     figures as the live warning says them, what its peers pay; ``details``: the rest of the evidence."""
-    machine = " (not your code)" if cause.machine else ""
     return Prose(
-        title=f"Rank {rank} holds the others back: {cause_title(cause)}{machine}",
+        title=f"Rank {rank} holds the others back: {cause_title(cause)}",
         why=f"{cause_why(cause)}; {peers}",
         details=details,
         action=f"Rank {rank}: {cause_action(cause, gpu, advice)}",

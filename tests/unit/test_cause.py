@@ -1,0 +1,121 @@
+"""Whose fault (hf_distprof.core.cause): a slow rank's excess attributed to its machine, its input pipeline or more
+work, from the step timer's per-step parts, and the one verdict (judge_run) that never passes over a wait its peers
+pay. Exact figures on hand-built steps; the live timer's series and the analysis say the same."""
+
+from __future__ import annotations
+
+import pytest
+
+from hf_distprof.core.cause import Cause, attribute, attribute_rows, cause_action, cause_title, cause_why, from_json
+from hf_distprof.core.verdicts import ARRIVAL, OWN_WORK, judge_run
+from hf_distprof.timing.report import StepSeries
+
+N = 24
+
+
+def rows(rank_parts: dict[int, tuple[float, float, float, float, float, float]], wobble: float = 0.002
+         ) -> dict[int, list[tuple[float, ...]]]:
+    """rank -> N steps of (arrival, cpu_wait, data, compute, tokens, samples), the same wobble on every rank; the
+    arrival is the parts' sum (data + compute + wait)."""
+    out = {}
+    for r, (_, wait, data, compute, tokens, samples) in rank_parts.items():
+        steps = []
+        for i in range(N):
+            w = wobble * ((i * 7) % 5)
+            steps.append((data + compute + wait + w, wait, data, compute + w, tokens, samples))
+        out[r] = steps
+    return out
+
+
+CLEAN = (0.0, 0.001, 0.010, 0.100, 256.0, 8.0)
+
+
+def test_a_rank_waiting_for_a_cpu_is_its_machine_not_its_code():
+    # Rank 1's own work is its peers', but it waited 118 ms per step for a CPU (its core shared).
+    got = attribute_rows(rows({0: CLEAN, 1: (0.0, 0.118, 0.010, 0.100, 256.0, 8.0)}), 1, 10.0)
+    assert got is not None and got.cause == Cause.CPU_WAIT and got.machine
+    assert got.cpu_wait_s == pytest.approx(0.117) and got.excess_s == pytest.approx(0.117)
+    assert (got.cpu_wait_abs_s, got.peers_cpu_wait_s) == (pytest.approx(0.118), pytest.approx(0.001))
+    assert got.work_ratio == 1.0 and got.speed_ratio == pytest.approx(1.0)
+    assert (got.slowest_in, got.steps, got.longest_run, got.persistent) == (24, 24, 24, True)
+    assert cause_why(got).startswith("not your code: it waited 118 ms per step for a CPU (its peers 1.0 ms), 117 ms "
+                                     "of the 117 ms its peers wait for it: another process shares its cores")
+    assert cause_action(got, on_gpu=False, phase_advice_text="-").startswith("move or stop the other process")
+
+
+def test_a_collator_asleep_is_the_input_pipeline():
+    got = attribute_rows(rows({0: CLEAN, 1: (0.0, 0.001, 0.060, 0.100, 256.0, 8.0)}), 1, 10.0)
+    assert got is not None and got.cause == Cause.INPUT and not got.machine
+    assert got.data_s == pytest.approx(0.050) and cause_title(got) == "its data loading"
+    assert cause_action(got, False, "raise --dataloader_num_workers") == "raise --dataloader_num_workers"
+
+
+def test_twice_the_tokens_is_more_work_with_the_ratio():
+    # Twice the samples and tokens, twice the compute: the same speed per token.
+    got = attribute_rows(rows({0: CLEAN, 1: (0.0, 0.001, 0.010, 0.200, 512.0, 16.0)}), 1, 10.0)
+    assert got is not None and got.cause == Cause.MORE_WORK and got.unit == "tokens"
+    assert got.work_ratio == 2.0 and got.speed_ratio == pytest.approx(1.0, abs=0.03)
+    assert cause_title(got) == "more work (2.0x the tokens of its peers)"
+    # (The same wobble on a doubled compute reads as 0.98x per token.)
+    assert cause_why(got).startswith("it processes 2.00x the tokens of its peers per step, at 0.98x their time per "
+                                     "token")
+    assert "token-balanced batches" in cause_action(got, False, "-")
+
+
+def test_the_same_work_slower_is_its_machine():
+    got = attribute_rows(rows({0: CLEAN, 1: (0.0, 0.001, 0.010, 0.140, 256.0, 8.0)}), 1, 10.0)
+    assert got is not None and got.cause == Cause.SLOWER_MACHINE and got.machine
+    assert got.work_ratio == 1.0 and got.speed_ratio == pytest.approx(1.4, abs=0.03)
+    assert cause_why(got).startswith("not your code: it does the same work (1.00x the tokens of its peers) 1.")
+    assert "nvidia-smi" in cause_action(got, True, "-") and "nvidia-smi" not in cause_action(got, False, "-")
+
+
+def test_without_tokens_the_work_is_counted_in_samples_and_a_burst_is_said_as_one():
+    # No tokens counted anywhere: samples. Rank 1 slow in steps 4-11 only (8 of 24): in bursts.
+    base = rows({0: (0.0, 0.0, 0.010, 0.100, 0.0, 8.0), 1: (0.0, 0.0, 0.010, 0.100, 0.0, 8.0)}, wobble=0.0)
+    base[1] = [(a + (0.05 if 4 <= i < 12 else -0.001), w, d, c + (0.05 if 4 <= i < 12 else -0.001), t, s)
+               for i, (a, w, d, c, t, s) in enumerate(base[1])]
+    got = attribute_rows(base, 1, 10.0)
+    assert got is not None and got.unit == "samples" and (got.slowest_in, got.longest_run) == (8, 8)
+    assert not got.persistent and cause_why(got).endswith("last to the sync in 8 of 24 steps, in bursts (at most 8 in "
+                                                          "a row)")
+
+
+def test_attribution_needs_two_ranks_and_a_step_and_round_trips_through_json():
+    assert attribute_rows({0: rows({0: CLEAN})[0]}, 0, 10.0) is None
+    empty = {p: {0: [], 1: []} for p in ("arrival", "cpu_wait", "data", "compute", "units")}
+    assert attribute(empty, 1, 10.0) is None and attribute(empty, 5, 10.0) is None
+    got = attribute_rows(rows({0: CLEAN, 1: (0.0, 0.118, 0.010, 0.100, 256.0, 8.0)}), 1, 10.0)
+    assert got is not None and from_json(got.to_json()) == got and got.to_json()["cause"] == "cpu_wait"
+    assert from_json({"cause": "gremlins"}) is None and from_json(None) is None
+
+
+def test_the_run_verdict_names_a_rank_its_peers_wait_for_even_when_its_own_work_is_even():
+    parts = rows({0: CLEAN, 1: (0.0, 0.118, 0.010, 0.100, 256.0, 8.0)})
+    own = {r: [a - w for a, w, *_ in steps] for r, steps in parts.items()}
+    arrival = {r: [a for a, *_ in steps] for r, steps in parts.items()}
+    step = [0.3] * N
+    verdict = judge_run(own, arrival, 10.0, step, step)
+    assert (verdict.status, verdict.rank) == ("raised", 1) and verdict.claim.startswith(f"rank 1's {ARRIVAL}")
+    # Own work uneven: it decides, whatever the wait.
+    own[1] = [v * 1.5 for v in own[1]]
+    first = judge_run(own, arrival, 10.0, step, step)
+    assert first.raised and OWN_WORK in first.claim
+    # Nobody waited: the own-work verdict, quiet, stands.
+    even = {0: arrival[0], 1: arrival[0]}
+    quiet = judge_run({0: own[0], 1: own[0]}, even, 10.0, step, step)
+    assert quiet.status == "quiet" and OWN_WORK in quiet.claim
+
+
+def test_the_live_series_judges_and_attributes_the_rows_it_is_sent():
+    series = StepSeries(2)
+    parts = rows({0: CLEAN, 1: (0.0, 0.118, 0.010, 0.100, 256.0, 8.0)})
+    series.add([[[s, 0.3, a - w, 0.3 - w, a, w, d, c, t, n] for s, (a, w, d, c, t, n) in enumerate(steps, start=2)]
+                for steps in parts.values()])
+    verdict = series.verdict(10.0)
+    assert verdict is not None and (verdict.status, verdict.rank) == ("raised", 1)
+    assert series.cause(1, 10.0) == attribute_rows(parts, 1, 10.0)
+    # Rows of older callers (no parts): the own-work verdict alone, and no cause.
+    old = StepSeries(2)
+    old.add([[[s, 0.3, a - w] for s, (a, w, *_) in enumerate(steps, start=2)] for steps in parts.values()])
+    assert old.verdict(10.0).status == "quiet" and old.cause(1, 10.0) is None  # type: ignore[union-attr]
