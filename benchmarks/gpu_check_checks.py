@@ -157,8 +157,11 @@ def plan_environment(ctx: Ctx) -> list[Cmd]:
 def run_environment(ctx: Ctx, cmds: list[Cmd], n: dict[str, Any], sh: Shell) -> None:
     n.update(last_json(succeeded(sh, cmds[0])))
     expect(n["cuda_available"], "torch.cuda.is_available() is False")
-    missing = [m for m in ("hf_distprof", "datasets", "orjson", "msgspec") if not n["modules"].get(m)]
+    missing = [m for m in ("hf_distprof", "datasets", "orjson", "msgspec", "pynvml") if not n["modules"].get(m)]
     expect(not missing, f"not importable: {missing} (install the wheels: DEVELOPING.md)")
+    # The GPU's clocks as the step timer samples them on logging steps (the evidence for a slower machine).
+    health = n.get("gpu_health") or {}
+    expect(health.get("sm_clock_mhz", 0) > 0, f"NVML read no SM clock on this GPU: {health!r}")
     absent = [tool for tool in ("python", "accelerate") if not n["on_path"][tool]]
     expect(not absent, f"the launch scripts call {absent}, not on PATH")
 
@@ -395,7 +398,8 @@ def no_commands(ctx: Ctx) -> list[Cmd]:
 
 
 CHECKS: list[Check] = [
-    Check("environment", 15, plan_environment, run_environment, "versions, GPU, our package importable"),
+    Check("environment", 15, plan_environment, run_environment, "versions, GPU, its clocks and throttle reasons "
+          "(NVML, as the step timer samples them), our package importable"),
     Check("demo on 1 GPU", 75, plan_demo, run_demo, "40 steps of the demo: kernels, device phases, the logged "
           "parameter count", (BASE.model,)),
     Check("mfu", 2, no_commands, run_mfu, "the demo's MFU as FLOPs per token within 10% of 6 x parameters",

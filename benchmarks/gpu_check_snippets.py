@@ -15,6 +15,8 @@ if info["cuda_available"]:
     info.update(gpu=p.name, capability=f"{p.major}.{p.minor}", memory_gib=round(p.total_memory / 2**30, 1),
                 devices=torch.cuda.device_count(), nccl=".".join(map(str, torch.cuda.nccl.version())),
                 known_peak_tflops=peak_tflops_for_device(p.name))
+    from hf_distprof.timing.gpu_health import of_device
+    info["gpu_health"] = of_device(torch.device("cuda", 0))  # NVML: clocks, throttle reasons, power
 if shutil.which("nvidia-smi"):
     q = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
                        text=True, timeout=10)
@@ -23,7 +25,7 @@ extra = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.p
 extra = [p for p in extra if p != os.getcwd()]
 info["modules"] = {}
 for name in ("hf_distprof", "transformers", "accelerate", "datasets", "orjson", "msgspec", "hta", "numpy", "pandas",
-             "pyarrow", "pytest"):
+             "pyarrow", "pytest", "pynvml", "zlib_ng"):
     try:
         m = importlib.import_module(name)
     except Exception:

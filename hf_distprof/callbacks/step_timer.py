@@ -28,7 +28,7 @@ from hf_distprof.callbacks.memory.stats import MB
 from hf_distprof.callbacks.parallelism import report_parallelism
 from hf_distprof.callbacks.profiler.schedule import traced_steps
 from hf_distprof.config import ProfilingArguments
-from hf_distprof.timing import comm_overhead, publish
+from hf_distprof.timing import comm_overhead, gpu_health, publish
 from hf_distprof.timing.clock import default_clock
 from hf_distprof.timing.cpu_wait import RunQueueClock
 from hf_distprof.timing.instrument import (
@@ -51,9 +51,8 @@ from hf_distprof.timing.report import (
     peak_tflops_for_device,
     step_row,
 )
-from hf_distprof.core.cause import Attribution
+from hf_distprof.core.cause import Attribution, with_device
 from hf_distprof.core.growth import GrowthWatch, MemoryGrowth
-from hf_distprof.core.overhead import profiler_slowdown
 
 logger = dist.get_logger(__name__)
 
@@ -105,13 +104,14 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         # (kind, rank) -> the step of its live warning (each is said once).
         self._warned: dict[tuple[str, int], int] = {}
         self._failed = False
-        # Phases timed on the host clock (CPU training): only then is the thread's wait for a CPU part of them
-        # and taken out of the pre-sync time compared across ranks (on GPU the phases are device time).
+        # Phases timed on the host clock (CPU training): only then is the thread's wait for a CPU part of them and
+        # taken out of the pre-sync time compared across ranks (on GPU the phases are device time).
         self._host_timed = True
-        # Per-step rows (timing.report.step_row) not yet sent to rank 0, and rank 0's record of all
-        # ranks.
+        # Per-step rows (timing.report.step_row) not yet sent to rank 0; rank 0's record of all ranks, and every
+        # rank's GPU at the latest logging step.
         self._rows: deque[list[float]] = deque(maxlen=ROWS_KEPT)
         self._series: StepSeries | None = None
+        self._health: dict[int, dict[str, Any]] = {}
         self._traced: Any = None  # step -> whether the profiler ran over it
         self._ended_early: int | None = None  # a step ended before the profiler wrote its trace
         # Whether the profiler is still busy with a written trace (its compact summary, on a thread that takes the
@@ -169,6 +169,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self._flos_logged = self._flos_begin = float(state.total_flos)
         self._interval, self._run, self._warmup = PhaseTotals(), PhaseTotals(), PhaseTotals()
         self._rows, self._streak, self._ended_early, self._live = deque(maxlen=ROWS_KEPT), {}, None, None
+        self._health = {}
         self._busy_at_begin, self._busy_steps = False, set()
         self._series = StepSeries(dist.get_world_size())
         self._traced = traced_steps(self.args, state.global_step)
@@ -416,6 +417,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             "run": self._summaries(self._run),
             "rows": list(self._rows),
             "memory": current_memory_bytes(self._device),
+            "gpu": gpu_health.of_device(self._device),
         }
         self._interval = PhaseTotals()
         self._rows.clear()
@@ -426,11 +428,13 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         rows = list(self._rows)
         self._rows.clear()
         # A run of WARMUP_STEPS steps or fewer has nothing else to report: use what there is.
-        return {"run": self._summaries(self._run if self._run.steps else self._warmup), "rows": rows}
+        return {"run": self._summaries(self._run if self._run.steps else self._warmup), "rows": rows,
+                "gpu": gpu_health.of_device(self._device)}
 
     def _add_rows(self, gathered: list[dict[str, Any]]) -> None:
         assert self._series is not None
         self._series.add([g.get("rows") or [] for g in gathered])
+        self._health = {rank: g["gpu"] for rank, g in enumerate(gathered) if g.get("gpu")}
 
     def _report(self, summaries: list[Any], flops: float | None, verdict: Any = None) -> CrossRankReport | None:
         if any(s is None for s in summaries):
@@ -455,9 +459,10 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         return self._distorted if len(untraced) >= 2 else None
 
     def _cause(self, verdict: Any) -> Attribution | None:
-        """Why the verdict's rank makes its peers wait, over the steps the verdict judged."""
+        """Why the verdict's rank makes its peers wait, over the steps the verdict judged, with what the GPUs show."""
         assert self._series is not None
-        return self._series.cause(verdict.rank, self.args.imbalance_threshold_pct, self._exclude())
+        found = self._series.cause(verdict.rank, self.args.imbalance_threshold_pct, self._exclude())
+        return with_device(found, self._health) if found is not None else None
 
     def _verdict(self) -> Any:
         """The slow-rank verdict over the steps so far, the profiler's steps left out (its own distortion)."""
@@ -554,14 +559,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         live, withdrawn = live_time_warnings(self._warned, final)
         report.warnings.extend(withdrawn)
         assert self._series is not None
-        a = self.args
-        slowdown = profiler_slowdown(
-            {s: t for s, t in self._series.step_times().items() if s not in self._busy_steps},
-            {s for s in self._series.step_times() if self._traced(s)},
-            {"record_shapes": a.profiler_record_shapes, "profile_memory": a.profiler_profile_memory,
-             "with_stack": a.profiler_with_stack, "with_flops": a.profiler_with_flops},
-            threshold_ratio=a.profiler_slowdown_threshold,
-        )
+        slowdown = self._series.profiler_slowdown(self._busy_steps, self._traced, self.args)
         if slowdown is not None and slowdown.warning is not None:
             report.warnings.append(slowdown.warning[0].upper() + slowdown.warning[1:])
         summary: dict[str, Any] = {
@@ -578,6 +576,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             "memory_growth": [g.to_json() for g in map(self._growth, range(len(gathered))) if g is not None],
             "live_time_warnings": live,
             "slow_rank_cause": cause.to_json() if cause is not None else None,
+            "gpu_health": {str(rank): h for rank, h in sorted(self._health.items())},
             "files": sorted(paths.TIMING_LOG_NAME.format(rank=r) for r in range(len(gathered))),
         }
         del summary["ranks"]

@@ -185,6 +185,53 @@ def attribute_rows(rows: Mapping[int, Sequence[Sequence[float]]], rank: int,
     return attribute(parts, rank, threshold_pct, "tokens" if tokens else "samples")
 
 
+SLOWER_CLOCK = 0.05
+"""A GPU whose SM clock is this much below its peers' median is slower on the same work."""
+
+
+def device_evidence(health: Mapping[int, Mapping[str, Any]], rank: int) -> dict[str, Any]:
+    """What the ranks' GPUs say about ``rank``'s: its SM clock against its peers' median, its active slowdowns; empty
+    when its GPU was not sampled or shows nothing slower (``health``: rank -> :meth:`GpuHealth.to_json`)."""
+    mine = health.get(rank)
+    peers = sorted(h["sm_clock_mhz"] for r, h in health.items() if r != rank and h)
+    if not mine:
+        return {}
+    out: dict[str, Any] = {}
+    if mine.get("throttle"):
+        out["throttle"] = list(mine["throttle"])
+    if peers:
+        typical = median(peers)
+        if mine["sm_clock_mhz"] < (1.0 - SLOWER_CLOCK) * typical:
+            out["sm_clock_mhz"], out["peers_sm_clock_mhz"] = mine["sm_clock_mhz"], typical
+    if out and mine.get("temperature_c") is not None:
+        out["temperature_c"] = mine["temperature_c"]
+    return out
+
+
+def evidence_sentence(extra: dict[str, Any]) -> str:
+    """"its GPU runs at 1410 MHz against its peers' 1980 MHz, slowed by hardware thermal slowdown (at 91 C)", or ""."""
+    parts = []
+    if "sm_clock_mhz" in extra:
+        parts.append(f"its GPU runs at {extra['sm_clock_mhz']} MHz against its peers' "
+                     f"{extra['peers_sm_clock_mhz']:.0f} MHz")
+    if extra.get("throttle"):
+        parts.append(f"slowed by {' and '.join(extra['throttle'])}")
+    if parts and extra.get("temperature_c") is not None:
+        parts[-1] += f" (at {extra['temperature_c']} C)"
+    return ", ".join(parts)
+
+
+def with_device(a: Attribution, health: Mapping[int, Mapping[str, Any]]) -> Attribution:
+    """``a`` with what the ranks' GPUs show (``health``: rank -> its sample, :mod:`hf_distprof.timing.gpu_health`):
+    a rank whose GPU runs slower than its peers' or is throttled, with no other cause named, is slower on the same
+    work because of its machine."""
+    extra = device_evidence(dict(health), a.rank)
+    if not extra:
+        return a
+    cause = Cause.SLOWER_MACHINE if a.cause in (Cause.COMPUTE, Cause.SLOWER_MACHINE) else a.cause
+    return Attribution(**{**{f: getattr(a, f) for f in a.__dataclass_fields__}, "cause": cause, "extra": extra})
+
+
 def from_json(doc: Any) -> Attribution | None:
     """An attribution written by :meth:`Attribution.to_json`; None when absent or malformed."""
     if not isinstance(doc, Mapping):
@@ -229,8 +276,11 @@ def cause_why(a: Attribution) -> str:
         speed = f", at {a.speed_ratio:.2f}x their time per {_unit(a, True)}" if a.speed_ratio is not None else ""
         text = f"it processes {a.work_ratio or 0.0:.2f}x the {unit} of its peers per step{speed}"
     elif a.cause == Cause.SLOWER_MACHINE:
-        text = (f"not your code: it does the same work ({a.work_ratio or 0.0:.2f}x the {unit} of its peers) "
-                f"{a.speed_ratio or 0.0:.2f}x slower per {_unit(a, True)}")
+        same = (f"it does the same work ({a.work_ratio or 0.0:.2f}x the {unit} of its peers) "
+                f"{a.speed_ratio or 0.0:.2f}x slower per {_unit(a, True)}" if a.speed_ratio is not None else
+                f"its compute takes {_ms(a.compute_s)} more per step than its peers'")
+        device = evidence_sentence(a.extra)
+        text = f"not your code: {same}" + (f"; {device}" if device else "")
     else:
         work = f" with {a.work_ratio:.2f}x the {unit} of its peers" if a.work_ratio is not None else ""
         text = f"its compute takes {_ms(a.compute_s)} more per step than its peers'{work}"

@@ -19,6 +19,7 @@ from typing import Any
 
 from hf_distprof.core.advice import phase_advice
 from hf_distprof.core.cause import Attribution, attribute_rows, cause_action, cause_why
+from hf_distprof.core.overhead import ProfilerSlowdown, profiler_slowdown
 from hf_distprof.core.verdicts import KEPT_CELLS, SlowRankVerdict, imbalance_pct, judge_run
 from hf_distprof.timing.recorder import StepTiming
 
@@ -407,6 +408,18 @@ class StepSeries:
         arrival = {r: [parts[r][0] for *_, parts in parted] for r in range(self.world_size)} if parted else {}
         return judge_run(per_rank, arrival, threshold_pct, [own_step for _, _, own_step, _ in kept],
                          [step_s for _, step_s, _, _ in parted])
+
+    def profiler_slowdown(self, busy: set[int], traced: Callable[[int], bool], args: Any) -> ProfilerSlowdown | None:
+        """The profiler's slowdown over the kept steps (:func:`hf_distprof.core.overhead.profiler_slowdown`): the
+        steps it traced (``traced``) against the others, those it was busy in left out on both sides; ``args``: the
+        profiling flags (which options it ran with, the threshold)."""
+        times = self.step_times()
+        return profiler_slowdown(
+            {s: t for s, t in times.items() if s not in busy}, {s for s in times if traced(s)},
+            {"record_shapes": args.profiler_record_shapes, "profile_memory": args.profiler_profile_memory,
+             "with_stack": args.profiler_with_stack, "with_flops": args.profiler_with_flops},
+            threshold_ratio=args.profiler_slowdown_threshold,
+        )
 
     def cause(self, rank: int, threshold_pct: float,
               exclude: Callable[[int], bool] | None = None) -> Attribution | None:

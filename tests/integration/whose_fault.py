@@ -27,7 +27,7 @@ CASES: dict[str, dict[str, str]] = {
 """case -> the plain script's environment (test hooks: ``plain_trainer.py``)."""
 EXPECTED = {"shared_core": "cpu_wait", "more_work": "more_work", "slow_collator": "input"}
 """case -> the cause rank 1 must be named for."""
-SPINNERS = 2
+SPINNERS = 3
 """Busy processes pinned to rank 1's core in the ``shared_core`` case: rank 1 gets about a third of it."""
 
 

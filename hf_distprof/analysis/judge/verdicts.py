@@ -20,7 +20,7 @@ from hf_distprof.analysis.options import AnalysisOptions
 from hf_distprof.analysis.results.across import Across, RankSkew, RankVerdicts, Straggler, TimerFigures
 from hf_distprof.analysis.results.findings import Basis
 from hf_distprof.analysis.results.timer import TimingSummary
-from hf_distprof.core.cause import Attribution, attribute_rows
+from hf_distprof.core.cause import Attribution, attribute_rows, with_device
 from hf_distprof.core.run_verdict import decided, follow_the_run, verdict_from_json, weigh_with_the_run
 from hf_distprof.core.verdicts import OWN_WORK, SlowRankVerdict, judge_run, judge_slow_rank
 
@@ -44,6 +44,7 @@ def judge_ranks(across: Across, summary: TimingSummary, options: AnalysisOptions
     real = judge_slow_rank(timer.judged_work(), 0.0, what=OWN_WORK).raised if across.evidence is not None else None
     skew = across.skew
     cause = run_cause(timer, run, options.imbalance_pct) if decided(run) else None
+    cause = with_device(cause, summary.gpu_health) if cause is not None else None
     if skew is None:
         return RankVerdicts(run=run, run_json=outside, run_real=real, cause=cause)
     imbalance_window = judge_slow_rank(skew.busy, options.imbalance_pct, what=skew.busy_what,

@@ -27,6 +27,8 @@ def read_timing_summary(files: list[str]) -> TimingSummary:
             out.profiler_slowdown = _slowdown_json(doc.get("profiler_slowdown"))
         if out.imbalance_verdict is None and isinstance(doc.get("imbalance_verdict"), dict):
             out.imbalance_verdict = doc["imbalance_verdict"]
+        if not out.gpu_health:
+            out.gpu_health = _gpu_health(doc.get("gpu_health"))
     return out
 
 
@@ -47,3 +49,15 @@ def _slowdown_json(doc: Any) -> dict[str, Any] | None:
     if warning and not (number("ratio", optional=False) and doc["ratio"] > 0):  # the finding divides by it
         return None
     return dict(doc)
+
+
+def _gpu_health(doc: Any) -> dict[int, dict[str, Any]]:
+    """``gpu_health`` by rank, each sample with an integer SM clock; anything else left out."""
+    if not isinstance(doc, dict):
+        return {}
+    out = {}
+    for rank, sample in doc.items():
+        if isinstance(rank, str) and rank.isdigit() and isinstance(sample, dict) \
+                and isinstance(sample.get("sm_clock_mhz"), int) and not isinstance(sample["sm_clock_mhz"], bool):
+            out[int(rank)] = sample
+    return out

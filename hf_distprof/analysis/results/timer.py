@@ -38,3 +38,5 @@ class TimingSummary:
     """The first folder's ``profiler_slowdown`` whose fields the analysis reads all have their types; None without."""
     imbalance_verdict: dict[str, Any] | None = None
     """The first folder's ``imbalance_verdict`` (the step timer's slow-rank verdict); None without."""
+    gpu_health: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """rank -> its GPU as NVML saw it at train end (``gpu_health``: SM clock, throttle reasons ...); empty off GPUs."""
