@@ -18,7 +18,7 @@ import os
 import time
 from pathlib import Path
 
-from hf_distprof import dist, logs
+from hf_distprof import crash, dist, logs
 from hf_distprof.core.files import (  # noqa: F401 (re-exported: callbacks write through paths)
     DEAD_WRITER_AGE_S,
     STALE_TEMP_AGE_S,
@@ -136,6 +136,7 @@ def resolve_run_dir(
     _RUN_DIRS[key] = (owner, run_dir)
     if run_dir is not None:
         log_to_run_dir(run_dir)
+        crash.record_crashes(run_dir, dist.get_rank())  # a rank that dies leaves its stack there
         announce_run_dir(run_dir)
     return run_dir
 

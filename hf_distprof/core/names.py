@@ -53,6 +53,8 @@ TIMING_RE = re.compile(re.escape(TIMING_LOG_NAME).replace(r"\{rank\}", r"(\d+)")
 TIMING_SUMMARY_NAME = "timing_summary.json"
 ANALYSIS_NAME = "analysis.json"
 HANG_DUMP_NAME = "hang_rank{rank}_{host}.txt"
+CRASH_NAME = "rank{rank}_crash.txt"
+"""Every thread's Python stack when the rank died of a fatal signal (:mod:`hf_distprof.crash`); removed when empty."""
 HANG_BACKSTOP_NAME = "hang_rank{rank}_{host}.faulthandler.txt"
 FLIGHT_RECORDER_NAME = "flight_recorder_rank{rank}_{host}.pkl"
 RANK_LOG_NAME = "rank{rank}.log"

@@ -1,8 +1,10 @@
-"""``hf-distprof hang-report``: which rank the others wait for, from the watchdog's per-rank stack dumps.
+"""``hf-distprof hang-report``: which rank the others wait for, from the watchdog's per-rank stack dumps, and which rank
+died, of what, where.
 
 Reads ``hang_rank{R}_{host}.txt`` (written by ``--hang-timeout``), the GIL-free backstop dumps
-(``hang_rank{R}_{host}.faulthandler.txt``) for ranks without one, and NCCL flight-recorder dumps
-(``flight_recorder_rank{R}_{host}.pkl``) where present. No torch import.
+(``hang_rank{R}_{host}.faulthandler.txt``) for ranks without one, NCCL flight-recorder dumps
+(``flight_recorder_rank{R}_{host}.pkl``) where present, and the crash files (``rank{R}_crash.txt``: every thread's
+stack when a rank died of a fatal signal, :mod:`hf_distprof.crash`). No torch import.
 """
 
 from __future__ import annotations
@@ -22,6 +24,11 @@ _FH_THREAD = re.compile(
 )
 _FH_FRAME = re.compile(r'^  File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
 _RANK = re.compile(r"^hang_rank(?P<rank>\d+)_(?P<host>.+?)(?P<backstop>\.faulthandler)?\.txt$")
+_CRASH = re.compile(r"^rank(?P<rank>\d+)_crash\.txt$")
+_FATAL = re.compile(r"^Fatal Python error: (?P<what>.+?)\s*$")
+SIGNALS = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Floating point exception": "SIGFPE",
+           "Bus error": "SIGBUS", "Illegal instruction": "SIGILL"}
+"""faulthandler's words for each fatal signal it handles."""
 _RECORDER = re.compile(r"^flight_recorder_rank(?P<rank>\d+)_(?P<host>.+)\.pkl$")
 
 # Frames that mean "inside a collective, or waiting for one": c10d calls, and autograd's backward, where
@@ -93,6 +100,21 @@ class Recorder:
 
 
 @dataclass
+class Crash:
+    """One rank's crash file: what killed it and every thread's stack then (the thread that got the signal first)."""
+
+    rank: int
+    path: Path
+    fatal: str
+    """faulthandler's words ("Segmentation fault", "Aborted" ...)."""
+    dump: RankDump
+
+    @property
+    def signal(self) -> str:
+        return SIGNALS.get(self.fatal, "?")
+
+
+@dataclass
 class HangReport:
     folder: Path
     dumps: dict[int, RankDump]
@@ -100,6 +122,7 @@ class HangReport:
     world_size: int | None
     culprits: list[int]
     lines: list[str]
+    crashes: dict[int, Crash] = field(default_factory=dict)
 
     @property
     def text(self) -> str:
@@ -146,7 +169,31 @@ def parse_dump(path: Path) -> RankDump:
     return dump
 
 
-def _parse_faulthandler(lines: list[str], dump: RankDump) -> None:
+def parse_crash(path: Path) -> Crash | None:
+    """One ``rank{R}_crash.txt``; None when it is empty (a rank killed outright, SIGKILL, writes nothing).
+
+    Raises:
+        ValueError: The file is not such a file, or holds no fatal error (the message names it).
+    """
+    match = _CRASH.match(path.name)
+    if match is None:
+        raise ValueError(f"{path}: not a crash file (expected rank<R>_crash.txt)")
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as err:
+        raise ValueError(f"{path}: cannot read: {err.strerror or err}") from None
+    if not text.strip():
+        return None
+    lines = text.splitlines()
+    fatal = next((m["what"] for m in map(_FATAL.match, lines) if m is not None), None)
+    if fatal is None:
+        raise ValueError(f"{path}: no 'Fatal Python error' line: not written by faulthandler on a crash")
+    dump = RankDump(int(match["rank"]), "", path, backstop=True)
+    _parse_faulthandler(lines, dump, current_first=True)
+    return Crash(int(match["rank"]), path, fatal, dump)
+
+
+def _parse_faulthandler(lines: list[str], dump: RankDump, current_first: bool = False) -> None:
     """faulthandler lists frames most recent first; stored innermost last like the others."""
     current: list[Frame] | None = None
     for line in lines:
@@ -154,8 +201,10 @@ def _parse_faulthandler(lines: list[str], dump: RankDump) -> None:
         if thread is not None:
             name = f"{thread['name'] or 'thread'} ({thread['ident']})"
             current = dump.threads.setdefault(name, [])
-            if dump.main is None and (thread["name"] == "MainThread" or line.startswith("Current thread")):
-                dump.main = name
+            current_thread = line.startswith("Current thread")
+            if current_first and current_thread or dump.main is None and (thread["name"] == "MainThread"
+                                                                           or current_thread):
+                dump.main = name  # on a crash: the thread that got the signal
             continue
         frame = _FH_FRAME.match(line)
         if frame is not None and current is not None:
@@ -228,8 +277,12 @@ def hang_report(folder: Path) -> HangReport:
         dump = parse_dump(path)
         if dump.rank not in dumps or dumps[dump.rank].backstop:
             dumps[dump.rank] = dump  # the watchdog's own dump wins over the backstop's
+    crashes = {c.rank: c for c in map(parse_crash, sorted(folder.glob("rank*_crash.txt"))) if c is not None}
+    if not dumps and not crashes:
+        raise FileNotFoundError(f"{folder}: no hang_rank*_*.txt (was --hang-timeout on, and did a step stall?) and no "
+                                "rank*_crash.txt with a stack (no rank died of a fatal signal)")
     if not dumps:
-        raise FileNotFoundError(f"{folder}: no hang_rank*_*.txt (was --hang-timeout on, and did a step stall?)")
+        return HangReport(folder, {}, {}, None, [], _crash_lines(folder, crashes), crashes)
     recorders = {r.rank: r for r in map(parse_recorder, sorted(folder.glob("flight_recorder_rank*.pkl")))}
     sizes = {int(d.header["world_size"]) for d in dumps.values() if d.header.get("world_size", "").isdigit()}
     world = max(sizes) if sizes else None
@@ -260,7 +313,23 @@ def hang_report(folder: Path) -> HangReport:
         lines.append("=> every rank dumped is inside a collective: look for a rank that called a different "
                      f"collective (or the same with other sizes), or one that died{dead}")
     lines += _recorder_lines(recorders)
-    return HangReport(folder, dumps, recorders, world, culprits, lines)
+    if crashes:
+        lines += _crash_lines(folder, crashes)[1:]
+    return HangReport(folder, dumps, recorders, world, culprits, lines, crashes)
+
+
+def _crash_lines(folder: Path, crashes: dict[int, Crash]) -> list[str]:
+    """Which rank died, of what, where: the innermost frame of user code of the thread that got the signal."""
+    lines = [f"crash report: {folder} ({len(crashes)} rank(s) died of a fatal signal)"]
+    for rank in sorted(crashes):
+        c = crashes[rank]
+        stack = c.dump.main_stack
+        where = (f"at {c.dump.user_frame}" if stack else
+                 "in a thread without Python frames (native code: a C++ thread, a library's own)")
+        lines.append(f"rank {rank} died of {c.fatal} ({c.signal}) {where}; every thread's stack: {c.path.name}")
+        if stack and stack[-1] is not c.dump.user_frame:
+            lines.append(f"  innermost frame: {stack[-1]}")
+    return lines
 
 
 def _recorder_lines(recorders: dict[int, Recorder]) -> list[str]:

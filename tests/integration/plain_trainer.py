@@ -15,6 +15,8 @@ How it sets up logging and whether it passes hf_distprof's callbacks itself come
   optimizer step, as a user asking ``--profile-on-demand`` for a window would.
 - ``PLAIN_MORE_WORK="<rank>:<factor>"``: that rank's collator repeats each batch's samples ``factor`` times (more work
   per step: uneven batches).
+- ``PLAIN_SEGV="<rank>:<step>"``: that rank dies of SIGSEGV at the start of that optimizer step
+  (``faulthandler._sigsegv()``, from a callback): a native crash mid-run.
 - ``PLAIN_PIN=1``: rank ``r`` runs on CPU ``r`` only (of those it may use), so that another process pinned to one core
   shares that rank's core alone.
 - ``HF_DISTPROF_ALTERNATE_CORES=1``: at every batch the collator moves the main thread to the next CPU (rank ``r``'s
@@ -63,6 +65,19 @@ def collate(rank: int, sleep_s: float, every: int = 1, first: int = 1, block: in
     return fn
 
 
+class SegfaultAt(TrainerCallback):
+    """Rank ``rank`` dies of SIGSEGV at the start of optimizer step ``step``."""
+
+    def __init__(self, rank: int, step: int) -> None:
+        self.rank, self.step = rank, step
+
+    def on_step_begin(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step + 1 == self.step and args.process_index == self.rank:
+            import faulthandler
+
+            faulthandler._sigsegv()
+
+
 class TouchAt(TrainerCallback):
     """Rank 0 touches ``path`` at the start of optimizer step ``step``."""
 
@@ -106,6 +121,9 @@ def main() -> None:
     touch_step, _, touch_path = os.environ.get("PLAIN_PROFILE_NOW", "").partition(":")
     if touch_step:
         callbacks = [*callbacks, TouchAt(int(touch_step), touch_path)]
+    segv_rank, _, segv_step = os.environ.get("PLAIN_SEGV", "").partition(":")
+    if segv_rank:
+        callbacks = [*callbacks, SegfaultAt(int(segv_rank), int(segv_step))]
     trainer = Trainer(model=model, args=training_args, train_dataset=RandomTokens(), callbacks=callbacks,
                       data_collator=collate(rank, sleep_s, int(every or 1), int(first or 1), int(block or 0),
                                             repeat))

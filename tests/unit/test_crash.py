@@ -1,0 +1,114 @@
+"""A rank that dies leaves its stack (hf_distprof.crash) and the report reads it (hf_distprof.runs.hang_report): the
+file armed per run folder, removed at a clean exit when empty, a script's own faulthandler left alone; crash files
+parsed (the thread that got the signal, a native thread, an empty file, a file that is no crash)."""
+
+from __future__ import annotations
+
+import types
+from pathlib import Path
+
+import pytest
+
+from hf_distprof import crash
+from hf_distprof.runs.hang_report import hang_report, parse_crash
+
+SEGV = """Fatal Python error: Segmentation fault
+
+Thread 0x00007f0000000001 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 320 in wait
+  File "/site-packages/hf_distprof/callbacks/profiler/compact_export.py", line 40 in _write
+
+Current thread 0x00007f0000000002 (most recent call first):
+  File "/site-packages/torch/autograd/graph.py", line 829 in _engine_run_backward
+  File "/home/me/train.py", line 17 in train_step
+  File "/home/me/train.py", line 30 in <module>
+
+Extension modules: torch._C (total: 1)
+"""
+
+ABORT_NATIVE = """Fatal Python error: Aborted
+
+Current thread 0x00007f0000000003 (most recent call first):
+  <no Python frame>
+
+Thread 0x00007f0000000004 (most recent call first):
+  File "/home/me/train.py", line 40 in <module>
+"""
+
+
+@pytest.fixture
+def handler(monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:
+    """A stand-in for the faulthandler module (pytest enables the real one for itself)."""
+    fake = types.SimpleNamespace(enabled=False, file=None, calls=[])
+    fake.is_enabled = lambda: fake.enabled
+
+    def enable(file, all_threads):  # type: ignore[no-untyped-def]
+        fake.enabled, fake.file = True, file
+        fake.calls.append(("enable", Path(file.name).name, all_threads))
+
+    def disable():  # type: ignore[no-untyped-def]
+        fake.enabled = False
+        fake.calls.append(("disable",))
+
+    fake.enable, fake.disable = enable, disable
+    monkeypatch.setattr(crash, "faulthandler", fake)
+    monkeypatch.setattr(crash, "_FILE", None)
+    monkeypatch.setattr(crash, "_PATH", None)
+    return fake
+
+
+def test_the_crash_file_is_armed_per_run_folder_and_removed_when_empty(tmp_path: Path, handler) -> None:  # type: ignore[no-untyped-def]
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir(), second.mkdir()
+    assert crash.record_crashes(first, 3) == first / "rank3_crash.txt" and (first / "rank3_crash.txt").exists()
+    assert handler.calls == [("enable", "rank3_crash.txt", True)]  # every thread's stack
+    assert crash.record_crashes(first, 3) == first / "rank3_crash.txt" and len(handler.calls) == 1  # the same
+    # A second train() in the same process takes it over; the first, empty, is gone.
+    assert crash.record_crashes(second, 3) == second / "rank3_crash.txt"
+    assert not (first / "rank3_crash.txt").exists() and crash.current() == second / "rank3_crash.txt"
+    # A crash writes into it: at a (later, clean) exit the file stays.
+    handler.file.write("Fatal Python error: Aborted\n")
+    handler.file.flush()
+    crash.finish()
+    assert (second / "rank3_crash.txt").read_text() == "Fatal Python error: Aborted\n" and not handler.enabled
+    crash.finish()  # twice: nothing to do
+
+
+def test_a_scripts_own_faulthandler_is_left_alone_and_an_unwritable_folder_is_one_warning(tmp_path: Path,
+                                                                                           handler) -> None:  # type: ignore[no-untyped-def]
+    handler.enabled = True  # python -X faulthandler: the user's, to stderr
+    assert crash.record_crashes(tmp_path, 0) is None and handler.calls == []
+    handler.enabled = False
+    assert crash.record_crashes(tmp_path / "missing", 0) is None and handler.calls == []
+
+
+def test_a_crash_file_says_what_killed_the_rank_and_where(tmp_path: Path) -> None:
+    (tmp_path / "rank1_crash.txt").write_text(SEGV)
+    got = parse_crash(tmp_path / "rank1_crash.txt")
+    assert got is not None and (got.rank, got.fatal, got.signal) == (1, "Segmentation fault", "SIGSEGV")
+    assert str(got.dump.user_frame) == "/home/me/train.py:17 in train_step"  # the thread that got the signal
+    report = hang_report(tmp_path)  # crash files alone: no hang dump needed
+    assert report.lines == [
+        f"crash report: {tmp_path} (1 rank(s) died of a fatal signal)",
+        "rank 1 died of Segmentation fault (SIGSEGV) at /home/me/train.py:17 in train_step; every thread's stack: "
+        "rank1_crash.txt",
+        "  innermost frame: /site-packages/torch/autograd/graph.py:829 in _engine_run_backward",
+    ]
+    # A C++ thread's abort: no Python frame on the thread that died.
+    (tmp_path / "rank0_crash.txt").write_text(ABORT_NATIVE)
+    (tmp_path / "rank2_crash.txt").write_text("")  # killed outright (SIGKILL) or never crashed: nothing to say
+    report = hang_report(tmp_path)
+    assert sorted(report.crashes) == [0, 1]
+    assert report.lines[1] == ("rank 0 died of Aborted (SIGABRT) in a thread without Python frames (native code: a C++ "
+                               "thread, a library's own); every thread's stack: rank0_crash.txt")
+
+
+def test_no_crash_and_no_hang_dump_is_an_error_naming_both_and_a_bad_file_is_named(tmp_path: Path) -> None:
+    (tmp_path / "rank0_crash.txt").write_text("")
+    with pytest.raises(FileNotFoundError, match="no rank\\*_crash.txt with a stack"):
+        hang_report(tmp_path)
+    (tmp_path / "rank1_crash.txt").write_text("hello\n")
+    with pytest.raises(ValueError, match="rank1_crash.txt: no 'Fatal Python error' line"):
+        hang_report(tmp_path)
+    with pytest.raises(ValueError, match="not a crash file"):
+        parse_crash(tmp_path / "crash.txt")
