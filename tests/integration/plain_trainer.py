@@ -17,6 +17,8 @@ How it sets up logging and whether it passes hf_distprof's callbacks itself come
   per step: uneven batches).
 - ``PLAIN_SEGV="<rank>:<step>"``: that rank dies of SIGSEGV at the start of that optimizer step
   (``faulthandler._sigsegv()``, from a callback): a native crash mid-run.
+- ``PLAIN_EXIT=natural``: end as most user scripts do, by returning from ``main`` (no ``destroy_process_group``, the
+  interpreter's own teardown); otherwise the script ends as described at its end.
 - ``PLAIN_PIN=1``: rank ``r`` runs on CPU ``r`` only (of those it may use), so that another process pinned to one core
   shares that rank's core alone.
 - ``HF_DISTPROF_ALTERNATE_CORES=1``: at every batch the collator moves the main thread to the next CPU (rank ``r``'s
@@ -132,6 +134,8 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    if os.environ.get("PLAIN_EXIT") == "natural":
+        sys.exit(0)
     if dist.is_initialized():
         dist.destroy_process_group()
     # Leave without the interpreter's C++ teardown, where gloo's worker threads now and then deadlock against the
