@@ -37,6 +37,7 @@ direct costs are printed, as milliseconds per step and as a share of B's median 
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import io
 import itertools
@@ -83,6 +84,8 @@ class Workload:
     seq_len: int = 128
     batch_size: int = 8
     bf16: bool = False
+    logging_steps: int = 10
+    memory_log_steps: int = 10
 
     def describe(self) -> str:
         """One line for the output: where it runs and what it trains."""
@@ -94,21 +97,32 @@ class Workload:
     def training_arguments(self, out: Path, steps: int) -> dict[str, Any]:
         """The ``TrainingArguments`` of every ``train()`` call, variant A and B alike."""
         return {"output_dir": str(out / "out"), "use_cpu": self.device == "cpu", "bf16": self.bf16,
-                "max_steps": steps, "per_device_train_batch_size": self.batch_size, "logging_steps": 10,
+                "max_steps": steps, "per_device_train_batch_size": self.batch_size, "logging_steps": self.logging_steps,
                 "report_to": "none", "save_strategy": "no", "disable_tqdm": True, "seed": 0,
                 "ddp_find_unused_parameters": False, "dataloader_num_workers": 0}
 
 
 class DirectCost:
-    """Seconds spent inside timed functions, per name; a timed call made inside another counts once."""
+    """Seconds spent inside timed functions, per name; a timed call made inside another counts once.
+
+    Every timed call is also kept as ``(name, start, seconds)`` in :attr:`calls`, so that the report can put each
+    call in the optimizer step it ran in and tell ordinary steps from logging steps.
+    """
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
+        self.calls: list[tuple[str, float, float]] = []
         self.enabled = False
         self._depth = 0
 
     def reset(self) -> None:
         self.seconds = {}
+        self.calls = []
+
+    def add(self, name: str, start: float, seconds: float) -> None:
+        """Count ``seconds`` spent from ``start`` under ``name``."""
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+        self.calls.append((name, start, seconds))
 
     def wrap(self, fn: Any, name: str) -> Any:
         """``fn`` timed under ``name`` while :attr:`enabled` is set."""
@@ -122,7 +136,7 @@ class DirectCost:
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+                self.add(name, start, time.perf_counter() - start)
                 self._depth -= 1
 
         return timed
@@ -138,6 +152,23 @@ class DirectCost:
         for attr in dir(type(callback)):
             if attr.startswith("on_"):
                 setattr(callback, attr, self.wrap(getattr(callback, attr), f"{type(callback).__name__}.{attr}"))
+
+    def instrument_model_hooks(self, hooks_cls: Any) -> None:
+        """Time the step timer's forward and gradient hooks (``ModelHooks``) as ``model hooks``: their own Python,
+        beyond the recorder and label calls inside them, which count under their own names."""
+        original = hooks_cls.__init__
+        direct = self
+
+        def init(hooks: Any, model: Any, *args: Any, **kwargs: Any) -> None:
+            original(hooks, model, *args, **kwargs)
+            for registry in (model._forward_pre_hooks, model._forward_hooks):
+                for key, hook in list(registry.items()):
+                    if "ModelHooks" in getattr(hook, "__qualname__", ""):
+                        registry[key] = direct.wrap(hook, "model hooks")
+            hooks._grad_hook = direct.wrap(hooks._grad_hook, "model hooks")
+            hooks._arm(hooks._params)
+
+        hooks_cls.__init__ = init
 
 
 def bootstrap_interval(ratios: list[float], resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
@@ -196,12 +227,13 @@ def worker(pairs: int, steps: int, names: str, result: Path, work: Workload) -> 
             if variant == "B":
                 prof = ProfilingArguments(
                     profiler_skip_first=10**6,  # the profiler is built and stepped, never recording
-                    memory_log_steps=1,
+                    memory_log_steps=work.memory_log_steps,
                     profiler_output_dir=str(out / "prof"),
                     **variant_b_flags(names),
                 )
             train_once(direct, prof, model, data, work, out, steps, clock)
-            runs.append({"pair": pair, "variant": variant, "stamps": clock.stamps, "direct_s": direct.seconds})
+            runs.append({"pair": pair, "variant": variant, "stamps": clock.stamps, "direct_s": direct.seconds,
+                         "calls": direct.calls})
     Path(f"{result}.rank{dist.get_rank() if dist.is_initialized() else 0}").write_text(json.dumps(runs))
 
 
@@ -229,12 +261,13 @@ def step_timer_direct_cost() -> DirectCost:
     """A :class:`DirectCost` that also times the step timer's code running inside the Trainer's step rather than in
     a callback hook. The data loader hook's own cost is its on_fetch call (the phase label) and the recorder's data
     sink; the next() it wraps is the loader's time, not ours."""
-    from hf_distprof.timing.instrument import PhaseLabels, _TimedIterator
+    from hf_distprof.timing.instrument import ModelHooks, PhaseLabels, _TimedIterator
     from hf_distprof.timing.recorder import StepRecorder
 
     direct = DirectCost()
     direct.instrument_class(StepRecorder, "StepRecorder")
     direct.instrument_class(PhaseLabels, "PhaseLabels")
+    direct.instrument_model_hooks(ModelHooks)
     _TimedIterator.__next__ = _untimed_next(direct, _TimedIterator.__next__)  # type: ignore[method-assign]
     return direct
 
@@ -269,7 +302,7 @@ def _untimed_next(direct: DirectCost, inner_next: Any) -> Any:
             spent = time.perf_counter() - start - excluded
             direct._depth -= 1
             self._inner = inner
-            direct.seconds["data loader hook"] = direct.seconds.get("data loader hook", 0.0) + spent
+            direct.add("data loader hook", start, spent)
 
     return timed_next
 
@@ -332,7 +365,8 @@ def worker_flags(pairs: int, steps: int, names: str, work: Workload) -> list[str
     """The command-line flags that give a torchrun worker the same pairs, callbacks and workload."""
     return ["--pairs", str(pairs), "--steps", str(steps), "--callbacks", names, "--device", work.device,
             "--processes", str(work.processes), "--hidden-size", str(work.hidden_size), "--layers", str(work.layers),
-            "--seq-len", str(work.seq_len), "--batch-size", str(work.batch_size), *(["--bf16"] if work.bf16 else [])]
+            "--seq-len", str(work.seq_len), "--batch-size", str(work.batch_size), *(["--bf16"] if work.bf16 else []),
+            "--logging-steps", str(work.logging_steps), "--memory-log-steps", str(work.memory_log_steps)]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -358,6 +392,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=shape.batch_size,
                         help=f"sequences per process and step (default {shape.batch_size})")
     parser.add_argument("--bf16", action="store_true", help="train in bf16 mixed precision (the Trainer's --bf16)")
+    parser.add_argument("--logging-steps", type=int, default=shape.logging_steps,
+                        help=f"the Trainer's logging interval (default {shape.logging_steps}, as in the demo)")
+    parser.add_argument("--memory-log-steps", type=int, default=shape.memory_log_steps,
+                        help=f"variant B's --memory-log-steps (default {shape.memory_log_steps}, hf_distprof's "
+                             "default; 1 samples memory at every step)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     return parser
@@ -376,7 +415,10 @@ def parse_workload(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
     if args.hidden_size % 8 or min(args.hidden_size, args.layers, args.seq_len, args.batch_size) < 1:
         parser.error("--hidden-size must be a positive multiple of 8 (4 attention heads of an even width); "
                      "--layers, --seq-len and --batch-size positive")
-    return Workload(args.device, processes, args.hidden_size, args.layers, args.seq_len, args.batch_size, args.bf16)
+    if min(args.logging_steps, args.memory_log_steps) < 1:
+        parser.error("--logging-steps and --memory-log-steps must be >= 1")
+    return Workload(args.device, processes, args.hidden_size, args.layers, args.seq_len, args.batch_size, args.bf16,
+                    args.logging_steps, args.memory_log_steps)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -404,12 +446,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{args.pairs} A/B pairs of {args.steps} steps, {work.describe()}, B = {label}; median step time in ms",
           flush=True)
     per_rank = launch(args.pairs, args.steps, args.callbacks, work)
-    report(per_rank, args.pairs, label)
+    report(per_rank, args.pairs, label, work.logging_steps, targets(work))
     return 0
 
 
-def report(per_rank: dict[int, list[dict[str, Any]]], pairs: int, label: str) -> None:
-    """Print each pair, the median ratio with its interval, and each rank's direct cost."""
+def targets(work: Workload) -> tuple[float, str] | None:
+    """The always-on set's targets for this workload (issue 41): the ordinary step's direct cost in ms and the mean's;
+    None where none is set (2 CPU ranks)."""
+    if work.device == "cuda":
+        return 0.1, "1% of the step"
+    if work.processes == 1:
+        return (0.08 if work.memory_log_steps == 1 else 0.05), "0.3 ms"
+    return None
+
+
+def report(per_rank: dict[int, list[dict[str, Any]]], pairs: int, label: str, logging_steps: int = 10,
+           targets: tuple[float, str] | None = None) -> None:
+    """Print each pair, the median ratio with its interval, and each rank's direct cost: the mean over all steps, the
+    ordinary step's (per feature, the costliest names) and the logging step's."""
     runs = per_rank[0]
     ratios: list[float] = []
     medians: dict[str, list[float]] = {"A": [], "B": []}
@@ -434,25 +488,88 @@ def report(per_rank: dict[int, list[dict[str, Any]]], pairs: int, label: str) ->
     )
     step_b = statistics.median(medians["B"])
     for rank, rank_runs in per_rank.items():
-        b_runs = [r for r in rank_runs if r["variant"] == "B"]
-        # Per step: each run's direct seconds over its steps, logging steps included (a mean, where the
-        # A/B ratio takes medians); what runs once per train() call is shown apart.
-        per_step: list[float] = []
-        once: list[float] = []
-        totals: dict[str, float] = {}
-        for r in b_runs:
-            steps = len(r["stamps"]) or 1
-            every = {n: sec for n, sec in r["direct_s"].items() if n.rsplit(".", 1)[-1] not in ONCE_PER_CALL}
-            per_step.append(sum(every.values()) / steps)
-            once.append(sum(r["direct_s"].values()) - sum(every.values()))
-            for name, sec in every.items():
-                totals[name] = totals.get(name, 0.0) + sec / steps / len(b_runs)
-        top = ", ".join(f"{name} {sec * 1e3:.2f}" for name, sec in sorted(totals.items(), key=lambda kv: -kv[1])[:3])
-        cost = statistics.median(per_step)
+        costs = direct_costs([r for r in rank_runs if r["variant"] == "B"], logging_steps)
+        top = ", ".join(f"{name} {sec * 1e3:.3f}" for name, sec in costs.top_ordinary[:4])
         print(
-            f"direct cost, rank {rank}: {cost * 1e3:.2f} ms per step = {cost / step_b * 100:.2f}% of {label}'s "
-            f"median step (most: {top} ms); once per train() call: {statistics.median(once) * 1e3:.1f} ms"
+            f"direct cost, rank {rank}: {costs.mean * 1e3:.3f} ms per step = {costs.mean / step_b * 100:.2f}% of "
+            f"{label}'s median step (the mean over all steps); once per train() call: {costs.once * 1e3:.1f} ms"
         )
+        features = ", ".join(f"{feature} {sec * 1e3:.3f}" for feature, sec in costs.by_feature.items())
+        print(f"  ordinary step (median of per-step sums): {costs.ordinary * 1e3:.3f} ms ({features}); most: {top}")
+        print(f"  logging step (median): {costs.logging * 1e3:.3f} ms over {costs.logging_steps} logging steps, "
+              f"{costs.ordinary_steps} ordinary ones")
+        if rank == 0 and targets:
+            print(f"  targets: ordinary step <= {targets[0]:g} ms, mean <= {targets[1]}")
+
+
+# Each always-on feature's timed names: the callback's hooks, and for the step timer the code it runs inside the
+# Trainer's step (recorder, phase labels, data loader hook, model hooks).
+FEATURES = {"timer": ("StepTimerCallback.", "StepRecorder.", "PhaseLabels.", "data loader hook", "model hooks"),
+            "memory": ("MemoryLoggerCallback.",), "profiler": ("ProfilerCallback.",)}
+
+
+@dataclass
+class Costs:
+    """Direct costs of one rank's B runs, in seconds: per ordinary step and per logging step (medians over the steps
+    of the per-step sums), the mean over all steps, the ordinary step's median per feature and its costliest names."""
+
+    ordinary: float
+    logging: float
+    mean: float
+    once: float
+    by_feature: dict[str, float]
+    top_ordinary: list[tuple[str, float]]
+    ordinary_steps: int
+    logging_steps: int
+
+
+def step_of(name: str, start: float, stamps: list[float]) -> int:
+    """The 1-based optimizer step a timed call ran in: the step whose ``on_step_end`` stamp (taken after our hooks)
+    comes first after it; ``on_log``, which the Trainer calls after the logging step's ``on_step_end``, is that
+    step's."""
+    step = bisect.bisect_left(stamps, start) + 1
+    return step - 1 if name.endswith(".on_log") else step
+
+
+def direct_costs(b_runs: list[dict[str, Any]], logging_steps: int) -> Costs:
+    """Each B run's timed calls put in their steps (the first :data:`WARMUP` left out), ordinary and logging steps
+    apart; what runs once per ``train()`` call counts apart."""
+    ordinary: list[float] = []
+    logging: list[float] = []
+    per_name: dict[str, list[float]] = {}
+    feature_sums: dict[str, list[float]] = {f: [] for f in FEATURES}
+    means: list[float] = []
+    once: list[float] = []
+    for r in b_runs:
+        stamps = r["stamps"]
+        steps = range(WARMUP + 1, len(stamps) + 1)
+        by_step: dict[int, dict[str, float]] = {s: {} for s in steps}
+        spent_once = 0.0
+        for name, start, seconds in r["calls"]:
+            if name.rsplit(".", 1)[-1] in ONCE_PER_CALL:
+                spent_once += seconds
+                continue
+            step = step_of(name, start, stamps)
+            if step in by_step:
+                by_step[step][name] = by_step[step].get(name, 0.0) + seconds
+        once.append(spent_once)
+        means.append(sum(sum(c.values()) for c in by_step.values()) / max(1, len(by_step)))
+        for step, calls in by_step.items():
+            if step % logging_steps == 0:
+                logging.append(sum(calls.values()))
+                continue
+            ordinary.append(sum(calls.values()))
+            for feature, prefixes in FEATURES.items():
+                feature_sums[feature].append(sum(v for n, v in calls.items() if n.startswith(prefixes)))
+            for name in {n for c in by_step.values() for n in c}:
+                per_name.setdefault(name, []).append(calls.get(name, 0.0))
+
+    def median(values: list[float]) -> float:
+        return statistics.median(values) if values else 0.0
+
+    top = sorted(((n, median(v)) for n, v in per_name.items()), key=lambda kv: -kv[1])
+    return Costs(median(ordinary), median(logging), median(means), median(once),
+                 {f: median(v) for f, v in feature_sums.items()}, top, len(ordinary), len(logging))
 
 
 if __name__ == "__main__":

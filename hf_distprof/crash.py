@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import IO
 
 from hf_distprof import dist
+from hf_distprof.core import signals
 from hf_distprof.core.names import CRASH_NAME
 
 logger = dist.get_logger(__name__)
@@ -72,3 +73,4 @@ def current() -> Path | None:
 
 
 atexit.register(finish)  # a clean exit (dist.finish runs the atexit handlers too) leaves no empty file
+signals.at_default_death(finish)  # so does a rank stopped by SIGTERM through our handlers: stopped, not crashed

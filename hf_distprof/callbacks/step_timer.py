@@ -304,7 +304,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         the result. The ranks' wait for each other is then the Trainer's, paid once, not ours again."""
         if self._pending is not None:  # an earlier logging step whose on_log never came
             self._finish_gather(state, None)
-        payload = self._guarded(self._interval_payload)
+        payload = self._guarded(self._interval_payload, state.global_step)
         self._pending = (state.global_step, dist.all_gather_json_async(payload, self._gather_cap))
         self._gathered_step = state.global_step
 
@@ -347,9 +347,13 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             self._guarded(self._publish_interval, gathered, state, logs, step)
 
     def _drain(self) -> None:
-        """Resolve finished steps into the running totals and the jsonl file (no collective)."""
+        """Resolve finished steps into the running totals and the jsonl file (no collective). On a GPU the steps
+        whose events have completed go first, while the device still runs the newest one; then the one wait."""
         assert self._recorder is not None
-        timings = self._recorder.resolve()
+        for wait in (False, True):
+            self._take(self._recorder.resolve(wait=wait))
+
+    def _take(self, timings: list[StepTiming]) -> None:
         for timing in timings:
             self._add(timing)
         if self._jsonl is not None and timings:
@@ -384,12 +388,11 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
     def _close_jsonl(self) -> None:
         """Close the jsonl file; a close that fails (flushing onto a full disk) is one warning."""
         jsonl, self._jsonl = self._jsonl, None
-        if jsonl is None:
-            return
         try:
-            jsonl.close()
+            if jsonl is not None:
+                jsonl.close()
         except OSError as err:
-            logger.warning(f"cannot close {jsonl.name}: {err!r}; its last lines may be missing")
+            logger.warning(f"cannot close {getattr(jsonl, 'name', '')}: {err!r}; its last lines may be missing")
 
     def _add(self, timing: StepTiming) -> None:
         if timing.step < self._first_step + WARMUP_STEPS:
@@ -402,21 +405,19 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         if timing.pre_sync_s is not None:
             self._rows.append(step_row(timing, self._host_timed))
 
-    def _summaries(self, totals: PhaseTotals) -> dict[str, Any] | None:
+    def _summaries(self, totals: PhaseTotals, step: int | None = None) -> dict[str, Any] | None:
         if totals.steps == 0:
             return None
-        summary = totals.to_rank_summary(
-            dist.get_rank(), dist.get_hostname(), peak_memory_bytes(self._device)
-        )
-        return summary.__dict__.copy()
+        peak = peak_memory_bytes(self._device, step)
+        return totals.to_rank_summary(dist.get_rank(), dist.get_hostname(), peak).__dict__.copy()
 
-    def _interval_payload(self) -> dict[str, Any]:
+    def _interval_payload(self, step: int | None = None) -> dict[str, Any]:
         self._drain()
         payload = {
-            "interval": self._summaries(self._interval),
-            "run": self._summaries(self._run),
+            "interval": self._summaries(self._interval, step),
+            "run": self._summaries(self._run, step),
             "rows": list(self._rows),
-            "memory": current_memory_bytes(self._device),
+            "memory": current_memory_bytes(self._device, step),  # the allocator read once at this step
             "gpu": gpu_health.of_device(self._device),
         }
         self._interval = PhaseTotals()

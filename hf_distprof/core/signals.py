@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 # The signals a job is stopped with; both wait for a write to finish.
@@ -50,5 +50,27 @@ def deferred(signals: tuple[signal.Signals, ...] = TERMINATION_SIGNALS) -> Itera
             if signal.getsignal(s) is hold:
                 signal.signal(s, handler)
         for signum in pending:
-            # Delivered now to the handler in place after the block: the default one ends the process.
+            # Delivered now to the handler in place after the block: the default one ends the process, which is
+            # no crash: the empty crash file goes first (no atexit handler runs on a signal's default action).
+            if signal.getsignal(signum) == signal.SIG_DFL:
+                before_default_death()
             signal.raise_signal(signum)
+
+
+_BEFORE_DEATH: list[Callable[[], None]] = []
+
+
+def at_default_death(fn: Callable[[], None]) -> None:
+    """Call ``fn`` before this module (or a caller of :func:`before_default_death`) lets a signal's default action
+    end the process, where no ``atexit`` handler runs (the crash file's tidying: :mod:`hf_distprof.crash`)."""
+    if fn not in _BEFORE_DEATH:
+        _BEFORE_DEATH.append(fn)
+
+
+def before_default_death() -> None:
+    """Run what :func:`at_default_death` registered; a failure there never keeps the signal from its effect."""
+    for fn in _BEFORE_DEATH:
+        try:
+            fn()
+        except Exception:  # noqa: BLE001, S110 - the process is about to end of its signal either way
+            pass

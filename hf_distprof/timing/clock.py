@@ -32,6 +32,10 @@ class Clock(Protocol):
         """Block until ``mark`` can be read (a no-op on CPU). Called on logging steps only."""
         ...
 
+    def ready(self, mark: Mark) -> bool:
+        """Whether ``mark`` can be read now without waiting."""
+        ...
+
     def release(self, marks: list[Mark]) -> None:
         """Give read marks back for reuse."""
         ...
@@ -53,6 +57,10 @@ class CpuClock:
     def wait(self, mark: float) -> None:
         """Nothing to wait for on the host."""
 
+    def ready(self, mark: float) -> bool:
+        """A host timestamp is always readable."""
+        return True
+
     def release(self, marks: list[Mark]) -> None:
         """Floats need no recycling."""
 
@@ -60,30 +68,41 @@ class CpuClock:
 class CudaEventClock:
     """CUDA-event marks on the current stream, pooled so that steady-state steps allocate nothing.
 
+    The current stream is asked for by its id (a C call) and its ``Stream`` object built only when the id changes:
+    ``torch.cuda.current_stream()``, which ``Event.record()`` calls when given none, builds a new one per call.
+
     Args:
         device: The CUDA device whose current stream is timed.
         event_factory: Builds one timing event; tests pass a fake. Defaults to
             ``torch.cuda.Event(enable_timing=True)``.
+        current_stream: Returns the current stream to record on; tests pass a fake. Defaults to the cached lookup
+            above (with a fake ``event_factory``: None, recorded as ``event.record()``).
     """
 
     # Recording an event is a driver call of a few microseconds: fine per phase, too much per parameter.
     cheap_marks = False
 
-    def __init__(self, device: Any = None, event_factory: Any = None) -> None:
+    def __init__(self, device: Any = None, event_factory: Any = None, current_stream: Any = None) -> None:
         if event_factory is None:
             import torch
 
             def event_factory() -> Any:
                 return torch.cuda.Event(enable_timing=True)
 
+            if current_stream is None:
+                current_stream = _StreamCache(device)
         self._device = device
         self._factory = event_factory
+        self._stream = current_stream
         self._pool: list[Any] = []
 
     def mark(self) -> Any:
         """Record an event on the current stream; returns at once."""
         event = self._pool.pop() if self._pool else self._factory()
-        event.record()
+        if self._stream is None:
+            event.record()
+        else:
+            event.record(self._stream())
         return event
 
     def elapsed(self, start: Any, end: Any) -> float:
@@ -94,9 +113,35 @@ class CudaEventClock:
         """Block until ``mark`` and every earlier event on the stream have completed."""
         mark.synchronize()
 
+    def ready(self, mark: Any) -> bool:
+        """Whether the event has completed (``query``: no wait)."""
+        return bool(mark.query())
+
     def release(self, marks: list[Any]) -> None:
         """Return events to the pool."""
         self._pool.extend(m for m in marks if m is not None)
+
+
+class _StreamCache:
+    """The current CUDA stream of a device, its ``Stream`` object rebuilt only when the stream changes."""
+
+    def __init__(self, device: Any) -> None:
+        import torch
+
+        self._torch = torch
+        self._index: int | None = getattr(device, "index", None)
+        self._id: int | None = None
+        self._stream: Any = None
+
+    def __call__(self) -> Any:
+        torch = self._torch
+        if self._index is None:
+            self._index = torch.cuda.current_device()
+        sid, index, kind = torch._C._cuda_getCurrentStream(self._index)
+        if sid != self._id:
+            self._stream = torch.cuda.Stream(stream_id=sid, device_index=index, device_type=kind)
+            self._id = sid
+        return self._stream
 
 
 def default_clock(device: Any) -> Clock:

@@ -37,6 +37,11 @@ class RunQueueClock:
 
     def read(self) -> float | None:
         """Seconds this thread has spent runnable but not running since it started; None when unknown."""
+        return self.seconds(self.raw())
+
+    def raw(self) -> bytes | None:
+        """The file's bytes now (one ``pread``), to be turned into seconds later by :meth:`seconds`: the step timer
+        reads at phase boundaries and does the arithmetic on logging steps. None when unknown."""
         if self._broken:
             return None
         fd = getattr(self._local, "fd", None)
@@ -44,10 +49,19 @@ class RunQueueClock:
             if fd is None:
                 fd = os.open(self.path, os.O_RDONLY)
                 self._local.fd = fd
-            fields = os.pread(fd, 128, 0).split()
-            return int(fields[1]) / 1e9
-        except (OSError, ValueError, IndexError):
+            return os.pread(fd, 128, 0)
+        except OSError:
             self._broken = True  # one failure means the file is not what we expect here: stop trying
+            return None
+
+    def seconds(self, raw: bytes | None) -> float | None:
+        """The run-queue seconds in a :meth:`raw` reading; None when unknown or garbled (then no more reads)."""
+        if raw is None:
+            return None
+        try:
+            return int(raw.split()[1]) / 1e9
+        except (ValueError, IndexError):
+            self._broken = True
             return None
 
     def close(self) -> None:

@@ -26,11 +26,12 @@ from hf_distprof.timing.recorder import StepRecorder
 def batch_size_and_tokens(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, Any]:
     """Samples and tokens of one forward call, read from its inputs without a device sync.
 
-    Tokens are the non-padding ones (``attention_mask.sum()``, a 0-d tensor left on the device) when a 2-D
-    attention mask matches the inputs, else every position. Calls with no recognisable input count 0.
+    Tokens are the non-padding ones when a 2-D attention mask matches the inputs: the mask itself is returned, and
+    the recorder sums it on a logging step (no kernel in the step); else every position. Calls with no recognisable
+    input count 0.
 
     Returns:
-        ``(samples, tokens)``; ``tokens`` is an int or a 0-d tensor.
+        ``(samples, tokens)``; ``tokens`` is an int or the attention mask (a tensor whose sum is the count).
     """
     ref = kwargs.get("input_ids")
     if ref is None:
@@ -43,7 +44,7 @@ def batch_size_and_tokens(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tupl
     positions = samples * int(ref.shape[1]) if ref.dim() >= 2 else samples
     mask = kwargs.get("attention_mask")
     if isinstance(mask, torch.Tensor) and mask.dim() == 2 and ref.dim() >= 2 and mask.shape == ref.shape[:2]:
-        return samples, mask.sum()
+        return samples, mask
     return samples, positions
 
 
@@ -338,22 +339,22 @@ def sample_batch(loader: Any, batch_size: int, rank: int) -> Any:
     return next(iter(loader))
 
 
-def peak_memory_bytes(device: torch.device) -> int:
+def peak_memory_bytes(device: torch.device, step: int | None = None) -> int:
     """Peak memory of this rank so far: CUDA peak allocated on GPU, peak RSS of the process on CPU.
 
     Both are counters kept by the host (no device sync). The peak of the whole run, also when the memory
     logger resets the counters to log a peak per window.
     """
-    return memstats.lifetime_peak_bytes(device)
+    return memstats.lifetime_peak_bytes(device, step)
 
 
-def current_memory_bytes(device: torch.device) -> int | None:
+def current_memory_bytes(device: torch.device, step: int | None = None) -> int | None:
     """Memory in use now: CUDA allocated on GPU, the process's RSS on CPU; None when unreadable.
 
     Host counters only (no device sync). Sampled on logging steps, for the memory-growth verdict.
     """
     if device.type == "cuda":
-        return int(torch.cuda.memory_allocated(device))
+        return memstats.cuda_counters(device, step)[0]  # the memory logger's read at this step, if it took one
     try:
         return memstats.host_rss_bytes()
     except Exception:  # noqa: BLE001 - a sandbox without /proc: no growth check, nothing else lost

@@ -13,7 +13,7 @@ calls on logging steps only: on GPU that is the one place where the host waits f
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -109,36 +109,52 @@ class StepTiming:
         return out
 
 
-@dataclass
 class _Micro:
-    fwd_begin: Mark = None
-    fwd_end: Mark = None
-    grad: Mark = None
-    bwd_end: Mark = None
-    # Run-queue readings (RunQueueClock) at the forward's start and end and at ``grad``; ``grad_calls``: the
-    # gradient hook call the ``grad`` reading was taken at (stale when a later call moved ``grad``).
-    run_queue_begin: float | None = None
-    run_queue_fwd_end: float | None = None
-    run_queue_grad: float | None = None
-    grad_calls: int = 0
+    """One micro-batch's marks; recycled (:class:`StepRecorder` keeps a free list), so a step allocates nothing."""
+
+    __slots__ = ("fwd_begin", "fwd_end", "grad", "bwd_end", "run_queue_begin", "run_queue_fwd_end", "run_queue_grad",
+                 "grad_calls")
+
+    def __init__(self) -> None:
+        self.reset(None, None)
+
+    def reset(self, fwd_begin: Mark, run_queue_begin: Any) -> None:
+        self.fwd_begin = fwd_begin
+        self.fwd_end: Mark = None
+        self.grad: Mark = None
+        self.bwd_end: Mark = None
+        # Raw run-queue readings (RunQueueClock.raw) at the forward's start and end and at ``grad``; ``grad_calls``:
+        # the gradient hook call the ``grad`` reading was taken at (stale when a later call moved ``grad``).
+        self.run_queue_begin = run_queue_begin
+        self.run_queue_fwd_end: Any = None
+        self.run_queue_grad: Any = None
+        self.grad_calls = 0
 
 
-@dataclass
 class _Marks:
-    prev_end: Mark
-    begin: Mark
-    load_s: float | None
-    micros: list[_Micro] = field(default_factory=list)
-    pre_opt: Mark = None
-    opt: Mark = None
-    end: Mark = None
-    step: int = 0
-    samples: int = 0
-    tokens: list[Any] = field(default_factory=list)  # ints, or 0-d device tensors read on resolve
-    run_queue_begin: float | None = None  # RunQueueClock readings at the data wait's start and at pre_opt
-    run_queue_end: float | None = None
-    run_queue_step: float | None = None  # at step_begin: the end of the data wait
-    load_wait: float | None = None  # run-queue seconds inside the loader's next() calls; None: not read
+    """One optimizer step's marks; recycled like :class:`_Micro`."""
+
+    __slots__ = ("prev_end", "begin", "load_s", "micros", "pre_opt", "opt", "end", "step", "samples", "tokens",
+                 "run_queue_begin", "run_queue_end", "run_queue_step", "load_waits")
+
+    def __init__(self) -> None:
+        self.micros: list[_Micro] = []
+        self.tokens: list[Any] = []  # ints, or device tensors summed on resolve
+        self.load_waits: list[Any] = []  # raw run-queue readings around each loader next(): begin, end, begin, ...
+
+    def reset(self, prev_end: Mark, begin: Mark, load_s: float | None) -> None:
+        self.prev_end, self.begin, self.load_s = prev_end, begin, load_s
+        self.micros.clear()
+        self.tokens.clear()
+        self.pre_opt: Mark = None
+        self.opt: Mark = None
+        self.end: Mark = None
+        self.step = 0
+        self.samples = 0
+        # Raw run-queue readings at the data wait's start, at pre_opt and at step_begin (the end of the data wait).
+        self.run_queue_begin: Any = None
+        self.run_queue_end: Any = None
+        self.run_queue_step: Any = None
 
     def all_marks(self) -> list[Mark]:
         marks = [self.prev_end, self.begin, self.pre_opt, self.opt, self.end]
@@ -147,28 +163,46 @@ class _Marks:
         return marks
 
 
+# Device tensors of token counts (attention masks) a recorder holds before summing them in one go; past this many,
+# they are summed into one small tensor without a sync, so that a rare logging step cannot pile up batches' masks.
+TOKEN_TENSORS_HELD = 32
+
+
 class StepRecorder:
     """Collects phase marks per optimizer step; ``resolve`` turns finished steps into ``StepTiming``.
+
+    Per step it only stamps: clock marks (floats on CPU, CUDA events on a GPU), raw run-queue readings, the batch's
+    sizes, into step slots reused from a free list. Everything else (seconds, token sums, the run-queue arithmetic)
+    waits for ``resolve``, on logging steps.
 
     Args:
         clock: Where marks come from.
         loader_timed: Whether ``add_load_time`` is fed by an instrumented data loader; when False,
             ``StepTiming.data_load_s`` is None. It is None as well for a step before which the loader
             was never called (its batches came from a loader that is not instrumented).
+        run_queue: The thread's run-queue clock (:class:`~hf_distprof.timing.cpu_wait.RunQueueClock`), or None.
+            On host-timed phases (CPU, ``clock.cheap_marks``) it is read around each pre-sync phase, for
+            ``pre_sync_cpu_wait_s``; on a GPU only at the data wait's start and before the optimizer, for
+            ``cpu_wait_s`` (the phases are device time: a host thread's wait is in none of them).
     """
 
     def __init__(self, clock: Clock, loader_timed: bool = False, run_queue: RunQueueClock | None = None) -> None:
         self.clock = clock
         self.loader_timed = loader_timed
         self.run_queue = run_queue
+        self._phase_waits = bool(clock.cheap_marks) and run_queue is not None
         self._prev_end: Mark = None
-        self._prev_run_queue: float | None = None
+        self._prev_end_owned = False  # the boundary's own mark (else it is the previous step's end, still pending)
+        self._prev_run_queue: Any = None
         self._load_s = 0.0
         self._load_calls = 0
-        self._load_wait: float | None = 0.0
-        self._fetch_run_queue: float | None = None
+        self._load_waits: list[Any] = []
+        self._first_fetch: Any = None  # the run queue at the first loader next() since the last step began
         self._current: _Marks | None = None
         self._pending: list[_Marks] = []
+        self._free: list[_Marks] = []
+        self._free_micros: list[_Micro] = []
+        self._token_tensors = 0  # device tensors held in pending steps' token lists
         self._grad_calls = 0
         # Gradient hook calls per backward, learned on the first micro-batch: on GPU only the call that
         # completes the count records an event (one event per parameter would cost more than the step).
@@ -188,15 +222,23 @@ class StepRecorder:
 
     def boundary(self) -> None:
         """Mark where the next step's data wait starts (end of a step, of logging, of saving...)."""
-        old = self._prev_end
-        self._prev_end = self.clock.mark()
-        self._prev_run_queue = self._run_queue()
-        if old is not None:
+        old, owned = self._prev_end, self._prev_end_owned
+        self._prev_end, self._prev_end_owned = self.clock.mark(), True
+        # With a timed loader the data wait's run-queue reading is its first next()'s (the step's first fetch).
+        self._prev_run_queue = self._raw() if not self.loader_timed else None
+        self._first_fetch = None
+        if old is not None and owned:
             self.clock.release([old])
 
     def fetch_begin(self) -> None:
         """The data loader's ``next()`` starts (before the clock it reports to ``add_load_time`` starts)."""
-        self._fetch_run_queue = self._run_queue()
+        if self._phase_waits:
+            reading = self._raw()
+            self._load_waits.append(reading)
+            if self._first_fetch is None:
+                self._first_fetch = reading
+        elif self._first_fetch is None and self.run_queue is not None:
+            self._first_fetch = self._raw()
 
     def add_load_time(self, seconds: float) -> None:
         """Add host seconds spent inside the data loader; they count towards the next step.
@@ -205,44 +247,64 @@ class StepRecorder:
         """
         self._load_s += seconds
         self._load_calls += 1
-        begin, self._fetch_run_queue = self._fetch_run_queue, None
-        wait = waited(begin, self._run_queue())
-        self._load_wait = None if wait is None or self._load_wait is None else self._load_wait + wait
+        if self._phase_waits:
+            if len(self._load_waits) % 2:  # its fetch_begin was read: close the pair
+                self._load_waits.append(self._raw())
+            else:  # a next() timed without fetch_begin: the wait inside it is unknown
+                self._load_waits += (None, None)
 
     def step_begin(self) -> None:
         """Start an optimizer step."""
         if self._current is not None:  # a step that never ended (exception, skipped hook): drop it
-            self.clock.release(self._current.all_marks())
+            self._abandon(self._current)
         # No next() on the instrumented loader since the last step: the batches came from another loader
         # (on resume the Trainer iterates a skip_first_batches copy for the rest of the epoch): unknown.
         load = self._load_s if self.loader_timed and self._load_calls else None
-        load_wait = self._load_wait if load is not None else None
-        self._load_s, self._load_calls, self._load_wait = 0.0, 0, 0.0
-        now = self._run_queue()
-        waited_from = self._prev_run_queue if self._prev_end is not None else now
-        self._current = _Marks(prev_end=self._prev_end, begin=self.clock.mark(), load_s=load,
-                               run_queue_begin=waited_from, run_queue_step=now, load_wait=load_wait)
-        self._prev_end = None
+        slot = self._free.pop() if self._free else _Marks()
+        slot.reset(self._prev_end, self.clock.mark(), load)
+        slot.load_waits, self._load_waits = self._load_waits, slot.load_waits
+        self._load_waits.clear()
+        if self.run_queue is not None:
+            if load is not None and self._first_fetch is not None:
+                slot.run_queue_begin = slot.run_queue_step = self._first_fetch  # the loader's waits say the data's
+            else:
+                now = self._raw()
+                slot.run_queue_step = now
+                slot.run_queue_begin = self._prev_run_queue if self._prev_end is not None and \
+                    self._prev_run_queue is not None else now
+                if load is None:
+                    slot.load_waits.clear()
+        self._load_s, self._load_calls, self._first_fetch = 0.0, 0, None
+        self._current = slot
+        self._prev_end, self._prev_end_owned = None, False
 
     def forward_begin(self, samples: int = 0, tokens: Any = 0) -> None:
-        """The model's forward starts; ``tokens`` may be an int or a 0-d tensor (read on resolve)."""
+        """The model's forward starts; ``tokens`` may be an int or a device tensor whose sum is the count (the
+        attention mask: summed on resolve, or folded into one small tensor when many are held)."""
         cur = self._current
         if cur is None:
             return
         mark = self.clock.mark()
         if cur.micros and cur.micros[-1].bwd_end is None:
             self._close_micro(cur.micros[-1], mark)
-        cur.micros.append(_Micro(fwd_begin=mark, run_queue_begin=self._run_queue()))
+        micro = self._free_micros.pop() if self._free_micros else _Micro()
+        micro.reset(mark, self._raw() if self._phase_waits else None)
+        cur.micros.append(micro)
         cur.samples += samples
         cur.tokens.append(tokens)
+        if isinstance(tokens, torch.Tensor) and tokens.dim() > 0:
+            self._token_tensors += 1
         self._grad_calls = 0
 
     def forward_end(self) -> None:
         """The model's forward returned."""
         cur = self._current
         if cur is not None and cur.micros and cur.micros[-1].fwd_end is None:
-            cur.micros[-1].fwd_end = self.clock.mark()
-            cur.micros[-1].run_queue_fwd_end = self._run_queue()
+            micro = cur.micros[-1]
+            micro.fwd_end = self.clock.mark()
+            # Read only while the last gradient's reading (which supersedes it) is not assured.
+            if self._phase_waits and self._grad_learned is None:
+                micro.run_queue_fwd_end = self._raw()
 
     def grad_ready(self) -> None:
         """One parameter's gradient was accumulated (called from a gradient hook)."""
@@ -257,8 +319,8 @@ class StepRecorder:
             micro.grad = self.clock.mark()
         # The run queue at the last gradient: read at the call that completes the count learned on the first
         # backward (and at every call until it is learned, or past it), not once per parameter.
-        if self.run_queue is not None and (self._grad_learned is None or self._grad_calls >= self._grad_learned):
-            micro.run_queue_grad, micro.grad_calls = self._run_queue(), self._grad_calls
+        if self._phase_waits and (self._grad_learned is None or self._grad_calls >= self._grad_learned):
+            micro.run_queue_grad, micro.grad_calls = self._raw(), self._grad_calls
 
     def expect_grads(self, calls: int) -> None:
         """From now on each backward makes ``calls`` gradient-hook calls (the hooks were pruned to the parameter whose
@@ -277,7 +339,8 @@ class StepRecorder:
         if cur is None:
             return
         cur.pre_opt = self.clock.mark()
-        cur.run_queue_end = self._run_queue()
+        if self.run_queue is not None:
+            cur.run_queue_end = self._raw()
         if cur.micros and cur.micros[-1].bwd_end is None:
             self._close_micro(cur.micros[-1], cur.pre_opt)
 
@@ -287,7 +350,8 @@ class StepRecorder:
             self._current.opt = self.clock.mark()
 
     def step_end(self, step: int) -> None:
-        """``on_step_end``: the step is finished and queued for ``resolve``."""
+        """``on_step_end``: the step is finished and queued for ``resolve``. Its end mark is also where the next
+        step's data wait starts (until a later ``boundary``): one mark, not two."""
         cur = self._current
         if cur is None:
             return
@@ -295,10 +359,20 @@ class StepRecorder:
         cur.step = step
         self._pending.append(cur)
         self._current = None
-        self.boundary()
+        old, owned = self._prev_end, self._prev_end_owned
+        self._prev_end, self._prev_end_owned = cur.end, False
+        self._prev_run_queue = self._raw() if not self.loader_timed and self.run_queue is not None else None
+        self._first_fetch = None
+        if old is not None and owned:
+            self.clock.release([old])
+        if self._token_tensors > TOKEN_TENSORS_HELD:
+            self._fold_tokens()
 
-    def _run_queue(self) -> float | None:
-        return self.run_queue.read() if self.run_queue is not None else None
+    def _raw(self) -> Any:
+        return self.run_queue.raw() if self.run_queue is not None else None
+
+    def _seconds(self, raw: Any) -> float | None:
+        return self.run_queue.seconds(raw) if self.run_queue is not None and raw is not None else None
 
     def _close_micro(self, micro: _Micro, mark: Mark) -> None:
         micro.bwd_end = mark
@@ -314,24 +388,66 @@ class StepRecorder:
         elif self._grad_calls == 0:
             micro.grad = None
 
-    def resolve(self) -> list[StepTiming]:
-        """Turn every finished step into seconds; on GPU this waits for the newest event.
+    def _abandon(self, m: _Marks) -> None:
+        """Drop a step that never ended; its ``prev_end`` may still be a pending step's end: not released."""
+        self.clock.release([x for x in m.all_marks()[1:] if x is not None and x is not m.prev_end])
+        self._token_tensors -= sum(isinstance(t, torch.Tensor) and t.dim() > 0 for t in m.tokens)
+        self._recycle(m)
+
+    def _recycle(self, m: _Marks) -> None:
+        self._free_micros.extend(m.micros)
+        m.micros.clear()
+        m.tokens.clear()
+        self._free.append(m)
+
+    def _fold_tokens(self) -> None:
+        """Sum the token tensors (masks) held by pending steps into 0-d views of one small tensor per device, without
+        a sync: they no longer hold the batches' masks."""
+        held = [(m, i, t) for m in self._pending for i, t in enumerate(m.tokens)
+                if isinstance(t, torch.Tensor) and t.dim() > 0]
+        for (m, i, _), total in zip(held, _tensor_sums([t for *_, t in held]), strict=True):
+            m.tokens[i] = total
+        self._token_tensors = 0
+
+    def resolve(self, wait: bool = True) -> list[StepTiming]:
+        """Turn finished steps into seconds, oldest first. On a GPU the steps whose last event has already completed
+        are read first; with ``wait`` the host then waits for the newest event (the one wait of a logging step) and
+        reads the rest, else the rest stays pending.
 
         Returns:
-            The finished steps since the last call, oldest first.
+            The finished steps since the last call (those already complete, without ``wait``), oldest first.
         """
         if not self._pending:
             return []
-        pending, self._pending = self._pending, []
-        self.clock.wait(pending[-1].end)
-        tokens = _token_counts(pending)
-        out = [self._durations(m, n) for m, n in zip(pending, tokens, strict=True)]
-        for m in pending:
-            self.clock.release(list({id(x): x for x in m.all_marks() if x is not None}.values()))
+        ready = len(self._pending)
+        if not self.clock.cheap_marks:
+            ready = 0
+            while ready < len(self._pending) and self.clock.ready(self._pending[ready].end):
+                ready += 1
+            if wait and ready < len(self._pending):
+                self.clock.wait(self._pending[-1].end)
+                ready = len(self._pending)
+        if not ready:
+            return []
+        done, self._pending = self._pending[:ready], self._pending[ready:]
+        tokens = _token_counts(done)
+        self._token_tensors = sum(isinstance(t, torch.Tensor) and t.dim() > 0 for m in self._pending for t in m.tokens)
+        out = [self._durations(m, n) for m, n in zip(done, tokens, strict=True)]
+        # Marks a later step still reads: the next step's data wait starts at the last one's end.
+        live = {id(self._prev_end)}
+        if self._current is not None:
+            live.add(id(self._current.prev_end))
+        if self._pending:
+            live.add(id(self._pending[0].prev_end))
+        for m in done:
+            self.clock.release([x for x in {id(x): x for x in m.all_marks() if x is not None}.values()
+                                if id(x) not in live])
+            self._recycle(m)
         return out
 
     def _durations(self, m: _Marks, tokens: int) -> StepTiming:
         el = self.clock.elapsed
+        sec = self._seconds
         start = m.prev_end if m.prev_end is not None else m.begin
         forward = backward = compute = 0.0
         complete_fwd = bool(m.micros)
@@ -363,45 +479,71 @@ class StepRecorder:
             micro_batches=len(m.micros),
             samples=m.samples,
             tokens=tokens,
-            cpu_wait_s=waited(m.run_queue_begin, m.run_queue_end),
-            pre_sync_cpu_wait_s=_pre_sync_wait(m, complete_fwd, complete_fwd and complete_grad),
+            cpu_wait_s=waited(sec(m.run_queue_begin), sec(m.run_queue_end)),
+            pre_sync_cpu_wait_s=_pre_sync_wait(m, complete_fwd, complete_fwd and complete_grad, sec)
+            if self._phase_waits else None,
         )
 
 
-def _pre_sync_wait(m: _Marks, forward: bool, compute: bool) -> float | None:
+def _pre_sync_wait(m: _Marks, forward: bool, compute: bool, sec: Any) -> float | None:
     """Run-queue seconds inside the phases ``StepTiming.pre_sync_s`` counts; None when a reading is missing.
 
     The data phase: the loader's ``next()`` calls when the loader was timed, else the whole data wait. Each
-    micro-batch: from its forward's start to its last gradient (``compute``), or to its forward's end.
+    micro-batch: from its forward's start to its last gradient (``compute``), or to its forward's end. ``sec`` turns a
+    raw reading into seconds.
     """
     if m.load_s is not None:
-        data = m.load_wait
+        data: float | None = 0.0
+        for i in range(0, len(m.load_waits) - 1, 2):
+            wait = waited(sec(m.load_waits[i]), sec(m.load_waits[i + 1]))
+            data = None if wait is None or data is None else data + wait
     else:
-        data = waited(m.run_queue_begin, m.run_queue_step) if m.prev_end is not None else 0.0
+        data = waited(sec(m.run_queue_begin), sec(m.run_queue_step)) if m.prev_end is not None else 0.0
     if data is None:
         return None
     total = data
     for micro in m.micros if forward else []:
-        wait = waited(micro.run_queue_begin, micro.run_queue_grad if compute else micro.run_queue_fwd_end)
+        wait = waited(sec(micro.run_queue_begin), sec(micro.run_queue_grad if compute else micro.run_queue_fwd_end))
         if wait is None:
             return None
         total += wait
     return total
 
 
+def _tensor_sums(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The sum of each tensor as a 0-d tensor on its device, in a few kernels per device however many there are
+    (flattened, joined, one cumulative sum, read at each tensor's end), never a sync."""
+    out: list[torch.Tensor | None] = [None] * len(tensors)
+    by_device: dict[torch.device, list[int]] = {}
+    for i, t in enumerate(tensors):
+        by_device.setdefault(t.device, []).append(i)
+    for device, indices in by_device.items():
+        flat = [tensors[i].reshape(-1).to(torch.int64) for i in indices]
+        ends = torch.tensor([f.numel() for f in flat], dtype=torch.int64).cumsum(0).to(device)
+        running = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), torch.cat(flat).cumsum(0)])
+        at_ends = running[ends]
+        sums = at_ends - torch.cat([at_ends.new_zeros(1), at_ends[:-1]])
+        for j, i in enumerate(indices):
+            out[i] = sums[j]
+    return out  # type: ignore[return-value]
+
+
 def _token_counts(pending: list[_Marks]) -> list[int]:
-    """Tokens of each step: the micro-batch counts left on the device are read in one copy per device.
+    """Tokens of each step: the micro-batch tensors left on the device (attention masks, or sums folded from them) are
+    summed and read in one copy per device.
 
     One ``int()`` per micro-batch tensor would be one device-to-host sync each.
     """
     counts = [sum(int(t) for t in m.tokens if not isinstance(t, torch.Tensor)) for m in pending]
+    held = [(i, t) for i, m in enumerate(pending) for t in m.tokens if isinstance(t, torch.Tensor)]
+    if not held:
+        return counts
+    sums = _tensor_sums([t for _, t in held])
     by_device: dict[torch.device, list[tuple[int, torch.Tensor]]] = {}
-    for i, m in enumerate(pending):
-        for t in m.tokens:
-            if isinstance(t, torch.Tensor):
-                by_device.setdefault(t.device, []).append((i, t))
+    for (i, _), total in zip(held, sums, strict=True):
+        by_device.setdefault(total.device, []).append((i, total))
     for items in by_device.values():
-        values = torch.stack([t.reshape(()).to(torch.int64) for _, t in items]).tolist()
+        values = torch.stack([t for _, t in items]).tolist()
         for (i, _), value in zip(items, values, strict=True):
             counts[i] += value
     return counts

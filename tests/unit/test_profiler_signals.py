@@ -87,7 +87,10 @@ DRIVER = textwrap.dedent(
             try:
                 scenario(folder / "out", getattr(signal, signame), moment)
             except KeyboardInterrupt:
-                # What CPython does when a KeyboardInterrupt ends the program: die of SIGINT.
+                # What CPython does when a KeyboardInterrupt ends the program: finalize (the atexit handlers run),
+                # then die of SIGINT.
+                import atexit
+                atexit._run_exitfuncs()
                 sys.stderr.flush()
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
                 os.kill(os.getpid(), signal.SIGINT)

@@ -50,9 +50,9 @@ def _train(tmp_path, monkeypatch):
         gathers.append(trainer.state.global_step)
         return real_async(obj, cap)
 
-    def counting_resolve(self):
+    def counting_resolve(self, wait=True):
         resolves.append(self.pending_steps)
-        return real_resolve(self)
+        return real_resolve(self, wait)
 
     monkeypatch.setattr(dist, "all_gather_object", counting_gather)
     monkeypatch.setattr(dist, "all_gather_json_async", counting_async)

@@ -54,9 +54,14 @@ class FakeEvent:
         self.time: float | None = None
         self.synced = False
 
-    def record(self) -> None:
+    def record(self, stream: object = None) -> None:
         self.log["record"] += 1
         self.time, self.synced = self.t.now, False
+
+    def query(self) -> bool:
+        """Completed: recorded at or before the time the fake device has reached (``log["device_at"]``)."""
+        self.log["query"] += 1
+        return self.time is not None and self.time <= self.log["device_at"]
 
     def synchronize(self) -> None:
         self.log["sync"] += 1
@@ -64,13 +69,14 @@ class FakeEvent:
 
     def elapsed_time(self, end: FakeEvent) -> float:
         assert self.time is not None and end.time is not None, "reading an event never recorded"
-        assert self.log["sync"] > 0, "elapsed_time before any synchronize: would block the host on a GPU"
+        assert self.log["sync"] > 0 or end.time <= self.log["device_at"], \
+            "elapsed_time of an event not complete, before any synchronize: would block the host on a GPU"
         self.log["read"] += 1
         return (end.time - self.time) * 1000.0  # milliseconds, like CUDA
 
 
 def fake_cuda_clock(timeline: Timeline) -> tuple[CudaEventClock, dict[str, int]]:
-    log = {"record": 0, "sync": 0, "read": 0}
+    log = {"record": 0, "sync": 0, "read": 0, "query": 0, "device_at": -1.0}
     return CudaEventClock(event_factory=lambda: FakeEvent(timeline, log)), log
 
 
@@ -302,9 +308,12 @@ class FakeRunQueue:
         self.now = 0.0
         self.reads = 0
 
-    def read(self) -> float:
+    def raw(self) -> float:
         self.reads += 1
         return self.now
+
+    def seconds(self, raw: float) -> float:
+        return raw
 
 
 def test_cpu_wait_counts_from_the_data_wait_to_the_optimizer_and_own_work_loses_only_the_pre_sync_part():
@@ -333,9 +342,10 @@ def test_cpu_wait_counts_from_the_data_wait_to_the_optimizer_and_own_work_loses_
     assert s.pre_sync_cpu_wait_s == pytest.approx(0.25 + 0.125 + 0.0625)
     assert s.pre_sync_s == pytest.approx(0.375 + 1.0 + 2.0)
     assert s.own_work_s == pytest.approx(3.375 - 0.4375) and s.to_json()["pre_sync_cpu_wait_s"] == pytest.approx(0.4375)
-    # Reads: the boundary at start, the loader's next() (2), step begin, forward begin and end, the last gradient
-    # (learned on this first backward: read at every call until then), pre_opt, the boundary at step end.
-    assert rq.reads == 9
+    # Reads: the loader's next() (2: the first is also the data wait's start), forward begin and end (the last
+    # gradient's reading is not assured yet), the last gradient (learned on this first backward: read at every call
+    # until then), pre_opt. Not at the boundaries nor at step begin: with a timed loader its reading says it.
+    assert rq.reads == 6
     # The wait never makes own work negative, and an unknown wait takes nothing out.
     assert dataclasses.replace(s, pre_sync_cpu_wait_s=99.0).own_work_s == 0.0
     assert dataclasses.replace(s, pre_sync_cpu_wait_s=None, cpu_wait_s=None).own_work_s == s.pre_sync_s
@@ -415,3 +425,68 @@ def test_the_real_schedstat_is_this_threads_and_grows():
     worker.join()
     assert seen[0] is not None and seen[0] < first + 1.0  # a new thread's own, small count
     assert clock.read() >= first
+
+
+def test_steps_whose_events_have_completed_are_read_before_the_one_wait():
+    t = Timeline()
+    clock, log = fake_cuda_clock(t)
+    rec = StepRecorder(clock)
+    rec.boundary()
+    for step in (1, 2, 3):
+        run_step(rec, t, step=step, micro=1)
+        if step == 2:
+            log["device_at"] = t.now  # the GPU has finished step 2 when the host ends step 3
+    early = rec.resolve(wait=False)
+    assert [s.step for s in early] == [1, 2] and log["sync"] == 0 and rec.pending_steps == 1
+    assert rec.resolve(wait=False) == []  # step 3 is still running on the device: no wait without asking
+    (last,) = rec.resolve()
+    assert last.step == 3 and log["sync"] == 1
+    assert last.step_s == pytest.approx(0.5 + 3.25 + 0.125)
+
+
+def test_on_a_gpu_the_run_queue_is_read_twice_per_step_for_the_whole_wait_only():
+    t, rq = Timeline(), FakeRunQueue()
+    clock, _ = fake_cuda_clock(t)
+    rec = StepRecorder(clock, loader_timed=True, run_queue=rq)
+    rec.boundary()
+    for step in (1, 2):
+        rec.fetch_begin()
+        rq.now += 0.25
+        rec.add_load_time(0.375)
+        run_step(rec, t, step=step, micro=1, params=3)
+    assert rq.reads == 4  # the first fetch (the data wait's start) and pre_opt, per step
+    steps = rec.resolve()
+    assert [s.cpu_wait_s for s in steps] == [0.25, 0.25]
+    assert [s.pre_sync_cpu_wait_s for s in steps] == [None, None]  # device-time phases: no host wait inside them
+
+
+def test_attention_masks_are_summed_on_resolve_and_folded_when_many_are_held(monkeypatch):
+    from hf_distprof.timing import recorder as recorder_module
+
+    monkeypatch.setattr(recorder_module, "TOKEN_TENSORS_HELD", 3)
+    t = Timeline()
+    rec = StepRecorder(FakeCpuClock(t))
+    rec.boundary()
+    masks = [torch.tensor([[1, 1, 0], [1, 0, 0]]), torch.tensor([[1, 1, 1]], dtype=torch.bool)]
+    for step in range(1, 4):  # 2 micro-batches each: 6 masks, folded once more than 3 are held
+        run_step(rec, t, step=step, micro=2, tokens=masks[0])
+        rec_tokens = [tok for m in rec._pending for tok in m.tokens]
+        if step == 2:
+            assert all(tok.dim() == 0 for tok in rec_tokens)  # folded into sums: the masks are no longer held
+        if step == 3:
+            assert [tok.dim() for tok in rec_tokens] == [0, 0, 0, 0, 2, 2]  # step 3's masks: not over 3 yet
+    run_step(rec, t, step=4, micro=2, tokens=masks[1])
+    assert [s.tokens for s in rec.resolve()] == [6, 6, 6, 6]
+
+
+def test_step_slots_are_reused_after_resolve():
+    t = Timeline()
+    rec = StepRecorder(FakeCpuClock(t))
+    rec.boundary()
+    run_step(rec, t, step=1)
+    first_slot = rec._pending[0]
+    rec.resolve()
+    run_step(rec, t, step=2)
+    assert rec._pending[0] is first_slot
+    (s,) = rec.resolve()
+    assert s.step == 2 and s.micro_batches == 2 and s.samples == 8 and s.tokens == 32

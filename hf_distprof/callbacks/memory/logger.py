@@ -27,12 +27,14 @@ logger = dist.get_logger(__name__)
 _MB = MB
 
 
-def read_memory(reset_peaks: bool = False) -> dict[str, float]:
+def read_memory(reset_peaks: bool = False, step: int | None = None) -> dict[str, float]:
     """Memory of this process in MiB, read without any device synchronisation.
 
     Args:
         reset_peaks: Reset the peak counters after reading them, so that the next sample's peaks belong to
             the steps in between (a peak per logging window, not per lifetime).
+        step: The optimizer step it is read at: the allocator's counters are read once per step, whoever asks
+            (:func:`hf_distprof.callbacks.memory.stats.cuda_counters`).
 
     Returns:
         Always ``rss_mb``, ``vms_mb`` (host) and ``peak_rss_mb`` (the process's peak RSS since the last
@@ -45,13 +47,13 @@ def read_memory(reset_peaks: bool = False) -> dict[str, float]:
     sample["peak_rss_mb"] = peak(torch.device("cpu")) / _MB
     if torch.cuda.is_available():
         device = torch.device("cuda", torch.cuda.current_device())
-        # One read of the allocator's counters: memory_allocated, memory_reserved and max_memory_allocated would
-        # each build and flatten the whole memory_stats() dict (the memory logger's largest cost on an H100).
-        stats = torch.cuda.memory_stats(device)
-        sample["allocated_mb"] = stats.get("allocated_bytes.all.current", 0) / _MB
-        sample["reserved_mb"] = stats.get("reserved_bytes.all.current", 0) / _MB
+        # One raw read of the allocator's counters: memory_allocated, memory_reserved and max_memory_allocated
+        # would each build and flatten the whole memory_stats() dict (the memory logger's largest cost on an H100).
+        allocated, reserved, cuda_peak = memstats.cuda_counters(device, step)
+        sample["allocated_mb"] = allocated / _MB
+        sample["reserved_mb"] = reserved / _MB
         sample["fragmentation_mb"] = sample["reserved_mb"] - sample["allocated_mb"]
-        sample["peak_allocated_mb"] = peak(device, stats.get("allocated_bytes.all.peak", 0)) / _MB
+        sample["peak_allocated_mb"] = peak(device, cuda_peak) / _MB
     return sample
 
 
@@ -135,6 +137,8 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
         self._model_state: dict[str, float] = {}
         # (model, its parameters), listed at the first sample of each train() call and reused after.
         self._params: tuple[torch.nn.Module, list[torch.Tensor]] | None = None
+        # (what the sizes depend on, the model-state sample): reused while that stays the same.
+        self._sized: tuple[Any, dict[str, float]] | None = None
         self._size_failed = False  # warned once already
         # rank 0: each rank's MiB in use at each published sample, for the growth verdict.
         self._growth = GrowthWatch(args.memory_growth_threshold_pct, in_use_metric()[1])
@@ -152,7 +156,17 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
             # between optimizer steps (FSDP has sharded them before the first step).
             if self._params is None or self._params[0] is not model:
                 self._params = (model, list(model.parameters()))
-            self._model_state = model_state_memory(model, kwargs.get("optimizer"), self._params[1])
+                self._sized = None
+            optimizer = kwargs.get("optimizer")
+            params = self._params[1]
+            # The sizes change when the optimizer creates its state (the first step) or gradients come or go; else
+            # the walk over every tensor (tens of us per sample) gives the same numbers again.
+            held = getattr(memory_tools.inner_optimizer(optimizer), "state", None)
+            key = (id(optimizer), len(held) if held is not None else -1, len(params),
+                   params[0].grad is not None if params else None, params[-1].grad is not None if params else None)
+            if self._sized is None or self._sized[0] != key:
+                self._sized = (key, model_state_memory(model, optimizer, params))
+            self._model_state = self._sized[1]
         except Exception as err:  # noqa: BLE001 - an odd model must not stop training
             if not self._size_failed:
                 self._size_failed = True
@@ -166,6 +180,7 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
         self.run_dir = paths.resolve_run_dir(self.args.profiler_output_dir, self.args.profiler_run_name, state)
         report_parallelism(kwargs.get("model"), args, state, self.run_dir)
         self._params = None
+        self._sized = None
         self._ungathered = []
         self._pending = None  # a gather left by a train() call that raised: not this run's samples
         if self.run_dir is not None:
@@ -199,16 +214,22 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
 
     def _sample(self, step: int) -> None:
         measured_at = time.time()
-        sample = {**read_memory(reset_peaks=True), **self._model_state}
+        sample = {**read_memory(reset_peaks=True, step=step), **self._model_state}
         self._model_state = {}
-        if self._jsonl is not None:
-            try:
-                self._jsonl.write(json.dumps({"step": step, "rank": dist.get_rank(), **sample}) + "\n")
-            except OSError as err:
-                # A full disk must not stop training, nor keep this rank from the gather below.
-                logger.warning(f"cannot write {self.jsonl_path}: {err!r}; memory goes to TensorBoard only")
-                self._close_jsonl()
         self._ungathered.append((step, measured_at, sample))
+
+    def _write_lines(self) -> None:
+        """Append the samples since the last gather to ``memory_rank{R}.jsonl``, one line each, in one write."""
+        if self._jsonl is None or not self._ungathered:
+            return
+        rank = dist.get_rank()
+        try:
+            self._jsonl.write("".join(json.dumps({"step": step, "rank": rank, **sample}) + "\n"
+                                      for step, _, sample in self._ungathered))
+        except OSError as err:
+            # A full disk must not stop training, nor keep this rank from the gather after it.
+            logger.warning(f"cannot write {self.jsonl_path}: {err!r}; memory goes to TensorBoard only")
+            self._close_jsonl()
 
     def _gather(self) -> None:
         """Start gathering the samples since the last gather, after publishing the one before.
@@ -219,6 +240,7 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
         hooks), so one flat float gather carries them all.
         """
         self._publish_pending()
+        self._write_lines()
         layout = [(step, measured_at, sorted(sample)) for step, measured_at, sample in self._ungathered]
         flat = [sample[m] for (*_, metrics), (*_, sample) in zip(layout, self._ungathered) for m in metrics]
         self._ungathered = []

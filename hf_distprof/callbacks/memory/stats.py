@@ -80,18 +80,54 @@ def _key(device: torch.device) -> str:
     return "cpu" if device.type != "cuda" else f"cuda:{device.index if device.index is not None else 0}"
 
 
-def current_peak_bytes(device: torch.device, cuda_peak: int | None = None) -> int:
+# (device key, the caller's step) -> the allocator's (allocated, reserved, peak allocated) bytes read at that step:
+# the memory logger's sample and the step timer's logging-step figures share one read. Cleared by a peak reset.
+_COUNTERS: dict[str, tuple[int, tuple[int, int, int]]] = {}
+
+
+def cuda_counters(device: torch.device, step: int | None = None) -> tuple[int, int, int]:
+    """The caching allocator's allocated, reserved and peak-allocated bytes on ``device``, in one read of its raw
+    counters (host memory, no sync).
+
+    ``torch.cuda.memory_allocated``, ``memory_reserved`` and ``max_memory_allocated`` each build and flatten the whole
+    ``memory_stats()`` dict (120 keys); the nested one the allocator returns is read here instead, where torch has it.
+    With ``step``, a read already taken at that step (by another callback) is returned again.
+    """
+    key = _key(device)
+    if step is not None:
+        cached = _COUNTERS.get(key)
+        if cached is not None and cached[0] == step:
+            return cached[1]
+    values: tuple[int, int, int] | None = None
+    raw = getattr(torch._C, "_cuda_memoryStats", None)
+    if raw is not None and torch.cuda.is_initialized():
+        try:
+            nested = raw(device.index if device.index is not None else torch.cuda.current_device())
+            values = (int(nested["allocated_bytes"]["all"]["current"]), int(nested["reserved_bytes"]["all"]["current"]),
+                      int(nested["allocated_bytes"]["all"]["peak"]))
+        except (KeyError, TypeError, RuntimeError):
+            values = None
+    if values is None:
+        stats = torch.cuda.memory_stats(device)
+        values = (int(stats.get("allocated_bytes.all.current", 0)), int(stats.get("reserved_bytes.all.current", 0)),
+                  int(stats.get("allocated_bytes.all.peak", 0)))
+    if step is not None:
+        _COUNTERS[key] = (step, values)
+    return values
+
+
+def current_peak_bytes(device: torch.device, cuda_peak: int | None = None, step: int | None = None) -> int:
     """The peak since the last reset: CUDA peak allocated on a GPU (``cuda_peak`` when the caller has just read
-    ``memory_stats()``'s ``allocated_bytes.all.peak``), peak RSS of the process on CPU."""
+    the allocator's counters; else :func:`cuda_counters` at ``step``), peak RSS of the process on CPU."""
     if device.type == "cuda":
-        return int(cuda_peak if cuda_peak is not None else torch.cuda.max_memory_allocated(device))
+        return int(cuda_peak if cuda_peak is not None else cuda_counters(device, step)[2])
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)  # bytes on macOS, KiB on Linux
 
 
-def lifetime_peak_bytes(device: torch.device) -> int:
-    """The peak of the whole run so far, window resets included."""
-    return max(current_peak_bytes(device), _PEAK_BEFORE_RESET.get(_key(device), 0))
+def lifetime_peak_bytes(device: torch.device, step: int | None = None) -> int:
+    """The peak of the whole run so far, window resets included (``step``: as for :func:`cuda_counters`)."""
+    return max(current_peak_bytes(device, step=step), _PEAK_BEFORE_RESET.get(_key(device), 0))
 
 
 def window_peak_bytes(device: torch.device, cuda_peak: int | None = None) -> int:
@@ -106,6 +142,7 @@ def window_peak_bytes(device: torch.device, cuda_peak: int | None = None) -> int
     _PEAK_BEFORE_RESET[key] = max(_PEAK_BEFORE_RESET.get(key, 0), peak)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+        _COUNTERS.pop(key, None)  # a read from before the reset no longer holds the peak
     else:
         _reset_peak_rss()
     return peak
