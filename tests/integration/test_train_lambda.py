@@ -15,6 +15,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from hf_distprof import dist
 
+from ..conftest import REPO_ROOT
+from . import output_schema
 from .launch import DEMO, train_lambda
 
 pytestmark = pytest.mark.integration
@@ -202,3 +204,20 @@ def test_bad_flag_through_the_launcher_exits_2_before_launching(tmp_path):
     assert proc.returncode == 2
     assert "--memory-log-steps: must be an integer >= 1, got '0'" in proc.stderr
     assert "Traceback" not in proc.stderr and "ChildFailedError" not in proc.stderr
+
+
+def test_the_demo_tells_what_it_told_before_the_always_on_path_was_brought_to_the_floor(two_runs):
+    # The demo's short run against the shape the same run had before issue 41 (tests/data/demo_outputs_schema.json,
+    # written by tests/integration/output_schema.py from the code before it): every jsonl field and which are null,
+    # the batch and model-state figures line by line, the summaries' keys, every TensorBoard tag of ours at its
+    # steps, the end-of-run tables' columns.
+    work, _, run_dirs_first, _, second = two_runs
+    new_run = next(p for p in (work / "OUT").iterdir() if p.name not in run_dirs_first)
+    tb_root = re.search(r"tensorboard --logdir (\S+)", second.stdout)
+    assert tb_root, second.stdout[-2000:]
+    tb_dirs = sorted(Path(tb_root.group(1)).iterdir(), key=lambda p: p.stat().st_mtime)
+    found = output_schema.shape(new_run, tb_dirs[-1], second.stdout)
+    reference = json.loads((REPO_ROOT / "tests" / "data" / "demo_outputs_schema.json").read_text())
+    assert found.keys() == reference.keys()
+    for key in reference:
+        assert found[key] == reference[key], key
