@@ -32,6 +32,7 @@ CHECK_NAMES = ["environment", "demo on 1 GPU", "mfu", "analyze and HTA", "overhe
                "oom snapshot", "fsdp2", "hang and flight recorder", "nvtx", "gpu tests"]
 BASE = "ModernBERT (hidden 768, 22 layers, 4 heads, vocab 8192), batch 32 x 1024 tokens, bf16 (136.7 M parameters)"
 TINY = "ModernBERT (hidden 128, 4 layers, 4 heads, vocab 8192), batch 8 x 128 tokens (1.73 M parameters)"
+FAST = "ModernBERT (hidden 768, 20 layers, 4 heads, vocab 8192), batch 16 x 512 tokens, bf16 (124.9 M parameters)"
 
 
 def test_the_dry_run_names_every_check_its_budget_and_models_and_finds_every_command_and_flag(tmp_path):
@@ -46,7 +47,7 @@ def test_the_dry_run_names_every_check_its_budget_and_models_and_finds_every_com
               in zip(checks, blocks)}
     assert models == {
         "environment": ["none"], "demo on 1 GPU": [BASE], "mfu": [BASE], "analyze and HTA": [BASE],
-        "overhead": [BASE], "no host sync": ["MLP 512-2048-512, the snippet's own (2.10 M parameters)"],
+        "overhead": [FAST, BASE], "no host sync": ["MLP 512-2048-512, the snippet's own (2.10 M parameters)"],
         "memory views": [BASE], "oom snapshot": ["Linear 1024 x 1024, the snippet's own (1.05 M parameters)"],
         "fsdp2": [BASE], "hang and flight recorder": [TINY], "nvtx": [BASE, TINY],
         "gpu tests": ["the gpu-marked tests' own tiny models"],
@@ -63,7 +64,8 @@ def test_the_plans_parameter_counts_are_the_models_built_from_their_configs(gc):
     counts = {check.name: [m.params() for m in check.models] for check in gc.CHECKS}
     base, tiny = 136_686_080, 1_729_792
     assert counts == {
-        "environment": [], "demo on 1 GPU": [base], "mfu": [base], "analyze and HTA": [base], "overhead": [base],
+        "environment": [], "demo on 1 GPU": [base], "mfu": [base], "analyze and HTA": [base],
+        "overhead": [124_886_528, base],
         "no host sync": [512 * 2048 + 2048 + 2048 * 512 + 512], "memory views": [base],
         "oom snapshot": [1024 * 1024 + 1024], "fsdp2": [base], "hang and flight recorder": [tiny],
         "nvtx": [base, tiny], "gpu tests": [None],
@@ -192,10 +194,13 @@ def test_the_overhead_figures_are_read_from_the_benchs_lines(checks):
            "median step time: none 91.2 ms, all 91.5 ms\n"
            "median step-time ratio (all / none): 1.0031 (95% interval 0.9990-1.0102; pairs min 0.9990, max 1.0102; "
            "target <= 1.01)\n"
-           "direct cost, rank 0: 2.41 ms per step = 2.63% of all's median step (most: a 1.00 ms); once per ...\n")
+           "direct cost, rank 0: 2.41 ms per step = 2.63% of all's median step (the mean over all steps); once per "
+           "train() call: 120.0 ms\n"
+           "  ordinary step (median of per-step sums): 0.085 ms (timer 0.060, memory 0.005, profiler 0.004); most: \n"
+           "  logging step (median): 21.300 ms over 12 logging steps, 88 ordinary ones\n")
     assert checks.parse_overhead(out) == {"ab_ratio": 1.0031, "ab_low": 0.999, "ab_high": 1.0102,
                                           "step_ms_none": 91.2, "step_ms_all": 91.5, "direct_ms_per_step": 2.41,
-                                          "direct_pct": 2.63}
+                                          "direct_pct": 2.63, "ordinary_step_ms": 0.085, "logging_step_ms": 21.3}
     with pytest.raises(checks.CheckFailed, match="no ratio, median or direct-cost line"):
         checks.parse_overhead(out.replace("direct cost", "cost"))
 
