@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import textwrap
 import time
 
 import psutil
@@ -16,6 +19,7 @@ from hf_distprof import MemoryLoggerCallback, ProfilingArguments, tensorboard
 from hf_distprof.callbacks.memory import stats as memstats
 from hf_distprof.callbacks.memory import logger as memory
 
+from ..conftest import REPO_ROOT
 from . import fake_trainer
 
 MB = 1024 * 1024
@@ -457,3 +461,79 @@ def test_samples_left_at_train_end_and_runs_that_never_log_are_still_gathered(tm
     # Never a logging step: every 3 samples, then the last one at train end.
     assert started == [3 * 7, 3 * 7, 3 * 7, 1 * 7]
     assert tensorboard_steps(tmp_path / "tb", "memory/params_mb/rank0")[1] == list(range(1, 11))
+
+
+def test_lines_are_written_at_each_gather_in_one_write_and_the_sizes_walked_only_when_they_change(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
+    recording_gathers(monkeypatch)
+    sized = []
+    real_state_bytes = memory.memory_tools.state_bytes
+    monkeypatch.setattr(memory.memory_tools, "state_bytes", lambda *a: sized.append(1) or real_state_bytes(*a))
+    cb = MemoryLoggerCallback(ProfilingArguments(enable_memory_logging=True, memory_log_steps=1,
+                                                 profiler_output_dir=str(tmp_path / "out")))
+    lines_at_gather = []
+    real_gather = cb._gather
+
+    def gather():
+        path = cb.run_dir / "memory_rank0.jsonl"
+        lines_at_gather.append(len(path.read_text().splitlines()) if path.exists() else 0)
+        real_gather()
+
+    cb._gather = gather
+    fake_trainer.run([LogAt({3, 6}), cb], 7, tmp_path)
+    tensorboard.close_writers()
+    # Before each gather the file holds the lines of the earlier gathers only: a sample step writes nothing.
+    assert lines_at_gather == [0, 3, 6]
+    rows = [json.loads(line) for line in (cb.run_dir / "memory_rank0.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 8))
+    # Sized at the first sample (on_optimizer_step follows the optimizer's step: its state exists) and not again:
+    # nothing the sizes depend on changes after it, and every step has the same figures.
+    assert len(sized) == 1
+    assert {(r["params_mb"], r["grads_mb"]) for r in rows} == {(2632 * 4 / MB, 2632 * 4 / MB)}
+    # A change they depend on sizes again: gradients that are gone, an optimizer whose state grew.
+    sized.clear()
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.AdamW(model.parameters())
+    state, control = fake_trainer.TrainerState(), fake_trainer.TrainerControl()
+    args = fake_trainer.training_args(tmp_path)
+
+    def sample() -> dict:
+        cb.on_optimizer_step(args, state, control, model=model, optimizer=optimizer)
+        return dict(cb._model_state)
+
+    no_grads = sample()
+    model(torch.ones(1, 4)).sum().backward()
+    with_grads = sample()
+    optimizer.step()
+    with_state = sample()
+    assert sample() == with_state and len(sized) == 3
+    assert (no_grads["grads_mb"], with_grads["grads_mb"], with_state["optimizer_state_mb"]) == (0.0, 80 / MB,
+                                                                                                 2 * 80 / MB + 8 / MB)
+
+
+def test_a_run_that_raises_still_writes_its_last_samples_as_the_process_exits(tmp_path):
+    script = tmp_path / "raise.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(REPO_ROOT / "tests")!r})
+        from unit import fake_trainer
+        from hf_distprof import MemoryLoggerCallback, ProfilingArguments
+        from transformers import TrainerCallback
+
+        class Boom(TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                if state.global_step == 4:
+                    raise RuntimeError("CUDA out of memory (a stand-in)")
+
+        cb = MemoryLoggerCallback(ProfilingArguments(enable_memory_logging=True, memory_log_steps=1,
+                                                     profiler_output_dir={str(tmp_path / "out")!r},
+                                                     profiler_run_name="r"))
+        from pathlib import Path
+        fake_trainer.run([cb, Boom()], 8, Path({str(tmp_path)!r}))
+    """))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "TENSORBOARD_LOGGING_DIR": str(tmp_path)})
+    assert proc.returncode == 1 and "CUDA out of memory (a stand-in)" in proc.stderr
+    rows = [json.loads(line) for line in (tmp_path / "out" / "r" / "memory_rank0.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]  # never gathered (no logging step), written at exit

@@ -3,6 +3,7 @@ cross-rank table at the end of training."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import time
 from collections.abc import Sequence
@@ -191,6 +192,8 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
             except OSError as err:
                 logger.warning(f"cannot write {self.jsonl_path}: {err!r}; memory goes to TensorBoard only")
         self._writer = tensorboard.get_writer(tensorboard.tensorboard_dir(args.output_dir, self.run_dir))
+        # Lines are written at each gather; a run that ends by an exception still writes the samples since the last.
+        atexit.register(self._write_lines)
         # On CPU the profiler's buffers grow the RSS while it traces: those intervals are not the run's own.
         traced = traced_steps(self.args, state.global_step) if not torch.cuda.is_available() else None
         self._growth = GrowthWatch(
@@ -283,6 +286,7 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
             self._gather()
         self._publish_pending()
         self._params = None
+        atexit.unregister(self._write_lines)
         self._close_jsonl()
         self._final_table(state)
         if self._writer is not None:
