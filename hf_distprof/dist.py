@@ -125,7 +125,15 @@ def _all_gather_async(local: torch.Tensor, what: str) -> PendingGather:
     if "gloo" in backend:  # "gloo", or a group with a CPU backend beside the device's ("cpu:gloo,cuda:nccl")
         out = [torch.empty_like(local) for _ in range(get_world_size())]
         with ours(what):
-            return PendingGather(dist.all_gather(out, local, async_op=True), out)
+            work = dist.all_gather(out, local, async_op=True)
+            if torch._C._autograd._profiler_enabled():
+                # Started while this rank's profiler records: finished while it still does. A gloo gather started
+                # in the last step of a window and waited for after the profiler stopped and exported it killed
+                # its rank with SIGSEGV inside Work.wait() (1 of 22 4-rank --profile-ranks auto runs,
+                # benchmarks/bench_crashes.py; docs/measurements.md): no work of ours outlives a recording now.
+                work.wait()
+                work = None
+            return PendingGather(work, out)
     if backend != "nccl":  # another accelerator's backend (xccl, hccl): torch's own, blocking, object gather
         return PendingGather(None, [t.cpu() for t in all_gather_object(local)])
     with ours(what):

@@ -173,3 +173,27 @@ def test_another_accelerator_s_backend_takes_torch_s_blocking_object_gather(monk
     pending = dist.all_gather_floats_async([1.0, 2.5])
     assert pending.done() is True and pending.result() == [[1.0, 2.5], [2.0, 3.5]]
     assert torch.is_tensor(pending.tensors()[1])
+
+
+@pytest.mark.parametrize("recording", [False, True])
+def test_on_gloo_a_gather_started_while_the_profiler_records_is_finished_before_it_can_stop(monkeypatch, recording):
+    import torch
+
+    d = dist.dist
+    waits = []
+
+    class Work:
+        def wait(self):
+            waits.append(1)
+
+        def is_completed(self):
+            return False
+
+    monkeypatch.setattr(d, "is_initialized", lambda: True)
+    monkeypatch.setattr(d, "get_world_size", lambda: 2)
+    monkeypatch.setattr(d, "get_backend", lambda: "gloo")
+    monkeypatch.setattr(d, "all_gather", lambda out, local, async_op: Work())
+    monkeypatch.setattr(torch._C._autograd, "_profiler_enabled", lambda: recording)
+    pending = dist.all_gather_floats_async([1.0, 2.5])
+    # Recording: waited at once (no work of ours outlives the recording, whose stop it could outlive); else in flight.
+    assert (waits, pending.done()) == (([1], True) if recording else ([], False))
