@@ -14,6 +14,7 @@ from typing import Any
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from hf_distprof import paths, tensorboard
+from hf_distprof.callbacks import order
 from hf_distprof.config import ProfilingArguments
 from hf_distprof.core.names import (
     ANALYSIS_NAME,
@@ -125,6 +126,14 @@ class RunSummaryCallback(TrainerCallback):
     def __init__(self, args: ProfilingArguments) -> None:
         self.args = args
         self.printed: str | None = None
+
+    def on_init_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+        order.put_ours_first(self)  # before the trackers' callbacks, so our figures reach them (see order)
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        order.put_ours_first(self)  # callbacks added after the Trainer was built (hf-distprof run adds ours so)
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
