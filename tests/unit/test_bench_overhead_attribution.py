@@ -37,10 +37,10 @@ def test_each_variant_takes_out_its_instrument_and_puts_it_back(bench):
         hooks._after_backward(StepRecorder(CpuClock()))  # not put back after a backward either
         assert hooks._grad_handles == []
     assert len(instrument.ModelHooks(model, StepRecorder(CpuClock()))._grad_handles) == 2  # weight and bias
-    read = cpu_wait.RunQueueClock.read
+    raw = cpu_wait.RunQueueClock.raw
     with bench.without("runqueue"):
-        assert cpu_wait.RunQueueClock().read() is None
-    assert cpu_wait.RunQueueClock.read is read
+        assert cpu_wait.RunQueueClock().raw() is None and cpu_wait.RunQueueClock().read() is None
+    assert cpu_wait.RunQueueClock.raw is raw
     enter = instrument.PhaseLabels.enter
     with bench.without("labels"):
         assert instrument.PhaseLabels().enter("forward") is None
