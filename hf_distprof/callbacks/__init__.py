@@ -51,8 +51,9 @@ def build_callbacks(args: ProfilingArguments) -> list[TrainerCallback]:
         from hf_distprof.callbacks.nsys import NsightCallback
 
         callbacks.append(NsightCallback(args))
-    if args.profiler_analyze:
-        # Last, so that at train end it runs after every other callback has written its files.
+    if args.profiler_analyze or args.enable_profiling:
+        # For --profiler-analyze, and for the trackers report_to names (it decides at train end). Last, so that at
+        # train end it runs after every other callback has written its files.
         from hf_distprof.callbacks.analyze import TraceAnalysisCallback
 
         callbacks.append(TraceAnalysisCallback(args))

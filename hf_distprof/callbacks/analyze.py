@@ -1,17 +1,25 @@
-"""``TraceAnalysisCallback`` (``--profiler-analyze``): analyse the run's own traces when training ends."""
+"""``TraceAnalysisCallback``: analyse the run's own traces when training ends, for the console (``--profiler-analyze``)
+and for the experiment trackers the Trainer reports to (``report_to``: the answer goes into their runs,
+:mod:`hf_distprof.trackers`), within :data:`TRACKER_BUDGET_S` when only the trackers asked."""
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from hf_distprof import dist, paths, tensorboard
+from hf_distprof import dist, paths, tensorboard, trackers
 from hf_distprof.config import ProfilingArguments
 
 logger = dist.get_logger(__name__)
 
+TRACKER_BUDGET_S = 10.0
+"""Seconds the end of training may wait for the analysis the trackers get (from the compact files: well under a second
+for a short run's traces), when ``--profiler-analyze`` did not ask for it; past them it is left to
+``hf-distprof analyze RUN --log-to TRACKER`` and a warning says so."""
 
 
 def analysis_options(args: ProfilingArguments) -> Any:
@@ -36,10 +44,14 @@ def analysis_options(args: ProfilingArguments) -> Any:
 class TraceAnalysisCallback(TrainerCallback):  # type: ignore[misc]
     """At ``on_train_end``, rank 0 runs ``hf-distprof analyze`` on this run's traces.
 
-    Every rank first waits at a barrier so that all traces are written (train end only, never in the
-    step loop). Rank 0 then prints the findings, writes ``analysis.json`` into the run folder, and logs
-    ``analysis/exposed_comm_pct`` and ``analysis/imbalance_pct`` to TensorBoard. With node-local output
-    folders rank 0 sees only its own node's traces. An analysis that fails is one warning.
+    Built whenever profiling is on; it works at train end when ``--profiler-analyze`` asks (it then prints the findings
+    and the box, writes ``analysis.json``, logs ``analysis/exposed_comm_pct`` and ``analysis/imbalance_pct`` to
+    TensorBoard), or when ``report_to`` names a tracker (TensorBoard, W&B, MLflow, Trackio): the answer, ``report.html``
+    and the summaries then go into each tracker's run (:mod:`hf_distprof.tell.tracker`), before the trackers' own
+    callbacks close their runs (ours run first: :mod:`hf_distprof.callbacks.order`). For the trackers alone it waits at
+    most :data:`TRACKER_BUDGET_S`. Every rank first waits at a barrier so that all traces are written (train end only,
+    never in the step loop; the same decision on every rank). With node-local output folders rank 0 sees only its own
+    node's traces. An analysis that fails is one warning.
 
     Args:
         args: The profiling flags.
@@ -49,6 +61,7 @@ class TraceAnalysisCallback(TrainerCallback):  # type: ignore[misc]
         self.args = args
         self.run_dir: Path | None = None
         self.result: Any = None
+        self.sent: dict[str, str] = {}  # tracker -> "sent" | "skipped: ..." | "failed: ..."
 
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -58,24 +71,65 @@ class TraceAnalysisCallback(TrainerCallback):  # type: ignore[misc]
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        to = trackers.resolve(args.report_to)
+        if not (self.args.profiler_analyze or to):
+            return
         dist.barrier()
         if dist.get_rank() != 0 or self.run_dir is None:
             return
         traces = sorted(self.run_dir.glob("*" + paths.TRACE_SUFFIX))
+        where = "--profiler-analyze" if self.args.profiler_analyze else "the trackers' answer"
         if not traces:
             from hf_distprof.analysis.read.manifest import why_no_trace
 
             why = why_no_trace(self.run_dir)  # the manifest, just written: the schedule against the last step
-            logger.warning(f"--profiler-analyze: no trace in {self.run_dir} to analyse" + (f": {why}" if why else ""))
+            logger.warning(f"{where}: no trace in {self.run_dir} to analyse" + (f": {why}" if why else ""))
             return
-        try:
-            from hf_distprof.analysis import analyze_paths, format_box, format_findings
+        budget = None if self.args.profiler_analyze else TRACKER_BUDGET_S
+        began = time.monotonic()
+        if not self._analyse(traces, budget, report=bool(to), where=where):
+            return
+        if self.args.profiler_analyze:
+            self._print(traces, args, state)
+        if to:
+            self._send(to, args, state, budget, began)
 
-            self.result = analyze_paths(traces, analysis_options(self.args))
-            paths.atomic_write_text(self.run_dir / paths.ANALYSIS_NAME, self.result.to_json().decode())
-        except Exception as err:  # noqa: BLE001 - the analysis must never fail the training job
-            logger.warning(f"--profiler-analyze: analysing {self.run_dir} failed: {err!r}")
-            return
+    def _analyse(self, traces: list[Path], budget: float | None, report: bool, where: str) -> bool:
+        """Analyse (and, for the trackers, write ``report/``) on a thread, waited for ``budget`` seconds at most."""
+        failed: list[BaseException] = []
+
+        def work() -> None:
+            try:
+                from hf_distprof.analysis import analyze_paths
+
+                result = analyze_paths(traces, analysis_options(self.args))
+                assert self.run_dir is not None
+                paths.atomic_write_text(self.run_dir / paths.ANALYSIS_NAME, result.to_json().decode())
+                self.result = result
+                if report:
+                    from hf_distprof.analysis.tell.report import write_report
+
+                    write_report(result, self.run_dir / "report")
+            except Exception as err:  # noqa: BLE001 - the analysis must never fail the training job
+                failed.append(err)
+
+        thread = threading.Thread(target=work, name="hf_distprof-analysis", daemon=True)
+        thread.start()
+        thread.join(budget)
+        if thread.is_alive():
+            logger.warning(f"the analysis of {self.run_dir} for the trackers took over {budget:g} s: left to "
+                           f"`hf-distprof analyze {self.run_dir} --log-to TRACKER`, training ends now")
+            return False
+        if failed and self.result is None:
+            logger.warning(f"{where}: analysing {self.run_dir} failed: {failed[0]!r}")
+            return False
+        if failed:  # the analysis is there; its report could not be written
+            logger.warning(f"writing {self.run_dir / 'report'} failed: {failed[0]!r}; the trackers get the rest")
+        return True
+
+    def _print(self, traces: list[Path], args: TrainingArguments, state: TrainerState) -> None:
+        from hf_distprof.analysis import format_box, format_findings
+
         print(
             f"\nhf_distprof trace analysis of {self.run_dir} ({len(traces)} trace(s))\n"
             f"{format_findings(self.result)}\n"
@@ -94,3 +148,15 @@ class TraceAnalysisCallback(TrainerCallback):  # type: ignore[misc]
                 state.global_step,
             )
             writer.flush()
+
+    def _send(self, to: list[str], args: TrainingArguments, state: TrainerState, budget: float | None,
+              began: float) -> None:
+        """The answer into each tracker's run; one line says where it went."""
+        from hf_distprof.analysis.tell.tracker import answer
+
+        board = tensorboard.tensorboard_dir(args.output_dir, self.run_dir) if "tensorboard" in to else None
+        self.sent = trackers.send_answer(to, answer(self.result, self.run_dir, state.global_step),
+                                         tensorboard_dir=board)
+        went = [name for name, status in self.sent.items() if status == "sent"]
+        if went:
+            print(f"hf_distprof: the analysis went to {', '.join(went)} ({time.monotonic() - began:.1f} s)", flush=True)

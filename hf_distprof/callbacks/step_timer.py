@@ -23,7 +23,7 @@ from typing import IO, Any
 import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from hf_distprof import dist, paths, tensorboard
+from hf_distprof import dist, paths, tensorboard, trackers
 from hf_distprof.callbacks.memory.stats import MB
 from hf_distprof.callbacks.parallelism import report_parallelism
 from hf_distprof.callbacks.profiler.schedule import traced_steps
@@ -104,6 +104,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         # (kind, rank) -> the step of its live warning (each is said once).
         self._warned: dict[tuple[str, int], int] = {}
         self._failed = False
+        self._report_to: Any = None
         # Phases timed on the host clock (CPU training): only then is the thread's wait for a CPU part of them and
         # taken out of the pre-sync time compared across ranks (on GPU the phases are device time).
         self._host_timed = True
@@ -134,6 +135,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self.run_dir = paths.resolve_run_dir(
             self.args.profiler_output_dir, self.args.profiler_run_name, state
         )
+        self._report_to = args.report_to  # the trackers the live warnings go to, beside TensorBoard
         model = kwargs.get("model")
         report_parallelism(model, args, state, self.run_dir)
         loader = kwargs.get("train_dataloader")
@@ -308,15 +310,11 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self._pending = (state.global_step, dist.all_gather_json_async(payload, self._gather_cap))
         self._gathered_step = state.global_step
 
-    def on_save(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
-    ) -> None:
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
         if self._recorder is not None:
             self._recorder.boundary()  # checkpoint time is not the next step's data wait
 
-    def on_evaluate(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
-    ) -> None:
+    def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
         if self._recorder is not None:
             self._recorder.boundary()
 
@@ -544,6 +542,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             logger.warning(f"step {step}: {warning}")
             if self._writer is not None:  # where the run's scalars are, at the step it was said
                 self._writer.add_text(WARNINGS_TAG, warning, step)
+            trackers.send_text(self._report_to, WARNINGS_TAG, warning, step)  # and in every other tracker's run
 
     def _write_summary(self, gathered: list[dict[str, Any]], state: TrainerState) -> None:
         runs = [g["run"] for g in gathered]

@@ -80,3 +80,7 @@ SCALING_PNG = "scaling.png"
 # What opened an extra profiler window (a window's "reasons" in the run manifest, beside the schedule's).
 ON_DEMAND = "on_demand"
 ANOMALY = "anomaly"
+
+# The version of the names and fields of the answer: analysis.json's "schema_version", and what the trackers get
+# (hf_distprof.trackers: hf_distprof/schema_version). A renamed or removed figure raises it.
+SCHEMA_VERSION = 1

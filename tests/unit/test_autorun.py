@@ -112,7 +112,7 @@ def test_a_trainer_that_has_our_callbacks_gets_none_and_other_ranks_stay_quiet(m
     assert "already has StepTimerCallback; it gets no callbacks from hf-distprof run (no duplicates)" in \
         capsys.readouterr().err
     other = module.Trainer(rank=1)
-    assert len(other.callback_handler.callbacks) == 3 and capsys.readouterr().err == ""
+    assert len(other.callback_handler.callbacks) == 4 and capsys.readouterr().err == ""
 
 
 def test_a_callback_of_ours_added_after_the_trainer_was_built_replaces_the_attached_ones(monkeypatch, capsys):

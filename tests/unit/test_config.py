@@ -19,6 +19,7 @@ from hf_distprof import (
     add_profiling_args,
     build_callbacks,
 )
+from hf_distprof.callbacks.analyze import TraceAnalysisCallback
 from hf_distprof.callbacks.memory.logger import MemoryLoggerCallback, SimpleGPUMemoryCallback
 from hf_distprof.callbacks.profiler.callback import ProfilerCallback
 from hf_distprof.config import flags_markdown, parse_rank_list
@@ -133,9 +134,10 @@ def test_disabled_means_no_callbacks():
 def test_enabled_callbacks_are_built_in_order():
     callbacks = build_callbacks(ProfilingArguments(enable_profiling=True, enable_memory_logging=True))
     # The step timer comes with --enable-profiling (its default follows it).
-    # The end-of-run block comes last, with any of them.
+    # The end-of-run analysis comes with profiling (it works at train end for --profiler-analyze or the trackers
+    # report_to names); the end-of-run block comes last, with any of them.
     assert [type(cb) for cb in callbacks] == [ProfilerCallback, MemoryLoggerCallback, StepTimerCallback,
-                                              RunSummaryCallback]
+                                              TraceAnalysisCallback, RunSummaryCallback]
     only_memory = build_callbacks(ProfilingArguments(enable_memory_logging=True))
     assert [type(cb) for cb in only_memory] == [MemoryLoggerCallback, RunSummaryCallback]
     assert SimpleGPUMemoryCallback is MemoryLoggerCallback

@@ -19,6 +19,7 @@ from hf_distprof.analysis.results.across import (
     ReferenceTotals,
 )
 from hf_distprof.analysis.results.findings import Finding, Undecided, WindowNote
+from hf_distprof.core.names import SCHEMA_VERSION
 from hf_distprof.analysis.results.rank import CommKindStat, FileError, ModuleCommStat, RankResult
 from hf_distprof.analysis.results.run import RunSummary
 from hf_distprof.analysis.results.whatif import CriticalSegment, WhatIfModel, WhatIfScenario
@@ -92,6 +93,7 @@ class AnalysisResult:
             out.pop(name)
         out["exposed_comm_pct"] = self.exposed_comm_pct
         out["imbalance_pct"] = self.imbalance_pct
+        out = {"schema_version": SCHEMA_VERSION, **out}  # first: what a reader checks before anything else
         for rank_out, rank in zip(out["ranks"], self.ranks):
             rank_out["mean_step_us"] = rank.mean_step_us
             rank_out["exposed_comm_pct"] = rank.exposed_comm_pct

@@ -13,7 +13,7 @@ from typing import IO, Any
 import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from hf_distprof import dist, paths, tensorboard
+from hf_distprof import dist, paths, tensorboard, trackers
 from hf_distprof.callbacks.memory import tools as memory_tools
 from hf_distprof.callbacks.memory import stats as memstats
 from hf_distprof.config import ProfilingArguments
@@ -24,6 +24,7 @@ from hf_distprof.core.growth import GrowthWatch, MemoryGrowth
 from hf_distprof.core.verdicts import imbalance_pct
 
 logger = dist.get_logger(__name__)
+WARNINGS_TAG = "hf_distprof/warnings"  # the step timer's tag for its live warnings: one place for every warning
 
 _MB = MB
 
@@ -144,6 +145,7 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
         # rank 0: each rank's MiB in use at each published sample, for the growth verdict.
         self._growth = GrowthWatch(args.memory_growth_threshold_pct, in_use_metric()[1])
         self._warned_growth: set[int] = set()
+        self._report_to: Any = None
 
     def on_optimizer_step(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -180,6 +182,7 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
     ) -> None:
         self.run_dir = paths.resolve_run_dir(self.args.profiler_output_dir, self.args.profiler_run_name, state)
         report_parallelism(kwargs.get("model"), args, state, self.run_dir)
+        self._report_to = args.report_to  # the trackers a growth warning goes to
         self._params = None
         self._sized = None
         self._ungathered = []
@@ -270,6 +273,7 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
                     if growth is not None and rank not in self._warned_growth:
                         self._warned_growth.add(rank)
                         logger.warning(f"step {step}: {growth.message}")
+                        trackers.send_text(self._report_to, WARNINGS_TAG, growth.message, step)
             if self._writer is None:
                 continue
             scalars: dict[str, float] = {}

@@ -142,6 +142,7 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
                                              scheduled_steps(self.args, state.global_step), policy=self._policy,
                                              every=self.agree_every)
             self._triggers.exporting = self._compacts.busy
+            self._triggers.report_to = args.report_to
             traced.register(self._triggers.plan)  # the step timer, memory views and --nsys-window count its windows
         if self.step_timer is not None:
             self.step_timer.profiler_busy = self._compacts.busy  # steps it overlaps are left out of its verdicts

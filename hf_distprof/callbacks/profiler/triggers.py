@@ -24,7 +24,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from hf_distprof import dist
+from hf_distprof import dist, trackers
 from hf_distprof.callbacks.profiler.capture import (
     FILE_REQUEST,
     MAX_AGREE_EVERY,
@@ -39,6 +39,8 @@ from hf_distprof.callbacks.profiler.capture import (
 )
 from hf_distprof.config import ProfilingArguments
 from hf_distprof.core.names import PROFILE_NOW_NAME
+
+CAPTURES_TAG = "hf_distprof/captures"  # the trackers' event of each window opened on demand or on anomaly
 
 if TYPE_CHECKING:
     from hf_distprof.callbacks.profiler.window_policy import WindowPolicy
@@ -90,6 +92,7 @@ class CaptureTriggers:
         self._previous_handler: Any = None
         self._mark = time.perf_counter()
         self.exporting: Callable[[], bool] = lambda: False  # the profiler sets its compact writer's ``busy``
+        self.report_to: Any = None  # the Trainer's report_to, set by the profiler: where each decision is told
         if args.profile_on_demand:
             self._install_signal_handler()
             if dist.get_rank() == 0:
@@ -192,8 +195,11 @@ class CaptureTriggers:
             self.interval = interval
             self.next_agreement = min(self.next_agreement, step - 1 + self.interval)  # from the gather read now
         if decision.message:
-            # The whole story on rank 0's console; every rank's own log has it too.
+            # The whole story on rank 0's console; every rank's own log has it too; rank 0's trackers get it as an
+            # event at this step.
             (logger.warning if dist.get_rank() == 0 else logger.info)(decision.message)
+            if dist.get_rank() == 0:
+                trackers.send_text(self.report_to, CAPTURES_TAG, decision.message, step)
 
     def _install_signal_handler(self) -> None:
         if threading.current_thread() is not threading.main_thread():
