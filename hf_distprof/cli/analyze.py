@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from pathlib import Path
 from typing import Any
 
 from hf_distprof.analysis.options import MESSAGE_SIZES, AnalysisOptions, OptionValueError
@@ -66,6 +67,23 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="write a compact file beside each trace that has no usable one (with --no-compact: beside every "
         "trace), so that the next analyze of these traces reads it instead of the JSON",
+    )
+    parser.add_argument(
+        "--log-to",
+        action="append",
+        choices=("tensorboard", "wandb", "mlflow", "trackio"),
+        metavar="{tensorboard,wandb,mlflow,trackio}",
+        help="also send the answer (box, findings table, key figures, report.html and the summaries) to this tracker, "
+        "after the fact: into the run --log-to-run names, else a new run named after the run folder (TensorBoard: "
+        "RUN/tensorboard); repeat for several. Needs the tracker's library (pip install -e \".[trackers]\")",
+    )
+    parser.add_argument(
+        "--log-to-run", metavar="ID", help="with --log-to: the tracker's run to add the answer to (W&B run id, MLflow "
+        "run id, Trackio run name)",
+    )
+    parser.add_argument(
+        "--log-to-project", metavar="NAME", help="with --log-to and no --log-to-run: the project (W&B, Trackio) or "
+        "experiment (MLflow) of the new run (default: where the Trainer would put it)",
     )
     parser.add_argument(
         "--progress",
@@ -148,4 +166,31 @@ def run(args: argparse.Namespace) -> int:
     if not result.ranks:
         print("hf-distprof analyze: error: no trace could be analysed", file=sys.stderr)
         return 1
+    for tracker in args.log_to or []:
+        print(f"hf-distprof analyze: {log_to(result, args, tracker)}", file=sys.stderr)
     return 0
+
+
+def run_folder(paths: list[str]) -> Path:
+    """The run folder of the analysed paths: the first folder given, else the first trace's folder."""
+    first = Path(paths[0])
+    return first if first.is_dir() else first.parent
+
+
+def log_to(result: Any, args: argparse.Namespace, tracker: str) -> str:
+    """Send ``result``'s answer to ``tracker`` (``--log-to``), at the run's last step (``timing_summary.json``'s, else
+    the last traced step); one line says where it went."""
+    import json
+
+    from hf_distprof import trackers
+    from hf_distprof.analysis.tell.tracker import answer
+    from hf_distprof.core.names import TIMING_SUMMARY_NAME
+
+    folder = run_folder(args.paths)
+    step = 0
+    try:
+        step = int(json.loads((folder / TIMING_SUMMARY_NAME).read_text()).get("last_step") or 0)
+    except (OSError, ValueError, TypeError):
+        step = max((s.step for r in result.ranks for s in r.steps), default=0)
+    return trackers.send_after_the_fact(tracker, answer(result, folder, step), folder, run_id=args.log_to_run,
+                                        project=args.log_to_project)

@@ -211,3 +211,33 @@ def test_worker_processes_start_only_when_the_traces_pay_for_them(monkeypatch: p
     assert workers.worker_count(files, 3) == 3  # as asked
     monkeypatch.setattr(workers, "PARALLEL_BYTES", sum(os.path.getsize(f) for f in files))
     assert workers.worker_count(files, 0) == min(2, os.cpu_count() or 1)
+
+
+def test_log_to_tensorboard_sends_the_answer_analyze_json_gives(tmp_path, capsys):
+    import json as _json
+
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from hf_distprof.cli.main import main as cli_main
+
+    run = tmp_path / "run"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "data" / "golden" / "cpu_slow_data", run)
+    assert cli_main(["analyze", str(run), "--json"]) == 0
+    reference = _json.loads(capsys.readouterr().out)
+    assert reference["schema_version"] == 1
+    assert cli_main(["analyze", str(run), "--findings", "--log-to", "tensorboard"]) == 0
+    err = capsys.readouterr().err
+    assert f"TensorBoard: {run / 'tensorboard'}" in err
+    acc = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    last = _json.loads((run / "timing_summary.json").read_text())["last_step"]
+    scalars = {tag: acc.Scalars(tag)[-1] for tag in acc.Tags()["scalars"]}
+    assert scalars["hf_distprof/exposed_comm_pct"].step == last == 30
+    assert scalars["hf_distprof/exposed_comm_pct"].value == pytest.approx(reference["exposed_comm_pct"], rel=1e-6)
+    assert scalars["hf_distprof/imbalance_pct"].value == pytest.approx(reference["imbalance_pct"], rel=1e-6)
+    for scenario in reference["what_if"]:
+        assert scalars[f"hf_distprof/whatif/{scenario['scenario']}_saving_ms"].value == pytest.approx(
+            scenario["saving_ms"], rel=1e-6)
+    text = acc.Tensors("hf_distprof/answer")[-1].tensor_proto.string_val[0].decode()
+    assert "Rank 1 holds the others back: its data loading" in text and "| finding | ranks |" in text

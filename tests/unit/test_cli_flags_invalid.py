@@ -57,6 +57,8 @@ def analysis_rows() -> list[tuple[str, str, str, str]]:
 TABLE: list[tuple[str, str, str, str]] = [
     *analysis_rows(),
     ("analyze", "--bandwidth-ref", "/nonexistent/bench.csv", "--bandwidth-ref: [Errno 2] No such file or directory"),
+    ("analyze", "--log-to", "comet", "argument --log-to: invalid choice: 'comet' (choose from 'tensorboard', 'wandb', "
+                                     "'mlflow', 'trackio')"),
     ("merge", "--workers", "-1", "--workers must be >= 0, got -1"),
     ("merge", "--workers", "two", "argument --workers: must be an integer >= 0, got 'two'"),
     ("merge", "--align", "gps", "argument --align: invalid choice: 'gps' (choose from 'collectives', 'clock', 'none')"),
@@ -100,6 +102,7 @@ NO_INVALID_VALUE = {
     ("flags", "--update"), ("flags", "--commands"),
     ("analyze", "--json"), ("analyze", "--findings"), ("analyze", "--report"), ("analyze", "--no-compact"),
     ("analyze", "--write-compact"), ("analyze", "--progress"),
+    ("analyze", "--log-to-run"), ("analyze", "--log-to-project"),  # a tracker's run and project: any name
     ("merge", "--output"),
     ("doctor", "--json"),
     ("bench-collectives", "--output-dir"), ("bench-collectives", "--progress"),
