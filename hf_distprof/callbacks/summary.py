@@ -13,7 +13,7 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from hf_distprof import paths, tensorboard
+from hf_distprof import dist, paths, tensorboard
 from hf_distprof.callbacks import order
 from hf_distprof.config import ProfilingArguments
 from hf_distprof.core.names import (
@@ -134,6 +134,7 @@ class RunSummaryCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
         order.put_ours_first(self)  # callbacks added after the Trainer was built (hf-distprof run adds ours so)
+        dist.destroy_group_at_exit()  # a group the script leaves is not left to the C++ teardown's abort
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any

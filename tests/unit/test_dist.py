@@ -1,0 +1,31 @@
+
+
+def test_a_group_the_script_leaves_is_destroyed_at_exit_once_registered(tmp_path):
+    # A process that builds a gloo group of 1, registers the exit hook twice, and returns without destroying it:
+    # the hook destroys it at exit (then the interpreter's own teardown finds none).
+    script = tmp_path / "leave.py"
+    script.write_text(
+        "import atexit, os\n"
+        "import torch.distributed as d\n"
+        "from hf_distprof import dist\n"
+        "os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=os.environ['PORT'])\n"
+        "d.init_process_group('gloo', rank=0, world_size=1)\n"
+        "atexit.register(lambda: print('initialized after ours:', d.is_initialized(), flush=True))\n"
+        "dist.destroy_group_at_exit(); dist.destroy_group_at_exit()\n"
+        "atexit.register(lambda: print('initialized before ours:', d.is_initialized(), flush=True))\n"
+        "from hf_distprof import dist as again\n"
+        "print('registered once:', again._EXIT_DESTROY_REGISTERED, flush=True)\n")
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          env={**__import__("os").environ, "PORT": str(port)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    # Handlers run last registered first: the one registered after ours still finds the group, ours destroys it, the
+    # one registered before ours finds none.
+    assert "registered once: True" in proc.stdout
+    assert proc.stdout.index("initialized before ours: True") < proc.stdout.index("initialized after ours: False")
