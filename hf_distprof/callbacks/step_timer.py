@@ -499,7 +499,8 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             # already appended to log_history for this step (saved in trainer_state.json) gets them too.
             figures = publish.headline_figures(interval)
             if logs is not None:
-                logs.update(figures)
+                logs.update(figures)  # the trackers after us get them (hf_distprof.callbacks.order)
+            trackers.send_live(trackers.renamed_by_trainer(self._report_to), figures, step)  # (see there)
             if state.log_history and state.log_history[-1].get("step") == step:
                 state.log_history[-1].update(figures)
         # Live warnings come from the run so far, never from one window, and only when the verdict held at

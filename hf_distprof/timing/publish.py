@@ -52,6 +52,7 @@ def write_scalars(writer: Any, report: CrossRankReport, step: int) -> None:
                 scalars[f"timing/{key}/rank{r.rank}"] = value
         scalars[f"throughput/samples_per_s/rank{r.rank}"] = r.samples_per_s
         scalars[f"throughput/tokens_per_s/rank{r.rank}"] = r.tokens_per_s
+    scalars["timing/step_s"] = report.step_mean_s  # the name the console and the other trackers give it
     scalars["timing/step_s/mean"] = report.step_mean_s
     scalars["timing/step_s/min"] = report.step_min_s
     scalars["timing/step_s/max"] = report.step_max_s

@@ -96,6 +96,8 @@ __all__ = [
     "ARTIFACT_TYPE",
     "FINDINGS_KEY",
     "SCHEMA_KEY",
+    "RENAMED_BY_TRAINER",
+    "renamed_by_trainer",
     "SCHEMA_VERSION",
     "STEP_KEY",
     "SUPPORTED",
@@ -198,6 +200,18 @@ def _attempt(tracker: str, what: str, call: Callable[[], object], *, warn_withou
         logger.debug("the failure in full", exc_info=True)
         return f"failed: {type(err).__name__}: {err}"
     return "sent"
+
+
+RENAMED_BY_TRAINER = ("wandb", "trackio")
+"""Trackers whose Trainer integration renames every key it logs (``train/<key>``, transformers' ``rewrite_logs``):
+the live figures the step timer adds to the logs reach them as ``train/timing/step_s``; :func:`send_live` adds them
+under their own names. MLflow's and TensorBoard's integrations keep the names (and the step timer writes TensorBoard
+itself)."""
+
+
+def renamed_by_trainer(report_to: str | list[str] | None) -> list[str]:
+    """The trackers of ``report_to`` in :data:`RENAMED_BY_TRAINER`."""
+    return [t for t in resolve(report_to) if t in RENAMED_BY_TRAINER]
 
 
 def send_live(

@@ -17,6 +17,8 @@ How it sets up logging and whether it passes hf_distprof's callbacks itself come
   per step: uneven batches).
 - ``PLAIN_SEGV="<rank>:<step>"``: that rank dies of SIGSEGV at the start of that optimizer step
   (``faulthandler._sigsegv()``, from a callback): a native crash mid-run.
+- ``PLAIN_REPORT_TO="tensorboard,wandb,..."``: ``training_args.report_to`` set to that list in the script, as a user
+  sets it in code (``--report_to`` on the command line takes one name).
 - ``PLAIN_EXIT=natural``: end as most user scripts do, by returning from ``main`` (no ``destroy_process_group``, the
   interpreter's own teardown); otherwise the script ends as described at its end.
 - ``PLAIN_PIN=1``: rank ``r`` runs on CPU ``r`` only (of those it may use), so that another process pinned to one core
@@ -109,6 +111,8 @@ def main() -> None:
     else:
         (training_args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses()
     rank = training_args.process_index
+    if os.environ.get("PLAIN_REPORT_TO"):
+        training_args.report_to = os.environ["PLAIN_REPORT_TO"].split(",")
     if os.environ.get("PLAIN_PIN") == "1":
         cpus = sorted(os.sched_getaffinity(0))
         os.sched_setaffinity(0, {cpus[training_args.local_process_index % len(cpus)]})
