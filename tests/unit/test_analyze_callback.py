@@ -16,7 +16,8 @@ from . import fake_trainer
 
 
 def args_for(tmp_path, **kw) -> ProfilingArguments:
-    return ProfilingArguments(enable_profiling=True, profiler_analyze=True, enable_step_timing=False,
+    kw.setdefault("profiler_analyze", True)
+    return ProfilingArguments(enable_profiling=True, enable_step_timing=False,
                               profiler_output_dir=str(tmp_path / "prof"), profiler_wait_steps=1,
                               profiler_warmup_steps=1, profiler_active_steps=2, **kw)
 
@@ -79,3 +80,79 @@ def test_the_training_flags_set_the_analysis_thresholds():
     assert options.straggler_pct == 25
     # In the training process: no process pool (spawned workers would re-import the training script).
     assert options.workers == 1
+
+
+def _reporting(monkeypatch, tmp_path, report_to):
+    from transformers import TrainingArguments
+
+    monkeypatch.setattr(fake_trainer, "training_args", lambda path: TrainingArguments(
+        output_dir=str(path / "trainer_out"), use_cpu=True, report_to=report_to))
+
+
+def test_without_the_flag_the_trackers_get_the_answer_and_the_console_stays_quiet(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
+    _reporting(monkeypatch, tmp_path, ["tensorboard"])
+    callbacks = build_callbacks(args_for(tmp_path, profiler_analyze=False))
+    fake_trainer.run(callbacks, 5, tmp_path)
+    tensorboard.close_writers()
+    analysis = callbacks[-2]
+    assert isinstance(analysis, TraceAnalysisCallback) and analysis.sent == {"tensorboard": "sent"}
+    out = capsys.readouterr().out
+    assert "hf_distprof trace analysis of" not in out  # the findings print with --profiler-analyze only
+    assert "hf_distprof: the analysis went to tensorboard" in out
+    assert (analysis.run_dir / "analysis.json").exists() and (analysis.run_dir / "report" / "report.html").exists()
+    acc = EventAccumulator(str(tmp_path / "tb"), size_guidance={"tensors": 0})
+    acc.Reload()
+    assert "hf_distprof/answer" in acc.Tags()["tensors"]
+
+
+def test_nothing_to_report_to_means_no_analysis_and_no_barrier(tmp_path, monkeypatch):
+    from hf_distprof import dist
+
+    barriers = []
+    monkeypatch.setattr(dist, "barrier", lambda: barriers.append(1))
+    callbacks = build_callbacks(args_for(tmp_path, profiler_analyze=False))
+    fake_trainer.run(callbacks, 5, tmp_path)
+    assert barriers == [] and not (callbacks[-2].run_dir / "analysis.json").exists()
+
+
+def test_an_analysis_over_the_budget_is_left_to_the_command_with_one_warning(tmp_path, monkeypatch, caplog):
+    import threading
+
+    import hf_distprof.analysis as analysis_pkg
+    from hf_distprof.callbacks import analyze as analyze_module
+
+    release = threading.Event()
+    monkeypatch.setattr(analysis_pkg, "analyze_paths", lambda *a, **k: release.wait(10))
+    monkeypatch.setattr(analyze_module, "TRACKER_BUDGET_S", 0.2)
+    _reporting(monkeypatch, tmp_path, ["tensorboard"])
+    callbacks = build_callbacks(args_for(tmp_path, profiler_analyze=False))
+    with caplog.at_level(logging.WARNING):
+        fake_trainer.run(callbacks, 5, tmp_path)  # returns after the budget, not after the analysis
+    release.set()
+    hits = [r.getMessage() for r in caplog.records if "took over 0.2 s" in r.getMessage()]
+    assert len(hits) == 1 and "--log-to TRACKER" in hits[0] and callbacks[-2].sent == {}
+
+
+def test_a_tracker_that_is_not_installed_costs_one_warning_and_the_run_ends(tmp_path, monkeypatch, caplog):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb fails
+    from hf_distprof import trackers
+
+    trackers.forget_warnings()
+    _reporting(monkeypatch, tmp_path, ["tensorboard"])  # the Trainer's own W&B callback needs wandb: we send alone
+    callbacks = build_callbacks(args_for(tmp_path, profiler_analyze=False))
+    analysis = callbacks[-2]
+    real_end = analysis.on_train_end
+
+    def end(args, state, control, **kw):
+        args.report_to = ["tensorboard", "wandb"]
+        real_end(args, state, control, **kw)
+
+    analysis.on_train_end = end
+    with caplog.at_level(logging.WARNING):
+        fake_trainer.run(callbacks, 5, tmp_path)
+    tensorboard.close_writers()
+    assert analysis.sent["tensorboard"] == "sent" and analysis.sent["wandb"].startswith("skipped: wandb is not installed")
+    assert len([r for r in caplog.records if "wandb" in r.getMessage().lower()]) == 1
