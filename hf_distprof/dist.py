@@ -292,6 +292,13 @@ def finish(code: int = 0, exit_process: Any = os._exit) -> None:
 
 
 _EXIT_DESTROY_REGISTERED = False
+_TRAINING_ENDED = False  # a train() call of ours ended cleanly (on_train_end): the group may go at exit
+
+
+def training_ended(done: bool = True) -> None:
+    """Say that training ended cleanly (the run-summary callback's ``on_train_end``), or began again (False)."""
+    global _TRAINING_ENDED
+    _TRAINING_ENDED = done
 
 
 def destroy_group_at_exit() -> None:
@@ -300,9 +307,11 @@ def destroy_group_at_exit() -> None:
 
     Left to that teardown, a finished 2- or 4-rank CPU run died of SIGABRT ("terminate called without an active
     exception") in 3 of 45 runs without hf_distprof (``benchmarks/bench_crashes.py``; FACTS.md: about 1 in 14), and
-    the launcher marked the job failed. Registered once, at train start (callbacks of ours run), so that it runs before
-    the ``atexit`` handlers registered earlier (logging's) and after those registered later (a tracker's, which may
-    still need the group). Never from :func:`finish`'s path, which destroys the group itself.
+    the launcher marked the job failed. Registered once, when our callbacks are built (before the process group and
+    before any exit handler of theirs), so that it runs after every handler registered later (ours, which flush files
+    and still read the rank; a tracker's) and before logging's. Only after a clean end of training
+    (:func:`training_ended`): after an exception a gather may still be in flight, and destroying the group would wait
+    for it. :func:`finish` destroys the group itself.
     """
     global _EXIT_DESTROY_REGISTERED
     if not _EXIT_DESTROY_REGISTERED:
@@ -312,7 +321,7 @@ def destroy_group_at_exit() -> None:
 
 def _destroy_left_group() -> None:
     try:
-        if dist.is_available() and dist.is_initialized():
+        if _TRAINING_ENDED and dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
     except Exception:  # noqa: BLE001, S110 - exiting anyway: a group that cannot be destroyed is torch's to tear down
         pass

@@ -58,6 +58,11 @@ def build_callbacks(args: ProfilingArguments) -> list[TrainerCallback]:
 
         callbacks.append(TraceAnalysisCallback(args))
     if callbacks:
+        # A process group the script leaves is destroyed at exit after a clean end, before the C++ teardown can abort
+        # on gloo's threads; registered now, before any exit handler of ours, so that it runs after them.
+        from hf_distprof import dist
+
+        dist.destroy_group_at_exit()
         # Last of all: rank 0 says where the files are once every other callback has written them.
         from hf_distprof.callbacks.summary import RunSummaryCallback
 

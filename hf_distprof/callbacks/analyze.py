@@ -71,6 +71,7 @@ class TraceAnalysisCallback(TrainerCallback):  # type: ignore[misc]
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        self.result, self.sent = None, {}  # this train() call's, never an earlier one's
         to = trackers.resolve(args.report_to)
         if not (self.args.profiler_analyze or to):
             return
@@ -89,27 +90,32 @@ class TraceAnalysisCallback(TrainerCallback):  # type: ignore[misc]
         began = time.monotonic()
         if not self._analyse(traces, budget, report=bool(to), where=where):
             return
-        if self.args.profiler_analyze:
-            self._print(traces, args, state)
-        if to:
-            self._send(to, args, state, budget, began)
+        try:
+            if self.args.profiler_analyze:
+                self._print(traces, args, state)
+            if to:
+                self._send(to, args, state, budget, began)
+        except Exception as err:  # noqa: BLE001 - telling the answer must never fail the training job
+            logger.warning(f"{where}: telling the analysis of {self.run_dir} failed: {err!r}")
 
     def _analyse(self, traces: list[Path], budget: float | None, report: bool, where: str) -> bool:
         """Analyse (and, for the trackers, write ``report/``) on a thread, waited for ``budget`` seconds at most."""
         failed: list[BaseException] = []
+        done: list[Any] = []  # the result, handed over only if the wait did not give up on it
+        run_dir = self.run_dir
 
         def work() -> None:
             try:
                 from hf_distprof.analysis import analyze_paths
 
                 result = analyze_paths(traces, analysis_options(self.args))
-                assert self.run_dir is not None
-                paths.atomic_write_text(self.run_dir / paths.ANALYSIS_NAME, result.to_json().decode())
-                self.result = result
+                assert run_dir is not None
+                paths.atomic_write_text(run_dir / paths.ANALYSIS_NAME, result.to_json().decode())
+                done.append(result)
                 if report:
                     from hf_distprof.analysis.tell.report import write_report
 
-                    write_report(result, self.run_dir / "report")
+                    write_report(result, run_dir / "report")
             except Exception as err:  # noqa: BLE001 - the analysis must never fail the training job
                 failed.append(err)
 
@@ -117,9 +123,11 @@ class TraceAnalysisCallback(TrainerCallback):  # type: ignore[misc]
         thread.start()
         thread.join(budget)
         if thread.is_alive():
+            # It runs on (a thread cannot be stopped) and may still write analysis.json; its answer goes nowhere.
             logger.warning(f"the analysis of {self.run_dir} for the trackers took over {budget:g} s: left to "
                            f"`hf-distprof analyze {self.run_dir} --log-to TRACKER`, training ends now")
             return False
+        self.result = done[0] if done else None
         if failed and self.result is None:
             logger.warning(f"{where}: analysing {self.run_dir} failed: {failed[0]!r}")
             return False

@@ -24,7 +24,7 @@ import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from hf_distprof import dist, paths, tensorboard, trackers
-from hf_distprof.callbacks.memory.stats import MB
+from hf_distprof.callbacks.memory.stats import MB, forget_counters
 from hf_distprof.callbacks.parallelism import report_parallelism
 from hf_distprof.callbacks.profiler.schedule import traced_steps
 from hf_distprof.config import ProfilingArguments
@@ -136,6 +136,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             self.args.profiler_output_dir, self.args.profiler_run_name, state
         )
         self._report_to = args.report_to  # the trackers the live warnings go to, beside TensorBoard
+        forget_counters()  # an earlier train() call's allocator read at a step of the same number is not this one's
         model = kwargs.get("model")
         report_parallelism(model, args, state, self.run_dir)
         loader = kwargs.get("train_dataloader")
@@ -212,9 +213,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
 
     # ---- the step: marks only -----------------------------------------------------------------
 
-    def on_epoch_begin(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
-    ) -> None:
+    def on_epoch_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
         if self._recorder is not None:
             self._recorder.boundary()
 

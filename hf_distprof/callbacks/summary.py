@@ -134,11 +134,12 @@ class RunSummaryCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
         order.put_ours_first(self)  # callbacks added after the Trainer was built (hf-distprof run adds ours so)
-        dist.destroy_group_at_exit()  # a group the script leaves is not left to the C++ teardown's abort
+        dist.training_ended(False)
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        dist.training_ended()  # every rank: its process group may go at exit (dist.destroy_group_at_exit)
         if not state.is_world_process_zero:
             return
         run_dirs = paths.run_dirs_of(state)

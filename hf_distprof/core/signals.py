@@ -15,6 +15,7 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
+from typing import Any
 
 # The signals a job is stopped with; both wait for a write to finish.
 TERMINATION_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT)
@@ -32,6 +33,7 @@ def deferred(signals: tuple[signal.Signals, ...] = TERMINATION_SIGNALS) -> Itera
         The signal numbers that arrived so far (for tests and logging).
     """
     pending: list[int] = []
+    previous_handlers: dict[int, Any] = {}
     if threading.current_thread() is not threading.main_thread():
         yield pending
         return
@@ -40,8 +42,11 @@ def deferred(signals: tuple[signal.Signals, ...] = TERMINATION_SIGNALS) -> Itera
         if signum not in pending:
             pending.append(signum)
 
+    hold.holds_for = previous_handlers  # type: ignore[attr-defined]  # see held_for
+
     # A handler installed outside Python (getsignal() is None) cannot be put back: leave that signal alone.
-    previous = {s: signal.signal(s, hold) for s in signals if signal.getsignal(s) is not None}
+    previous = previous_handlers
+    previous.update({s: signal.signal(s, hold) for s in signals if signal.getsignal(s) is not None})
     try:
         yield pending
     finally:
@@ -74,3 +79,14 @@ def before_default_death() -> None:
             fn()
         except Exception:  # noqa: BLE001, S110 - the process is about to end of its signal either way
             pass
+
+
+def held_for(handler: Any, signum: int) -> Any:
+    """When ``handler`` is :func:`deferred`'s stand-in, the handler it holds ``signum`` for (the one it puts back
+    after its block); else ``handler`` itself. A callback that removes its handler inside a deferred block asks this:
+    its handler is then the held one, and putting the one before it back makes ``deferred`` leave that in place."""
+    held = getattr(handler, "holds_for", None)
+    while isinstance(held, dict) and signum in held:  # nested blocks: the outermost's
+        handler = held[signum]
+        held = getattr(handler, "holds_for", None)
+    return handler

@@ -163,8 +163,8 @@ class _Marks:
         return marks
 
 
-# Device tensors of token counts (attention masks) a recorder holds before summing them in one go; past this many,
-# they are summed into one small tensor without a sync, so that a rare logging step cannot pile up batches' masks.
+# Device tensors of token counts (attention masks) a recorder holds; past this many they are summed (a small kernel
+# each, no sync) into 0-d tensors, so that a rare logging step cannot pile up the batches' masks.
 TOKEN_TENSORS_HELD = 32
 
 
@@ -227,7 +227,8 @@ class StepRecorder:
         # With a timed loader the data wait's run-queue reading is its first next()'s (the step's first fetch).
         self._prev_run_queue = self._raw() if not self.loader_timed else None
         self._first_fetch = None
-        if old is not None and owned:
+        # The previous step's end, once that step is resolved (no longer pending), is no one's either.
+        if old is not None and (owned or not any(m.end is old for m in self._pending)):
             self.clock.release([old])
 
     def fetch_begin(self) -> None:
@@ -280,7 +281,7 @@ class StepRecorder:
 
     def forward_begin(self, samples: int = 0, tokens: Any = 0) -> None:
         """The model's forward starts; ``tokens`` may be an int or a device tensor whose sum is the count (the
-        attention mask: summed on resolve, or folded into one small tensor when many are held)."""
+        attention mask: summed on resolve, or folded into a 0-d sum when many are held)."""
         cur = self._current
         if cur is None:
             return
@@ -366,7 +367,12 @@ class StepRecorder:
         if old is not None and owned:
             self.clock.release([old])
         if self._token_tensors > TOKEN_TENSORS_HELD:
-            self._fold_tokens()
+            try:
+                self._fold_tokens()
+            except Exception:  # noqa: BLE001 - out of device memory, say: those steps' token counts are lost, not the run
+                for m in self._pending:
+                    m.tokens[:] = [t if not isinstance(t, torch.Tensor) or t.dim() == 0 else 0 for t in m.tokens]
+                self._token_tensors = 0
 
     def _raw(self) -> Any:
         return self.run_queue.raw() if self.run_queue is not None else None
@@ -390,7 +396,8 @@ class StepRecorder:
 
     def _abandon(self, m: _Marks) -> None:
         """Drop a step that never ended; its ``prev_end`` may still be a pending step's end: not released."""
-        self.clock.release([x for x in m.all_marks()[1:] if x is not None and x is not m.prev_end])
+        marks = {id(x): x for x in m.all_marks()[1:] if x is not None and x is not m.prev_end}
+        self.clock.release(list(marks.values()))  # once each: pre_opt or a micro's fwd_begin may close another
         self._token_tensors -= sum(isinstance(t, torch.Tensor) and t.dim() > 0 for t in m.tokens)
         self._recycle(m)
 
@@ -401,8 +408,8 @@ class StepRecorder:
         self._free.append(m)
 
     def _fold_tokens(self) -> None:
-        """Sum the token tensors (masks) held by pending steps into 0-d views of one small tensor per device, without
-        a sync: they no longer hold the batches' masks."""
+        """Sum the token tensors (masks) held by pending steps into 0-d tensors, without a sync: they no longer hold the
+        batches' masks."""
         held = [(m, i, t) for m in self._pending for i, t in enumerate(m.tokens)
                 if isinstance(t, torch.Tensor) and t.dim() > 0]
         for (m, i, _), total in zip(held, _tensor_sums([t for *_, t in held]), strict=True):
@@ -422,7 +429,9 @@ class StepRecorder:
         ready = len(self._pending)
         if not self.clock.cheap_marks:
             ready = 0
-            while ready < len(self._pending) and self.clock.ready(self._pending[ready].end):
+            # A step holding token tensors on the device waits for the pass that waits: reading them waits anyway.
+            while ready < len(self._pending) and self.clock.ready(self._pending[ready].end) and not any(
+                    isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in self._pending[ready].tokens):
                 ready += 1
             if wait and ready < len(self._pending):
                 self.clock.wait(self._pending[-1].end)
@@ -439,9 +448,10 @@ class StepRecorder:
             live.add(id(self._current.prev_end))
         if self._pending:
             live.add(id(self._pending[0].prev_end))
+        # One release per mark across the steps read: a step's end is also the next one's data-wait start.
+        marks = {id(x): x for m in done for x in m.all_marks() if x is not None}
+        self.clock.release([x for key, x in marks.items() if key not in live])
         for m in done:
-            self.clock.release([x for x in {id(x): x for x in m.all_marks() if x is not None}.values()
-                                if id(x) not in live])
             self._recycle(m)
         return out
 
@@ -511,21 +521,9 @@ def _pre_sync_wait(m: _Marks, forward: bool, compute: bool, sec: Any) -> float |
 
 
 def _tensor_sums(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The sum of each tensor as a 0-d tensor on its device, in a few kernels per device however many there are
-    (flattened, joined, one cumulative sum, read at each tensor's end), never a sync."""
-    out: list[torch.Tensor | None] = [None] * len(tensors)
-    by_device: dict[torch.device, list[int]] = {}
-    for i, t in enumerate(tensors):
-        by_device.setdefault(t.device, []).append(i)
-    for device, indices in by_device.items():
-        flat = [tensors[i].reshape(-1).to(torch.int64) for i in indices]
-        ends = torch.tensor([f.numel() for f in flat], dtype=torch.int64).cumsum(0).to(device)
-        running = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), torch.cat(flat).cumsum(0)])
-        at_ends = running[ends]
-        sums = at_ends - torch.cat([at_ends.new_zeros(1), at_ends[:-1]])
-        for j, i in enumerate(indices):
-            out[i] = sums[j]
-    return out  # type: ignore[return-value]
+    """The sum of each tensor as a 0-d int64 tensor on its own device: one small kernel each and no copy between host
+    and device, so never a wait for the device (a copy of host data to the device would be one)."""
+    return [t.sum(dtype=torch.int64) for t in tensors]
 
 
 def _token_counts(pending: list[_Marks]) -> list[int]:

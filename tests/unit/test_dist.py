@@ -12,6 +12,7 @@ def test_a_group_the_script_leaves_is_destroyed_at_exit_once_registered(tmp_path
         "d.init_process_group('gloo', rank=0, world_size=1)\n"
         "atexit.register(lambda: print('initialized after ours:', d.is_initialized(), flush=True))\n"
         "dist.destroy_group_at_exit(); dist.destroy_group_at_exit()\n"
+        "dist.training_ended()\n"
         "atexit.register(lambda: print('initialized before ours:', d.is_initialized(), flush=True))\n"
         "from hf_distprof import dist as again\n"
         "print('registered once:', again._EXIT_DESTROY_REGISTERED, flush=True)\n")
@@ -29,3 +30,29 @@ def test_a_group_the_script_leaves_is_destroyed_at_exit_once_registered(tmp_path
     # one registered before ours finds none.
     assert "registered once: True" in proc.stdout
     assert proc.stdout.index("initialized before ours: True") < proc.stdout.index("initialized after ours: False")
+
+
+def test_after_an_exception_the_group_is_left_alone_at_exit(tmp_path):
+    # Training that did not end cleanly may have a gather in flight: destroying the group would wait for it.
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    script = tmp_path / "raise.py"
+    script.write_text(
+        "import atexit, os\n"
+        "import torch.distributed as d\n"
+        "from hf_distprof import dist\n"
+        "os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=os.environ['PORT'])\n"
+        "d.init_process_group('gloo', rank=0, world_size=1)\n"
+        "atexit.register(lambda: print('initialized after ours:', d.is_initialized(), flush=True))\n"
+        "dist.destroy_group_at_exit(); dist.training_ended(False)\n"
+        "raise RuntimeError('training failed')\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PORT": str(port)})
+    assert proc.returncode == 1 and "training failed" in proc.stderr
+    assert "initialized after ours: True" in proc.stdout

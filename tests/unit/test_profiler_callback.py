@@ -244,3 +244,21 @@ def test_gpu_trace_has_kernels_and_the_summary_ranks_by_device_time(tmp_path):
     assert any(e.get("cat") == "kernel" for e in events)
     summary = (cb.run_dir / f"rank0_{HOST}_step3-4_summary.txt").read_text()
     assert "Top 25 operators by self device time" in summary
+
+
+def test_after_close_the_scripts_own_signal_handlers_are_back(tmp_path):
+    import signal as signal_module
+
+    def mine(signum, frame):
+        pass
+
+    before = {s: signal_module.signal(s, mine) for s in (signal_module.SIGTERM, signal_module.SIGINT)}
+    try:
+        cb = ProfilerCallback(prof_args(tmp_path, profiler_wait_steps=1, profiler_warmup_steps=1,
+                                        profiler_active_steps=2))
+        fake_trainer.run([cb], 4, tmp_path)  # close() at train end runs inside a deferred block
+        assert signal_module.getsignal(signal_module.SIGTERM) is mine
+        assert signal_module.getsignal(signal_module.SIGINT) is mine
+    finally:
+        for s, handler in before.items():
+            signal_module.signal(s, handler)

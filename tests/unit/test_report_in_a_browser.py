@@ -28,8 +28,9 @@ def test_the_report_opens_with_the_box_every_plot_and_no_console_error(tmp_path:
     images = re.findall(r'<img[^>]+src="([^"]{0,40})', html)  # the plots travel inside the page
     assert len(images) >= 5 and all(src.startswith("data:image/png;base64,") for src in images), images
     shot = tmp_path / "shot.png"
+    page = (report / "report.html").as_uri()
     proc = subprocess.run([str(_browser()), "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
-                           "--v=0", "--window-size=1000,1400", f"--screenshot={shot}", (report / "report.html").as_uri()],
+                           "--v=0", "--window-size=1000,1400", f"--screenshot={shot}", page],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert shot.stat().st_size > 50_000  # a rendered page, not a blank one

@@ -490,3 +490,38 @@ def test_step_slots_are_reused_after_resolve():
     assert rec._pending[0] is first_slot
     (s,) = rec.resolve()
     assert s.step == 2 and s.micro_batches == 2 and s.samples == 8 and s.tokens == 32
+
+
+def test_no_cuda_event_goes_back_to_the_pool_twice_and_every_window_times_right():
+    # A step's end is also the next step's data-wait start: resolving both must release it once. An event in the pool
+    # twice would be handed to two later marks, and the second record would overwrite the first one's time.
+    t = Timeline()
+    clock, log = fake_cuda_clock(t)
+    rec = StepRecorder(clock)
+    rec.boundary()
+    log["device_at"] = float("inf")  # the device keeps up: the no-wait pass reads the steps too
+    for window in range(4):
+        for step in range(3):
+            run_step(rec, t, step=window * 3 + step + 1, micro=2, params=3)
+        first = rec.resolve(wait=False)
+        rest = rec.resolve()
+        steps = first + rest
+        assert len(steps) == 3
+        pool = clock._pool
+        assert len(pool) == len({id(e) for e in pool}), f"window {window}: an event is in the pool twice"
+        # data 0.5 + 2 x (fwd 1 + bwd 2 + sync 0.25) + opt 0.125, every step, every window
+        assert [s.step_s for s in steps] == pytest.approx([7.125] * 3)
+        assert [s.data_s for s in steps[1:]] == pytest.approx([0.5] * 2)
+
+
+def test_an_abandoned_step_gives_each_of_its_events_back_once():
+    t = Timeline()
+    clock, _ = fake_cuda_clock(t)
+    rec = StepRecorder(clock)
+    rec.boundary()
+    rec.step_begin()
+    rec.forward_begin(samples=1)
+    rec.forward_end()
+    rec.optimizer_begin()  # pre_opt also closes the micro-batch: one event in two places
+    rec.step_begin()  # the first step never ended
+    assert len(clock._pool) == len({id(e) for e in clock._pool})

@@ -183,6 +183,7 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
         self.run_dir = paths.resolve_run_dir(self.args.profiler_output_dir, self.args.profiler_run_name, state)
         report_parallelism(kwargs.get("model"), args, state, self.run_dir)
         self._report_to = args.report_to  # the trackers a growth warning goes to
+        memstats.forget_counters()
         self._params = None
         self._sized = None
         self._ungathered = []

@@ -85,6 +85,11 @@ def _key(device: torch.device) -> str:
 _COUNTERS: dict[str, tuple[int, tuple[int, int, int]]] = {}
 
 
+def forget_counters() -> None:
+    """Drop the shared allocator reads (a new ``train()`` call: its step numbers start again)."""
+    _COUNTERS.clear()
+
+
 def cuda_counters(device: torch.device, step: int | None = None) -> tuple[int, int, int]:
     """The caching allocator's allocated, reserved and peak-allocated bytes on ``device``, in one read of its raw
     counters (host memory, no sync).

@@ -214,7 +214,8 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         """Step the profiler into the next optimizer step. From an idle step into another idle one, ``prof.step()``
         would only close one ``ProfilerStep#N`` range and open the next, which nothing records (about 15 us per step
         on CPU): the step number moves on alone then, and ``step()`` runs from the step before a window on."""
-        if prof.current_action == ProfilerAction.NONE and self._action(prof.step_num + 1) == ProfilerAction.NONE:
+        if prof.current_action == ProfilerAction.NONE and self._action(prof.step_num + 1) == ProfilerAction.NONE \
+                and not os.environ.get("KINETO_USE_DAEMON"):  # Dynolog's step counter wants every step()
             opened = getattr(prof, "step_rec_fn", None)
             if opened is not None:  # the range step() or start() opened last: closed once, as step() would
                 prof.step_rec_fn = None
@@ -325,8 +326,9 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         if threading.current_thread() is not threading.main_thread():
             return
         for signum, previous in self._previous_handlers.items():
-            # Put the old handler back only where ours is still installed (a later handler stays).
-            if signal.getsignal(signum) == self._on_signal:
+            # Put the old handler back only where ours is still installed (a later handler stays), also while a
+            # deferred block holds it (close() runs in one: the block then leaves the old handler in place).
+            if signals.held_for(signal.getsignal(signum), signum) == self._on_signal:
                 signal.signal(signum, previous)
         self._previous_handlers = {}
 
