@@ -67,3 +67,16 @@ def test_the_order_keeps_each_sides_own_order_and_a_missing_list_is_one_info():
     assert order.first_after_flow([flow, a, x, b, y]) == [flow, x, y, a, b]
     assert order.first_after_flow([a, x]) == [x, a]  # no flow callback: ours first
     assert order.put_ours_first(Ours()) is False  # held by no handler
+
+
+def test_a_live_warning_and_a_capture_decision_go_to_the_trackers_at_their_step(monkeypatch, tmp_path):
+    from hf_distprof import trackers
+    from hf_distprof.callbacks.step_timer import WARNINGS_TAG, StepTimerCallback
+
+    sent = []
+    monkeypatch.setattr(trackers, "send_text", lambda to, tag, text, step, **kw: sent.append((to, tag, text, step)))
+    timer = StepTimerCallback(ProfilingArguments(enable_step_timing=True))
+    timer._report_to = ["wandb", "mlflow"]
+    timer._warn_once("time", 1, 20, "Step time imbalance 50% > 10%: rank 1 is the slowest.")
+    timer._warn_once("time", 1, 30, "said once")  # each (kind, rank) once
+    assert sent == [(["wandb", "mlflow"], WARNINGS_TAG, "Step time imbalance 50% > 10%: rank 1 is the slowest.", 20)]
