@@ -51,6 +51,7 @@ def test_run_folder_has_the_expected_files(fsdp_run):
         + [f"rank{r}_memory_modules.{ext}" for r in (0, 1) for ext in ("txt", "json")]
         + [f"timing_rank{r}.jsonl" for r in (0, 1)]
         + ["timing_summary.json", "parallelism.json", "analysis.json", "rank0.log", "rank1.log"]
+        + ["report"]  # the demo reports to TensorBoard: the answer and its report go there (issue 42)
         + [f"manifest_rank{r}_{HOST}.json" for r in (0, 1)] + ["manifest.json"]
     )
 

@@ -41,6 +41,8 @@ EXPECTED_RUN_FILES = sorted(
     + ["rank0.log", "rank1.log"]
     # the run manifest: each rank's part, and rank 0's combined file
     + [f"manifest_rank{r}_{HOST}.json" for r in (0, 1)] + ["manifest.json"]
+    # the demo reports to TensorBoard: the analysis, its answer there, and the report sent with it
+    + ["analysis.json", "report"]
 )
 # An earlier run in the demo's default --profiler-output-dir, ./profiler_traces, when the demo runs into OUT.
 OLDER_RUN = "older-run"
