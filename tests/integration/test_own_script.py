@@ -83,7 +83,7 @@ def test_hf_distprof_run_profiles_a_script_that_never_imports_it(tmp_path):
     proc = launch(tmp_path, cmd)
     (line,) = our_lines(proc.stderr, "hf-distprof run: attached")
     assert line.startswith("hf_distprof: [RANK 0] hf-distprof run: attached ProfilerCallback, StepTimerCallback, "
-                           "RunSummaryCallback to Trainer built at ")
+                           "TraceAnalysisCallback, RunSummaryCallback to Trainer built at ")
     assert line.endswith(f"{PLAIN}:{line.rsplit(':', 1)[1]}")
     run_dir = tmp_path / "P" / "run"
     # Said on the console by rank 0; every rank's log records what it attached, once, as its first line.
@@ -110,8 +110,8 @@ def test_hf_distprof_run_adds_nothing_to_a_script_that_passes_our_callbacks(tmp_
            *PROFILING]
     proc = launch(tmp_path, cmd, PLAIN_CALLBACKS="1")
     (line,) = our_lines(proc.stderr, "hf-distprof run:")
-    assert "already has ProfilerCallback, StepTimerCallback, RunSummaryCallback; it gets no callbacks from " \
-           "hf-distprof run (no duplicates)" in line
+    assert ("already has ProfilerCallback, StepTimerCallback, TraceAnalysisCallback, RunSummaryCallback; it gets no "
+            "callbacks from hf-distprof run (no duplicates)") in line
     assert not (tmp_path / "Q").exists()
     assert sorted(p.name for p in (tmp_path / "P" / "run").glob("*.pt.trace.json.gz")) == [
         f"rank{r}_{HOST}_step3-4.pt.trace.json.gz" for r in (0, 1)]
