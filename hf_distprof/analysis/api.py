@@ -21,7 +21,7 @@ from hf_distprof.analysis.across.combine import one_result_per_rank
 from hf_distprof.analysis.across.compare import compare
 from hf_distprof.analysis.judge.findings import judge
 from hf_distprof.analysis.options import AnalysisOptions
-from hf_distprof.analysis.rank.workers import analyze_file, run_all
+from hf_distprof.analysis.rank.workers import analyze_file, collector_paused, run_all
 from hf_distprof.analysis.read.run import read_run
 from hf_distprof.analysis.results.across import Across, CrossRankResult, ReferencePoint
 from hf_distprof.analysis.results.facts import Judged
@@ -66,12 +66,13 @@ def analyze_paths(
         FileNotFoundError: A path does not exist, or a folder holds no trace.
     """
     options = options or AnalysisOptions()
-    run = read_run([paths] if isinstance(paths, (str, os.PathLike)) else paths)
-    outcomes = run_all(run.files, options, read_compact, write_compact)
-    errors = [o for o in outcomes if isinstance(o, FileError)]
-    ranks = one_result_per_rank([o for o in outcomes if isinstance(o, RankResult)], errors)
-    run.errors = errors + run.errors
-    return _analyze(ranks, run, options, reference, reference_file)
+    with collector_paused():
+        run = read_run([paths] if isinstance(paths, (str, os.PathLike)) else paths)
+        outcomes = run_all(run.files, options, read_compact, write_compact)
+        errors = [o for o in outcomes if isinstance(o, FileError)]
+        ranks = one_result_per_rank([o for o in outcomes if isinstance(o, RankResult)], errors)
+        run.errors = errors + run.errors
+        return _analyze(ranks, run, options, reference, reference_file)
 
 
 def analyze_ranks(

@@ -6,10 +6,13 @@ not its events: the parent does the cross-rank work on those.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import sys
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 
 from hf_distprof.analysis.options import AnalysisOptions
 from hf_distprof.analysis.rank.analyze import analyze_rank
@@ -71,6 +74,27 @@ def worker_count(files: list[str], workers: int) -> int:
     return min(len(files), os.cpu_count() or 1) if size >= PARALLEL_BYTES else 1
 
 
+def _worker_init() -> None:
+    """A worker's set-up: the cyclic garbage collector off for the worker's life.
+
+    A rank's analysis builds hundreds of thousands of small objects (tuples, lists) and no reference cycles, so the
+    collector's passes find nothing and cost ~15% of a rank's time; the worker's memory goes when it exits."""
+    gc.disable()
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector off while ranks are analysed in this process, or their results compared (see
+    :func:`_worker_init`: the analysis makes no reference cycles), then as it was."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def run_all(
     files: list[str], options: AnalysisOptions, read_compact: bool = True, write_compact: bool = False
 ) -> list[RankResult | FileError]:
@@ -86,13 +110,14 @@ def run_all(
     results: list[RankResult | FileError] = []
     try:
         if workers <= 1 or len(files) == 1:
-            for path in files:
-                results.append(analyze_file(path, options, read_compact, write_compact))
-                if bar is not None:
-                    bar.update(1)
+            with collector_paused():
+                for path in files:
+                    results.append(analyze_file(path, options, read_compact, write_compact))
+                    if bar is not None:
+                        bar.update(1)
         else:
             ctx = multiprocessing.get_context(_start_method())
-            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init) as pool:
                 futures = [pool.submit(analyze_file, path, options, read_compact, write_compact) for path in files]
                 for future in as_completed(futures):
                     results.append(future.result())
