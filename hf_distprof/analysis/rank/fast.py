@@ -33,20 +33,24 @@ _CATEGORY_BITS = {COMPUTATION: COMP_BIT, COMMUNICATION: COMM_BIT, MEMORY: MEM_BI
 _EXACT = 2**53
 
 Arrays = tuple[np.ndarray, np.ndarray]
+_INT = {int}
 
 
 def int_column(values: Sequence[Any]) -> np.ndarray | None:
     """``values`` as an int64 array when they are all ints (no float, none beyond int64), else None.
 
-    (A bool would pass as 0 or 1, as it compares in Python; the parser rejects bools as times.)
+    (Also None with a bool among them, which the reference code then takes; the parser rejects bools as times.)
     """
     if not values:
         return None
-    try:
-        array = np.array(values)
-    except (OverflowError, ValueError, TypeError):
+    # Every value an int (not a bool, float, None ...): then the conversion with the dtype given is twice as fast as
+    # numpy's own discovery of it, and accepts the very columns that discovery makes int64.
+    if set(map(type, values)) != _INT:
         return None
-    return array if array.dtype == np.int64 else None
+    try:
+        return np.array(values, dtype=np.int64)
+    except OverflowError:  # beyond int64
+        return None
 
 
 @dataclass
