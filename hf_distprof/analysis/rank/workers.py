@@ -10,6 +10,7 @@ import gc
 import multiprocessing
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
@@ -85,7 +86,13 @@ def _worker_init() -> None:
 @contextmanager
 def collector_paused() -> Iterator[None]:
     """The cyclic garbage collector off while ranks are analysed in this process, or their results compared (see
-    :func:`_worker_init`: the analysis makes no reference cycles), then as it was."""
+    :func:`_worker_init`: the analysis makes no reference cycles), then as it was.
+
+    Only on the main thread (the CLI, a notebook): the collector is the whole process's, and a training rank analyses
+    its run in a thread of its own while training may go on; there it stays as the user set it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     enabled = gc.isenabled()
     gc.disable()
     try:
