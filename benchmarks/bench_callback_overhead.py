@@ -14,10 +14,11 @@ instead (``--processes 1`` does that on CPU too), with the model shape, batch an
 callbacks' cost with CUDA events and asynchronous gathers, on a GPU that runs behind the host. The worker
 alternates ``trainer.train()`` calls of ``--steps`` steps on the same model: variant A with no hf_distprof
 callback, variant B with every always-on one (the profiler built and stepped but outside its active window, the
-memory logger at every step, the step timer on every step). Both variants carry one ``on_step_end`` timestamp on
-rank 0, the measurement itself, and the Trainer logs every 10 steps in both. On a GPU these are host times: the
-host runs ahead of the GPU by at most its launch queue and waits for it at every logging step (``loss.item()``),
-so while the GPU is the bottleneck they keep its pace, and host work of ours shows only where it delays a launch.
+memory logger every ``--memory-log-steps`` steps (10, hf_distprof's default), the step timer on every step). Both
+variants carry one ``on_step_end`` timestamp on rank 0, the measurement itself, and the Trainer logs every 10 steps
+in both. On a GPU these are host times: the host runs ahead of the GPU by at most its launch queue and waits for it
+at every logging step (``loss.item()``), so while the GPU is the bottleneck they keep its pace, and host work of
+ours shows only where it delays a launch.
 
 The order is A B, B A, A B, ... so that drift of a shared machine hits both variants alike, and the
 variants alternate every few seconds inside the same processes rather than across process launches.

@@ -84,13 +84,16 @@ class Attribution:
     """The longest run of consecutive steps in which it was last."""
     persistent: bool = True
     """Slowest in most steps (:data:`PERSISTENT_SHARE`), not in bursts."""
+    more_work_too: bool = False
+    """Besides its cause (a wait for a CPU, its data loading), it also does more work than its peers (``work_ratio``
+    above the threshold): both are said."""
     extra: dict[str, Any] = field(default_factory=dict)
     """What the host or device showed, when sampled (GPU clocks, throttle reasons ...)."""
 
     @property
     def machine(self) -> bool:
-        """Whether the cause is outside the user's code and data."""
-        return self.cause in MACHINE
+        """Whether the cause is outside the user's code and data (not when it also does more work)."""
+        return self.cause in MACHINE and not self.more_work_too
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -152,7 +155,13 @@ def attribute(parts: Mapping[str, Mapping[int, Sequence[float]]], rank: int, thr
                 for r in arrival}
     speed = _ratio(per_unit, rank, n) if counted else None
     above = 1.0 + threshold_pct / 100.0
-    if cpu > 0 and cpu >= CPU_SHARE * excess:
+    # A rank with more work runs longer and so waits longer for a CPU on a shared host, in proportion: only its wait
+    # beyond its peers' scaled by its work ratio says its cores are busier than theirs.
+    scale = max(work, 1.0) if work is not None else 1.0
+    peers = [r for r in arrival if r != rank]
+    unexplained = median(parts["cpu_wait"][rank][i] - scale * median(parts["cpu_wait"][p][i] for p in peers)
+                         for i in range(n))
+    if unexplained > 0 and unexplained >= CPU_SHARE * excess:
         cause = Cause.CPU_WAIT
     elif data > 0 and data >= compute:
         cause = Cause.INPUT
@@ -170,6 +179,7 @@ def attribute(parts: Mapping[str, Mapping[int, Sequence[float]]], rank: int, thr
         peers_cpu_wait_s=median(median(parts["cpu_wait"][r][i] for r in arrival if r != rank) for i in range(n)),
         unit=unit, work_ratio=work, speed_ratio=speed, slowest_in=slowest, longest_run=_runs(last),
         persistent=slowest >= PERSISTENT_SHARE * n,
+        more_work_too=cause in (Cause.CPU_WAIT, Cause.INPUT) and work is not None and work > above,
     )
 
 
@@ -254,6 +264,10 @@ def _unit(a: Attribution, one: bool = False) -> str:
 
 def cause_title(a: Attribution) -> str:
     """What holds the rank back, as a finding's title ends ("Rank 1 holds the others back: <this>")."""
+    if a.more_work_too:
+        also = f"more work ({a.work_ratio or 0.0:.1f}x the {_unit(a)} of its peers)"
+        return {Cause.CPU_WAIT: f"its machine (it waits for a CPU) and {also}",
+                Cause.INPUT: f"its data loading and {also}"}[a.cause]
     return {
         Cause.CPU_WAIT: "its machine, not your code (it waits for a CPU)",
         Cause.INPUT: "its data loading",
@@ -267,7 +281,8 @@ def cause_why(a: Attribution) -> str:
     """The measurement that says why, in one sentence (after "rank R: "): the cause, its figures, persistence."""
     unit = _unit(a)
     if a.cause == Cause.CPU_WAIT:
-        text = (f"not your code: it waited {_ms(a.cpu_wait_abs_s)} per step for a CPU (its peers "
+        text = (f"{'' if a.more_work_too else 'not your code: '}it waited {_ms(a.cpu_wait_abs_s)} per step for a CPU "
+                f"(its peers "
                 f"{_ms(a.peers_cpu_wait_s)}), {_ms(a.cpu_wait_s)} of the {_ms(a.excess_s)} its peers wait for it: "
                 "another process shares its cores")
     elif a.cause == Cause.INPUT:
@@ -284,6 +299,8 @@ def cause_why(a: Attribution) -> str:
     else:
         work = f" with {a.work_ratio:.2f}x the {unit} of its peers" if a.work_ratio is not None else ""
         text = f"its compute takes {_ms(a.compute_s)} more per step than its peers'{work}"
+    if a.more_work_too:
+        text += f"; it also does {a.work_ratio or 0.0:.2f}x the {unit} of its peers per step"
     return f"{text}; {persistence(a)}"
 
 
@@ -298,12 +315,18 @@ def persistence(a: Attribution) -> str:
 def cause_action(a: Attribution, on_gpu: bool, phase_advice_text: str) -> str:
     """The first thing to try (after "Rank R: "); ``phase_advice_text``: what the slowest phase calls for, which
     the input pipeline's and the unexplained compute's advice is."""
+    even = (f"even out the work per rank: fixed-length (padded) or length-grouped batches (--group_by_length), "
+            f"or token-balanced batches, so that every rank gets the same number of {_unit(a)} per step")
     if a.cause == Cause.CPU_WAIT:
+        if a.more_work_too:
+            return ("move or stop the other process on its cores (top or htop on its host shows it), give each rank "
+                    f"cores of its own, or drain that node; then {even}")
         return ("move or stop the other process on its cores (top or htop on its host shows it), give each rank "
                 "cores of its own, or drain that node; your code and data are not the cause")
+    if a.cause == Cause.INPUT and a.more_work_too:
+        return f"{phase_advice_text}; then {even}"
     if a.cause == Cause.MORE_WORK:
-        return (f"even out the work per rank: fixed-length (padded) or length-grouped batches (--group_by_length), "
-                f"or token-balanced batches, so that every rank gets the same number of {_unit(a)} per step")
+        return even
     if a.cause == Cause.SLOWER_MACHINE:
         if on_gpu:
             return ("check its GPU: clocks and throttle reasons (nvidia-smi -q -d PERFORMANCE,CLOCK), temperature "

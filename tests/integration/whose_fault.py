@@ -75,6 +75,7 @@ def outcome(folder: Path) -> dict[str, Any]:
     return {
         "live_rank": live["rank"] if live["status"] == "raised" else None,
         "live_cause": cause.get("cause"),
+        "more_work_too": cause.get("more_work_too"),
         "work_ratio": cause.get("work_ratio"),
         "offline_ranks": named,
         "offline_cause": slow.cause if slow is not None else None,

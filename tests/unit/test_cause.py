@@ -62,6 +62,42 @@ def test_twice_the_tokens_is_more_work_with_the_ratio():
     assert "token-balanced batches" in cause_action(got, False, "-")
 
 
+def test_more_work_on_a_busy_host_is_more_work_not_the_machine():
+    # Both ranks share a busy host (half their time waiting for a CPU); rank 1, with twice the tokens, runs twice as
+    # long and so waits twice as long: half the excess its peers wait for, which alone would read as its machine. Its
+    # work explains that wait, so the cause is the work.
+    got = attribute_rows(rows({0: (0.0, 0.100, 0.010, 0.100, 256.0, 8.0),
+                               1: (0.0, 0.200, 0.010, 0.200, 512.0, 16.0)}), 1, 10.0)
+    assert got is not None and got.cause == Cause.MORE_WORK and not got.more_work_too and not got.machine
+    assert got.cpu_wait_s == pytest.approx(0.100) and got.excess_s == pytest.approx(0.200)
+    assert cause_title(got) == "more work (2.0x the tokens of its peers)"
+
+
+def test_a_wait_for_a_cpu_beyond_its_work_is_said_beside_the_work():
+    # Rank 1 has twice the tokens and waits 200 ms for a CPU where its work explains 2 ms: both are measured, both said;
+    # neither "not your code" nor "your code and data are not the cause".
+    got = attribute_rows(rows({0: CLEAN, 1: (0.0, 0.200, 0.010, 0.200, 512.0, 16.0)}), 1, 10.0)
+    assert got is not None and got.cause == Cause.CPU_WAIT and got.more_work_too and not got.machine
+    assert got.work_ratio == 2.0
+    assert cause_title(got) == "its machine (it waits for a CPU) and more work (2.0x the tokens of its peers)"
+    why = cause_why(got)
+    assert why.startswith("it waited 200 ms per step for a CPU (its peers 1.0 ms), 199 ms of the 299 ms its peers "
+                          "wait for it: another process shares its cores; it also does 2.00x the tokens of its peers "
+                          "per step; last to the sync in 24 of 24 steps"), why
+    action = cause_action(got, on_gpu=False, phase_advice_text="-")
+    assert action.startswith("move or stop the other process on its cores") and "token-balanced batches" in action
+    assert "not the cause" not in action and "not your code" not in why
+    assert from_json(got.to_json()) == got
+
+
+def test_slow_data_loading_with_more_work_says_both():
+    got = attribute_rows(rows({0: CLEAN, 1: (0.0, 0.001, 0.200, 0.150, 384.0, 12.0)}), 1, 10.0)
+    assert got is not None and got.cause == Cause.INPUT and got.more_work_too
+    assert cause_title(got) == "its data loading and more work (1.5x the tokens of its peers)"
+    assert cause_action(got, False, "raise --dataloader_num_workers").startswith(
+        "raise --dataloader_num_workers; then even out the work per rank")
+
+
 def test_the_same_work_slower_is_its_machine():
     got = attribute_rows(rows({0: CLEAN, 1: (0.0, 0.001, 0.010, 0.140, 256.0, 8.0)}), 1, 10.0)
     assert got is not None and got.cause == Cause.SLOWER_MACHINE and got.machine
