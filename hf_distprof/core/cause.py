@@ -84,6 +84,11 @@ class Attribution:
     """The longest run of consecutive steps in which it was last."""
     persistent: bool = True
     """Slowest in most steps (:data:`PERSISTENT_SHARE`), not in bursts."""
+    cpu_wait_beyond_work_s: float = 0.0
+    """Its wait for a CPU beyond its peers' scaled by its work ratio (what the cause weighs); ``cpu_wait_s`` when its
+    work is its peers'."""
+    data_beyond_work_s: float = 0.0
+    """Its data loading beyond its peers' scaled by its work ratio."""
     more_work_too: bool = False
     """Besides its cause (a wait for a CPU, its data loading), it also does more work than its peers (``work_ratio``
     above the threshold): both are said."""
@@ -105,6 +110,12 @@ def _excess(values: Mapping[int, Sequence[float]], rank: int, n: int) -> list[fl
     """Per step, ``rank``'s value less the median of its peers'."""
     peers = [r for r in values if r != rank]
     return [values[rank][i] - median(values[p][i] for p in peers) for i in range(n)]
+
+
+def _beyond(values: Mapping[int, Sequence[float]], rank: int, n: int, scale: float) -> float:
+    """Median over the steps of ``rank``'s value less ``scale`` times its peers' median (what its work explains)."""
+    peers = [r for r in values if r != rank]
+    return median(values[rank][i] - scale * median(values[p][i] for p in peers) for i in range(n))
 
 
 def _ratio(values: Mapping[int, Sequence[float]], rank: int, n: int) -> float | None:
@@ -155,15 +166,15 @@ def attribute(parts: Mapping[str, Mapping[int, Sequence[float]]], rank: int, thr
                 for r in arrival}
     speed = _ratio(per_unit, rank, n) if counted else None
     above = 1.0 + threshold_pct / 100.0
-    # A rank with more work runs longer and so waits longer for a CPU on a shared host, in proportion: only its wait
-    # beyond its peers' scaled by its work ratio says its cores are busier than theirs.
+    # A rank with more work runs longer, so on a shared host it waits longer for a CPU, and it loads more data, in
+    # proportion: only its wait and its loading beyond its peers' scaled by its work ratio are its machine's or its
+    # input pipeline's.
     scale = max(work, 1.0) if work is not None else 1.0
-    peers = [r for r in arrival if r != rank]
-    unexplained = median(parts["cpu_wait"][rank][i] - scale * median(parts["cpu_wait"][p][i] for p in peers)
-                         for i in range(n))
-    if unexplained > 0 and unexplained >= CPU_SHARE * excess:
+    cpu_beyond = _beyond(parts["cpu_wait"], rank, n, scale)
+    data_beyond = _beyond(parts["data"], rank, n, scale)
+    if cpu_beyond > 0 and cpu_beyond >= CPU_SHARE * excess:
         cause = Cause.CPU_WAIT
-    elif data > 0 and data >= compute:
+    elif data_beyond > 0 and data_beyond >= compute:
         cause = Cause.INPUT
     elif work is not None and work > above:
         cause = Cause.MORE_WORK
@@ -175,6 +186,7 @@ def attribute(parts: Mapping[str, Mapping[int, Sequence[float]]], rank: int, thr
     slowest = sum(last)
     return Attribution(
         rank=rank, cause=cause, steps=n, excess_s=excess, cpu_wait_s=cpu, data_s=data, compute_s=compute,
+        cpu_wait_beyond_work_s=cpu_beyond, data_beyond_work_s=data_beyond,
         cpu_wait_abs_s=median(parts["cpu_wait"][rank][:n]),
         peers_cpu_wait_s=median(median(parts["cpu_wait"][r][i] for r in arrival if r != rank) for i in range(n)),
         unit=unit, work_ratio=work, speed_ratio=speed, slowest_in=slowest, longest_run=_runs(last),
@@ -281,12 +293,18 @@ def cause_why(a: Attribution) -> str:
     """The measurement that says why, in one sentence (after "rank R: "): the cause, its figures, persistence."""
     unit = _unit(a)
     if a.cause == Cause.CPU_WAIT:
-        text = (f"{'' if a.more_work_too else 'not your code: '}it waited {_ms(a.cpu_wait_abs_s)} per step for a CPU "
-                f"(its peers "
-                f"{_ms(a.peers_cpu_wait_s)}), {_ms(a.cpu_wait_s)} of the {_ms(a.excess_s)} its peers wait for it: "
-                "another process shares its cores")
+        if a.more_work_too:  # the share its work explains is the work's, said after
+            text = (f"it waited {_ms(a.cpu_wait_abs_s)} per step for a CPU (its peers {_ms(a.peers_cpu_wait_s)}), "
+                    f"{_ms(a.cpu_wait_beyond_work_s)} beyond what its work explains, of the {_ms(a.excess_s)} its "
+                    "peers wait for it: another process shares its cores")
+        else:
+            text = (f"not your code: it waited {_ms(a.cpu_wait_abs_s)} per step for a CPU (its peers "
+                    f"{_ms(a.peers_cpu_wait_s)}), {_ms(a.cpu_wait_s)} of the {_ms(a.excess_s)} its peers wait for it: "
+                    "another process shares its cores")
     elif a.cause == Cause.INPUT:
         text = f"its data loading takes {_ms(a.data_s)} more per step than its peers'"
+        if a.more_work_too:
+            text += f", {_ms(a.data_beyond_work_s)} beyond what its work explains"
     elif a.cause == Cause.MORE_WORK:
         speed = f", at {a.speed_ratio:.2f}x their time per {_unit(a, True)}" if a.speed_ratio is not None else ""
         text = f"it processes {a.work_ratio or 0.0:.2f}x the {unit} of its peers per step{speed}"

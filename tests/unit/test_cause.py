@@ -81,9 +81,11 @@ def test_a_wait_for_a_cpu_beyond_its_work_is_said_beside_the_work():
     assert got.work_ratio == 2.0
     assert cause_title(got) == "its machine (it waits for a CPU) and more work (2.0x the tokens of its peers)"
     why = cause_why(got)
-    assert why.startswith("it waited 200 ms per step for a CPU (its peers 1.0 ms), 199 ms of the 299 ms its peers "
-                          "wait for it: another process shares its cores; it also does 2.00x the tokens of its peers "
-                          "per step; last to the sync in 24 of 24 steps"), why
+    # Its work explains twice its peers' 1 ms: 198 ms is beyond it.
+    assert got.cpu_wait_beyond_work_s == pytest.approx(0.198) and got.cpu_wait_s == pytest.approx(0.199)
+    assert why.startswith("it waited 200 ms per step for a CPU (its peers 1.0 ms), 198 ms beyond what its work "
+                          "explains, of the 299 ms its peers wait for it: another process shares its cores; it also "
+                          "does 2.00x the tokens of its peers per step; last to the sync in 24 of 24 steps"), why
     action = cause_action(got, on_gpu=False, phase_advice_text="-")
     assert action.startswith("move or stop the other process on its cores") and "token-balanced batches" in action
     assert "not the cause" not in action and "not your code" not in why
@@ -94,8 +96,21 @@ def test_slow_data_loading_with_more_work_says_both():
     got = attribute_rows(rows({0: CLEAN, 1: (0.0, 0.001, 0.200, 0.150, 384.0, 12.0)}), 1, 10.0)
     assert got is not None and got.cause == Cause.INPUT and got.more_work_too
     assert cause_title(got) == "its data loading and more work (1.5x the tokens of its peers)"
+    # 190 ms more loading than its peers' 10 ms; 1.5x the samples explain 5 ms of it.
+    assert cause_why(got).startswith("its data loading takes 190 ms more per step than its peers', 185 ms beyond "
+                                     "what its work explains; it also does 1.50x the tokens")
     assert cause_action(got, False, "raise --dataloader_num_workers").startswith(
         "raise --dataloader_num_workers; then even out the work per rank")
+
+
+def test_loading_in_proportion_to_more_work_is_the_work():
+    # Twice the samples, twice the loading (200 ms against 100 ms) and twice the compute (100 ms against 50 ms): the
+    # loading's excess (100 ms) is above the compute's (50 ms), but all of it is what its work explains: more work,
+    # not its data loading (which it would have been before the work was weighed).
+    got = attribute_rows(rows({0: (0.0, 0.001, 0.100, 0.050, 256.0, 8.0),
+                               1: (0.0, 0.001, 0.200, 0.100, 512.0, 16.0)}), 1, 10.0)
+    assert got is not None and got.cause == Cause.MORE_WORK and not got.more_work_too
+    assert got.data_s == pytest.approx(0.100) and got.data_beyond_work_s == pytest.approx(0.0, abs=1e-9)
 
 
 def test_the_same_work_slower_is_its_machine():

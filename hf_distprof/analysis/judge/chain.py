@@ -105,6 +105,7 @@ def explain(findings: list[Judgement], across: Across, verdicts: RankVerdicts, g
         basis=TRACE_AND_TIMER if phase.from_timer or any(f.basis == TRACE_AND_TIMER for f in about) else TRACE,
         steps=first.steps,
         cause=cause.cause.value if cause is not None else None,
+        more_work_too=cause is not None and cause.more_work_too,
     )
     rest = [f for f in findings if f not in about and f not in folded]
     return [chain, *rest]
@@ -128,4 +129,5 @@ def _across_the_run(slow: int, verdict: SlowRankVerdict, phase: PhaseExcess | No
         basis=TRACE_AND_TIMER,
         steps=verdict.steps,
         cause=cause.cause.value if cause is not None else None,
+        more_work_too=cause is not None and cause.more_work_too,
     )

@@ -54,6 +54,8 @@ class Judgement:
     cause: str | None = None
     """Why the rank it names holds the others back (:class:`hf_distprof.core.cause.Cause`'s value), when the step
     timer's records say; None otherwise."""
+    more_work_too: bool = False
+    """The rank also does more work than its peers, besides ``cause`` (a wait for a CPU, its data loading)."""
 
 
 @dataclass
@@ -91,8 +93,11 @@ class Finding:
     """How many steps were judged (None where no per-step test decides it)."""
     cause: str | None = None
     """Why the rank it names holds the others back, as :class:`hf_distprof.core.cause.Cause` names it: ``cpu_wait``
-    and ``slower_machine`` (its machine, not your code), ``input``, ``more_work``, ``compute``; None when the step
-    timer's records do not say (or the finding names no slow rank)."""
+    and ``slower_machine`` (its machine: not your code, unless :attr:`more_work_too`), ``input``, ``more_work``,
+    ``compute``; None when the step timer's records do not say (or the finding names no slow rank)."""
+    more_work_too: bool = False
+    """Besides ``cause`` (``cpu_wait`` or ``input``), the rank also does more work than its peers (beyond the
+    threshold): the title, ``why`` and ``action`` say both."""
 
 
 @dataclass

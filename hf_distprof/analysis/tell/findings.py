@@ -56,7 +56,7 @@ def write(j: Judgement) -> Finding:
     return Finding(kind=j.kind, severity=j.severity, title=words.title, ranks=j.ranks,
                    evidence=words.why + words.details, recommendation=words.action + words.more, numbers=j.numbers,
                    confidence=j.confidence, phase=j.phase, why=words.why, action=words.action, basis=j.basis,
-                   steps=j.steps, cause=j.cause)
+                   steps=j.steps, cause=j.cause, more_work_too=j.more_work_too)
 
 
 def write_all(judged: Judged) -> tuple[list[Finding], list[Undecided], list[WindowNote]]:
