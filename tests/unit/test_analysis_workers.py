@@ -51,3 +51,21 @@ def test_a_worker_process_runs_without_the_collector():
     gc.enable()
     workers._worker_init()
     assert not gc.isenabled()
+
+
+def _collector_state(path, options, read_compact, write_compact):
+    return (path, gc.isenabled())
+
+
+def test_ranks_analysed_in_this_process_run_without_the_collector(monkeypatch):
+    gc.enable()
+    monkeypatch.setattr(workers, "analyze_file", _collector_state)
+    got = workers.run_all(["a.json", "b.json"], workers.AnalysisOptions(workers=1, progress=False))
+    assert got == [("a.json", False), ("b.json", False)] and gc.isenabled()
+
+
+def test_ranks_analysed_in_worker_processes_run_without_the_collector(monkeypatch):
+    gc.enable()
+    monkeypatch.setattr(workers, "analyze_file", _collector_state)
+    got = workers.run_all(["a.json", "b.json", "c.json"], workers.AnalysisOptions(workers=2, progress=False))
+    assert sorted(got) == [("a.json", False), ("b.json", False), ("c.json", False)] and gc.isenabled()
