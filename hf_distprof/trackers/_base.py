@@ -14,6 +14,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 # The version of the naming scheme below (figure names, tags, artifact layout), the same number as analysis.json's
 # "schema_version". Written with every answer (hf_distprof/schema_version) so that a dashboard built on these names
@@ -94,6 +95,14 @@ def numbers_of(figures: Mapping[str, object]) -> dict[str, float]:
         if number is not None:
             out[key] = number
     return out
+
+
+def log_live(run: Any, figures: Mapping[str, object], step: int) -> None:
+    """``run.log`` of the finite figures in one row with ``train/global_step = step`` (W&B's and Trackio's runs log
+    alike); nothing when none is finite."""
+    numbers = numbers_of(figures)
+    if numbers:
+        run.log({**numbers, STEP_KEY: step})
 
 
 def plain(value: object) -> str | float | int | bool | None:

@@ -33,7 +33,7 @@ from hf_distprof.trackers._base import (
     answer_summary,
     artifact_name,
     attachable,
-    numbers_of,
+    log_live,
     table_rows,
 )
 
@@ -55,10 +55,7 @@ def _current_run() -> Run:
 
 def live(figures: dict[str, float], step: int) -> None:
     """The finite figures, in one row with ``train/global_step = step``."""
-    run = _current_run()
-    numbers = numbers_of(figures)
-    if numbers:
-        run.log({**numbers, STEP_KEY: step})
+    log_live(_current_run(), figures, step)
 
 
 def text(tag: str, sentence: str, step: int) -> None:
