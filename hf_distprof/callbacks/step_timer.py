@@ -151,9 +151,10 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         # NVTX is a CUDA API; without CUDA the Nsight callback says once that --nvtx does nothing.
         labels = self._labels = PhaseLabels(nvtx=self.args.nvtx and torch.cuda.is_available())
 
-        def on_fetch() -> None:
-            labels.fetch()
-            recorder.fetch_begin()  # last: the run-queue reading as close to the next() as the clock's start
+        def on_fetch() -> None:  # labels.fetch() inlined, then the run-queue reading as close to the next() as can be
+            if labels.phase is None:
+                labels.enter("data")
+            recorder.fetch_begin()
 
         self._undo_loader = instrument_loader(loader, recorder.add_load_time, on_fetch) if loader is not None else None
         recorder.loader_timed = self._undo_loader is not None
@@ -223,7 +224,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         if self._recorder is not None:
             self._labels.exit()
             self._recorder.step_begin()
-            self._busy_at_begin = self._profiler_busy()
+            self._busy_at_begin = self.profiler_busy is not None and bool(self.profiler_busy())
 
     def on_substep_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any

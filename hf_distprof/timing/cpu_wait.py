@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import os
 import threading
+from os import pread
+from threading import get_ident
 
 SCHEDSTAT = "/proc/thread-self/schedstat"
 
@@ -34,6 +36,9 @@ class RunQueueClock:
         self.path = path
         self._local = threading.local()
         self._broken = False
+        # The first reading thread's file, read without the thread-local lookup (the training thread's, every phase).
+        self._owner: int | None = None
+        self._owner_fd = -1
 
     def read(self) -> float | None:
         """Seconds this thread has spent runnable but not running since it started; None when unknown."""
@@ -42,6 +47,12 @@ class RunQueueClock:
     def raw(self) -> bytes | None:
         """The file's bytes now (one ``pread``), to be turned into seconds later by :meth:`seconds`: the step timer
         reads at phase boundaries and does the arithmetic on logging steps. None when unknown."""
+        if self._owner == get_ident():
+            try:
+                return pread(self._owner_fd, 128, 0)
+            except OSError:
+                self._give_up()
+                return None
         if self._broken:
             return None
         fd = getattr(self._local, "fd", None)
@@ -49,10 +60,17 @@ class RunQueueClock:
             if fd is None:
                 fd = os.open(self.path, os.O_RDONLY)
                 self._local.fd = fd
+                if self._owner is None:
+                    self._owner, self._owner_fd = get_ident(), fd
             return os.pread(fd, 128, 0)
         except OSError:
-            self._broken = True  # one failure means the file is not what we expect here: stop trying
+            self._give_up()
             return None
+
+    def _give_up(self) -> None:
+        """One failure means the file is not what we expect here: stop trying."""
+        self._broken = True
+        self._owner = None
 
     def seconds(self, raw: bytes | None) -> float | None:
         """The run-queue seconds in a :meth:`raw` reading; None when unknown or garbled (then no more reads)."""
@@ -61,7 +79,7 @@ class RunQueueClock:
         try:
             return int(raw.split()[1]) / 1e9
         except (ValueError, IndexError):
-            self._broken = True
+            self._give_up()
             return None
 
     def close(self) -> None:
@@ -69,6 +87,8 @@ class RunQueueClock:
         fd = getattr(self._local, "fd", None)
         if fd is not None:
             self._local.fd = None
+            if fd == self._owner_fd:
+                self._owner = None
             try:
                 os.close(fd)
             except OSError:

@@ -38,15 +38,21 @@ def batch_size_and_tokens(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tupl
         ref = kwargs.get("inputs_embeds")
     if ref is None and args and isinstance(args[0], torch.Tensor):
         ref = args[0]
-    if not isinstance(ref, torch.Tensor) or ref.dim() == 0:
+    if not isinstance(ref, torch.Tensor):
         return 0, 0
-    samples = int(ref.shape[0])
-    positions = samples * int(ref.shape[1]) if ref.dim() >= 2 else samples
+    shape = ref.shape
+    if not shape:
+        return 0, 0
+    samples = int(shape[0])
+    if len(shape) < 2:
+        return samples, samples
     mask = kwargs.get("attention_mask")
-    if isinstance(mask, torch.Tensor) and mask.dim() == 2 and ref.dim() >= 2 and mask.shape == ref.shape[:2]:
+    if isinstance(mask, torch.Tensor) and mask.shape == shape[:2]:
         return samples, mask
-    return samples, positions
+    return samples, samples * int(shape[1])
 
+
+_profiler_enabled = torch._C._autograd._profiler_enabled
 
 PHASE_PREFIX = "hf_distprof/"
 """Phase ranges are named ``hf_distprof/data``, ``hf_distprof/forward``, ``hf_distprof/backward`` and
@@ -113,10 +119,15 @@ class PhaseLabels:
 
     def enter(self, phase: str) -> None:
         """Close the open phase and open ``phase`` (``data``, ``forward``, ``backward`` or ``optimizer``)."""
+        # torch's own "a profiler is recording" flag: a record_function costs ~10 us even when none is. With no range
+        # open and none to open, a phase change is the name alone (the hot path between a profiler's windows).
+        recording = _profiler_enabled()
+        if self._range is None and not recording and not self.nvtx:
+            self.phase = phase
+            return
         self.exit()
         self.phase = phase
-        # torch's own "a profiler is recording" flag: a record_function costs ~10 us even when none is.
-        if torch._C._autograd._profiler_enabled():
+        if recording:
             self._range = record_function(PHASE_PREFIX + phase)
             self._range.__enter__()
         if self.nvtx:
@@ -162,31 +173,41 @@ class ModelHooks:
         # Where the backward phase of the forward in progress opens: at its end ("now"), once DDP's forward has
         # returned ("after DDP"), or not at all ("").
         backward_at = ""
+        self._grad_calls = 0  # gradient hook calls since the last forward in a step
+        self._pruned = False  # whether only the last gradient's hook is left (``_after_backward``)
+        self._last_grad: torch.Tensor | None = None
+        active_ddp = DistributedDataParallel._get_active_ddp_module
 
         def pre_forward(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             nonlocal backward_at
-            if rec.in_step:
+            if rec._current is None:  # not inside an optimizer step (``rec.in_step``)
+                return
+            if self._pruned and self._grad_calls == 1:
+                self._grad_calls = 0  # the one gradient hook left fired: nothing to re-arm (``_after_backward``)
+            else:
                 self._after_backward(rec)
-                rec.forward_begin(*batch_size_and_tokens(args, kwargs))
-                phases.enter("forward")
-                # DDP says which DDP module is running (torch.compile asks it the same way).
-                ddp = DistributedDataParallel._get_active_ddp_module()
-                if ddp is None:
-                    backward_at = "now"
-                elif ddp in wrappers:
-                    backward_at = "after DDP"
-                else:
-                    # A hook added during a module's call runs from its next call on.
-                    wrappers.add(ddp)
-                    self._handles.append(ddp.register_forward_hook(after_ddp))
-                    backward_at = ""
+            rec.forward_begin(*batch_size_and_tokens(args, kwargs))
+            phases.enter("forward")
+            # DDP says which DDP module is running (torch.compile asks it the same way).
+            ddp = active_ddp()
+            if ddp is None:
+                backward_at = "now"
+            elif ddp in wrappers:
+                backward_at = "after DDP"
+            else:
+                # A hook added during a module's call runs from its next call on.
+                wrappers.add(ddp)
+                self._handles.append(ddp.register_forward_hook(after_ddp))
+                backward_at = ""
 
         def post_forward(_module: nn.Module, _args: Any, _kwargs: Any, _output: Any) -> None:
             rec.forward_end()
             if phases.phase == "forward":
-                phases.exit()
+                # One phase change, forward to backward (``enter`` closes the open one), or the forward closed.
                 if backward_at == "now":
                     phases.enter("backward")
+                else:
+                    phases.exit()
 
         def after_ddp(_module: nn.Module, _args: Any, _output: Any) -> None:
             nonlocal backward_at
@@ -205,9 +226,6 @@ class ModelHooks:
         self._params = [p for p in model.parameters() if p.requires_grad]
         self._grad_hook = grad_ready
         self._grad_handles: list[Any] = []
-        self._grad_calls = 0
-        self._last_grad: torch.Tensor | None = None
-        self._pruned = False
         self._arm(self._params)
 
     def _arm(self, params: list[torch.Tensor]) -> None:

@@ -190,7 +190,11 @@ class StepRecorder:
         self.clock = clock
         self.loader_timed = loader_timed
         self.run_queue = run_queue
-        self._phase_waits = bool(clock.cheap_marks) and run_queue is not None
+        # Bound once: the hooks below run on every phase of every step, where each lookup costs.
+        self._mark = clock.mark
+        self._raw = run_queue.raw if run_queue is not None else _no_reading
+        self._cheap = bool(clock.cheap_marks)
+        self._phase_waits = self._cheap and run_queue is not None
         self._prev_end: Mark = None
         self._prev_end_owned = False  # the boundary's own mark (else it is the previous step's end, still pending)
         self._prev_run_queue: Any = None
@@ -223,7 +227,7 @@ class StepRecorder:
     def boundary(self) -> None:
         """Mark where the next step's data wait starts (end of a step, of logging, of saving...)."""
         old, owned = self._prev_end, self._prev_end_owned
-        self._prev_end, self._prev_end_owned = self.clock.mark(), True
+        self._prev_end, self._prev_end_owned = self._mark(), True
         # With a timed loader the data wait's run-queue reading is its first next()'s (the step's first fetch).
         self._prev_run_queue = self._raw() if not self.loader_timed else None
         self._first_fetch = None
@@ -262,7 +266,7 @@ class StepRecorder:
         # (on resume the Trainer iterates a skip_first_batches copy for the rest of the epoch): unknown.
         load = self._load_s if self.loader_timed and self._load_calls else None
         slot = self._free.pop() if self._free else _Marks()
-        slot.reset(self._prev_end, self.clock.mark(), load)
+        slot.reset(self._prev_end, self._mark(), load)
         slot.load_waits, self._load_waits = self._load_waits, slot.load_waits
         self._load_waits.clear()
         if self.run_queue is not None:
@@ -285,15 +289,16 @@ class StepRecorder:
         cur = self._current
         if cur is None:
             return
-        mark = self.clock.mark()
-        if cur.micros and cur.micros[-1].bwd_end is None:
-            self._close_micro(cur.micros[-1], mark)
+        mark = self._mark()
+        micros = cur.micros
+        if micros and micros[-1].bwd_end is None:
+            self._close_micro(micros[-1], mark)
         micro = self._free_micros.pop() if self._free_micros else _Micro()
         micro.reset(mark, self._raw() if self._phase_waits else None)
-        cur.micros.append(micro)
+        micros.append(micro)
         cur.samples += samples
         cur.tokens.append(tokens)
-        if isinstance(tokens, torch.Tensor) and tokens.dim() > 0:
+        if type(tokens) is not int and isinstance(tokens, torch.Tensor) and tokens.dim() > 0:
             self._token_tensors += 1
         self._grad_calls = 0
 
@@ -302,7 +307,7 @@ class StepRecorder:
         cur = self._current
         if cur is not None and cur.micros and cur.micros[-1].fwd_end is None:
             micro = cur.micros[-1]
-            micro.fwd_end = self.clock.mark()
+            micro.fwd_end = self._mark()
             # Read only while the last gradient's reading (which supersedes it) is not assured.
             if self._phase_waits and self._grad_learned is None:
                 micro.run_queue_fwd_end = self._raw()
@@ -312,16 +317,18 @@ class StepRecorder:
         cur = self._current
         if cur is None or not cur.micros:
             return
-        self._grad_calls += 1
+        calls = self._grad_calls = self._grad_calls + 1
         micro = cur.micros[-1]
-        if self.clock.cheap_marks or self._grad_calls == self._grad_expected:
+        if self._cheap:
+            micro.grad = self._mark()  # a float: nothing to give back
+        elif calls == self._grad_expected:
             if micro.grad is not None:
                 self.clock.release([micro.grad])
-            micro.grad = self.clock.mark()
+            micro.grad = self._mark()
         # The run queue at the last gradient: read at the call that completes the count learned on the first
         # backward (and at every call until it is learned, or past it), not once per parameter.
-        if self._phase_waits and (self._grad_learned is None or self._grad_calls >= self._grad_learned):
-            micro.run_queue_grad, micro.grad_calls = self._raw(), self._grad_calls
+        if self._phase_waits and (self._grad_learned is None or calls >= self._grad_learned):
+            micro.run_queue_grad, micro.grad_calls = self._raw(), calls
 
     def expect_grads(self, calls: int) -> None:
         """From now on each backward makes ``calls`` gradient-hook calls (the hooks were pruned to the parameter whose
@@ -332,14 +339,14 @@ class StepRecorder:
         """A non-final micro-batch's backward finished (``on_substep_end``)."""
         cur = self._current
         if cur is not None and cur.micros and cur.micros[-1].bwd_end is None:
-            self._close_micro(cur.micros[-1], self.clock.mark())
+            self._close_micro(cur.micros[-1], self._mark())
 
     def optimizer_begin(self) -> None:
         """``on_pre_optimizer_step``: closes the last micro-batch's backward."""
         cur = self._current
         if cur is None:
             return
-        cur.pre_opt = self.clock.mark()
+        cur.pre_opt = self._mark()
         if self.run_queue is not None:
             cur.run_queue_end = self._raw()
         if cur.micros and cur.micros[-1].bwd_end is None:
@@ -348,7 +355,7 @@ class StepRecorder:
     def optimizer_end(self) -> None:
         """``on_optimizer_step``."""
         if self._current is not None:
-            self._current.opt = self.clock.mark()
+            self._current.opt = self._mark()
 
     def step_end(self, step: int) -> None:
         """``on_step_end``: the step is finished and queued for ``resolve``. Its end mark is also where the next
@@ -356,7 +363,7 @@ class StepRecorder:
         cur = self._current
         if cur is None:
             return
-        cur.end = self.clock.mark()
+        cur.end = self._mark()
         cur.step = step
         self._pending.append(cur)
         self._current = None
@@ -374,9 +381,6 @@ class StepRecorder:
                     m.tokens[:] = [t if not isinstance(t, torch.Tensor) or t.dim() == 0 else 0 for t in m.tokens]
                 self._token_tensors = 0
 
-    def _raw(self) -> Any:
-        return self.run_queue.raw() if self.run_queue is not None else None
-
     def _seconds(self, raw: Any) -> float | None:
         return self.run_queue.seconds(raw) if self.run_queue is not None and raw is not None else None
 
@@ -385,7 +389,7 @@ class StepRecorder:
         if micro.grad_calls != self._grad_calls:  # fewer gradients than learned: the reading is not the last one's
             micro.run_queue_grad = None
         self._grad_learned = self._grad_calls or None
-        if not self.clock.cheap_marks and self._grad_calls != self._grad_expected:
+        if not self._cheap and self._grad_calls != self._grad_expected:
             # The count changed (first backward, or the graph changed): any event taken is not the last.
             if micro.grad is not None:
                 self.clock.release([micro.grad])
@@ -427,7 +431,7 @@ class StepRecorder:
         if not self._pending:
             return []
         ready = len(self._pending)
-        if not self.clock.cheap_marks:
+        if not self._cheap:
             ready = 0
             # A step holding token tensors on the device waits for the pass that waits: reading them waits anyway.
             while ready < len(self._pending) and self.clock.ready(self._pending[ready].end) and not any(
@@ -493,6 +497,11 @@ class StepRecorder:
             pre_sync_cpu_wait_s=_pre_sync_wait(m, complete_fwd, complete_fwd and complete_grad, sec)
             if self._phase_waits else None,
         )
+
+
+def _no_reading() -> None:
+    """The run-queue reading of a recorder without a run-queue clock."""
+    return None
 
 
 def _pre_sync_wait(m: _Marks, forward: bool, compute: bool, sec: Any) -> float | None:

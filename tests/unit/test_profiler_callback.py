@@ -86,6 +86,24 @@ def test_each_window_writes_one_trace_and_summary_named_by_its_steps(tmp_path, s
     assert "aten::addmm" in summary
 
 
+def test_idle_steps_before_a_window_take_the_short_path_and_the_window_still_opens(tmp_path, monkeypatch):
+    # 300 steps skipped: the flags' schedule is looked ahead 256 steps at a time, so the window past the second look
+    # opens where the schedule says, and the steps before it skip the schedule's calls.
+    cb = ProfilerCallback(prof_args(tmp_path, profiler_skip_first=300, profiler_wait_steps=1, profiler_warmup_steps=0,
+                                    profiler_active_steps=1))
+    advanced = []
+    advance = profiler_module.ProfilerCallback._advance
+    monkeypatch.setattr(profiler_module.ProfilerCallback, "_advance",
+                        lambda self, prof: (advanced.append(prof.step_num), advance(self, prof))[1])
+    fake_trainer.run([cb], 303, tmp_path)
+    assert cb.run_dir is not None
+    trace = cb.run_dir / f"rank0_{HOST}_step302-302.pt.trace.json.gz"
+    assert profiler_steps(trace) == ["ProfilerStep#302"]
+    # The full path at step 1 (into step 2, then one look ahead: idle through 258), at 258 (idle through 300), then on
+    # the window's eve (301: step() into it; 302's export takes the record-and-save branch; 303 is the last step).
+    assert advanced == [1, 258, 301]
+
+
 def test_run_folders_never_collide(tmp_path):
     a, b = ProfilerCallback(prof_args(tmp_path, profiler_wait_steps=0, profiler_warmup_steps=0,
                                       profiler_active_steps=1, profiler_run_name="exp")), None

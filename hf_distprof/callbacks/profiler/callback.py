@@ -78,6 +78,10 @@ def write_trace(prof: profile, trace: Path) -> None:
                 leftover.unlink(missing_ok=True)
 
 
+IDLE_LOOKAHEAD = 256
+"""Steps of the flags' schedule looked ahead at once for idle ones (:meth:`ProfilerCallback._advance`)."""
+
+
 class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
     """Drives ``torch.profiler`` over optimizer steps and writes one gzipped Kineto trace per rank.
 
@@ -114,12 +118,17 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         self.step_timer: Any = None  # set by build_callbacks: --profile-ranks auto reads its step times
         self.agree_every: int | None = None  # a fixed capture-agreement cadence (tests); None: measured
         self._compacts = CompactExports()  # each trace's compact summary, written on a thread
+        # The flags' schedule alone (no trigger, no window policy): the last step known to be idle, so that the steps
+        # before a window cost one comparison (``_advance``), and whether Dynolog wants every ``prof.step()``.
+        self._idle_through = 0
+        self._kineto_daemon = False
 
     # ---- Trainer hooks -------------------------------------------------------------------------
 
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        self._idle_through = 0  # this call's schedule is shifted to its own first step
         if self._triggers is not None:
             # A train() call that ended without on_train_end (an exception; auto_find_batch_size's retry): its
             # gather in flight is read (every rank has it) and its SIGUSR1 handler put back before new ones.
@@ -164,6 +173,7 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
             (logger.warning if rank == min(ranks or [0]) else logger.info)(message)
         a = self.args
         self._base = base_schedule(a)
+        self._kineto_daemon = bool(os.environ.get("KINETO_USE_DAEMON"))
         # Profiler step numbers follow the Trainer's 1-based global_step (also when resuming from a
         # checkpoint), so ProfilerStep#N in the trace is optimizer step N; the schedule is shifted to match.
         self._offset = state.global_step
@@ -188,6 +198,14 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        prof = self.prof
+        if prof is not None and prof.step_num < self._idle_through and state.global_step < state.max_steps \
+                and prof.current_action == ProfilerAction.NONE:
+            # An idle step before an idle one, on the flags' schedule alone: what ``_advance`` does, and nothing else
+            # (no trigger, no window policy: ``_idle_through`` stays 0 with either).
+            self._last_step = state.global_step
+            self._skip_step(prof)
+            return
         if self._triggers is not None:
             # Before the profiler steps into the next step, whose action an agreement here may set.
             self._triggers.step_end(state.global_step)
@@ -215,14 +233,26 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         would only close one ``ProfilerStep#N`` range and open the next, which nothing records (about 15 us per step
         on CPU): the step number moves on alone then, and ``step()`` runs from the step before a window on."""
         if prof.current_action == ProfilerAction.NONE and self._action(prof.step_num + 1) == ProfilerAction.NONE \
-                and not os.environ.get("KINETO_USE_DAEMON"):  # Dynolog's step counter wants every step()
-            opened = getattr(prof, "step_rec_fn", None)
-            if opened is not None:  # the range step() or start() opened last: closed once, as step() would
-                prof.step_rec_fn = None
-                opened.__exit__(None, None, None)
-            prof.step_num += 1
+                and not self._kineto_daemon:  # Dynolog's step counter wants every step()
+            self._skip_step(prof)
+            if self._triggers is None and self._policy is None and self._idle_through <= prof.step_num:
+                # The flags' schedule is a function of the step alone: the idle steps ahead, found once per 256.
+                ahead = prof.step_num + 1
+                while ahead <= prof.step_num + IDLE_LOOKAHEAD and self._scheduled(ahead) == ProfilerAction.NONE:
+                    ahead += 1
+                self._idle_through = ahead - 1
             return
         prof.step()
+
+    @staticmethod
+    def _skip_step(prof: profile) -> None:
+        """The step number moves on alone: the range ``step()`` or ``start()`` opened last closed once, as ``step()``
+        would."""
+        opened = getattr(prof, "step_rec_fn", None)
+        if opened is not None:
+            prof.step_rec_fn = None
+            opened.__exit__(None, None, None)
+        prof.step_num += 1
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
         self._step_boundary()

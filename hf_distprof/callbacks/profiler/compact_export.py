@@ -43,7 +43,10 @@ class CompactExports:
 
     def busy(self) -> bool:
         """Whether a compact file is being written now (its thread competes with training for the GIL)."""
-        return any(t.is_alive() for t in self._threads)
+        if not self._threads:  # every step asks, twice: most of them with no thread ever started
+            return False
+        self._threads = [t for t in self._threads if t.is_alive()]  # a finished thread needs no join
+        return bool(self._threads)
 
     def join(self) -> None:
         """Wait until every compact file started so far is written (or has failed)."""
