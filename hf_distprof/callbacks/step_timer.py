@@ -352,14 +352,14 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             self._take(self._recorder.resolve(wait=wait))
 
     def _take(self, timings: list[StepTiming]) -> None:
-        for timing in timings:
-            self._add(timing)
+        rows = [self._row(t) for t in timings]  # each step's figures made once: summed, kept, written
+        for timing, row in zip(timings, rows, strict=True):
+            self._add(timing, row)
         if self._jsonl is not None and timings:
             try:
-                self._jsonl.write("".join(json.dumps(self._row(t)) + "\n" for t in timings))
+                self._jsonl.write("".join(json.dumps(row) + "\n" for row in rows))
                 self._jsonl.flush()
-            except OSError as err:
-                # A full disk: say it once and stop writing; the caller still reaches its collective.
+            except OSError as err:  # a full disk: said once, no more writing; the caller still reaches its collective
                 logger.warning(f"cannot write {self._jsonl.name}: {err!r}; stopped writing per-step timing")
                 self._close_jsonl()
 
@@ -392,12 +392,12 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         except OSError as err:
             logger.warning(f"cannot close {getattr(jsonl, 'name', '')}: {err!r}; its last lines may be missing")
 
-    def _add(self, timing: StepTiming) -> None:
-        if timing.step < self._first_step + WARMUP_STEPS:
-            self._warmup.add(timing)
+    def _add(self, timing: StepTiming, row: dict[str, Any]) -> None:
+        if row["warmup"]:
+            self._warmup.add_row(row)
             return
-        self._interval.add(timing)
-        self._run.add(timing)
+        self._interval.add_row(row)
+        self._run.add_row(row)
         for listener in self.step_listeners:
             listener(timing)
         if timing.pre_sync_s is not None:

@@ -102,11 +102,15 @@ class StepTiming:
         return max(0.0, self.step_s - self.pre_sync_s - self.optimizer_s)
 
     def to_json(self) -> dict[str, Any]:
-        """One ``timing_rank{R}.jsonl`` line: the fixed keys first, then the derived ones."""
-        out = dataclasses.asdict(self)
+        """One ``timing_rank{R}.jsonl`` line: the fixed keys first, then the derived ones. (Every field is a number or
+        None: ``dataclasses.asdict``'s deep copy of each would only cost, on every logging step.)"""
+        out = {key: getattr(self, key) for key in _TIMING_FIELDS}
         out["pre_sync_s"] = self.pre_sync_s
         out["wait_s"] = self.wait_s
         return out
+
+
+_TIMING_FIELDS = tuple(f.name for f in dataclasses.fields(StepTiming))
 
 
 class _Micro:
@@ -381,9 +385,6 @@ class StepRecorder:
                     m.tokens[:] = [t if not isinstance(t, torch.Tensor) or t.dim() == 0 else 0 for t in m.tokens]
                 self._token_tensors = 0
 
-    def _seconds(self, raw: Any) -> float | None:
-        return self.run_queue.seconds(raw) if self.run_queue is not None and raw is not None else None
-
     def _close_micro(self, micro: _Micro, mark: Mark) -> None:
         micro.bwd_end = mark
         if micro.grad_calls != self._grad_calls:  # fewer gradients than learned: the reading is not the last one's
@@ -446,6 +447,10 @@ class StepRecorder:
         tokens = _token_counts(done)
         self._token_tensors = sum(isinstance(t, torch.Tensor) and t.dim() > 0 for m in self._pending for t in m.tokens)
         out = [self._durations(m, n) for m, n in zip(done, tokens, strict=True)]
+        if self._cheap:  # floats: nothing to give back
+            for m in done:
+                self._recycle(m)
+            return out
         # Marks a later step still reads: the next step's data wait starts at the last one's end.
         live = {id(self._prev_end)}
         if self._current is not None:
@@ -461,7 +466,7 @@ class StepRecorder:
 
     def _durations(self, m: _Marks, tokens: int) -> StepTiming:
         el = self.clock.elapsed
-        sec = self._seconds
+        sec = self.run_queue.seconds if self.run_queue is not None else _no_seconds  # (None for a None reading)
         start = m.prev_end if m.prev_end is not None else m.begin
         forward = backward = compute = 0.0
         complete_fwd = bool(m.micros)
@@ -501,6 +506,11 @@ class StepRecorder:
 
 def _no_reading() -> None:
     """The run-queue reading of a recorder without a run-queue clock."""
+    return None
+
+
+def _no_seconds(raw: Any) -> None:
+    """The run-queue seconds of a recorder without a run-queue clock."""
     return None
 
 

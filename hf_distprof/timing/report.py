@@ -27,6 +27,7 @@ from hf_distprof.timing.recorder import StepTiming
 PHASES: tuple[str, ...] = ("data_s", "forward_s", "backward_s", "optimizer_s", "step_s")
 OPTIONAL_PHASES: tuple[str, ...] = ("data_load_s", "backward_compute_s", "cpu_wait_s")
 DERIVED: tuple[str, ...] = ("pre_sync_s", "wait_s")
+_SUMMED = (*PHASES, *OPTIONAL_PHASES, *DERIVED)  # what PhaseTotals sums, in this order
 
 # Dense BF16/FP16 tensor-core peak TFLOPs per device, from the vendors' datasheets (no sparsity).
 # Matched in order against torch.cuda.get_device_name(): more specific names first.
@@ -82,14 +83,19 @@ class PhaseTotals:
 
     def add(self, timing: StepTiming) -> None:
         """Add one step."""
+        self.add_row(timing.to_json())
+
+    def add_row(self, row: Mapping[str, Any]) -> None:
+        """Add one step given as its ``StepTiming.to_json()`` (made once per step by a caller that also writes it)."""
         self.steps += 1
-        self.samples += timing.samples
-        self.tokens += timing.tokens
-        for key in (*PHASES, *OPTIONAL_PHASES, *DERIVED):
-            value = getattr(timing, key)
+        self.samples += row["samples"]
+        self.tokens += row["tokens"]
+        sums, counts = self.sums, self.counts
+        for key in _SUMMED:
+            value = row[key]
             if value is not None:
-                self.sums[key] = self.sums.get(key, 0.0) + float(value)
-                self.counts[key] = self.counts.get(key, 0) + 1
+                sums[key] = sums.get(key, 0.0) + float(value)
+                counts[key] = counts.get(key, 0) + 1
 
     def mean(self, key: str) -> float | None:
         """Mean over the steps where ``key`` was measured; None if it never was on every step."""

@@ -424,7 +424,7 @@ def test_ranks_are_compared_on_their_work_less_their_wait_for_a_cpu(tmp_path):
     cb = StepTimerCallback(ProfilingArguments(profiler_output_dir=str(tmp_path)))
     timing = StepTiming(step=5, data_s=0.05, forward_s=0.1, backward_s=0.2, optimizer_s=0.01, step_s=0.4,
                         data_load_s=0.05, backward_compute_s=0.15, cpu_wait_s=0.1)
-    cb._add(timing)
+    cb._take([timing])
     # [step, step_s, own work, own step, pre-sync (what peers wait for), its wait for a CPU, data, compute, tokens,
     # samples]: the parts say why, when the rank is named (hf_distprof.core.cause).
     assert list(cb._rows) == [[5, 0.4, pytest.approx(0.2), pytest.approx(0.3), pytest.approx(0.3), 0.1, 0.05,
@@ -433,7 +433,7 @@ def test_ranks_are_compared_on_their_work_less_their_wait_for_a_cpu(tmp_path):
     assert (summary.pre_sync_s, summary.cpu_wait_s) == (pytest.approx(0.3), pytest.approx(0.1))
     # On GPU the phases are device time (CUDA events): the host thread's wait is shown, not taken out.
     cb._host_timed = False
-    cb._add(dataclasses.replace(timing, step=6))
+    cb._take([dataclasses.replace(timing, step=6)])
     assert list(cb._rows)[-1][:6] == [6, 0.4, pytest.approx(0.3), 0.4, pytest.approx(0.3), 0.0]  # nor from the step
 
 
