@@ -70,6 +70,7 @@ CALLBACK_FLAGS: dict[str, tuple[str, ...]] = {
     "capture": ("profile_on_demand", "profile_on_anomaly"),
 }
 DEFAULT_CALLBACKS = "profiler,memory,timer"
+FLOOR = "floor"  # --callbacks floor: variant B is the least the step timer's stamps can cost (floor_callback)
 VOCAB = 8192
 
 
@@ -224,8 +225,10 @@ def worker(pairs: int, steps: int, names: str, result: Path, work: Workload) -> 
     for pair in range(pairs):
         for variant in ("A", "B") if pair % 2 == 0 else ("B", "A"):
             clock = StepClock()
-            prof = None
-            if variant == "B":
+            prof: Any = None
+            if variant == "B" and names == FLOOR:
+                prof = FLOOR
+            elif variant == "B":
                 prof = ProfilingArguments(
                     profiler_skip_first=10**6,  # the profiler is built and stepped, never recording
                     memory_log_steps=work.memory_log_steps,
@@ -241,12 +244,12 @@ def worker(pairs: int, steps: int, names: str, result: Path, work: Workload) -> 
 def train_once(direct: DirectCost, prof: Any, model: Any, data: Any, work: Workload, out: Path, steps: int,
                clock: Any) -> None:
     """One ``train()`` call of ``steps`` steps: with our callbacks built from ``prof`` (each hook timed by ``direct``),
-    or none when ``prof`` is None; ``clock`` (a callback) records the steps."""
+    the floor's when it is :data:`FLOOR`, or none when it is None; ``clock`` (a callback) records the steps."""
     from transformers import Trainer, TrainingArguments
 
     from hf_distprof import build_callbacks
 
-    callbacks = build_callbacks(prof) if prof is not None else []
+    callbacks = [floor_callback(direct)] if prof == FLOOR else build_callbacks(prof) if prof is not None else []
     for callback in callbacks:
         direct.instrument_callback(callback)
     args = TrainingArguments(**work.training_arguments(out, steps))
@@ -256,6 +259,76 @@ def train_once(direct: DirectCost, prof: Any, model: Any, data: Any, work: Workl
     with contextlib.redirect_stdout(io.StringIO()):  # the step timer's table, every train() call
         trainer.train()
     direct.enabled = False
+
+
+def floor_callback(direct: DirectCost) -> Any:
+    """Variant B of ``--callbacks floor``: what stamping the step timer's phases costs at the least on this machine.
+
+    At each point where the step timer hooks in (the data loader's ``next()``, the model's forward pre- and post-hook,
+    one gradient hook, the four step hooks) one clock read appended to a list, and at the five where it reads the run
+    queue on CPU (before and after ``next()``, the forward's start, the last gradient, before the optimizer) one
+    ``pread`` of ``/proc/thread-self/schedstat``: no phases, no step structure, no logging step. The model hooks and the
+    loader's proxy are timed as the step timer's are (``model hooks``, ``data loader hook``)."""
+    from transformers import TrainerCallback
+
+    from hf_distprof.timing.instrument import instrument_loader
+
+    stamps: list[Any] = []
+    clock = time.perf_counter
+    try:
+        fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+    except OSError:  # not Linux: the clock reads alone
+        fd = -1
+
+    def run_queue() -> Any:
+        return os.pread(fd, 128, 0) if fd >= 0 else None
+
+    def pre_forward(_module: Any, _args: Any, _kwargs: Any) -> None:
+        stamps.append(clock())
+        stamps.append(run_queue())
+
+    def post_forward(_module: Any, _args: Any, _kwargs: Any, _output: Any) -> None:
+        stamps.append(clock())
+
+    def grad_ready(_param: Any) -> None:
+        stamps.append(clock())
+        stamps.append(run_queue())
+
+    class FloorCallback(TrainerCallback):  # type: ignore[misc]
+        def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, train_dataloader: Any = None,
+                           **kwargs: Any) -> None:
+            stamps.clear()
+            # The first parameter (a transformer's embeddings) gets its gradient last: one gradient call per backward.
+            first = next(p for p in model.parameters() if p.requires_grad)
+            timed = direct.wrap
+            self.handles = [
+                model.register_forward_pre_hook(timed(pre_forward, "model hooks"), with_kwargs=True, prepend=True),
+                model.register_forward_hook(direct.wrap(post_forward, "model hooks"), with_kwargs=True),
+                first.register_post_accumulate_grad_hook(direct.wrap(grad_ready, "model hooks")),
+            ]
+            self.undo = instrument_loader(train_dataloader, lambda s: stamps.append(run_queue()),
+                                          lambda: stamps.append(run_queue()))
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            for handle in self.handles:
+                handle.remove()
+            if self.undo is not None:
+                self.undo()
+
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            stamps.append(clock())
+
+        def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            stamps.append(clock())
+            stamps.append(run_queue())
+
+        def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            stamps.append(clock())
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            stamps.append(clock())
+
+    return FloorCallback()
 
 
 def step_timer_direct_cost() -> DirectCost:
@@ -378,7 +451,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--callbacks",
         default=DEFAULT_CALLBACKS,
         help=f"variant B's callbacks, comma-separated, from {', '.join(CALLBACK_FLAGS)} (default: "
-             f"{DEFAULT_CALLBACKS}; capture needs profiler)",
+             f"{DEFAULT_CALLBACKS}; capture needs profiler); or {FLOOR}: the least the step timer's stamps can cost "
+             "(a clock read at each of its hook points, a run-queue read at each of its five, nothing else)",
     )
     shape = Workload()
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
@@ -438,8 +512,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.steps <= WARMUP + 2 or args.pairs < 1:
         parser.error(f"--steps must be > {WARMUP + 2} and --pairs >= 1")
     unknown = set(args.callbacks.split(",")) - set(CALLBACK_FLAGS)
-    if unknown:
-        parser.error(f"--callbacks: unknown {sorted(unknown)}; choose from {', '.join(CALLBACK_FLAGS)}")
+    if unknown and args.callbacks != FLOOR:
+        parser.error(f"--callbacks: unknown {sorted(unknown)}; choose from {', '.join(CALLBACK_FLAGS)}, or {FLOOR} "
+                     "alone")
     if "capture" in args.callbacks.split(",") and "profiler" not in args.callbacks.split(","):
         parser.error("--callbacks: capture needs profiler")
     label = "all" if set(args.callbacks.split(",")) == set(DEFAULT_CALLBACKS.split(",")) else args.callbacks
@@ -495,7 +570,8 @@ def report(per_rank: dict[int, list[dict[str, Any]]], pairs: int, label: str, lo
             f"direct cost, rank {rank}: {costs.mean * 1e3:.3f} ms per step = {costs.mean / step_b * 100:.2f}% of "
             f"{label}'s median step (the mean over all steps); once per train() call: {costs.once * 1e3:.1f} ms"
         )
-        features = ", ".join(f"{feature} {sec * 1e3:.3f}" for feature, sec in costs.by_feature.items())
+        features = ", ".join(f"{feature} {sec * 1e3:.3f}" for feature, sec in costs.by_feature.items()
+                             if sec or feature != "floor")
         print(f"  ordinary step (median of per-step sums): {costs.ordinary * 1e3:.3f} ms ({features}); most: {top}")
         print(f"  logging step (median): {costs.logging * 1e3:.3f} ms over {costs.logging_steps} logging steps, "
               f"{costs.ordinary_steps} ordinary ones")
@@ -506,7 +582,7 @@ def report(per_rank: dict[int, list[dict[str, Any]]], pairs: int, label: str, lo
 # Each always-on feature's timed names: the callback's hooks, and for the step timer the code it runs inside the
 # Trainer's step (recorder, phase labels, data loader hook, model hooks).
 FEATURES = {"timer": ("StepTimerCallback.", "StepRecorder.", "PhaseLabels.", "data loader hook", "model hooks"),
-            "memory": ("MemoryLoggerCallback.",), "profiler": ("ProfilerCallback.",)}
+            "memory": ("MemoryLoggerCallback.",), "profiler": ("ProfilerCallback.",), "floor": ("FloorCallback.",)}
 
 
 @dataclass

@@ -178,3 +178,41 @@ def test_one_process_alternates_the_variants_and_prints_what_gpu_check_reads(tmp
         sys.modules.pop("gpu_check", None)
     assert figures["ab_low"] <= figures["ab_ratio"] <= figures["ab_high"]
     assert figures["step_ms_none"] > 0 and figures["step_ms_all"] > 0 and figures["direct_ms_per_step"] > 0
+
+
+def test_the_floor_variant_stamps_each_hook_point_once_and_reads_the_run_queue_at_five(bench, monkeypatch):
+    # --callbacks floor: one clock read at each of the step timer's hook points, one run-queue read at each of the five
+    # where the step timer reads it on CPU, timed under the step timer's names; on a real model, loader and backward.
+    reads = []
+    monkeypatch.setattr(bench.os, "pread", lambda fd, n, offset: reads.append(fd) or b"1 2 3\n")
+    direct = bench.DirectCost()
+    monkeypatch.setattr(_TimedIterator, "__next__", bench._untimed_next(direct, _TimedIterator.__next__))
+    floor = bench.floor_callback(direct)
+    direct.instrument_callback(floor)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
+    loader = torch.utils.data.DataLoader(torch.randn(4, 4), batch_size=2)
+    floor.on_train_begin(None, None, None, model=model, train_dataloader=loader)
+    direct.enabled = True
+    for batch in loader:  # two steps, as the Trainer runs them
+        floor.on_step_begin(None, None, None)
+        model(batch).sum().backward()
+        floor.on_pre_optimizer_step(None, None, None)
+        floor.on_optimizer_step(None, None, None)
+        floor.on_step_end(None, None, None)
+    floor.on_train_end(None, None, None)
+    # Per step: next() (before and after), the forward's start, the first parameter's gradient, before the optimizer;
+    # the loader's third next() (the one that ends the epoch) reads twice more.
+    assert len(reads) == 2 * 5 + 2 and len(set(reads)) == 1
+    names = {name for name, *_ in direct.calls}
+    assert {"model hooks", "data loader hook", "FloorCallback.on_step_begin", "FloorCallback.on_step_end"} <= names
+    assert sum(name == "model hooks" for name, *_ in direct.calls) == 2 * 3  # pre, post, one gradient per step
+    model(torch.randn(1, 4)).sum().backward()  # after train end: no hook of ours left
+    assert sum(name == "model hooks" for name, *_ in direct.calls) == 6 and len(reads) == 12
+
+
+def test_the_floor_variant_is_accepted_alone(bench):
+    parser = bench.build_parser()
+    assert parser.parse_args(["--callbacks", "floor"]).callbacks == bench.FLOOR
+    proc = subprocess.run([sys.executable, str(BENCH), "--callbacks", "floor,timer"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "or floor alone" in proc.stderr
