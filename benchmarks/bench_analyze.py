@@ -23,8 +23,8 @@ What it does, side by side in one run:
    median over rounds is reported, next to the best time of each contender.
 4. With ``--compact``: writes every trace's compact file (``hf-distprof analyze --write-compact``, timed), then
    adds a contender that re-analyses from them, checks that its whole result (``AnalysisResult.to_dict()``) is
-   the one from the JSON, and prints the speed-up (target: >= 5x) and the JSON analysis's peak RSS (target at
-   200 MB per rank: under 1.5 GB). "Ours" always reads the JSON (``read_compact=False``).
+   the one from the JSON, and prints the speed-up (target: >= 4x, issue 38) and the JSON analysis's peak RSS
+   (target at 200 MB per rank: under 1.5 GB). "Ours" always reads the JSON (``read_compact=False``).
 5. With ``--what-if-cost``: adds the same analysis without the what-if model (no per-rank timeline in the workers,
    no replay, scenarios or critical path: ``hf_distprof.analysis.whatif.model``), from JSON and, with ``--compact``,
    from the compact files, and prints what the model adds to each, in wall time and in CPU time of the process
@@ -300,7 +300,7 @@ def main() -> None:
         # Targets: HTA / ours >= 5 (time) and > 1 (peak RSS); ours / fastest bare parse <= 1.5.
         if args.compact:
             same = (tmp / "ours.json.full.json").read_bytes() == (tmp / "compact.json.full.json").read_bytes()
-            print(f"JSON / compact files: time {ratio(ours, runs['analyze from compact'])} (target >= 5x); "
+            print(f"JSON / compact files: time {ratio(ours, runs['analyze from compact'])} (target >= 4x); "
                   f"whole results equal: {same}")
             print(f"peak RSS of analyze from JSON at {raw / len(files) / 1e6:.0f} MB JSON per rank x {len(files)} "
                   f"ranks: {max(x[1] for x in ours):.0f} MB (target at 200 MB per rank: < 1536 MB)")
@@ -314,7 +314,7 @@ def main() -> None:
                 print(f"what-if model, {label}: with / without, wall time {ratio(with_model, without)}, CPU time "
                       f"{ratio(with_model, without, cpu=True)} (target <= 1.10x)")
         if not args.skip_bare:
-            print(f"ours / bare simdjson parse: time {ratio(ours, runs['bare simdjson parse'])}")
+            print(f"ours / bare simdjson parse: time {ratio(ours, runs['bare simdjson parse'])} (target <= 1.4x)")
             print(f"ours / bare orjson parse:   time {ratio(ours, runs['bare orjson parse'])}")
         if not args.skip_hta:
             hta_runs = runs["HTA 0.5.0"]
