@@ -21,12 +21,28 @@ from threading import get_ident
 SCHEDSTAT = "/proc/thread-self/schedstat"
 
 
+_NOBODY = (-1, -1, -1)
+
+
+_PID = os.getpid()  # this process's id, kept current in a forked child
+
+
+def _forked() -> None:
+    global _PID
+    _PID = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
+
 class RunQueueClock:
     """Reads the calling thread's cumulative run-queue delay, in seconds.
 
     The file is opened once per thread and read again with ``pread`` (the kernel regenerates it on each read
     from offset 0). Reads on a thread other than the one that opened it open their own file: the numbers are
-    always the calling thread's.
+    always the calling thread's. The first thread to read (the training thread, at every phase) is served without the
+    thread-local lookup; a thread id that comes back after its thread ended, or in a forked child, is not taken for it.
 
     Args:
         path: The schedstat file (a test can point it elsewhere).
@@ -36,9 +52,9 @@ class RunQueueClock:
         self.path = path
         self._local = threading.local()
         self._broken = False
-        # The first reading thread's file, read without the thread-local lookup (the training thread's, every phase).
-        self._owner: int | None = None
-        self._owner_fd = -1
+        # (thread id, process id, descriptor) of the first reading thread's file, in one attribute so that it is
+        # replaced whole.
+        self._first = _NOBODY
 
     def read(self) -> float | None:
         """Seconds this thread has spent runnable but not running since it started; None when unknown."""
@@ -47,22 +63,22 @@ class RunQueueClock:
     def raw(self) -> bytes | None:
         """The file's bytes now (one ``pread``), to be turned into seconds later by :meth:`seconds`: the step timer
         reads at phase boundaries and does the arithmetic on logging steps. None when unknown."""
-        if self._owner == get_ident():
+        ident, pid, first_fd = self._first
+        if ident == get_ident() and pid == _PID:
             try:
-                return pread(self._owner_fd, 128, 0)
-            except OSError:
-                self._give_up()
-                return None
+                return pread(first_fd, 128, 0)
+            except OSError:  # that thread ended and this one has its id: this thread's own file, below
+                self._first = _NOBODY
         if self._broken:
             return None
-        fd = getattr(self._local, "fd", None)
+        opened = getattr(self._local, "opened", None)  # (process id, descriptor)
         try:
-            if fd is None:
-                fd = os.open(self.path, os.O_RDONLY)
-                self._local.fd = fd
-                if self._owner is None:
-                    self._owner, self._owner_fd = get_ident(), fd
-            return os.pread(fd, 128, 0)
+            if opened is None or opened[0] != _PID:  # none yet on this thread, or one a forked child inherited
+                opened = (_PID, os.open(self.path, os.O_RDONLY))
+                self._local.opened = opened
+                if self._first[0] == -1:
+                    self._first = (get_ident(), _PID, opened[1])
+            return os.pread(opened[1], 128, 0)
         except OSError:
             self._give_up()
             return None
@@ -70,7 +86,7 @@ class RunQueueClock:
     def _give_up(self) -> None:
         """One failure means the file is not what we expect here: stop trying."""
         self._broken = True
-        self._owner = None
+        self._first = _NOBODY
 
     def seconds(self, raw: bytes | None) -> float | None:
         """The run-queue seconds in a :meth:`raw` reading; None when unknown or garbled (then no more reads)."""
@@ -84,13 +100,13 @@ class RunQueueClock:
 
     def close(self) -> None:
         """Close the calling thread's file."""
-        fd = getattr(self._local, "fd", None)
-        if fd is not None:
-            self._local.fd = None
-            if fd == self._owner_fd:
-                self._owner = None
+        opened = getattr(self._local, "opened", None)
+        if opened is not None:
+            self._local.opened = None
+            if opened[1] == self._first[2] and opened[0] == self._first[1]:
+                self._first = _NOBODY
             try:
-                os.close(fd)
+                os.close(opened[1])
             except OSError:
                 pass
 

@@ -427,6 +427,54 @@ def test_the_real_schedstat_is_this_threads_and_grows():
     assert clock.read() >= first
 
 
+def _cpu_ns(raw: bytes | None) -> int:
+    assert raw is not None
+    return int(raw.split()[0])
+
+
+@pytest.mark.skipif(not os.path.exists(SCHEDSTAT), reason="no /proc/thread-self/schedstat (not Linux or no schedstats)")
+def test_a_thread_that_reuses_an_ended_readers_id_reads_its_own_file_and_nothing_gives_up():
+    # The first reader is served by its thread id; threads reuse ids once theirs ended (glibc recycles their stacks).
+    clock = RunQueueClock()
+    idents: list[int] = []
+    seen: list[bytes | None] = []
+
+    def read() -> None:
+        idents.append(threading.get_ident())
+        seen.append(clock.raw())
+
+    for _ in range(20):  # until a new thread gets the first reader's id
+        worker = threading.Thread(target=read)
+        worker.start()
+        worker.join()
+        if idents.count(idents[0]) > 1:
+            break
+    if idents.count(idents[0]) == 1:
+        pytest.skip("no thread id was reused here")
+    assert all(raw is not None for raw in seen) and not clock._broken
+    busy = sum(range(2_000_000))  # this thread's CPU time grows past any short-lived thread's
+    assert busy and _cpu_ns(clock.raw()) > max(_cpu_ns(raw) for raw in seen)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or not os.path.exists(SCHEDSTAT), reason="no fork or no schedstat here")
+def test_a_forked_child_reads_its_own_threads_file_not_the_parents():
+    clock = RunQueueClock()
+    sum(range(2_000_000))
+    parent = _cpu_ns(clock.raw())  # this thread is the clock's first reader
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: the same thread id, another process
+        try:
+            os.write(write, str(_cpu_ns(clock.raw())).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    child = int(os.read(read, 64))
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert child < parent  # the child's thread has just started; the parent's file would say at least `parent`
+
+
 def test_steps_whose_events_have_completed_are_read_before_the_one_wait():
     t = Timeline()
     clock, log = fake_cuda_clock(t)
