@@ -151,10 +151,9 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         # NVTX is a CUDA API; without CUDA the Nsight callback says once that --nvtx does nothing.
         labels = self._labels = PhaseLabels(nvtx=self.args.nvtx and torch.cuda.is_available())
 
-        def on_fetch() -> None:  # labels.fetch() inlined, then the run-queue reading as close to the next() as can be
-            if labels.phase is None:
-                labels.enter("data")
-            recorder.fetch_begin()
+        def on_fetch() -> None:
+            labels.fetch()
+            recorder.fetch_begin()  # last: the run-queue reading as close to the next() as the clock's start
 
         self._undo_loader = instrument_loader(loader, recorder.add_load_time, on_fetch) if loader is not None else None
         recorder.loader_timed = self._undo_loader is not None
