@@ -573,8 +573,11 @@ def report(per_rank: dict[int, list[dict[str, Any]]], pairs: int, label: str, lo
         features = ", ".join(f"{feature} {sec * 1e3:.3f}" for feature, sec in costs.by_feature.items()
                              if sec or feature != "floor")
         print(f"  ordinary step (median of per-step sums): {costs.ordinary * 1e3:.3f} ms ({features}); most: {top}")
+        top_log = ", ".join(f"{name} {sec * 1e3:.3f}" for name, sec in costs.top_logging[:6])
         print(f"  logging step (median): {costs.logging * 1e3:.3f} ms over {costs.logging_steps} logging steps, "
-              f"{costs.ordinary_steps} ordinary ones")
+              f"{costs.ordinary_steps} ordinary ones; most: {top_log}")
+        top_after = ", ".join(f"{name} {sec * 1e3:.3f}" for name, sec in costs.top_after[:3])
+        print(f"  the step after a logging step (median): {costs.after_logging * 1e3:.3f} ms; most: {top_after}")
         if rank == 0 and targets:
             print(f"  targets: ordinary step <= {targets[0]:g} ms, mean <= {targets[1]}")
 
@@ -598,6 +601,9 @@ class Costs:
     top_ordinary: list[tuple[str, float]]
     ordinary_steps: int
     logging_steps: int
+    top_logging: list[tuple[str, float]]
+    after_logging: float
+    top_after: list[tuple[str, float]]
 
 
 def step_of(name: str, start: float, stamps: list[float]) -> int:
@@ -613,7 +619,10 @@ def direct_costs(b_runs: list[dict[str, Any]], logging_steps: int) -> Costs:
     apart; what runs once per ``train()`` call counts apart."""
     ordinary: list[float] = []
     logging: list[float] = []
+    after: list[float] = []
     per_name: dict[str, list[float]] = {}
+    per_name_logging: dict[str, list[float]] = {}
+    per_name_after: dict[str, list[float]] = {}
     feature_sums: dict[str, list[float]] = {f: [] for f in FEATURES}
     means: list[float] = []
     once: list[float] = []
@@ -634,7 +643,13 @@ def direct_costs(b_runs: list[dict[str, Any]], logging_steps: int) -> Costs:
         for step, calls in by_step.items():
             if step % logging_steps == 0:
                 logging.append(sum(calls.values()))
+                for name in {n for c in by_step.values() for n in c}:
+                    per_name_logging.setdefault(name, []).append(calls.get(name, 0.0))
                 continue
+            if step % logging_steps == 1:  # an ordinary step, where what a logging step left may be done
+                after.append(sum(calls.values()))
+                for name in {n for c in by_step.values() for n in c}:
+                    per_name_after.setdefault(name, []).append(calls.get(name, 0.0))
             ordinary.append(sum(calls.values()))
             for feature, prefixes in FEATURES.items():
                 feature_sums[feature].append(sum(v for n, v in calls.items() if n.startswith(prefixes)))
@@ -644,9 +659,12 @@ def direct_costs(b_runs: list[dict[str, Any]], logging_steps: int) -> Costs:
     def median(values: list[float]) -> float:
         return statistics.median(values) if values else 0.0
 
-    top = sorted(((n, median(v)) for n, v in per_name.items()), key=lambda kv: -kv[1])
+    def costliest(names: dict[str, list[float]]) -> list[tuple[str, float]]:
+        return sorted(((n, median(v)) for n, v in names.items()), key=lambda kv: -kv[1])
+
     return Costs(median(ordinary), median(logging), median(means), median(once),
-                 {f: median(v) for f, v in feature_sums.items()}, top, len(ordinary), len(logging))
+                 {f: median(v) for f, v in feature_sums.items()}, costliest(per_name), len(ordinary), len(logging),
+                 costliest(per_name_logging), median(after), costliest(per_name_after))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import json
 import os
 import sys
 from collections.abc import Sequence
@@ -13,6 +12,7 @@ from typing import Any
 
 from hf_distprof.core.files import get_hostname  # noqa: F401 (the host name of file names, torch-free)
 
+import orjson
 import torch
 import torch.distributed as dist
 
@@ -190,7 +190,7 @@ class PendingJson:
         if self._result is not None:
             return self._result
         if self._gather is None:
-            self._result = [json.loads(self._payload)]
+            self._result = [orjson.loads(self._payload)]
             return self._result
         buffers = [t.numpy().tobytes() for t in self._gather.tensors()]
         lengths = [int.from_bytes(b[:OBJECT_HEADER], "little") for b in buffers]
@@ -198,7 +198,7 @@ class PendingJson:
         if self.max_len > self.cap:
             again = _all_gather_async(_framed(self._payload, self.max_len), "all_gather_json_async (larger)")
             buffers = [t.numpy().tobytes() for t in again.tensors()]
-        self._result = [json.loads(b[OBJECT_HEADER:OBJECT_HEADER + n]) for b, n in zip(buffers, lengths, strict=True)]
+        self._result = [orjson.loads(b[OBJECT_HEADER:OBJECT_HEADER + n]) for b, n in zip(buffers, lengths, strict=True)]
         return self._result
 
     @property
@@ -237,7 +237,8 @@ def _scalar(value: Any) -> Any:
 
 def all_gather_json_async(obj: Any, cap: int = OBJECT_CAP_MIN) -> PendingJson:
     """Start gathering one JSON-serialisable object (dicts, lists, numbers, strings, None; tuples come back as
-    lists) from every rank, in one collective, without waiting.
+    lists, integer keys as strings, a NaN or an infinity as None: strict JSON, encoded by orjson) from every rank, in
+    one collective, without waiting.
 
     Each rank sends a buffer of ``cap`` bytes after an 8-byte length (the same size on every rank, as an
     all-gather needs); :meth:`PendingJson.result` decodes them, or, when one did not fit, gathers buffers of
@@ -248,8 +249,9 @@ def all_gather_json_async(obj: Any, cap: int = OBJECT_CAP_MIN) -> PendingJson:
     """
     global _WARNED_JSON
     try:
-        payload = json.dumps(obj, separators=(",", ":"), default=_scalar).encode()
+        payload = orjson.dumps(obj, default=_scalar, option=orjson.OPT_NON_STR_KEYS)
     except Exception as err:  # noqa: BLE001  # every rank must still take part (it sends null), whatever failed
+        err = err.__cause__ or err  # what ``_scalar`` said, rather than orjson's wrapper of it
         if not _WARNED_JSON:
             _WARNED_JSON = True
             logging.getLogger(__name__).warning(f"cannot send a {type(obj).__name__} to the other ranks: {err!r}; "

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+import orjson
 import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
@@ -356,7 +357,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             self._add(timing, row)
         if self._jsonl is not None and timings:
             try:
-                self._jsonl.write("".join(json.dumps(row) + "\n" for row in rows))
+                self._jsonl.write((b"\n".join(map(orjson.dumps, rows)) + b"\n").decode())
                 self._jsonl.flush()
             except OSError as err:  # a full disk: said once, no more writing; the caller still reaches its collective
                 logger.warning(f"cannot write {self._jsonl.name}: {err!r}; stopped writing per-step timing")
@@ -463,9 +464,9 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         return with_device(found, self._health) if found is not None else None
 
     def _verdict(self) -> Any:
-        """The slow-rank verdict over the steps so far, the profiler's steps left out (its own distortion)."""
-        assert self._series is not None
-        return self._series.verdict(self.args.imbalance_threshold_pct, self._exclude())
+        """The slow-rank verdict over the steps so far, the profiler's steps left out; None with one rank (no peer)."""
+        s, pct = self._series, self.args.imbalance_threshold_pct
+        return s.verdict(pct, self._exclude()) if s is not None and s.world_size > 1 else None
 
     def _live_verdict(self) -> tuple[Any, bool]:
         """The live slow-rank verdict, and whether it was judged now (:meth:`StepSeries.due`); the end of the run

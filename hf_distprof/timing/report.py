@@ -406,9 +406,9 @@ class StepSeries:
 
         Steps the profiler traced are left out by the caller: a slow rank there may be the profiler's doing.
         """
-        kept = self._kept(exclude)
         if self.world_size < 2:
             return None
+        kept = self._kept(exclude)
         per_rank = {r: [row[r] for row, _, _, _ in kept] for r in range(self.world_size)}
         parted = kept if all(parts is not None for *_, parts in kept) else []
         arrival = {r: [parts[r][0] for *_, parts in parted] for r in range(self.world_size)} if parted else {}
