@@ -63,3 +63,84 @@ def test_a_writer_without_a_file_writer_gets_one_add_scalar_per_value():
     rec = Recorder()
     tensorboard.add_scalars(rec, {"b": 2.0, "a": 1.0}, 7, walltime=123.5)
     assert rec.calls == [("b", 2.0, 7, 123.5), ("a", 1.0, 7, 123.5)]
+
+
+def _loaded(log_dir):
+    """Every event of the one file in ``log_dir``, read by TensorBoard's own loader (which checks each record's
+    CRCs)."""
+    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+    from tensorboard.compat.proto.event_pb2 import Event
+
+    (path,) = list(log_dir.iterdir())
+    return path, [Event.FromString(raw) for raw in RawEventFileLoader(str(path)).Load()]
+
+
+def test_the_event_writer_writes_what_summary_writer_writes(tmp_path):
+    """Scalars (one event per call, 32-bit values, an overflow an infinity), text and the custom-scalars layout read
+    back the same from both writers; the scalar events are the very bytes protobuf gives."""
+    from tensorboard.compat.proto.event_pb2 import Event
+
+    values = {"memory/rss_mb/rank0": 512.5, "a/b": 1 / 3, "x": 3, "big": 1e39, "neg": -2.5, "tag/é": 2}
+    read = {}
+    for kind in ("ours", "theirs"):
+        folder = tmp_path / kind
+        writer = tensorboard.EventWriter(folder) if kind == "ours" else SummaryWriter(str(folder))
+        tensorboard.add_scalars(writer, values, 10, walltime=1e9)
+        tensorboard.add_scalars(writer, {"x": 4}, 0, walltime=2e9)
+        writer.add_text("hf_distprof/warnings", "rank 1 is **slow**", 7)
+        writer.add_custom_scalars({"timing": {"step": ["Multiline", ["timing/step_s/rank0"]]}})
+        writer.close()
+        acc, scalars = events_and_scalars(folder)
+        text = [(e.step, e.tensor_proto.string_val) for e in acc.Tensors("hf_distprof/warnings/text_summary")]
+        read[kind] = (scalars, text, sorted(acc.Tags()["tensors"]))
+    assert read["ours"] == read["theirs"]
+    assert read["ours"][0]["big"] == [(10, float("inf"))] and read["ours"][0]["x"] == [(10, 3.0), (0, 4.0)]
+    path, events = _loaded(tmp_path / "ours")
+    assert path.name.startswith("events.out.tfevents.") and path.name.endswith(".hf_distprof")
+    assert events[0].file_version == "brain.Event:2" and len(events) == 5
+    # The hand-made scalar events against protobuf's encoding of the same event (step 0 is left out, as proto3 does).
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    for step in (0, 1, 300, 2**40):
+        ref = Event(wall_time=123.25, step=step, summary=Summary(
+            value=[Summary.Value(tag="a", simple_value=1.5), Summary.Value(tag="tag/é", simple_value=2.0)]))
+        folder = tmp_path / f"step{step}"
+        writer = tensorboard.EventWriter(folder)
+        writer.add_scalars({"a": 1.5, "tag/é": 2}, step, walltime=123.25)
+        writer.close()
+        assert _loaded(folder)[1][1].SerializeToString() == ref.SerializeToString()
+
+
+def test_the_event_writer_checksums_without_google_crc32c(tmp_path, monkeypatch):
+    """Without google-crc32c's C code, tensorboard's own CRC-32C: the same file, slower."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "google_crc32c", None)  # import fails
+    writer = tensorboard.EventWriter(tmp_path)
+    writer.add_scalars({"a": 1.0}, 3, walltime=1.0)
+    writer.close()
+    assert events_and_scalars(tmp_path)[1] == {"a": [(3, 1.0)]}
+    assert len(_loaded(tmp_path)[1]) == 2
+
+
+def test_a_failed_write_is_one_warning_and_the_writer_stops(tmp_path, monkeypatch, caplog):
+    import logging
+
+    writer = tensorboard.EventWriter(tmp_path)
+    real_write = tensorboard.os.write
+
+    def full_disk(fd, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tensorboard.os, "write", full_disk)
+    with caplog.at_level(logging.WARNING):
+        writer.add_scalars({"a": 1.0}, 1)
+        writer.add_scalars({"a": 2.0}, 2)
+        writer.add_text("t", "x", 3)
+    monkeypatch.setattr(tensorboard.os, "write", real_write)
+    writer.add_scalars({"a": 3.0}, 4)  # after the failure nothing more is written
+    writer.close()
+    writer.close()  # twice: nothing to close
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 1 and "cannot write TensorBoard events to" in messages[0] and "No space left" in messages[0]
+    assert events_and_scalars(tmp_path)[1] == {}
