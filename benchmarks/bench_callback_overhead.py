@@ -572,7 +572,8 @@ def report(per_rank: dict[int, list[dict[str, Any]]], pairs: int, label: str, lo
         )
         features = ", ".join(f"{feature} {sec * 1e3:.3f}" for feature, sec in costs.by_feature.items()
                              if sec or feature != "floor")
-        print(f"  ordinary step (median of per-step sums): {costs.ordinary * 1e3:.3f} ms ({features}); most: {top}")
+        print(f"  ordinary step (median of per-step sums): {costs.ordinary * 1e3:.3f} ms ({features}; their mean "
+              f"{costs.ordinary_mean * 1e3:.3f}); most: {top}")
         top_log = ", ".join(f"{name} {sec * 1e3:.3f}" for name, sec in costs.top_logging[:6])
         print(f"  logging step (median): {costs.logging * 1e3:.3f} ms over {costs.logging_steps} logging steps, "
               f"{costs.ordinary_steps} ordinary ones; most: {top_log}")
@@ -602,6 +603,7 @@ class Costs:
     ordinary_steps: int
     logging_steps: int
     top_logging: list[tuple[str, float]]
+    ordinary_mean: float
     after_logging: float
     top_after: list[tuple[str, float]]
 
@@ -664,7 +666,8 @@ def direct_costs(b_runs: list[dict[str, Any]], logging_steps: int) -> Costs:
 
     return Costs(median(ordinary), median(logging), median(means), median(once),
                  {f: median(v) for f, v in feature_sums.items()}, costliest(per_name), len(ordinary), len(logging),
-                 costliest(per_name_logging), median(after), costliest(per_name_after))
+                 costliest(per_name_logging), statistics.mean(ordinary) if ordinary else 0.0, median(after),
+                 costliest(per_name_after))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+import numpy
 import torch
 
 from hf_distprof.timing.clock import Clock, Mark
@@ -143,7 +144,7 @@ class _Marks:
 
     def __init__(self) -> None:
         self.micros: list[_Micro] = []
-        self.tokens: list[Any] = []  # ints, or device tensors summed on resolve
+        self.tokens: list[Any] = []  # ints, or tensors (masks) counted on resolve
         self.load_waits: list[Any] = []  # raw run-queue readings around each loader next(): begin, end, begin, ...
 
     def reset(self, prev_end: Mark, begin: Mark, load_s: float | None) -> None:
@@ -167,8 +168,8 @@ class _Marks:
         return marks
 
 
-# Device tensors of token counts (attention masks) a recorder holds; past this many they are summed (a small kernel
-# each, no sync) into 0-d tensors, so that a rare logging step cannot pile up the batches' masks.
+# Device tensors of token counts (attention masks) a recorder holds; past this many they are counted (a small kernel
+# per group, no sync) into 0-d tensors, so that a rare logging step cannot pile up the batches' masks.
 TOKEN_TENSORS_HELD = 32
 
 
@@ -289,7 +290,7 @@ class StepRecorder:
 
     def forward_begin(self, samples: int = 0, tokens: Any = 0) -> None:
         """The model's forward starts; ``tokens`` may be an int or a device tensor whose sum is the count (the
-        attention mask: summed on resolve, or folded into a 0-d sum when many are held)."""
+        attention mask: its non-zero entries counted on resolve, or folded into a 0-d count when many are held)."""
         cur = self._current
         if cur is None:
             return
@@ -413,12 +414,14 @@ class StepRecorder:
         self._free.append(m)
 
     def _fold_tokens(self) -> None:
-        """Sum the token tensors (masks) held by pending steps into 0-d tensors, without a sync: they no longer hold the
+        """Count the token tensors (masks) held by pending steps into 0-d tensors, without a sync: they no longer hold the
         batches' masks."""
         held = [(m, i, t) for m in self._pending for i, t in enumerate(m.tokens)
                 if isinstance(t, torch.Tensor) and t.dim() > 0]
-        for (m, i, _), total in zip(held, _tensor_sums([t for *_, t in held]), strict=True):
-            m.tokens[i] = total
+        for indices, sums in _grouped_sums([t for *_, t in held]):
+            for j, k in enumerate(indices):
+                m, i, _ = held[k]
+                m.tokens[i] = sums[j]
         self._token_tensors = 0
 
     def resolve(self, wait: bool = True) -> list[StepTiming]:
@@ -539,28 +542,71 @@ def _pre_sync_wait(m: _Marks, forward: bool, compute: bool, sec: Any) -> float |
     return total
 
 
-def _tensor_sums(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The sum of each tensor as a 0-d int64 tensor on its own device: one small kernel each and no copy between host
-    and device, so never a wait for the device (a copy of host data to the device would be one)."""
-    return [t.sum(dtype=torch.int64) for t in tensors]
+def _grouped_sums(tensors: list[torch.Tensor]) -> list[tuple[list[int], torch.Tensor]]:
+    """Each tensor's token count, as int64 on its own device: a mask's non-zero entries (its sum, for the 0/1 masks
+    tokenizers make), a 0-d tensor's value (a count folded earlier). For each group of tensors of one device, shape and
+    dtype (the micro-batches' masks are mostly one group): their indices and a 1-D tensor of their counts, in that
+    order. One stack and one kernel per group rather than one kernel per tensor, and no copy between host and device,
+    so never a wait for the device (a copy of host data to the device would be one)."""
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for k, t in enumerate(tensors):
+        groups.setdefault((t.device, t.shape, t.dtype), []).append(k)
+    out = []
+    for indices in groups.values():
+        first = tensors[indices[0]]
+        stacked = torch.stack([tensors[k] for k in indices]) if len(indices) > 1 else first.unsqueeze(0)
+        if first.dim() == 0:
+            counts = stacked.to(torch.int64)
+        else:
+            counts = torch.count_nonzero(stacked.reshape(len(indices), first.numel()), dim=1)
+        out.append((indices, counts))
+    return out
+
+
+def _host_count(t: torch.Tensor) -> int | None:
+    """A host tensor's token count (as :func:`_grouped_sums` counts) through numpy, several times cheaper than a torch
+    operator between the model's kernels; None when numpy cannot read it (a dtype numpy lacks, a tensor that needs
+    its gradient)."""
+    try:
+        array = t.numpy()
+    except (TypeError, RuntimeError):
+        return None
+    return int(array) if array.ndim == 0 else int(numpy.count_nonzero(array))
 
 
 def _token_counts(pending: list[_Marks]) -> list[int]:
-    """Tokens of each step: the micro-batch tensors left on the device (attention masks, or sums folded from them) are
-    summed and read in one copy per device.
+    """Tokens of each step: host tensors (a CPU run's attention masks) counted through numpy; the micro-batch tensors
+    left on the device (masks, or counts folded from them) counted there and read in one copy per device.
 
     One ``int()`` per micro-batch tensor would be one device-to-host sync each.
     """
-    counts = [sum(int(t) for t in m.tokens if not isinstance(t, torch.Tensor)) for m in pending]
-    held = [(i, t) for i, m in enumerate(pending) for t in m.tokens if isinstance(t, torch.Tensor)]
+    counts = [0] * len(pending)
+    held: list[tuple[int, torch.Tensor]] = []
+    for i, m in enumerate(pending):
+        for t in m.tokens:
+            if not isinstance(t, torch.Tensor):
+                counts[i] += int(t)
+                continue
+            n = _host_count(t) if t.device.type == "cpu" else None
+            if n is None:
+                held.append((i, t))
+            else:
+                counts[i] += n
     if not held:
         return counts
-    sums = _tensor_sums([t for _, t in held])
-    by_device: dict[torch.device, list[tuple[int, torch.Tensor]]] = {}
-    for (i, _), total in zip(held, sums, strict=True):
-        by_device.setdefault(total.device, []).append((i, total))
-    for items in by_device.values():
-        values = torch.stack([t for _, t in items]).tolist()
-        for (i, _), value in zip(items, values, strict=True):
-            counts[i] += value
+    by_device: dict[torch.device, list[tuple[list[int], torch.Tensor]]] = {}
+    for indices, sums in _grouped_sums([t for _, t in held]):
+        by_device.setdefault(sums.device, []).append((indices, sums))
+    for groups in by_device.values():
+        values = (torch.cat([sums for _, sums in groups]) if len(groups) > 1 else groups[0][1]).tolist()
+        for k, value in zip((k for indices, _ in groups for k in indices), values, strict=True):
+            counts[held[k][0]] += value
+    return counts
+    by_device: dict[torch.device, list[tuple[list[int], torch.Tensor]]] = {}
+    for indices, sums in _grouped_sums([t for _, t in held]):
+        by_device.setdefault(sums.device, []).append((indices, sums))
+    for groups in by_device.values():
+        values = (torch.cat([sums for _, sums in groups]) if len(groups) > 1 else groups[0][1]).tolist()
+        for k, value in zip((k for indices, _ in groups for k in indices), values, strict=True):
+            counts[held[k][0]] += value
     return counts

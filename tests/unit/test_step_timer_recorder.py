@@ -133,8 +133,16 @@ def test_cpu_phases_are_exact_sums_over_micro_batches():
     assert rec.resolve() == []  # each step is reported once
 
 
+def as_if_on_a_device(monkeypatch):
+    """The recorder's host-tensor path off: CPU tensors take the device's (counted on the device, read in one copy)."""
+    from hf_distprof.timing import recorder as recorder_module
+
+    monkeypatch.setattr(recorder_module, "_host_count", lambda t: None)
+
+
 def test_device_token_counts_are_read_in_one_copy(monkeypatch):
     """Per micro-batch ``int(tensor)`` would be one device-to-host sync each; resolve reads them once."""
+    as_if_on_a_device(monkeypatch)
     t = Timeline()
     rec = StepRecorder(FakeCpuClock(t))
     rec.boundary()
@@ -573,3 +581,59 @@ def test_an_abandoned_step_gives_each_of_its_events_back_once():
     rec.optimizer_begin()  # pre_opt also closes the micro-batch: one event in two places
     rec.step_begin()  # the first step never ended
     assert len(clock._pool) == len({id(e) for e in clock._pool})
+
+
+def test_device_masks_of_several_shapes_and_dtypes_are_counted_per_group_in_one_read(monkeypatch):
+    """Masks of one shape and dtype are stacked and summed together; the groups' sums are still read in one copy, and
+    each step gets its own tokens (empty masks, bool masks and masks padded to other lengths included)."""
+    as_if_on_a_device(monkeypatch)
+    t = Timeline()
+    rec = StepRecorder(FakeCpuClock(t))
+    rec.boundary()
+    masks = [
+        [torch.ones(2, 4, dtype=torch.int64), torch.tensor([[1, 1, 0, 0]] * 2)],  # 8 + 4
+        [torch.ones(3, 5, dtype=torch.bool)],  # 15, another shape and dtype
+        [torch.zeros(2, 0, dtype=torch.int64), 6],  # an empty mask, and a plain count
+        [torch.tensor([[1, 0, 1, 0]] * 2), torch.tensor(9)],  # 4, and a sum folded earlier (0-d)
+    ]
+    for step, batch in enumerate(masks, start=1):
+        run_step(rec, t, step=step, micro=1, tokens=batch[0])
+        rec._pending[-1].tokens.extend(batch[1:])  # a second micro-batch's count
+    reads: list[int] = []
+    real_tolist = torch.Tensor.tolist
+
+    def counting_tolist(self):
+        reads.append(self.numel())
+        return real_tolist(self)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", counting_tolist)
+    assert [s.tokens for s in rec.resolve()] == [12, 15, 6, 13]
+    assert reads == [6]  # the six tensors' sums, in one copy (four groups)
+
+
+@pytest.mark.parametrize("on_device", [False, True])
+def test_host_masks_are_counted_without_a_torch_operator_and_as_on_a_device(monkeypatch, on_device):
+    """A CPU run's masks are counted through numpy (a torch operator between the model's kernels costs several times
+    more); a tensor numpy cannot read (bfloat16) takes the device's path. Both count a mask's non-zero entries, so a
+    mask holding 2s (not 0/1) counts the same on either path."""
+    if on_device:
+        as_if_on_a_device(monkeypatch)
+    t = Timeline()
+    rec = StepRecorder(FakeCpuClock(t))
+    rec.boundary()
+    for step, tokens in enumerate([torch.tensor([[1, 1, 0], [2, 0, 0]]), torch.ones(2, 3, dtype=torch.bool),
+                                   torch.tensor(7), torch.ones(1, 5, dtype=torch.bfloat16)], start=1):
+        run_step(rec, t, step=step, micro=1, tokens=tokens)
+    if not on_device:
+        calls: list[str] = []
+        for name in ("sum", "count_nonzero", "stack"):
+            real = getattr(torch, name)
+
+            def counted(*args, _real=real, _name=name, **kwargs):
+                calls.append(_name)
+                return _real(*args, **kwargs)
+
+            monkeypatch.setattr(torch, name, counted)
+    assert [s.tokens for s in rec.resolve()] == [3, 6, 7, 5]
+    if not on_device:
+        assert calls == ["count_nonzero"]  # the bfloat16 mask alone

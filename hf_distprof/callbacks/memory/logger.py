@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
+import orjson
 import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
@@ -64,6 +65,14 @@ def in_use_metric() -> tuple[str, str]:
     if torch.cuda.is_available():
         return "allocated_mb", "allocated CUDA memory"
     return "rss_mb", "process RSS"
+
+
+def _line(sample: dict[str, Any]) -> str:
+    """One ``memory_rank{R}.jsonl`` line: orjson's (several times faster than ``json``'s, cold or not), or ``json``'s
+    where a value is NaN (a model state that could not be sized), which orjson would write as null."""
+    if all(v == v for v in sample.values()):
+        return orjson.dumps(sample).decode() + "\n"
+    return json.dumps(sample) + "\n"
 
 
 MODEL_STATE_METRICS = ("params_mb", "grads_mb", "optimizer_state_mb", "model_state_mb")
@@ -231,7 +240,7 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
             return
         rank = dist.get_rank()
         try:
-            self._jsonl.write("".join(json.dumps({"step": step, "rank": rank, **sample}) + "\n"
+            self._jsonl.write("".join(_line({"step": step, "rank": rank, **sample})
                                       for step, _, sample in self._ungathered))
         except OSError as err:
             # A full disk must not stop training, nor keep this rank from the gather after it.
