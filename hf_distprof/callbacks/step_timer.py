@@ -396,8 +396,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         if row["warmup"]:
             self._warmup.add_row(row)
             return
-        self._interval.add_row(row)
-        self._run.add_row(row)
+        self._interval.add_row(row, self._run)
         for listener in self.step_listeners:
             listener(timing)
         if timing.pre_sync_s is not None:

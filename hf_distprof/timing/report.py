@@ -85,17 +85,33 @@ class PhaseTotals:
         """Add one step."""
         self.add_row(timing.to_json())
 
-    def add_row(self, row: Mapping[str, Any]) -> None:
-        """Add one step given as its ``StepTiming.to_json()`` (made once per step by a caller that also writes it)."""
+    def add_row(self, row: Mapping[str, Any], also: PhaseTotals | None = None) -> None:
+        """Add one step given as its ``StepTiming.to_json()`` (made once per step by a caller that also writes it), to
+        ``also`` as well when given (a window's totals and the run's: one pass over the row)."""
+        samples, tokens = row["samples"], row["tokens"]
         self.steps += 1
-        self.samples += row["samples"]
-        self.tokens += row["tokens"]
+        self.samples += samples
+        self.tokens += tokens
         sums, counts = self.sums, self.counts
+        if also is None:
+            for key in _SUMMED:
+                value = row[key]
+                if value is not None:
+                    sums[key] = sums.get(key, 0.0) + float(value)
+                    counts[key] = counts.get(key, 0) + 1
+            return
+        also.steps += 1
+        also.samples += samples
+        also.tokens += tokens
+        sums2, counts2 = also.sums, also.counts
         for key in _SUMMED:
             value = row[key]
             if value is not None:
-                sums[key] = sums.get(key, 0.0) + float(value)
+                value = float(value)
+                sums[key] = sums.get(key, 0.0) + value
                 counts[key] = counts.get(key, 0) + 1
+                sums2[key] = sums2.get(key, 0.0) + value
+                counts2[key] = counts2.get(key, 0) + 1
 
     def mean(self, key: str) -> float | None:
         """Mean over the steps where ``key`` was measured; None if it never was on every step."""

@@ -216,3 +216,32 @@ def test_the_floor_variant_is_accepted_alone(bench):
     proc = subprocess.run([sys.executable, str(BENCH), "--callbacks", "floor,timer"], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 2 and "or floor alone" in proc.stderr
+
+
+def test_direct_costs_split_ordinary_logging_and_after_logging_steps(bench):
+    """A run of 20 steps (1 s apart), logging every 10: the first 5 left out; each step's calls summed; ordinary steps'
+    median and mean, the logging steps' median and costliest names, the step after a logging step apart; on_log is the
+    logging step's; what runs once per train() call counts apart."""
+    stamps = [float(s) + 0.9 for s in range(1, 21)]  # on_step_end of step s at s + 0.9
+    calls = [("StepTimerCallback.on_train_begin", 0.0, 0.5)]
+    for s in range(1, 21):
+        calls.append(("model hooks", s + 0.1, 0.001))
+        if s % 10 == 0:
+            calls.append(("StepTimerCallback.on_step_end", s + 0.8, 0.004))
+            calls.append(("StepTimerCallback.on_log", s + 0.95, 0.002))  # after the stamp: still the logging step's
+        if s % 10 == 1:
+            calls.append(("MemoryLoggerCallback.on_step_end", s + 0.8, 0.0005))
+        if s == 17:
+            calls.append(("MemoryLoggerCallback.on_step_end", s + 0.8, 0.009))  # one slow ordinary step
+    costs = bench.direct_costs([{"stamps": stamps, "calls": calls}], logging_steps=10)
+    # Steps 6-20: 13 ordinary (11 the step after a logging step), 2 logging (10, 20).
+    assert (costs.ordinary_steps, costs.logging_steps) == (13, 2)
+    assert costs.ordinary == pytest.approx(0.001)
+    assert costs.ordinary_mean == pytest.approx((13 * 0.001 + 0.0005 + 0.009) / 13)
+    assert costs.logging == pytest.approx(0.007)
+    assert [name for name, _ in costs.top_logging[:3]] == ["StepTimerCallback.on_step_end", "StepTimerCallback.on_log",
+                                                           "model hooks"]
+    assert costs.after_logging == pytest.approx(0.0015)
+    assert costs.top_after[0] == ("model hooks", pytest.approx(0.001))
+    assert costs.mean == pytest.approx((15 * 0.001 + 2 * 0.006 + 0.0005 + 0.009) / 15)
+    assert costs.once == pytest.approx(0.5)

@@ -214,3 +214,25 @@ def test_table_marks_the_slowest_rank_and_prints_comm_overhead():
 def test_rank_summary_round_trips_through_a_dict():
     summary = ddp_rank(2, 0.1)
     assert RankSummary.from_dict({**summary.__dict__, "extra": 1}) == summary
+
+
+def test_one_row_added_to_two_totals_at_once_is_the_row_added_to_each():
+    """The step timer adds each step to the window's totals and the run's in one pass: the same sums and counts as two
+    passes, a phase measured on some steps only (None on the others) included."""
+    rows = [
+        StepTiming(step=s, data_s=0.1 * s, forward_s=None if s == 3 else 0.2, backward_s=0.3, optimizer_s=0.05,
+                   step_s=1.0 + s, data_load_s=None if s % 2 else 0.01, backward_compute_s=0.25, micro_batches=1,
+                   samples=8, tokens=100 + s, cpu_wait_s=0.001 * s, pre_sync_cpu_wait_s=None).to_json()
+        for s in range(1, 6)
+    ]
+    window, run = PhaseTotals(), PhaseTotals()
+    run.add_row(rows[0])  # the run has steps the window has not
+    apart_window, apart_run = PhaseTotals(), PhaseTotals()
+    apart_run.add_row(rows[0])
+    for row in rows[1:]:
+        window.add_row(row, run)
+        apart_window.add_row(row)
+        apart_run.add_row(row)
+    assert window == apart_window and run == apart_run
+    assert (run.steps, run.samples, run.tokens, window.steps) == (5, 40, 515, 4)
+    assert run.counts["forward_s"] == 4 and window.mean("forward_s") is None  # not measured on every step
