@@ -27,11 +27,11 @@ def batch_size_and_tokens(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tupl
     """Samples and tokens of one forward call, read from its inputs without a device sync.
 
     Tokens are the non-padding ones when a 2-D attention mask matches the inputs: the mask itself is returned, and
-    the recorder counts its non-zero entries on a logging step (no kernel in the step); else every position. Calls with no recognisable
-    input count 0.
+    the recorder counts its non-zero entries on a logging step (no kernel in the step); else every position. Calls
+    with no recognisable input count 0.
 
     Returns:
-        ``(samples, tokens)``; ``tokens`` is an int or the attention mask (a tensor whose non-zero entries are the count).
+        ``(samples, tokens)``; ``tokens`` is an int or the attention mask (its non-zero entries are the count).
     """
     ref = kwargs.get("input_ids")
     if ref is None:

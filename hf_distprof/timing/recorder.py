@@ -414,8 +414,8 @@ class StepRecorder:
         self._free.append(m)
 
     def _fold_tokens(self) -> None:
-        """Count the token tensors (masks) held by pending steps into 0-d tensors, without a sync: they no longer hold the
-        batches' masks."""
+        """Count the token tensors (masks) held by pending steps into 0-d tensors, without a sync: they no longer hold
+        the batches' masks."""
         held = [(m, i, t) for m in self._pending for i, t in enumerate(m.tokens)
                 if isinstance(t, torch.Tensor) and t.dim() > 0]
         for indices, sums in _grouped_sums([t for *_, t in held]):
