@@ -16,9 +16,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-import numpy
 import torch
 
+from hf_distprof.timing.tokens import grouped_counts, token_counts
 from hf_distprof.timing.clock import Clock, Mark
 from hf_distprof.timing.cpu_wait import RunQueueClock, waited
 
@@ -418,7 +418,7 @@ class StepRecorder:
         the batches' masks."""
         held = [(m, i, t) for m in self._pending for i, t in enumerate(m.tokens)
                 if isinstance(t, torch.Tensor) and t.dim() > 0]
-        for indices, sums in _grouped_sums([t for *_, t in held]):
+        for indices, sums in grouped_counts([t for *_, t in held]):
             for j, k in enumerate(indices):
                 m, i, _ = held[k]
                 m.tokens[i] = sums[j]
@@ -447,9 +447,9 @@ class StepRecorder:
         if not ready:
             return []
         done, self._pending = self._pending[:ready], self._pending[ready:]
-        tokens = _token_counts(done)
+        counts = token_counts([m.tokens for m in done])
         self._token_tensors = sum(isinstance(t, torch.Tensor) and t.dim() > 0 for m in self._pending for t in m.tokens)
-        out = [self._durations(m, n) for m, n in zip(done, tokens, strict=True)]
+        out = [self._durations(m, n) for m, n in zip(done, counts, strict=True)]
         if self._cheap:  # floats: nothing to give back
             for m in done:
                 self._recycle(m)
@@ -540,73 +540,3 @@ def _pre_sync_wait(m: _Marks, forward: bool, compute: bool, sec: Any) -> float |
             return None
         total += wait
     return total
-
-
-def _grouped_sums(tensors: list[torch.Tensor]) -> list[tuple[list[int], torch.Tensor]]:
-    """Each tensor's token count, as int64 on its own device: a mask's non-zero entries (its sum, for the 0/1 masks
-    tokenizers make), a 0-d tensor's value (a count folded earlier). For each group of tensors of one device, shape and
-    dtype (the micro-batches' masks are mostly one group): their indices and a 1-D tensor of their counts, in that
-    order. One stack and one kernel per group rather than one kernel per tensor, and no copy between host and device,
-    so never a wait for the device (a copy of host data to the device would be one)."""
-    groups: dict[tuple[Any, ...], list[int]] = {}
-    for k, t in enumerate(tensors):
-        groups.setdefault((t.device, t.shape, t.dtype), []).append(k)
-    out = []
-    for indices in groups.values():
-        first = tensors[indices[0]]
-        stacked = torch.stack([tensors[k] for k in indices]) if len(indices) > 1 else first.unsqueeze(0)
-        if first.dim() == 0:
-            counts = stacked.to(torch.int64)
-        else:
-            counts = torch.count_nonzero(stacked.reshape(len(indices), first.numel()), dim=1)
-        out.append((indices, counts))
-    return out
-
-
-def _host_count(t: torch.Tensor) -> int | None:
-    """A host tensor's token count (as :func:`_grouped_sums` counts) through numpy, several times cheaper than a torch
-    operator between the model's kernels; None when numpy cannot read it (a dtype numpy lacks, a tensor that needs
-    its gradient)."""
-    try:
-        array = t.numpy()
-    except (TypeError, RuntimeError):
-        return None
-    return int(array) if array.ndim == 0 else int(numpy.count_nonzero(array))
-
-
-def _token_counts(pending: list[_Marks]) -> list[int]:
-    """Tokens of each step: host tensors (a CPU run's attention masks) counted through numpy; the micro-batch tensors
-    left on the device (masks, or counts folded from them) counted there and read in one copy per device.
-
-    One ``int()`` per micro-batch tensor would be one device-to-host sync each.
-    """
-    counts = [0] * len(pending)
-    held: list[tuple[int, torch.Tensor]] = []
-    for i, m in enumerate(pending):
-        for t in m.tokens:
-            if not isinstance(t, torch.Tensor):
-                counts[i] += int(t)
-                continue
-            n = _host_count(t) if t.device.type == "cpu" else None
-            if n is None:
-                held.append((i, t))
-            else:
-                counts[i] += n
-    if not held:
-        return counts
-    by_device: dict[torch.device, list[tuple[list[int], torch.Tensor]]] = {}
-    for indices, sums in _grouped_sums([t for _, t in held]):
-        by_device.setdefault(sums.device, []).append((indices, sums))
-    for groups in by_device.values():
-        values = (torch.cat([sums for _, sums in groups]) if len(groups) > 1 else groups[0][1]).tolist()
-        for k, value in zip((k for indices, _ in groups for k in indices), values, strict=True):
-            counts[held[k][0]] += value
-    return counts
-    by_device: dict[torch.device, list[tuple[list[int], torch.Tensor]]] = {}
-    for indices, sums in _grouped_sums([t for _, t in held]):
-        by_device.setdefault(sums.device, []).append((indices, sums))
-    for groups in by_device.values():
-        values = (torch.cat([sums for _, sums in groups]) if len(groups) > 1 else groups[0][1]).tolist()
-        for k, value in zip((k for indices, _ in groups for k in indices), values, strict=True):
-            counts[held[k][0]] += value
-    return counts

@@ -135,9 +135,9 @@ def test_cpu_phases_are_exact_sums_over_micro_batches():
 
 def as_if_on_a_device(monkeypatch):
     """The recorder's host-tensor path off: CPU tensors take the device's (counted on the device, read in one copy)."""
-    from hf_distprof.timing import recorder as recorder_module
+    from hf_distprof.timing import tokens
 
-    monkeypatch.setattr(recorder_module, "_host_count", lambda t: None)
+    monkeypatch.setattr(tokens, "host_count", lambda t: None)
 
 
 def test_device_token_counts_are_read_in_one_copy(monkeypatch):
