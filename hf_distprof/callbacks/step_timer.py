@@ -506,14 +506,15 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         # the previous logging step too (persistence across windows); each (kind, rank) is said once.
         self._add_rows(gathered)
         verdict, fresh = self._live_verdict()
-        run = self._report([g["run"] for g in gathered], None, verdict)
-        if run is None:
+        if any(g["run"] is None for g in gathered):
             return
+        # One rank has no peer to be slower than or to hold more memory than: no report over the run to judge then.
+        run = self._report([g["run"] for g in gathered], None, verdict) if len(gathered) > 1 else None
         slow = verdict.rank if verdict is not None and verdict.raised else None
-        if fresh and self._persistent("time", slow):  # held when judged now and when judged before
+        if run is not None and fresh and self._persistent("time", slow):  # held when judged now and before
             self._warn_once("time", run.slowest_rank, step, run.warnings[0])
-        mem_over = run.memory_imbalance_pct is not None and run.memory_imbalance_pct > run.memory_threshold_pct
-        if self._persistent("memory", run.max_memory_rank if mem_over else None):
+        mem_over = run is not None and (run.memory_imbalance_pct or 0.0) > run.memory_threshold_pct  # (threshold >= 0)
+        if run is not None and self._persistent("memory", run.max_memory_rank if mem_over else None):
             warning = memory_warning(run.ranks, run.memory_imbalance_pct or 0.0, run.memory_threshold_pct)
             self._warn_once("memory", run.max_memory_rank or 0, step, warning)
         if self.args.enable_memory_logging:

@@ -278,3 +278,52 @@ def test_growth_watch_asks_about_each_step_of_each_interval_once_starting_after_
     restarted.add(0, 9, 100)
     restarted.add(4, 8, 100)  # another rank: its own first interval, from start
     assert asked == [8, 9, 8]
+
+
+def _judged_afresh(threshold: float, start: int, distorting, samples):
+    """What GrowthWatch.add returned when it judged every sample by a pass over all of them."""
+    steps, values, distorted, raised, out = [], [], [], False, []
+    for step, value in samples:
+        previous = steps[-1] if steps else start
+        distorted.append(distorting is not None and any(distorting(s) for s in range(previous + 1, step + 1)))
+        steps.append(step)
+        values.append(value)
+        verdict = memory_growth(steps, values, threshold, rank=3, what="RSS", distorted=distorted)
+        out.append((verdict if raised else None, verdict))
+        raised = verdict is not None
+    return out
+
+
+def test_the_watch_judges_each_sample_as_a_pass_over_all_of_them_would():
+    """Its running figures rule out growth in constant time; wherever they cannot, the full pass decides: the same
+    verdicts, sample by sample, on random walks (rising, flat, saw-tooth, from zero), with intervals left out, and on
+    growth exactly at the threshold (where a running sum's last bits must not decide)."""
+    import random
+
+    rng = random.Random(7)
+    cases = []
+    for _ in range(400):
+        steps = [0]
+        for _ in range(rng.randint(1, 60)):
+            steps.append(steps[-1] + rng.randint(1, 5))
+        steps = steps[1:]
+        value = rng.choice([0.0, 100.0, 1000.0])
+        drift = rng.choice([(-2, 0, 1, 3), (0, 0.5, 1), (1, 2), (0,), (-1, 1)])
+        samples = []
+        for step in steps:
+            value += rng.choice(drift)
+            samples.append((step, value))
+        cases.append((rng.choice([0.0, 1.0, 5.0, 20.0]), rng.choice([0, 2]),
+                      rng.choice([None, lambda s: s % 7 == 0]), samples))
+    # Exactly at the threshold: 100 MB, then 1.25 MB more at each of 5 samples: the 4 judged intervals add 5%.
+    cases.append((5.0, 0, None, [(10 * (i + 1), 100.0 + 1.25 * i) for i in range(6)]))
+    cases.append((5.0, 0, None, [(10 * (i + 1), 98.75 + 1.25 * i) for i in range(7)]))
+    raised = 0
+    for threshold, start, distorting, samples in cases:
+        watch = GrowthWatch(threshold, "RSS", distorting, start=start)
+        expected = _judged_afresh(threshold, start, distorting, samples)
+        for (step, value), (returned, verdict) in zip(samples, expected, strict=True):
+            got = watch.add(3, step, value)
+            assert got == returned and watch.verdict(3) == verdict, (threshold, samples, step)
+            raised += verdict is not None
+    assert raised > 100  # the walks raise the verdict often enough for the comparison to mean something
