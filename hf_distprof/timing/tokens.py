@@ -54,7 +54,7 @@ def token_counts(steps: list[list[Any]]) -> list[int]:
             if not isinstance(t, torch.Tensor):
                 counts[i] += int(t)
                 continue
-            n = host_count(t) if t.device.type == "cpu" else None
+            n = host_count(t) if t.is_cpu else None
             if n is None:
                 held.append((i, t))
             else:
