@@ -159,13 +159,13 @@ def balanced_orders(n: int) -> list[list[int]]:
 
 
 class _WithoutScalars:
-    """``hf_distprof.tensorboard`` with ``add_scalars`` doing nothing."""
+    """``hf_distprof.tensorboard`` with ``add_scalars`` and ``add_scalar_events`` doing nothing."""
 
     def __init__(self, module: Any) -> None:
         self._module = module
 
     def __getattr__(self, name: str) -> Any:
-        return (lambda *a, **k: None) if name == "add_scalars" else getattr(self._module, name)
+        return (lambda *a, **k: None) if name in ("add_scalars", "add_scalar_events") else getattr(self._module, name)
 
 
 def worker(rounds: int, steps: int, names: list[str], result: Path) -> None:

@@ -17,7 +17,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +98,16 @@ def add_scalars(writer: Any, values: Mapping[str, float], step: int, walltime: f
     file_writer().add_summary(_summary(values), step, walltime)
 
 
+def add_scalar_events(writer: Any, events: Sequence[tuple[Mapping[str, float], int, float | None]]) -> None:
+    """Several :func:`add_scalars` events, ``(values, step, walltime)`` each: in one write to an :class:`EventWriter`'s
+    file (the memory logger publishes its samples since the last gather at once: ten with memory logged every step)."""
+    if isinstance(writer, EventWriter):
+        writer.add_scalar_events(events)
+        return
+    for values, step, walltime in events:
+        add_scalars(writer, values, step, walltime)
+
+
 def _summary(values: Mapping[str, float]) -> Any:
     from tensorboard.compat.proto.summary_pb2 import Summary
 
@@ -175,16 +185,23 @@ class EventWriter:
 
     def add_scalars(self, values: Mapping[str, float], step: int, walltime: float | None = None) -> None:
         """One event holding every ``{tag: value}`` at ``step``, 32-bit values as ``add_scalar`` writes them."""
-        if not values:
-            return
+        self.add_scalar_events([(values, step, walltime)])
+
+    def add_scalar_events(self, events: Sequence[tuple[Mapping[str, float], int, float | None]]) -> None:
+        """One event per ``(values, step, walltime)`` (as :meth:`add_scalars`), all in one write."""
+        records = b"".join(self._record(self._scalar_event(values, step, walltime))
+                           for values, step, walltime in events if values)
+        if records:
+            self._write_records(records)
+
+    def _scalar_event(self, values: Mapping[str, float], step: int, walltime: float | None) -> bytes:
         try:
             parts = [self._tag(tag) + _FLOAT(float(v)) for tag, v in values.items()]
         except OverflowError:  # beyond a 32-bit float: protobuf writes it as an infinity
-            self._add_summary(_summary(values), step, walltime)
-            return
+            return self._summary_event(_summary(values), step, walltime)
         summary = b"".join(parts)
-        self._write(b"\x09" + _DOUBLE(time.time() if walltime is None else float(walltime)) + self._step(step)
-                    + b"\x2a" + _varint(len(summary)) + summary)
+        return (b"\x09" + _DOUBLE(time.time() if walltime is None else float(walltime)) + self._step(step)
+                + b"\x2a" + _varint(len(summary)) + summary)
 
     def add_scalar(self, tag: str, value: float, step: int, walltime: float | None = None) -> None:
         """One value (``SummaryWriter.add_scalar``)."""
@@ -228,20 +245,33 @@ class EventWriter:
         return b"\x10" + _varint(step) if step > 0 else b"" if step == 0 else self._event(step=step).SerializeToString()
 
     def _add_summary(self, summary: Any, step: int | None, walltime: float | None) -> None:
+        self._write_records(self._record(self._summary_event(summary, step, walltime)))
+
+    def _summary_event(self, summary: Any, step: int | None, walltime: float | None) -> bytes:
         event = self._event(summary=summary, wall_time=time.time() if walltime is None else walltime)
         if step is not None:
             event.step = int(step)
-        self._write(event.SerializeToString())
+        return bytes(event.SerializeToString())
+
+    def _record(self, data: bytes) -> bytes:
+        """``data`` framed as a TFRecord: its length, the length's masked CRC-32C, the bytes, their masked CRC-32C."""
+        length = _LENGTH(len(data))
+        return length + _CRC(masked_crc(length, self._crc32c)) + data + _CRC(masked_crc(data, self._crc32c))
 
     def _write(self, data: bytes) -> None:
-        crc = self._crc32c
-        length = _LENGTH(len(data))
-        record = length + _CRC(masked_crc(length, crc)) + data + _CRC(masked_crc(data, crc))
+        self._write_records(self._record(data))
+
+    def _write_records(self, records: bytes) -> None:
         with self._lock:
             if self._fd is None:
                 return
             try:
-                os.write(self._fd, record)
+                view = memoryview(records)
+                while view:  # a regular file takes it whole but on a full disk; still, never half a record
+                    written = os.write(self._fd, view)
+                    if written <= 0:
+                        raise OSError(f"wrote {written} of {len(view)} bytes")
+                    view = view[written:]
             except OSError as err:
                 logger.warning(f"cannot write TensorBoard events to {self.path}: {err!r}; scalars are no longer logged")
                 os.close(self._fd)

@@ -421,13 +421,13 @@ def test_samples_are_gathered_on_logging_steps_only_in_one_collective(tmp_path, 
 
     cb._gather = gather
     published = []  # (sample step, global step when written)
-    real_add = memory.tensorboard.add_scalars
+    real_add = memory.tensorboard.add_scalar_events
 
-    def add_scalars(writer, values, step, walltime=None):
-        published.append((step, max(log_at.step_ends)))
-        real_add(writer, values, step, walltime)
+    def add_scalar_events(writer, events):
+        published.extend((step, max(log_at.step_ends)) for _, step, _ in events)
+        real_add(writer, events)
 
-    monkeypatch.setattr(memory.tensorboard, "add_scalars", add_scalars)
+    monkeypatch.setattr(memory.tensorboard, "add_scalar_events", add_scalar_events)
     log_at = LogAt({5, 10})
     fake_trainer.run([log_at, cb], 11, tmp_path)
     tensorboard.close_writers()

@@ -144,3 +144,37 @@ def test_a_failed_write_is_one_warning_and_the_writer_stops(tmp_path, monkeypatc
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == 1 and "cannot write TensorBoard events to" in messages[0] and "No space left" in messages[0]
     assert events_and_scalars(tmp_path)[1] == {}
+
+
+def test_several_events_go_in_one_write_and_read_back_as_separate_ones(tmp_path, monkeypatch):
+    """The memory logger's samples since its last gather: one event each (its own step and time), one write in all;
+    a SummaryWriter gets them one by one; an event without values is none."""
+    events = [({"memory/rss_mb/rank0": 100.0 + s}, s, 1e9 + s) for s in (1, 2, 3)] + [({}, 4, None)]
+    writer = tensorboard.EventWriter(tmp_path / "ours")
+    writes = []
+    real_write = tensorboard.os.write
+    monkeypatch.setattr(tensorboard.os, "write", lambda fd, data: writes.append(len(data)) or real_write(fd, data))
+    tensorboard.add_scalar_events(writer, events)
+    writer.close()
+    assert len(writes) == 1
+    theirs = SummaryWriter(str(tmp_path / "theirs"))
+    tensorboard.add_scalar_events(theirs, events)
+    theirs.close()
+    expected = {"memory/rss_mb/rank0": [(1, 101.0), (2, 102.0), (3, 103.0)]}
+    assert events_and_scalars(tmp_path / "ours")[1] == events_and_scalars(tmp_path / "theirs")[1] == expected
+    assert [e.wall_time for e in _loaded(tmp_path / "ours")[1][1:]] == [1e9 + 1, 1e9 + 2, 1e9 + 3]
+
+
+def test_a_short_write_is_finished_and_a_write_of_nothing_is_a_failure(tmp_path, monkeypatch, caplog):
+    import logging
+
+    writer = tensorboard.EventWriter(tmp_path)
+    real_write = tensorboard.os.write
+    monkeypatch.setattr(tensorboard.os, "write", lambda fd, data: real_write(fd, bytes(data[:7])))  # 7 bytes a call
+    writer.add_scalars({"a": 1.0}, 1)
+    assert events_and_scalars(tmp_path)[1] == {"a": [(1, 1.0)]}
+    monkeypatch.setattr(tensorboard.os, "write", lambda fd, data: 0)
+    with caplog.at_level(logging.WARNING):
+        writer.add_scalars({"a": 2.0}, 2)  # a write that writes nothing: without the check, a loop forever
+    assert ["wrote 0 of" in r.getMessage() for r in caplog.records] == [True]
+    writer.close()

@@ -272,6 +272,7 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
             return
         in_use = in_use_metric()[0]
         offset = 0
+        events: list[tuple[dict[str, float], int, float]] = []
         for step, measured_at, metrics in layout:
             values = [row[offset : offset + len(metrics)] for row in rows]  # [rank][metric]
             offset += len(metrics)
@@ -291,7 +292,9 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
                 for rank, row in enumerate(values):
                     scalars[f"memory/{metric}/rank{rank}"] = row[i]
                 scalars[f"memory/{metric}/max"] = max(row[i] for row in values)
-            tensorboard.add_scalars(self._writer, scalars, step, measured_at)
+            events.append((scalars, step, measured_at))
+        if events:  # one event per sample, in one write
+            tensorboard.add_scalar_events(self._writer, events)
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
