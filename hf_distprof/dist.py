@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -190,7 +191,7 @@ class PendingJson:
         if self._result is not None:
             return self._result
         if self._gather is None:
-            self._result = [orjson.loads(self._payload)]
+            self._result = [_json_load(self._payload)]
             return self._result
         buffers = [t.numpy().tobytes() for t in self._gather.tensors()]
         lengths = [int.from_bytes(b[:OBJECT_HEADER], "little") for b in buffers]
@@ -198,7 +199,7 @@ class PendingJson:
         if self.max_len > self.cap:
             again = _all_gather_async(_framed(self._payload, self.max_len), "all_gather_json_async (larger)")
             buffers = [t.numpy().tobytes() for t in again.tensors()]
-        self._result = [orjson.loads(b[OBJECT_HEADER:OBJECT_HEADER + n]) for b, n in zip(buffers, lengths, strict=True)]
+        self._result = [_json_load(b[OBJECT_HEADER:OBJECT_HEADER + n]) for b, n in zip(buffers, lengths, strict=True)]
         return self._result
 
     @property
@@ -235,10 +236,29 @@ def _scalar(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
+def _json_bytes(obj: Any) -> bytes:
+    """``obj`` as JSON: orjson's (several times faster), or ``json``'s for what orjson refuses and ``json`` writes (an
+    integer beyond 64 bits, nesting deeper than 254 levels, a lone surrogate)."""
+    try:
+        return orjson.dumps(obj, default=_scalar, option=orjson.OPT_NON_STR_KEYS)
+    except orjson.JSONEncodeError as err:
+        if isinstance(err.__cause__, TypeError):  # what ``_scalar`` refused: json would refuse it too
+            raise
+        return json.dumps(obj, separators=(",", ":"), default=_scalar, allow_nan=False).encode()
+
+
+def _json_load(data: bytes) -> Any:
+    """What :func:`_json_bytes` wrote: orjson reads it, or ``json`` where orjson refuses (a lone surrogate)."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
+
+
 def all_gather_json_async(obj: Any, cap: int = OBJECT_CAP_MIN) -> PendingJson:
     """Start gathering one JSON-serialisable object (dicts, lists, numbers, strings, None; tuples come back as
-    lists, integer keys as strings, a NaN or an infinity as None: strict JSON, encoded by orjson) from every rank, in
-    one collective, without waiting.
+    lists, integer keys as strings, a NaN or an infinity as None, an integer beyond 64 bits as a float: strict JSON,
+    by orjson, or by ``json`` for what orjson refuses) from every rank, in one collective, without waiting.
 
     Each rank sends a buffer of ``cap`` bytes after an 8-byte length (the same size on every rank, as an
     all-gather needs); :meth:`PendingJson.result` decodes them, or, when one did not fit, gathers buffers of
@@ -249,7 +269,7 @@ def all_gather_json_async(obj: Any, cap: int = OBJECT_CAP_MIN) -> PendingJson:
     """
     global _WARNED_JSON
     try:
-        payload = orjson.dumps(obj, default=_scalar, option=orjson.OPT_NON_STR_KEYS)
+        payload = _json_bytes(obj)
     except Exception as err:  # noqa: BLE001  # every rank must still take part (it sends null), whatever failed
         err = err.__cause__ or err  # what ``_scalar`` said, rather than orjson's wrapper of it
         if not _WARNED_JSON:

@@ -188,11 +188,16 @@ class EventWriter:
         self.add_scalar_events([(values, step, walltime)])
 
     def add_scalar_events(self, events: Sequence[tuple[Mapping[str, float], int, float | None]]) -> None:
-        """One event per ``(values, step, walltime)`` (as :meth:`add_scalars`), all in one write."""
-        records = b"".join(self._record(self._scalar_event(values, step, walltime))
-                           for values, step, walltime in events if values)
-        if records:
-            self._write_records(records)
+        """One event per ``(values, step, walltime)`` (as :meth:`add_scalars`), all in one write. An event that cannot
+        be encoded (a value that is no number) raises, after the events before it are written."""
+        records: list[bytes] = []
+        try:
+            for values, step, walltime in events:
+                if values:
+                    records.append(self._record(self._scalar_event(values, step, walltime)))
+        finally:
+            if records:
+                self._write_records(b"".join(records))
 
     def _scalar_event(self, values: Mapping[str, float], step: int, walltime: float | None) -> bytes:
         try:
@@ -223,7 +228,7 @@ class EventWriter:
         """Nothing to do: each event is written when added."""
 
     def close(self) -> None:
-        """Close the file; later events are dropped."""
+        """Close the file; later events are dropped (no file is opened again)."""
         with self._lock:
             fd, self._fd = self._fd, None
         if fd is not None:
@@ -242,7 +247,9 @@ class EventWriter:
 
     def _step(self, step: int | None) -> bytes:
         step = int(step) if step is not None else 0
-        return b"\x10" + _varint(step) if step > 0 else b"" if step == 0 else self._event(step=step).SerializeToString()
+        if 0 < step < 2**63:
+            return b"\x10" + _varint(step)
+        return b"" if step == 0 else bytes(self._event(step=step).SerializeToString())  # (protobuf refuses >= 2**63)
 
     def _add_summary(self, summary: Any, step: int | None, walltime: float | None) -> None:
         self._write_records(self._record(self._summary_event(summary, step, walltime)))
@@ -267,15 +274,18 @@ class EventWriter:
                 return
             try:
                 view = memoryview(records)
-                while view:  # a regular file takes it whole but on a full disk; still, never half a record
+                while view:  # a regular file takes it whole but on a full disk, where the rest fails
                     written = os.write(self._fd, view)
                     if written <= 0:
                         raise OSError(f"wrote {written} of {len(view)} bytes")
                     view = view[written:]
             except OSError as err:
                 logger.warning(f"cannot write TensorBoard events to {self.path}: {err!r}; scalars are no longer logged")
-                os.close(self._fd)
-                self._fd = None
+                fd, self._fd = self._fd, None
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
 
 
 def open_folders() -> list[Path]:

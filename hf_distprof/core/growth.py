@@ -100,7 +100,7 @@ class _Samples:
     """One rank's samples, and running figures over the intervals between them that are not left out (distorted), so
     that most samples are judged without a pass over all of them (:meth:`GrowthWatch.add`)."""
 
-    __slots__ = ("steps", "values", "distorted", "count", "total", "rises", "first", "second_start")
+    __slots__ = ("steps", "values", "distorted", "count", "total", "size", "rises", "first", "second_start")
 
     def __init__(self) -> None:
         self.steps: list[int] = []
@@ -108,6 +108,7 @@ class _Samples:
         self.distorted: list[bool] = []
         self.count = 0  # intervals not left out
         self.total = 0.0  # their deltas' sum
+        self.size = 0.0  # the sum of their sizes (what bounds the running sum's rounding)
         self.rises = 0  # how many rose
         self.first: tuple[int, float] = (0, 0.0)  # the first one's start (a sample's index) and delta
         self.second_start = 0  # the second one's start
@@ -121,6 +122,7 @@ class _Samples:
                 self.second_start = len(self.steps) - 1
             self.count += 1
             self.total += delta
+            self.size += abs(delta)
             self.rises += delta > 0
         self.steps.append(step)
         self.values.append(value_mb)
@@ -128,8 +130,9 @@ class _Samples:
 
     def surely_none(self, threshold_pct: float, min_points: int = 4) -> bool:
         """Whether :func:`memory_growth` is sure to find no growth, from the running figures alone: too few intervals,
-        too few rises, or what they added clearly under the threshold (the running sum may differ from a fresh one in
-        its last bits, so a growth within 1e-6 of the threshold is left to :func:`memory_growth`)."""
+        too few rises, or what they added clearly under the threshold. The running sum may differ from a fresh one by
+        its rounding, at most about (intervals x machine epsilon x the sum of the deltas' sizes): a growth within that
+        (and 1e-6 besides) of the threshold is left to :func:`memory_growth`."""
         start, delta = self.first
         if self.count > min_points - 1:  # the first interval is left out as warm-up
             judged, total, rises = self.count - 1, self.total - delta, self.rises - (delta > 0)
@@ -139,7 +142,8 @@ class _Samples:
         base = self.values[start] if self.count else 0.0
         if judged < min_points - 1 or base <= 0 or rises < 0.75 * judged:
             return True
-        return 100.0 * total / base < threshold_pct - 1e-6
+        rounding = 100.0 * (self.count + 2) * 2.3e-16 * (self.size + abs(delta)) / base
+        return 100.0 * total / base < threshold_pct - 1e-6 - rounding
 
 
 class GrowthWatch:

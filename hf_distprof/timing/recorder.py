@@ -169,7 +169,7 @@ class _Marks:
 
 
 # Device tensors of token counts (attention masks) a recorder holds; past this many they are counted (a small kernel
-# per group, no sync) into 0-d tensors, so that a rare logging step cannot pile up the batches' masks.
+# each, no sync) into 0-d tensors, so that a rare logging step cannot pile up the batches' masks.
 TOKEN_TENSORS_HELD = 32
 
 

@@ -197,3 +197,17 @@ def test_on_gloo_a_gather_started_while_the_profiler_records_is_finished_before_
     pending = dist.all_gather_floats_async([1.0, 2.5])
     # Recording: waited at once (no work of ours outlives the recording, whose stop it could outlive); else in flight.
     assert (waits, pending.done()) == (([1], True) if recording else ([], False))
+
+
+def test_what_orjson_refuses_travels_through_json_and_nan_as_null():
+    """orjson writes the gathered objects; what it refuses and json writes still travels (a lone surrogate, an integer
+    beyond 64 bits, which comes back a float, nesting deeper than orjson's 254 levels); NaN and infinities are null, as
+    strict JSON has neither."""
+    deep: list = []
+    inner = deep
+    for _ in range(300):
+        inner.append([])
+        inner = inner[0]
+    got = dist.all_gather_json_async({"s": "\ud800", "big": 2**64, "deep": deep}).result()[0]
+    assert got["s"] == "\ud800" and got["big"] == float(2**64) and got["deep"] == deep
+    assert dist.all_gather_json_async([float("nan"), float("inf"), -float("inf"), 1.5]).result() == [[None] * 3 + [1.5]]

@@ -537,3 +537,13 @@ def test_a_run_that_raises_still_writes_its_last_samples_as_the_process_exits(tm
     assert proc.returncode == 1 and "CUDA out of memory (a stand-in)" in proc.stderr
     rows = [json.loads(line) for line in (tmp_path / "out" / "r" / "memory_rank0.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]  # never gathered (no logging step), written at exit
+
+
+def test_a_line_with_a_nan_or_an_infinity_is_json_s_and_any_other_orjson_s():
+    import math
+
+    assert memory._line({"step": 1, "rss_mb": 2.5}) == '{"step":1,"rss_mb":2.5}\n'
+    for odd in (float("nan"), float("inf"), -float("inf")):
+        line = memory._line({"step": 1, "params_mb": odd})
+        value = json.loads(line)["params_mb"]
+        assert line.startswith('{"step": 1') and (math.isnan(value) if odd != odd else value == odd)

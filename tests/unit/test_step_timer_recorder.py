@@ -583,9 +583,9 @@ def test_an_abandoned_step_gives_each_of_its_events_back_once():
     assert len(clock._pool) == len({id(e) for e in clock._pool})
 
 
-def test_device_masks_of_several_shapes_and_dtypes_are_counted_per_group_in_one_read(monkeypatch):
-    """Masks of one shape and dtype are stacked and summed together; the groups' sums are still read in one copy, and
-    each step gets its own tokens (empty masks, bool masks and masks padded to other lengths included)."""
+def test_device_masks_of_several_shapes_and_dtypes_are_counted_in_one_read(monkeypatch):
+    """Each mask counted on its device (no copy of the masks), the counts read in one copy, and each step gets its own
+    tokens (empty masks, bool masks and masks padded to other lengths included)."""
     as_if_on_a_device(monkeypatch)
     t = Timeline()
     rec = StepRecorder(FakeCpuClock(t))
@@ -608,7 +608,7 @@ def test_device_masks_of_several_shapes_and_dtypes_are_counted_per_group_in_one_
 
     monkeypatch.setattr(torch.Tensor, "tolist", counting_tolist)
     assert [s.tokens for s in rec.resolve()] == [12, 15, 6, 13]
-    assert reads == [6]  # the six tensors' sums, in one copy (four groups)
+    assert reads == [6]  # the six tensors' counts, in one copy
 
 
 @pytest.mark.parametrize("on_device", [False, True])
@@ -636,4 +636,4 @@ def test_host_masks_are_counted_without_a_torch_operator_and_as_on_a_device(monk
             monkeypatch.setattr(torch, name, counted)
     assert [s.tokens for s in rec.resolve()] == [3, 6, 7, 5]
     if not on_device:
-        assert calls == ["count_nonzero"]  # the bfloat16 mask alone
+        assert calls == ["count_nonzero", "stack"]  # the bfloat16 mask alone

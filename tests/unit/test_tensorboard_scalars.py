@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.tensorboard import SummaryWriter
 
@@ -178,3 +179,13 @@ def test_a_short_write_is_finished_and_a_write_of_nothing_is_a_failure(tmp_path,
         writer.add_scalars({"a": 2.0}, 2)  # a write that writes nothing: without the check, a loop forever
     assert ["wrote 0 of" in r.getMessage() for r in caplog.records] == [True]
     writer.close()
+
+
+def test_an_event_that_cannot_be_encoded_raises_after_the_ones_before_it_are_written(tmp_path):
+    writer = tensorboard.EventWriter(tmp_path)
+    with pytest.raises(TypeError):
+        writer.add_scalar_events([({"a": 1.0}, 1, 1.0), ({"a": None}, 2, None), ({"a": 3.0}, 3, None)])
+    with pytest.raises(ValueError):  # as protobuf refuses a step beyond 64 bits
+        writer.add_scalars({"a": 4.0}, 2**63)
+    writer.close()
+    assert events_and_scalars(tmp_path)[1] == {"a": [(1, 1.0)]}

@@ -28,6 +28,7 @@ logger = dist.get_logger(__name__)
 WARNINGS_TAG = "hf_distprof/warnings"  # the step timer's tag for its live warnings: one place for every warning
 
 _MB = MB
+_INF = float("inf")
 
 
 def read_memory(reset_peaks: bool = False, step: int | None = None) -> dict[str, float]:
@@ -69,8 +70,8 @@ def in_use_metric() -> tuple[str, str]:
 
 def _line(sample: dict[str, Any]) -> str:
     """One ``memory_rank{R}.jsonl`` line: orjson's (several times faster than ``json``'s, cold or not), or ``json``'s
-    where a value is NaN (a model state that could not be sized), which orjson would write as null."""
-    if all(v == v for v in sample.values()):
+    where a value is NaN (a model state that could not be sized) or infinite, which orjson would write as null."""
+    if all(-_INF < v < _INF for v in sample.values()):
         return orjson.dumps(sample).decode() + "\n"
     return json.dumps(sample) + "\n"
 
