@@ -547,3 +547,4 @@ def test_a_line_with_a_nan_or_an_infinity_is_json_s_and_any_other_orjson_s():
         line = memory._line({"step": 1, "params_mb": odd})
         value = json.loads(line)["params_mb"]
         assert line.startswith('{"step": 1') and (math.isnan(value) if odd != odd else value == odd)
+    assert memory._line({"step": 2, "note": "x", "flag": None}) == '{"step":2,"note":"x","flag":null}\n'  # no number

@@ -71,7 +71,7 @@ def in_use_metric() -> tuple[str, str]:
 def _line(sample: dict[str, Any]) -> str:
     """One ``memory_rank{R}.jsonl`` line: orjson's (several times faster than ``json``'s, cold or not), or ``json``'s
     where a value is NaN (a model state that could not be sized) or infinite, which orjson would write as null."""
-    if all(-_INF < v < _INF for v in sample.values()):
+    if all(-_INF < v < _INF for v in sample.values() if isinstance(v, float)):
         return orjson.dumps(sample).decode() + "\n"
     return json.dumps(sample) + "\n"
 
