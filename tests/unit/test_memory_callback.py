@@ -264,6 +264,58 @@ def test_a_model_state_that_cannot_be_sized_is_nan_and_the_metrics_stay_the_same
     assert sum("could not size the model state" in r.getMessage() for r in caplog.records) == 1  # said once
 
 
+def test_a_memory_read_that_raises_is_nan_once_warned_and_the_run_and_its_table_go_on(tmp_path, monkeypatch, caplog):
+    import logging
+    import math
+
+    calls = {"n": 0}
+    real = memory.read_memory
+
+    def flaky(reset_peaks=False, step=None):
+        calls["n"] += 1
+        if step is None and not reset_peaks:  # the end-of-run table
+            raise RuntimeError("allocator gone")
+        if step is None:  # the peaks' reset at train begin
+            return real(reset_peaks=reset_peaks)
+        if calls["n"] in (3, 4):  # the second and third samples
+            raise RuntimeError("allocator gone")
+        return real(reset_peaks=reset_peaks, step=step)
+
+    monkeypatch.setattr(memory, "read_memory", flaky)
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
+    cb = MemoryLoggerCallback(ProfilingArguments(enable_memory_logging=True, memory_log_steps=2,
+                                                 profiler_output_dir=str(tmp_path / "out")))
+    with caplog.at_level(logging.WARNING):
+        fake_trainer.run([cb], 8, tmp_path)  # must not raise
+    tensorboard.close_writers()
+    rows = [json.loads(line) for line in (cb.run_dir / "memory_rank0.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [2, 4, 6, 8]
+    # The same metrics in every sample (the all-gather's lengths agree), nan where the read failed.
+    assert len({tuple(sorted(r)) for r in rows}) == 1
+    assert [math.isnan(r["rss_mb"]) for r in rows] == [False, True, True, False]
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("could not read memory (" in m for m in messages) == 1  # said once while it fails
+    assert sum("could not read memory at the end of training" in m for m in messages) == 1
+    assert math.isnan(cb.summary["per_rank"][0]["rss_mb"])
+
+
+def test_a_publish_that_raises_on_rank_0_is_one_warning_and_the_lines_are_still_written(tmp_path, monkeypatch, caplog):
+    import logging
+
+    def broken(*args, **kwargs):
+        raise ValueError("odd writer")
+
+    monkeypatch.setattr(memory.tensorboard, "add_scalar_events", broken)
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
+    cb = MemoryLoggerCallback(ProfilingArguments(enable_memory_logging=True, memory_log_steps=2,
+                                                 profiler_output_dir=str(tmp_path / "out")))
+    with caplog.at_level(logging.WARNING):
+        fake_trainer.run([cb], 6, tmp_path)  # must not raise
+    tensorboard.close_writers()
+    assert len((cb.run_dir / "memory_rank0.jsonl").read_text().splitlines()) == 3
+    assert sum("could not publish the memory samples" in r.getMessage() for r in caplog.records) == 1
+
+
 class Leak:
     """A callback that keeps ``mb`` MiB more alive at every step (touched, so resident)."""
 

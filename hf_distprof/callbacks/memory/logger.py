@@ -61,6 +61,14 @@ def read_memory(reset_peaks: bool = False, step: int | None = None) -> dict[str,
     return sample
 
 
+def memory_metrics() -> tuple[str, ...]:
+    """The metrics :func:`read_memory` gives in this process (CUDA's when CUDA is available)."""
+    host = ("rss_mb", "vms_mb", "peak_rss_mb")
+    if torch.cuda.is_available():
+        return (*host, "allocated_mb", "reserved_mb", "fragmentation_mb", "peak_allocated_mb")
+    return host
+
+
 def in_use_metric() -> tuple[str, str]:
     """The metric whose steady rise means a leak, and its name for people: CUDA allocated, else RSS."""
     if torch.cuda.is_available():
@@ -152,6 +160,8 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
         # (what the sizes depend on, the model-state sample): reused while that stays the same.
         self._sized: tuple[Any, dict[str, float]] | None = None
         self._size_failed = False  # warned once already
+        self._read_failed = False  # the same, for a memory read that raised
+        self._publish_failed = False  # the same, for publishing a gathered sample
         # rank 0: each rank's MiB in use at each published sample, for the growth verdict.
         self._growth = GrowthWatch(args.memory_growth_threshold_pct, in_use_metric()[1])
         self._warned_growth: set[int] = set()
@@ -214,7 +224,10 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
             self.args.memory_growth_threshold_pct, in_use_metric()[1], traced, start=state.global_step
         )
         # The first window's peak starts now, not at process start (model loading, tokenizer training).
-        read_memory(reset_peaks=True)
+        try:
+            read_memory(reset_peaks=True)
+        except Exception as err:  # noqa: BLE001 - the samples say it again if it keeps failing
+            logger.warning(f"could not reset the memory peaks at the start of training ({err!r})")
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -231,7 +244,15 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
 
     def _sample(self, step: int) -> None:
         measured_at = time.time()
-        sample = {**read_memory(reset_peaks=True, step=step), **self._model_state}
+        try:
+            memory = read_memory(reset_peaks=True, step=step)
+        except Exception as err:  # noqa: BLE001 - a failed read must not stop training, nor the gather after it
+            if not self._read_failed:
+                self._read_failed = True
+                logger.warning(f"step {step}: could not read memory ({err!r}); logged as nan while it fails")
+            # The same metrics as every other rank's sample, so that the gather's lengths agree.
+            memory = dict.fromkeys(memory_metrics(), float("nan"))
+        sample = {**memory, **self._model_state}
         self._model_state = {}
         self._ungathered.append((step, measured_at, sample))
 
@@ -271,6 +292,15 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
         rows = gather.result()
         if dist.get_rank() != 0:
             return
+        try:
+            self._publish(layout, rows)
+        except Exception as err:  # noqa: BLE001 - rank 0's reporting must not stop training
+            if not self._publish_failed:
+                self._publish_failed = True
+                logger.warning(f"could not publish the memory samples ({err!r}); training continues")
+
+    def _publish(self, layout: list[tuple[int, float, list[str]]], rows: list[list[float]]) -> None:
+        """Rank 0: the gathered samples to the growth verdict and TensorBoard."""
         in_use = in_use_metric()[0]
         offset = 0
         events: list[tuple[dict[str, float], int, float]] = []
@@ -314,11 +344,15 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
 
     def _final_table(self, state: TrainerState) -> None:
         """Gather every rank's memory now and its peak over the run; rank 0 prints and writes the table."""
-        sample = read_memory()
-        sample["peak_rss_mb"] = memstats.lifetime_peak_bytes(torch.device("cpu")) / _MB
-        if "peak_allocated_mb" in sample:
-            device = torch.device("cuda", torch.cuda.current_device())
-            sample["peak_allocated_mb"] = memstats.lifetime_peak_bytes(device) / _MB
+        try:
+            sample = read_memory()
+            sample["peak_rss_mb"] = memstats.lifetime_peak_bytes(torch.device("cpu")) / _MB
+            if "peak_allocated_mb" in sample:
+                device = torch.device("cuda", torch.cuda.current_device())
+                sample["peak_allocated_mb"] = memstats.lifetime_peak_bytes(device) / _MB
+        except Exception as err:  # noqa: BLE001 - this rank still joins the gather below, with nan
+            logger.warning(f"could not read memory at the end of training ({err!r}); its row is nan")
+            sample = dict.fromkeys(memory_metrics(), float("nan"))
         row = {"rank": dist.get_rank(), "host": dist.get_hostname(), **sample}
         try:
             rows = dist.all_gather_object(row)  # once, after the last step; every rank reaches train end
