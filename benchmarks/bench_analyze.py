@@ -111,9 +111,9 @@ OURS_CODE = """
 import sys, json
 from hf_distprof.analysis import AnalysisOptions, analyze_paths
 if not WHAT_IF:  # the what-if model off: no timeline in the (forked) workers, no replay in this process
-    import hf_distprof.analysis.api, hf_distprof.analysis.rank.analyze
+    import hf_distprof.analysis.whatif.model, hf_distprof.analysis.rank.analyze
     hf_distprof.analysis.rank.analyze.rank_timeline = lambda *args, **kwargs: None
-    hf_distprof.analysis.api.what_if = lambda *args, **kwargs: None
+    hf_distprof.analysis.whatif.model.what_if = lambda *args, **kwargs: None
 if __name__ == "__main__":  # the worker processes are spawned and re-import this script
     res = analyze_paths([sys.argv[1]], AnalysisOptions(workers=int(sys.argv[3]), progress=False),
                         read_compact=READ_COMPACT)

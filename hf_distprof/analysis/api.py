@@ -15,22 +15,19 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hf_distprof.analysis.across.combine import one_result_per_rank
-from hf_distprof.analysis.across.compare import compare
-from hf_distprof.analysis.judge.findings import judge
 from hf_distprof.analysis.options import AnalysisOptions
 from hf_distprof.analysis.rank.workers import analyze_file, collector_paused, run_all
 from hf_distprof.analysis.read.run import read_run
-from hf_distprof.analysis.results.across import Across, CrossRankResult, ReferencePoint
-from hf_distprof.analysis.results.facts import Judged
 from hf_distprof.analysis.results.rank import FileError, RankResult
-from hf_distprof.analysis.results.result import AnalysisResult
 from hf_distprof.analysis.results.run import RunInput
 from hf_distprof.analysis.results.timer import TimerRecords, TimingSummary
-from hf_distprof.analysis.tell.findings import write_all
-from hf_distprof.analysis.whatif.model import what_if
+
+if TYPE_CHECKING:
+    from hf_distprof.analysis.results.across import Across, CrossRankResult, ReferencePoint
+    from hf_distprof.analysis.results.facts import Judged
+    from hf_distprof.analysis.results.result import AnalysisResult
 
 __all__ = ["analysis_document", "analyze_file", "analyze_paths", "analyze_ranks"]
 
@@ -68,7 +65,9 @@ def analyze_paths(
     options = options or AnalysisOptions()
     with collector_paused():
         run = read_run([paths] if isinstance(paths, (str, os.PathLike)) else paths)
-        outcomes = run_all(run.files, options, read_compact, write_compact)
+        outcomes = run_all(run.files, options, read_compact, write_compact, meanwhile=_later_stages)
+        from hf_distprof.analysis.across.combine import one_result_per_rank
+
         errors = [o for o in outcomes if isinstance(o, FileError)]
         ranks = one_result_per_rank([o for o in outcomes if isinstance(o, RankResult)], errors)
         run.errors = errors + run.errors
@@ -98,8 +97,25 @@ def analyze_ranks(
     return _analyze(ranks, run, options or AnalysisOptions(), reference, None)
 
 
+def _later_stages() -> None:
+    """Import the stages after ``rank``. The worker processes are forked (or spawned) before, so that they start
+    without them; this process imports them while the workers read the traces (about half the package's import)."""
+    import hf_distprof.analysis.across.combine
+    import hf_distprof.analysis.across.compare
+    import hf_distprof.analysis.judge.findings
+    import hf_distprof.analysis.results.result
+    import hf_distprof.analysis.tell.findings
+    import hf_distprof.analysis.whatif.model  # noqa: F401
+
+
 def _analyze(ranks: list[RankResult], run: RunInput, options: AnalysisOptions,
              reference: Sequence[ReferencePoint] | None, reference_file: str | None) -> AnalysisResult:
+    from hf_distprof.analysis.across.compare import compare
+    from hf_distprof.analysis.judge.findings import judge
+    from hf_distprof.analysis.results.result import AnalysisResult
+    from hf_distprof.analysis.tell.findings import write_all
+    from hf_distprof.analysis.whatif.model import what_if
+
     across = compare(ranks, run, reference)
     replay = what_if(ranks, across.alignment, list(reference) if reference else None, across.evidence, across.pace) \
         if ranks else None
@@ -133,6 +149,8 @@ def _analyze(ranks: list[RankResult], run: RunInput, options: AnalysisOptions,
 
 def _cross_rank(ranks: list[RankResult], across: Across, judged: Judged) -> CrossRankResult | None:
     """The cross-rank view ``--json`` shows: the skew's figures and the judge's verdicts."""
+    from hf_distprof.analysis.results.across import CrossRankResult
+
     skew, verdicts = across.skew, judged.verdicts
     if skew is None:
         return None

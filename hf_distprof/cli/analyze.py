@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         0 when at least one rank was analysed, 1 when none could be, 2 on bad options or paths or when the
         report cannot be written.
     """
-    from hf_distprof.analysis import analyze_paths, format_box, format_findings, format_summary
+    from hf_distprof.analysis import analyze_paths  # the words after: imported while the workers read the traces
 
     try:
         options = options_from_args(args)
@@ -147,6 +147,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(result.to_json().decode() + "\n")
     else:
+        from hf_distprof.analysis import format_box, format_findings, format_summary
+
         print(format_findings(result) if args.findings else format_summary(result))
         if result.ranks:
             print("\n" + format_box(result))  # what a person reads first: last, under the tables

@@ -11,7 +11,7 @@ import multiprocessing
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
 
@@ -103,8 +103,13 @@ def collector_paused() -> Iterator[None]:
 
 
 def run_all(
-    files: list[str], options: AnalysisOptions, read_compact: bool = True, write_compact: bool = False
+    files: list[str], options: AnalysisOptions, read_compact: bool = True, write_compact: bool = False,
+    meanwhile: Callable[[], object] | None = None,
 ) -> list[RankResult | FileError]:
+    """Every file read and analysed (:func:`analyze_file`), in worker processes when they pay (:func:`worker_count`).
+
+    ``meanwhile`` runs in this process while the workers work (once they are started; before the first file when
+    the files are read here): what the caller needs next and the workers do not (the later stages' imports)."""
     workers = worker_count(files, options.workers)
     show = options.progress
     if show is None:
@@ -117,6 +122,8 @@ def run_all(
     results: list[RankResult | FileError] = []
     try:
         if workers <= 1 or len(files) == 1:
+            if meanwhile is not None:
+                meanwhile()
             with collector_paused():
                 for path in files:
                     results.append(analyze_file(path, options, read_compact, write_compact))
@@ -126,6 +133,8 @@ def run_all(
             ctx = multiprocessing.get_context(_start_method())
             with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init) as pool:
                 futures = [pool.submit(analyze_file, path, options, read_compact, write_compact) for path in files]
+                if meanwhile is not None:
+                    meanwhile()  # the workers are running (forked at the first submit)
                 for future in as_completed(futures):
                     results.append(future.result())
                     if bar is not None:
