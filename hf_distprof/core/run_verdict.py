@@ -153,7 +153,7 @@ def weigh_with_the_run(
         return _short_window(window, timer_fields, pool_effect), timer_fields is not None
     if timer_fields is None or window.rank is None:
         return window, False
-    below = pool_effect and window.status == QUIET and window.gate in ("threshold", "noise")
+    below = pool_effect and window.status == QUIET and window.gate in ("threshold", "floor", "noise")
     if not (window.raised or (window.status == QUIET and window.gate == "persistence") or below):
         return window, False
     status, rank, p, steps, effect, said = timer_fields

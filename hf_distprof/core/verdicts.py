@@ -80,8 +80,9 @@ class SlowRankVerdict:
     """With 3+ ranks, other ranks that pass the same tests beside the candidate (a late minority)."""
     per_step_excess_pct: list[float] = field(default_factory=list)
     gate: str = ""
-    """Which test kept a ``quiet`` verdict quiet: ``threshold``, ``material``, ``noise``, ``persistence`` or
-    ``stand_out`` (empty when raised, undecided, or nothing to compare)."""
+    """Which test kept a ``quiet`` verdict quiet: ``threshold``, ``floor`` (above the threshold, but by no more than
+    the absolute floor ``min_abs``), ``material``, ``noise``, ``persistence`` or ``stand_out`` (empty when raised,
+    undecided, or nothing to compare)."""
     test: str = "binomial"
     """Which persistence test gave ``p_value``: ``binomial`` (arrival order; with the step timer's records, what
     :func:`hf_distprof.core.run_verdict.across_the_run` or :func:`~hf_distprof.core.run_verdict.follow_the_run` add to
@@ -252,6 +253,8 @@ def judge_slow_rank(
     *,
     scale: Sequence[float] | None = None,
     min_abs: float = 0.0,
+    abs_unit: str = "",
+    abs_floor_is: str = "an excess is noise",
     alpha: float = ALPHA,
     what: str = "its work",
     step_time: Sequence[float] | None = None,
@@ -266,6 +269,8 @@ def judge_slow_rank(
         scale: Per-step denominators (the step time, for lateness). None: the median of the other
             ranks' values in that step (relative excess of work).
         min_abs: The median excess must also be above this, in the values' unit (scheduler noise floor).
+        abs_unit: The values' unit as the reason writes it after a number (" us").
+        abs_floor_is: What an excess under ``min_abs`` is, for the reason ("... below which <this>").
         alpha: See :data:`ALPHA`.
         what: How the evidence names the values ("its pre-sync work", "its arrival at collectives").
         step_time: Per-step step times (same unit as the values): the median excess must also be more than
@@ -293,9 +298,13 @@ def judge_slow_rank(
     base = dict(rank=candidate, effect_pct=effect, threshold_pct=threshold_pct, noise_pct=noise, slowest_in=k,
                 steps=n, ranks=len(ranks), p_value=p, min_steps=need, effect_abs=effect_abs,
                 per_step_excess_pct=excess[candidate], test=test, claim=late)
-    if effect <= threshold_pct or effect_abs <= min_abs:
+    if effect <= threshold_pct:
         return SlowRankVerdict(QUIET, **base, gate="threshold",
                                reason=f"{late}, within the {threshold_pct:g}% threshold")
+    if effect_abs <= min_abs:
+        return SlowRankVerdict(QUIET, **base, gate="floor", reason=(
+            f"{late}, above the {threshold_pct:g}% threshold but by {effect_abs:.4g}{abs_unit}, not more than the "
+            f"{min_abs:g}{abs_unit} below which {abs_floor_is}"))
     if step_time is not None:
         cost = median(100.0 * e / t if t > 0 else 0.0 for e, t in zip(excess_abs[candidate], step_time))
         if cost <= min_step_pct:

@@ -302,3 +302,21 @@ def test_what_to_fix_first_counts_a_rank_s_pace_as_much_as_the_run_shows() -> No
     assert alone.why.endswith("; over the run's 24 judged steps that pace saves 13.0% of the step (the step timer's "
                               "records), the figure that counts")
     assert what_to_fix_first(WhatIf(scenarios=[pace], model=model, critical_path=[]), 15.0) is None
+
+
+def test_a_raised_imbalance_verdict_beside_a_quiet_straggler_one_makes_the_rank_s_pace_count() -> None:
+    # tests/data/gpu_float_ts: rank 2's GPU busy time is 40% over its peers' in 3 of 3 steps (imbalance raised); it
+    # reaches the collectives 0.55 ms late, 18.4% of the step but under --straggler-min-us 1000 (straggler quiet).
+    # The rank-pace savings once read only the straggler verdict and were "no" beside the finding naming rank 2.
+    result = analyze_paths([DATA / "gpu_float_ts"], OPTS)
+    cross = result.cross_rank
+    assert cross is not None
+    straggler, imbalance = cross.straggler_verdict, cross.imbalance_verdict
+    assert (straggler.status, straggler.gate, straggler.rank) == ("quiet", "floor", 2)
+    assert "above the 10% threshold but by 547.5 us, not more than the 1000 us" in straggler.reason
+    assert (imbalance.status, imbalance.rank) == ("raised", 2)
+    model = result.what_if_model
+    assert model is not None and model.slowest_rank == 2 and model.rank_saving_real is True
+    counted = {s.scenario: s.beyond_noise for s in result.what_if}
+    assert counted == {"fastest_pace": True, "slow_rank": True, "hide_communication": True, "no_data_loading": False}
+    assert [f.kind for f in result.findings] == ["slow_rank", "what_to_fix_first"]

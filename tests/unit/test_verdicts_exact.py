@@ -153,10 +153,18 @@ def test_effect_equal_to_the_threshold_is_quiet():
 
 
 def test_effect_abs_equal_to_min_abs_is_quiet():
-    # effect_abs == min_abs (2.0 == 2.0) is under the absolute floor.
+    # effect_abs == min_abs (2.0 == 2.0) is under the absolute floor: above the % threshold, and the reason says so
+    # (it once said "20.0%, within the 10% threshold").
     v = judge_slow_rank({0: [10.0] * 6, 1: [12.0] * 6}, 10.0, min_abs=2.0, what="its pre-sync work")
-    assert (v.status, v.gate, v.effect_abs) == ("quiet", "threshold", 2.0)
-    assert v.reason == "rank 1's its pre-sync work exceeds its peers' by a median 20.0%, within the 10% threshold"
+    assert (v.status, v.gate, v.effect_abs) == ("quiet", "floor", 2.0)
+    assert v.reason == ("rank 1's its pre-sync work exceeds its peers' by a median 20.0%, above the 10% threshold but "
+                        "by 2, not more than the 2 below which an excess is noise")
+    v = judge_slow_rank({0: [10.0] * 6, 1: [12.0] * 6}, 10.0, min_abs=2.0, abs_unit=" us", abs_floor_is="it is noise")
+    assert v.reason.endswith("above the 10% threshold but by 2 us, not more than the 2 us below which it is noise")
+    # Under both the threshold and the floor, the threshold is the reason.
+    v = judge_slow_rank({0: [10.0] * 6, 1: [12.0] * 6}, 30.0, min_abs=5.0)
+    assert (v.gate, v.reason) == ("threshold", "rank 1's its work exceeds its peers' by a median 20.0%, within the 30% "
+                                               "threshold")
 
 
 def test_zero_denominator_gives_zero_excess():

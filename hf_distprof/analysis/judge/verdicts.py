@@ -50,7 +50,9 @@ def judge_ranks(across: Across, summary: TimingSummary, options: AnalysisOptions
     imbalance_window = judge_slow_rank(skew.busy, options.imbalance_pct, what=skew.busy_what,
                                        step_time=skew.busy_step_time)
     straggler_window = judge_slow_rank(skew.lateness, options.straggler_pct, scale=skew.lateness_scale,
-                                       min_abs=options.straggler_min_us, what="arrival at the step's collectives")
+                                       min_abs=options.straggler_min_us, abs_unit=" us",
+                                       abs_floor_is="a late arrival is scheduling noise (--straggler-min-us)",
+                                       what="arrival at the step's collectives")
     if decided(run):
         # The step timer decided over the run: the answer is its; the window is one more sample, stated beside it.
         assert run is not None

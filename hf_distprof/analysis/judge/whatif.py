@@ -41,8 +41,10 @@ def judge_scenarios(answer: WhatIf, verdicts: RankVerdicts, run_evidence: bool) 
     if run_evidence:
         real = bool(verdicts.run_real)
     else:
-        window = verdicts.straggler or verdicts.imbalance
-        real = window is None or (window.raised and window.rank == model.slowest_rank)
+        # Either window verdict raised for the rank replayed makes its excess real (a quiet straggler verdict beside a
+        # raised imbalance one says the rank is not late at the collectives, not that it is not slower).
+        windows = [v for v in (verdicts.straggler, verdicts.imbalance) if v is not None]
+        real = not windows or any(v.raised and v.rank == model.slowest_rank for v in windows)
     judged = []
     for s in answer.scenarios:
         counted = s.saving_ms if s.run_saving_pct is None else min(s.saving_ms, s.step_ms_now * s.run_saving_pct / 100)

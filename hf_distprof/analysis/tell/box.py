@@ -66,6 +66,7 @@ def _slowest(result: AnalysisResult) -> str:
 
 
 _QUIET = {  # why a quiet verdict is quiet, by the gate that kept it so (hf_distprof.core.verdicts)
+    "floor": "too few microseconds to tell from scheduling noise",
     "material": "too small a share of the step to matter",
     "noise": "within the run's noise",
     "persistence": "not the slowest in enough steps",
