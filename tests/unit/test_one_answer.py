@@ -184,3 +184,23 @@ def test_a_rank_pace_saving_counts_as_much_as_the_run_shows(tmp_path: Path) -> N
     assert top.run_saving_pct is not None and top.run_saving_pct > top.saving_pct == top.counted_pct
     first = [f for f in slowed.findings if f.kind == "what_to_fix_first"]
     assert first and first[0].severity == top.saving_pct and "the figure that counts" not in first[0].why
+
+
+@pytest.mark.parametrize(("traces", "top", "slowest"), [
+    ("slow_data", "what_to_fix_first", 1),  # the top finding names ranks 0 and 1: the ones the saving is on
+    ("gpu_float_ts", "slow_rank", 2),
+    ("clean", None, 0),
+])
+def test_the_trackers_slowest_rank_is_the_slow_rank_finding_s_or_the_candidate(traces: str, top: str | None,
+                                                                                slowest: int) -> None:
+    """The headline's ``slowest_rank`` is never a finding's first rank when that finding is not about a slow rank (it
+    once was: ``slow_data``'s top finding, the data-loading saving on ranks 0 and 1, made it 0, against the imbalance
+    verdict's candidate 1)."""
+    from hf_distprof.analysis.tell.tracker import headline
+
+    result = analyze_paths([DATA / traces], OPTS)
+    assert (result.findings[0].kind if result.findings else None) == top
+    cross = result.cross_rank
+    assert cross is not None and cross.imbalance_verdict is not None
+    assert headline(result)["slowest_rank"] == slowest == cross.imbalance_verdict.rank
+    assert headline(result)["predicted_saving"] == (result.what_if[0].title if result.what_if else None)

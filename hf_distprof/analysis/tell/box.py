@@ -77,7 +77,7 @@ _QUIET = {  # why a quiet verdict is quiet, by the gate that kept it so (hf_dist
 
 def _largest_saving(result: AnalysisResult) -> str:
     """The all-clear's "Try": the largest saving the what-if predicts, and why it is not a finding."""
-    top = max(result.what_if, key=lambda s: s.counted_pct) if result.what_if else None
+    top = result.what_if[0] if result.what_if else None  # the judge's order: the saving that counts, largest first
     if top is None or top.counted_pct <= 0:
         return "nothing to fix from these steps; the tables show where each step goes"
     held = f" over the run; {top.saving_pct:.1f}% in the traced steps alone" if top.counted_pct < top.saving_pct else ""
