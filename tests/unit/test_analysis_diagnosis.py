@@ -11,6 +11,7 @@ from tests.unit.analysis_helpers import diagnose
 from hf_distprof.analysis.rank.gpu import gpu_breakdown
 from hf_distprof.analysis.results.findings import Finding
 from hf_distprof.analysis.results.rank import Collective, CommKindStat, CpuBreakdown, RankResult, StepResult
+from hf_distprof.core.verdicts import imbalance_pct
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 # what_if_pct=100: these tests are about diagnose()'s findings; the what-if finding that would open the list is
@@ -341,12 +342,16 @@ def test_imbalance_compares_with_the_median_peer_of_many():
             s.cpu = CpuBreakdown(100_000.0, compute_ms * 1e3, 10_000.0, 0.0, 90_000.0 - compute_ms * 1e3, 20_000.0,
                                  None)
     (imbalance,) = [f for f in diagnose(ranks, OPTS) if f.kind == "imbalance"]
+    # Six peers: their median is the mean of the middle two, 52.5 ms, as the headline's imbalance takes it (90 / 52.5
+    # - 1 = 71.4%); the finding once took the upper one, 53 ms.
     assert imbalance.evidence.startswith(
-        "busy time (GPU: compute kernels; CPU: compute + data loading): rank 6 90.00 ms per step vs 53.00 ms on a "
+        "busy time (GPU: compute kernels; CPU: compute + data loading): rank 6 90.00 ms per step vs 52.50 ms on a "
         "typical peer; "
     )
-    assert imbalance.severity == pytest.approx(37.0)  # (90 - 53) ms of a 100 ms step
-    assert imbalance.numbers["typical_busy_us"] == 53_000.0
+    assert imbalance.severity == pytest.approx(37.5)  # (90 - 52.5) ms of a 100 ms step
+    assert imbalance.numbers["typical_busy_us"] == 52_500.0
+    assert imbalance_pct([50_000.0, 51_000.0, 52_000.0, 53_000.0, 54_000.0, 55_000.0, 90_000.0]) == pytest.approx(
+        100 * (90_000.0 / imbalance.numbers["typical_busy_us"] - 1))
 
 
 def test_fsdp_findings_skip_plain_ranks_and_ranks_without_that_kind():

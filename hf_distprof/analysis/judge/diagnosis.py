@@ -8,6 +8,8 @@ list reads most-costly first; its ``confidence`` says how sure the verdict is.
 
 from __future__ import annotations
 
+from statistics import median
+
 from hf_distprof.analysis.judge import memory
 from hf_distprof.analysis.options import AnalysisOptions
 from hf_distprof.analysis.results.across import Across, RankVerdicts
@@ -248,8 +250,10 @@ def _imbalance(across: Across, verdicts: RankVerdicts) -> list[Judgement]:
         return []
     per_rank = across.skew.per_rank
     busiest = next(p for p in per_rank if p.rank == verdict.rank)
-    others = sorted(p.busy_us for p in per_rank if p.rank != busiest.rank)
-    typical = others[len(others) // 2]
+    # The median of its peers, as the headline's imbalance (hf_distprof.core.verdicts.imbalance_pct) takes it: with an
+    # even number of peers, the mean of the middle two (it was the upper one, so the finding's "vs" figure and the
+    # headline disagreed on 3, 5, 7 ... ranks).
+    typical = median(p.busy_us for p in per_rank if p.rank != busiest.rank)
     step = stats.mean([p.mean_step_us for p in per_rank])
     return [
         Judgement(
