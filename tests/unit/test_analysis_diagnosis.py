@@ -77,7 +77,8 @@ def test_slow_rank1_is_one_chain_and_rank_0s_wait_is_not_communication_bound():
 def test_slow_data_is_data_loading_bound():
     (f,) = findings("slow_data")
     check(f, "data_loading_bound", 37.77276811664502, "Data-loading bound", [0, 1],
-          "fetching the next batch takes 37.8% of step time (median over steps) on 2 of 2 ranks, above the 10% "
+          "fetching the next batch takes 37.8% of step time on 2 of 2 ranks (the mean of those ranks' medians "
+          "over steps), above the 10% "
           "threshold in most steps",
           # A CPU (gloo) run: no pinned memory, which only speeds copies to a GPU.
           "Load data ahead of the step: DataLoader num_workers > 0, persistent_workers=True, "
@@ -173,13 +174,14 @@ def test_an_idle_gpu_of_tiny_kernels_is_low_utilisation_and_launch_bound():
     low, launch = diagnose(tiny, OPTS)
     busy_pct = 100 * 160 / 784
     check(low, "low_utilisation", 100 - busy_pct, "Low GPU utilisation", [0, 1],
-          f"the GPU is busy for {busy_pct:.1f}% of its step span (median over steps) on 2 of 2 ranks (lowest: rank 0 "
-          f"at {busy_pct:.1f}%; threshold 80%)",
+          f"the GPU is busy for {busy_pct:.1f}% of its step span on 2 of 2 ranks (the mean of those ranks' medians "
+          f"over steps; lowest: rank 0 at {busy_pct:.1f}%; threshold 80%)",
           "The GPU waits for the host: look for CPU work, synchronisations (.item(), .cpu(), printing tensors) and "
           "data loading between kernels; increase the batch size or use CUDA graphs.",
           {"gpu_busy_pct": busy_pct}, 1.0)
     check(launch, "launch_bound", (100 - busy_pct) / 2, "Launch-bound: many tiny kernels", [0, 1],
-          f"100% of the 40 kernels per step run under 10 us while the GPU idles {100 - busy_pct:.1f}% of the step",
+          f"100% of the 40 kernels per step run under 10 us while the GPU idles {100 - busy_pct:.1f}% of the step (the "
+          "mean of those ranks' medians over steps)",
           "Fuse small ops (torch.compile, fused optimizers foreach=True/fused=True, fused layer norms), use CUDA "
           "graphs, or raise the batch size so each kernel does more work.",
           {"tiny_kernel_pct": 100.0, "gpu_idle_pct": 100 - busy_pct, "kernels_per_step": 40.0}, 1.0)
@@ -192,7 +194,7 @@ def test_idle_gpu_with_long_kernels_is_low_utilisation_only_and_a_busy_one_is_ne
     (low,) = [f for f in diagnose([gpu_rank(0, 10, 40.0, 1.0), slow], OPTS) if f.kind != "imbalance"]
     assert (low.kind, low.ranks) == ("low_utilisation", [1])
     assert low.numbers == pytest.approx({"gpu_busy_pct": 100 * 160 / 640})
-    assert low.evidence.startswith("the GPU is busy for 25.0% of its step span (median over steps) on 1 of 2 ranks")
+    assert low.evidence.startswith("the GPU is busy for 25.0% of its step span on 1 of 2 ranks (the mean of those")
     # Many tiny kernels on a busy GPU are not launch-bound: the GPU does not wait.
     assert diagnose([gpu_rank(0, 100, 5.0, 0.0)], OPTS) == []
 
@@ -405,7 +407,7 @@ def test_low_utilisation_names_the_lowest_rank_and_launch_bound_looks_past_ranks
         s.gpu = None
     ranks = [no_kernels, gpu_rank(0, 40, 4.0, 16.0), gpu_rank(1, 20, 4.0, 36.0)]
     low, launch = diagnose(ranks, OPTS)
-    assert low.ranks == [0, 1] and "(lowest: rank 1 at 10.5%; threshold 80%)" in low.evidence
+    assert low.ranks == [0, 1] and "; lowest: rank 1 at 10.5%; threshold 80%)" in low.evidence
     assert launch.ranks == [0, 1]
 
 

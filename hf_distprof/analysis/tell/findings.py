@@ -239,8 +239,9 @@ def _low_util(j: Judgement) -> Prose:
     f: LowUtilFacts = j.facts
     return Prose(
         title="Low GPU utilisation",
-        why=(f"the GPU is busy for {f.busy_pct:.1f}% of its step span (median over steps) on {f.low} of {f.ranks} "
-             f"ranks (lowest: rank {f.lowest} at {f.lowest_pct:.1f}%; threshold {f.threshold_pct:g}%)"),
+        why=(f"the GPU is busy for {f.busy_pct:.1f}% of its step span on {f.low} of {f.ranks} ranks (the mean of those "
+             f"ranks' medians over steps; lowest: rank {f.lowest} at {f.lowest_pct:.1f}%; threshold "
+             f"{f.threshold_pct:g}%)"),
         details="",
         action=("The GPU waits for the host: look for CPU work, synchronisations (.item(), .cpu(), printing "
                 "tensors) and data loading between kernels"),
@@ -253,7 +254,7 @@ def _launch_bound(j: Judgement) -> Prose:
     return Prose(
         title="Launch-bound: many tiny kernels",
         why=(f"{f.tiny_pct:.0f}% of the {f.kernels_per_step:.0f} kernels per step run under {f.tiny_kernel_us:g} us "
-             f"while the GPU idles {f.idle_pct:.1f}% of the step"),
+             f"while the GPU idles {f.idle_pct:.1f}% of the step (the mean of those ranks' medians over steps)"),
         details="",
         action=("Fuse small ops (torch.compile, fused optimizers foreach=True/fused=True, fused layer norms), "
                 "use CUDA graphs, or raise the batch size so each kernel does more work"),
@@ -266,8 +267,8 @@ def _data_loading(j: Judgement) -> Prose:
     pin = "pin_memory=True, " if f.gpu else ""  # pinned memory helps copies to a GPU
     return Prose(
         title="Data-loading bound",
-        why=(f"fetching the next batch takes {f.pct:.1f}% of step time (median over steps) on {f.hit} of "
-             f"{f.ranks} ranks, above the {f.threshold_pct:g}% threshold in most steps"),
+        why=(f"fetching the next batch takes {f.pct:.1f}% of step time on {f.hit} of {f.ranks} ranks (the mean of "
+             f"those ranks' medians over steps), above the {f.threshold_pct:g}% threshold in most steps"),
         details="",
         action=(f"Load data ahead of the step: DataLoader num_workers > 0, {pin}persistent_workers=True, "
                 "prefetch_factor"),
