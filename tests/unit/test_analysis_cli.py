@@ -241,3 +241,20 @@ def test_log_to_tensorboard_sends_the_answer_analyze_json_gives(tmp_path, capsys
             scenario["saving_ms"], rel=1e-6)
     text = acc.Tensors("hf_distprof/answer")[-1].tensor_proto.string_val[0].decode()
     assert "Rank 1 holds the others back: its data loading" in text and "| finding | ranks |" in text
+
+
+@pytest.mark.parametrize("steps", [[10], [4, 5, 6, 7]])
+def test_the_report_s_step_axes_tick_whole_steps_even_for_one_step(steps: list[int]) -> None:
+    # One traced step (the shared DLRM set's step 10) once got ticks 9.5, 9.6, ... 10.5: matplotlib's integer
+    # locator gives up on integers when fewer than two fall in view.
+    from hf_distprof.analysis.tell import report
+    from hf_distprof.analysis.tell.plot import pyplot
+
+    plt = pyplot()
+    fig, ax = plt.subplots()
+    report._heatmap(ax, [[1.0] * len(steps)] * 2, [0, 1], steps, "t", "%")
+    fig.canvas.draw()
+    lo, hi = ax.get_xlim()
+    ticks = [t for t in ax.get_xticks() if lo <= t <= hi]
+    assert ticks == [float(s) for s in range(steps[0], steps[-1] + 1)]
+    plt.close(fig)

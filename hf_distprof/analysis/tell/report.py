@@ -52,7 +52,7 @@ def _heatmap(ax, rows: list[list[float]], ranks: list[int], steps: list[int], ti
     image = ax.imshow(rows, aspect="auto", interpolation="nearest", cmap="viridis",
                       extent=(steps[0] - 0.5, steps[-1] + 0.5, len(ranks) - 0.5, -0.5))
     ax.set_title(title, fontsize=9)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
     every = max(1, len(ranks) // 16)
     ax.set_yticks(list(range(0, len(ranks), every)), [str(r) for r in ranks[::every]])
     ax.set_xlabel("step")
@@ -178,7 +178,7 @@ def _steps_plot(result: AnalysisResult, out: Path) -> None:
             label=f"rank {r.rank}",
         )
     ax.set_xlabel("profiler step")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
     ax.set_ylabel("step duration (ms)")
     ax.set_title("Step duration per rank")
     if len(result.ranks) <= 16:
