@@ -419,3 +419,17 @@ def test_launch_bound_from_half_the_kernels_tiny():
         ends = [t + (4.0 if i % 2 else 10.0) for i, t in enumerate(starts)]
         s.gpu = gpu_breakdown(starts, ends, [GEMM] * 40, tiny_kernel_us=10.0)
     assert [f.kind for f in diagnose([rank], OPTS)] == ["low_utilisation", "launch_bound"]
+
+
+def test_a_late_straggler_s_severity_is_its_evidence_s_share_of_the_step():
+    from .test_analysis_cross_rank import rank as cpu_rank_with_collectives
+
+    # Three ranks, rank 2 reaching every collective 20 ms late; the ranks' mean steps differ (100, 100, 160 ms):
+    # the evidence states the lateness of the median rank's 100 ms step, and so does the severity (it took the mean
+    # over ranks, 120 ms: 16.7 against the text's 20.0%).
+    ranks = [cpu_rank_with_collectives(r, late) for r, late in enumerate([0.0, 0.0, 20_000.0])]
+    for s in ranks[2].steps:
+        s.duration_us = 160_000.0
+    (straggler,) = [f for f in diagnose(ranks, OPTS) if f.kind == "straggler"]
+    assert "20.0% of the 100.00 ms step" in straggler.evidence
+    assert straggler.severity == pytest.approx(20.0)

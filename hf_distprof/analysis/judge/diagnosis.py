@@ -214,14 +214,14 @@ def _fsdp_exposed(ranks: list[RankResult], across: Across, kind: str, options: A
 def _stragglers(across: Across, verdicts: RankVerdicts) -> list[Judgement]:
     assert across.skew is not None
     out = []
-    step = stats.mean([p.mean_step_us for p in across.skew.per_rank])
     verdict = verdicts.straggler
     assert verdict is not None
     for s in verdicts.stragglers:
         late = s.reason == "late_collectives" and s.lateness_us is not None
         if late:
             assert s.lateness_us is not None
-            severity = 100.0 * s.lateness_us / step if step else 0.0
+            # Of the step its evidence states it of (the median rank's mean step, Straggler.step_us).
+            severity = 100.0 * s.lateness_us / s.step_us if s.step_us else 0.0
         else:
             severity = s.step_excess_pct or 0.0
         out.append(
