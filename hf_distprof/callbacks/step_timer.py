@@ -366,7 +366,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
     def _row(self, timing: StepTiming) -> dict[str, Any]:
         """One ``timing_rank{R}.jsonl`` line: the timing, what the ranks are compared on (``own_work_s``), and
         whether the step is this timer's warm-up or one the profiler ran over: the analysis judges the same
-        steps on the same figure again (:mod:`hf_distprof.analysis.read.timer_records`)."""
+        steps on the same figure again (:mod:`hf_distprof.analysis.judge.verdicts`)."""
         row = timing.to_json()
         row["own_work_s"] = timing.own_work_s if self._host_timed else timing.pre_sync_s
         row["own_step_s"] = timing.own_step_s if self._host_timed else timing.step_s

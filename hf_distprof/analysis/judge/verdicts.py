@@ -4,7 +4,7 @@ The decisions are :mod:`hf_distprof.core.verdicts`'s, step by step: a rank is na
 in most steps, more often than chance, by more than the threshold and the run's own noise; a window too short to tell
 is "not enough evidence". The step timer's verdict over the run's untraced steps (judged again here from its records,
 with the rule the live timer uses) decides when it reached one (:mod:`hf_distprof.core.run_verdict`); otherwise the
-window's verdict is weighed with it (:func:`hf_distprof.core.verdicts.weigh_with_the_run`).
+window's verdict is weighed with it (:func:`hf_distprof.core.run_verdict.weigh_with_the_run`).
 
 With 3 or more ranks, a rank whose mean step time stands out from the others' (more than ``step_outlier_pct`` above
 the median rank's and more than 3 scaled median absolute deviations) is also named, as a step-time outlier. With 2

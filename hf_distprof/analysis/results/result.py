@@ -42,8 +42,9 @@ class AnalysisResult:
     undecided: list[Undecided] = field(default_factory=list)
     """Questions the run is too short to answer ("not enough evidence"), and findings withheld: never findings."""
     profiler_slowdown: dict[str, Any] | None = None
-    """Steps inside the trace against the run's other steps, from ``timing_rank*.jsonl`` beside the traces
-    (:func:`hf_distprof.core.overhead.profiler_slowdown`); None without them."""
+    """Steps inside the trace against the run's other steps: ``timing_summary.json``'s, else judged from the
+    ``timing_rank*.jsonl`` beside the traces (:func:`hf_distprof.analysis.judge.slowdown.slowdown_of`); None without
+    them."""
     bandwidth: list[BandwidthStat] = field(default_factory=list)
     """Collective bandwidth per kind, group size and message size (empty when no collective has a size)."""
     unsized_collectives: int = 0
