@@ -51,10 +51,11 @@ def by_kind(steps: list[StepResult], collectives: list[Collective], gpu: bool, w
     """Per-kind table of one rank: all_gather, reduce_scatter, all_reduce, then the other kinds summed.
 
     Time is the union of a kind's spans per step (not their sum; with the enqueueing ops, on CPU, that its exposed
-    share holds); exposed time is the kind's share of the step's
-    exposed communication (:func:`hf_distprof.analysis.rank.exposure.share_exposure`), split into the wait for a
-    late peer and the rest (:func:`hf_distprof.analysis.across.align.set_waits`). Percentages are of the step (its GPU span on GPU traces, as HTA's; its wall time on CPU),
-    averaged over steps, so that a rank's rows add up to its exposed communication in the headline.
+    share holds); exposed time is the kind's share of the step's exposed communication
+    (:func:`hf_distprof.analysis.rank.exposure.share_exposure`), split into the wait for a late peer and the rest
+    (:func:`hf_distprof.analysis.across.align.set_waits`). Percentages are of the step (its GPU span on GPU traces, as
+    HTA's; its wall time on CPU), averaged over steps, so that a rank's rows add up to its exposed communication in
+    the headline.
 
     Args:
         steps: The rank's steps.
