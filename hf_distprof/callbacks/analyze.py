@@ -48,10 +48,10 @@ class TraceAnalysisCallback(TrainerCallback):  # type: ignore[misc]
     and the box, writes ``analysis.json``, logs ``analysis/exposed_comm_pct`` and ``analysis/imbalance_pct`` to
     TensorBoard), or when ``report_to`` names a tracker (TensorBoard, W&B, MLflow, Trackio): the answer, ``report.html``
     and the summaries then go into each tracker's run (:mod:`hf_distprof.analysis.tell.tracker`), before the trackers'
-    own callbacks close their runs (ours run first: :mod:`hf_distprof.callbacks.order`). For the trackers alone it waits at
-    most :data:`TRACKER_BUDGET_S`. Every rank first waits at a barrier so that all traces are written (train end only,
-    never in the step loop; the same decision on every rank). With node-local output folders rank 0 sees only its own
-    node's traces. An analysis that fails is one warning.
+    own callbacks close their runs (ours run first: :mod:`hf_distprof.callbacks.order`). For the trackers alone it waits
+    at most :data:`TRACKER_BUDGET_S`. Every rank first waits at a barrier so that all traces are written (train end
+    only, never in the step loop; the same decision on every rank). With node-local output folders rank 0 sees only its
+    own node's traces. An analysis that fails is one warning.
 
     Args:
         args: The profiling flags.
