@@ -433,3 +433,25 @@ def test_a_late_straggler_s_severity_is_its_evidence_s_share_of_the_step():
     (straggler,) = [f for f in diagnose(ranks, OPTS) if f.kind == "straggler"]
     assert "20.0% of the 100.00 ms step" in straggler.evidence
     assert straggler.severity == pytest.approx(20.0)
+
+
+@pytest.mark.parametrize("began_late_us", [0.0, 23_000.0, 28_000.0])
+def test_a_straggler_that_began_the_step_late_is_told_from_one_late_in_its_work(began_late_us: float):
+    from .test_analysis_cross_rank import rank as cpu_rank_with_collectives
+
+    # Rank 1 reaches each step's first collective 30 ms late. With its step begun 28 ms after rank 0's (at least 80% of
+    # its lateness), the delay arose before the step; begun 23 ms late (77%) or on time, it arose in its work.
+    ranks = [cpu_rank_with_collectives(r, late) for r, late in enumerate([0.0, 30_000.0])]
+    for s in ranks[1].steps:
+        s.start_us += began_late_us
+        s.duration_us -= began_late_us
+    (straggler,) = [f for f in diagnose(ranks, OPTS) if f.kind == "straggler"]
+    if began_late_us >= 0.8 * 30_000.0:
+        assert "; rank 1 began the step 28.00 ms after the earliest rank (its lateness at the collectives: 30.00 ms): " \
+               "its delay arose before the step began (after the previous step's last collective), not in its work " \
+               "in the step; " in straggler.evidence
+        assert straggler.recommendation.startswith("Look at what rank 1 does between steps that its peers do not (the "
+                                                   "optimizer step, logging, evaluation, checkpointing, callbacks")
+    else:
+        assert "began the step" not in straggler.evidence
+        assert straggler.recommendation.startswith("Look at what rank 1 does before its first collective")

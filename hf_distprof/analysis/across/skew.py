@@ -50,6 +50,7 @@ def skew(ranks: list[RankResult], alignment: Alignment, timer: TimerFigures) -> 
         first = min(aligned.values())
         for rank, start in aligned.items():
             per_step[rank][step] = max(per_step[rank].get(step, 0.0), start - first)
+    lag = start_lag(ranks, alignment, common_steps(per_step))
     per_rank = [
         RankSkew(
             rank=r.rank,
@@ -60,6 +61,7 @@ def skew(ranks: list[RankResult], alignment: Alignment, timer: TimerFigures) -> 
             clock_offset_us=alignment.offsets.get(r.rank, 0.0),
             lateness_steps=sorted(per_step[r.rank]),
             lateness_per_step_us=[per_step[r.rank][s] for s in sorted(per_step[r.rank])],
+            start_lag_us=lag.get(r.rank),
         )
         for r in ranks
     ]
@@ -90,6 +92,16 @@ def skew(ranks: list[RankResult], alignment: Alignment, timer: TimerFigures) -> 
         busy_step_time=step_time,
         busy_is_own_work=own,
     )
+
+
+def start_lag(ranks: list[RankResult], alignment: Alignment, steps: list[int]) -> dict[int, float]:
+    """rank -> how much later than the earliest rank it began the step, on the aligned clocks, median over ``steps``
+    (those with a collective matched on every rank); {} without such a step or a rank that lacks one of them."""
+    starts = {r.rank: {s.step: s.start_us - alignment.offsets.get(r.rank, 0.0) for s in r.steps} for r in ranks}
+    if not steps or any(step not in mine for mine in starts.values() for step in steps):
+        return {}
+    first = {step: min(mine[step] for mine in starts.values()) for step in steps}
+    return {rank: median(mine[step] - first[step] for step in steps) for rank, mine in starts.items()}
 
 
 def less_cpu_wait(

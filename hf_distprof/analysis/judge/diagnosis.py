@@ -12,10 +12,11 @@ from statistics import median
 
 from hf_distprof.analysis.judge import memory
 from hf_distprof.analysis.options import AnalysisOptions
-from hf_distprof.analysis.results.across import Across, RankVerdicts
+from hf_distprof.analysis.results.across import Across, RankSkew, RankVerdicts
 from hf_distprof.analysis.results.facts import (
     CommBoundFacts,
     DataLoadingFacts,
+    EnteredLate,
     FsdpFacts,
     ImbalanceFacts,
     LateShare,
@@ -118,6 +119,20 @@ def _comm_bound(ranks: list[RankResult], across: Across, options: AnalysisOption
     ]
 
 
+ENTERED_LATE_SHARE = 0.8
+"""A late rank entered the step late when it began the step at least this share of its lateness at the collectives
+after the earliest rank: what holds its peers back then happened before the step began."""
+
+
+def entered_late(p: RankSkew) -> EnteredLate | None:
+    """``p`` as a rank whose lateness at the step's collectives arose before the step began; None when it is not late,
+    or most of its lateness arose in the step (its work there: data loading, forward, backward)."""
+    late, lag = p.lateness_us, p.start_lag_us
+    if late is None or lag is None or late <= 0 or lag < ENTERED_LATE_SHARE * late:
+        return None
+    return EnteredLate(p.rank, lag, late)
+
+
 def _waiting_for_peers(ranks: list[RankResult], across: Across, verdicts: RankVerdicts,
                        options: AnalysisOptions) -> list[Judgement]:
     """Ranks that wait for late peers for more than ``comm_bound_pct`` of the step (median over steps, in most
@@ -135,9 +150,12 @@ def _waiting_for_peers(ranks: list[RankResult], across: Across, verdicts: RankVe
         return []
     mean = stats.mean([stats.mean(pct) for pct in shares.values()])
     worst = max(hit, key=lambda rank: judged[rank].median_pct)
+    whom = [(p.peer, p.pct) for p in across.late_peers[worst][:3]]
+    skews = {p.rank: p for p in across.skew.per_rank} if across.skew is not None else {}
+    late_entries = [entered_late(skews[peer]) if peer in skews else None for peer, _ in whom]
     facts = WaitingFacts(mean_pct=mean, worst=worst, worst_median_pct=judged[worst].median_pct,
-                         steps=judged[worst].steps, threshold_pct=options.comm_bound_pct,
-                         whom=[(p.peer, p.pct) for p in across.late_peers[worst][:3]])
+                         steps=judged[worst].steps, threshold_pct=options.comm_bound_pct, whom=whom,
+                         entered_late=[e for e in late_entries if e is not None])
     return [
         Judgement(
             kind="waiting_for_peers",
@@ -216,6 +234,7 @@ def _stragglers(across: Across, verdicts: RankVerdicts) -> list[Judgement]:
     out = []
     verdict = verdicts.straggler
     assert verdict is not None
+    skews = {p.rank: p for p in across.skew.per_rank}
     for s in verdicts.stragglers:
         late = s.reason == "late_collectives" and s.lateness_us is not None
         if late:
@@ -229,7 +248,8 @@ def _stragglers(across: Across, verdicts: RankVerdicts) -> list[Judgement]:
                 kind="straggler",
                 severity=severity,
                 ranks=[s.rank],
-                facts=StragglerFacts(s, verdict, verdicts.straggler_basis, across.skew.matched_collectives),
+                facts=StragglerFacts(s, verdict, verdicts.straggler_basis, across.skew.matched_collectives,
+                                     entered_late=entered_late(skews[s.rank]) if late and s.rank in skews else None),
                 basis=_finding_basis(verdicts.straggler_basis) if late else TRACE,
                 steps=verdict.steps if late else None,
                 numbers={

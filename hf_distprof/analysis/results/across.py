@@ -137,6 +137,10 @@ class RankSkew:
     """The steps with a matched collective, in order."""
     lateness_per_step_us: list[float] = field(default_factory=list)
     """The rank's latest arrival after the earliest rank in each of ``lateness_steps``."""
+    start_lag_us: float | None = None
+    """How much later than the earliest rank this rank began the step, on the aligned clocks, median over the steps
+    of ``lateness_steps`` that every rank traced: the part of its lateness that arose before the step began (in the
+    previous step's tail, after its last collective). None without such a step."""
 
 @dataclass
 class StepSpread:

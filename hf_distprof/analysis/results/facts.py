@@ -73,6 +73,21 @@ class WaitingFacts:
     threshold_pct: float
     whom: list[tuple[int, float]]
     """The worst rank's peers it waits for, (peer, % of its step), longest first, at most 3."""
+    entered_late: list[EnteredLate] = field(default_factory=list)
+    """Those of ``whom`` whose lateness arose before the step began (:class:`EnteredLate`), in ``whom``'s order."""
+
+
+@dataclass
+class EnteredLate:
+    """A late rank that began the step about as late as it reached the collectives: its delay arose before the step
+    began (after the previous step's last collective), not in its work in the step (the judge decides it:
+    :func:`hf_distprof.analysis.judge.diagnosis.entered_late`)."""
+
+    rank: int
+    start_lag_us: float
+    """How much later than the earliest rank it began the step (median over steps)."""
+    lateness_us: float
+    """How much later than the earliest rank it reached the step's collectives (median over steps)."""
 
 
 @dataclass
@@ -100,6 +115,8 @@ class StragglerFacts:
     """Collectives matched across the ranks."""
     waits: PeerWaits | None = None
     """Who waits for it, when the slow rank's chain does not stand in for this finding."""
+    entered_late: EnteredLate | None = None
+    """A late straggler whose lateness arose before the step began; None otherwise."""
 
 
 @dataclass

@@ -15,6 +15,7 @@ from hf_distprof.analysis.results.facts import (
     ChainFacts,
     CommBoundFacts,
     DataLoadingFacts,
+    EnteredLate,
     FixFirstFacts,
     FsdpFacts,
     ImbalanceFacts,
@@ -112,19 +113,43 @@ def _comm_bound(j: Judgement) -> Prose:
     )
 
 
+def entered_late_sentence(late: list[EnteredLate]) -> str:
+    """Where late ranks' lateness arose: before the step began ("rank 7 began the step 7.51 ms after the earliest rank
+    (its lateness at the collectives: 7.62 ms): its delay arose before the step began ...")."""
+
+    def listed(items: list[str]) -> str:
+        return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+    one = len(late) == 1
+    whose = "its" if one else "their"
+    lags = listed([f"{e.start_lag_us / 1e3:.2f}" for e in late])
+    lateness = listed([f"{e.lateness_us / 1e3:.2f}" for e in late])
+    return (f"rank{'' if one else 's'} {listed([str(e.rank) for e in late])} began the step {lags} ms after the "
+            f"earliest rank ({whose} lateness at the collectives: {lateness} ms): {whose} delay arose before the step "
+            f"began (after the previous step's last collective), not in {whose} work in the step")
+
+
+_BETWEEN_STEPS = ("the optimizer step, logging, evaluation, checkpointing, callbacks: what runs after a step's last "
+                  "collective")
+
+
 def _waiting(j: Judgement) -> Prose:
     f: WaitingFacts = j.facts
     whom = ", ".join(f"rank {p} {pct:.1f}%" for p, pct in f.whom)
+    late = f"; {entered_late_sentence(f.entered_late)}" if f.entered_late else ""
+    between = bool(f.whom) and len(f.entered_late) == len(f.whom)  # every late peer shown began its steps late
+    look = (f"look at what the late ranks do between steps that their peers do not ({_BETWEEN_STEPS}) in the merged "
+            "trace (hf-distprof merge)" if between else
+            "compare the late ranks' steps with a peer's in the merged trace (hf-distprof merge)")
     return Prose(
         title="Ranks wait for late peers",
         why=(f"the ranks wait at collectives for a peer that arrives later for {f.mean_pct:.1f}% of step time on "
              f"average (rank {f.worst}: {f.worst_median_pct:.1f}%, median over {f.steps} "
              f"step{'s' if f.steps != 1 else ''}; threshold {f.threshold_pct:g}%)"),
-        details=(f"; rank {f.worst} waits for {whom} of its step; no verdict names a slow rank (see the straggler and "
-                 "imbalance verdicts)"),
-        action=("This is the ranks' skew, not the network: compare the late ranks' steps with a peer's in the merged "
-                "trace (hf-distprof merge), trace more steps (or keep the step timer on) so that the verdicts can "
-                "name a rank, and give every rank the same work"),
+        details=(f"; rank {f.worst} waits for {whom} of its step{late}; no verdict names a slow rank (see the "
+                 "straggler and imbalance verdicts)"),
+        action=(f"This is the ranks' skew, not the network: {look}, trace more steps (or keep the step timer on) so "
+                "that the verdicts can name a rank, and give every rank the same work"),
         more=".",
     )
 
@@ -200,14 +225,18 @@ def _straggler(j: Judgement) -> Prose:
         shown = f.basis == STEP_TIMER and s.comm_wait_us > s.peer_wait_us
         unseen = (", which the traced window does not show (there this rank waited longer than its peers): the "
                   "run's untraced steps carry the verdict") if shown else ""
+        late = f"; {entered_late_sentence([f.entered_late])}" if f.entered_late is not None else ""
+        action = (f"Look at what rank {s.rank} does between steps that its peers do not ({_BETWEEN_STEPS}), or a "
+                  "slower host" if f.entered_late is not None else
+                  f"Look at what rank {s.rank} does before its first collective that its peers do not: uneven data "
+                  "(sequence lengths, batch sizes), extra work on that rank (logging, eval, checkpointing), a slower "
+                  "device or a busy host")
         return Prose(
             title=f"Straggler: rank {s.rank}",
             why=why,
             details=(f"; its exposed communication is {s.comm_wait_us / 1e3:.2f} ms per step against its peers' "
-                     f"{s.peer_wait_us / 1e3:.2f} ms; {_why_named(f)}{unseen}{waits}"),
-            action=(f"Look at what rank {s.rank} does before its first collective that its peers do not: uneven data "
-                    "(sequence lengths, batch sizes), extra work on that rank (logging, eval, checkpointing), a slower "
-                    "device or a busy host"),
+                     f"{s.peer_wait_us / 1e3:.2f} ms{late}; {_why_named(f)}{unseen}{waits}"),
+            action=action,
             more=(". Open the merged trace (hf-distprof merge) and compare the forward/backward of that rank with a "
                   "peer."),
         )
