@@ -447,9 +447,10 @@ def test_a_straggler_that_began_the_step_late_is_told_from_one_late_in_its_work(
         s.duration_us -= began_late_us
     (straggler,) = [f for f in diagnose(ranks, OPTS) if f.kind == "straggler"]
     if began_late_us >= 0.8 * 30_000.0:
-        assert "; rank 1 began the step 28.00 ms after the earliest rank (its lateness at the collectives: 30.00 ms): " \
-               "its delay arose before the step began (after the previous step's last collective), not in its work " \
-               "in the step; " in straggler.evidence
+        said = ("; rank 1 began the step 28.00 ms after the earliest rank (its lateness at the collectives: 30.00 ms): "
+                "its delay arose before the step began (after the previous step's last collective), not in its work in "
+                "the step; ")
+        assert said in straggler.evidence
         assert straggler.recommendation.startswith("Look at what rank 1 does between steps that its peers do not (the "
                                                    "optimizer step, logging, evaluation, checkpointing, callbacks")
     else:
