@@ -191,3 +191,13 @@ def test_the_analysis_package_imports_nothing_eagerly_and_a_reader_loads_no_judg
             "'hf_distprof.analysis.api', 'matplotlib'))))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_analysis_front_imports_the_later_stages_only_while_the_workers_run():
+    # api.analyze_paths forks its worker processes before it imports across/, whatif/, judge/ and tell/ (it imports them
+    # while the workers read the traces): imported at api's top, they would be imported before the fork, in series.
+    code = ("import sys, hf_distprof.analysis.api; "
+            "print(sorted({m.split('.')[2] for m in sys.modules if m.startswith(('hf_distprof.analysis.judge', "
+            "'hf_distprof.analysis.tell', 'hf_distprof.analysis.across', 'hf_distprof.analysis.whatif'))}))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
