@@ -91,8 +91,10 @@ def _comm_bound(ranks: list[RankResult], across: Across, options: AnalysisOption
     overlap = [s.gpu.comm_comp_overlap_pct for s in worst.steps if s.gpu and s.gpu.comm_comp_overlap_pct is not None]
     late = []
     for r in hit:
-        waited = r.exposed_comm_pct - transfer[r.rank]
-        peers = sorted({p for row in r.comm_by_kind for p in row.waited_for})
+        # The one account of the wait per late peer (across.comm.rank_waits), as the text's "late-peer wait" line.
+        waits = across.late_peers.get(r.rank, [])
+        waited = sum(p.pct for p in waits)
+        peers = sorted(p.peer for p in waits)
         if waited >= 0.05 and peers:
             late.append(LateShare(r.rank, r.exposed_comm_pct, waited, peers))
     exposed = stats.mean([r.exposed_comm_pct for r in ranks])
