@@ -41,6 +41,25 @@ STALE_TEMP_AGE_S = 3600.0
 DEAD_WRITER_AGE_S = 60.0
 
 
+def _umask() -> int:
+    """The process's umask: ``/proc/self/status``'s (Linux 4.7+), else set and put back (at import, in one thread)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_FILE_MODE = 0o666 & ~_umask()
+"""The mode an ``open()`` would give a new file here. ``mkstemp`` makes its files 0600; renamed into place they would
+keep it, and colleagues who can read the run folder (a shared output folder) could not read the traces."""
+
+
 _WRITER = re.compile(r"\.~(?P<pid>\d+)@(?P<host>[^~/]+)~[^~/]*" + re.escape(TEMP_MARK))
 
 
@@ -58,6 +77,10 @@ def atomic_path(final: Path, suffix: str = "") -> Iterator[Path]:
         writer = f"~{os.getpid()}@{get_hostname()}~"
         fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.{writer}", suffix=f"{TEMP_MARK}{suffix}",
                                         dir=final.parent)
+        try:
+            os.fchmod(fd, _FILE_MODE)  # as open() would make it (mkstemp's is 0600)
+        except OSError:  # a file system without modes: its own
+            pass
         os.close(fd)
         tmp = Path(tmp_name)
         try:

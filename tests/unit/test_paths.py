@@ -48,6 +48,21 @@ def test_atomic_path_keeps_the_writer_suffix(tmp_path):
     assert (tmp_path / "t.pt.trace.json.gz").read_bytes() == b"x"
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_an_atomic_write_has_the_mode_open_gives_not_mkstemp_s(tmp_path, umask):
+    # A run folder on a shared disk: the traces, summaries and analysis, written through a temporary file, were 0600
+    # (mkstemp's) while the jsonl files beside them were 0644; colleagues could read the one and not the other.
+    import subprocess
+    import sys
+
+    code = (f"import os; os.umask({umask}); from pathlib import Path; from hf_distprof import paths; "
+            f"paths.atomic_write_text(Path({str(tmp_path)!r}) / 'a.json', '{{}}'); "
+            f"open({str(tmp_path)!r} + '/b.jsonl', 'w').close()")
+    subprocess.run([sys.executable, "-c", code], check=True)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in tmp_path.iterdir()}
+    assert modes == {"a.json": 0o666 & ~umask, "b.jsonl": 0o666 & ~umask}
+
+
 def test_each_run_folder_gets_this_ranks_log(tmp_path, monkeypatch):
     import logging
     import socket
