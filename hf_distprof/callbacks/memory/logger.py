@@ -48,7 +48,9 @@ def read_memory(reset_peaks: bool = False, step: int | None = None) -> dict[str,
     """
     sample = memstats.host_memory()
     peak = memstats.window_peak_bytes if reset_peaks else memstats.current_peak_bytes
-    sample["peak_rss_mb"] = peak(torch.device("cpu")) / _MB
+    # The kernel's peak (getrusage) can trail the resident size just read (/proc/self/statm: its counters are
+    # summed from per-CPU caches at different times): a peak is never below the value it peaks over.
+    sample["peak_rss_mb"] = max(peak(torch.device("cpu")) / _MB, sample["rss_mb"])
     if torch.cuda.is_available():
         device = torch.device("cuda", torch.cuda.current_device())
         # One raw read of the allocator's counters: memory_allocated, memory_reserved and max_memory_allocated
@@ -346,7 +348,7 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
         """Gather every rank's memory now and its peak over the run; rank 0 prints and writes the table."""
         try:
             sample = read_memory()
-            sample["peak_rss_mb"] = memstats.lifetime_peak_bytes(torch.device("cpu")) / _MB
+            sample["peak_rss_mb"] = max(memstats.lifetime_peak_bytes(torch.device("cpu")) / _MB, sample["rss_mb"])
             if "peak_allocated_mb" in sample:
                 device = torch.device("cuda", torch.cuda.current_device())
                 sample["peak_allocated_mb"] = memstats.lifetime_peak_bytes(device) / _MB
