@@ -35,8 +35,8 @@ class MemoryGrowth:
     def message(self) -> str:
         """The warning a user reads."""
         return (
-            f"rank {self.rank}: {self.what} grows {self.rate_mb_per_step:.1f} MB per step "
-            f"({self.first_mb:.0f} -> {self.last_mb:.0f} MB, +{self.growth_pct:.1f}% from step {self.first_step} "
+            f"rank {self.rank}: {self.what} grows {self.rate_mb_per_step:.1f} MiB per step "
+            f"({self.first_mb:.0f} -> {self.last_mb:.0f} MiB, +{self.growth_pct:.1f}% from step {self.first_step} "
             f"to {self.last_step}; rose in {self.rises} of {self.intervals} logging intervals; threshold "
             f"{self.threshold_pct:g}%): look for tensors kept across steps (losses appended to a list without "
             ".item(), caches, hooks holding activations)"

@@ -392,10 +392,11 @@ def test_memory_summary_names_the_rank_that_peaks_highest():
     summary = memory.memory_summary(rows, ProfilingArguments(), 50, [])
     assert summary["highest_peak_rank"] == 1 and summary["peak_imbalance_pct"] == pytest.approx(50.0)
     assert summary["peak_over_threshold"] is True
-    assert summary["peak_warning"].startswith("Peak memory imbalance 50.0% > 20% (peak_rss_mb): rank 1 peaks at 150 MB")
+    assert summary["peak_warning"].startswith(
+        "Peak memory imbalance 50.0% > 20% (peak_rss_mb): rank 1 peaks at 150 MiB vs 96 MiB on rank 3")
     table = memory.format_memory_table(summary, "t").splitlines()
     assert table[1].split() == ["rank", "host", "RSS", "peak", "RSS"]
-    assert table[3].endswith("<- highest peak") and "150 MB" in table[3]
+    assert table[3].split() == ["1", "h", "100", "MiB", "150", "MiB", "<-", "highest", "peak"]
     even = [{**r, "peak_rss_mb": 100.0 + r["rank"]} for r in rows]
     balanced = memory.memory_summary(even, ProfilingArguments(), 50, [])
     assert balanced["peak_over_threshold"] is False and balanced["peak_warning"] is None

@@ -400,7 +400,7 @@ def test_memory_growth_is_warned_about_once_per_rank(tmp_path, caplog):
     # Samples at steps 5, 9, 13, 17, 21, 25e6 bytes a step: raised at step 17 (4 samples), said at step 21,
     # when it held twice in a row; by then the first interval is left out as warm-up.
     assert len(growth) == 2 and growth[0].startswith(
-        "[RANK 0] step 21: rank 0: process RSS grows 23.8 MB per step (1049 -> 1335 MB, +27.3% from step 9 to 21; "
+        "[RANK 0] step 21: rank 0: process RSS grows 23.8 MiB per step (1049 -> 1335 MiB, +27.3% from step 9 to 21; "
         "rose in 3 of 3 logging intervals; threshold 20%)"
     )
     assert cb._growth(1).rank == 1 and cb._growth(1).rate_mb_per_step == pytest.approx(25e6 / 2**20)

@@ -135,7 +135,7 @@ def test_memory_growth_needs_a_steady_rise():
     out = memory_growth(steps, [100, 110, 120, 130], 20.0, rank=3, what="process RSS")  # +30%, rose 3 of 3
     assert out is not None and (out.rank, out.first_step, out.last_step, out.rises, out.intervals) == (3, 10, 40, 3, 3)
     assert out.rate_mb_per_step == pytest.approx(1.0) and out.growth_pct == pytest.approx(30.0)
-    assert out.message.startswith("rank 3: process RSS grows 1.0 MB per step (100 -> 130 MB, +30.0% from step 10")
+    assert out.message.startswith("rank 3: process RSS grows 1.0 MiB per step (100 -> 130 MiB, +30.0% from step 10")
     assert out.to_json()["message"] == out.message
     assert memory_growth(steps, [100, 130, 100, 130], 20.0) is None  # up and down
     assert memory_growth(steps, [100, 101, 102, 103], 20.0) is None  # +3%

@@ -130,7 +130,7 @@ def test_memory_growth_every_field_and_the_message_with_the_defaults():
         last_mb=130.0, rises=3, intervals=3, threshold_pct=20.0, what="memory",
     )
     assert out.message == (
-        "rank 0: memory grows 1.0 MB per step (100 -> 130 MB, +30.0% from step 0 to 30; rose in 3 of 3 logging "
+        "rank 0: memory grows 1.0 MiB per step (100 -> 130 MiB, +30.0% from step 0 to 30; rose in 3 of 3 logging "
         "intervals; threshold 20%): " + ADVICE
     )
 

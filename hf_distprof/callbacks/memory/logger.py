@@ -406,7 +406,7 @@ def memory_summary(
     threshold = args.memory_imbalance_threshold_pct
     warning = (
         f"Peak memory imbalance {imbalance:.1f}% > {threshold:g}% ({basis}): rank {rows[highest]['rank']} peaks at "
-        f"{peaks[highest]:.0f} MB vs {peaks[lowest]:.0f} MB on rank {rows[lowest]['rank']}: look for work only "
+        f"{peaks[highest]:.0f} MiB vs {peaks[lowest]:.0f} MiB on rank {rows[lowest]['rank']}: look for work only "
         "that rank does (logging, evaluation, checkpointing on rank 0) or uneven batches"
     )
     return {
@@ -437,7 +437,7 @@ def format_memory_table(summary: dict[str, Any], title: str) -> str:
     lines = [title, f"{'rank':>5}  {'host':<16}" + "".join(f"{name:>12}" for _, name in columns)]
     for r in rows:
         mark = "  <- highest peak" if r["rank"] == summary["highest_peak_rank"] and len(rows) > 1 else ""
-        cells = "".join(f"{float(r[key]):>9.0f} MB" for key, _ in columns)
+        cells = "".join(f"{float(r[key]):>8.0f} MiB" for key, _ in columns)
         lines.append(f"{r['rank']:>5}  {str(r['host'])[:16]:<16}{cells}{mark}")
     lines.append(
         f"peak imbalance ({summary['peak_basis']}): {summary['peak_imbalance_pct']:.1f}% "
