@@ -106,6 +106,19 @@ class SlowRankVerdict:
         return asdict(self)
 
 
+QUIET_WHY = {
+    "threshold": "under the threshold",
+    "floor": "too few microseconds to tell from scheduling noise",
+    "material": "too small a share of the step to matter",
+    "noise": "within the run's noise",
+    "persistence": "not the slowest in enough steps",
+    "stand_out": "not standing out from the other ranks",
+    "outside": "slow in the traced window only",
+}
+"""Why a quiet verdict is quiet, by the gate that kept it so (:attr:`SlowRankVerdict.gate`), in a few words: what the
+step timer's table and the analysis's box say beside the slowest rank."""
+
+
 def min_steps(ranks: int, alpha: float = ALPHA) -> int:
     """Fewest steps in which "slowest in every step" is below ``alpha`` for ``ranks`` ranks."""
     if ranks < 2:

@@ -15,12 +15,13 @@ import dataclasses
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from statistics import median
 from typing import Any
 
 from hf_distprof.core.advice import phase_advice
 from hf_distprof.core.cause import Attribution, attribute_rows, cause_action, cause_why
 from hf_distprof.core.overhead import ProfilerSlowdown, profiler_slowdown
-from hf_distprof.core.verdicts import KEPT_CELLS, SlowRankVerdict, imbalance_pct, judge_run
+from hf_distprof.core.verdicts import KEPT_CELLS, QUIET_WHY, SlowRankVerdict, imbalance_pct, judge_run
 from hf_distprof.timing.recorder import StepTiming
 
 # Mean phases carried per rank; the optional ones are None when not measured on some step.
@@ -288,9 +289,10 @@ def cross_rank_report(
     warnings: list[str] = []
     if len(ranks) > 1 and verdict is not None and verdict.raised:
         others = [p for r, p in zip(ranks, pre) if r.rank != slow.rank]
-        typical = sorted(others)[len(others) // 2]
+        typical = median(others)  # as imbalance_pct takes it: with an even count, the mean of the middle two
         advice = phase_advice(phase, on_gpu)
-        why = (f"Most of the difference is in {phase} (+{excess:.4f}s per step): rank {slow.rank}: {advice}."
+        named = PHASE_NAMES.get(phase, phase)
+        why = (f"Most of the difference is in {named} (+{excess:.4f}s per step): rank {slow.rank}: {advice}."
                if cause is None or cause.rank != slow.rank else
                f"Rank {slow.rank}: {cause_why(cause)}. Rank {slow.rank}: {cause_action(cause, on_gpu, advice)}.")
         warnings.append(
@@ -493,6 +495,28 @@ def unresolved_note(comm: dict[str, Any]) -> str:
             "or on a quieter machine")
 
 
+PHASE_NAMES = {"data": "data", "forward": "forward", "backward": "backward compute"}
+"""The pre-sync phases as the table names them (``slowest_phase`` compares backward compute, the column in brackets)."""
+
+
+def verdict_line(verdict: dict[str, Any] | None, threshold_pct: float) -> str:
+    """The slow-rank verdict in one table line, so that a mean imbalance above the threshold with no warning says why
+    ("quiet: rank 1 +18.1%, not the slowest in enough steps"); empty without a verdict naming a rank."""
+    if not verdict or verdict.get("rank") is None:
+        return ""
+    head = (f"slow-rank verdict over {verdict.get('steps', 0)} steps (each rank's own work before the gradient sync, "
+            f"step by step): ")
+    effect = f"rank {verdict['rank']} {float(verdict.get('effect_pct') or 0.0):+.1f}% (median excess)"
+    status = verdict.get("status")
+    if status == "raised":
+        return f"{head}raised, {effect}: the warning follows in the log"
+    if status != "quiet":
+        return f"{head}not decided, {effect}: too few steps to tell a slow rank from chance"
+    gate = str(verdict.get("gate") or "")
+    why = f"under the {threshold_pct:g}% threshold" if gate == "threshold" else QUIET_WHY.get(gate, "quiet")
+    return f"{head}quiet, {effect}: {why}"
+
+
 def _cell(value: float | None, width: int, fmt: str = ".4f") -> str:
     return ("n/a" if value is None else format(value, fmt)).rjust(width)
 
@@ -520,17 +544,20 @@ def format_table(report: CrossRankReport, comm: dict[str, Any] | None = None, ti
             row += "  <- slowest"
         lines.append(row)
     lines.append(
-        f"step time mean/min/max: {report.step_mean_s:.4f} / {report.step_min_s:.4f} / "
+        f"step time (the ranks' means) mean/min/max: {report.step_mean_s:.4f} / {report.step_min_s:.4f} / "
         f"{report.step_max_s:.4f} s; "
-        f"imbalance (pre-sync): {report.imbalance_pct:.1f}% (threshold {report.time_threshold_pct:g}%), "
-        f"slowest rank {report.slowest_rank} ({report.slowest_phase})"
+        f"imbalance (mean pre-sync): {report.imbalance_pct:.1f}% (threshold {report.time_threshold_pct:g}%), "
+        f"slowest rank {report.slowest_rank} ({PHASE_NAMES.get(report.slowest_phase, report.slowest_phase)})"
     )
+    said = verdict_line(report.imbalance_verdict, report.time_threshold_pct) if len(report.ranks) > 1 else ""
+    if said:
+        lines.append(said)
     waits = [r.cpu_wait_s for r in report.ranks]
     if all(w is not None for w in waits):
         lines.append(
             "waiting for a CPU (run queue, before the optimizer): "
             + ", ".join(f"rank {r.rank} {r.cpu_wait_s:.4f}s" for r in report.ranks)
-            + " per step; ranks are compared on pre-sync less this wait"
+            + " per step; the verdict compares the ranks' pre-sync less the part of this wait inside it"
         )
     mem = "n/a" if report.memory_imbalance_pct is None else f"{report.memory_imbalance_pct:.1f}%"
     lines.append(f"peak memory imbalance: {mem} (threshold {report.memory_threshold_pct:g}%)")

@@ -166,8 +166,8 @@ def test_a_profiler_that_costs_little_raises_nothing(tmp_path: Path) -> None:
     _timing_logs(tmp_path, slow=1.1)
     result = analyze_paths([tmp_path / "rank-0.json.gz", tmp_path / "rank-1.json.gz"], AnalysisOptions(workers=1))
     assert result.profiler_slowdown["ratio"] == pytest.approx(1.1) and result.findings == []
-    assert ("Profiler slowdown: traced steps 1.10x the 7 untraced steps after the window's start (the run's own "
-            "noise 0.0%); below 1.25x") in format_findings(result)
+    assert ("Profiler slowdown: the 6 steps under the profiler (its warm-up and recorded steps) 1.10x the 7 untraced "
+            "steps after the window's start (the run's own noise 0.0%); below 1.25x") in format_findings(result)
 
 
 def test_rank_findings_of_a_distorted_window_against_a_quiet_timer_are_withheld(tmp_path: Path) -> None:

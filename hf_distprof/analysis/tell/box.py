@@ -13,6 +13,11 @@ import textwrap
 
 from hf_distprof.analysis.results.findings import Finding
 from hf_distprof.analysis.results.result import AnalysisResult
+from hf_distprof.core.verdicts import QUIET_WHY
+
+NO_FINDING = "nothing crosses its threshold in most steps, beyond the run's own noise"
+"""What a run without a finding is told (the box, the text, the report, the trackers): a threshold crossed on the mean
+but not in enough steps, or within the noise, is no finding."""
 
 WIDTH = 100
 """Characters per line, borders included."""
@@ -49,7 +54,7 @@ def _fields(result: AnalysisResult) -> list[tuple[str, str]]:
     verdicts = (("straggler", cross.straggler_verdict), ("imbalance", cross.imbalance_verdict)) if cross else ()
     quiet = [f"{name} {v.status}" for name, v in verdicts if v is not None]
     slowest = _slowest(result)
-    return [("Verdict", "no finding: nothing crosses its threshold beyond the run's own noise"),
+    return [("Verdict", f"no finding: {NO_FINDING}"),
             ("Why", figures + (f"; verdicts: {', '.join(quiet)}" if quiet else "") + slowest),
             ("Try", _largest_saving(result))]
 
@@ -61,18 +66,10 @@ def _slowest(result: AnalysisResult) -> str:
     v = cross.imbalance_verdict if cross is not None else None
     if v is None or v.rank is None or v.raised:
         return ""
-    why = _QUIET.get(v.gate, "no verdict") if v.gate != "threshold" else f"under the {v.threshold_pct:g}% threshold"
+    why = QUIET_WHY.get(v.gate, "no verdict") if v.gate != "threshold" else f"under the {v.threshold_pct:g}% threshold"
     return f"; slowest rank {v.rank} ({v.effect_pct:+.1f}%, {why})"
 
 
-_QUIET = {  # why a quiet verdict is quiet, by the gate that kept it so (hf_distprof.core.verdicts)
-    "floor": "too few microseconds to tell from scheduling noise",
-    "material": "too small a share of the step to matter",
-    "noise": "within the run's noise",
-    "persistence": "not the slowest in enough steps",
-    "stand_out": "not standing out from the other ranks",
-    "outside": "slow in the traced window only",
-}
 
 
 def _largest_saving(result: AnalysisResult) -> str:

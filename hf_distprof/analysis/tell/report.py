@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from hf_distprof.analysis.results.result import AnalysisResult
-from hf_distprof.analysis.tell.box import format_box
+from hf_distprof.analysis.tell.box import NO_FINDING, format_box
 from hf_distprof.analysis.tell.document import (
     Blank,
     Block,
@@ -229,7 +229,7 @@ def _document(result: AnalysisResult, images: list[str]) -> list[Block]:
         Blank(),
     ]
     if not result.findings:
-        blocks.append(para("No finding: no threshold crossed beyond the run's own noise."))
+        blocks.append(para(f"No finding: {NO_FINDING}."))
     for i, f in enumerate(result.findings, 1):
         who = f" (ranks {', '.join(map(str, f.ranks))})" if f.ranks else ""
         sure = f", confidence {f.confidence:.2f}" if f.confidence is not None else ""

@@ -7,6 +7,7 @@ from typing import Any
 from hf_distprof.analysis.results.across import BandwidthStat
 from hf_distprof.analysis.results.rank import CommKindStat, DeviceMemory, RankResult
 from hf_distprof.analysis.results.result import AnalysisResult
+from hf_distprof.analysis.tell.box import NO_FINDING
 from hf_distprof.analysis.tell.run import format_run
 from hf_distprof.analysis.tell.whatif import what_if_lines
 from hf_distprof.core.text import format_bytes
@@ -48,7 +49,7 @@ def _findings_lines(result: AnalysisResult) -> list[str]:
         f"load imbalance {result.imbalance_pct:.1f}% ({len(result.ranks)} rank(s))"
     ]
     if not result.findings:
-        lines.append("No finding: no threshold crossed beyond the run's own noise.")
+        lines.append(f"No finding: {NO_FINDING}.")
     for i, f in enumerate(result.findings, 1):
         who = f" (ranks {', '.join(map(str, f.ranks))})" if f.ranks else ""
         sure = f" [confidence {f.confidence:.2f}]" if f.confidence is not None else ""
@@ -73,12 +74,15 @@ def _slowdown_lines(slowdown: dict[str, Any] | None) -> list[str]:
     known = isinstance(noise, (int, float))  # older summaries have no noise (and compared with the steps before)
     before = slowdown.get("steps_before") or 0
     around = (f"the {slowdown.get('steps_after', 0)} untraced steps after the window's start"
-              + (f" (the {before} before it, the run's warm-up, left out)" if before else "")
+              + (f" (the {before} before it left out: a run's first steps run slower)" if before else "")
               if known else "the other steps")
     within = (f", within the run's own noise of {noise:.1f}%" if isinstance(noise, (int, float))
               and abs(100.0 * (ratio - 1.0)) <= noise else
               f" (the run's own noise {noise:.1f}%)" if isinstance(noise, (int, float)) else "")
-    return [f"Profiler slowdown: traced steps {ratio:.2f}x {around}{within}; below {slowdown['threshold_ratio']:g}x"]
+    inside = slowdown.get("steps_inside")
+    traced = (f"the {inside} steps under the profiler (its warm-up and recorded steps)" if isinstance(inside, int)
+              else "traced steps")
+    return [f"Profiler slowdown: {traced} {ratio:.2f}x {around}{within}; below {slowdown['threshold_ratio']:g}x"]
 
 
 def _rank_rows(rank: RankResult) -> list[str]:
