@@ -226,7 +226,7 @@ def test_the_summary_and_the_report_show_it(slow_loader: AnalysisResult, tmp_pat
             "      -      0.006          yes") in text
     assert ("exposed communication hidden (transfers fully overlapped)     27.05     0.00     1.48      -2.00      6.9"
             "      -      0.001          yes") in text
-    assert "Critical path of step 1 (the median step; 29.05 ms, ranks 1):" in text
+    assert "Critical path of step 1 (the median step; 29.05 ms, rank 1):" in text
     assert "       0.00 ms  rank 1    phase      data_loading                         21.00 ms" in text
     write_report(slow_loader, tmp_path / "rep")
     assert (tmp_path / "rep" / CRITICAL_PATH_PNG).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

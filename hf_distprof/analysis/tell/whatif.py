@@ -65,8 +65,9 @@ def critical_path_lines(result: AnalysisResult, rows: int = PATH_ROWS) -> list[s
     if model is None or not path:
         return []
     total = sum(seg.ms for seg in path)
-    out = [f"Critical path of step {model.median_step} (the median step; {total:.2f} ms, ranks "
-           f"{' -> '.join(_ranks_in_order(result))}):"]
+    order = _ranks_in_order(result)
+    out = [f"Critical path of step {model.median_step} (the median step; {total:.2f} ms, rank"
+           f"{'s' if len(order) > 1 else ''} {' -> '.join(order)}):"]
     for seg in path[:rows]:
         out.append(f"  {seg.start_ms:>9.2f} ms  rank {seg.rank:<4} {seg.kind:<10} {seg.name:<32} {seg.ms:>9.2f} ms")
     if len(path) > rows:
