@@ -111,7 +111,11 @@ def where_to_look(run_dirs: list[Path], tensorboard_dirs: list[Path], profiling:
             lines.append(f"  open https://ui.perfetto.dev and drag in a trace from {first}")
             lines.append(f"  pip install torch-tb-profiler && tensorboard --logdir {first.parent}")
         lines.append(f"  hf-distprof analyze {first}               # where the step time goes")
-        lines.append(f"  hf-distprof analyze {first} --report {first / 'report'}   # Markdown/HTML with plots")
+        written = first / "report" / "report.html"  # written for the trackers (report_to) at train end
+        if written.is_file():
+            lines.append(f"  open {written}   # the report, with plots (already written)")
+        else:
+            lines.append(f"  hf-distprof analyze {first} --report {first / 'report'}   # Markdown/HTML with plots")
     lines.append("=" * 78)
     return "\n".join(lines)
 

@@ -39,6 +39,16 @@ def test_the_block_names_each_trace_summary_and_the_commands(tmp_path):
     ]
 
 
+def test_a_report_already_written_for_the_trackers_is_named_not_written_again(tmp_path):
+    # The run's report (written at train end when report_to names a tracker): named; the --report line would
+    # overwrite it.
+    (tmp_path / "report").mkdir()
+    (tmp_path / "report" / "report.html").write_text("<html>")
+    lines = where_to_look([tmp_path], [], profiling=True).splitlines()
+    assert f"  open {tmp_path / 'report' / 'report.html'}   # the report, with plots (already written)" in lines
+    assert not [line for line in lines if "--report" in line]
+
+
 def test_without_traces_or_tensorboard_only_what_exists_is_named(tmp_path):
     lines = where_to_look([tmp_path], [], profiling=False).splitlines()
     assert f"  run folder: {tmp_path}  (0 trace(s))" in lines
