@@ -174,7 +174,7 @@ def test_a_rank_pace_saving_counts_as_much_as_the_run_shows(tmp_path: Path) -> N
     box = " ".join(" ".join(line.strip("|").split()) for line in format_box(result).splitlines())
     assert (f"rank 1 at its peers' median pace (2.0% of the step over the run; {pace['slow_rank'].saving_pct:.1f}% in "
             "the traced steps alone), is within the run's noise" in box
-            and "slowest rank 1 (+4.0%, under the 10% threshold)" in box), box
+            and "slowest rank 1 (+4.0% median excess per step, under the 10% threshold)" in box), box
     text = format_summary(result)
     assert "run%" in text and f"{pace['slow_rank'].saving_pct:>8.1f} {over_run:>6.1f}" in text
     # A run that bears the window out: the replay's figure is the smaller, and counts.

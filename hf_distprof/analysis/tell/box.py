@@ -46,7 +46,8 @@ def _fields(result: AnalysisResult) -> list[tuple[str, str]]:
     waits = sum(row.wait_pct for row in result.comm_by_kind)
     figures = (f"exposed communication {result.exposed_comm_pct:.1f}% of the step"
                + (f" ({waits:.1f}% of the step: late-peer wait)" if waits >= 0.05 else "")
-               + (f", load imbalance {result.imbalance_pct:.1f}%" if cross is not None else ""))
+               + (f", load imbalance {result.imbalance_pct:.1f}% (busy time, traced steps)"
+                  if cross is not None else ""))
     if result.undecided:
         first = result.undecided[0]
         return [("Verdict", "not enough evidence for a slow-rank verdict"), ("Why", first.why or first.reason),
@@ -60,14 +61,15 @@ def _fields(result: AnalysisResult) -> list[tuple[str, str]]:
 
 
 def _slowest(result: AnalysisResult) -> str:
-    """"; slowest rank 1 (+4.3% own work, under the 10% threshold)": the slow-rank verdict's candidate, which the
-    step timer's table and the what-if name too."""
+    """"; slowest rank 1 (+4.3% median excess per step, under the 10% threshold)": the slow-rank verdict's candidate,
+    which the step timer's table and the what-if name too; its figure is the verdict's (step by step, over the run when
+    the step timer's records decide), not the headline's load imbalance of the traced steps' mean busy time."""
     cross = result.cross_rank
     v = cross.imbalance_verdict if cross is not None else None
     if v is None or v.rank is None or v.raised:
         return ""
     why = QUIET_WHY.get(v.gate, "no verdict") if v.gate != "threshold" else f"under the {v.threshold_pct:g}% threshold"
-    return f"; slowest rank {v.rank} ({v.effect_pct:+.1f}%, {why})"
+    return f"; slowest rank {v.rank} ({v.effect_pct:+.1f}% median excess per step, {why})"
 
 
 
