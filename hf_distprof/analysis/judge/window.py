@@ -4,6 +4,7 @@ untraced ones, step by step."""
 
 from __future__ import annotations
 
+from statistics import median
 from typing import Any
 
 from hf_distprof.analysis.results.across import RankVerdicts, TimerFigures
@@ -27,12 +28,14 @@ def window_notes(verdicts: RankVerdicts, timer: TimerFigures, traced: set[int],
     ref = slowdown.get("median_step_s_reference") if slowdown else None
     untraced = 1e3 * float(ref) if isinstance(ref, (int, float)) else None
     noise = slowdown.get("noise_pct") if slowdown else None
+    noise_pct = float(noise) if isinstance(noise, (int, float)) else None
+    ratio = median(steps) / untraced if steps and untraced else None
+    beyond = ratio is not None and noise_pct is not None and abs(100.0 * (ratio - 1.0)) > noise_pct
     out = []
     for question, final, window, basis in (
             ("straggler", verdicts.straggler, verdicts.straggler_window, verdicts.straggler_basis),
             ("imbalance", verdicts.imbalance, verdicts.imbalance_window, verdicts.imbalance_basis)):
         if final is None or window is None or basis != STEP_TIMER or agrees(window, final):
             continue
-        out.append(WindowFacts(question, window, final, steps, untraced,
-                               float(noise) if isinstance(noise, (int, float)) else None))
+        out.append(WindowFacts(question, window, final, steps, untraced, noise_pct, ratio, beyond))
     return out

@@ -246,6 +246,10 @@ class WindowFacts:
     traced_step_ms: list[float]
     untraced_step_ms: float | None
     noise_pct: float | None
+    ratio: float | None = None
+    """The traced steps' median over the untraced median; None without both."""
+    beyond_noise: bool = False
+    """Whether ``ratio`` is further from 1 than the run's own noise (the judge's decision)."""
 
 
 @dataclass

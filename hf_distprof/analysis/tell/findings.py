@@ -9,7 +9,6 @@ A finding has one prose pair: ``why`` (the measurement that makes it a finding, 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from statistics import median
 
 from hf_distprof.analysis.results.facts import (
     ChainFacts,
@@ -502,11 +501,10 @@ def window_note(w: WindowFacts) -> WindowNote:
     said = (f"rank {final.rank} is slow across the run" if final.raised
             else f"no rank is slow across the run ({final.claim or final.status})")
     distortion = ""
-    if steps and untraced:
-        ratio = median(steps) / untraced
+    if w.ratio is not None and untraced:
         distortion = (f"; its steps took {', '.join(f'{t:.0f}' for t in steps)} ms against a median {untraced:.0f} "
-                      f"ms untraced ({ratio:.2f}x)")
-        if w.noise_pct is not None and abs(100.0 * (ratio - 1.0)) > w.noise_pct:
+                      f"ms untraced ({w.ratio:.2f}x)")
+        if w.beyond_noise:
             distortion += ", beyond the run's own noise: the profiler's cost and the host's load weigh on them"
     text = (f"The traced window alone says otherwise ({w.question}): {window.reason}; over the run's "
             f"{final.steps} untraced steps the step timer says {said}, and the verdict follows the run" + distortion)
