@@ -501,20 +501,22 @@ PHASE_NAMES = {"data": "data", "forward": "forward", "backward": "backward compu
 
 def verdict_line(verdict: dict[str, Any] | None, threshold_pct: float) -> str:
     """The slow-rank verdict in one table line, so that a mean imbalance above the threshold with no warning says why
-    ("quiet: rank 1 +18.1%, not the slowest in enough steps"); empty without a verdict naming a rank."""
+    ("quiet: rank 1's pre-sync work (...) exceeds its peers' by a median 18.1%: not the slowest in enough steps");
+    empty without a verdict naming a rank. The claim is the verdict's own: it names what it compared (own work, or
+    pre-sync time with the wait for a CPU when own work named no rank)."""
     if not verdict or verdict.get("rank") is None:
         return ""
-    head = (f"slow-rank verdict over {verdict.get('steps', 0)} steps (each rank's own work before the gradient sync, "
-            f"step by step): ")
-    effect = f"rank {verdict['rank']} {float(verdict.get('effect_pct') or 0.0):+.1f}% (median excess)"
+    claim = verdict.get("claim") or (f"rank {verdict['rank']}'s excess is a median "
+                                     f"{float(verdict.get('effect_pct') or 0.0):.1f}%")
+    head = f"slow-rank verdict over {verdict.get('steps', 0)} steps: "
     status = verdict.get("status")
     if status == "raised":
-        return f"{head}raised, {effect}: the warning follows in the log"
+        return f"{head}raised: {claim}: the warning follows in the log"
     if status != "quiet":
-        return f"{head}not decided, {effect}: too few steps to tell a slow rank from chance"
+        return f"{head}not decided: {claim}: too few steps to tell a slow rank from chance"
     gate = str(verdict.get("gate") or "")
     why = f"under the {threshold_pct:g}% threshold" if gate == "threshold" else QUIET_WHY.get(gate, "quiet")
-    return f"{head}quiet, {effect}: {why}"
+    return f"{head}quiet: {claim}: {why}"
 
 
 def _cell(value: float | None, width: int, fmt: str = ".4f") -> str:
@@ -557,7 +559,8 @@ def format_table(report: CrossRankReport, comm: dict[str, Any] | None = None, ti
         lines.append(
             "waiting for a CPU (run queue, before the optimizer): "
             + ", ".join(f"rank {r.rank} {r.cpu_wait_s:.4f}s" for r in report.ranks)
-            + " per step; the verdict compares the ranks' pre-sync less the part of this wait inside it"
+            + " per step; the verdict weighs pre-sync less the part of this wait inside it, then with it (a rank only"
+            " this wait makes late is named with its machine as the cause)"
         )
     mem = "n/a" if report.memory_imbalance_pct is None else f"{report.memory_imbalance_pct:.1f}%"
     lines.append(f"peak memory imbalance: {mem} (threshold {report.memory_threshold_pct:g}%)")

@@ -88,7 +88,8 @@ def test_the_table_says_how_long_each_rank_waited_for_a_cpu_when_every_rank_meas
     r0.cpu_wait_s, r1.cpu_wait_s = 0.0625, 0.003
     lines = format_table(cross_rank_report([r0, r1])).splitlines()
     assert lines[5] == ("waiting for a CPU (run queue, before the optimizer): rank 0 0.0625s, rank 1 0.0030s per "
-                        "step; the verdict compares the ranks' pre-sync less the part of this wait inside it")
+                        "step; the verdict weighs pre-sync less the part of this wait inside it, then with it (a rank "
+                        "only this wait makes late is named with its machine as the cause)")
     r1.cpu_wait_s = None  # not known on one rank: no line
     assert not any("waiting for a CPU" in line for line in format_table(cross_rank_report([r0, r1])).splitlines())
 
@@ -162,12 +163,10 @@ def test_step_series_judges_materiality_against_the_step_less_the_wait_for_a_cpu
 
 @pytest.mark.parametrize(("per_step", "said"), [
     # Slowest in 17 of 24 steps by ~18%: over the 10% threshold on the mean, but not persistent (p = 0.032 >= 0.02).
-    ({0: [1.0] * 24, 1: [1.18] * 17 + [0.99] * 7}, "quiet, rank 1 +18.0% (median excess): not the slowest in enough "
-                                                    "steps"),
-    ({0: [1.0] * 24, 1: [1.04] * 24}, "quiet, rank 1 +4.0% (median excess): under the 10% threshold"),
-    ({0: [1.0] * 24, 1: [1.3] * 24}, "raised, rank 1 +30.0% (median excess): the warning follows in the log"),
-    ({0: [1.0] * 4, 1: [1.3] * 4}, "not decided, rank 1 +30.0% (median excess): too few steps to tell a slow rank "
-                                   "from chance"),
+    ({0: [1.0] * 24, 1: [1.18] * 17 + [0.99] * 7}, "quiet: {claim} 18.0%: not the slowest in enough steps"),
+    ({0: [1.0] * 24, 1: [1.04] * 24}, "quiet: {claim} 4.0%: under the 10% threshold"),
+    ({0: [1.0] * 24, 1: [1.3] * 24}, "raised: {claim} 30.0%: the warning follows in the log"),
+    ({0: [1.0] * 4, 1: [1.3] * 4}, "not decided: {claim} 30.0%: too few steps to tell a slow rank from chance"),
 ])
 def test_the_table_says_the_slow_rank_verdict_beside_the_mean_imbalance(per_step, said):
     # A plain Trainer run printed "imbalance (pre-sync): 13.6% (threshold 10%), slowest rank 1" and no warning, with
@@ -178,9 +177,9 @@ def test_the_table_says_the_slow_rank_verdict_beside_the_mean_imbalance(per_step
 
     verdict = judge_own_work(per_step, 10.0, [2.0] * len(per_step[0]))
     lines = format_table(cross_rank_report([ddp_rank(0, 0.01), ddp_rank(1, 0.01)], verdict=verdict)).splitlines()
-    steps = len(per_step[0])
-    assert (f"slow-rank verdict over {steps} steps (each rank's own work before the gradient sync, step by step): "
-            f"{said}") in lines
+    claim = ("rank 1's pre-sync work (data + forward + backward compute, less its wait for a CPU) exceeds its peers' "
+             "by a median")
+    assert f"slow-rank verdict over {len(per_step[0])} steps: {said.format(claim=claim)}" in lines
 
 
 def test_the_slowest_phase_backward_is_named_backward_compute():
