@@ -3,6 +3,8 @@ the memory logger, the step timer and the analysis alike."""
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from statistics import median
@@ -169,7 +171,10 @@ class GrowthWatch:
         self._raised: dict[int, bool] = {}
 
     def add(self, rank: int, step: int, value_mb: float) -> MemoryGrowth | None:
-        """Record a sample; returns the verdict when it held at this sample and at the previous one."""
+        """Record a sample; returns the verdict when it held at this sample and at the previous one. A sample that is
+        not a number (a memory read that failed: NaN) is no sample: the intervals run from the last one read."""
+        if not math.isfinite(value_mb):
+            return None
         samples = self._samples.setdefault(rank, _Samples())
         previous = samples.steps[-1] if samples.steps else self.start
         hit = self.distorting is not None and any(self.distorting(s) for s in range(previous + 1, step + 1))

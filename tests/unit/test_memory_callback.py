@@ -613,3 +613,14 @@ def test_a_line_with_a_nan_or_an_infinity_is_json_s_and_any_other_orjson_s():
         value = json.loads(line)["params_mb"]
         assert line.startswith('{"step": 1') and (math.isnan(value) if odd != odd else value == odd)
     assert memory._line({"step": 2, "note": "x", "flag": None}) == '{"step":2,"note":"x","flag":null}\n'  # no number
+
+
+def test_a_rank_whose_read_failed_is_left_out_of_the_peak_imbalance():
+    import math
+
+    rows = [{"rank": r, "host": "h", "rss_mb": 1.0, "peak_rss_mb": p} for r, p in enumerate([100.0, math.nan, 150.0])]
+    summary = memory.memory_summary(rows, ProfilingArguments(), 10, [])
+    assert summary["highest_peak_rank"] == 2 and summary["peak_imbalance_pct"] == pytest.approx(50.0)
+    assert "rank 2 peaks at 150 MiB vs 100 MiB on rank 0" in summary["peak_warning"]
+    alone = memory.memory_summary(rows[:2], ProfilingArguments(), 10, [])
+    assert alone["peak_imbalance_pct"] == 0.0 and alone["peak_warning"] is None

@@ -335,3 +335,18 @@ def test_a_warm_up_interval_far_larger_than_the_rest_leaves_the_verdict_to_the_f
     watch = GrowthWatch(5.0, "RSS")
     returned = [watch.add(0, 10 * (i + 1), v) for i, v in enumerate([100 - 1e17, 100, 103, 106, 109, 112, 115])]
     assert watch.verdict(0) is not None and returned[-1] == watch.verdict(0)
+
+
+def test_a_failed_read_nan_is_no_sample_and_raises_no_growth():
+    # RSS rising 1 MiB per sample (+1.9% over 20 samples, under 20%) with one failed read (NaN): the NaN once made the
+    # growth NaN, which no threshold test rejects ("grows nan MiB per step"), and stuck in the running sum.
+    import math
+
+    watch = GrowthWatch(20.0, "process RSS")
+    said = [watch.add(0, 10 * i, math.nan if i == 5 else 1000.0 + i) for i in range(1, 21)]
+    assert said == [None] * 20 and watch.verdict(0) is None
+    assert len(watch._samples[0].values) == 19 and math.isfinite(watch._samples[0].total)
+    # A real leak around a failed read is still named.
+    leak = GrowthWatch(20.0, "process RSS")
+    said = [leak.add(0, 10 * i, math.nan if i == 5 else 1000.0 + 50 * i) for i in range(1, 21)]
+    assert said[-1] is not None and math.isfinite(said[-1].growth_pct) and said[-1].growth_pct > 20

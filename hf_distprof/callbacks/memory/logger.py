@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -324,7 +325,8 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
             for i, metric in enumerate(metrics):
                 for rank, row in enumerate(values):
                     scalars[f"memory/{metric}/rank{rank}"] = row[i]
-                scalars[f"memory/{metric}/max"] = max(row[i] for row in values)
+                read = [row[i] for row in values if math.isfinite(row[i])]  # a rank's failed read (NaN) left out
+                scalars[f"memory/{metric}/max"] = max(read) if read else math.nan
             events.append((scalars, step, measured_at))
         if events:  # one event per sample, in one write
             tensorboard.add_scalar_events(self._writer, events)
@@ -400,9 +402,10 @@ def memory_summary(
     """
     basis = "peak_allocated_mb" if "peak_allocated_mb" in rows[0] else "peak_rss_mb"
     peaks = [float(r[basis]) for r in rows]
-    highest = max(range(len(rows)), key=lambda i: peaks[i])
-    lowest = min(range(len(rows)), key=lambda i: peaks[i])
-    imbalance = imbalance_pct(peaks)
+    read = [i for i in range(len(rows)) if math.isfinite(peaks[i])] or [0]  # a rank whose read failed (NaN) left out
+    highest = max(read, key=lambda i: peaks[i])
+    lowest = min(read, key=lambda i: peaks[i])
+    imbalance = imbalance_pct([peaks[i] for i in read]) if len(read) > 1 else 0.0
     threshold = args.memory_imbalance_threshold_pct
     warning = (
         f"Peak memory imbalance {imbalance:.1f}% > {threshold:g}% ({basis}): rank {rows[highest]['rank']} peaks at "
