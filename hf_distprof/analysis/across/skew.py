@@ -46,11 +46,14 @@ def skew(ranks: list[RankResult], alignment: Alignment, timer: TimerFigures) -> 
         timer: The step timer's figures of the same run.
     """
     per_step: dict[int, dict[int, float]] = {r.rank: {} for r in ranks}
-    for (step, _kind, _index), aligned in alignment.arrivals.items():
-        first = min(aligned.values())
+    worst_at: dict[int, dict[int, tuple[int, str, int]]] = {r.rank: {} for r in ranks}  # where that lateness was
+    for key, aligned in alignment.arrivals.items():
+        step, first = key[0], min(aligned.values())
         for rank, start in aligned.items():
-            per_step[rank][step] = max(per_step[rank].get(step, 0.0), start - first)
-    lag = start_lag(ranks, alignment, common_steps(per_step))
+            if step not in worst_at[rank] or start - first > per_step[rank][step]:
+                per_step[rank][step] = max(per_step[rank].get(step, 0.0), start - first)
+                worst_at[rank][step] = key
+    lag = start_lag(ranks, alignment, per_step, worst_at)
     per_rank = [
         RankSkew(
             rank=r.rank,
@@ -94,14 +97,26 @@ def skew(ranks: list[RankResult], alignment: Alignment, timer: TimerFigures) -> 
     )
 
 
-def start_lag(ranks: list[RankResult], alignment: Alignment, steps: list[int]) -> dict[int, float]:
-    """rank -> how much later than the earliest rank it began the step, on the aligned clocks, median over ``steps``
-    (those with a collective matched on every rank); {} without such a step or a rank that lacks one of them."""
+def start_lag(ranks: list[RankResult], alignment: Alignment, lateness: dict[int, dict[int, float]],
+              worst_at: dict[int, dict[int, tuple[int, str, int]]]) -> dict[int, float]:
+    """rank -> the part of its lateness that arose before it began the step, median over its steps: per step, its
+    lateness (at its latest collective of the step) less its own excess there, from its step start to that arrival
+    against its peers' median from theirs (aligned clocks), kept between none and all of the lateness. With 2 ranks,
+    for the late one, how much later it began the step. A rank with no such step is left out."""
     starts = {r.rank: {s.step: s.start_us - alignment.offsets.get(r.rank, 0.0) for s in r.steps} for r in ranks}
-    if not steps or any(step not in mine for mine in starts.values() for step in steps):
-        return {}
-    first = {step: min(mine[step] for mine in starts.values()) for step in steps}
-    return {rank: median(mine[step] - first[step] for step in steps) for rank, mine in starts.items()}
+    out: dict[int, float] = {}
+    for rank, steps in worst_at.items():
+        shares = []
+        for step, key in steps.items():
+            arrived = alignment.arrivals[key]
+            into = {q: at - starts[q][step] for q, at in arrived.items() if step in starts.get(q, {})}
+            peers = [v for q, v in into.items() if q != rank]
+            if rank in into and peers:  # a part of the lateness: between none of it and all of it
+                late = lateness[rank][step]
+                shares.append(min(late, max(0.0, late - (into[rank] - median(peers)))))
+        if shares:
+            out[rank] = median(shares)
+    return out
 
 
 def less_cpu_wait(

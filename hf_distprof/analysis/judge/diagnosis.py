@@ -26,7 +26,7 @@ from hf_distprof.analysis.results.facts import (
     StragglerFacts,
     WaitingFacts,
 )
-from hf_distprof.analysis.results.findings import TRACE, Basis, Judgement
+from hf_distprof.analysis.results.findings import STEP_TIMER, TRACE, Basis, Judgement
 from hf_distprof.analysis.results.rank import CommKindStat, RankResult
 from hf_distprof.core import stats
 from hf_distprof.core.verdicts import UNDECIDED, judge_share
@@ -54,7 +54,7 @@ def diagnose(ranks: list[RankResult], across: Across, verdicts: RankVerdicts,
     findings += _comm_bound(ranks, across, options, fsdp_findings=bool(fsdp))
     findings += fsdp
     if across.skew is not None:
-        findings += _stragglers(across, verdicts)
+        findings += _stragglers(across, verdicts, options)
         findings += _imbalance(across, verdicts)
         findings += _waiting_for_peers(ranks, across, verdicts, options)
     findings += _low_utilisation(ranks, options)
@@ -126,13 +126,23 @@ ENTERED_LATE_SHARE = 0.8
 after the earliest rank: what holds its peers back then happened before the step began."""
 
 
-def entered_late(p: RankSkew) -> EnteredLate | None:
-    """``p`` as a rank whose lateness at the step's collectives arose before the step began; None when it is not late,
-    or most of its lateness arose in the step (its work there: data loading, forward, backward)."""
+def entered_late(p: RankSkew, min_us: float) -> EnteredLate | None:
+    """``p`` as a rank whose lateness at the step's collectives arose before the step began; None when it is late by
+    no more than ``min_us`` (``--straggler-min-us``: scheduling noise), or most of its lateness arose in the step (its
+    work there: data loading, forward, backward)."""
     late, lag = p.lateness_us, p.start_lag_us
-    if late is None or lag is None or late <= 0 or lag < ENTERED_LATE_SHARE * late:
+    if late is None or lag is None or late <= max(min_us, 0.0) or lag < ENTERED_LATE_SHARE * late:
         return None
     return EnteredLate(p.rank, lag, late)
+
+
+def window_entry(p: RankSkew | None, late: bool, verdicts: RankVerdicts, options: AnalysisOptions
+                 ) -> EnteredLate | None:
+    """A late straggler's :func:`entered_late`, when the traced window is its evidence (not when the step timer named
+    it over the run's other steps: the window's figures then are not what named it)."""
+    if p is None or not late or verdicts.straggler_basis == STEP_TIMER:
+        return None
+    return entered_late(p, options.straggler_min_us)
 
 
 def _waiting_for_peers(ranks: list[RankResult], across: Across, verdicts: RankVerdicts,
@@ -154,7 +164,8 @@ def _waiting_for_peers(ranks: list[RankResult], across: Across, verdicts: RankVe
     worst = max(hit, key=lambda rank: judged[rank].median_pct)
     whom = [(p.peer, p.pct) for p in across.late_peers[worst][:3]]
     skews = {p.rank: p for p in across.skew.per_rank} if across.skew is not None else {}
-    late_entries = [entered_late(skews[peer]) if peer in skews else None for peer, _ in whom]
+    late_entries = [entered_late(skews[peer], options.straggler_min_us) if peer in skews else None
+                    for peer, _ in whom]
     facts = WaitingFacts(mean_pct=mean, worst=worst, worst_median_pct=judged[worst].median_pct,
                          steps=judged[worst].steps, threshold_pct=options.comm_bound_pct, whom=whom,
                          entered_late=[e for e in late_entries if e is not None])
@@ -231,7 +242,7 @@ def _fsdp_exposed(ranks: list[RankResult], across: Across, kind: str, options: A
     ]
 
 
-def _stragglers(across: Across, verdicts: RankVerdicts) -> list[Judgement]:
+def _stragglers(across: Across, verdicts: RankVerdicts, options: AnalysisOptions) -> list[Judgement]:
     assert across.skew is not None
     out = []
     verdict = verdicts.straggler
@@ -251,7 +262,7 @@ def _stragglers(across: Across, verdicts: RankVerdicts) -> list[Judgement]:
                 severity=severity,
                 ranks=[s.rank],
                 facts=StragglerFacts(s, verdict, verdicts.straggler_basis, across.skew.matched_collectives,
-                                     entered_late=entered_late(skews[s.rank]) if late and s.rank in skews else None),
+                                     entered_late=window_entry(skews.get(s.rank), late, verdicts, options)),
                 basis=_finding_basis(verdicts.straggler_basis) if late else TRACE,
                 steps=verdict.steps if late else None,
                 numbers={

@@ -138,9 +138,9 @@ class RankSkew:
     lateness_per_step_us: list[float] = field(default_factory=list)
     """The rank's latest arrival after the earliest rank in each of ``lateness_steps``."""
     start_lag_us: float | None = None
-    """How much later than the earliest rank this rank began the step, on the aligned clocks, median over the steps
-    of ``lateness_steps`` that every rank traced: the part of its lateness that arose before the step began (in the
-    previous step's tail, after its last collective). None without such a step."""
+    """The part of ``lateness_us`` that arose before this rank began the step, median over steps: per step its lateness
+    less its own excess from its step start to that arrival over its peers' median (aligned clocks); with 2 ranks, for
+    the late one, how much later it began the step. None without a matched collective."""
 
 @dataclass
 class StepSpread:

@@ -113,23 +113,24 @@ def _comm_bound(j: Judgement) -> Prose:
 
 
 def entered_late_sentence(late: list[EnteredLate]) -> str:
-    """Where late ranks' lateness arose: before the step began ("rank 7 began the step 7.51 ms after the earliest rank
-    (its lateness at the collectives: 7.62 ms): its delay arose before the step began ...")."""
+    """Where late ranks' lateness arose: before the step began ("rank 7's lateness at the collectives, 7.62 ms, arose
+    before it began the step (7.53 ms of it), not in its work in the step")."""
 
     def listed(items: list[str]) -> str:
         return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
     one = len(late) == 1
-    whose = "its" if one else "their"
     lags = listed([f"{e.start_lag_us / 1e3:.2f}" for e in late])
     lateness = listed([f"{e.lateness_us / 1e3:.2f}" for e in late])
-    return (f"rank{'' if one else 's'} {listed([str(e.rank) for e in late])} began the step {lags} ms after the "
-            f"earliest rank ({whose} lateness at the collectives: {lateness} ms): {whose} delay arose before the step "
-            f"began (after the previous step's last collective), not in {whose} work in the step")
+    who = f"rank {late[0].rank}'s" if one else f"ranks {listed([str(e.rank) for e in late])}'"
+    return (f"{who} lateness at the collectives, {lateness} ms, arose before {'it' if one else 'they'} began the step "
+            f"({lags} ms of it, against {'its' if one else 'their'} peers' time from their step's start), not in "
+            f"{'its' if one else 'their'} work in the step")
 
 
-_BETWEEN_STEPS = ("the optimizer step, logging, evaluation, checkpointing, callbacks: what runs after a step's last "
-                  "collective")
+_BETWEEN_STEPS = ("what runs after a step's last collective and before the next step begins: gradient clipping, the "
+                  "optimizer step, the learning-rate scheduler, zero_grad, the step-end callbacks before the "
+                  "profiler's, or in your own loop what comes before prof.step()")
 
 
 def _waiting(j: Judgement) -> Prose:
@@ -236,7 +237,9 @@ def _straggler(j: Judgement) -> Prose:
             details=(f"; its exposed communication is {s.comm_wait_us / 1e3:.2f} ms per step against its peers' "
                      f"{s.peer_wait_us / 1e3:.2f} ms{late}; {_why_named(f)}{unseen}{waits}"),
             action=action,
-            more=(". Open the merged trace (hf-distprof merge) and compare the forward/backward of that rank with a "
+            more=(". Open the merged trace (hf-distprof merge) and compare the end of that rank's previous step with a "
+                  "peer's (trace more steps to see it)." if f.entered_late is not None else
+                  ". Open the merged trace (hf-distprof merge) and compare the forward/backward of that rank with a "
                   "peer."),
         )
     return Prose(
