@@ -41,8 +41,9 @@ STALE_TEMP_AGE_S = 3600.0
 DEAD_WRITER_AGE_S = 60.0
 
 
-def _umask() -> int:
-    """The process's umask: ``/proc/self/status``'s (Linux 4.7+), else set and put back (at import, in one thread)."""
+def _read_umask() -> int | None:
+    """The process's umask from ``/proc/self/status`` (Linux 4.7+): read at each write, so a umask set after import
+    counts; None where the kernel does not say."""
     try:
         with open("/proc/self/status", encoding="ascii") as fh:
             for line in fh:
@@ -50,14 +51,26 @@ def _umask() -> int:
                     return int(line.split()[1], 8)
     except (OSError, ValueError):
         pass
-    mask = os.umask(0o022)
-    os.umask(mask)
+    return None
+
+
+def _umask_at_import() -> int:
+    """The umask where ``/proc`` does not say: set and put back once, at import (racy with other threads only then)."""
+    mask = _read_umask()
+    if mask is None:
+        mask = os.umask(0o022)
+        os.umask(mask)
     return mask
 
 
-_FILE_MODE = 0o666 & ~_umask()
-"""The mode an ``open()`` would give a new file here. ``mkstemp`` makes its files 0600; renamed into place they would
-keep it, and colleagues who can read the run folder (a shared output folder) could not read the traces."""
+_UMASK_AT_IMPORT = _umask_at_import()
+
+
+def file_mode() -> int:
+    """The mode an ``open()`` would give a new file now. ``mkstemp`` makes its files 0600; renamed into place they would
+    keep it, and colleagues who can read the run folder (a shared output folder) could not read the traces."""
+    mask = _read_umask()
+    return 0o666 & ~(mask if mask is not None else _UMASK_AT_IMPORT)
 
 
 _WRITER = re.compile(r"\.~(?P<pid>\d+)@(?P<host>[^~/]+)~[^~/]*" + re.escape(TEMP_MARK))
@@ -77,11 +90,11 @@ def atomic_path(final: Path, suffix: str = "") -> Iterator[Path]:
         writer = f"~{os.getpid()}@{get_hostname()}~"
         fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.{writer}", suffix=f"{TEMP_MARK}{suffix}",
                                         dir=final.parent)
+        os.close(fd)
         try:
-            os.fchmod(fd, _FILE_MODE)  # as open() would make it (mkstemp's is 0600)
+            os.chmod(tmp_name, file_mode())  # as open() would make it (mkstemp's is 0600)
         except OSError:  # a file system without modes: its own
             pass
-        os.close(fd)
         tmp = Path(tmp_name)
         try:
             yield tmp

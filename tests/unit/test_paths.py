@@ -55,7 +55,8 @@ def test_an_atomic_write_has_the_mode_open_gives_not_mkstemp_s(tmp_path, umask):
     import subprocess
     import sys
 
-    code = (f"import os; os.umask({umask}); from pathlib import Path; from hf_distprof import paths; "
+    # The umask set after the import, as a launcher or the user's script may set it.
+    code = (f"import os; from pathlib import Path; from hf_distprof import paths; os.umask({umask}); "
             f"paths.atomic_write_text(Path({str(tmp_path)!r}) / 'a.json', '{{}}'); "
             f"open({str(tmp_path)!r} + '/b.jsonl', 'w').close()")
     subprocess.run([sys.executable, "-c", code], check=True)
