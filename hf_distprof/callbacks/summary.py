@@ -82,6 +82,15 @@ def tensorboard_command(folders: list[Path]) -> str:
     return "tensorboard --logdir_spec " + ",".join(f"{n}:{f}" for n, f in zip(names, folders))
 
 
+def _older_than_traces(report: Path, run_dir: Path) -> bool:
+    """Whether ``report`` was written before the newest trace of ``run_dir`` (an earlier run's, in a reused folder)."""
+    try:
+        made = report.stat().st_mtime
+        return any(t.stat().st_mtime > made for t in run_dir.glob(f"*{TRACE_SUFFIX}"))
+    except OSError:
+        return True
+
+
 def where_to_look(run_dirs: list[Path], tensorboard_dirs: list[Path], profiling: bool) -> str:
     """The end-of-run block: what each run folder holds and the exact commands that open it.
 
@@ -112,7 +121,7 @@ def where_to_look(run_dirs: list[Path], tensorboard_dirs: list[Path], profiling:
             lines.append(f"  pip install torch-tb-profiler && tensorboard --logdir {first.parent}")
         lines.append(f"  hf-distprof analyze {first}               # where the step time goes")
         written = first / "report" / "report.html"  # written for the trackers (report_to) at train end
-        if written.is_file():
+        if written.is_file() and not _older_than_traces(written, first):
             lines.append(f"  open {written}   # the report, with plots (already written)")
         else:
             lines.append(f"  hf-distprof analyze {first} --report {first / 'report'}   # Markdown/HTML with plots")

@@ -32,7 +32,8 @@ class ProfilerSlowdown:
     median_step_s_before: float | None
     median_step_s_after: float | None
     ratio: float | None
-    """Median step inside / median untraced step after the first window's start (the warm-up before it left out); None
+    """Median step inside / median untraced step after the first window's start (the steps before it left out: a run's
+    first steps run slower); None
     with fewer than ``min_outside`` untraced steps (see ``note``)."""
     threshold_ratio: float
     options: dict[str, bool]
@@ -41,7 +42,7 @@ class ProfilerSlowdown:
     """Share of the traced steps slower than ``threshold_ratio`` times the reference median."""
     median_step_s_reference: float | None = None
     """The median of the untraced steps after the first window starts: what ``ratio`` divides by (``steps_before``
-    and ``median_step_s_before`` describe the warm-up, left out)."""
+    and ``median_step_s_before`` describe the steps before it, left out: a run's first steps run slower)."""
     noise_pct: float | None = None
     """The run's own noise for this ratio (:func:`slowdown_noise_pct`, % of the untraced median): a ratio within
     1 +- this is no slowdown the run can tell from its noise."""

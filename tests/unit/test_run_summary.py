@@ -47,6 +47,14 @@ def test_a_report_already_written_for_the_trackers_is_named_not_written_again(tm
     lines = where_to_look([tmp_path], [], profiling=True).splitlines()
     assert f"  open {tmp_path / 'report' / 'report.html'}   # the report, with plots (already written)" in lines
     assert not [line for line in lines if "--report" in line]
+    # An earlier run's report in a reused run folder (--profiler-run-name): older than this run's traces, not named.
+    import os
+
+    trace = tmp_path / "rank0_h_step3-4.pt.trace.json.gz"
+    trace.write_text("x")
+    os.utime(tmp_path / "report" / "report.html", (1_000_000, 1_000_000))
+    lines = where_to_look([tmp_path], [], profiling=True).splitlines()
+    assert [line for line in lines if "--report" in line] and not [line for line in lines if "already written" in line]
 
 
 def test_without_traces_or_tensorboard_only_what_exists_is_named(tmp_path):

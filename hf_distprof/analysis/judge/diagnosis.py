@@ -94,7 +94,7 @@ def _comm_bound(ranks: list[RankResult], across: Across, options: AnalysisOption
         # The one account of the wait per late peer (across.comm.rank_waits), as the text's "late-peer wait" line.
         waits = across.late_peers.get(r.rank, [])
         waited = sum(p.pct for p in waits)
-        peers = sorted(p.peer for p in waits)
+        peers = sorted(p.peer for p in waits if p.pct >= 0.05)  # those the text's late-peer line shows
         if waited >= 0.05 and peers:
             late.append(LateShare(r.rank, r.exposed_comm_pct, waited, peers))
     exposed = stats.mean([r.exposed_comm_pct for r in ranks])
