@@ -258,3 +258,18 @@ def test_the_report_s_step_axes_tick_whole_steps_even_for_one_step(steps: list[i
     ticks = [t for t in ax.get_xticks() if lo <= t <= hi]
     assert ticks == [float(s) for s in range(steps[0], steps[-1] + 1)]
     plt.close(fig)
+
+
+def test_a_reader_that_stops_early_gets_no_traceback() -> None:
+    """``hf-distprof analyze RUN | head``: the pipe closes before the output is written; the command stops quietly
+    with the shell's SIGPIPE status, not a BrokenPipeError traceback."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "hf_distprof.cli.main", "analyze", str(DATA / "slow_rank1"),
+                             "--workers", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the analysis (a few hundred ms) prints anything
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
