@@ -120,7 +120,7 @@ def _analyze(ranks: list[RankResult], run: RunInput, options: AnalysisOptions,
     replay = what_if(ranks, across.alignment, list(reference) if reference else None, across.evidence, across.pace) \
         if ranks else None
     judged = judge(ranks, across, replay, run.summary, options)
-    findings, undecided, notes = write_all(judged)
+    findings, undecided, notes, slowdown_line = write_all(judged)
     return AnalysisResult(
         ranks=ranks,
         cross_rank=_cross_rank(ranks, across, judged),
@@ -144,6 +144,7 @@ def _analyze(ranks: list[RankResult], run: RunInput, options: AnalysisOptions,
         late_peers=across.late_peers,
         reference_totals=across.reference_totals,
         common_steps=across.common_steps,
+        slowdown_line=slowdown_line,
     )
 
 
@@ -165,6 +166,8 @@ def _cross_rank(ranks: list[RankResult], across: Across, judged: Judged) -> Cros
         imbalance_verdict=verdicts.imbalance,
         straggler_window=verdicts.straggler_window,
         imbalance_window=verdicts.imbalance_window,
+        slowest_rank=judged.slowest[0],
+        slowest_by=judged.slowest[1],
     )
 
 

@@ -62,6 +62,12 @@ OPTION_COST = (
 )
 
 
+def beyond_noise(ratio: float, noise_pct: float) -> bool:
+    """Whether a traced/untraced ratio lies further from 1 than the run's own noise (:func:`slowdown_noise_pct`): a
+    ratio within it is no slowdown (nor speed-up) the run can tell from its noise."""
+    return abs(100.0 * (ratio - 1.0)) > noise_pct
+
+
 def slowdown_noise_pct(
     inside: Sequence[float], reference: Sequence[float], mid: float, before: Sequence[float] = ()
 ) -> float:
@@ -123,7 +129,7 @@ def profiler_slowdown(
         ratio = med / mid
         noise = slowdown_noise_pct(ins, ref, mid, before)
         confidence = sum(t > threshold_ratio * mid for t in ins) / len(ins)
-    if ratio is not None and noise is not None and ratio > threshold_ratio and 100.0 * (ratio - 1.0) > noise:
+    if ratio is not None and noise is not None and ratio > threshold_ratio and beyond_noise(ratio, noise):
         on = [flag for name, flag in OPTION_COST if options.get(name)]
         cost = (
             f"the likely cost: {', '.join(on)} (turn off what you do not need)"

@@ -7,6 +7,12 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 
+SHOWN_PCT = 0.05
+"""The smallest percentage the outputs state: one decimal place rounds anything less to 0.0, so a share under it is
+left out of a sentence, and a peer waited for less than it is not named (the judge names the same peers the text
+lists)."""
+
+
 def format_bytes(size: float) -> str:
     """A byte count in binary units, like "1.50 MiB"."""
     for unit in ("B", "KiB", "MiB", "GiB"):

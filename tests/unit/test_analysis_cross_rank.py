@@ -283,14 +283,15 @@ def test_the_imbalance_verdict_judges_the_step_timers_own_work_in_the_traced_ste
 
 
 def _evidence(ranks: list, verdict: object, basis: object) -> str:
-    """The straggler finding's evidence for the rank ``verdict`` names among ``ranks`` (RankSkew), in words."""
+    """The straggler finding's evidence for the rank ``verdict`` names among ``ranks`` (RankSkew), in words: the facts
+    as the judge sets them (whether the window disagrees), then the words."""
+    from hf_distprof.analysis.judge.diagnosis import straggler_facts
     from hf_distprof.analysis.judge.verdicts import stragglers
-    from hf_distprof.analysis.results.facts import StragglerFacts
     from hf_distprof.analysis.results.findings import Judgement
     from hf_distprof.analysis.tell.findings import write
 
     (named,) = stragglers(ranks, verdict, AnalysisOptions())
-    return write(Judgement("straggler", 1.0, [named.rank], StragglerFacts(named, verdict, basis, 11))).evidence
+    return write(Judgement("straggler", 1.0, [named.rank], straggler_facts(named, verdict, basis, 11))).evidence
 
 
 def test_a_rank_the_step_timer_names_but_the_window_shows_waiting_says_the_window_does_not_show_it():

@@ -170,6 +170,36 @@ def test_a_profiler_that_costs_little_raises_nothing(tmp_path: Path) -> None:
             "steps after the window's start (the run's own noise 0.0%); below 1.25x") in format_findings(result)
 
 
+@pytest.mark.parametrize(("written", "line"), [
+    # Above the threshold but within the run's noise (the step timer raised nothing): not called "below" it.
+    ({"ratio": 1.35, "threshold_ratio": 1.25, "warning": None, "noise_pct": 40.0, "steps_inside": 5,
+      "steps_before": 4, "steps_after": 12},
+     "Profiler slowdown: the 5 steps under the profiler (its warm-up and recorded steps) 1.35x the 12 untraced steps "
+     "after the window's start (the 4 before it left out: a run's first steps run slower), within the run's own noise "
+     "of 40.0%: above the 1.25x threshold, but no slowdown the run can tell from its noise"),
+    ({"ratio": 1.15, "threshold_ratio": 1.25, "warning": None, "noise_pct": 3.0, "steps_inside": 5,
+      "steps_before": 0, "steps_after": 12},
+     "Profiler slowdown: the 5 steps under the profiler (its warm-up and recorded steps) 1.15x the 12 untraced steps "
+     "after the window's start (the run's own noise 3.0%); below 1.25x"),
+    # An older summary: no noise, compared with every other step.
+    ({"ratio": 1.1, "threshold_ratio": 1.25, "warning": None}, "Profiler slowdown: traced steps 1.10x the other steps; "
+     "below 1.25x"),
+    ({"ratio": None, "threshold_ratio": 1.25, "warning": None, "note": "not enough untraced steps (run more)"},
+     "Profiler slowdown: not enough untraced steps (run more)"),
+])
+def test_the_quiet_slowdown_line_says_why_it_is_quiet(tmp_path: Path, written: dict, line: str) -> None:
+    import json
+    import shutil
+
+    for rank in (0, 1):
+        shutil.copy(DATA / "clean" / f"rank-{rank}.json.gz", tmp_path / f"rank-{rank}.json.gz")
+    (tmp_path / "timing_summary.json").write_text(json.dumps({"profiler_slowdown": written}))
+    result = analyze_paths([tmp_path], AnalysisOptions(workers=1))
+    assert result.profiler_slowdown == written and result.slowdown_line == line
+    assert format_findings(result).splitlines().count(line) == 1
+    assert "slowdown_line" not in result.to_dict()
+
+
 def test_rank_findings_of_a_distorted_window_against_a_quiet_timer_are_withheld(tmp_path: Path) -> None:
     import json
     import shutil
@@ -185,7 +215,9 @@ def test_rank_findings_of_a_distorted_window_against_a_quiet_timer_are_withheld(
     assert "profiler_slowdown" in {f.kind for f in result.findings}
     assert [u.question for u in result.undecided] == ["straggler", "imbalance"]
     assert "ran 1.40x slower than the rest of the run" in result.undecided[0].reason
-    assert result.undecided[0].basis == "trace + step timer" and result.undecided[0].to_decide == ""
+    assert result.undecided[0].basis == "trace + step timer"
+    assert result.undecided[0].to_decide == ("trace again with fewer profiler options (the profiler-slowdown finding "
+                                             "names the costly ones), so that the traced steps run like the others")
     # The timer saw the same rank slow outside the window: the trace's findings stand.
     summary["imbalance_verdict"] = {"status": "raised", "rank": 1}
     (tmp_path / "timing_summary.json").write_text(json.dumps(summary))

@@ -121,6 +121,12 @@ def test_headline_imbalance_and_findings_are_exact(result: AnalysisResult) -> No
     ]
     waiting = result.findings[1]
     assert waiting.numbers == pytest.approx({"wait_pct": 36.19024376977191, "worst_rank_wait_pct": 57.9097551869433})
+    # The rank everyone waits for is the one the answer calls slowest (the trackers' headline, the what-if's pace), not
+    # the busiest (rank 1, the imbalance verdict's candidate, which waits 57.9% of its step for rank 7).
+    from hf_distprof.analysis.tell.tracker import headline
+
+    assert (result.cross_rank.slowest_rank, result.cross_rank.slowest_by) == (7, "straggler")
+    assert headline(result)["slowest_rank"] == 7 == result.what_if_model.slowest_rank
     assert "rank 1 waits for rank 7 48.5%, rank 5 4.8%, rank 4 4.6% of its step" in waiting.evidence
     # The per-kind rows of each rank add up to its exposed communication (HTA's, per step).
     for rank in result.ranks:

@@ -186,21 +186,33 @@ def test_a_rank_pace_saving_counts_as_much_as_the_run_shows(tmp_path: Path) -> N
     assert first and first[0].severity == top.saving_pct and "the figure that counts" not in first[0].why
 
 
-@pytest.mark.parametrize(("traces", "top", "slowest"), [
-    ("slow_data", "what_to_fix_first", 1),  # the top finding names ranks 0 and 1: the ones the saving is on
-    ("gpu_float_ts", "slow_rank", 2),
-    ("clean", None, 0),
+@pytest.mark.parametrize(("traces", "top", "slowest", "by"), [
+    ("slow_data", "what_to_fix_first", 1, "imbalance"),  # the top finding names ranks 0 and 1: the saving's ranks
+    ("gpu_float_ts", "slow_rank", 2, "slow_rank"),
+    ("clean", None, 1, "straggler"),  # no timer records: the rank latest at the collectives, as the what-if's
+    ("slow_rank1", "slow_rank", 1, "slow_rank"),
+    ("fsdp2", "what_to_fix_first", 0, "imbalance"),
 ])
-def test_the_trackers_slowest_rank_is_the_slow_rank_finding_s_or_the_candidate(traces: str, top: str | None,
-                                                                                slowest: int) -> None:
+def test_one_slowest_rank_in_the_box_the_trackers_and_the_what_if(traces: str, top: str | None, slowest: int,
+                                                                  by: str) -> None:
     """The headline's ``slowest_rank`` is never a finding's first rank when that finding is not about a slow rank (it
     once was: ``slow_data``'s top finding, the data-loading saving on ranks 0 and 1, made it 0, against the imbalance
-    verdict's candidate 1)."""
+    verdict's candidate 1). And the box, the trackers and the what-if name one rank: on ``clean`` the box said
+    "slowest rank 0" (the imbalance verdict's candidate) while the what-if replayed rank 1 at its peers' pace and
+    called rank 0 the fastest; on the shared DLRM traces the trackers said 1 while every rank waited for rank 7."""
     from hf_distprof.analysis.tell.tracker import headline
 
     result = analyze_paths([DATA / traces], OPTS)
     assert (result.findings[0].kind if result.findings else None) == top
     cross = result.cross_rank
-    assert cross is not None and cross.imbalance_verdict is not None
-    assert headline(result)["slowest_rank"] == slowest == cross.imbalance_verdict.rank
+    assert cross is not None and (cross.slowest_rank, cross.slowest_by) == (slowest, by)
+    assert headline(result)["slowest_rank"] == slowest
     assert headline(result)["predicted_saving"] == (result.what_if[0].title if result.what_if else None)
+    pace = {s.scenario: s for s in result.what_if}
+    assert pace["slow_rank"].ranks == [slowest] and result.what_if_model.slowest_rank == slowest
+    if "fastest_pace" in pace:
+        assert f"(rank {slowest}) pace" not in pace["fastest_pace"].title
+    box = " ".join(" ".join(line.strip("|").split()) for line in format_box(result).splitlines())
+    assert ("slowest rank" not in box) == bool(result.findings)
+    if not result.findings:
+        assert f"slowest rank {slowest} (" in box

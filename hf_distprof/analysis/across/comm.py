@@ -46,8 +46,8 @@ Pieces = list[tuple[float, float, int]]
 """A collective's wait for a late peer, as exposed pieces (:func:`wait_share`)."""
 
 
-def by_kind(steps: list[StepResult], collectives: list[Collective], gpu: bool, waits: list[Pieces] | None = None
-            ) -> tuple[list[CommKindStat], dict[str, list[float]]]:
+def by_kind(steps: list[StepResult], collectives: list[Collective], gpu: bool, waits: list[Pieces] | None = None,
+            late: list[LatePeer] | None = None) -> tuple[list[CommKindStat], dict[str, list[float]]]:
     """Per-kind table of one rank: all_gather, reduce_scatter, all_reduce, then the other kinds summed.
 
     Time is the union of a kind's spans per step (not their sum; with the enqueueing ops, on CPU, that its exposed
@@ -61,6 +61,9 @@ def by_kind(steps: list[StepResult], collectives: list[Collective], gpu: bool, w
         steps: The rank's steps.
         collectives: The rank's collectives, with ``exposed_share`` and ``phase`` set (and waits, when known).
         gpu: Whether the rank's trace holds GPU events.
+        waits: Each collective's wait for a late peer (:func:`wait_share`), when already cut.
+        late: The rank's late peers (:func:`rank_waits`, the one account of the wait per late peer): each row's
+            ``waited_for`` lists those it waits for at that row's kind, longest wait first (ties: the lower rank).
 
     Returns:
         One row per kind present, in that order (empty when the rank ran no collective), and per row's kind its
@@ -74,7 +77,6 @@ def by_kind(steps: list[StepResult], collectives: list[Collective], gpu: bool, w
     spans: dict[str, list[list[iv.Interval]]] = {}
     rows: dict[str, dict[str, list[float]]] = {}
     kinds: dict[str, set[str]] = {}
-    waited: dict[str, dict[int, float]] = {}
     if waits is None:
         waits = [wait_share(c) for c in collectives]
     for c, pieces in zip(collectives, waits):
@@ -104,8 +106,10 @@ def by_kind(steps: list[StepResult], collectives: list[Collective], gpu: bool, w
             j = index.get(step)
             if j is not None and c.waited_for is not None:
                 row["wait"][j] += e - s
-                peers = waited.setdefault(bucket, {})
-                peers[c.waited_for] = peers.get(c.waited_for, 0.0) + e - s
+    waited: dict[str, list[tuple[float, int]]] = {}
+    for p in late or []:
+        for bucket, pct in p.kinds:
+            waited.setdefault(bucket, []).append((-pct, p.peer))
     out = []
     series: dict[str, list[float]] = {}
     for bucket in [*MAIN_KINDS, OTHER_KIND]:
@@ -113,7 +117,6 @@ def by_kind(steps: list[StepResult], collectives: list[Collective], gpu: bool, w
         if row is None or not kinds[bucket]:
             continue
         pct = series[bucket] = [100.0 * e / b if b > 0 else 0.0 for e, b in zip(row["exposed"], bases)]
-        peers = waited.get(bucket, {})
         out.append(
             CommKindStat(
                 kind=bucket,
@@ -127,7 +130,7 @@ def by_kind(steps: list[StepResult], collectives: list[Collective], gpu: bool, w
                 backward_exposed_us=sum(row["bwd"]) / n,
                 wait_us=sum(row["wait"]) / n,
                 wait_pct=sum(100.0 * w / b if b > 0 else 0.0 for w, b in zip(row["wait"], bases)) / n,
-                waited_for=sorted(peers, key=lambda p: (-peers[p], p)),
+                waited_for=[peer for _, peer in sorted(waited.get(bucket, []))],
             )
         )
     return out, series

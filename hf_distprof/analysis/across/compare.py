@@ -44,8 +44,9 @@ def compare(ranks: list[RankResult], run: RunInput, reference: Sequence[Referenc
     waits: dict[int, comm.RankWaits] = {}
     for r in ranks:
         pieces = [comm.wait_share(c) for c in r.collectives]  # each collective's wait for a late peer, once
-        r.comm_by_kind, exposed[r.rank] = comm.by_kind(r.steps, r.collectives, r.device == "gpu", pieces)
         waits[r.rank] = comm.rank_waits(r, pieces)
+        r.comm_by_kind, exposed[r.rank] = comm.by_kind(r.steps, r.collectives, r.device == "gpu", pieces,
+                                                       waits[r.rank].late_peers)
         r.peer_waits = waits[r.rank].peer_waits
     timer = evidence.timer_figures(run.records, traced)
     several = len(ranks) > 1

@@ -12,7 +12,7 @@ from statistics import median
 
 from hf_distprof.analysis.judge import memory
 from hf_distprof.analysis.options import AnalysisOptions
-from hf_distprof.analysis.results.across import Across, RankSkew, RankVerdicts
+from hf_distprof.analysis.results.across import Across, RankSkew, RankVerdicts, Straggler
 from hf_distprof.analysis.results.facts import (
     CommBoundFacts,
     DataLoadingFacts,
@@ -29,7 +29,8 @@ from hf_distprof.analysis.results.facts import (
 from hf_distprof.analysis.results.findings import STEP_TIMER, TRACE, Basis, Judgement
 from hf_distprof.analysis.results.rank import CommKindStat, RankResult
 from hf_distprof.core import stats
-from hf_distprof.core.verdicts import UNDECIDED, judge_share
+from hf_distprof.core.text import SHOWN_PCT
+from hf_distprof.core.verdicts import UNDECIDED, SlowRankVerdict, judge_share
 
 
 def _finding_basis(basis: Basis) -> Basis:
@@ -94,8 +95,8 @@ def _comm_bound(ranks: list[RankResult], across: Across, options: AnalysisOption
         # The one account of the wait per late peer (across.comm.rank_waits), as the text's "late-peer wait" line.
         waits = across.late_peers.get(r.rank, [])
         waited = sum(p.pct for p in waits)
-        peers = sorted(p.peer for p in waits if p.pct >= 0.05)  # those the text's late-peer line shows
-        if waited >= 0.05 and peers:
+        peers = sorted(p.peer for p in waits if p.pct >= SHOWN_PCT)  # those the text's late-peer line shows
+        if waited >= SHOWN_PCT and peers:
             late.append(LateShare(r.rank, r.exposed_comm_pct, waited, peers))
     exposed = stats.mean([r.exposed_comm_pct for r in ranks])
     advice = "fsdp_findings" if fsdp_findings else "fsdp" if any(_is_fsdp(r) for r in ranks) else "ddp"
@@ -168,7 +169,8 @@ def _waiting_for_peers(ranks: list[RankResult], across: Across, verdicts: RankVe
                     for peer, _ in whom]
     facts = WaitingFacts(mean_pct=mean, worst=worst, worst_median_pct=judged[worst].median_pct,
                          steps=judged[worst].steps, threshold_pct=options.comm_bound_pct, whom=whom,
-                         entered_late=[e for e in late_entries if e is not None])
+                         entered_late=[e for e in late_entries if e is not None],
+                         all_entered_late=bool(whom) and all(e is not None for e in late_entries))
     return [
         Judgement(
             kind="waiting_for_peers",
@@ -242,6 +244,20 @@ def _fsdp_exposed(ranks: list[RankResult], across: Across, kind: str, options: A
     ]
 
 
+def straggler_facts(s: Straggler, verdict: SlowRankVerdict, basis: Basis, matched: int,
+                    entered: EnteredLate | None = None) -> StragglerFacts:
+    """What the straggler finding on ``s`` states, decided: whether it is named for its lateness at the collectives
+    (else for slow steps), that lateness as % of the step its evidence states (the median rank's, ``s.step_us``),
+    the rank it is late together with, and whether the traced window disagrees with a verdict the step timer made
+    over the run (it shows this rank waiting longer at its collectives than its peers)."""
+    late = s.reason == "late_collectives" and s.lateness_us is not None
+    return StragglerFacts(
+        s, verdict, basis, matched, entered_late=entered, late=late,
+        lateness_pct=100.0 * s.lateness_us / s.step_us if late and s.lateness_us is not None and s.step_us else 0.0,
+        named_with=verdict.rank if s.rank != verdict.rank else None,
+        window_disagrees=late and basis == STEP_TIMER and s.comm_wait_us > s.peer_wait_us)
+
+
 def _stragglers(across: Across, verdicts: RankVerdicts, options: AnalysisOptions) -> list[Judgement]:
     assert across.skew is not None
     out = []
@@ -250,21 +266,16 @@ def _stragglers(across: Across, verdicts: RankVerdicts, options: AnalysisOptions
     skews = {p.rank: p for p in across.skew.per_rank}
     for s in verdicts.stragglers:
         late = s.reason == "late_collectives" and s.lateness_us is not None
-        if late:
-            assert s.lateness_us is not None
-            # Of the step its evidence states it of (the median rank's mean step, Straggler.step_us).
-            severity = 100.0 * s.lateness_us / s.step_us if s.step_us else 0.0
-        else:
-            severity = s.step_excess_pct or 0.0
+        facts = straggler_facts(s, verdict, verdicts.straggler_basis, across.skew.matched_collectives,
+                                window_entry(skews.get(s.rank), late, verdicts, options))
         out.append(
             Judgement(
                 kind="straggler",
-                severity=severity,
+                severity=facts.lateness_pct if facts.late else s.step_excess_pct or 0.0,
                 ranks=[s.rank],
-                facts=StragglerFacts(s, verdict, verdicts.straggler_basis, across.skew.matched_collectives,
-                                     entered_late=window_entry(skews.get(s.rank), late, verdicts, options)),
-                basis=_finding_basis(verdicts.straggler_basis) if late else TRACE,
-                steps=verdict.steps if late else None,
+                facts=facts,
+                basis=_finding_basis(verdicts.straggler_basis) if facts.late else TRACE,
+                steps=verdict.steps if facts.late else None,
                 numbers={
                     k: v
                     for k, v in (("lateness_us", s.lateness_us), ("step_excess_pct", s.step_excess_pct))

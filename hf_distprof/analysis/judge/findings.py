@@ -14,12 +14,17 @@ from __future__ import annotations
 
 from hf_distprof.analysis.judge import chain
 from hf_distprof.analysis.judge.diagnosis import diagnose, undecided
-from hf_distprof.analysis.judge.slowdown import slowdown_findings, slowdown_of, withhold_in_a_distorted_window
+from hf_distprof.analysis.judge.slowdown import (
+    quiet_slowdown,
+    slowdown_findings,
+    slowdown_of,
+    withhold_in_a_distorted_window,
+)
 from hf_distprof.analysis.judge.verdicts import judge_ranks
 from hf_distprof.analysis.judge.whatif import WHAT_TO_FIX_FIRST, judge_scenarios, what_to_fix_first
 from hf_distprof.analysis.judge.window import window_notes
 from hf_distprof.analysis.options import AnalysisOptions
-from hf_distprof.analysis.results.across import Across
+from hf_distprof.analysis.results.across import Across, RankVerdicts
 from hf_distprof.analysis.results.facts import Judged
 from hf_distprof.analysis.results.findings import TRACE, Judgement
 from hf_distprof.analysis.results.rank import RankResult
@@ -29,6 +34,31 @@ from hf_distprof.analysis.results.whatif import WhatIf
 _FIRST = (chain.SLOW_RANK, WHAT_TO_FIX_FIRST)
 """Kinds that open the list, in this order, whatever their severity: the slow rank's chain (the cause and its phase),
 then the largest saving the replay predicts. The box shows the first finding of the list, as every output orders it."""
+
+
+SLOW_RANK_FINDINGS = ("slow_rank", "straggler", "imbalance")
+"""The findings whose ranks are the slow ones (a finding on communication, data loading or the waiting ranks names
+other ranks: those it is about)."""
+
+
+def slowest_rank(findings: list[Judgement], verdicts: RankVerdicts,
+                 pace: tuple[int | None, int | None]) -> tuple[int | None, str | None]:
+    """The rank the answer calls slowest, and the verdict whose figure backs the claim: the one the first slow-rank
+    finding names (by that finding's kind); else the rank the what-if replays at its peers' pace (``pace``: the most own
+    work over the run's steps, with the step timer's records; else the latest at the traced steps' collectives), by
+    the verdict whose candidate it is (``imbalance``, else ``straggler``; None when neither names it); else the
+    imbalance verdict's candidate. The box, the trackers' headline and the what-if then name one rank (None with one
+    rank)."""
+    named = next((f for f in findings if f.kind in SLOW_RANK_FINDINGS and f.ranks), None)
+    if named is not None:
+        return named.ranks[0], named.kind
+    rank = pace[0]
+    if rank is None:
+        rank = verdicts.imbalance.rank if verdicts.imbalance is not None else None
+    for name, v in (("imbalance", verdicts.imbalance), ("straggler", verdicts.straggler)):
+        if v is not None and rank is not None and v.rank == rank:
+            return rank, name
+    return rank, None
 
 
 def in_order(findings: list[Judgement]) -> list[Judgement]:
@@ -66,11 +96,14 @@ def judge(ranks: list[RankResult], across: Across, replay: WhatIf | None, summar
     backend = next((r.backend for r in ranks if r.backend), None)
     fsdp = any(c.module is not None for r in ranks for c in r.collectives)
     first = what_to_fix_first(answer, options.what_if_pct, gpu, backend, fsdp) if answer is not None else None
+    findings = in_order(findings + ([first] if first is not None else []))
     return Judged(
         verdicts=verdicts,
-        findings=in_order(findings + ([first] if first is not None else [])),
+        findings=findings,
         questions=undecided(verdicts) + withheld,
         windows=window_notes(verdicts, across.timer, across.traced, slowdown),
         slowdown=slowdown,
         what_if=answer,
+        quiet_slowdown=quiet_slowdown(slowdown),
+        slowest=slowest_rank(findings, verdicts, across.pace),
     )

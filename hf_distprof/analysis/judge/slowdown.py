@@ -6,10 +6,10 @@ from typing import Any
 
 from hf_distprof.analysis.options import AnalysisOptions
 from hf_distprof.analysis.results.across import TimerFigures
-from hf_distprof.analysis.results.facts import Question, SlowdownFacts
+from hf_distprof.analysis.results.facts import QuietSlowdown, Question, SlowdownFacts
 from hf_distprof.analysis.results.findings import STEP_TIMER, TRACE_AND_TIMER, Judgement
 from hf_distprof.analysis.results.timer import TimingSummary
-from hf_distprof.core.overhead import profiler_slowdown
+from hf_distprof.core.overhead import beyond_noise, profiler_slowdown
 
 
 def slowdown_of(summary: TimingSummary, timer: TimerFigures, traced: set[int],
@@ -24,6 +24,35 @@ def slowdown_of(summary: TimingSummary, timer: TimerFigures, traced: set[int],
     return found.to_json() if found is not None else None
 
 
+def raised(slowdown: dict[str, Any] | None) -> bool:
+    """Whether the profiler's slowdown is a finding: the step timer decided it at train end and wrote its warning
+    (``timing_summary.json``), or :func:`slowdown_of` judged it from the records the same way."""
+    return bool(slowdown) and bool(slowdown.get("warning"))
+
+
+def quiet_slowdown(slowdown: dict[str, Any] | None) -> QuietSlowdown | None:
+    """The profiler's slowdown when it raised no finding: its ratio, and whether it lies within the run's own noise;
+    or why there is no ratio. None when it raised one, or without a slowdown."""
+    if not slowdown or raised(slowdown):
+        return None
+    ratio, noise = slowdown.get("ratio"), slowdown.get("noise_pct")
+    noise = float(noise) if isinstance(noise, (int, float)) else None
+    note = slowdown.get("note") if isinstance(slowdown.get("note"), str) else None
+    inside = slowdown.get("steps_inside")
+    return QuietSlowdown(
+        threshold_ratio=float(slowdown["threshold_ratio"]),
+        ratio=float(ratio) if ratio is not None else None,
+        note=note,
+        noise_pct=noise,
+        within_noise=ratio is not None and noise is not None and not beyond_noise(float(ratio), noise),
+        noise_only=ratio is not None and noise is not None and not beyond_noise(float(ratio), noise)
+        and float(ratio) > float(slowdown["threshold_ratio"]),
+        steps_inside=inside if isinstance(inside, int) else None,
+        steps_before=int(slowdown.get("steps_before") or 0),
+        steps_after=int(slowdown.get("steps_after") or 0),
+    )
+
+
 def withhold_in_a_distorted_window(
     findings: list[Judgement], slowdown: dict[str, Any] | None, timer: dict[str, Any] | None
 ) -> tuple[list[Judgement], list[Question]]:
@@ -36,7 +65,7 @@ def withhold_in_a_distorted_window(
     Returns:
         The findings kept, and the withheld ones as undecided questions.
     """
-    if not slowdown or not slowdown.get("warning") or not timer or timer.get("status") == "raised":
+    if not raised(slowdown) or not timer or timer.get("status") == "raised":
         return findings, []
     kept, withheld = [], []
     for f in findings:
@@ -51,8 +80,9 @@ def withhold_in_a_distorted_window(
 
 def slowdown_findings(slowdown: dict[str, Any] | None) -> list[Judgement]:
     """A finding when the profiler made the traced steps materially slower than the rest of the run."""
-    if not slowdown or not slowdown.get("warning"):
+    if not raised(slowdown):
         return []
+    assert slowdown is not None
     ratio = float(slowdown["ratio"])
     return [
         Judgement(

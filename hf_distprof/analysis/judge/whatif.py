@@ -47,8 +47,7 @@ def judge_scenarios(answer: WhatIf, verdicts: RankVerdicts, run_evidence: bool) 
         real = not windows or any(v.raised and v.rank == model.slowest_rank for v in windows)
     judged = []
     for s in answer.scenarios:
-        counted = s.saving_ms if s.run_saving_pct is None else min(s.saving_ms, s.step_ms_now * s.run_saving_pct / 100)
-        beyond = (s.noise_ms is not None and counted > max(s.error_ms, s.noise_ms)
+        beyond = (s.noise_ms is not None and s.counted_ms > max(s.error_ms, s.noise_ms)
                   and (s.scenario not in RANK_SCENARIOS or real))
         judged.append(replace(s, beyond_noise=beyond))
     return WhatIf(by_saving(judged), answer.critical_path, replace(model, rank_saving_real=real))

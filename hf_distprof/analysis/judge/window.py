@@ -10,6 +10,7 @@ from typing import Any
 from hf_distprof.analysis.results.across import RankVerdicts, TimerFigures
 from hf_distprof.analysis.results.facts import WindowFacts
 from hf_distprof.analysis.results.findings import STEP_TIMER
+from hf_distprof.core.overhead import beyond_noise
 from hf_distprof.core.run_verdict import agrees
 
 
@@ -30,7 +31,7 @@ def window_notes(verdicts: RankVerdicts, timer: TimerFigures, traced: set[int],
     noise = slowdown.get("noise_pct") if slowdown else None
     noise_pct = float(noise) if isinstance(noise, (int, float)) else None
     ratio = median(steps) / untraced if steps and untraced else None
-    beyond = ratio is not None and noise_pct is not None and abs(100.0 * (ratio - 1.0)) > noise_pct
+    beyond = ratio is not None and noise_pct is not None and beyond_noise(ratio, noise_pct)
     out = []
     for question, final, window, basis in (
             ("straggler", verdicts.straggler, verdicts.straggler_window, verdicts.straggler_basis),

@@ -257,6 +257,13 @@ class CrossRankResult:
     when the timer is absent, one more sample beside the timer's answer otherwise."""
     imbalance_window: SlowRankVerdict | None = None
     """What the traced window alone says about busy time."""
+    slowest_rank: int | None = None
+    """The rank the answer calls slowest (the box, the trackers' headline; the what-if replays it at its peers' pace):
+    the one the first slow-rank finding names, else the rank with the most own work over the run's steps (the step
+    timer's records), else the latest at the traced steps' collectives, else the imbalance verdict's candidate."""
+    slowest_by: str | None = None
+    """What names it: the finding's kind (``slow_rank``, ``straggler``, ``imbalance``), else the verdict whose
+    candidate it is (``imbalance``, ``straggler``), its figure the one the box states; None when neither verdict's."""
 
 @dataclass
 class BandwidthStat:

@@ -75,6 +75,8 @@ class WaitingFacts:
     """The worst rank's peers it waits for, (peer, % of its step), longest first, at most 3."""
     entered_late: list[EnteredLate] = field(default_factory=list)
     """Those of ``whom`` whose lateness arose before the step began (:class:`EnteredLate`), in ``whom``'s order."""
+    all_entered_late: bool = False
+    """Whether every peer of ``whom`` is one of them: the advice then points between steps, not inside them."""
 
 
 @dataclass
@@ -117,6 +119,16 @@ class StragglerFacts:
     """Who waits for it, when the slow rank's chain does not stand in for this finding."""
     entered_late: EnteredLate | None = None
     """A late straggler whose lateness arose before the step began; None otherwise."""
+    late: bool = False
+    """Named for its lateness at the step's collectives (``lateness_us``); else for slow steps (``step_excess_pct``)."""
+    lateness_pct: float = 0.0
+    """With ``late``: its lateness, % of the median rank's step (``step_us``; 0 without one)."""
+    named_with: int | None = None
+    """The rank the straggler verdict names, when this one is late together with it (a late minority of 3+ ranks)."""
+    window_disagrees: bool = False
+    """Named by the step timer over the run, while the traced window shows this rank waiting longer at its collectives
+    than its peers: the window does not show the slowdown, the run's untraced steps carry the verdict
+    (:func:`hf_distprof.analysis.judge.diagnosis.window_disagrees`)."""
 
 
 @dataclass
@@ -218,6 +230,30 @@ class SlowdownFacts:
 
 
 @dataclass
+class QuietSlowdown:
+    """The profiler's slowdown when it raised no finding (:func:`hf_distprof.analysis.judge.slowdown.quiet_slowdown`):
+    its ratio against the untraced steps, or why there is none."""
+
+    threshold_ratio: float
+    ratio: float | None = None
+    """Median traced step over the median untraced one; None when the run had too few untraced steps (``note``)."""
+    note: str | None = None
+    """Why there is no ratio, as the step timer wrote it."""
+    noise_pct: float | None = None
+    """The run's own noise for the ratio; None in older summaries (which compared with every other step)."""
+    within_noise: bool = False
+    """Whether the ratio is within 1 +- the run's noise (the judge's decision; False without a noise)."""
+    noise_only: bool = False
+    """Whether the ratio is above the threshold, quiet only because it lies within the run's noise."""
+    steps_inside: int | None = None
+    """The steps under the profiler (its warm-up and recorded steps); None in older summaries."""
+    steps_before: int = 0
+    """Untraced steps before the window, left out (a run's first steps run slower)."""
+    steps_after: int = 0
+    """Untraced steps after the window's start: what the ratio compares with."""
+
+
+@dataclass
 class Question:
     """A question the run could not decide, as the judge left it (its words: :func:`hf_distprof.analysis.tell.
     findings.undecided`)."""
@@ -265,3 +301,8 @@ class Judged:
     """The profiler's slowdown (:func:`hf_distprof.analysis.judge.slowdown.slowdown_of`)."""
     what_if: WhatIf | None
     """The replay, each saving judged, in order (None without one)."""
+    quiet_slowdown: QuietSlowdown | None = None
+    """The profiler's slowdown when it raised no finding; None when it did, or without one."""
+    slowest: tuple[int | None, str | None] = (None, None)
+    """The rank the answer calls slowest, and what names it (:func:`hf_distprof.analysis.judge.findings.
+    slowest_rank`)."""

@@ -76,6 +76,9 @@ class AnalysisResult:
     """The ``bandwidth_reference`` rows added up per rank; not in ``to_dict``."""
     common_steps: list[int] = field(default_factory=list)
     """The steps every rank traced, in order; not in ``to_dict``."""
+    slowdown_line: str | None = None
+    """The profiler's slowdown when it raised no finding, in words (its ratio and the run's noise, or why there is no
+    ratio); None when it raised one, or without one. Not in ``to_dict`` (``profiler_slowdown`` has its figures)."""
 
     @property
     def exposed_comm_pct(self) -> float:
@@ -114,7 +117,7 @@ class AnalysisResult:
         return orjson.dumps(self.to_dict(), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
 
 _ATOMS = frozenset({str, int, float, bool, type(None)})
-_NOT_IN_JSON = ("alignment", "late_peers", "reference_totals", "common_steps")
+_NOT_IN_JSON = ("alignment", "late_peers", "reference_totals", "common_steps", "slowdown_line")
 
 def _asdict(obj: Any) -> Any:
     """``dataclasses.asdict(obj)``, the same dict, without copying each rank's collectives and timeline

@@ -44,10 +44,21 @@ class WhatIfScenario:
     (``beyond_noise``, "what to fix first", the box) on the smaller of the two (:attr:`counted_pct`)."""
 
     @property
+    def held_to_run(self) -> bool:
+        """Whether the run's figure is smaller than the replay's: then it is the saving that counts."""
+        return self.run_saving_pct is not None and self.run_saving_pct < self.saving_pct
+
+    @property
     def counted_pct(self) -> float:
-        """The saving that counts: ``saving_pct``, or the run's figure when it is smaller (the one place it is
-        computed)."""
-        return self.saving_pct if self.run_saving_pct is None else min(self.saving_pct, self.run_saving_pct)
+        """The saving that counts, % of the step: ``saving_pct``, or the run's figure when it is smaller (the one place
+        it is computed)."""
+        run = self.run_saving_pct
+        return run if run is not None and run < self.saving_pct else self.saving_pct
+
+    @property
+    def counted_ms(self) -> float:
+        """The same in milliseconds: ``saving_ms``, or the run's figure of the measured step."""
+        return self.step_ms_now * self.counted_pct / 100.0 if self.held_to_run else self.saving_ms
 
 @dataclass
 class ReplayedRank:

@@ -13,6 +13,7 @@ import textwrap
 
 from hf_distprof.analysis.results.findings import Finding
 from hf_distprof.analysis.results.result import AnalysisResult
+from hf_distprof.core.text import SHOWN_PCT
 from hf_distprof.core.verdicts import QUIET_WHY
 
 NO_FINDING = "nothing crosses its threshold in most steps, beyond the run's own noise"
@@ -45,13 +46,13 @@ def _fields(result: AnalysisResult) -> list[tuple[str, str]]:
     cross = result.cross_rank
     waits = sum(row.wait_pct for row in result.comm_by_kind)
     figures = (f"exposed communication {result.exposed_comm_pct:.1f}% of the step"
-               + (f" ({waits:.1f}% of the step: late-peer wait)" if waits >= 0.05 else "")
+               + (f" ({waits:.1f}% of the step: late-peer wait)" if waits >= SHOWN_PCT else "")
                + (f", load imbalance {result.imbalance_pct:.1f}% (busy time, traced steps)"
                   if cross is not None else ""))
     if result.undecided:
         first = result.undecided[0]
-        return [("Verdict", "not enough evidence for a slow-rank verdict"), ("Why", first.why or first.reason),
-                ("Try", first.to_decide or "trace more steps"), ("Figures", figures)]
+        return [("Verdict", "not enough evidence for a slow-rank verdict"), ("Why", first.why),
+                *([("Try", first.to_decide)] if first.to_decide else []), ("Figures", figures)]
     verdicts = (("straggler", cross.straggler_verdict), ("imbalance", cross.imbalance_verdict)) if cross else ()
     quiet = [f"{name} {v.status}" for name, v in verdicts if v is not None]
     slowest = _slowest(result)
@@ -61,17 +62,20 @@ def _fields(result: AnalysisResult) -> list[tuple[str, str]]:
 
 
 def _slowest(result: AnalysisResult) -> str:
-    """"; slowest rank 1 (+4.3% median excess per step, under the 10% threshold)": the slow-rank verdict's candidate,
-    which the step timer's table and the what-if name too; its figure is the verdict's (step by step, over the run when
-    the step timer's records decide), not the headline's load imbalance of the traced steps' mean busy time."""
+    """"; slowest rank 1 (+4.3% median excess per step, under the 10% threshold)": the rank the answer calls slowest
+    (``cross_rank.slowest_rank``, which the what-if replays at its peers' pace and the step timer's table names too),
+    with the figure of the verdict whose candidate it is (its own work, else its lateness at the collectives: step by
+    step, over the run when the step timer's records decide), not the headline's load imbalance of the traced steps'
+    mean busy time."""
     cross = result.cross_rank
-    v = cross.imbalance_verdict if cross is not None else None
-    if v is None or v.rank is None or v.raised:
+    if cross is None or cross.slowest_rank is None:
         return ""
+    v = {"imbalance": cross.imbalance_verdict, "straggler": cross.straggler_verdict}.get(cross.slowest_by or "")
+    if v is None or v.raised:
+        return f"; slowest rank {cross.slowest_rank}"
+    what = "excess" if cross.slowest_by == "imbalance" else "lateness"  # its arrival at the collectives
     why = QUIET_WHY.get(v.gate, "no verdict") if v.gate != "threshold" else f"under the {v.threshold_pct:g}% threshold"
-    return f"; slowest rank {v.rank} ({v.effect_pct:+.1f}% median excess per step, {why})"
-
-
+    return f"; slowest rank {v.rank} ({v.effect_pct:+.1f}% median {what} per step, {why})"
 
 
 def _largest_saving(result: AnalysisResult) -> str:
@@ -79,7 +83,7 @@ def _largest_saving(result: AnalysisResult) -> str:
     top = result.what_if[0] if result.what_if else None  # the judge's order: the saving that counts, largest first
     if top is None or top.counted_pct <= 0:
         return "nothing to fix from these steps; the tables show where each step goes"
-    held = f" over the run; {top.saving_pct:.1f}% in the traced steps alone" if top.counted_pct < top.saving_pct else ""
+    held = f" over the run; {top.saving_pct:.1f}% in the traced steps alone" if top.held_to_run else ""
     if top.beyond_noise:
         held = f" ({held.strip()})" if held else ""
         return (f"nothing worth fixing: the largest saving the what-if predicts, {top.title}, is "

@@ -24,6 +24,7 @@ from hf_distprof.analysis.results.facts import (
     MemoryFacts,
     PeerWaits,
     Question,
+    QuietSlowdown,
     RunSlowFacts,
     SlowdownFacts,
     StragglerFacts,
@@ -34,7 +35,7 @@ from hf_distprof.analysis.results.findings import STEP_TIMER, TRACE_AND_TIMER, F
 from hf_distprof.analysis.results.whatif import WhatIfModel, WhatIfScenario
 from hf_distprof.core.advice import PHASE_NAMES, phase_advice
 from hf_distprof.core.cause import Attribution, cause_action, cause_title, cause_why
-from hf_distprof.core.text import format_bytes
+from hf_distprof.core.text import SHOWN_PCT, format_bytes
 
 
 @dataclass
@@ -59,10 +60,30 @@ def write(j: Judgement) -> Finding:
                    steps=j.steps, cause=j.cause, more_work_too=j.more_work_too)
 
 
-def write_all(judged: Judged) -> tuple[list[Finding], list[Undecided], list[WindowNote]]:
-    """Every finding, undecided question and window note of the run, in words."""
+def write_all(judged: Judged) -> tuple[list[Finding], list[Undecided], list[WindowNote], str | None]:
+    """Every finding, undecided question and window note of the run, and the profiler's slowdown when it raised no
+    finding, in words."""
+    quiet = judged.quiet_slowdown
     return ([write(j) for j in judged.findings], [undecided(q) for q in judged.questions],
-            [window_note(w) for w in judged.windows])
+            [window_note(w) for w in judged.windows], slowdown_line(quiet) if quiet is not None else None)
+
+
+def slowdown_line(q: QuietSlowdown) -> str | None:
+    """The profiler's slowdown that raised no finding, in one line ("Profiler slowdown: the 5 steps under the profiler
+    ... 1.02x the 40 untraced steps after the window's start ..., within the run's own noise of 3.1%; below 1.3x"), or
+    why there is no ratio; None when there is neither."""
+    if q.ratio is None:
+        return f"Profiler slowdown: {q.note}" if q.note is not None else None
+    left_out = f" (the {q.steps_before} before it left out: a run's first steps run slower)" if q.steps_before else ""
+    around = (f"the {q.steps_after} untraced steps after the window's start{left_out}" if q.noise_pct is not None
+              else "the other steps")  # older summaries have no noise (and compared with every other step)
+    within = ("" if q.noise_pct is None else f", within the run's own noise of {q.noise_pct:.1f}%" if q.within_noise
+              else f" (the run's own noise {q.noise_pct:.1f}%)")
+    traced = (f"the {q.steps_inside} steps under the profiler (its warm-up and recorded steps)"
+              if q.steps_inside is not None else "traced steps")
+    against = (f": above the {q.threshold_ratio:g}x threshold, but no slowdown the run can tell from its noise"
+               if q.noise_only else f"; below {q.threshold_ratio:g}x")
+    return f"Profiler slowdown: {traced} {q.ratio:.2f}x {around}{within}{against}"
 
 
 def _ms_of(seconds: float) -> str:
@@ -73,7 +94,7 @@ def waits_sentence(w: PeerWaits) -> str:
     """"rank 0 waits 55.7% of its step at all_gather and 6.7% at all_reduce for rank 1" (the peer that waits most,
     and how many others do)."""
     parts = [f"{pct:.1f}% of its step at {kind}" if i == 0 else f"{pct:.1f}% at {kind}"
-             for i, (kind, pct) in enumerate(w.kinds) if pct >= 0.05]
+             for i, (kind, pct) in enumerate(w.kinds) if pct >= SHOWN_PCT]
     text = f"rank {w.worst} waits {' and '.join(parts)} for rank {w.slow}"
     if w.others:
         low, high = f"{min(w.others):.1f}", f"{max(w.others):.1f}"
@@ -88,7 +109,7 @@ def _comm_bound(j: Judgement) -> Prose:
     late = "".join(
         f"; of rank {s.rank}'s {s.exposed_pct:.1f}% exposed, {s.waited_pct:.1f}% is a wait for a late peer "
         f"(rank{'s' if len(s.peers) > 1 else ''} {', '.join(map(str, s.peers))}), left out" for s in f.late)
-    split = [f"{kind} {exposed:.1f}%" + (f" ({wait:.1f}% waiting)" if wait >= 0.05 else "")
+    split = [f"{kind} {exposed:.1f}%" + (f" ({wait:.1f}% waiting)" if wait >= SHOWN_PCT else "")
              for kind, exposed, wait in f.kind_split]
     if f.advice == "fsdp_findings":
         action = "FSDP's all-gathers and reduce-scatters: see the FSDP findings for which and where"
@@ -137,9 +158,8 @@ def _waiting(j: Judgement) -> Prose:
     f: WaitingFacts = j.facts
     whom = ", ".join(f"rank {p} {pct:.1f}%" for p, pct in f.whom)
     late = f"; {entered_late_sentence(f.entered_late)}" if f.entered_late else ""
-    between = bool(f.whom) and len(f.entered_late) == len(f.whom)  # every late peer shown began its steps late
     look = (f"look at what the late ranks do between steps that their peers do not ({_BETWEEN_STEPS}) in the merged "
-            "trace (hf-distprof merge)" if between else
+            "trace (hf-distprof merge)" if f.all_entered_late else
             "compare the late ranks' steps with a peer's in the merged trace (hf-distprof merge)")
     return Prose(
         title="Ranks wait for late peers",
@@ -199,8 +219,8 @@ def _why_named(f: StragglerFacts) -> str:
     """Why the straggler verdict names the rank: the arrival order in the window, weighed with the step timer's
     untraced steps, or the step timer's own verdict over the run."""
     v = f.verdict
-    if f.straggler.rank != v.rank:
-        text = f"late together with rank {v.rank}, standing out from the other ranks"
+    if f.named_with is not None:
+        text = f"late together with rank {f.named_with}, standing out from the other ranks"
     elif f.basis == STEP_TIMER:
         text = (f"the step timer names it over the run's {v.steps} untraced steps: slowest in {v.slowest_in} of "
                 f"{v.steps} (p = {v.p_value:.3f} by chance)")
@@ -216,15 +236,13 @@ def _straggler(j: Judgement) -> Prose:
     f: StragglerFacts = j.facts
     s = f.straggler
     waits = f"; {waits_sentence(f.waits)}" if f.waits is not None else ""
-    if s.reason == "late_collectives" and s.lateness_us is not None:
+    if f.late:
+        assert s.lateness_us is not None
         why = (f"rank {s.rank} reaches a collective of each step {s.lateness_us / 1e3:.2f} ms after the earliest rank "
                f"(its latest arrival per step, median over steps; {f.matched} matched collectives; "
-               f"{100 * s.lateness_us / s.step_us:.1f}% of the {s.step_us / 1e3:.2f} ms step)")
-        # Named by the step timer over the run, a rank the traced window shows waiting longer than its peers: the
-        # window does not show the slowdown, and the evidence says so rather than reading as a contradiction.
-        shown = f.basis == STEP_TIMER and s.comm_wait_us > s.peer_wait_us
+               f"{f.lateness_pct:.1f}% of the {s.step_us / 1e3:.2f} ms step)")
         unseen = (", which the traced window does not show (there this rank waited longer than its peers): the "
-                  "run's untraced steps carry the verdict") if shown else ""
+                  "run's untraced steps carry the verdict") if f.window_disagrees else ""
         late = f"; {entered_late_sentence([f.entered_late])}" if f.entered_late is not None else ""
         action = (f"Look at what rank {s.rank} does between steps that its peers do not ({_BETWEEN_STEPS}), or a "
                   "slower host" if f.entered_late is not None else
@@ -424,7 +442,7 @@ def noise_of(model: WhatIfModel, noise_ms: float | None) -> str:
 
 def over_the_run(scenario: WhatIfScenario, model: WhatIfModel) -> str:
     """"; over the run's N judged steps that pace saves X% ..." when the run's figure is the smaller one, else ""."""
-    if scenario.run_saving_pct is None or scenario.run_saving_pct >= scenario.saving_pct:
+    if not scenario.held_to_run:
         return ""
     return (f"; over the run's {model.run_steps} judged steps that pace saves {scenario.run_saving_pct:.1f}% of the "
             "step (the step timer's records), the figure that counts")
@@ -434,7 +452,7 @@ def _fix_first(j: Judgement) -> Prose:
     f: FixFirstFacts = j.facts
     top, model = f.top, f.model
     ranked = "; ".join(f"{s.title}: {s.step_ms_predicted:.2f} ms (-{s.saving_pct:.1f}%)"
-                       if s.counted_pct == s.saving_pct else f"{s.title}: -{s.counted_pct:.1f}% over the run"
+                       if not s.held_to_run else f"{s.title}: -{s.counted_pct:.1f}% over the run"
                        for s in f.worth)
     action, more = _ADVICE[top.scenario]
     action = action.format(ranks=", ".join(map(str, top.ranks)), pin="pin_memory=True, " if f.gpu else "",
@@ -483,7 +501,9 @@ def undecided(q: Question) -> Undecided:
         why = (f"the traced steps ran {q.ratio:.2f}x slower than the rest of the run, and over the untraced steps the "
                "step timer names no slow rank")
         return Undecided(question=q.question, reason=f"{title} withheld: {why} ({q.timer_reason})",
-                         why=f"{title} withheld: {why}", ranks=q.ranks, basis=q.basis, steps=q.steps)
+                         why=f"{title} withheld: {why}", ranks=q.ranks, basis=q.basis, steps=q.steps,
+                         to_decide=("trace again with fewer profiler options (the profiler-slowdown finding names the "
+                                    "costly ones), so that the traced steps run like the others"))
     v = q.verdict
     assert v is not None
     return Undecided(

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from hf_distprof.analysis.results.across import BandwidthStat
 from hf_distprof.analysis.results.rank import CommKindStat, DeviceMemory, RankResult
 from hf_distprof.analysis.results.result import AnalysisResult
 from hf_distprof.analysis.tell.box import NO_FINDING
 from hf_distprof.analysis.tell.run import format_run
 from hf_distprof.analysis.tell.whatif import what_if_lines
-from hf_distprof.core.text import format_bytes
+from hf_distprof.core.text import SHOWN_PCT, format_bytes
 
 # Per-rank rows of the per-kind table up to this many ranks; beyond, the mean over ranks only.
 KIND_TABLE_MAX_RANKS = 8
@@ -59,30 +57,9 @@ def _findings_lines(result: AnalysisResult) -> list[str]:
     for u in result.undecided:
         lines.append(f"Not enough evidence, no verdict: {u.question}: {u.reason}")
     lines += [note.text for note in result.window_notes]
-    lines += _slowdown_lines(result.profiler_slowdown)
+    if result.slowdown_line is not None:
+        lines.append(result.slowdown_line)
     return lines
-
-
-def _slowdown_lines(slowdown: dict[str, Any] | None) -> list[str]:
-    """The profiler's slowdown when it raised no finding: its ratio against the untraced steps and their noise, or
-    why there is none."""
-    if not slowdown or slowdown.get("warning"):
-        return []
-    if slowdown.get("ratio") is None:
-        return [f"Profiler slowdown: {slowdown['note']}"] if isinstance(slowdown.get("note"), str) else []
-    ratio, noise = float(slowdown["ratio"]), slowdown.get("noise_pct")
-    known = isinstance(noise, (int, float))  # older summaries have no noise (and compared with the steps before)
-    before = slowdown.get("steps_before") or 0
-    around = (f"the {slowdown.get('steps_after', 0)} untraced steps after the window's start"
-              + (f" (the {before} before it left out: a run's first steps run slower)" if before else "")
-              if known else "the other steps")
-    within = (f", within the run's own noise of {noise:.1f}%" if isinstance(noise, (int, float))
-              and abs(100.0 * (ratio - 1.0)) <= noise else
-              f" (the run's own noise {noise:.1f}%)" if isinstance(noise, (int, float)) else "")
-    inside = slowdown.get("steps_inside")
-    traced = (f"the {inside} steps under the profiler (its warm-up and recorded steps)" if isinstance(inside, int)
-              else "traced steps")
-    return [f"Profiler slowdown: {traced} {ratio:.2f}x {around}{within}; below {slowdown['threshold_ratio']:g}x"]
 
 
 def _rank_rows(rank: RankResult) -> list[str]:
@@ -126,7 +103,7 @@ def _kind_totals(result: AnalysisResult) -> list[str]:
     out = [f"exposed %step per rank (its rows added up; the headline's figure): {sums}"]
     for r in ranks[:KIND_TABLE_MAX_RANKS]:
         peers = result.late_peers.get(r.rank, [])
-        shown = [p for p in peers if p.pct >= 0.05]
+        shown = [p for p in peers if p.pct >= SHOWN_PCT]
         if shown:
             out.append(f"rank {r.rank}'s late-peer wait: {sum(p.pct for p in peers):.1f}% of its step ("
                        + ", ".join(f"for rank {p.peer} {p.pct:.1f}%" for p in shown) + ")")

@@ -48,23 +48,16 @@ def figures(result: AnalysisResult) -> dict[str, float]:
     return {k: v for k, v in out.items() if v is not None}
 
 
-SLOW_RANK_FINDINGS = ("slow_rank", "straggler", "imbalance")
-"""The findings whose ranks are the slow ones (a finding on communication, data loading or the waiting ranks names
-other ranks: those it is about)."""
-
-
 def headline(result: AnalysisResult) -> dict[str, str | float | int | None]:
-    """The values a run is compared by: the box's verdict, the slowest rank (the one a slow-rank finding names, else the
-    imbalance verdict's candidate), exposed communication and the largest saving the what-if predicts."""
+    """The values a run is compared by: the box's verdict, the slowest rank (``cross_rank.slowest_rank``: the one a
+    slow-rank finding names, else the one the what-if replays at its peers' pace), exposed communication and the largest
+    saving the what-if predicts."""
     rows = dict(_fields(result))
     top = result.findings[0] if result.findings else None
-    named = next((f for f in result.findings if f.kind in SLOW_RANK_FINDINGS and f.ranks), None)
-    cross = result.cross_rank
-    candidate = cross.imbalance_verdict.rank if cross is not None and cross.imbalance_verdict is not None else None
     best = result.what_if[0] if result.what_if else None  # the judge's order: the saving that counts, largest first
     return {
         "verdict": rows.get("Verdict"),
-        "slowest_rank": named.ranks[0] if named is not None else candidate,
+        "slowest_rank": result.cross_rank.slowest_rank if result.cross_rank is not None else None,
         "top_finding": top.kind if top is not None else None,
         "exposed_comm_pct": _number(result.exposed_comm_pct),
         "predicted_saving_pct": _number(best.counted_pct) if best is not None else None,
