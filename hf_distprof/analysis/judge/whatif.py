@@ -8,7 +8,7 @@ from dataclasses import replace
 from hf_distprof.analysis.results.across import RankVerdicts
 from hf_distprof.analysis.results.facts import FixFirstFacts
 from hf_distprof.analysis.results.findings import REPLAY, Judgement
-from hf_distprof.analysis.results.whatif import WhatIf, WhatIfScenario
+from hf_distprof.analysis.results.whatif import WhatIf, WhatIfModel, WhatIfScenario
 from hf_distprof.analysis.whatif.model import RANK_SCENARIOS
 
 WHAT_TO_FIX_FIRST = "what_to_fix_first"
@@ -22,6 +22,17 @@ def by_saving(scenarios: list[WhatIfScenario]) -> list[WhatIfScenario]:
     """The scenarios in the one order every output shows them: the saving that counts, largest first (ties: in the
     order replayed)."""
     return sorted(scenarios, key=lambda s: -s.counted_pct)
+
+
+def noise_of(scenario: WhatIfScenario, model: WhatIfModel) -> float | None:
+    """The step-to-step noise a scenario's saving must stand out from: the run's own, over its judged steps (the step
+    timer's records), when there; else the smaller of the measured and the predicted traced steps' (None with one
+    traced step)."""
+    if model.run_noise_ms is not None:
+        return model.run_noise_ms
+    if model.noise_ms is None or scenario.predicted_noise_ms is None:
+        return None
+    return min(model.noise_ms, scenario.predicted_noise_ms)
 
 
 def judge_scenarios(answer: WhatIf, verdicts: RankVerdicts, run_evidence: bool) -> WhatIf:
@@ -47,9 +58,10 @@ def judge_scenarios(answer: WhatIf, verdicts: RankVerdicts, run_evidence: bool) 
         real = not windows or any(v.raised and v.rank == model.slowest_rank for v in windows)
     judged = []
     for s in answer.scenarios:
-        beyond = (s.noise_ms is not None and s.counted_ms > max(s.error_ms, s.noise_ms)
+        noise = noise_of(s, model)
+        beyond = (noise is not None and s.counted_ms > max(s.error_ms, noise)
                   and (s.scenario not in RANK_SCENARIOS or real))
-        judged.append(replace(s, beyond_noise=beyond))
+        judged.append(replace(s, noise_ms=noise, beyond_noise=beyond))
     return WhatIf(by_saving(judged), answer.critical_path, replace(model, rank_saving_real=real))
 
 

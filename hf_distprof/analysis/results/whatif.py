@@ -26,10 +26,15 @@ class WhatIfScenario:
     error_ms: float
     """The model's error bar: its largest replay residual (see :class:`WhatIfModel`)."""
     noise_ms: float | None
-    """The step-to-step noise a saving must stand out from: the smaller of the measured steps' and the predicted
-    steps' (each the scaled median absolute deviation of the step times over the steps). Each inflates on its own
-    side: a rank slow in every other step makes the measured times bimodal, which is what the scenario removes; a
-    rank given its peers' work step by step takes on their variation. None with one traced step."""
+    """The step-to-step noise a saving must stand out from, the judge's choice
+    (:func:`hf_distprof.analysis.judge.whatif.noise_of`): the run's, over its judged steps, with the step timer's
+    records; else the smaller of the measured steps' and the predicted steps' (each the scaled median absolute
+    deviation of the step times over the traced steps). Each inflates on its own side: a rank slow in every other step
+    makes the measured times bimodal, which is what the scenario removes; a rank given its peers' work step by step
+    takes on their variation. None with one traced step (and no records)."""
+    predicted_noise_ms: float | None = None
+    """The predicted steps' own step-to-step noise (scaled median absolute deviation over the traced steps); None with
+    one traced step."""
     beyond_noise: bool = False
     """Whether the saving that counts (:attr:`counted_pct`) is larger than both the error bar and ``noise_ms`` (never
     with one traced step, whose noise is unknown), and on a rank's pace only when the slow-rank verdict calls that

@@ -89,15 +89,12 @@ def what_if(
         saving = now - predicted
         per_step = [100.0 * (1.0 - sum(scenario[s]) / sum(replayed[s])) if sum(replayed[s]) > 0 else 0.0
                     for s in g.steps]
-        if evidence is not None:  # the run's own noise, from every judged step
-            spread: float | None = 1e3 * evidence.noise_ms
-        else:
-            spread = min(noise, scaled_mad([sum(v) / len(v) for v in scenario.values()])) if noise is not None else None
+        own = scaled_mad([sum(v) / len(v) for v in scenario.values()]) if noise is not None else None
         out.append(WhatIfScenario(
             scenario=name, title=title, ranks=changed, step_ms_now=now / 1e3, step_ms_predicted=predicted / 1e3,
             saving_ms=saving / 1e3, saving_pct=100.0 * saving / now if now > 0 else 0.0,
             hours_per_1000_steps=saving * 1000 / MS_PER_HOUR / 1e3, error_ms=error / 1e3,
-            noise_ms=spread / 1e3 if spread is not None else None, saving_pct_per_step=per_step,
+            noise_ms=None, predicted_noise_ms=own / 1e3 if own is not None else None, saving_pct_per_step=per_step,
             run_saving_pct=run_saving_pct(name, evidence)))
     order = sorted(g.steps, key=lambda s: sum(replayed[s]) / len(replayed[s]))
     mid = order[(len(order) - 1) // 2]
