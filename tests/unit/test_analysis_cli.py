@@ -273,3 +273,20 @@ def test_a_reader_that_stops_early_gets_no_traceback() -> None:
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141, err
     assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_the_lateness_plot_leaves_a_step_without_matched_collectives_blank() -> None:
+    """A rank with no matched collective in a step has no lateness there: a blank cell (NaN), not 0 ms ("on time")."""
+    import math
+
+    from hf_distprof.analysis.tell.report import lateness_rows
+
+    result = analyze_paths([DATA / "slow_rank1"], AnalysisOptions(workers=1))
+    late = result.cross_rank.per_rank[1]
+    steps, rows = lateness_rows(result)
+    assert steps == late.lateness_steps and rows[1] == [us / 1e3 for us in late.lateness_per_step_us]
+    dropped = late.lateness_steps[1]
+    del late.lateness_steps[1], late.lateness_per_step_us[1]
+    steps, rows = lateness_rows(result)
+    column = steps.index(dropped)
+    assert math.isnan(rows[1][column]) and not math.isnan(rows[0][column])

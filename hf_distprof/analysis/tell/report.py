@@ -5,6 +5,7 @@ from them; every figure shares one tail (:func:`hf_distprof.analysis.tell.plot.s
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -68,9 +69,10 @@ def _phases_plot(result: AnalysisResult, out: Path) -> None:
     gpu = any(r.device == "gpu" for r in result.ranks)
     if gpu:
         phases = {
-            "GPU compute": lambda s: s.gpu.compute_pct if s.gpu else 0.0,
-            "exposed communication": lambda s: s.gpu.exposed_comm_pct if s.gpu else 0.0,
-            "GPU idle": lambda s: s.gpu.idle_pct if s.gpu else 0.0,
+            # A step without GPU events is a blank cell (NaN), not a measured 0%.
+            "GPU compute": lambda s: s.gpu.compute_pct if s.gpu else math.nan,
+            "exposed communication": lambda s: s.gpu.exposed_comm_pct if s.gpu else math.nan,
+            "GPU idle": lambda s: s.gpu.idle_pct if s.gpu else math.nan,
         }
     else:
         phases = {
@@ -88,17 +90,24 @@ def _phases_plot(result: AnalysisResult, out: Path) -> None:
     save(fig, out)
 
 
+def lateness_rows(result: AnalysisResult) -> tuple[list[int], list[list[float]]]:
+    """The lateness plot's steps and, per rank, its lateness at each step's collectives in ms; NaN (a blank cell) where
+    the rank has no matched collective in that step, not 0.0, which would read as "on time"."""
+    cross = result.cross_rank
+    steps = sorted({s for p in cross.per_rank for s in p.lateness_steps}) if cross else []
+    if cross is None:
+        return steps, []
+    return steps, [[dict(zip(p.lateness_steps, p.lateness_per_step_us)).get(step, math.nan) / 1e3 for step in steps]
+                   for p in cross.per_rank]
+
+
 def _lateness_plot(result: AnalysisResult, out: Path) -> None:
     """Per rank and step: how late the rank reached that step's collectives (the straggler evidence)."""
     plt = pyplot()
     cross = result.cross_rank
     fig, ax = plt.subplots(figsize=(7, max(3.0, 0.25 * len(result.ranks) + 2)))
-    steps = sorted({s for p in cross.per_rank for s in p.lateness_steps}) if cross else []
+    steps, rows = lateness_rows(result)
     if steps and cross is not None:
-        rows = [
-            [dict(zip(p.lateness_steps, p.lateness_per_step_us)).get(step, 0.0) / 1e3 for step in steps]
-            for p in cross.per_rank
-        ]
         _heatmap(ax, rows, [p.rank for p in cross.per_rank], steps, "lateness at the step's collectives (ms)", "ms")
     else:
         ax.text(0.5, 0.5, "no collective matched across ranks", ha="center", va="center")
