@@ -83,4 +83,5 @@ def totals(rows: list[BandwidthVsReference]) -> ReferenceTotals:
     """Per rank, over the rows: the compared time, the same at reference speed, lost to a slow network, waited for a
     late peer (us)."""
     return ReferenceTotals(sum(r.time_us for r in rows), sum(r.at_ref_us for r in rows),
-                           sum(r.slow_network_us for r in rows), sum(r.late_peer_us or 0.0 for r in rows))
+                           sum(r.slow_network_us for r in rows), sum(r.late_peer_us or 0.0 for r in rows),
+                           waits_separated=any(r.late_peer_us is not None for r in rows))

@@ -14,6 +14,7 @@ from hf_distprof.analysis.judge import memory
 from hf_distprof.analysis.options import AnalysisOptions
 from hf_distprof.analysis.results.across import Across, RankSkew, RankVerdicts, Straggler
 from hf_distprof.analysis.results.facts import (
+    CommAdvice,
     CommBoundFacts,
     DataLoadingFacts,
     EnteredLate,
@@ -99,7 +100,8 @@ def _comm_bound(ranks: list[RankResult], across: Across, options: AnalysisOption
         if waited >= SHOWN_PCT and peers:
             late.append(LateShare(r.rank, r.exposed_comm_pct, waited, peers))
     exposed = stats.mean([r.exposed_comm_pct for r in ranks])
-    advice = "fsdp_findings" if fsdp_findings else "fsdp" if any(_is_fsdp(r) for r in ranks) else "ddp"
+    advice = (CommAdvice.FSDP_FINDINGS if fsdp_findings else CommAdvice.FSDP if any(_is_fsdp(r) for r in ranks)
+              else CommAdvice.DDP)
     facts = CommBoundFacts(
         gpu=worst.device == "gpu", mean_pct=mean, worst=worst.rank, worst_pct=transfer[worst.rank],
         worst_median_pct=verdicts[worst.rank].median_pct, threshold_pct=options.comm_bound_pct, exposed_pct=exposed,

@@ -358,6 +358,9 @@ class ReferenceTotals:
     at_ref_us: float
     slow_network_us: float
     late_peer_us: float
+    waits_separated: bool = True
+    """Whether the rows' waits for a late peer are known (``late_peer_us``), so that ``time_us`` is the transfers
+    alone; False with one rank, where the compared time includes the waits."""
 
 
 @dataclass

@@ -8,6 +8,7 @@ question the run could not decide, and one for the traced window against the run
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from hf_distprof.analysis.results.across import PhaseExcess, RankVerdicts, Straggler
@@ -45,6 +46,17 @@ class LateShare:
     peers: list[int]
 
 
+class CommAdvice(str, Enum):
+    """Which advice a communication-bound finding gives (the judge's choice)."""
+
+    FSDP_FINDINGS = "fsdp_findings"
+    """FSDP findings name the exposed all-gathers and reduce-scatters: point to them."""
+    FSDP = "fsdp"
+    """FSDP without such findings: prefetching, wrap granularity."""
+    DDP = "ddp"
+    """DDP: bucket sizes, gradient accumulation."""
+
+
 @dataclass
 class CommBoundFacts:
     gpu: bool
@@ -60,7 +72,7 @@ class CommBoundFacts:
     overlap_pct: float | None
     kind_split: list[tuple[str, float, float]]
     """The worst rank's rows with exposed time: (kind, exposed %, waiting %)."""
-    advice: str
+    advice: CommAdvice
     """``fsdp_findings`` (FSDP findings say where), ``fsdp`` or ``ddp``."""
 
 
@@ -208,6 +220,8 @@ class RunSlowFacts:
     gpu: bool
     cause: Attribution | None = None
     """Why, from the step timer's records over the run (its figures are the live warning's)."""
+    advice_phase: str = "compute"
+    """The phase the advice is for: ``phase``'s, else compute (no phase stands out: its work as a whole)."""
 
 
 @dataclass

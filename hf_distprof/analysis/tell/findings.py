@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from hf_distprof.analysis.results.facts import (
     ChainFacts,
+    CommAdvice,
     CommBoundFacts,
     DataLoadingFacts,
     EnteredLate,
@@ -111,9 +112,9 @@ def _comm_bound(j: Judgement) -> Prose:
         f"(rank{'s' if len(s.peers) > 1 else ''} {', '.join(map(str, s.peers))}), left out" for s in f.late)
     split = [f"{kind} {exposed:.1f}%" + (f" ({wait:.1f}% waiting)" if wait >= SHOWN_PCT else "")
              for kind, exposed, wait in f.kind_split]
-    if f.advice == "fsdp_findings":
+    if f.advice is CommAdvice.FSDP_FINDINGS:
         action = "FSDP's all-gathers and reduce-scatters: see the FSDP findings for which and where"
-    elif f.advice == "fsdp":
+    elif f.advice is CommAdvice.FSDP:
         action = ("Overlap communication with compute: FSDP prefetching and wrap granularity, fewer/larger "
                   "collectives (the per-kind table says which)")
     else:
@@ -402,7 +403,7 @@ def _run_slow(j: Judgement) -> Prose:
         peers = (f"its peers wait {_ms_of(f.cause.excess_s)} per step for it over the run's {v.steps} untraced steps "
                  "(the step timer)")
         window = f"; in the traced window {waits_sentence(f.waits)}" if f.waits is not None else ""
-        advice = phase_advice(f.phase.phase if f.phase is not None else "compute", f.gpu)
+        advice = phase_advice(f.advice_phase, f.gpu)
         return _caused(f.rank, f.cause, f.gpu, advice, peers, f"{window}. {v.reason}", ".")
     name = PHASE_NAMES.get(f.phase.phase, f.phase.phase) if f.phase is not None else ""
     most = (f"; most of it in its {name}: {f.phase.excess_us / 1e3:.2f} ms more per step than its peers' "
@@ -413,7 +414,7 @@ def _run_slow(j: Judgement) -> Prose:
              f"untraced steps (the step timer; slowest in {v.slowest_in} of them)"),
         details=most + (f"; in the traced window {waits_sentence(f.waits)}" if f.waits is not None else "")
         + f". {v.reason}",
-        action=f"Rank {f.rank}: {phase_advice(f.phase.phase if f.phase is not None else 'compute', f.gpu)}",
+        action=f"Rank {f.rank}: {phase_advice(f.advice_phase, f.gpu)}",
         more=".",
     )
 

@@ -257,9 +257,8 @@ def reference_lines(result: AnalysisResult) -> list[str]:
         )
     total = result.reference_totals
     assert total is not None  # set with the rows
-    waited = "" if all(r.late_peer_us is None for r in result.bandwidth_reference) else (
-        f"{_ms(total.late_peer_us)} ms waiting for a late peer; ")
-    spent = "of transfers" if waited else "in collectives (waits included: one rank)"
+    waited = f"{_ms(total.late_peer_us)} ms waiting for a late peer; " if total.waits_separated else ""
+    spent = "of transfers" if total.waits_separated else "in collectives (waits included: one rank)"
     out.append(
         f"Per rank: {waited}{_ms(total.time_us)} ms {spent} would take {_ms(total.at_ref_us)} ms at the reference "
         f"speed: {_ms(total.slow_network_us)} ms lost to a slow network."
