@@ -81,6 +81,11 @@ class AnalysisResult:
     ratio); None when it raised one, or without one. Not in ``to_dict`` (``profiler_slowdown`` has its figures)."""
 
     @property
+    def gpu(self) -> bool:
+        """Whether any rank's trace holds GPU events (the GPU's figures and advice apply, not the training thread's)."""
+        return any(r.device == "gpu" for r in self.ranks)
+
+    @property
     def exposed_comm_pct(self) -> float:
         """Headline: exposed communication as % of step time, mean over ranks."""
         return mean([r.exposed_comm_pct for r in self.ranks])

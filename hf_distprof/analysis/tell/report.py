@@ -66,7 +66,7 @@ def _phases_plot(result: AnalysisResult, out: Path) -> None:
     plt = pyplot()
     steps = result.common_steps
     ranks = [r.rank for r in result.ranks]
-    gpu = any(r.device == "gpu" for r in result.ranks)
+    gpu = result.gpu
     if gpu:
         phases = {
             # A step without GPU events is a blank cell (NaN), not a measured 0%.
@@ -138,7 +138,7 @@ def _comm_plot(result: AnalysisResult, out: Path) -> None:
 def _breakdown_plot(result: AnalysisResult, out: Path) -> None:
     plt = pyplot()
 
-    gpu = any(r.device == "gpu" for r in result.ranks)
+    gpu = result.gpu
     labels = [f"r{r.rank}" for r in result.ranks]
     if gpu:
         parts = {

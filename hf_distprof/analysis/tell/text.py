@@ -114,7 +114,7 @@ def _kind_table(result: AnalysisResult) -> list[str]:
     """Communication per collective kind: per rank (a few ranks) or mean over ranks (many)."""
     if not result.comm_by_kind:
         return []
-    gpu = any(r.device == "gpu" for r in result.ranks)
+    gpu = result.gpu
     fsdp = bool(result.comm_by_module)  # FSDP's forward/backward columns only where FSDP issued collectives
     head = (
         f"{'rank':>4} {'kind':<15} {'calls':>6} {'busy ms':>8} {'exp ms':>8} {'late-peer ms':>12} {'exp %step':>9} "
@@ -189,7 +189,7 @@ def missing_sizes_note(result: AnalysisResult) -> str | None:
     if not result.unsized_collectives:
         return None
     head = f"{result.unsized_collectives} collective(s), counted on every rank, have no message size"
-    if not any(r.device == "gpu" for r in result.ranks):
+    if not result.gpu:
         backends = sorted({r.backend for r in result.ranks if r.backend}) or ["CPU"]
         return (f"{head}: {'/'.join(backends)} traces state them only as recorded shapes: profile with "
                 "--profiler-record-shapes (it slows the traced steps, see the flag).")
@@ -316,7 +316,7 @@ def format_summary(result: AnalysisResult) -> str:
         Multi-line text; only the count line when no rank could be analysed.
     """
     out: list[str] = []
-    gpu = any(r.device == "gpu" for r in result.ranks)
+    gpu = result.gpu
     out.append(f"Analysed {len(result.ranks)} rank(s), {len(result.errors)} file(s) skipped.")
     if result.ranks:
         head = f"{'rank':>4} {'step':>6} {'step ms':>9} {'cpu%':>7} {'comm%':>7} {'data%':>7} {'other%':>7}"
