@@ -61,13 +61,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args))
+        status = int(args.func(args))
+        sys.stdout.flush()  # the last buffered lines: a reader that went away shows here, not at exit
+        return status
     except BrokenPipeError:
+        if not _stdout_gone():
+            raise  # another pipe (a worker process's, a launched command's): a real error, with its traceback
         # The reader went away (``hf-distprof analyze RUN | head``): stop quietly, as Unix tools do, with the status
         # a shell gives a command that SIGPIPE ended; stdout goes to /dev/null so the flush at exit cannot fail again.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 128 + 13  # SIGPIPE
+
+
+def _stdout_gone() -> bool:
+    """Whether standard output's reader has closed it (a pipe without a reader), as opposed to another pipe of ours:
+    writing what it still holds fails again, or polling it reports the error (POSIX)."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return True
+    except (OSError, ValueError):
+        return False
+    try:
+        import select
+
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(event & select.POLLERR for _, event in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll() (Windows), or no file descriptor
+        return False
 
 
 if __name__ == "__main__":

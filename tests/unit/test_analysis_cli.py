@@ -290,3 +290,16 @@ def test_the_lateness_plot_leaves_a_step_without_matched_collectives_blank() -> 
     steps, rows = lateness_rows(result)
     column = steps.index(dropped)
     assert math.isnan(rows[1][column]) and not math.isnan(rows[0][column])
+
+
+def test_a_broken_pipe_that_is_not_stdout_keeps_its_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only a reader that closed stdout is a quiet exit: a BrokenPipeError from another pipe (a worker process's, a
+    launched command's) is an error the user must see."""
+    from hf_distprof.cli import analyze as analyze_cli
+
+    def broken(args: object) -> int:
+        raise BrokenPipeError("a worker's pipe")
+
+    monkeypatch.setattr(analyze_cli, "run", broken)
+    with pytest.raises(BrokenPipeError, match="a worker's pipe"):
+        main(["analyze", str(DATA / "clean")])

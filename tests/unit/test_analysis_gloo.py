@@ -186,6 +186,9 @@ def test_a_profiler_that_costs_little_raises_nothing(tmp_path: Path) -> None:
      "below 1.25x"),
     ({"ratio": None, "threshold_ratio": 1.25, "warning": None, "note": "not enough untraced steps (run more)"},
      "Profiler slowdown: not enough untraced steps (run more)"),
+    # Above the threshold with no warning and no noise (not what the step timer writes): not called "below" it.
+    ({"ratio": 1.4, "threshold_ratio": 1.25, "warning": None}, "Profiler slowdown: traced steps 1.40x the other steps; "
+     "threshold 1.25x"),
 ])
 def test_the_quiet_slowdown_line_says_why_it_is_quiet(tmp_path: Path, written: dict, line: str) -> None:
     import json
@@ -198,6 +201,21 @@ def test_the_quiet_slowdown_line_says_why_it_is_quiet(tmp_path: Path, written: d
     assert result.profiler_slowdown == written and result.slowdown_line == line
     assert format_findings(result).splitlines().count(line) == 1
     assert "slowdown_line" not in result.to_dict()
+
+
+@pytest.mark.parametrize("bad", [{"steps_after": float("nan")}, {"noise_pct": float("nan")}, {"steps_inside": "5"},
+                                 {"note": 3}])
+def test_a_slowdown_edited_by_hand_is_ignored_as_an_unreadable_one(tmp_path: Path, bad: dict) -> None:
+    import json
+    import shutil
+
+    for rank in (0, 1):
+        shutil.copy(DATA / "clean" / f"rank-{rank}.json.gz", tmp_path / f"rank-{rank}.json.gz")
+    written = {"ratio": 1.1, "threshold_ratio": 1.25, "warning": None, "noise_pct": 3.0, "steps_inside": 5,
+               "steps_before": 0, "steps_after": 12, **bad}
+    (tmp_path / "timing_summary.json").write_text(json.dumps({"profiler_slowdown": written}))
+    result = analyze_paths([tmp_path], AnalysisOptions(workers=1))
+    assert result.profiler_slowdown is None and result.slowdown_line is None
 
 
 def test_rank_findings_of_a_distorted_window_against_a_quiet_timer_are_withheld(tmp_path: Path) -> None:

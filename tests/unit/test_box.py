@@ -120,3 +120,10 @@ def test_every_finding_and_question_carries_its_fields_in_json(capsys: pytest.Ca
     for u in doc["undecided"]:
         assert set(u) == {"question", "reason", "why", "to_decide", "ranks", "basis", "steps"}
         assert u["ranks"] == [1] and u["steps"] == 3 and u["to_decide"].startswith("trace at least 6 steps")
+
+
+def test_a_slowest_rank_no_verdict_names_says_what_names_it() -> None:
+    result = analyze_paths([DATA / "clean"], AnalysisOptions(workers=1))
+    result.cross_rank.slowest_by = "run"
+    flat = re.sub(r"\s*\|\n\|\s+", " ", format_box(result))
+    assert "slowest rank 1 (the most own work over the run's judged steps, no verdict)" in flat

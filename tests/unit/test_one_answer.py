@@ -188,9 +188,9 @@ def test_a_rank_pace_saving_counts_as_much_as_the_run_shows(tmp_path: Path) -> N
 
 @pytest.mark.parametrize(("traces", "top", "slowest", "by"), [
     ("slow_data", "what_to_fix_first", 1, "imbalance"),  # the top finding names ranks 0 and 1: the saving's ranks
-    ("gpu_float_ts", "slow_rank", 2, "slow_rank"),
+    ("gpu_float_ts", "slow_rank", 2, "finding:slow_rank"),
     ("clean", None, 1, "straggler"),  # no timer records: the rank latest at the collectives, as the what-if's
-    ("slow_rank1", "slow_rank", 1, "slow_rank"),
+    ("slow_rank1", "slow_rank", 1, "finding:slow_rank"),
     ("fsdp2", "what_to_fix_first", 0, "imbalance"),
 ])
 def test_one_slowest_rank_in_the_box_the_trackers_and_the_what_if(traces: str, top: str | None, slowest: int,
@@ -216,3 +216,28 @@ def test_one_slowest_rank_in_the_box_the_trackers_and_the_what_if(traces: str, t
     assert ("slowest rank" not in box) == bool(result.findings)
     if not result.findings:
         assert f"slowest rank {slowest} (" in box
+
+
+def test_what_names_the_slowest_rank_when_no_verdict_s_candidate_is_it() -> None:
+    """The what-if's pace rank, when neither verdict names it (the step timer's records too few for a verdict, a
+    verdict weighed otherwise), is said with where it came from; the box states it rather than a bare rank."""
+    from hf_distprof.analysis.judge.findings import slowest_rank
+    from hf_distprof.analysis.results.across import RankVerdicts
+    from hf_distprof.analysis.results.findings import Judgement
+    from hf_distprof.core.verdicts import SlowRankVerdict
+
+    def verdict(rank: int) -> SlowRankVerdict:
+        return SlowRankVerdict("quiet", rank, 3.0, 10.0, 1.0, 2, 4, 2, 0.5, 6, "quiet", gate="threshold")
+
+    verdicts = RankVerdicts(straggler=verdict(0), imbalance=verdict(0))
+    assert slowest_rank([], verdicts, (0, 1), True, 1) == (0, "imbalance")
+    assert slowest_rank([], RankVerdicts(straggler=verdict(1), imbalance=verdict(0)), (1, 0), False, 0) == (
+        1, "straggler")
+    assert slowest_rank([], verdicts, (1, 0), True, 1) == (1, "run")
+    assert slowest_rank([], verdicts, (1, 0), False, 1) == (1, "lateness")
+    assert slowest_rank([], verdicts, (None, None), False, 1) == (1, "replay")
+    assert slowest_rank([], verdicts, (None, None), False, None) == (0, "imbalance")
+    assert slowest_rank([], RankVerdicts(), (None, None), False, None) == (None, None)
+    named = Judgement("straggler", 5.0, [1], None)
+    assert slowest_rank([Judgement("communication_bound", 9.0, [0], None), named], verdicts, (0, 1), True, 0) == (
+        1, "finding:straggler")

@@ -267,9 +267,8 @@ def _stragglers(across: Across, verdicts: RankVerdicts, options: AnalysisOptions
     assert verdict is not None
     skews = {p.rank: p for p in across.skew.per_rank}
     for s in verdicts.stragglers:
-        late = s.reason == "late_collectives" and s.lateness_us is not None
-        facts = straggler_facts(s, verdict, verdicts.straggler_basis, across.skew.matched_collectives,
-                                window_entry(skews.get(s.rank), late, verdicts, options))
+        facts = straggler_facts(s, verdict, verdicts.straggler_basis, across.skew.matched_collectives)
+        facts.entered_late = window_entry(skews.get(s.rank), facts.late, verdicts, options)
         out.append(
             Judgement(
                 kind="straggler",

@@ -41,24 +41,38 @@ SLOW_RANK_FINDINGS = ("slow_rank", "straggler", "imbalance")
 other ranks: those it is about)."""
 
 
-def slowest_rank(findings: list[Judgement], verdicts: RankVerdicts,
-                 pace: tuple[int | None, int | None]) -> tuple[int | None, str | None]:
-    """The rank the answer calls slowest, and the verdict whose figure backs the claim: the one the first slow-rank
-    finding names (by that finding's kind); else the rank the what-if replays at its peers' pace (``pace``: the most own
-    work over the run's steps, with the step timer's records; else the latest at the traced steps' collectives), by
-    the verdict whose candidate it is (``imbalance``, else ``straggler``; None when neither names it); else the
-    imbalance verdict's candidate. The box, the trackers' headline and the what-if then name one rank (None with one
-    rank)."""
+def slowest_rank(findings: list[Judgement], verdicts: RankVerdicts, pace: tuple[int | None, int | None],
+                 from_run: bool, replayed: int | None) -> tuple[int | None, str | None]:
+    """The rank the answer calls slowest, and what names it (``cross_rank.slowest_by``).
+
+    The rank the first slow-rank finding names (``finding:<its kind>``); else the rank the what-if replays at its
+    peers' pace: ``pace`` (the most own work over the run's judged steps with the step timer's records, ``from_run``;
+    else the latest at the traced steps' collectives), or where that names none the replay's own pick (``replayed``:
+    the most local work per traced step); else the imbalance verdict's candidate. Without a finding it is named by the
+    verdict whose candidate it is (``imbalance``, else ``straggler``: the box states that verdict's figure), else by
+    where it came from (``run``, ``lateness``, ``replay``). None with one rank.
+
+    Args:
+        findings: The findings, in order.
+        verdicts: The slow-rank verdicts.
+        pace: The slowest and fastest rank the what-if was given (``Across.pace``).
+        from_run: Whether ``pace`` is the step timer's (its records of the run).
+        replayed: The slowest rank the what-if replayed (None without a replay).
+    """
     named = next((f for f in findings if f.kind in SLOW_RANK_FINDINGS and f.ranks), None)
     if named is not None:
-        return named.ranks[0], named.kind
-    rank = pace[0]
+        return named.ranks[0], f"finding:{named.kind}"
+    rank, source = pace[0], "run" if from_run else "lateness"
     if rank is None:
-        rank = verdicts.imbalance.rank if verdicts.imbalance is not None else None
+        rank, source = replayed, "replay"
+    if rank is None and verdicts.imbalance is not None:
+        rank, source = verdicts.imbalance.rank, "imbalance"
+    if rank is None:
+        return None, None
     for name, v in (("imbalance", verdicts.imbalance), ("straggler", verdicts.straggler)):
-        if v is not None and rank is not None and v.rank == rank:
+        if v is not None and v.rank == rank:
             return rank, name
-    return rank, None
+    return rank, source
 
 
 def in_order(findings: list[Judgement]) -> list[Judgement]:
@@ -105,5 +119,6 @@ def judge(ranks: list[RankResult], across: Across, replay: WhatIf | None, summar
         slowdown=slowdown,
         what_if=answer,
         quiet_slowdown=quiet_slowdown(slowdown),
-        slowest=slowest_rank(findings, verdicts, across.pace),
+        slowest=slowest_rank(findings, verdicts, across.pace, across.evidence is not None,
+                             answer.model.slowest_rank if answer is not None else None),
     )

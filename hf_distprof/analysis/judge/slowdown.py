@@ -47,6 +47,7 @@ def quiet_slowdown(slowdown: dict[str, Any] | None) -> QuietSlowdown | None:
         within_noise=ratio is not None and noise is not None and not beyond_noise(float(ratio), noise),
         noise_only=ratio is not None and noise is not None and not beyond_noise(float(ratio), noise)
         and float(ratio) > float(slowdown["threshold_ratio"]),
+        below_threshold=ratio is not None and float(ratio) <= float(slowdown["threshold_ratio"]),
         steps_inside=inside if isinstance(inside, int) else None,
         steps_before=int(slowdown.get("steps_before") or 0),
         steps_after=int(slowdown.get("steps_after") or 0),

@@ -41,8 +41,15 @@ def _slowdown_json(doc: Any) -> dict[str, Any] | None:
         value = doc.get(key)
         return optional if value is None else finite(value) is not None
 
+    def count(key: str) -> bool:
+        value = doc.get(key)
+        return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
+
     warning = doc.get("warning")
-    if not (number("ratio") and number("threshold_ratio", optional=False) and number("confidence")):
+    if not (number("ratio") and number("threshold_ratio", optional=False) and number("confidence")
+            and number("noise_pct") and all(count(k) for k in ("steps_inside", "steps_before", "steps_after"))):
+        return None
+    if not (doc.get("note") is None or isinstance(doc.get("note"), str)):
         return None
     if not (warning is None or isinstance(warning, str)):
         return None

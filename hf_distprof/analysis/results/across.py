@@ -258,12 +258,13 @@ class CrossRankResult:
     imbalance_window: SlowRankVerdict | None = None
     """What the traced window alone says about busy time."""
     slowest_rank: int | None = None
-    """The rank the answer calls slowest (the box, the trackers' headline; the what-if replays it at its peers' pace):
-    the one the first slow-rank finding names, else the rank with the most own work over the run's steps (the step
-    timer's records), else the latest at the traced steps' collectives, else the imbalance verdict's candidate."""
+    """The rank the answer calls slowest (the box, the trackers' headline): the one the first slow-rank finding names,
+    else the one the what-if replays at its peers' pace (:func:`hf_distprof.analysis.judge.findings.slowest_rank`)."""
     slowest_by: str | None = None
-    """What names it: the finding's kind (``slow_rank``, ``straggler``, ``imbalance``), else the verdict whose
-    candidate it is (``imbalance``, ``straggler``), its figure the one the box states; None when neither verdict's."""
+    """What names it: ``finding:<kind>`` (``slow_rank``, ``straggler``, ``imbalance``); else the verdict whose
+    candidate it is (``imbalance``, ``straggler``: the box states its figure); else where the what-if took it from:
+    ``run`` (the most own work over the run's judged steps, the step timer's records), ``lateness`` (the latest at
+    the traced steps' collectives), ``replay`` (the most local work per traced step). None with one rank."""
 
 @dataclass
 class BandwidthStat:

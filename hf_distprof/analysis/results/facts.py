@@ -259,6 +259,8 @@ class QuietSlowdown:
     """Whether the ratio is within 1 +- the run's noise (the judge's decision; False without a noise)."""
     noise_only: bool = False
     """Whether the ratio is above the threshold, quiet only because it lies within the run's noise."""
+    below_threshold: bool = False
+    """Whether the ratio is at most the threshold (neither this nor ``noise_only``: a summary written otherwise)."""
     steps_inside: int | None = None
     """The steps under the profiler (its warm-up and recorded steps); None in older summaries."""
     steps_before: int = 0

@@ -61,18 +61,26 @@ def _fields(result: AnalysisResult) -> list[tuple[str, str]]:
             ("Try", _largest_saving(result))]
 
 
+_NAMED_BY = {
+    "run": "the most own work over the run's judged steps, no verdict",
+    "lateness": "the latest at the traced steps' collectives",
+    "replay": "the most local work per traced step",
+}
+"""What the box says names the slowest rank when no verdict's candidate is that rank."""
+
+
 def _slowest(result: AnalysisResult) -> str:
     """"; slowest rank 1 (+4.3% median excess per step, under the 10% threshold)": the rank the answer calls slowest
-    (``cross_rank.slowest_rank``, which the what-if replays at its peers' pace and the step timer's table names too),
-    with the figure of the verdict whose candidate it is (its own work, else its lateness at the collectives: step by
-    step, over the run when the step timer's records decide), not the headline's load imbalance of the traced steps'
-    mean busy time."""
+    (``cross_rank.slowest_rank``, which the what-if replays at its peers' pace), with the figure of the verdict whose
+    candidate it is (its own work, else its lateness at the collectives: step by step, over the run when the step
+    timer's records decide), not the headline's load imbalance of the traced steps' mean busy time; else what names
+    it."""
     cross = result.cross_rank
     if cross is None or cross.slowest_rank is None:
         return ""
     v = {"imbalance": cross.imbalance_verdict, "straggler": cross.straggler_verdict}.get(cross.slowest_by or "")
-    if v is None or v.raised:
-        return f"; slowest rank {cross.slowest_rank}"
+    if v is None:
+        return f"; slowest rank {cross.slowest_rank} ({_NAMED_BY.get(cross.slowest_by or '', 'no verdict')})"
     what = "excess" if cross.slowest_by == "imbalance" else "lateness"  # its arrival at the collectives
     why = QUIET_WHY.get(v.gate, "no verdict") if v.gate != "threshold" else f"under the {v.threshold_pct:g}% threshold"
     return f"; slowest rank {v.rank} ({v.effect_pct:+.1f}% median {what} per step, {why})"

@@ -83,7 +83,8 @@ def slowdown_line(q: QuietSlowdown) -> str | None:
     traced = (f"the {q.steps_inside} steps under the profiler (its warm-up and recorded steps)"
               if q.steps_inside is not None else "traced steps")
     against = (f": above the {q.threshold_ratio:g}x threshold, but no slowdown the run can tell from its noise"
-               if q.noise_only else f"; below {q.threshold_ratio:g}x")
+               if q.noise_only else f"; below {q.threshold_ratio:g}x" if q.below_threshold
+               else f"; threshold {q.threshold_ratio:g}x")
     return f"Profiler slowdown: {traced} {q.ratio:.2f}x {around}{within}{against}"
 
 
