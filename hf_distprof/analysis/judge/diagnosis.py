@@ -100,7 +100,7 @@ def _comm_bound(ranks: list[RankResult], across: Across, options: AnalysisOption
         if waited >= SHOWN_PCT and peers:
             late.append(LateShare(r.rank, r.exposed_comm_pct, waited, peers))
     exposed = stats.mean([r.exposed_comm_pct for r in ranks])
-    advice = (CommAdvice.FSDP_FINDINGS if fsdp_findings else CommAdvice.FSDP if any(_is_fsdp(r) for r in ranks)
+    advice = (CommAdvice.FSDP_FINDINGS if fsdp_findings else CommAdvice.FSDP if any(is_fsdp(r) for r in ranks)
               else CommAdvice.DDP)
     facts = CommBoundFacts(
         gpu=worst.device == "gpu", mean_pct=mean, worst=worst.rank, worst_pct=transfer[worst.rank],
@@ -191,7 +191,7 @@ def _fsdp_rows(ranks: list[RankResult], kind: str, options: AnalysisOptions) -> 
     """(rank, its row of ``kind``) for the FSDP ranks whose exposed share of ``kind`` crosses the threshold."""
     hit = []
     for r in ranks:
-        if not _is_fsdp(r):
+        if not is_fsdp(r):
             continue  # no FSDP annotation: these collectives are not FSDP's to tune
         row = next((row for row in r.comm_by_kind if row.kind == kind), None)
         if row is not None and row.exposed_pct_median > options.fsdp_exposed_pct:
@@ -199,7 +199,7 @@ def _fsdp_rows(ranks: list[RankResult], kind: str, options: AnalysisOptions) -> 
     return hit
 
 
-def _is_fsdp(rank: RankResult) -> bool:
+def is_fsdp(rank: RankResult) -> bool:
     """Whether FSDP issued some of the rank's collectives (its annotations name their unit)."""
     return any(c.module is not None for c in rank.collectives)
 

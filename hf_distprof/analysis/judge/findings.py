@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 from hf_distprof.analysis.judge import chain
-from hf_distprof.analysis.judge.diagnosis import diagnose, undecided
+from hf_distprof.analysis.judge.diagnosis import diagnose, is_fsdp, undecided
 from hf_distprof.analysis.judge.slowdown import (
     quiet_slowdown,
     slowdown_findings,
@@ -108,7 +108,7 @@ def judge(ranks: list[RankResult], across: Across, replay: WhatIf | None, summar
     # The slow rank's finding as one chain (its slow phase -> late at the collectives -> its peers wait).
     findings = chain.explain(findings, across, verdicts, gpu)
     backend = next((r.backend for r in ranks if r.backend), None)
-    fsdp = any(c.module is not None for r in ranks for c in r.collectives)
+    fsdp = any(is_fsdp(r) for r in ranks)
     first = what_to_fix_first(answer, options.what_if_pct, gpu, backend, fsdp) if answer is not None else None
     findings = in_order(findings + ([first] if first is not None else []))
     return Judged(

@@ -24,7 +24,6 @@ WIDTH = 100
 """Characters per line, borders included."""
 MAX_LINES = 3
 """Lines per field at most; longer text is cut with an ellipsis (the full text is above the box)."""
-CHAIN = "slow_rank"
 
 
 def _why(f: Finding) -> str:
