@@ -36,18 +36,20 @@ def quiet_slowdown(slowdown: dict[str, Any] | None) -> QuietSlowdown | None:
     if not slowdown or raised(slowdown):
         return None
     ratio, noise = slowdown.get("ratio"), slowdown.get("noise_pct")
+    ratio = float(ratio) if ratio is not None else None
     noise = float(noise) if isinstance(noise, (int, float)) else None
-    note = slowdown.get("note") if isinstance(slowdown.get("note"), str) else None
+    threshold = float(slowdown["threshold_ratio"])
+    within = ratio is not None and noise is not None and not beyond_noise(ratio, noise)
+    above = ratio is not None and ratio > threshold
     inside = slowdown.get("steps_inside")
     return QuietSlowdown(
-        threshold_ratio=float(slowdown["threshold_ratio"]),
-        ratio=float(ratio) if ratio is not None else None,
-        note=note,
+        threshold_ratio=threshold,
+        ratio=ratio,
+        note=slowdown.get("note") if isinstance(slowdown.get("note"), str) else None,
         noise_pct=noise,
-        within_noise=ratio is not None and noise is not None and not beyond_noise(float(ratio), noise),
-        noise_only=ratio is not None and noise is not None and not beyond_noise(float(ratio), noise)
-        and float(ratio) > float(slowdown["threshold_ratio"]),
-        below_threshold=ratio is not None and float(ratio) <= float(slowdown["threshold_ratio"]),
+        within_noise=within,
+        noise_only=within and above,
+        below_threshold=ratio is not None and not above,
         steps_inside=inside if isinstance(inside, int) else None,
         steps_before=int(slowdown.get("steps_before") or 0),
         steps_after=int(slowdown.get("steps_after") or 0),
