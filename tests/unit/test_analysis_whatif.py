@@ -222,10 +222,14 @@ def test_the_summary_and_the_report_show_it(slow_loader: AnalysisResult, tmp_pat
             "replay residual of a rank's step); a saving counts when it is larger than the error and the noise (the "
             "smaller of the measured steps' and the predicted steps'), and on a rank's pace only when the traced "
             "window's slow-rank verdict names that rank):") in text
-    assert ("data loading at zero on every rank                             8.05     0.00     0.00     -21.00     72.3"
-            "      -      0.006          yes") in text
-    assert ("exposed communication hidden (transfers fully overlapped)     27.05     0.00     1.48      -2.00      6.9"
-            "      -      0.001          yes") in text
+    # The title column as wide as the longest title ("every rank at rank 0's pace (the least work between
+    # collectives)", 64 characters), the figures aligned under their heads.
+    assert (f"{'data loading at zero on every rank':<64} {'8.05':>8} {'0.00':>8} {'0.00':>8} {'-21.00':>10} {'72.3':>8}"
+            f" {'-':>6} {'0.006':>10} {'yes':>12}") in text
+    assert (f"{'exposed communication hidden (transfers fully overlapped)':<64} {'27.05':>8} {'0.00':>8} {'1.48':>8} "
+            f"{'-2.00':>10} {'6.9':>8} {'-':>6} {'0.001':>10} {'yes':>12}") in text
+    head = next(line for line in text.splitlines() if line.startswith("what if "))
+    assert head.index("step ms") == 64 + 2  # the title column, a space, "step ms" right-aligned in 8
     assert "Critical path of step 1 (the median step; 29.05 ms, rank 1):" in text
     assert "       0.00 ms  rank 1    phase      data_loading                         21.00 ms" in text
     write_report(slow_loader, tmp_path / "rep")

@@ -48,12 +48,13 @@ def what_if_lines(result: AnalysisResult) -> list[str]:
     model = result.what_if_model
     if model is None:
         return []
-    head = (f"{'what if':<58} {'step ms':>8} {'+-err ms':>8} {'noise ms':>8} {'change ms':>10} {'saving%':>8} "
+    width = max([58, *(len(s.title) for s in result.what_if)])  # the titles whole, the columns aligned
+    head = (f"{'what if':<{width}} {'step ms':>8} {'+-err ms':>8} {'noise ms':>8} {'change ms':>10} {'saving%':>8} "
             f"{'run%':>6} {'h/1k steps':>10} {'beyond noise':>12}")
     out = ["", f"What if ({_header(model)}):", head, "-" * len(head)]
     for s in result.what_if:
         title, step, error, noise, change, pct, run, hours, beyond = _row(s)
-        out.append(f"{title:<58} {step:>8} {error:>8} {noise:>8} {change:>10} {pct:>8} {run:>6} {hours:>10} "
+        out.append(f"{title:<{width}} {step:>8} {error:>8} {noise:>8} {change:>10} {pct:>8} {run:>6} {hours:>10} "
                    f"{beyond:>12}")
     out += ["", *critical_path_lines(result)]
     return out
