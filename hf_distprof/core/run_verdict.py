@@ -91,9 +91,11 @@ def follow_the_run(window: SlowRankVerdict, run: SlowRankVerdict) -> SlowRankVer
         The run's verdict, its ``reason`` saying what the timer found over how many steps and what the window alone
         says (agreeing or not), its ``test`` ending with :data:`TIMER_TEST`.
     """
-    same = agrees(window, run)
-    window_says = (f"the traced window ({window.steps} step{'s' if window.steps != 1 else ''}) "
-                   + ("agrees" if same else "alone says otherwise") + f": {window.reason or window.claim or 'nothing'}")
+    # An undecided window neither agrees nor disagrees: its figures may lean either way, too few steps to tell.
+    said = ("alone decides nothing" if window.status == UNDECIDED else "agrees" if agrees(window, run)
+            else "alone says otherwise")
+    window_says = (f"the traced window ({window.steps} step{'s' if window.steps != 1 else ''}) {said}: "
+                   f"{window.reason or window.claim or 'nothing'}")
     fields = {f.name: getattr(run, f.name) for f in dataclasses.fields(run) if f.init}
     fields.update(
         test=f"{run.test}, {TIMER_TEST}",

@@ -112,6 +112,15 @@ def test_a_verdict_round_trips_through_json_and_a_malformed_one_is_ignored() -> 
     assert (followed.status, followed.rank, followed.p_value) == (v.status, v.rank, v.p_value)
     assert followed.reason.startswith(f"over the run's 6 untraced steps the step timer says: {v.reason}; the traced "
                                       "window (3 steps) alone says otherwise: ")
+    # A window too short to decide neither agrees nor disagrees (it said "agrees: not enough evidence: ..." beside a
+    # window figure above the threshold).
+    short = judge_own_work({0: [1.0, 1.0], 1: [1.3, 1.35]}, 10.0, [2.0] * 2)
+    assert short.status == "undecided"
+    quiet = judge_own_work({0: [1.0, 1.1, 0.9, 1.0, 1.05, 0.95], 1: [1.0, 1.1, 0.9, 1.0, 1.05, 0.95]}, 10.0, [2.0] * 6)
+    said = follow_the_run(short, quiet).reason
+    assert "the traced window (2 steps) alone decides nothing: not enough evidence" in said
+    assert "the traced window (3 steps) agrees: " in follow_the_run(
+        judge_own_work({0: [1.0, 1.0, 1.0], 1: [1.0, 1.01, 1.0]}, 10.0, [2.0] * 3), quiet).reason
 
 
 @pytest.mark.parametrize("traces", ["clean", "slow_rank1"])

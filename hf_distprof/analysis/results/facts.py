@@ -140,7 +140,7 @@ class StragglerFacts:
     window_disagrees: bool = False
     """Named by the step timer over the run, while the traced window shows this rank waiting longer at its collectives
     than its peers: the window does not show the slowdown, the run's untraced steps carry the verdict
-    (:func:`hf_distprof.analysis.judge.diagnosis.window_disagrees`)."""
+    (:func:`hf_distprof.analysis.judge.diagnosis.straggler_facts`)."""
 
 
 @dataclass
