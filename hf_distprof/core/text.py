@@ -13,6 +13,12 @@ left out of a sentence, and a peer waited for less than it is not named (the jud
 lists)."""
 
 
+def step_base(gpu: bool) -> str:
+    """What a percentage of "the step" is of: on GPU traces the step's GPU span (from its first GPU activity to its
+    last, as HTA's figures are), else the step's wall time."""
+    return "the step's GPU span" if gpu else "the step"
+
+
 def format_bytes(size: float) -> str:
     """A byte count in binary units, like "1.50 MiB"."""
     for unit in ("B", "KiB", "MiB", "GiB"):

@@ -57,9 +57,9 @@ def test_slow_rank1_is_one_chain_and_rank_0s_wait_is_not_communication_bound():
           "compute (forward, backward and optimizer) takes 29.6 ms more per step than on its peers, who wait 46.7% "
           "of their step for it at the collectives: rank 1's compute (forward, backward and optimizer) exceeds its "
           "peers' by 29.63 ms per step (the traced window, median over 6 steps), so it reaches each step's "
-          "collectives 31.48 ms (51.2% of the step) after the earliest rank, and the others wait for it there (from "
-          "their arrival at the same collective to "
-          "its, clocks aligned): rank 0 waits 46.7% of its step at all_reduce for rank 1. straggler verdict: rank "
+          "collectives 31.48 ms (51.2% of its 61.55 ms step) after the earliest rank, and the others wait for it "
+          "there (from their arrival at the same collective to its, clocks aligned): rank 0 waits 46.7% of its step "
+          "at all_reduce for rank 1. straggler verdict: rank "
           "1's arrival at the step's collectives exceeds its peers' by a median 52.2% (threshold 10%, step-to-step "
           "noise 3.4%); it is the slowest in 6 of 6 steps (p = 0.016 in a balanced run of 2 ranks); imbalance verdict "
           "raised too: rank 1's busy time (GPU: compute kernels; CPU: "
@@ -129,12 +129,13 @@ def test_gpu_traces_one_busy_rank_whose_peers_wait_is_not_communication_bound():
     # (22.2% of their GPU span each), which is no longer a communication-bound finding about ranks 0, 1 and 3.
     check(chain, "slow_rank", 22.22222222222222, "Rank 2 holds the others back: its compute (forward, backward and "
           "optimizer)", [2],
+          # Each % says its base: the waits are of the GPU spans (as HTA's), the lateness of rank 2's wall step.
           "compute (forward, backward and optimizer) takes 0.6 ms more per step than on its peers, who wait 22.2% of "
-          "their step for it at the collectives: rank 2's compute (forward, backward and optimizer) exceeds its "
-          "peers' by 0.57 ms per step (the traced window, median over 3 steps), so it reaches each step's "
-          "collectives 0.55 ms (18.4% of the step) after the earliest rank, and the others wait for it there (from "
-          "their arrival at the same collective to its, clocks "
-          "aligned): rank 3 waits 22.2% of its step at all_reduce for rank 2; 2 other ranks wait 22.2%. imbalance "
+          "their steps' GPU spans for it at the collectives: rank 2's compute (forward, backward and optimizer) "
+          "exceeds its peers' by 0.57 ms per step (the traced window, median over 3 steps), so it reaches each step's "
+          "collectives 0.55 ms (18.4% of its 2.98 ms step) after the earliest rank, and the others wait for it there "
+          "(from their arrival at the same collective to its, clocks aligned): rank 3 waits 22.2% of its step's GPU "
+          "span at all_reduce for rank 2; 2 other ranks wait 22.2%. imbalance "
           "verdict: rank 2's busy time (GPU: compute kernels; CPU: compute + data loading) exceeds its peers' by a "
           "median 39.9% (threshold 10%, step-to-step noise 0.0%); it is the slowest in 3 of 3 steps (p = 0.016 in a "
           "balanced run of 4 ranks)",
@@ -315,10 +316,10 @@ def test_kind_split_lists_only_exposed_kinds():
     ]
     (comm,) = diagnose(ranks, OPTS)
     assert comm.evidence == (
-        "the collectives themselves, waits for late peers left out, are 60.0% of the step on average (exposed in all: "
-        "60.0%); rank 0: 60.0%, median 60.0% (threshold 30%): communication kernels run with no computation; only "
-        "0.0% of communication overlaps computation; exposed by kind on rank 0 (% of the step): all_gather 0.1%, "
-        "all_reduce 60.0%"
+        "the collectives themselves, waits for late peers left out, are 60.0% of the step's GPU span on average "
+        "(exposed in all: 60.0%); rank 0: 60.0%, median 60.0% (threshold 30%): communication kernels run with no "
+        "computation; only 0.0% of communication overlaps computation; exposed by kind on rank 0 (% of the step's GPU "
+        "span): all_gather 0.1%, all_reduce 60.0%"
     )
     ranks[0].comm_by_kind = []
     (comm,) = diagnose(ranks, OPTS)

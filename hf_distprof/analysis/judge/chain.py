@@ -32,7 +32,7 @@ MIN_WAIT_PCT = 1.0
 """Waits for a rank below this % of the step are not worth a sentence."""
 
 
-def peer_waits(slow: int, across: Across) -> PeerWaits | None:
+def peer_waits(slow: int, across: Across, gpu: bool = False) -> PeerWaits | None:
     """Who waits for ``slow`` at the collectives (the peer that waits longest, ties: the lower rank; how many others
     do); None when no peer waits :data:`MIN_WAIT_PCT` of its step for it."""
     waits = {}
@@ -46,7 +46,8 @@ def peer_waits(slow: int, across: Across) -> PeerWaits | None:
     found = waits[worst]
     assert found is not None
     others = [totals[r] for r in sorted(totals) if r != worst and totals[r] >= MIN_WAIT_PCT]
-    return PeerWaits(slow=slow, worst=worst, kinds=list(found.kinds), pct=found.pct, us=found.us, others=others)
+    return PeerWaits(slow=slow, worst=worst, kinds=list(found.kinds), pct=found.pct, us=found.us, others=others,
+                     gpu=gpu)
 
 
 def explain(findings: list[Judgement], across: Across, verdicts: RankVerdicts, gpu: bool) -> list[Judgement]:
@@ -68,7 +69,7 @@ def explain(findings: list[Judgement], across: Across, verdicts: RankVerdicts, g
     # The rank's own findings, most severe first (ties in the order found).
     about = sorted((f for f in findings if f.kind in ("straggler", "imbalance") and f.ranks == [slow]),
                    key=lambda f: -f.severity)
-    waits = peer_waits(slow, across)
+    waits = peer_waits(slow, across, gpu)
     phase = across.phase_excess.get(slow)
     explains = (bool(about) and waits is not None and phase is not None and phase.excess_us > 0
                 and phase.excess_us >= EXPLAINS * waits.us)
@@ -94,7 +95,8 @@ def explain(findings: list[Judgement], across: Across, verdicts: RankVerdicts, g
                          step_us=skew.mean_step_us if skew is not None else 0.0, waits=waits,
                          verdicts=[(name, v) for name, v, _ in naming],
                          data_pct=folded[0].numbers["data_loading_pct"] if folded else None, gpu=gpu,
-                         cause=cause),
+                         cause=cause, lateness_pct=100.0 * lateness / skew.mean_step_us
+                         if lateness is not None and skew is not None and skew.mean_step_us else 0.0),
         numbers={
             "phase_excess_ms": phase.excess_us / 1e3,
             "peer_wait_pct": waits.pct,

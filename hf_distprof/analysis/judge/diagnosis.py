@@ -172,7 +172,8 @@ def _waiting_for_peers(ranks: list[RankResult], across: Across, verdicts: RankVe
     facts = WaitingFacts(mean_pct=mean, worst=worst, worst_median_pct=judged[worst].median_pct,
                          steps=judged[worst].steps, threshold_pct=options.comm_bound_pct, whom=whom,
                          entered_late=[e for e in late_entries if e is not None],
-                         all_entered_late=bool(whom) and all(e is not None for e in late_entries))
+                         all_entered_late=bool(whom) and all(e is not None for e in late_entries),
+                         gpu=any(r.device == "gpu" for r in ranks))
     return [
         Judgement(
             kind="waiting_for_peers",

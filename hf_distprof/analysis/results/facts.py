@@ -33,6 +33,8 @@ class PeerWaits:
     us: float
     """The same in microseconds per step."""
     others: list[float] = field(default_factory=list)
+    gpu: bool = False
+    """Whether the % are of the steps' GPU spans (GPU traces), not their wall time."""
     """The other waiting ranks' waits, % of their step (those worth a sentence)."""
 
 
@@ -87,6 +89,8 @@ class WaitingFacts:
     """The worst rank's peers it waits for, (peer, % of its step), longest first, at most 3."""
     entered_late: list[EnteredLate] = field(default_factory=list)
     """Those of ``whom`` whose lateness arose before the step began (:class:`EnteredLate`), in ``whom``'s order."""
+    gpu: bool = False
+    """Whether the % are of the steps' GPU spans (GPU traces), not their wall time."""
     all_entered_late: bool = False
     """Whether every peer of ``whom`` is one of them: the advice then points between steps, not inside them."""
 
@@ -198,6 +202,7 @@ class ChainFacts:
     source_steps: int
     lateness_us: float | None
     step_us: float
+    """Its mean step (wall time) over the traced steps."""
     waits: PeerWaits
     verdicts: list[tuple[str, SlowRankVerdict]]
     """Every raised verdict naming the rank, the straggler's first."""
@@ -206,6 +211,8 @@ class ChainFacts:
     gpu: bool
     cause: Attribution | None = None
     """Why, from the step timer's records over the run (its figures are the live warning's)."""
+    lateness_pct: float = 0.0
+    """``lateness_us`` as % of ``step_us`` (0 without either)."""
 
 
 @dataclass

@@ -13,7 +13,7 @@ import textwrap
 
 from hf_distprof.analysis.results.findings import Finding
 from hf_distprof.analysis.results.result import AnalysisResult
-from hf_distprof.core.text import SHOWN_PCT
+from hf_distprof.core.text import SHOWN_PCT, step_base
 from hf_distprof.core.verdicts import QUIET_WHY
 
 NO_FINDING = "nothing crosses its threshold in most steps, beyond the run's own noise"
@@ -44,8 +44,9 @@ def _fields(result: AnalysisResult) -> list[tuple[str, str]]:
         return rows
     cross = result.cross_rank
     waits = sum(row.wait_pct for row in result.comm_by_kind)
-    figures = (f"exposed communication {result.exposed_comm_pct:.1f}% of the step"
-               + (f" ({waits:.1f}% of the step: late-peer wait)" if waits >= SHOWN_PCT else "")
+    base = step_base(result.gpu)
+    figures = (f"exposed communication {result.exposed_comm_pct:.1f}% of {base}"
+               + (f" ({waits:.1f}% of {base}: late-peer wait)" if waits >= SHOWN_PCT else "")
                + (f", load imbalance {result.imbalance_pct:.1f}% (busy time, traced steps)"
                   if cross is not None else ""))
     if result.undecided:

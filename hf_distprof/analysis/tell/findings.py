@@ -36,7 +36,7 @@ from hf_distprof.analysis.results.findings import STEP_TIMER, TRACE_AND_TIMER, F
 from hf_distprof.analysis.results.whatif import WhatIfModel, WhatIfScenario
 from hf_distprof.core.advice import PHASE_NAMES, phase_advice
 from hf_distprof.core.cause import Attribution, cause_action, cause_title, cause_why
-from hf_distprof.core.text import SHOWN_PCT, format_bytes
+from hf_distprof.core.text import SHOWN_PCT, format_bytes, step_base
 
 
 @dataclass
@@ -92,10 +92,16 @@ def _ms_of(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms"
 
 
+def _steps(w: PeerWaits) -> str:
+    """What the waiting ranks' % are of: their steps' GPU spans (GPU traces), else their steps."""
+    return "steps' GPU spans" if w.gpu else "step"
+
+
 def waits_sentence(w: PeerWaits) -> str:
     """"rank 0 waits 55.7% of its step at all_gather and 6.7% at all_reduce for rank 1" (the peer that waits most,
     and how many others do)."""
-    parts = [f"{pct:.1f}% of its step at {kind}" if i == 0 else f"{pct:.1f}% at {kind}"
+    its_step = "its step's GPU span" if w.gpu else "its step"
+    parts = [f"{pct:.1f}% of {its_step} at {kind}" if i == 0 else f"{pct:.1f}% at {kind}"
              for i, (kind, pct) in enumerate(w.kinds) if pct >= SHOWN_PCT]
     text = f"rank {w.worst} waits {' and '.join(parts)} for rank {w.slow}"
     if w.others:
@@ -123,13 +129,14 @@ def _comm_bound(j: Judgement) -> Prose:
                   "all-reduce less often, fewer/larger collectives (the per-kind table says which)")
     return Prose(
         title="Communication-bound",
-        why=(f"the collectives themselves, waits for late peers left out, are {f.mean_pct:.1f}% of the step on average "
-             f"(exposed in all: {f.exposed_pct:.1f}%)"),
+        why=(f"the collectives themselves, waits for late peers left out, are {f.mean_pct:.1f}% of {step_base(f.gpu)} "
+             f"on average (exposed in all: {f.exposed_pct:.1f}%)"),
         details=(f"; rank {f.worst}: {f.worst_pct:.1f}%, median {f.worst_median_pct:.1f}% (threshold "
                  f"{f.threshold_pct:g}%): {what}" + late
                  + (f"; only {f.overlap_pct:.1f}% of communication overlaps computation" if f.overlap_pct is not None
                     else "")
-                 + (f"; exposed by kind on rank {f.worst} (% of the step): {', '.join(split)}" if split else "")),
+                 + (f"; exposed by kind on rank {f.worst} (% of {step_base(f.gpu)}): {', '.join(split)}" if split
+                    else "")),
         action=action,
         more=".",
     )
@@ -159,16 +166,17 @@ _BETWEEN_STEPS = ("what runs after a step's last collective and before the next 
 def _waiting(j: Judgement) -> Prose:
     f: WaitingFacts = j.facts
     whom = ", ".join(f"rank {p} {pct:.1f}%" for p, pct in f.whom)
+    its_step = "its step's GPU span" if f.gpu else "its step"
     late = f"; {entered_late_sentence(f.entered_late)}" if f.entered_late else ""
     look = (f"look at what the late ranks do between steps that their peers do not ({_BETWEEN_STEPS}) in the merged "
             "trace (hf-distprof merge)" if f.all_entered_late else
             "compare the late ranks' steps with a peer's in the merged trace (hf-distprof merge)")
     return Prose(
         title="Ranks wait for late peers",
-        why=(f"the ranks wait at collectives for a peer that arrives later for {f.mean_pct:.1f}% of step time on "
-             f"average (rank {f.worst}: {f.worst_median_pct:.1f}%, median over {f.steps} "
+        why=(f"the ranks wait at collectives for a peer that arrives later for {f.mean_pct:.1f}% of {step_base(f.gpu)} "
+             f"on average (rank {f.worst}: {f.worst_median_pct:.1f}%, median over {f.steps} "
              f"step{'s' if f.steps != 1 else ''}; threshold {f.threshold_pct:g}%)"),
-        details=(f"; rank {f.worst} waits for {whom} of its step{late}; no verdict names a slow rank (see the "
+        details=(f"; rank {f.worst} waits for {whom} of {its_step}{late}; no verdict names a slow rank (see the "
                  "straggler and imbalance verdicts)"),
         action=(f"This is the ranks' skew, not the network: {look}, trace more steps (or keep the step timer on) so "
                 "that the verdicts can name a rank, and give every rank the same work"),
@@ -355,7 +363,7 @@ def _chain(j: Judgement) -> Prose:
     late = ""
     if f.lateness_us is not None:
         late = (f", so it reaches each step's collectives {f.lateness_us / 1e3:.2f} ms "
-                f"({100 * f.lateness_us / f.step_us:.1f}% of the step) after the earliest rank")
+                f"({f.lateness_pct:.1f}% of its {f.step_us / 1e3:.2f} ms step) after the earliest rank")
     (first, verdict), *more = f.verdicts
     reasons = f"{first} verdict: {verdict.reason}" + "".join(f"; {other} verdict raised too: {v.claim}"
                                                              for other, v in more)
@@ -363,7 +371,7 @@ def _chain(j: Judgement) -> Prose:
             if f.data_pct is not None else "")
     if f.cause is not None:
         return _caused(f.rank, f.cause, f.gpu, phase_advice(f.phase.phase, on_gpu=f.gpu),
-                       f"its peers wait {f.waits.pct:.1f}% of their step for it at the collectives",
+                       f"its peers wait {f.waits.pct:.1f}% of their {_steps(f.waits)} for it at the collectives",
                        f"; its {name} exceeds its peers' by {f.phase.excess_us / 1e3:.2f} ms per step "
                        f"({_source(f.phase.from_timer, f.source_steps)}){late}, and the others wait for it there (from "
                        f"their arrival at the same collective to its, clocks aligned): {waits_sentence(f.waits)}"
@@ -372,7 +380,7 @@ def _chain(j: Judgement) -> Prose:
     return Prose(
         title=f"Rank {f.rank} holds the others back: its {name}",
         why=(f"{name} takes {f.phase.excess_us / 1e3:.1f} ms more per step than on its peers, who wait "
-             f"{f.waits.pct:.1f}% of their step for it at the collectives"),
+             f"{f.waits.pct:.1f}% of their {_steps(f.waits)} for it at the collectives"),
         details=(f": rank {f.rank}'s {name} exceeds its peers' by {f.phase.excess_us / 1e3:.2f} ms per step "
                  f"({_source(f.phase.from_timer, f.source_steps)}){late}, and the others wait for it there (from their "
                  f"arrival at the same collective to its, clocks aligned): {waits_sentence(f.waits)}{data}. {reasons}"),

@@ -33,7 +33,7 @@ from hf_distprof.analysis.tell.whatif import CRITICAL_PATH_PNG, plot_critical_pa
 from hf_distprof.core import names
 from hf_distprof.core.files import atomic_path, atomic_write_text
 from hf_distprof.core.stats import mean
-from hf_distprof.core.text import format_bytes
+from hf_distprof.core.text import format_bytes, step_base
 
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
@@ -227,7 +227,8 @@ def _document(result: AnalysisResult, images: list[str]) -> list[Block]:
     blocks: list[Block] = [
         Heading(1, "hf-distprof trace analysis"),
         Blank(),
-        Lines([[("b", "Exposed communication:"), ("", f" {result.exposed_comm_pct:.1f}% of step time")],
+        Lines([[("b", "Exposed communication:"),
+                ("", f" {result.exposed_comm_pct:.1f}% of {step_base(True) if result.gpu else 'step time'}")],
                [("b", "Load imbalance:"), ("", f" {result.imbalance_pct:.1f}%")],
                [("b", "Ranks analysed:"), ("", f" {len(result.ranks)}; files skipped: {len(result.errors)}")]]),
         Blank(),

@@ -8,7 +8,7 @@ from hf_distprof.analysis.results.result import AnalysisResult
 from hf_distprof.analysis.tell.box import NO_FINDING
 from hf_distprof.analysis.tell.run import format_run
 from hf_distprof.analysis.tell.whatif import what_if_lines
-from hf_distprof.core.text import SHOWN_PCT, format_bytes
+from hf_distprof.core.text import SHOWN_PCT, format_bytes, step_base
 
 # Per-rank rows of the per-kind table up to this many ranks; beyond, the mean over ranks only.
 KIND_TABLE_MAX_RANKS = 8
@@ -43,7 +43,8 @@ def _findings_lines(result: AnalysisResult) -> list[str]:
     if not result.ranks:
         return []
     lines = [
-        f"Headline: exposed communication {result.exposed_comm_pct:.1f}% of step time, "
+        f"Headline: exposed communication {result.exposed_comm_pct:.1f}% of "
+        f"{step_base(True) if result.gpu else 'step time'}, "
         f"load imbalance {result.imbalance_pct:.1f}% ({len(result.ranks)} rank(s))"
     ]
     if not result.findings:
