@@ -51,7 +51,8 @@ def judge_ranks(across: Across, summary: TimingSummary, options: AnalysisOptions
                                        step_time=skew.busy_step_time)
     straggler_window = judge_slow_rank(skew.lateness, options.straggler_pct, scale=skew.lateness_scale,
                                        min_abs=options.straggler_min_us, abs_unit=" us",
-                                       abs_floor_is="a late arrival is scheduling noise (--straggler-min-us)",
+                                       abs_floor_is=("a late arrival alone is not told from scheduling noise "
+                                                     "(--straggler-min-us)"),
                                        what="arrival at the step's collectives")
     if decided(run):
         # The step timer decided over the run: the answer is its; the window is one more sample, stated beside it.
