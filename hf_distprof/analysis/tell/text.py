@@ -220,7 +220,8 @@ def _bandwidth_table(result: AnalysisResult) -> list[str]:
     )
     out = [
         "",
-        "Collective bandwidth (GB/s, nccl-tests' algbw and busbw; calls and time per rank; late-peer %time: of the "
+        "Collective bandwidth (GB/s, nccl-tests' algbw and busbw; calls and time per rank, over the traced steps; "
+        "late-peer %time: of the "
         "time, the late-peer wait (for the last rank to arrive); x-: over the rest, the transfer time)",
         head,
         "-" * len(head),
@@ -351,8 +352,10 @@ def format_summary(result: AnalysisResult) -> str:
     cross = result.cross_rank
     if cross is not None:
         out += ["", f"Across ranks ({cross.matched_collectives} collectives matched):"]
-        out.append("(per step, mean over the traced steps: exposed comm, the rank's exposed communication; late, its "
-                   "latest arrival at the step's collectives after the earliest rank, median over steps)")
+        out.append("(per step, mean over the traced steps: busy, the rank's busy time (GPU: compute kernels; CPU: "
+                   "compute + data loading), what the load imbalance compares; exposed comm, the rank's exposed "
+                   "communication; late, its latest arrival at the step's collectives after the earliest rank, median "
+                   "over steps)")
         out.append(f"{'rank':>4} {'step ms':>9} {'busy ms':>9} {'exposed comm ms':>16} {'late ms':>8}")
         for p in cross.per_rank:
             late = "-" if p.lateness_us is None else _ms(p.lateness_us)
