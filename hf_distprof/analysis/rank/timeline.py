@@ -12,7 +12,10 @@ the measured works gives back the measured times up to the ranks' clock skew; a 
 **CPU (gloo) traces: two lanes per rank.** The training thread (*main lane*) runs from step start to step
 end through the points where it issues a collective (its ``c10d::*`` op) and where it stops waiting for one
 (the end of a wait: a gap, or FSDP's wait-op self time, with a collective in flight, that ends after one of
-this rank's collectives ends: it is bound to the last one to end in it). Between them is local work. A gloo
+this rank's collectives ends: it is bound to the last one to end in it; or the first such gap to end up to
+:data:`RESUME_SLACK_US` before the span of a collective in flight all along ends, since gloo's worker wakes the
+waiting thread before it records the end; or the return of a synchronous ``c10d::`` op, which blocks until its
+collective completes, from the arrival on). Between them is local work. A gloo
 span starts (the rank *arrives*) a little after its issue, or, when the gloo worker was still busy with an
 earlier collective (issued before that one ended, started after), right after that one completes.
 
@@ -42,6 +45,8 @@ KIND_NAMES = ("start", "release", "issue", "arrive", "end")
 
 
 DATA_LOADING = "data_loading"
+RESUME_SLACK_US = 500.0
+"""How long before a gloo span's recorded end the waiting thread may resume (measured: 0.1-0.2 ms on 2 busy cores)."""
 # What a step timer's phase range is called on the critical path.
 _PHASE_NAMES = {"data": "data", "forward": "forward", "backward": "backward", "optimizer": "optimizer"}
 
@@ -129,11 +134,20 @@ def _cpu_points(
     c10d_starts: list[float],
 ) -> list[_Point]:
     out: list[_Point] = []
+    lo, hi = bisect_left(c10d_starts, start), bisect_left(c10d_starts, end)
+    ops = trace.c10d_ops[lo:hi]
+    op_end = {s: e for s, e, _ in ops}
     for c in own:
         arrive = _Point(ARRIVE, c.step, c.start_us, key=(c.step, c.kind, c.index), end=c.end_us, main=False)
         if c.issued_us is not None and c.issued_us <= c.start_us:
             issue = _Point(ISSUE, c.step, c.issued_us, key=arrive.key)
             out.append(issue)
+            returned = op_end.get(c.issued_us)
+            if returned is not None and returned >= c.end_us:
+                # A blocking op (gloo's synchronous collectives return when theirs completes): from the arrival
+                # on, the training thread waits inside it.
+                out.append(_Point(RELEASE, number, returned, dep=arrive.key, wake=returned - c.end_us,
+                                  work_end=c.start_us))
             arrive.pred_point = issue
             arrive.issue_t = c.issued_us
             # Behind a busy worker: an earlier collective of this rank, in flight at the issue, ended just before.
@@ -144,17 +158,30 @@ def _cpu_points(
                     arrive.dep = (before.step, before.kind, before.index)
                     arrive.wake = c.start_us - before.end_us
         out.append(arrive)
-    # The waits: communication time on the training thread, less the c10d ops that enqueue.
-    lo, hi = bisect_left(c10d_starts, start), bisect_left(c10d_starts, end)
-    enqueue = iv.merge((max(s, start), min(e, end)) for s, e, _ in trace.c10d_ops[lo:hi])
+    # The waits: communication time on the training thread, less the c10d ops (which enqueue, or block: above).
+    enqueue = iv.merge((max(s, start), min(e, end)) for s, e, _ in ops)
+    woken: set[int] = set()  # the collectives a wait was bound to before their span's end
     for ws, we in iv.subtract(split.communication, enqueue):
         # Bound to the last of this rank's collectives to end within the wait (the one it waited for).
         k = bisect_right(end_times, we) - 1
-        if k < 0 or end_times[k] < ws:
+        if k >= 0 and end_times[k] >= ws:
+            c = collectives[ends[k][1]]
+        elif k + 1 < len(ends) and ends[k + 1][1] not in woken and _woken_early(ws, we, collectives[ends[k + 1][1]]):
+            c = collectives[ends[k + 1][1]]
+            woken.add(ends[k + 1][1])
+        else:
             continue  # nothing ended: a gap while one ran in the background, local work
-        c = collectives[ends[k][1]]
         out.append(_Point(RELEASE, number, we, dep=(c.step, c.kind, c.index), wake=we - c.end_us, work_end=ws))
     return out
+
+
+def _woken_early(ws: float, we: float, c: Collective) -> bool:
+    """Whether the wait ``[ws, we]`` ended with ``c`` although ``c``'s span ends after it: gloo's worker wakes the
+    waiting thread before it records the span's end (0.1-0.2 ms on a busy host). So it is when ``c`` was in flight for
+    the whole wait and ends within :data:`RESUME_SLACK_US` of the wait's end, sooner than the wait lasted; the first
+    such wait only (the caller's ``woken``): the gaps between the small ops the woken thread runs next are not waits."""
+    early = c.end_us - we
+    return c.start_us <= ws and 0.0 < early <= RESUME_SLACK_US and early < we - ws
 
 
 def _gpu_points(number: int, own: list[Collective]) -> list[_Point]:
@@ -214,7 +241,7 @@ def _columns(
         out.pred.append(pred)
         out.work.append(work)
         out.dep.append(p.dep)
-        out.wake.append(max(0.0, p.wake))
+        out.wake.append(p.wake)
         out.loading.append(0.0)
         out.end.append(p.end)
         out.main.append(p.main)
