@@ -88,6 +88,9 @@ def test_on_gpu_the_wait_ops_only_enqueue_and_count_as_compute():
         ("FSDP::post_backward_reduce (layers.1)", 5),
         ("_c10d_functional::wait_tensor", 5),
         ("FSDP::all_gather_copy_out", 3),  # a copy, not a wait
+        ("cudaStreamSynchronize", 6),
+        ("cudaMemcpy", 6),  # blocking
+        ("cudaMemcpyAsync", 3),  # not
     ],
 )
 def test_op_kinds(name, kind):
@@ -115,3 +118,70 @@ def test_an_op_nested_to_the_end_of_a_wait_is_work_and_one_spanning_two_waits_is
     split = split_main_thread(spanning, [(100.0, 400.0)], 100.0, 400.0)
     assert split.communication == [(100.0, 200.0), (300.0, 400.0)]
     assert split.compute == [(200.0, 300.0)]
+
+
+# A GPU step's training thread: a loss.item() (the copy to the host waits for the GPU) and an optimizer whose
+# clip_grad_norm_ syncs, among ops that only launch kernels.
+GPU_OPS = [
+    (0.0, 1000.0, "ProfilerStep#4"),
+    (0.0, 300.0, "aten::linear"),  # launches: compute
+    (300.0, 700.0, "aten::item"),
+    (310.0, 690.0, "aten::_local_scalar_dense"),
+    (320.0, 330.0, "cudaMemcpyAsync"),  # a launch: compute
+    (330.0, 680.0, "cudaStreamSynchronize"),  # waiting for the GPU: 350 us
+    (700.0, 900.0, "Optimizer.step#AdamW.step"),
+    (800.0, 850.0, "cudaDeviceSynchronize"),  # 50 us more
+    (950.0, 980.0, "cudaMemcpy"),  # a blocking copy outside any op: 30 us
+]
+
+
+def test_on_gpu_the_host_waiting_for_the_gpu_is_sync_not_compute():
+    split = split_main_thread(GPU_OPS, [], 0.0, 1000.0, waits_block=False)
+    assert split.gpu_wait == [(330.0, 680.0), (800.0, 850.0), (950.0, 980.0)]
+    assert split.compute == [(0.0, 330.0), (680.0, 800.0), (850.0, 900.0)]
+    b = breakdown_of(split, 1000.0)
+    assert (b.compute_us, b.gpu_wait_us, b.communication_us, b.other_us) == (500.0, 430.0, 0.0, 70.0)
+    # Before, the 430 us counted as compute (800 us, 80% of the step): a host waiting for its GPU read as busy.
+
+
+def test_the_numpy_split_takes_the_same_waits_out():
+    import numpy as np
+
+    from hf_distprof.analysis.rank import fast
+    from hf_distprof.analysis.rank.cpu import _op_kind
+
+    starts, ends = np.array([int(o[0]) for o in GPU_OPS]), np.array([int(o[1]) for o in GPU_OPS])
+    kinds = np.array([_op_kind(o[2]) for o in GPU_OPS], dtype=np.int8)
+    split = fast.MainOpColumns(starts, ends, kinds).split(0, len(GPU_OPS), [], 0, 1000, False)
+    assert split == split_main_thread(GPU_OPS, [], 0.0, 1000.0, waits_block=False)
+
+
+def test_dlrm_rank_1_waits_a_third_of_its_step_for_its_gpu():
+    import gzip
+
+    import orjson
+
+    from hf_distprof.analysis import AnalysisOptions, analyze_paths
+    from hf_distprof.analysis.rank import intervals as iv
+
+    from ..conftest import SHARED_DIR, require
+
+    dlrm = SHARED_DIR / "traces" / "dlrm_8gpu_v100"
+    path = next(iter(sorted(dlrm.glob("worker1_*.json.gz"))), None)
+    require(path is not None, f"the shared DLRM traces are not in {dlrm}")
+    assert path is not None
+    events = orjson.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+    step = next(e for e in events if e.get("name", "").startswith("ProfilerStep#"))
+    start, end = step["ts"], step["ts"] + step["dur"]
+    # The reference: every synchronizing CUDA call of the training thread in the step (none sits in data loading or
+    # an enqueue there), their union.
+    syncs = iv.merge((max(e["ts"], start), min(e["ts"] + e["dur"], end)) for e in events
+                     if e.get("cat") == "cuda_runtime" and e["name"] in (
+                         "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
+                     and e["tid"] == step["tid"] and start <= e["ts"] < end)
+    rank = next(r for r in analyze_paths([path], AnalysisOptions(workers=1), read_compact=False).ranks)
+    cpu = rank.steps[0].cpu
+    assert cpu.gpu_wait_us == pytest.approx(iv.total(syncs))
+    assert cpu.pct(cpu.gpu_wait_us) == pytest.approx(33.2, abs=0.05)  # its cpu% read 92.1% before, 58.9% now
+    assert cpu.compute_us + cpu.communication_us + cpu.data_loading_us + cpu.gpu_wait_us + cpu.other_us == \
+        pytest.approx(cpu.duration_us)

@@ -19,7 +19,7 @@ import pytest
 
 from hf_distprof.analysis import AnalysisOptions, TraceReadError, analyze_paths
 from hf_distprof.analysis.read import trace_io
-from hf_distprof.analysis.read.events import STEP_PREFIX, ParsedTrace, parse_trace
+from hf_distprof.analysis.read.events import STEP_PREFIX, SYNC_NAMES, ParsedTrace, parse_trace
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 DLRM = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces" / "dlrm_8gpu_v100"
@@ -56,8 +56,10 @@ def _reference(path: Path) -> dict[str, Any]:
                 fsdp.append((ts, ts + dur, name))
             elif cat == "user_annotation" and name.startswith("nccl:"):
                 nccl.append((ts, ts + dur, name))
-        elif cat in ("cuda_runtime", "cuda_driver") and isinstance(args, dict):
-            if args.get("correlation") is not None:
+        elif cat in ("cuda_runtime", "cuda_driver"):
+            if ev["name"] in SYNC_NAMES and dur is not None:  # the host waiting for the GPU: kept among the ops
+                ops.setdefault(ev.get("tid"), []).append((ev["ts"], ev["ts"] + dur, ev["name"]))
+            if isinstance(args, dict) and args.get("correlation") is not None:
                 launches[args["correlation"]] = ev["ts"]
         elif cat is not None and cat not in CPU_CATS and dur is not None and isinstance(args, dict):
             stream = _int(args.get("stream"))

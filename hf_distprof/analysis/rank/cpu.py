@@ -15,7 +15,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from hf_distprof.analysis.rank import intervals as iv
-from hf_distprof.analysis.read.events import STEP_PREFIX, ParsedTrace, Span
+from hf_distprof.analysis.read.events import STEP_PREFIX, SYNC_NAMES, ParsedTrace, Span
 from hf_distprof.analysis.results.rank import CpuBreakdown
 
 DATA_LOADING_PREFIX = "enumerate(DataLoader)"
@@ -26,7 +26,7 @@ WAIT_NAMES = ("FSDP::all_gather", "FSDP::post_backward_reduce", "FSDP::post_back
 WAIT_PREFIXES = tuple(f"{n} (" for n in WAIT_NAMES) + ("_c10d_functional::wait_tensor",)
 
 
-_STEP, _LOADING, _ENQUEUE, _BUSY, _BACKWARD, _WAIT = range(6)
+_STEP, _LOADING, _ENQUEUE, _BUSY, _BACKWARD, _WAIT, _SYNC = range(7)
 
 
 PHASE_PREFIX = "hf_distprof/"
@@ -44,6 +44,8 @@ def _op_kind(name: str) -> int:
     # what they enclose is counted by its own ops.
     if name.startswith(STEP_PREFIX) or name.startswith(PHASE_PREFIX):
         return _STEP
+    if name in SYNC_NAMES:
+        return _SYNC
     if name.startswith(DATA_LOADING_PREFIX):
         return _LOADING
     if name.startswith("c10d::"):
@@ -65,6 +67,9 @@ class MainThreadSplit(NamedTuple):
     comm_in_step: list[iv.Interval]
     """The collectives' own spans, clipped to the step."""
     backward: list[iv.Interval]
+    gpu_wait: list[iv.Interval] = []
+    """GPU traces: inside a CUDA call that waits for the GPU (``cudaStreamSynchronize`` ... within ``.item()``, a
+    device-to-host copy): the host waits, it does not compute. Taken out of the ops around it."""
 
 
 def _nested_in(merged: list[iv.Interval], starts: list[float], span: iv.Interval) -> bool:
@@ -97,7 +102,8 @@ def without_ours(split: MainThreadSplit, ours: list[iv.Interval]) -> MainThreadS
     if not ours:
         return split
     return split._replace(compute=iv.subtract(split.compute, ours),
-                          communication=iv.subtract(split.communication, ours))
+                          communication=iv.subtract(split.communication, ours),
+                          gpu_wait=iv.subtract(split.gpu_wait, ours))
 
 
 def split_main_thread(
@@ -128,6 +134,7 @@ def split_main_thread(
     busy: list[iv.Interval] = []
     backward: list[iv.Interval] = []
     waits: list[iv.Interval] = []
+    syncs: list[iv.Interval] = []
     if op_starts is None:
         op_starts = [op[0] for op in ops]
     lo, hi = bisect_left(op_starts, start), bisect_left(op_starts, end)
@@ -143,11 +150,13 @@ def split_main_thread(
             enqueue.append(span)
         elif kind == _WAIT and waits_block:
             waits.append(span)
+        elif kind == _SYNC:
+            syncs.append(span)
         else:
             busy.append(span)
             if kind == _BACKWARD:
                 backward.append(span)
-    return combine_split(loading, enqueue, waits, busy, iv.merge(busy), iv.merge(backward), comm, start, end)
+    return combine_split(loading, enqueue, waits, busy, iv.merge(busy), iv.merge(backward), comm, start, end, syncs)
 
 
 def combine_split(
@@ -160,6 +169,7 @@ def combine_split(
     comm: list[iv.Interval],
     start: float,
     end: float,
+    syncs: list[iv.Interval] | None = None,
 ) -> MainThreadSplit:
     """The step's split from its ops' spans (clipped to the step), sorted by what they count as.
 
@@ -173,6 +183,7 @@ def combine_split(
         comm: As for :func:`split_main_thread`.
         start: Step start (us).
         end: Step end (us).
+        syncs: CUDA calls that wait for the GPU (inside the ops that make them).
     """
     loading_m = iv.merge(loading)
     enqueue_m = iv.subtract(iv.merge(enqueue), loading_m)
@@ -190,6 +201,10 @@ def combine_split(
         # communication nor compute ("other", like a gap with nothing in flight).
         waiting = iv.intersect(wait_self, comm_in_step)
         taken = iv.merge(taken + wait_self)
+    gpu_wait: list[iv.Interval] = []
+    if syncs:
+        gpu_wait = iv.subtract(iv.merge(syncs), taken)
+        taken = iv.merge(taken + gpu_wait)
     compute_m = iv.subtract(busy_m, taken)
     gaps = iv.subtract([(start, end)], iv.merge(taken + compute_m))
     waiting = iv.merge(waiting + iv.intersect(gaps, comm_in_step))
@@ -199,6 +214,7 @@ def combine_split(
         communication=iv.merge(enqueue_m + waiting),
         comm_in_step=comm_in_step,
         backward=backward_m,
+        gpu_wait=gpu_wait,
     )
 
 
@@ -207,6 +223,7 @@ def breakdown_of(split: MainThreadSplit, duration: float) -> CpuBreakdown:
     communication = iv.total(split.communication)
     compute = iv.total(split.compute)
     loading_us = iv.total(split.loading)
+    gpu_wait = iv.total(split.gpu_wait)
     comm_busy = iv.total(split.comm_in_step)
     overlap = iv.total(iv.intersect(split.comm_in_step, split.backward))
     return CpuBreakdown(
@@ -214,7 +231,8 @@ def breakdown_of(split: MainThreadSplit, duration: float) -> CpuBreakdown:
         compute_us=compute,
         communication_us=communication,
         data_loading_us=loading_us,
-        other_us=max(0.0, duration - compute - communication - loading_us),
+        other_us=max(0.0, duration - compute - communication - loading_us - gpu_wait),
         comm_busy_us=comm_busy,
         comm_backward_overlap_pct=100.0 * overlap / comm_busy if comm_busy > 0 else None,
+        gpu_wait_us=gpu_wait,
     )

@@ -276,7 +276,7 @@ class MainOpColumns:
         def spans(mask: np.ndarray) -> Arrays:
             return starts[mask], ends[mask]
 
-        busy = (kinds != cpu._STEP) & (kinds != cpu._LOADING) & (kinds != cpu._ENQUEUE)
+        busy = (kinds != cpu._STEP) & (kinds != cpu._LOADING) & (kinds != cpu._ENQUEUE) & (kinds != cpu._SYNC)
         waits: list[iv.Interval] = []
         if waits_block:
             waiting = kinds == cpu._WAIT
@@ -292,6 +292,7 @@ class MainOpColumns:
             comm,
             start,
             end,
+            as_list(spans(kinds == cpu._SYNC)),
         )
 
 

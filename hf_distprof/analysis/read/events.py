@@ -46,25 +46,14 @@ from hf_distprof.analysis.read.trace_io import TraceReadError, iter_decoded_even
 
 # Event categories on CPU threads that can never be GPU activity; any other category is a GPU event when
 # its args carry an integer "stream" (HTA's rule), so new Kineto GPU categories are not missed.
-_CPU_CATS = frozenset(
-    {
-        "cpu_op",
-        "user_annotation",
-        "python_function",
-        "cuda_runtime",
-        "cuda_driver",
-        "cpu_instant_event",
-        "Trace",
-        "fwdbwd",
-        "ac2g",
-        "overhead",
-        "gpu_user_annotation",
-        "Runtime",
-        "Kernel launch",
-    }
-)
+_CPU_CATS = frozenset({
+    "cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver", "cpu_instant_event", "Trace",
+    "fwdbwd", "ac2g", "overhead", "gpu_user_annotation", "Runtime", "Kernel launch",
+})
 _GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 _LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver"})
+# CUDA calls in which the host waits for the GPU (a blocking cudaMemcpy too): kept among the ops (rank/cpu's split).
+SYNC_NAMES = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy"})
 # CPU-side categories that no analyzer reads (flow events, Python stacks ...): skipped at once.
 _UNUSED_CPU_CATS = _CPU_CATS - _LAUNCH_CATS - {"cpu_op", "user_annotation"}
 STEP_PREFIX = "ProfilerStep#"
@@ -217,6 +206,8 @@ def _collect(path: Path, meta: dict[str, Any], decode: ChunkDecoder) -> _Collect
                 elif cat in unused:
                     continue
                 elif cat in _LAUNCH_CATS:
+                    if ev.name in SYNC_NAMES:
+                        ops_append(ev)
                     args = ev.args
                     if type(args) is args_t:
                         corr = args.correlation

@@ -45,7 +45,8 @@ class CpuBreakdown:
 
     ``compute``: inside CPU ops or annotations; ``communication``: enqueueing collectives (``c10d::*``)
     plus idle time while a collective of this rank is in flight (the thread waits on it);
-    ``data_loading``: inside ``enumerate(DataLoader)``; ``other``: idle time with no collective in flight.
+    ``data_loading``: inside ``enumerate(DataLoader)``; ``other``: idle time with no collective in flight; on GPU
+    traces ``gpu_wait``: inside CUDA calls that wait for the GPU (taken out of the ops that make them).
     """
 
     duration_us: float
@@ -57,6 +58,9 @@ class CpuBreakdown:
     """Union of the collectives' own spans (``gloo:*`` on worker threads, NCCL kernels on GPU)."""
     comm_backward_overlap_pct: float | None
     """% of ``comm_busy_us`` that overlaps backward ops on the main thread (None: no collective)."""
+    gpu_wait_us: float = 0.0
+    """GPU traces: inside CUDA calls that wait for the GPU (``cudaStreamSynchronize`` in ``.item()``, a copy to the
+    host ...): the host waiting, not computing; neither compute nor other. 0 on CPU traces."""
 
     def pct(self, value: float) -> float:
         """``value`` as a percentage of the step."""

@@ -76,7 +76,7 @@ def _rank_rows(rank: RankResult) -> list[str]:
             g = s.gpu
             overlap = "-" if g.comm_comp_overlap_pct is None else f"{g.comm_comp_overlap_pct:.1f}"
             row += (
-                f" | {g.idle_pct:>6.1f} {g.compute_pct:>7.1f} {g.non_compute_pct:>7.1f} "
+                f" {c.pct(c.gpu_wait_us):>7.1f} | {g.idle_pct:>6.1f} {g.compute_pct:>7.1f} {g.non_compute_pct:>7.1f} "
                 f"{g.exposed_comm_pct:>7.1f} {overlap:>7}"
             )
         else:
@@ -323,7 +323,7 @@ def format_summary(result: AnalysisResult) -> str:
     if result.ranks:
         head = f"{'rank':>4} {'step':>6} {'step ms':>9} {'cpu%':>7} {'comm%':>7} {'data%':>7} {'other%':>7}"
         head += (
-            f" | {'idle%':>6} {'comp%':>7} {'nonc%':>7} {'expC%':>7} {'ovlp%':>7}"
+            f" {'sync%':>7} | {'idle%':>6} {'comp%':>7} {'nonc%':>7} {'expC%':>7} {'ovlp%':>7}"
             if gpu
             else f" | {'gloo ms':>9} {'bwd ovl%':>9}"
         )
@@ -331,8 +331,9 @@ def format_summary(result: AnalysisResult) -> str:
             "",
             "Per rank and step (% of the step on the main thread: compute / communication / data loading / other"
             + (
-                "; GPU, % of the step's GPU span: HTA idle / compute / non-compute, exposed comm; ovlp%: % of the "
-                "communication that overlaps computation)"
+                " / sync, waiting for the GPU inside CUDA calls (cudaStreamSynchronize ... in .item() or a copy to "
+                "the host); GPU, % of the step's GPU span: HTA idle / compute / non-compute, exposed comm; ovlp%: % "
+                "of the communication that overlaps computation)"
                 if gpu
                 else "; gloo: collective time, % of it under backward)"
             ),
