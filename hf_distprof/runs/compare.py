@@ -78,6 +78,7 @@ TRACE_METRICS: tuple[Metric, ...] = (
     Metric("compute_s", "traced compute", "trace_compute", "s"),
     Metric("communication_s", "traced communication wait", "trace_comm", "s"),
     Metric("data_loading_s", "traced data loading", "trace_data", "s"),
+    Metric("gpu_wait_s", "traced wait for the GPU (sync%)", "trace_sync", "s"),  # GPU runs only
 )
 # The rank's own work, where a cause shows; the second key is the fallback when the first was not measured.
 OWN_WORK: tuple[tuple[str, str | None], ...] = (
@@ -254,8 +255,10 @@ def compare_runs(a: RunData, b: RunData, min_effect_pct: float = MIN_EFFECT_PCT)
         for metric in TRACE_METRICS:
             for rank in ranks:
                 before = len(rows)
-                add(metric, rank, [s[metric.key] for s in a.trace_steps.get(rank, [])],
-                    [s[metric.key] for s in b.trace_steps.get(rank, [])])
+                series = [[s.get(metric.key, 0.0) for s in run.trace_steps.get(rank, [])] for run in (a, b)]
+                if metric.key == "gpu_wait_s" and not any(x for values in series for x in values):
+                    continue  # a CPU run, or a GPU run that never waited for its GPU inside a CUDA call
+                add(metric, rank, *series)
                 if len(rows) > before:
                     rows[-1] = dataclasses.replace(rows[-1], diff=dataclasses.replace(
                         rows[-1].diff, status=PROFILED, reason="inside a profiler window: shown, not judged"))

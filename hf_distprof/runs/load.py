@@ -47,7 +47,8 @@ class RunData:
         memory_summary: ``memory_summary.json``, when present.
         traced_steps: Optimizer steps inside a profiler window (from the trace files' names): the profiler
             slows them down, so they are left out of the comparisons.
-        trace_steps: rank -> per traced step, ``{"step", "compute_s", "communication_s", "data_loading_s"}``
+        trace_steps: rank -> per traced step, ``{"step", "compute_s", "communication_s", "data_loading_s",
+            "gpu_wait_s"}``
             from ``analysis.json`` (the trace analysis); empty when the folder has none.
         warmup_steps: Steps left out at the start of every rank's records.
     """
@@ -237,6 +238,7 @@ def _trace_steps(analysis: dict[str, Any]) -> dict[int, list[dict[str, float]]]:
                 "compute_s": float(cpu.get("compute_us", 0.0)) / 1e6,
                 "communication_s": float(cpu.get("communication_us", 0.0)) / 1e6,
                 "data_loading_s": float(cpu.get("data_loading_us", 0.0)) / 1e6,
+                "gpu_wait_s": float(cpu.get("gpu_wait_us", 0.0)) / 1e6,
             })
         if rows:
             out[int(rank.get("rank", len(out)))] = rows

@@ -185,3 +185,20 @@ def test_dlrm_rank_1_waits_a_third_of_its_step_for_its_gpu():
     assert cpu.pct(cpu.gpu_wait_us) == pytest.approx(33.2, abs=0.05)  # its cpu% read 92.1% before, 58.9% now
     assert cpu.compute_us + cpu.communication_us + cpu.data_loading_us + cpu.gpu_wait_us + cpu.other_us == \
         pytest.approx(cpu.duration_us)
+
+
+def test_a_gpu_run_s_step_without_gpu_events_keeps_the_table_s_columns():
+    # gpu_float_ts: a GPU run; one step of rank 0 made to hold no GPU event (a step the profiler caught only on the
+    # host). Its row has the sync% cell and blanks under the GPU columns, as long as the header, where it used to take
+    # the CPU run's gloo columns.
+    from pathlib import Path
+
+    from hf_distprof.analysis import AnalysisOptions, analyze_paths, format_summary
+
+    result = analyze_paths([Path(__file__).resolve().parents[1] / "data" / "gpu_float_ts"], AnalysisOptions(workers=1))
+    result.ranks[0].steps[0].gpu = None
+    lines = format_summary(result).splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("rank   step   step ms"))
+    row = lines[head + 2]
+    assert row.split() == ["0", "5", "2.98", "5.9", "27.5", "0.0", "66.6", "0.0", "|", "-", "-", "-", "-", "-"]
+    assert len(row) == len(lines[head]) and row.index("|") == lines[head].index("|")

@@ -116,12 +116,24 @@ def test_a_thread_woken_before_the_span_records_its_end_waited_for_that_collecti
     assert _points(result, 0)[3] == (RELEASE, 27_840.0, 1, 20.0, -180.0, (1, "all_reduce", 0))
     assert result.what_if_model is not None and result.what_if_model.error_ms == pytest.approx(0.0, abs=1e-9)
     assert _predicted(result) == {**{k: round(v - 0.18, 3) for k, v in ON_TIME.items()}, "hide_communication": 27.02}
+    # In every step, not only the median: rank 0, woken 180 us before the span's end, is not released before rank 1
+    # arrives when the transfer is hidden (it was, by 180 us, in the first step).
+    hidden = {s.scenario: s for s in result.what_if}["hide_communication"]
+    assert hidden.saving_pct_per_step == pytest.approx([100 * (28.84 - 27.02) / 28.84] * 3)
+    # The critical path runs through the transfer until rank 0 left it, 180 us before the span's end: its links add
+    # up to the step (they overlapped by 180 us, 29.02 ms for a 28.84 ms step).
+    path = [(c.rank, c.name, round(c.ms, 3)) for c in result.critical_path]
+    assert path == [(1, "data_loading", 21.0), (1, "compute", 5.0), (1, "all_reduce#0 start", 0.02),
+                    (1, "all_reduce#0", 1.82), (1, "compute", 1.0)]
+    assert sum(c.ms for c in result.critical_path) == pytest.approx(28.84)
 
 
 def test_only_the_wait_the_collective_ended_is_bound_not_the_gaps_the_woken_thread_leaves(tmp_path: Path) -> None:
-    # Woken 100 us early, the thread runs small ops with 1-5 us gaps between them until past the span's end: the gaps
-    # are not waits for the collective (it is over), and binding each of them gave the replay residuals.
-    after = [(0.0, 10.0), (11.0, 20.0), (25.0, 60.0), (61.0, 95.0), (96.0, 130.0)]
+    # Woken 100 us early, the thread runs small ops with gaps between them until past the span's end: the gaps are not
+    # waits for the collective (it is over), and binding each of them gave the replay residuals. The 50 us gap
+    # (20-70 us after the wake) ends 30 us before the span's end and lasts longer than that: only the rule that a
+    # collective wakes one wait keeps it out.
+    after = [(0.0, 10.0), (11.0, 20.0), (70.0, 95.0), (96.0, 130.0)]
     result = _analyze(tmp_path, early_us=100.0, after=after)
     tl = result.ranks[0].timeline
     assert tl is not None
@@ -131,6 +143,30 @@ def test_only_the_wait_the_collective_ended_is_bound_not_the_gaps_the_woken_thre
     assert result.what_if_model is not None and result.what_if_model.error_ms == pytest.approx(0.0, abs=1e-9)
     # At rank 0's pace: 6.02 ms to the arrival, the 2 ms transfer, woken 0.1 ms early, then 1 ms to the step's end.
     assert _predicted(result)["slow_rank"] == pytest.approx(8.92)
+
+
+def test_a_synchronous_collective_that_returns_just_before_its_span_ends_waits_inside_its_op(tmp_path: Path) -> None:
+    # gloo wakes the caller before it closes the span here too (cpu_clean_memory's rank 1, step 10: 79 us before the
+    # end of a 26.6 ms all-reduce): bound, with a wake of -80 us.
+    result = _analyze(tmp_path, early_us=80.0, blocking=True)
+    assert _points(result, 0)[3] == (RELEASE, 27_940.0, 1, 20.0, -80.0, (1, "all_reduce", 0))
+    assert result.what_if_model is not None and result.what_if_model.error_ms == pytest.approx(0.0, abs=1e-9)
+    assert _predicted(result)["slow_rank"] == pytest.approx(9.02 - 0.08)
+
+
+def test_an_op_that_returns_before_its_collective_started_only_enqueued_it() -> None:
+    # FSDP2's all-gather enqueue returns before the gloo worker starts the collective (tests/data/fsdp2): no wait in
+    # the op, whatever the collective's length.
+    from hf_distprof.analysis import analyze_paths as analyze
+
+    result = analyze([DATA / "fsdp2"], OPTS)
+    for rank in result.ranks:
+        tl = rank.timeline
+        assert tl is not None
+        for i in range(len(tl)):
+            if tl.kind[i] == RELEASE and tl.dep[i] is not None:
+                c = next(c for c in rank.collectives if (c.step, c.kind, c.index) == tl.dep[i])
+                assert tl.t[i] > c.start_us, (rank.rank, i, tl.t[i], c)
 
 
 def test_a_gap_that_ends_long_before_the_collective_is_local_work(tmp_path: Path) -> None:

@@ -273,6 +273,22 @@ def test_traced_steps_of_the_trace_analysis_are_compared_in_seconds(tmp_path):
     assert (comm.median_a, comm.delta, comm.steps_a, comm.status, comm.significant) == (
         pytest.approx(0.0201), pytest.approx(0.18), 6, "profiled steps", False)  # median of +0, +100, +200 us
     assert rows[("compute_s", 0)].diff.delta == 0.0
+    assert ("gpu_wait_s", 0) not in rows  # a CPU run never waits for a GPU: no row
+
+
+def test_a_gpu_run_s_wait_for_its_gpu_is_a_traced_row_of_its_own(tmp_path):
+    def analysis(wait_us):
+        steps = [{"step": s, "cpu": {"compute_us": 4e5, "communication_us": 2e4, "data_loading_us": 5e3,
+                                     "gpu_wait_us": wait_us}} for s in range(8, 14)]
+        return {"ranks": [{"rank": r, "steps": steps} for r in (0, 1)]}
+
+    a, b = clean_run(tmp_path / "a"), clean_run(tmp_path / "b")
+    (a / names.ANALYSIS_NAME).write_text(json.dumps(analysis(1e4)))
+    (b / names.ANALYSIS_NAME).write_text(json.dumps(analysis(6e4)))
+    rows = rows_by(compare_runs(load_run(a), load_run(b)))
+    wait = rows[("gpu_wait_s", 1)]
+    assert (wait.label, wait.diff.median_a, wait.diff.delta, wait.diff.status) == (
+        "traced wait for the GPU (sync%)", pytest.approx(0.01), pytest.approx(0.05), "profiled steps")
 
 
 def test_memory_samples_are_compared_and_the_peak_is_shown_unjudged(tmp_path):

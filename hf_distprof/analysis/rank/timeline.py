@@ -143,9 +143,10 @@ def _cpu_points(
             issue = _Point(ISSUE, c.step, c.issued_us, key=arrive.key)
             out.append(issue)
             returned = op_end.get(c.issued_us)
-            if returned is not None and returned >= c.end_us:
-                # A blocking op (gloo's synchronous collectives return when theirs completes): from the arrival
-                # on, the training thread waits inside it.
+            # (returning after the arrival, and no further from the end than from the arrival)
+            if returned is not None and c.end_us - returned <= min(RESUME_SLACK_US, returned - c.start_us):
+                # A blocking op (gloo's synchronous collectives return when theirs completes, or just before its
+                # span records the end): from the arrival on, the training thread waits inside it.
                 out.append(_Point(RELEASE, number, returned, dep=arrive.key, wake=returned - c.end_us,
                                   work_end=c.start_us))
             arrive.pred_point = issue

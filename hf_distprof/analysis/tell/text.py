@@ -63,7 +63,7 @@ def _findings_lines(result: AnalysisResult) -> list[str]:
     return lines
 
 
-def _rank_rows(rank: RankResult) -> list[str]:
+def _rank_rows(rank: RankResult, gpu: bool) -> list[str]:
     rows = []
     for s in rank.steps:
         c = s.cpu
@@ -79,6 +79,8 @@ def _rank_rows(rank: RankResult) -> list[str]:
                 f" {c.pct(c.gpu_wait_us):>7.1f} | {g.idle_pct:>6.1f} {g.compute_pct:>7.1f} {g.non_compute_pct:>7.1f} "
                 f"{g.exposed_comm_pct:>7.1f} {overlap:>7}"
             )
+        elif gpu:  # a step of a GPU run without GPU events: its host columns, blank GPU ones
+            row += f" {c.pct(c.gpu_wait_us):>7.1f} | {'-':>6} {'-':>7} {'-':>7} {'-':>7} {'-':>7}"
         else:
             overlap = "-" if c.comm_backward_overlap_pct is None else f"{c.comm_backward_overlap_pct:.1f}"
             row += f" | {_ms(c.comm_busy_us):>9} {overlap:>9}"
@@ -341,7 +343,7 @@ def format_summary(result: AnalysisResult) -> str:
             "-" * len(head),
         ]
         for rank in result.ranks:
-            out += _rank_rows(rank)
+            out += _rank_rows(rank, gpu)
     out += _kind_table(result)
     out += _own_collectives(result)
     out += _unit_table(result)

@@ -71,15 +71,16 @@ def critical_path(g: Graph, rep: Replay, step: int, transfer: dict[CollectiveKey
         if rep.bound[r][i] == GATED:
             key = g.dep[r][i]
             assert key is not None
-            done, wake = rep.done[key], g.wake[r][i]
-            if wake > 0:
-                out.append(CriticalSegment(g.ranks[r], "collective", f"{collective_name(key)} wake-up", wake / 1e3,
-                                           (done - origin) / 1e3))
+            done = rep.done[key]
+            if at > done:
+                out.append(CriticalSegment(g.ranks[r], "collective", f"{collective_name(key)} wake-up",
+                                           (at - done) / 1e3, (done - origin) / 1e3))
             last = rep.last[key]
             span = transfer.get(key, 0.0)
             start = max(done - span, origin)
-            if done > start:
-                out.append(CriticalSegment(g.ranks[last], "collective", collective_name(key), (done - start) / 1e3,
+            end = min(done, at)  # a thread woken before the span's recorded end left the collective then
+            if end > start:
+                out.append(CriticalSegment(g.ranks[last], "collective", collective_name(key), (end - start) / 1e3,
                                            (start - origin) / 1e3))
             r, i = last, g.arrive_at[last][key]
             continue

@@ -171,8 +171,11 @@ def replay(g: Graph, work: list[list[float]] | None = None, transfer: dict[Colle
                     gate = done[k]
                     if gate is None:
                         break
-                    if gate + wake[i] > at:
-                        at, b[i] = gate + wake[i], GATED
+                    # Released at the completion plus this rank's wake (< 0: woken before its span's recorded end,
+                    # or its span ended before the last rank's), never before the last rank arrived.
+                    gate = max(gate + wake[i], latest[k])
+                    if gate > at:
+                        at, b[i] = gate, GATED
                 v[i] = at
                 c = arrives[i]
                 if c >= 0:
