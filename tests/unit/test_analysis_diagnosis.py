@@ -51,16 +51,16 @@ def check(f: Finding, kind: str, severity: float, title: str, ranks: list[int], 
 def test_slow_rank1_is_one_chain_and_rank_0s_wait_is_not_communication_bound():
     (chain,) = findings("slow_rank1")
     # Rank 1 sleeps 30 ms in its forward: its compute is longer, so it reaches the all-reduces late, and rank 0 waits
-    # there; that wait (46.7% of rank 0's step) is rank 1's finding, not a communication-bound one about rank 0.
-    check(chain, "slow_rank", 51.15280953715626, "Rank 1 holds the others back: its compute (forward, backward and "
+    # there; that wait (46.4% of rank 0's step) is rank 1's finding, not a communication-bound one about rank 0.
+    check(chain, "slow_rank", 51.02046152348956, "Rank 1 holds the others back: its compute (forward, backward and "
           "optimizer)", [1],
-          "compute (forward, backward and optimizer) takes 29.6 ms more per step than on its peers, who wait 46.7% "
+          "compute (forward, backward and optimizer) takes 29.6 ms more per step than on its peers, who wait 46.4% "
           "of their step for it at the collectives: rank 1's compute (forward, backward and optimizer) exceeds its "
           "peers' by 29.63 ms per step (the traced window, median over 6 steps), so it reaches each step's "
-          "collectives 31.48 ms (51.2% of its 61.55 ms step) after the earliest rank, and the others wait for it "
-          "there (from their arrival at the same collective to its, clocks aligned): rank 0 waits 46.7% of its step "
+          "collectives 31.40 ms (51.0% of its 61.55 ms step) after the earliest rank, and the others wait for it "
+          "there (from their arrival at the same collective to its, clocks aligned): rank 0 waits 46.4% of its step "
           "at all_reduce for rank 1. straggler verdict: rank "
-          "1's arrival at the step's collectives exceeds its peers' by a median 52.2% (threshold 10%, step-to-step "
+          "1's arrival at the step's collectives exceeds its peers' by a median 52.1% (threshold 10%, step-to-step "
           "noise 3.4%); it is the slowest in 6 of 6 steps (p = 0.016 in a balanced run of 2 ranks); imbalance verdict "
           "raised too: rank 1's busy time (GPU: compute kernels; CPU: "
           "compute + data loading) exceeds its peers' by a median 102.8%",
@@ -69,8 +69,8 @@ def test_slow_rank1_is_one_chain_and_rank_0s_wait_is_not_communication_bound():
           "use --group_by_length), and that rank's host for other processes sharing its cores. The others' exposed "
           "communication is a wait for it, not the network: larger buckets or a faster network will not shorten "
           "it.",
-          {"phase_excess_ms": 29.6269990234375, "peer_wait_pct": 46.70561842119689,
-           "lateness_us": 31484.08349609375, "imbalance_pct": 102.8139526129988, "max_busy_us": 58211.26025390625,
+          {"phase_excess_ms": 29.6269990234375, "peer_wait_pct": 46.44022553790377,
+           "lateness_us": 31402.62451171875, "imbalance_pct": 102.8139526129988, "max_busy_us": 58211.26025390625,
            "typical_busy_us": 28836.122233072918, "slowest_in_steps": 6, "steps": 6}, 1 - 0.5**6)
 
 
@@ -88,19 +88,20 @@ def test_slow_data_is_data_loading_bound():
 
 
 def test_fsdp2_findings_name_the_unit_and_the_phase():
-    comm, gather, scatter = findings("fsdp2")
-    # Exposed is each moment once, enqueues included (the rows add up to the headline); 10.0% of rank 0's 53.1% is a
-    # wait for rank 1 (no verdict names it: too few steps), left out of the communication-bound share.
-    check(comm, "communication_bound", 40.605542731453795, "Communication-bound", [0, 1],
-          "the collectives themselves, waits for late peers left out, are 40.6% of the step on average (exposed in "
-          "all: 50.7%); rank 0: 43.1%, median 43.1% (threshold 30%): the training thread waits on collectives; of "
-          "rank 0's 53.1% exposed, "
-          "10.0% is a wait for a late peer (rank 1), left out; of rank 1's 48.2% exposed, 10.1% is a wait for a late "
-          "peer (rank 0), left out; exposed by kind on rank 0 (% of the step): all_gather "
-          "26.9% (5.8% waiting), reduce_scatter 26.2% (4.2% waiting)",
+    gather, comm, scatter = findings("fsdp2")
+    # Exposed is each moment once, enqueues included (the rows add up to the headline); 10.1% of rank 1's 48.2% is a
+    # wait for rank 0 (no verdict names it: too few steps), and 6.4% its time in its collectives after they completed
+    # on rank 0, both left out of the communication-bound share; rank 0's share is under the threshold once its own
+    # time past completion is left out.
+    check(comm, "communication_bound", 30.784277166639622, "Communication-bound", [1],
+          "the collectives themselves, waits for late peers and time past completion left out, are 30.8% of the step "
+          "on average (exposed in all: 50.7%); rank 1: 31.7%, median 31.7% (threshold 30%): the training thread waits "
+          "on collectives; of rank 1's 48.2% exposed, 10.1% is a wait for a late peer (rank 0), left out; rank 1's "
+          "time in its collectives after they completed, 6.4% (its thread resuming late), left out; exposed by kind "
+          "on rank 1 (% of the step): all_gather 31.1% (6.5% waiting), reduce_scatter 17.1% (3.7% waiting)",
           "FSDP's all-gathers and reduce-scatters: see the FSDP findings for which and where.",
-          {"transfer_pct": 40.605542731453795, "worst_rank_transfer_pct": 43.08781911335926,
-           "exposed_comm_pct": 50.660891219389654, "worst_rank_exposed_comm_pct": 53.08410723298496}, 1.0)
+          {"transfer_pct": 30.784277166639622, "worst_rank_transfer_pct": 31.73147357785662,
+           "exposed_comm_pct": 50.660891219389654, "worst_rank_exposed_comm_pct": 48.237675205794346}, 1.0)
     check(gather, "fsdp_exposed_all_gather", 31.14683735790439, "Exposed FSDP all-gather before forward", [0, 1],
           "on rank 1 the training waits 10.53 ms per step for all-gathers, 31.1% of the step (median over 2 steps; "
           "threshold 10%): 6.75 ms in forward, 3.78 ms in backward, of 10.53 ms of all-gather in 6 calls (0.0% "
@@ -316,7 +317,8 @@ def test_kind_split_lists_only_exposed_kinds():
     ]
     (comm,) = diagnose(ranks, OPTS)
     assert comm.evidence == (
-        "the collectives themselves, waits for late peers left out, are 60.0% of the step's GPU span on average "
+        "the collectives themselves, waits for late peers and time past completion left out, are 60.0% of the step's "
+        "GPU span on average "
         "(exposed in all: 60.0%); rank 0: 60.0%, median 60.0% (threshold 30%): communication kernels run with no "
         "computation; only 0.0% of communication overlaps computation; exposed by kind on rank 0 (% of the step's GPU "
         "span): all_gather 0.1%, all_reduce 60.0%"

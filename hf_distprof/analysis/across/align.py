@@ -4,7 +4,9 @@ rank's, and when the last rank reached each collective (what its peers waited fo
 Ranks on different hosts have different clocks, so timestamps are not compared raw. A collective ends at
 (nearly) the same moment on every rank, because nobody finishes before the last rank has contributed;
 the offset of each rank's clock to rank ``ranks[0]`` is the median, over matched collectives, of the
-difference of their end times.
+difference of their end times. Ranks on one host read one clock: they share one offset (the median over all of
+them), 0 on ``ranks[0]``'s host. Their ends are not always as close as that rule assumes: a gloo rank whose thread
+waits for a CPU after a collective closes its span milliseconds later, which read as a clock offset once.
 """
 
 from __future__ import annotations
@@ -39,11 +41,14 @@ def clock_offsets(
     if not ranks:
         return {}
     ref = ranks[0].rank
-    offsets: dict[int, float] = {}
+    # One clock per host when every trace names its host (Kineto's traces of other tools may not: then one per rank).
+    named = all(r.host for r in ranks)
+    group = {r.rank: (r.host if named else r.rank) for r in ranks}
+    diffs: dict[object, list[float]] = {}
     for r in ranks:
-        diffs = [m[r.rank].end_us - m[ref].end_us for m in matched.values()]
-        offsets[r.rank] = median(diffs) if diffs else 0.0
-    return offsets
+        diffs.setdefault(group[r.rank], []).extend(m[r.rank].end_us - m[ref].end_us for m in matched.values())
+    offset = {g: (median(d) if d and g != group[ref] else 0.0) for g, d in diffs.items()}
+    return {r.rank: offset[group[r.rank]] for r in ranks}
 
 
 def align(ranks: list[RankResult]) -> Alignment:
@@ -82,11 +87,13 @@ def set_waits(ranks: list[RankResult], alignment: Alignment) -> None:
     """
     for r in ranks:
         for c in r.collectives:
-            c.peers_in_us, c.waited_for, c.late_peer_wait_us = None, None, None
+            c.peers_in_us, c.waited_for, c.late_peer_wait_us, c.done_in_us = None, None, None, None
     for key, same in alignment.matched.items():
         arrivals = alignment.arrivals[key]
         last = last_to_arrive(arrivals)
+        done = max(arrivals[last], min(c.end_us - alignment.offsets[rank] for rank, c in same.items()))
         for rank, c in same.items():
             c.peers_in_us = arrivals[last] + alignment.offsets[rank]
+            c.done_in_us = done + alignment.offsets[rank]
             c.waited_for = last if last != rank and arrivals[last] > arrivals[rank] else None
             c.late_peer_wait_us = min(max(arrivals[last] - arrivals[rank], 0.0), c.duration_us)

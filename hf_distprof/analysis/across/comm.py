@@ -34,6 +34,15 @@ def wait_share(c: Collective) -> list[tuple[float, float, int]]:
             if max(s, c.start_us) < min(e, until)]
 
 
+def lag_share(c: Collective) -> list[tuple[float, float, int]]:
+    """The pieces of ``c``'s exposed share after it completed (:attr:`~Collective.done_in_us`): the rank still in it
+    once a peer was done, its thread not yet running again (on a shared host, a wait for a CPU): not the transfer."""
+    if c.done_in_us is None:
+        return []
+    since = max(c.done_in_us, c.start_us)
+    return [(max(s, since), e, step) for s, e, step in c.exposed_share if max(s, since) < e]
+
+
 def step_basis(step: StepResult, gpu: bool) -> float:
     """What a step's shares are of: its GPU span on GPU traces (as HTA's), its wall time on CPU. The one basis of
     every per-step share of communication (the per-kind tables, the waits, the findings' thresholds)."""
@@ -185,13 +194,35 @@ def wait_pct_per_step(rank: RankResult, waits: RankWaits) -> list[float]:
     return [100.0 * waits.per_step_us[s.step] / b if b > 0 else 0.0 for s, b in zip(rank.steps, bases)]
 
 
-def transfer_pct_per_step(rank: RankResult, waits: RankWaits) -> list[float]:
-    """Per step, the exposed communication that is not a wait for a late peer, % of the step (GPU: its GPU span;
-    GPU steps without GPU events left out)."""
+def lag_us_per_step(rank: RankResult) -> dict[int, float]:
+    """step -> microseconds of the rank's exposed communication after its collectives completed (:func:`lag_share`)."""
+    out = {s.step: 0.0 for s in rank.steps}
+    for c in rank.collectives:
+        for s, e, step in lag_share(c):
+            if step in out:
+                out[step] += e - s
+    return out
+
+
+def lag_pct_per_step(rank: RankResult, lags: dict[int, float]) -> list[float]:
+    """Per step, the exposed communication after completion (``lags``: :func:`lag_us_per_step`), % of the step (GPU:
+    its GPU span; GPU steps without GPU events left out), as :func:`transfer_pct_per_step`."""
     if rank.device == "gpu":
-        return [100.0 * max(0.0, s.gpu.exposed_comm_us - waits.per_step_us[s.step]) / s.gpu.kernel_time_us
-                if s.gpu.kernel_time_us > 0 else 0.0 for s in rank.steps if s.gpu is not None]
-    return [s.cpu.pct(max(0.0, s.cpu.communication_us - waits.per_step_us[s.step])) for s in rank.steps]
+        return [100.0 * lags[s.step] / s.gpu.kernel_time_us if s.gpu.kernel_time_us > 0 else 0.0
+                for s in rank.steps if s.gpu is not None]
+    return [s.cpu.pct(lags[s.step]) for s in rank.steps]
+
+
+def transfer_pct_per_step(rank: RankResult, waits: RankWaits, lags: dict[int, float] | None = None) -> list[float]:
+    """Per step, the exposed communication that is neither a wait for a late peer nor the rank's lag after the
+    completion (``lags``: :func:`lag_us_per_step`), % of the step (GPU: its GPU span; GPU steps without GPU events left
+    out)."""
+    lags = lags if lags is not None else dict.fromkeys(waits.per_step_us, 0.0)
+    if rank.device == "gpu":
+        return [100.0 * max(0.0, s.gpu.exposed_comm_us - waits.per_step_us[s.step] - lags[s.step])
+                / s.gpu.kernel_time_us if s.gpu.kernel_time_us > 0 else 0.0 for s in rank.steps if s.gpu is not None]
+    return [s.cpu.pct(max(0.0, s.cpu.communication_us - waits.per_step_us[s.step] - lags[s.step]))
+            for s in rank.steps]
 
 
 def by_module(ranks: list[RankResult]) -> list[ModuleCommStat]:

@@ -48,6 +48,7 @@ def compare(ranks: list[RankResult], run: RunInput, reference: Sequence[Referenc
         r.comm_by_kind, exposed[r.rank] = comm.by_kind(r.steps, r.collectives, r.device == "gpu", pieces,
                                                        waits[r.rank].late_peers)
         r.peer_waits = waits[r.rank].peer_waits
+    lags = {r.rank: comm.lag_us_per_step(r) for r in ranks}  # each rank's time in its collectives past completion
     timer = evidence.timer_figures(run.records, traced)
     several = len(ranks) > 1
     run_evidence = evidence.run_evidence(timer) if several else None
@@ -64,7 +65,8 @@ def compare(ranks: list[RankResult], run: RunInput, reference: Sequence[Referenc
         comm_by_kind=comm.mean_by_kind(ranks),
         comm_by_module=comm.by_module(ranks),
         wait_pct_per_step={r.rank: comm.wait_pct_per_step(r, waits[r.rank]) for r in ranks},
-        transfer_pct_per_step={r.rank: comm.transfer_pct_per_step(r, waits[r.rank]) for r in ranks},
+        transfer_pct_per_step={r.rank: comm.transfer_pct_per_step(r, waits[r.rank], lags[r.rank]) for r in ranks},
+        lag_pct_per_step={r.rank: comm.lag_pct_per_step(r, lags[r.rank]) for r in ranks},
         exposed_pct_per_step=exposed,
         late_peers={rank: w.late_peers for rank, w in waits.items()},
         phase_excess=evidence.phase_excess(ranks, timer, common) if several else {},

@@ -24,6 +24,8 @@ from hf_distprof.analysis.results.facts import (
     LaunchBoundFacts,
     LowUtilFacts,
     Question,
+    ResumeShare,
+    SlowResumeFacts,
     StragglerFacts,
     WaitingFacts,
 )
@@ -54,6 +56,7 @@ def diagnose(ranks: list[RankResult], across: Across, verdicts: RankVerdicts,
     findings: list[Judgement] = []
     fsdp = _fsdp_exposed(ranks, across, "all_gather", options) + _fsdp_exposed(ranks, across, "reduce_scatter", options)
     findings += _comm_bound(ranks, across, options, fsdp_findings=bool(fsdp))
+    findings += _slow_resume(ranks, across, options)
     findings += fsdp
     if across.skew is not None:
         findings += _stragglers(across, verdicts, options)
@@ -83,7 +86,8 @@ def _comm_bound(ranks: list[RankResult], across: Across, options: AnalysisOption
     peer is that peer's finding, not the network's) above the threshold, median over steps and in most steps."""
     shares = across.transfer_pct_per_step
     verdicts = {r.rank: judge_share(shares[r.rank], options.comm_bound_pct,
-                                    "exposed communication, waits for late peers left out") for r in ranks}
+                                    "exposed communication, waits for late peers and time past completion left out")
+                for r in ranks}
     hit = [r for r in ranks if verdicts[r.rank].raised]
     if not hit:
         return []
@@ -99,6 +103,8 @@ def _comm_bound(ranks: list[RankResult], across: Across, options: AnalysisOption
         peers = sorted(p.peer for p in waits if p.pct >= SHOWN_PCT)  # those the text's late-peer line shows
         if waited >= SHOWN_PCT and peers:
             late.append(LateShare(r.rank, r.exposed_comm_pct, waited, peers))
+    lags = across.lag_pct_per_step
+    resumed = [(r.rank, stats.mean(lags[r.rank])) for r in hit if lags.get(r.rank)]
     exposed = stats.mean([r.exposed_comm_pct for r in ranks])
     advice = (CommAdvice.FSDP_FINDINGS if fsdp_findings else CommAdvice.FSDP if any(is_fsdp(r) for r in ranks)
               else CommAdvice.DDP)
@@ -108,6 +114,7 @@ def _comm_bound(ranks: list[RankResult], across: Across, options: AnalysisOption
         late=late, overlap_pct=stats.mean(overlap) if overlap else None,
         kind_split=[(row.kind, row.exposed_pct, row.wait_pct) for row in worst.comm_by_kind if row.exposed_us > 0],
         advice=advice,
+        resumed_late=[(rank, pct) for rank, pct in resumed if pct >= SHOWN_PCT],
     )
     return [
         Judgement(
@@ -120,6 +127,45 @@ def _comm_bound(ranks: list[RankResult], across: Across, options: AnalysisOption
             confidence=min(verdicts[r.rank].confidence for r in hit),
             phase="communication",
             steps=verdicts[worst.rank].steps,
+        )
+    ]
+
+
+def _slow_resume(ranks: list[RankResult], across: Across, options: AnalysisOptions) -> list[Judgement]:
+    """Slow to resume: a rank's exposed communication after its collectives completed on a peer (its thread not
+    running again yet) above the communication-bound threshold, median over steps and in most steps. It is neither
+    the transfer nor a wait for a late peer: on a host with more runnable threads than cores it is the rank waiting for
+    a CPU, which the step timer's run-queue readings measure where it ran."""
+    shares = across.lag_pct_per_step
+    out: list[ResumeShare] = []
+    confidence = 1.0
+    steps = 0
+    for r in ranks:
+        per_step = shares.get(r.rank) or []
+        verdict = judge_share(per_step, options.comm_bound_pct, "exposed communication after completion")
+        if not verdict.raised:
+            continue
+        confidence, steps = min(confidence, verdict.confidence), max(steps, verdict.steps)
+        waits = across.timer.cpu_wait.get(r.rank, {})
+        traced = [(1e3 * waits[s.step], s.duration_us) for s in r.steps if s.step in waits]
+        wait_ms = median(w for w, _ in traced) if traced else None
+        wait_pct = median(100.0 * 1e3 * w / d for w, d in traced if d > 0) if traced else None
+        out.append(ResumeShare(r.rank, stats.mean(per_step), verdict.median_pct, wait_ms, wait_pct))
+    if not out:
+        return []
+    out.sort(key=lambda x: (-x.mean_pct, x.rank))
+    mean = stats.mean([x.mean_pct for x in out])
+    return [
+        Judgement(
+            kind="slow_resume",
+            severity=mean,
+            ranks=sorted(x.rank for x in out),
+            facts=SlowResumeFacts(gpu=any(r.device == "gpu" for r in ranks), ranks=out,
+                                  threshold_pct=options.comm_bound_pct),
+            numbers={"resume_pct": mean, "worst_rank_resume_pct": out[0].mean_pct},
+            confidence=confidence,
+            phase="communication",
+            steps=steps,
         )
     ]
 

@@ -385,7 +385,8 @@ class Across:
     wait_pct_per_step: dict[int, list[float]]
     """rank -> per step (its steps, in order), that wait in % of the step (GPU: its GPU span)."""
     transfer_pct_per_step: dict[int, list[float]]
-    """rank -> per step, the exposed communication that is not such a wait, % of the step (GPU: its GPU span)."""
+    """rank -> per step, the exposed communication that is neither such a wait nor the rank's lag after the
+    collectives completed, % of the step (GPU: its GPU span)."""
     exposed_pct_per_step: dict[int, dict[str, list[float]]]
     """rank -> per-kind table row -> its exposed share of each of the rank's steps, % (on the table's base)."""
     late_peers: dict[int, list[LatePeer]]
@@ -399,3 +400,6 @@ class Across:
     unsized_collectives: int
     bandwidth_reference: list[BandwidthVsReference]
     reference_totals: ReferenceTotals | None
+    lag_pct_per_step: dict[int, list[float]] = field(default_factory=dict)
+    """rank -> per step, its exposed communication after its collectives completed (its lag: on gloo, mostly its
+    thread waiting for a CPU), % of the step (GPU: its GPU span)."""

@@ -76,6 +76,32 @@ class CommBoundFacts:
     """The worst rank's rows with exposed time: (kind, exposed %, waiting %)."""
     advice: CommAdvice
     """``fsdp_findings`` (FSDP findings say where), ``fsdp`` or ``ddp``."""
+    resumed_late: list[tuple[int, float]] = field(default_factory=list)
+    """(rank, % of its step) of the hit ranks' exposed communication after completion, left out (shown from
+    :data:`~hf_distprof.core.text.SHOWN_PCT`)."""
+
+
+@dataclass
+class ResumeShare:
+    """One rank's time in its collectives after they completed, % of its step."""
+
+    rank: int
+    mean_pct: float
+    median_pct: float
+    cpu_wait_ms: float | None = None
+    """Its wait for a CPU per traced step (the step timer's run-queue reading, median); None without its records."""
+    cpu_wait_pct: float | None = None
+
+
+@dataclass
+class SlowResumeFacts:
+    """Ranks that stay in their collectives after the collectives completed on a peer: their thread not running again
+    yet (on a shared host, waiting for a CPU), not the transfer."""
+
+    gpu: bool
+    ranks: list[ResumeShare]
+    """The ranks above the threshold, most first."""
+    threshold_pct: float
 
 
 @dataclass

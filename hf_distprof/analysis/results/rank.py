@@ -148,6 +148,11 @@ class Collective:
     clipped to its duration; None when it was not matched on every rank. Its exposed part is
     :func:`hf_distprof.analysis.across.comm.wait_share`. Set with ``peers_in_us`` by
     :func:`hf_distprof.analysis.across.align.set_waits`."""
+    done_in_us: float | None = None
+    """When it completed, on this rank's clock: the first end among the ranks (nobody ends before the last has
+    contributed), not before the last arrival. Its exposed time after that is its lag, not the collective
+    (:func:`hf_distprof.analysis.across.comm.lag_share`; on gloo, mostly its thread waiting for a CPU). Set with
+    ``peers_in_us``."""
 
     @property
     def duration_us(self) -> float:

@@ -28,6 +28,7 @@ from hf_distprof.analysis.results.facts import (
     QuietSlowdown,
     RunSlowFacts,
     SlowdownFacts,
+    SlowResumeFacts,
     StragglerFacts,
     WaitingFacts,
     WindowFacts,
@@ -127,18 +128,48 @@ def _comm_bound(j: Judgement) -> Prose:
     else:
         action = ("Overlap communication with compute: larger DDP buckets (bucket_cap_mb) or gradient accumulation to "
                   "all-reduce less often, fewer/larger collectives (the per-kind table says which)")
+    resumed = "".join(f"; rank {rank}'s time in its collectives after they completed, {pct:.1f}% (its thread resuming "
+                      "late), left out" for rank, pct in f.resumed_late)
     return Prose(
         title="Communication-bound",
-        why=(f"the collectives themselves, waits for late peers left out, are {f.mean_pct:.1f}% of {step_base(f.gpu)} "
-             f"on average (exposed in all: {f.exposed_pct:.1f}%)"),
+        why=(f"the collectives themselves, waits for late peers and time past completion left out, are "
+             f"{f.mean_pct:.1f}% of {step_base(f.gpu)} on average (exposed in all: {f.exposed_pct:.1f}%)"),
         details=(f"; rank {f.worst}: {f.worst_pct:.1f}%, median {f.worst_median_pct:.1f}% (threshold "
-                 f"{f.threshold_pct:g}%): {what}" + late
+                 f"{f.threshold_pct:g}%): {what}" + late + resumed
                  + (f"; only {f.overlap_pct:.1f}% of communication overlaps computation" if f.overlap_pct is not None
                     else "")
                  + (f"; exposed by kind on rank {f.worst} (% of {step_base(f.gpu)}): {', '.join(split)}" if split
                     else "")),
         action=action,
         more=".",
+    )
+
+
+def _slow_resume(j: Judgement) -> Prose:
+    f: SlowResumeFacts = j.facts
+    base = step_base(f.gpu)
+    parts = []
+    for x in f.ranks:
+        text = f"rank {x.rank} {x.mean_pct:.1f}% of {base} (median {x.median_pct:.1f}%)"
+        if x.cpu_wait_ms is not None and x.cpu_wait_pct is not None:
+            text += (f", and the step timer saw it wait for a CPU {x.cpu_wait_ms:.1f} ms per traced step "
+                     f"({x.cpu_wait_pct:.1f}% of the step, the run queue)")
+        parts.append(text)
+    waited = any(x.cpu_wait_pct is not None and x.cpu_wait_pct >= SHOWN_PCT for x in f.ranks)
+    if f.gpu:
+        action = ("Its host thread resumes late after its collectives: look for other processes or data-loader "
+                  "workers on its cores, and bind each rank to its own cores (NUMA / CPU affinity)")
+    else:
+        action = ("Its host runs more threads than cores: keep ranks x intra-op threads at or under the cores "
+                  "(OMP_NUM_THREADS, torch.set_num_threads), fewer data-loader workers or other work on the host")
+    return Prose(
+        title="Slow to resume after collectives",
+        why=(f"ranks stay in their collectives after these completed on a peer: {'; '.join(parts)} (threshold "
+             f"{f.threshold_pct:g}%)"),
+        details=(": the thread had not run again yet" + (", waiting for a CPU" if waited else "")
+                 + "; this is neither the transfer nor a wait for a late peer"),
+        action=action,
+        more="; overlapping communication or a faster network will not shorten it.",
     )
 
 
@@ -500,7 +531,7 @@ _WRITERS = {
     CommBoundFacts: _comm_bound, WaitingFacts: _waiting, FsdpFacts: _fsdp, StragglerFacts: _straggler,
     ImbalanceFacts: _imbalance, LowUtilFacts: _low_util, LaunchBoundFacts: _launch_bound,
     DataLoadingFacts: _data_loading, MemoryFacts: _memory, ChainFacts: _chain, RunSlowFacts: _run_slow,
-    FixFirstFacts: _fix_first, SlowdownFacts: _slowdown,
+    FixFirstFacts: _fix_first, SlowdownFacts: _slowdown, SlowResumeFacts: _slow_resume,
 }
 
 
