@@ -264,3 +264,8 @@ def test_slow_rank1_rank_1_at_its_peer_s_pace_saves_what_rank_0_waits() -> None:
     scenario = {s.scenario: s for s in result.what_if}["slow_rank"]
     assert scenario.saving_pct == pytest.approx(49.2, abs=0.05)
     assert result.what_if_model is not None and result.what_if_model.error_ms == pytest.approx(0.0, abs=1e-3)
+    # The critical path lists a stretch's phases in the order they began: the forward (its 30 ms sleep, "compute" in
+    # a trace without the step timer's phases) before the backward, as DistributedDataParallel.forward (0.25-43.8 ms)
+    # and the backward ops (from 44 ms) ran; by layer it read "backward 13.99 ms, compute 43.77 ms".
+    first = [(c.rank, c.name) for c in result.critical_path[:3]]
+    assert first == [(1, "data_loading"), (1, "compute"), (1, "backward")], result.critical_path

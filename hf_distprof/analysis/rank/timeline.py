@@ -268,12 +268,16 @@ def _label(
 
     a = np.array([out.t[out.pred[i]] if out.pred[i] >= 0 else out.t[i] for i in indices], dtype=np.float64)
     b = a + np.array([out.work[i] for i in indices], dtype=np.float64)
-    covered = {name: _cover(spans, a, b) for name, spans in _labels(splits, phase_ranges, gpu_busy)}
+    labels = _labels(splits, phase_ranges, gpu_busy)
+    covered = {name: _cover(spans, a, b) for name, spans in labels}
+    # Each piece of work lists its phases in the order they began in it (forward before backward), not by layer.
+    begins = [_first(spans, a).tolist() for _, spans in labels]
     other = "other" if gpu_busy is None else "gpu_idle"
     loading = covered.get(DATA_LOADING)
     rows = [[(name, float(x)) for x in col.tolist()] for name, col in covered.items()]
     for k, i in enumerate(indices):
-        pieces = [row[k] for row in rows if row[k][1] > 0]
+        order = sorted(range(len(rows)), key=lambda n: begins[n][k])
+        pieces = [rows[n][k] for n in order if rows[n][k][1] > 0]
         rest = out.work[i] - sum(us for _, us in pieces)
         if rest > 1e-9 * max(1.0, out.work[i]):
             pieces.append((other, rest))
@@ -297,6 +301,20 @@ def _cover(spans: list[iv.Interval], a: Any, b: Any) -> Any:
         return before[k] - np.where(k > 0, np.maximum(ends[np.maximum(k - 1, 0)] - t, 0.0), 0.0)
 
     return upto(b) - upto(a)
+
+
+def _first(spans: list[iv.Interval], a: Any) -> Any:
+    """For each ``a_k``, the first moment at or after it that the disjoint sorted ``spans`` cover (inf: none)."""
+    import numpy as np
+
+    if not spans:
+        return np.full(len(a), np.inf)
+    starts = np.array([s for s, _ in spans], dtype=np.float64)
+    ends = np.array([e for _, e in spans], dtype=np.float64)
+    k = np.searchsorted(ends, a, side="right")  # the first span that ends after a_k
+    inside = k < len(spans)
+    at = np.where(inside, np.maximum(a, starts[np.minimum(k, len(spans) - 1)]), np.inf)
+    return at
 
 
 def _labels(
