@@ -269,3 +269,21 @@ def test_slow_rank1_rank_1_at_its_peer_s_pace_saves_what_rank_0_waits() -> None:
     # and the backward ops (from 44 ms) ran; by layer it read "backward 13.99 ms, compute 43.77 ms".
     first = [(c.rank, c.name) for c in result.critical_path[:3]]
     assert first == [(1, "data_loading"), (1, "compute"), (1, "backward")], result.critical_path
+
+
+def test_the_table_says_why_a_saving_does_not_count() -> None:
+    from hf_distprof.analysis import format_summary
+
+    # slow_data: rank 1's pace saves 8.2 ms, three times the noise, but no slow-rank verdict calls its excess real;
+    # cpu_clean_memory: in the traced window rank 0 did more work than rank 1, so its pace predicts a slower step.
+    slow = {s.scenario: s for s in analyze_paths([DATA / "slow_data"], OPTS).what_if}
+    assert slow["slow_rank"].saving_ms > 3 * (slow["slow_rank"].noise_ms or 0.0)
+    assert (slow["slow_rank"].beyond_noise, slow["slow_rank"].not_counted) == (False, "verdict")
+    assert (slow["no_data_loading"].beyond_noise, slow["no_data_loading"].not_counted) == (True, None)
+    demo = analyze_paths([DATA / "golden" / "cpu_clean_memory"], OPTS)
+    pace = {s.scenario: s for s in demo.what_if}["slow_rank"]
+    assert pace.saving_ms < 0 and pace.not_counted == "slower"
+    rows = [line for line in format_summary(demo).splitlines() if line.startswith("rank 1 at its peers' median pace")]
+    assert rows and rows[0].endswith("no: slower")
+    hidden = {s.scenario: s for s in demo.what_if}["hide_communication"]
+    assert hidden.not_counted == "noise" and hidden.saving_ms < (hidden.noise_ms or 0.0)

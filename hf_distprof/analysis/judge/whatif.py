@@ -59,9 +59,15 @@ def judge_scenarios(answer: WhatIf, verdicts: RankVerdicts, run_evidence: bool) 
     judged = []
     for s in answer.scenarios:
         noise = noise_of(s, model)
-        beyond = (noise is not None and s.counted_ms > max(s.error_ms, noise)
-                  and (s.scenario not in RANK_SCENARIOS or real))
-        judged.append(replace(s, noise_ms=noise, beyond_noise=beyond))
+        if s.counted_ms <= 0:
+            why: str | None = "slower"
+        elif noise is None or s.counted_ms <= max(s.error_ms, noise):
+            why = "noise"
+        elif s.scenario in RANK_SCENARIOS and not real:
+            why = "verdict"
+        else:
+            why = None
+        judged.append(replace(s, noise_ms=noise, beyond_noise=why is None, not_counted=why))
     return WhatIf(by_saving(judged), answer.critical_path, replace(model, rank_saving_real=real))
 
 

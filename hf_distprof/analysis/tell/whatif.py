@@ -40,7 +40,8 @@ def _row(s: WhatIfScenario) -> tuple[str, ...]:
     noise = "-" if s.noise_ms is None else f"{s.noise_ms:.2f}"
     run = "-" if s.run_saving_pct is None else f"{s.run_saving_pct:.1f}"
     return (s.title, f"{s.step_ms_predicted:.2f}", f"{s.error_ms:.2f}", noise, f"{-s.saving_ms:+.2f}",
-            f"{s.saving_pct:.1f}", run, f"{s.hours_per_1000_steps:.3f}", "yes" if s.beyond_noise else "no")
+            f"{s.saving_pct:.1f}", run, f"{s.hours_per_1000_steps:.3f}",
+            "yes" if s.beyond_noise else f"no: {s.not_counted}" if s.not_counted else "no")
 
 
 def what_if_lines(result: AnalysisResult) -> list[str]:
@@ -50,7 +51,7 @@ def what_if_lines(result: AnalysisResult) -> list[str]:
         return []
     width = max([58, *(len(s.title) for s in result.what_if)])  # the titles whole, the columns aligned
     head = (f"{'what if':<{width}} {'step ms':>8} {'+-err ms':>8} {'noise ms':>8} {'change ms':>10} {'saving%':>8} "
-            f"{'run%':>6} {'h/1k steps':>10} {'beyond noise':>12}")
+            f"{'run%':>6} {'h/1k steps':>10} {'counts':>12}")
     out = ["", f"What if ({_header(model)}):", head, "-" * len(head)]
     for s in result.what_if:
         title, step, error, noise, change, pct, run, hours, beyond = _row(s)
@@ -92,7 +93,7 @@ def what_if_blocks(result: AnalysisResult, with_figure: bool) -> list[Block]:
     out: list[Block] = [Blank(), Heading(2, "What if"), Blank(),
                         para(f"The {_header(model)}. Each scenario replays the same steps with one change."), Blank(),
                         Table(["what if", "step ms", "+- error ms", "noise ms", "change ms", "saving %",
-                               "saving over the run %", "hours per 1,000 steps", "beyond the noise"],
+                               "saving over the run %", "hours per 1,000 steps", "counts"],
                               [list(_row(s)) for s in result.what_if])]
     if result.critical_path:
         out += [Blank(), Heading(3, f"Critical path of step {model.median_step} (the median step)"), Blank(),
