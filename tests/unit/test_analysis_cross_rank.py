@@ -137,16 +137,26 @@ def test_clocks_are_put_on_the_first_ranks_clock():
 def test_ranks_on_one_host_share_its_clock():
     # Ranks 0 and 1 on host a, 2 and 3 on host b, whose clock runs 2.5 ms ahead. Rank 1's collectives end 4 ms after
     # the others' (its thread waits for a CPU once they are done): on its own it would read as a 4 ms offset, but it
-    # reads host a's clock, so its offset is rank 0's, and host b's is the median over both of its ranks.
+    # reads host a's clock, so its offset is rank 0's; host b's is from the first end among its ranks.
     ranks = [_shifted(0, 0.0), _shifted(1, 0.0), _shifted(2, 2_500.0), _shifted(3, 2_500.0)]
     for c in ranks[1].collectives:
         c.end_us += 4_000.0
     for r, host in zip(ranks, ("a", "a", "b", "b")):
         r.host = host
     assert clock_offsets(ranks, match_collectives(ranks)) == {0: 0.0, 1: 0.0, 2: 2_500.0, 3: 2_500.0}
+    # A lagging rank on the other host does not move its host's offset either (the first end among a host's ranks).
+    for c in ranks[3].collectives:
+        c.end_us += 4_000.0
+    assert clock_offsets(ranks, match_collectives(ranks)) == {0: 0.0, 1: 0.0, 2: 2_500.0, 3: 2_500.0}
+    # Each trace's times count from its own baseTimeNanoseconds: rank 2's base 1 ms later, its times 1 ms smaller.
+    ranks[2].base_time_ns += 1_000_000
+    for c in ranks[2].collectives:
+        c.start_us -= 1_000.0
+        c.end_us -= 1_000.0
+    assert clock_offsets(ranks, match_collectives(ranks)) == {0: 0.0, 1: 0.0, 2: 1_500.0, 3: 2_500.0}
     # A trace that does not name its host (other tools' traces): each rank its own clock, as before.
     ranks[3].host = None
-    assert clock_offsets(ranks, match_collectives(ranks)) == {0: 0.0, 1: 4_000.0, 2: 2_500.0, 3: 2_500.0}
+    assert clock_offsets(ranks, match_collectives(ranks)) == {0: 0.0, 1: 4_000.0, 2: 1_500.0, 3: 6_500.0}
 
 
 def test_one_rank_has_no_cross_rank_verdict():

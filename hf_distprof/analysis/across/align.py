@@ -4,9 +4,10 @@ rank's, and when the last rank reached each collective (what its peers waited fo
 Ranks on different hosts have different clocks, so timestamps are not compared raw. A collective ends at
 (nearly) the same moment on every rank, because nobody finishes before the last rank has contributed;
 the offset of each rank's clock to rank ``ranks[0]`` is the median, over matched collectives, of the
-difference of their end times. Ranks on one host read one clock: they share one offset (the median over all of
-them), 0 on ``ranks[0]``'s host. Their ends are not always as close as that rule assumes: a gloo rank whose thread
-waits for a CPU after a collective closes its span milliseconds later, which read as a clock offset once.
+difference of their end times. Ranks on one host read one clock: they share one offset, from the first end among
+them (0 on ``ranks[0]``'s host), since their ends are not always as close as that rule assumes: a gloo rank whose
+thread waits for a CPU after a collective closes its span milliseconds later, which read as a clock offset once.
+Each trace's times count from its own ``baseTimeNanoseconds``, put on ``ranks[0]``'s first.
 """
 
 from __future__ import annotations
@@ -15,6 +16,11 @@ from statistics import median
 
 from hf_distprof.analysis.results.across import Alignment
 from hf_distprof.analysis.results.rank import Collective, CollectiveKey, RankResult
+
+
+COMPLETES_TOGETHER = frozenset({"all_reduce", "all_gather", "reduce_scatter"})
+"""Kinds that end on every rank once the last has contributed: a rank that ends later lagged (its thread resuming
+late). A broadcast, a gather or an uneven all-to-all may end at different times on different ranks by design."""
 
 
 def match_collectives(ranks: list[RankResult]) -> dict[CollectiveKey, dict[int, Collective]]:
@@ -40,15 +46,24 @@ def clock_offsets(
     """
     if not ranks:
         return {}
-    ref = ranks[0].rank
+    ref = ranks[0]
+    # Each trace's times count from its own baseTimeNanoseconds: on ranks[0]'s base first.
+    shift = {r.rank: (r.base_time_ns - ref.base_time_ns) / 1e3 for r in ranks}
     # One clock per host when every trace names its host (Kineto's traces of other tools may not: then one per rank).
     named = all(r.host for r in ranks)
     group = {r.rank: (r.host if named else r.rank) for r in ranks}
-    diffs: dict[object, list[float]] = {}
+    members: dict[object, list[int]] = {}
     for r in ranks:
-        diffs.setdefault(group[r.rank], []).extend(m[r.rank].end_us - m[ref].end_us for m in matched.values())
-    offset = {g: (median(d) if d and g != group[ref] else 0.0) for g, d in diffs.items()}
-    return {r.rank: offset[group[r.rank]] for r in ranks}
+        members.setdefault(group[r.rank], []).append(r.rank)
+    home = group[ref.rank]
+
+    def first_end(m: dict[int, Collective], ranks_of: list[int]) -> float:
+        """The first end among one host's ranks: a rank that resumes late on a shared host does not move it."""
+        return min(m[k].end_us + shift[k] for k in ranks_of)
+
+    skew = {g: (median([first_end(m, ranks_of) - first_end(m, members[home]) for m in matched.values()])
+                if matched and g != home else 0.0) for g, ranks_of in members.items()}
+    return {r.rank: skew[group[r.rank]] - shift[r.rank] for r in ranks}
 
 
 def align(ranks: list[RankResult]) -> Alignment:
@@ -65,6 +80,17 @@ def align(ranks: list[RankResult]) -> Alignment:
     offsets = clock_offsets(ranks, matched)
     arrivals = {key: {rank: c.start_us - offsets[rank] for rank, c in same.items()} for key, same in matched.items()}
     return Alignment(matched, offsets, arrivals)
+
+
+def completion(same: dict[int, Collective], offsets: dict[int, float], last_arrival: float, last: int) -> float | None:
+    """When a collective of a kind that completes together (:data:`COMPLETES_TOGETHER`) completed, on the first rank's
+    clock: its first rank's end; the last rank's own end where the clocks disagree (the first end before the last
+    arrival). None for other kinds."""
+    c = same[last]
+    if c.kind not in COMPLETES_TOGETHER:
+        return None
+    first = min(other.end_us - offsets.get(rank, 0.0) for rank, other in same.items())
+    return first if first >= last_arrival else last_arrival + c.end_us - c.start_us
 
 
 def last_to_arrive(arrivals: dict[int, float]) -> int:
@@ -91,9 +117,9 @@ def set_waits(ranks: list[RankResult], alignment: Alignment) -> None:
     for key, same in alignment.matched.items():
         arrivals = alignment.arrivals[key]
         last = last_to_arrive(arrivals)
-        done = max(arrivals[last], min(c.end_us - alignment.offsets[rank] for rank, c in same.items()))
+        done = completion(same, alignment.offsets, arrivals[last], last)
         for rank, c in same.items():
             c.peers_in_us = arrivals[last] + alignment.offsets[rank]
-            c.done_in_us = done + alignment.offsets[rank]
+            c.done_in_us = done + alignment.offsets[rank] if done is not None else None
             c.waited_for = last if last != rank and arrivals[last] > arrivals[rank] else None
             c.late_peer_wait_us = min(max(arrivals[last] - arrivals[rank], 0.0), c.duration_us)

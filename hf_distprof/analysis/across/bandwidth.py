@@ -108,7 +108,7 @@ def collective_bandwidth(ranks: list[RankResult]) -> list[BandwidthStat]:
 def _row(kind: str, group: int | None, same: list[tuple[int, Collective, float | None]]) -> BandwidthStat:
     """One row of the table from its (rank, collective, wait or None when unmatched)."""
     k = len({rank for rank, _, _ in same})
-    size = time = moved = matched_time = wait = 0.0
+    size = time = moved = matched_time = wait = lag = 0.0
     matched = 0
     for _, c, w in same:
         size += c.bytes or 0
@@ -118,9 +118,11 @@ def _row(kind: str, group: int | None, same: list[tuple[int, Collective, float |
             moved += c.bytes or 0
             matched_time += c.duration_us
             wait += w
+            if c.done_in_us is not None:  # its time past the completion (the thread resuming late) moves no bytes
+                lag += min(max(0.0, c.end_us - max(c.done_in_us, c.start_us)), c.duration_us - w)
     factor = bus_factor(kind, group)
     algbw = _gbps(size, time)
-    transfer_algbw = _gbps(moved, matched_time - wait) if matched else None
+    transfer_algbw = _gbps(moved, matched_time - wait - lag) if matched else None
     low, high, label = size_bucket(same[0][1].bytes or 0)
     return BandwidthStat(
         kind=kind,
@@ -137,7 +139,7 @@ def _row(kind: str, group: int | None, same: list[tuple[int, Collective, float |
         busbw_gbps=_scaled(algbw, factor),
         matched=matched,
         wait_us=wait / k,
-        transfer_us=(matched_time - wait) / k,
+        transfer_us=(matched_time - wait - lag) / k,
         transfer_algbw_gbps=transfer_algbw,
         transfer_busbw_gbps=_scaled(transfer_algbw, factor),
     )

@@ -114,7 +114,7 @@ def _comm_bound(ranks: list[RankResult], across: Across, options: AnalysisOption
         late=late, overlap_pct=stats.mean(overlap) if overlap else None,
         kind_split=[(row.kind, row.exposed_pct, row.wait_pct) for row in worst.comm_by_kind if row.exposed_us > 0],
         advice=advice,
-        resumed_late=[(rank, pct) for rank, pct in resumed if pct >= SHOWN_PCT],
+        resumed_late=[(rank, pct) for rank, pct in resumed if pct >= RESUME_SHOWN_PCT],
     )
     return [
         Judgement(
@@ -129,6 +129,14 @@ def _comm_bound(ranks: list[RankResult], across: Across, options: AnalysisOption
             steps=verdicts[worst.rank].steps,
         )
     ]
+
+
+RESUME_SHOWN_PCT = 1.0
+"""A rank's time in its collectives past their completion is said (left out of the communication-bound share) from
+this % of its step: NCCL kernels end microseconds apart on every rank."""
+CPU_WAIT_CAUSE = 0.5
+"""A slow-to-resume rank is said to wait for a CPU when the step timer's run-queue wait is at least this share of its
+time past completion."""
 
 
 def _slow_resume(ranks: list[RankResult], across: Across, options: AnalysisOptions) -> list[Judgement]:
@@ -147,10 +155,12 @@ def _slow_resume(ranks: list[RankResult], across: Across, options: AnalysisOptio
             continue
         confidence, steps = min(confidence, verdict.confidence), max(steps, verdict.steps)
         waits = across.timer.cpu_wait.get(r.rank, {})
-        traced = [(1e3 * waits[s.step], s.duration_us) for s in r.steps if s.step in waits]
+        traced = [(1e3 * waits[s.step], s.duration_us) for s in r.steps if s.step in waits and s.duration_us > 0]
         wait_ms = median(w for w, _ in traced) if traced else None
-        wait_pct = median(100.0 * 1e3 * w / d for w, d in traced if d > 0) if traced else None
-        out.append(ResumeShare(r.rank, stats.mean(per_step), verdict.median_pct, wait_ms, wait_pct))
+        wait_pct = median(100.0 * 1e3 * w / d for w, d in traced) if traced else None
+        mean_pct = stats.mean(per_step)
+        out.append(ResumeShare(r.rank, mean_pct, verdict.median_pct, wait_ms, wait_pct,
+                               cpu_bound=wait_pct is not None and wait_pct >= CPU_WAIT_CAUSE * mean_pct))
     if not out:
         return []
     out.sort(key=lambda x: (-x.mean_pct, x.rank))

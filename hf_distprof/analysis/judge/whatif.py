@@ -59,9 +59,11 @@ def judge_scenarios(answer: WhatIf, verdicts: RankVerdicts, run_evidence: bool) 
     judged = []
     for s in answer.scenarios:
         noise = noise_of(s, model)
-        if s.counted_ms <= 0:
+        if s.counted_ms < 0:
             why: str | None = "slower"
-        elif noise is None or s.counted_ms <= max(s.error_ms, noise):
+        elif noise is None:
+            why = "one step"  # one traced step and no records: its noise is unknown
+        elif s.counted_ms <= max(s.error_ms, noise):
             why = "noise"
         elif s.scenario in RANK_SCENARIOS and not real:
             why = "verdict"

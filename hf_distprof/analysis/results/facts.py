@@ -91,6 +91,9 @@ class ResumeShare:
     cpu_wait_ms: float | None = None
     """Its wait for a CPU per traced step (the step timer's run-queue reading, median); None without its records."""
     cpu_wait_pct: float | None = None
+    cpu_bound: bool = False
+    """Whether that wait is at least half its time past completion (the judge's
+    :data:`~hf_distprof.analysis.judge.diagnosis.CPU_WAIT_CAUSE`): the cause said is its host's CPUs."""
 
 
 @dataclass

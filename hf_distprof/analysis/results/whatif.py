@@ -40,9 +40,10 @@ class WhatIfScenario:
     with one traced step, whose noise is unknown), and on a rank's pace only when the slow-rank verdict calls that
     rank's excess real: the judge's decision (:func:`hf_distprof.analysis.judge.whatif.judge_scenarios`)."""
     not_counted: str | None = None
-    """Why the saving does not count (``beyond_noise`` false): ``slower`` (the replay predicts no saving), ``noise``
-    (not larger than the error bar and the noise, or the noise unknown) or ``verdict`` (a rank's pace the slow-rank
-    verdict does not call real); None when it counts."""
+    """Why the saving does not count (``beyond_noise`` false): ``slower`` (the replay predicts a longer step),
+    ``one step`` (one traced step and no step timer's records: the noise is unknown), ``noise`` (not larger than the
+    error bar and the noise) or ``verdict`` (a rank's pace the slow-rank verdict does not call real); None when it
+    counts."""
     saving_pct_per_step: list[float] = field(default_factory=list)
     """The saving in each traced step (its replayed step time against the scenario's), in %."""
     run_saving_pct: float | None = None

@@ -96,8 +96,11 @@ def _largest_saving(result: AnalysisResult) -> str:
         held = f" ({held.strip()})" if held else ""
         return (f"nothing worth fixing: the largest saving the what-if predicts, {top.title}, is "
                 f"{top.counted_pct:.1f}% of the step{held}, under the {result.options.what_if_pct:g}% worth fixing")
+    why = {"verdict": "is not one the slow-rank verdict calls real",
+           "one step": "cannot be told from noise in one traced step"}.get(top.not_counted or "",
+                                                                           "is within the run's noise")
     return (f"nothing to fix: the largest saving the what-if predicts, {top.title} ({top.counted_pct:.1f}% of the "
-            f"step{held}), is within the run's noise")
+            f"step{held}), {why}")
 
 
 def format_box(result: AnalysisResult, title: str = "hf-distprof: in short") -> str:

@@ -155,19 +155,27 @@ def _slow_resume(j: Judgement) -> Prose:
             text += (f", and the step timer saw it wait for a CPU {x.cpu_wait_ms:.1f} ms per traced step "
                      f"({x.cpu_wait_pct:.1f}% of the step, the run queue)")
         parts.append(text)
-    waited = any(x.cpu_wait_pct is not None and x.cpu_wait_pct >= SHOWN_PCT for x in f.ranks)
-    if f.gpu:
-        action = ("Its host thread resumes late after its collectives: look for other processes or data-loader "
-                  "workers on its cores, and bind each rank to its own cores (NUMA / CPU affinity)")
+    cpu = [x.rank for x in f.ranks if x.cpu_bound]
+    measured = any(x.cpu_wait_ms is not None for x in f.ranks)
+    if cpu:
+        who = "rank" + ("s " if len(cpu) > 1 else " ") + ", ".join(map(str, cpu))
+        why = f": {who} waited for a CPU: its host runs more threads than cores"
+        action = ("Keep ranks x intra-op threads at or under the host's cores (OMP_NUM_THREADS, "
+                  "torch.set_num_threads), with fewer data-loader workers or other work on the host")
+    elif f.gpu:
+        why = ": the host thread had not run again yet"
+        action = ("Look for other processes or data-loader workers on its cores, and bind each rank to its own cores "
+                  "(NUMA / CPU affinity)")
     else:
-        action = ("Its host runs more threads than cores: keep ranks x intra-op threads at or under the cores "
-                  "(OMP_NUM_THREADS, torch.set_num_threads), fewer data-loader workers or other work on the host")
+        why = ": the thread had not run again yet" + (
+            "; the step timer's run-queue readings do not show a CPU wait of that size" if measured else "")
+        action = ("Look for what else runs on its host: other processes, data-loader workers, intra-op threads "
+                  "against the cores (OMP_NUM_THREADS)")
     return Prose(
         title="Slow to resume after collectives",
         why=(f"ranks stay in their collectives after these completed on a peer: {'; '.join(parts)} (threshold "
              f"{f.threshold_pct:g}%)"),
-        details=(": the thread had not run again yet" + (", waiting for a CPU" if waited else "")
-                 + "; this is neither the transfer nor a wait for a late peer"),
+        details=why + "; this is neither the transfer nor a wait for a late peer",
         action=action,
         more="; overlapping communication or a faster network will not shorten it.",
     )

@@ -283,7 +283,8 @@ def _comm_blocks(result: AnalysisResult) -> list[Block]:
         para("Per step, mean over ranks. Busy: the union of the collectives' spans. Exposed: not hidden behind "
              "computation (GPU: no computation kernel runs; CPU: the training thread waits), each moment counted once, "
              "so the rows add up to the headline's exposed communication. Late-peer wait: of the exposed time, waiting "
-             "for the last rank to reach the same collective; the rest is the collective itself. % of step: "
+             "for the last rank to reach the same collective; the rest is the collective itself and a rank's time "
+             "in it past its completion. % of step: "
              "of the step's wall time (GPU: its GPU span), mean over steps. Forward/backward: issued in FSDP's forward "
              "or backward."),
         Blank(),

@@ -129,7 +129,8 @@ def _kind_table(result: AnalysisResult) -> list[str]:
         + ("communication kernels with no computation kernel running" if gpu else "the training thread waits for it")
         + ", each moment counted once (the earliest started collective in flight), so a rank's rows add up to its "
         "exposed communication; late-peer: of the exposed time, the late-peer wait (before the last rank reached "
-        "the same collective), the rest is the collective itself; %step: % of the step ("
+        "the same collective), the rest is the collective itself and a rank's time in it past its completion; %step: "
+        "% of the step ("
         + ("its GPU span, as HTA's" if gpu else "its wall time")
         + "), mean over steps; hid %busy: % of the busy time hidden behind computation"
         + ("; fwd/bwd exp: exposed ms issued in FSDP's forward/backward" if fsdp else ""),

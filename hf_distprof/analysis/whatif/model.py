@@ -9,8 +9,8 @@ changes the works (or the transfers) and replays the same steps:
 - ``slow_rank``: the slowest rank (the most local work per step, on average over the steps) does, between each two
   of its collectives, what its peers do there (their median);
 - ``no_data_loading``: data loading takes no time on any rank;
-- ``hide_communication``: every transfer is hidden (a collective completes when its last rank arrives, and no rank
-  stays in it past that);
+- ``hide_communication``: every transfer is hidden (a collective completes when its last rank arrives; a rank's
+  lag past the completion stays);
 - ``fastest_pace``: every rank does, between each two collectives, what the fastest rank does there;
 - ``network_at_reference`` (with a bandwidth reference): every transfer at the reference busbw of its size.
 

@@ -32,6 +32,11 @@ COLLECTIVE_START = "collective start"
 """The family of a piece of work that is a collective's start on its worker (gloo), not a phase of the step."""
 
 
+WAKE_UP_SHOWN_US = 5.0
+"""A rank's lag after a collective's completion shorter than this is part of the collective's link, not a link of its
+own (NCCL kernels end microseconds apart on every rank)."""
+
+
 def _pieces(g: Graph, r: int, i: int) -> list[tuple[str, float, str]]:
     """The local work of point ``i`` of rank index ``r`` by phase, as replayed (scaled to its replayed work):
     ``(name, us, family)``, the family the phase itself or :data:`COLLECTIVE_START`."""
@@ -72,13 +77,15 @@ def critical_path(g: Graph, rep: Replay, step: int, transfer: dict[CollectiveKey
             key = g.dep[r][i]
             assert key is not None
             done = rep.done[key]
-            if at > done:
+            if at - done >= WAKE_UP_SHOWN_US:
                 out.append(CriticalSegment(g.ranks[r], "collective", f"{collective_name(key)} wake-up",
                                            (at - done) / 1e3, (done - origin) / 1e3))
+                end = done
+            else:  # woken before the span's recorded end (it left the collective then), or within microseconds
+                end = at
             last = rep.last[key]
             span = transfer.get(key, 0.0)
             start = max(done - span, origin)
-            end = min(done, at)  # a thread woken before the span's recorded end left the collective then
             if end > start:
                 out.append(CriticalSegment(g.ranks[last], "collective", collective_name(key), (end - start) / 1e3,
                                            (start - origin) / 1e3))

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from hf_distprof.analysis.across.align import last_to_arrive
+from hf_distprof.analysis.across.align import completion, last_to_arrive
 from hf_distprof.analysis.across.bandwidth import bus_factor
 from hf_distprof.analysis.rank.timeline import ARRIVE, END, ISSUE, START
 from hf_distprof.analysis.results.rank import CollectiveKey, RankTimeline
@@ -64,7 +64,8 @@ def build(ranks: list[RankResult], alignment: Alignment) -> Graph | None:
     t0 = [[x - offsets.get(r.rank, 0.0) for x in tl.t] for r, tl in zip(ranks, timelines)]
     # The transfer: from the last rank's arrival (the others waited for that one) to the first rank's end (nobody ends
     # before the last has contributed; a rank that ends later lags, often its thread waiting for a CPU: its lag, kept
-    # as its wake below). A lone rank's collectives are its own sync points.
+    # as its wake below), for the kinds that complete together (else its time on the last rank). A lone rank's
+    # collectives are its own sync points.
     same = alignment.matched if len(ranks) > 1 else {(c.step, c.kind, c.index): {ranks[0].rank: c}
                                                      for c in ranks[0].collectives}
     last = {k: last_to_arrive(alignment.arrivals[k]) for k in same} if len(ranks) > 1 else \
@@ -73,8 +74,9 @@ def build(ranks: list[RankResult], alignment: Alignment) -> Graph | None:
     for k, r in last.items():
         c = same[k][r]
         arrived = c.start_us - offsets.get(r, 0.0)
-        first_end = min(other.end_us - offsets.get(rank, 0.0) for rank, other in same[k].items())
-        completed[k] = max(arrived, first_end)
+        done = completion(same[k], offsets, arrived, r)
+        # (a kind whose ranks may end apart by design: its time on the last to arrive)
+        completed[k] = done if done is not None else arrived + c.end_us - c.start_us
         transfer[k] = completed[k] - arrived
     matched = set(last)
     keys = sorted(matched)
