@@ -92,13 +92,13 @@ def test_fsdp2_findings_name_the_unit_and_the_phase():
     # Exposed is each moment once, enqueues included (the rows add up to the headline); 10.1% of rank 1's 48.2% is a
     # wait for rank 0 (no verdict names it: too few steps), and 6.4% its time in its collectives after they completed
     # on rank 0, both left out of the communication-bound share; rank 0's share is under the threshold once its own
-    # time past completion is left out.
+    # time past completion (13.3%) is left out, and the evidence says that time too.
     check(comm, "communication_bound", 30.784277166639622, "Communication-bound", [1],
           "the collectives themselves, waits for late peers and time past completion left out, are 30.8% of the step "
           "on average (exposed in all: 50.7%); rank 1: 31.7%, median 31.7% (threshold 30%): the training thread waits "
-          "on collectives; of rank 1's 48.2% exposed, 10.1% is a wait for a late peer (rank 0), left out; rank 1's "
-          "time in its collectives after they completed, 6.4% (its thread resuming late), left out; exposed by kind "
-          "on rank 1 (% of the step): all_gather 31.1% (6.5% waiting), reduce_scatter 17.1% (3.7% waiting)",
+          "on collectives; of rank 1's 48.2% exposed, 10.1% is a wait for a late peer (rank 0), left out; the time "
+          "in collectives after they completed (threads resuming late), left out: rank 0 13.3%, rank 1 6.4%; exposed "
+          "by kind on rank 1 (% of the step): all_gather 31.1% (6.5% waiting), reduce_scatter 17.1% (3.7% waiting)",
           "FSDP's all-gathers and reduce-scatters: see the FSDP findings for which and where.",
           {"transfer_pct": 30.784277166639622, "worst_rank_transfer_pct": 31.73147357785662,
            "exposed_comm_pct": 50.660891219389654, "worst_rank_exposed_comm_pct": 48.237675205794346}, 1.0)

@@ -104,7 +104,8 @@ def _comm_bound(ranks: list[RankResult], across: Across, options: AnalysisOption
         if waited >= SHOWN_PCT and peers:
             late.append(LateShare(r.rank, r.exposed_comm_pct, waited, peers))
     lags = across.lag_pct_per_step
-    resumed = [(r.rank, stats.mean(lags[r.rank])) for r in hit if lags.get(r.rank)]
+    # Every rank's, not only the hit ones': a rank taken under the threshold by it is told so.
+    resumed = [(r.rank, stats.mean(lags[r.rank])) for r in ranks if lags.get(r.rank)]
     exposed = stats.mean([r.exposed_comm_pct for r in ranks])
     advice = (CommAdvice.FSDP_FINDINGS if fsdp_findings else CommAdvice.FSDP if any(is_fsdp(r) for r in ranks)
               else CommAdvice.DDP)

@@ -77,8 +77,8 @@ class CommBoundFacts:
     advice: CommAdvice
     """``fsdp_findings`` (FSDP findings say where), ``fsdp`` or ``ddp``."""
     resumed_late: list[tuple[int, float]] = field(default_factory=list)
-    """(rank, % of its step) of the hit ranks' exposed communication after completion, left out (shown from
-    :data:`~hf_distprof.core.text.SHOWN_PCT`)."""
+    """(rank, % of its step) of every rank's exposed communication after completion, left out (shown from the
+    judge's ``RESUME_SHOWN_PCT``): also a rank it took under the threshold."""
 
 
 @dataclass

@@ -128,8 +128,8 @@ def _comm_bound(j: Judgement) -> Prose:
     else:
         action = ("Overlap communication with compute: larger DDP buckets (bucket_cap_mb) or gradient accumulation to "
                   "all-reduce less often, fewer/larger collectives (the per-kind table says which)")
-    resumed = "".join(f"; rank {rank}'s time in its collectives after they completed, {pct:.1f}% (its thread resuming "
-                      "late), left out" for rank, pct in f.resumed_late)
+    resumed = ("; the time in collectives after they completed (threads resuming late), left out: "
+               + ", ".join(f"rank {rank} {pct:.1f}%" for rank, pct in f.resumed_late)) if f.resumed_late else ""
     return Prose(
         title="Communication-bound",
         why=(f"the collectives themselves, waits for late peers and time past completion left out, are "
