@@ -213,11 +213,10 @@ def lag_pct_per_step(rank: RankResult, lags: dict[int, float]) -> list[float]:
     return [s.cpu.pct(lags[s.step]) for s in rank.steps]
 
 
-def transfer_pct_per_step(rank: RankResult, waits: RankWaits, lags: dict[int, float] | None = None) -> list[float]:
+def transfer_pct_per_step(rank: RankResult, waits: RankWaits, lags: dict[int, float]) -> list[float]:
     """Per step, the exposed communication that is neither a wait for a late peer nor the rank's lag after the
     completion (``lags``: :func:`lag_us_per_step`), % of the step (GPU: its GPU span; GPU steps without GPU events left
     out)."""
-    lags = lags if lags is not None else dict.fromkeys(waits.per_step_us, 0.0)
     if rank.device == "gpu":
         return [100.0 * max(0.0, s.gpu.exposed_comm_us - waits.per_step_us[s.step] - lags[s.step])
                 / s.gpu.kernel_time_us if s.gpu.kernel_time_us > 0 else 0.0 for s in rank.steps if s.gpu is not None]
