@@ -7,19 +7,18 @@ not its events: the parent does the cross-rank work on those.
 from __future__ import annotations
 
 import gc
-import multiprocessing
 import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
 
 from hf_distprof.analysis.options import AnalysisOptions
 from hf_distprof.analysis.rank.analyze import analyze_rank
-from hf_distprof.analysis.read.compact import load_trace
+from hf_distprof.analysis.read.events import ParsedTrace, parse_trace
 from hf_distprof.analysis.read.trace_io import TraceReadError
 from hf_distprof.analysis.results.rank import FileError, RankResult
+from hf_distprof.core.names import COMPACT_SUFFIX
 
 PROGRESS_MIN_FILES = 8
 
@@ -35,12 +34,22 @@ def analyze_file(
     """
     try:
         shapes = True if options.message_sizes == "shapes" else None  # None: parse_trace's default
-        return analyze_rank(load_trace(path, shapes, read_compact, write_compact), options)
+        return analyze_rank(_load(path, shapes, read_compact, write_compact), options)
     except TraceReadError as exc:
         return FileError(path=exc.path, reason=exc.reason)
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         # A JSON document shaped like a trace but with malformed events (an "X" event without "ts" ...).
         return FileError(path=str(path), reason=f"malformed trace event ({type(exc).__name__}: {exc})")
+
+
+def _load(path: str, shapes: bool | None, read_compact: bool, write_compact: bool) -> ParsedTrace:
+    """The parsed trace: :func:`~hf_distprof.analysis.read.compact.load_trace`, whose module (msgpack, hashing) is
+    imported only when there is a compact file to read or one to write; else the JSON, as ``load_trace`` reads it."""
+    if not write_compact and not (read_compact and os.path.isfile(str(path) + COMPACT_SUFFIX)):
+        return parse_trace(path, shapes=shapes)
+    from hf_distprof.analysis.read.compact import load_trace
+
+    return load_trace(path, shapes, read_compact, write_compact)
 
 
 def _start_method() -> str:
@@ -130,6 +139,11 @@ def run_all(
                     if bar is not None:
                         bar.update(1)
         else:
+            # Imported only here: a run read in this process (small traces, compact files read one by one) does not
+            # pay for them (~15 ms of the CLI's start).
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor, as_completed
+
             ctx = multiprocessing.get_context(_start_method())
             with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init) as pool:
                 futures = [pool.submit(analyze_file, path, options, read_compact, write_compact) for path in files]
