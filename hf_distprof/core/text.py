@@ -44,6 +44,12 @@ def format_ranks(ranks: Sequence[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + rank_spans(ranks, empty="")
 
 
+def who(ranks: Sequence[int]) -> str:
+    """A finding's ranks after its title: ``' (rank 1)'``, ``' (ranks 0-2, 5)'``; ``''`` for none (the text, the report
+    and the box say it alike)."""
+    return f" ({format_ranks(ranks)})" if ranks else ""
+
+
 def flag_name(field_name: str) -> str:
     """``profiler_wait_steps`` -> ``--profiler-wait-steps``."""
     return "--" + field_name.replace("_", "-")

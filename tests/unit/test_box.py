@@ -50,7 +50,7 @@ def test_a_clean_run_says_so_with_its_figures() -> None:
 
 def test_other_findings_are_listed_and_the_fields_stay_short() -> None:
     text = box("fsdp2")
-    assert text.splitlines()[1].startswith("| Verdict: Exposed FSDP all-gather before forward (ranks 0, 1)")
+    assert text.splitlines()[1].startswith("| Verdict: Exposed FSDP all-gather before forward (ranks 0-1)")
     assert "| Also:    2 more finding(s): Communication-bound; Reduce-scatter not overlapped with backward" in text
     for name in ("slow_rank1", "clean", "fsdp2", "slow_data"):
         lines = box(name).splitlines()

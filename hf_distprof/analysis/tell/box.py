@@ -13,7 +13,7 @@ import textwrap
 
 from hf_distprof.analysis.results.findings import Finding
 from hf_distprof.analysis.results.result import AnalysisResult
-from hf_distprof.core.text import SHOWN_PCT, step_base
+from hf_distprof.core.text import SHOWN_PCT, step_base, who
 from hf_distprof.core.verdicts import QUIET_WHY
 
 NO_FINDING = "nothing crosses its threshold in most steps, beyond the run's own noise"
@@ -36,8 +36,7 @@ def _fields(result: AnalysisResult) -> list[tuple[str, str]]:
     findings = result.findings
     if findings:
         top = findings[0]  # the list's own order (hf_distprof.analysis.judge.findings.in_order)
-        who = f" (rank{'s' if len(top.ranks) > 1 else ''} {', '.join(map(str, top.ranks))})" if top.ranks else ""
-        rows = [("Verdict", f"{top.title}{who}"), ("Why", _why(top)), ("Try", top.action)]
+        rows = [("Verdict", f"{top.title}{who(top.ranks)}"), ("Why", _why(top)), ("Try", top.action)]
         rest = [f.title for f in findings if f is not top]
         if rest:
             rows.append(("Also", f"{len(rest)} more finding(s): {'; '.join(rest)}"))

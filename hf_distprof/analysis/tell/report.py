@@ -33,7 +33,7 @@ from hf_distprof.analysis.tell.whatif import CRITICAL_PATH_PNG, plot_critical_pa
 from hf_distprof.core import names
 from hf_distprof.core.files import atomic_path, atomic_write_text
 from hf_distprof.core.stats import mean
-from hf_distprof.core.text import format_bytes, step_base
+from hf_distprof.core.text import format_bytes, step_base, who
 
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
@@ -241,9 +241,8 @@ def _document(result: AnalysisResult, images: list[str]) -> list[Block]:
     if not result.findings:
         blocks.append(para(f"No finding: {NO_FINDING}."))
     for i, f in enumerate(result.findings, 1):
-        who = f" (ranks {', '.join(map(str, f.ranks))})" if f.ranks else ""
         sure = f", confidence {f.confidence:.2f}" if f.confidence is not None else ""
-        blocks.append(Numbered(i, [("b", f.title), ("", who + sure)],
+        blocks.append(Numbered(i, [("b", f.title), ("", who(f.ranks) + sure)],
                                [plain(f"Evidence: {f.evidence}"), plain(f"Recommendation: {f.recommendation}")]))
     blocks += [Bullet(plain(f"Not enough evidence, no verdict: {u.question}: {u.reason}")) for u in result.undecided]
     blocks += [Bullet(plain(note.text)) for note in result.window_notes]

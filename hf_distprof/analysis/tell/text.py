@@ -8,7 +8,7 @@ from hf_distprof.analysis.results.result import AnalysisResult
 from hf_distprof.analysis.tell.box import NO_FINDING
 from hf_distprof.analysis.tell.run import format_run
 from hf_distprof.analysis.tell.whatif import what_if_lines
-from hf_distprof.core.text import SHOWN_PCT, format_bytes, step_base
+from hf_distprof.core.text import SHOWN_PCT, format_bytes, step_base, who
 
 # Per-rank rows of the per-kind table up to this many ranks; beyond, the mean over ranks only.
 KIND_TABLE_MAX_RANKS = 8
@@ -50,9 +50,8 @@ def _findings_lines(result: AnalysisResult) -> list[str]:
     if not result.findings:
         lines.append(f"No finding: {NO_FINDING}.")
     for i, f in enumerate(result.findings, 1):
-        who = f" (ranks {', '.join(map(str, f.ranks))})" if f.ranks else ""
         sure = f" [confidence {f.confidence:.2f}]" if f.confidence is not None else ""
-        lines.append(f"{i}. {f.title}{who}{sure}")
+        lines.append(f"{i}. {f.title}{who(f.ranks)}{sure}")
         lines.append(f"   Evidence: {f.evidence}")
         lines.append(f"   Try: {f.recommendation}")
     for u in result.undecided:
