@@ -30,7 +30,7 @@ from hf_distprof.callbacks.parallelism import report_parallelism
 from hf_distprof.callbacks.profiler.schedule import traced_steps
 from hf_distprof.config import ProfilingArguments
 from hf_distprof.timing import comm_overhead, gpu_health, publish
-from hf_distprof.timing.clock import default_clock
+from hf_distprof.timing.clock import default_clock, training_device
 from hf_distprof.timing.cpu_wait import RunQueueClock
 from hf_distprof.timing.instrument import (
     ModelHooks,
@@ -142,7 +142,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         report_parallelism(model, args, state, self.run_dir)
         loader = kwargs.get("train_dataloader")
         params = list(model.parameters()) if model is not None else []
-        self._device = params[0].device if params else torch.device("cpu")
+        self._device = training_device(args, params)
         if self.args.measure_comm_overhead > 0 and model is not None and loader is not None:
             self.comm = comm_overhead.measure_before_training(
                 model, loader, args.per_device_train_batch_size, self._device, self.args.measure_comm_overhead)

@@ -295,17 +295,29 @@ class Doctor:
         try:
             if remaining <= 0 or work.wait(timeout=timedelta(seconds=remaining)) is False:
                 raise late
-        except RuntimeError as exc:  # gloo says "Operation timed out!", or names the op it timed out in
-            if "timed out" in str(exc).lower():
+        except RuntimeError as exc:
+            if timed_out(exc):
+                if self.backend == "nccl":  # its watchdog aborts the communicators: the checks after this one fail too
+                    late = TimeoutError(f"{late}; NCCL aborted its communicators, so the checks after this one cannot "
+                                        "run on this process group")
                 raise late from exc
             raise
-        if self.device.type == "cuda":  # the CPU-side wait only orders streams: poll, never block unbounded
+        # A wait with a timeout blocks this thread until the work is done (NCCL's too); the device's event is polled in
+        # case the backend returned before the device finished.
+        if self.device.type == "cuda":
             done = torch.cuda.Event()
             done.record()
             while not done.query():
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"not finished on the device within --timeout {self.timeout:g} s")
                 time.sleep(0.0005)
+
+
+def timed_out(exc: BaseException) -> bool:
+    """Whether a backend's error is its timeout: gloo says "Operation timed out!" (or names the op it timed out in),
+    NCCL's watchdog "Watchdog caught collective operation timeout: ... ran for N milliseconds before timing out"."""
+    text = str(exc).lower()
+    return any(word in text for word in ("timed out", "timeout", "timing out"))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -144,6 +144,24 @@ class _StreamCache:
         return self._stream
 
 
+def training_device(args: Any, params: list[Any]) -> Any:
+    """The device the training computes on: the Trainer's CUDA device (``TrainingArguments.device``) when it has one,
+    else the first parameter's device.
+
+    Not the parameters' device alone: with CPU offload (FSDP1's ``CPUOffload(offload_params=True)``, FSDP2's
+    ``CPUOffloadPolicy``) the sharded parameters the callbacks see live on the host while every kernel runs on the
+    GPU, and a CPU clock there would time kernel launches, not the steps."""
+    import torch
+
+    try:
+        device = args.device
+    except Exception:  # noqa: BLE001 - arguments without a device (a test's, a user's own object): the parameters'
+        device = None
+    if isinstance(device, torch.device) and device.type == "cuda":
+        return device
+    return params[0].device if params else torch.device("cpu")
+
+
 def default_clock(device: Any) -> Clock:
     """The clock for ``device``: CUDA events on a CUDA device, ``perf_counter`` otherwise."""
     if getattr(device, "type", str(device)) == "cuda":

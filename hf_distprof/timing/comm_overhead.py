@@ -199,7 +199,9 @@ def _timed_pass(call: nn.Module, batch: Any, params: list[nn.Parameter], device:
     return time.perf_counter() - start
 
 
-def measure_comm_overhead(model: nn.Module, batch: Any, passes: int) -> CommOverhead:
+def measure_comm_overhead(
+    model: nn.Module, batch: Any, passes: int, device: torch.device | None = None
+) -> CommOverhead:
     """Time ``passes`` forward+backward passes without gradient sync, then ``passes`` with it.
 
     One untimed pass of each mode runs first: DDP's first iterations rebuild buckets (with a broadcast)
@@ -210,6 +212,8 @@ def measure_comm_overhead(model: nn.Module, batch: Any, passes: int) -> CommOver
         model: The unwrapped model the Trainer trains (its DDP wrapper is found), or an FSDP2 module.
         batch: A real batch, already on the model's device.
         passes: Timed passes per mode, >= 1.
+        device: The device the passes compute on (a CUDA device is synchronised around each pass); None: the first
+            parameter's (with CPU offload, the host: pass the training device then).
 
     Returns:
         This rank's result.
@@ -221,7 +225,8 @@ def measure_comm_overhead(model: nn.Module, batch: Any, passes: int) -> CommOver
         raise ValueError(f"passes must be >= 1, got {passes}")
     method, no_sync, call = sync_switch(model)
     params = [p for p in model.parameters() if p.requires_grad]
-    device = params[0].device if params else torch.device("cpu")
+    if device is None:
+        device = params[0].device if params else torch.device("cpu")
     with preserved_state(model):
         model.train()
         _timed_pass(call, batch, params, device)  # warm-up, synced
@@ -288,7 +293,7 @@ def measure_before_training(
     result: dict[str, Any] | None = None
     try:
         with dist.ours("comm overhead probe"):  # its passes' collectives are ours, not the user's training
-            probe = measure_comm_overhead(model, batch, passes)
+            probe = measure_comm_overhead(model, batch, passes, device)
         result = probe.to_json()
     except Exception as err:  # noqa: BLE001  # e.g. a model that rejects the batch: same on every rank
         logger.warning(f"--measure-comm-overhead failed: {err!r}; training goes on without it")

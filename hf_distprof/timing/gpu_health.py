@@ -89,15 +89,25 @@ def sample(index: int) -> GpuHealth | None:
     return out
 
 
-def nvml_index(cuda_index: int, visible: str | None) -> int:
+def nvml_index(cuda_index: int, visible: str | None) -> int | None:
     """The NVML index of CUDA device ``cuda_index`` when ``CUDA_VISIBLE_DEVICES`` is ``visible`` (NVML counts every
-    GPU of the host; CUDA only the visible ones, in that order). UUIDs or an unreadable list: the CUDA index."""
+    GPU of the host; CUDA only the visible ones, in that order); None when it cannot be told.
+
+    A list of indices is read here. UUIDs (``GPU-...``, as Kubernetes' device plugin and some SLURM sites set) are
+    matched against NVML's by torch (``torch.cuda._get_nvml_device_index``, what ``torch.cuda.utilization`` uses);
+    MIG ids, or anything else it cannot match, give None: no sample, never another GPU's (another job's) state
+    blamed on this rank."""
     if not visible:
         return cuda_index
     listed = [v.strip() for v in visible.split(",") if v.strip()]
-    if cuda_index < len(listed) and listed[cuda_index].isdigit():
-        return int(listed[cuda_index])
-    return cuda_index
+    if listed and all(v.isdigit() for v in listed):
+        return int(listed[cuda_index]) if 0 <= cuda_index < len(listed) else None
+    try:
+        import torch
+
+        return int(torch.cuda._get_nvml_device_index(cuda_index))
+    except Exception:  # noqa: BLE001 - a private helper that moved, NVML without UUIDs, an id it cannot match
+        return None
 
 
 def of_device(device: Any) -> dict[str, Any] | None:
@@ -110,5 +120,6 @@ def of_device(device: Any) -> dict[str, Any] | None:
     import torch
 
     index = device.index if device.index is not None else torch.cuda.current_device()
-    health = sample(nvml_index(index, os.environ.get("CUDA_VISIBLE_DEVICES")))
+    physical = nvml_index(index, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    health = sample(physical) if physical is not None else None
     return health.to_json() if health is not None else None

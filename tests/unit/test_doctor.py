@@ -134,3 +134,46 @@ def test_clock_skew_fails_above_the_threshold_naming_the_rank():
     outcome = judge.JUDGE["clock_skew"](_doc(world=3), {0: {"peers": peers}, 1: {}, 2: {}})
     assert (outcome.status, outcome.bad_ranks, outcome.details) == ("fail", [2], ["rank 2: -750.0 ms"])
     assert outcome.summary.startswith("largest offset from rank 0: -750.00 ms on rank 2 (± 0.10 ms")
+
+
+class _Work:
+    def __init__(self, error: BaseException | None = None, result: object = True) -> None:
+        self.error, self.result = error, result
+
+    def wait(self, timeout=None):
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def _doctor(backend: str) -> runner.Doctor:
+    import torch
+
+    doc = object.__new__(runner.Doctor)
+    doc.timeout, doc.backend, doc.device = 5.0, backend, torch.device("cpu")
+    return doc
+
+
+@pytest.mark.parametrize(("backend", "message", "aborted"), [
+    ("gloo", "[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 5000ms for recv "
+             "operation to complete", False),
+    ("gloo", "Operation timed out!", False),
+    ("nccl", "[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=3, OpType=ALLREDUCE, "
+             "NumelIn=1, NumelOut=1, Timeout(ms)=5000) ran for 5003 milliseconds before timing out.", True),
+])
+def test_a_backend_s_timeout_is_a_timeout_naming_the_flag(backend, message, aborted):
+    import time
+
+    with pytest.raises(TimeoutError, match="not finished within --timeout 5 s") as caught:
+        _doctor(backend).wait(_Work(RuntimeError(message)), time.monotonic() + 5)
+    assert ("NCCL aborted its communicators" in str(caught.value)) is aborted
+
+
+def test_another_backend_failure_stays_what_it_is():
+    import time
+
+    with pytest.raises(RuntimeError, match="Connection reset by peer"):
+        _doctor("gloo").wait(_Work(RuntimeError("Connection reset by peer")), time.monotonic() + 5)
+    with pytest.raises(TimeoutError):
+        _doctor("gloo").wait(_Work(result=False), time.monotonic() + 5)
+    _doctor("gloo").wait(_Work(), time.monotonic() + 5)  # done in time: nothing raised

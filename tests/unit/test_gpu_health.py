@@ -94,7 +94,28 @@ def test_without_nvml_there_is_no_sample_and_it_is_tried_once(monkeypatch: pytes
 def test_the_nvml_index_follows_cuda_visible_devices() -> None:
     assert gpu_health.nvml_index(1, None) == 1 and gpu_health.nvml_index(1, "") == 1
     assert gpu_health.nvml_index(1, "2,3") == 3 and gpu_health.nvml_index(0, " 6 , 7") == 6
-    assert gpu_health.nvml_index(0, "GPU-1a2b") == 0 and gpu_health.nvml_index(4, "2,3") == 4
+    assert gpu_health.nvml_index(4, "2,3") is None  # not a visible device: no sample rather than GPU 4's
+
+
+def test_uuids_in_cuda_visible_devices_are_matched_by_torch_or_give_no_sample(monkeypatch) -> None:
+    import torch
+
+    asked = []
+
+    def matched(index):
+        asked.append(index)
+        return {0: 5, 1: 2}[index]
+
+    monkeypatch.setattr(torch.cuda, "_get_nvml_device_index", matched, raising=False)
+    visible = "GPU-1a2b3c4d-0000-0000-0000-000000000005,GPU-9f8e7d6c-0000-0000-0000-000000000002"
+    assert gpu_health.nvml_index(0, visible) == 5 and gpu_health.nvml_index(1, visible) == 2 and asked == [0, 1]
+
+    def unmatched(index):
+        raise RuntimeError("Can't get device UUIDs")
+
+    monkeypatch.setattr(torch.cuda, "_get_nvml_device_index", unmatched, raising=False)
+    assert gpu_health.nvml_index(0, "MIG-0a1b2c3d-0000-0000-0000-000000000000") is None
+    assert gpu_health.nvml_index(0, visible) is None  # never the CUDA ordinal: that is another GPU's NVML index
 
 
 def _slow(cause: Cause) -> Attribution:

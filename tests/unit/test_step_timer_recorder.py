@@ -44,7 +44,10 @@ class FakeCpuClock:
 
 
 class FakeEvent:
-    """Mimics torch.cuda.Event: record() captures the timeline; reading before synchronize() is an error."""
+    """Mimics torch.cuda.Event on one stream: record() captures the timeline; the fake device has reached
+    ``log["device_at"]``; synchronize() waits for the event (the device reaches it, and every event recorded before
+    it); elapsed_time() raises unless both events completed, as torch's does ("Both events must be completed before
+    calculating elapsed time.")."""
 
     created = 0
 
@@ -52,25 +55,26 @@ class FakeEvent:
         FakeEvent.created += 1
         self.t, self.log = timeline, log
         self.time: float | None = None
-        self.synced = False
 
     def record(self, stream: object = None) -> None:
         self.log["record"] += 1
-        self.time, self.synced = self.t.now, False
+        self.time = self.t.now
 
     def query(self) -> bool:
-        """Completed: recorded at or before the time the fake device has reached (``log["device_at"]``)."""
+        """Completed: recorded at or before the time the fake device has reached; True for an event never recorded
+        (CUDA's cudaEventQuery of an unrecorded event)."""
         self.log["query"] += 1
-        return self.time is not None and self.time <= self.log["device_at"]
+        return self.time is None or self.time <= self.log["device_at"]
 
     def synchronize(self) -> None:
         self.log["sync"] += 1
-        self.synced = True
+        if self.time is not None:
+            self.log["device_at"] = max(self.log["device_at"], self.time)
 
     def elapsed_time(self, end: FakeEvent) -> float:
         assert self.time is not None and end.time is not None, "reading an event never recorded"
-        assert self.log["sync"] > 0 or end.time <= self.log["device_at"], \
-            "elapsed_time of an event not complete, before any synchronize: would block the host on a GPU"
+        if not (self.time <= self.log["device_at"] and end.time <= self.log["device_at"]):
+            raise RuntimeError("Both events must be completed before calculating elapsed time.")
         self.log["read"] += 1
         return (end.time - self.time) * 1000.0  # milliseconds, like CUDA
 
@@ -637,3 +641,31 @@ def test_host_masks_are_counted_without_a_torch_operator_and_as_on_a_device(monk
     assert [s.tokens for s in rec.resolve()] == [3, 6, 7, 5]
     if not on_device:
         assert calls == ["count_nonzero", "stack"]  # the bfloat16 mask alone
+
+
+class _Args:
+    def __init__(self, device):
+        self._device = device
+
+    @property
+    def device(self):
+        if isinstance(self._device, Exception):
+            raise self._device
+        return self._device
+
+
+@pytest.mark.parametrize(("device", "params", "expected"), [
+    # CPU offload: the shards the callbacks see are on the host, the Trainer computes on its GPU.
+    (torch.device("cuda", 1), [torch.zeros(1)], torch.device("cuda", 1)),
+    (torch.device("cuda", 0), [], torch.device("cuda", 0)),
+    (torch.device("cpu"), [torch.zeros(1)], torch.device("cpu")),
+    (torch.device("cpu"), [torch.zeros(1, device="meta")], torch.device("meta")),  # not CUDA: the parameters'
+    (RuntimeError("no devices"), [torch.zeros(1, device="meta")], torch.device("meta")),
+    (None, [], torch.device("cpu")),
+])
+def test_the_training_device_is_the_trainer_s_cuda_device_even_when_the_parameters_are_offloaded(
+        device, params, expected):
+    from hf_distprof.timing.clock import training_device
+
+    assert training_device(_Args(device), params) == expected
+    assert training_device(object(), params) == (params[0].device if params else torch.device("cpu"))
