@@ -23,6 +23,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from hf_distprof import dist, paths
+from hf_distprof.timing.clock import training_device
 
 logger = dist.get_logger(__name__)
 
@@ -298,7 +299,7 @@ def detect(model: nn.Module, args: Any = None) -> Parallelism:
         sharded_by=sharded_by,
         world_size=dist.get_world_size(),
         backend=torch.distributed.get_backend() if dist.is_distributed() else None,
-        device_type=params[0].device.type if params else "cpu",
+        device_type=training_device(args, params).type,  # the GPU's with CPU offload too
         distributed_type=distributed_type,
         param_tensors=len(params),
         dtensor_params=len(dtensors),
