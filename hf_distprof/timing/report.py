@@ -545,11 +545,20 @@ def format_table(report: CrossRankReport, comm: dict[str, Any] | None = None, ti
         if len(report.ranks) > 1 and r.rank == report.slowest_rank:
             row += "  <- slowest"
         lines.append(row)
+    # The imbalance is the largest mean pre-sync over its peers'; the slowest rank is the verdict's (step by step, on
+    # its own basis). When they are not the same rank, the line says whose each is rather than put one's figure
+    # beside the other's name.
+    most = max(report.ranks, key=lambda r: r.pre_sync_s or 0.0).rank
+    slowest = f"slowest rank {report.slowest_rank}"
+    slow = next((r for r in report.ranks if r.rank == report.slowest_rank), None)
+    if slow is not None and (len(report.ranks) == 1 or _slowest_phase(report.ranks, slow)[1] > 0):
+        slowest += f" ({PHASE_NAMES.get(report.slowest_phase, report.slowest_phase)})"  # a phase it is slower in
+    if len(report.ranks) > 1 and most != report.slowest_rank:
+        slowest = f"the most on rank {most}; {slowest} by the verdict below, which compares the ranks step by step"
     lines.append(
         f"step time (the ranks' means) mean/min/max: {report.step_mean_s:.4f} / {report.step_min_s:.4f} / "
         f"{report.step_max_s:.4f} s; "
-        f"imbalance (mean pre-sync): {report.imbalance_pct:.1f}% (threshold {report.time_threshold_pct:g}%), "
-        f"slowest rank {report.slowest_rank} ({PHASE_NAMES.get(report.slowest_phase, report.slowest_phase)})"
+        f"imbalance (mean pre-sync): {report.imbalance_pct:.1f}% (threshold {report.time_threshold_pct:g}%), {slowest}"
     )
     said = verdict_line(report.imbalance_verdict, report.time_threshold_pct) if len(report.ranks) > 1 else ""
     if said:

@@ -188,3 +188,23 @@ def test_the_slowest_phase_backward_is_named_backward_compute():
     report = cross_rank_report([ddp_rank(0, 0.01, compute=0.2), ddp_rank(1, 0.01, compute=0.5)])
     assert report.slowest_phase == "backward"  # the JSON's value
     assert "slowest rank 1 (backward compute)" in format_table(report)
+
+
+def test_the_table_line_says_whose_mean_imbalance_it_is_when_the_verdict_names_another_rank():
+    # A demo run printed "imbalance (mean pre-sync): 2.6% (threshold 10%), slowest rank 0 (data)" where the 2.6% was
+    # rank 1's mean pre-sync over rank 0's, and rank 0 the verdict's candidate step by step (its own work less its
+    # wait for a CPU): one rank's figure beside the other's name.
+    from hf_distprof.core.verdicts import judge_own_work
+
+    from .test_step_timer_report import ddp_rank
+
+    verdict = judge_own_work({0: [1.01] * 24, 1: [1.0] * 24}, 10.0, [2.0] * 24)
+    assert verdict.rank == 0
+    r0, r1 = ddp_rank(0, 0.01), ddp_rank(1, 0.05)  # rank 1: the larger mean pre-sync (its data loading)
+    line = format_table(cross_rank_report([r0, r1], verdict=verdict)).splitlines()[4]
+    # No phase for rank 0: it is slower in none (the table's means).
+    assert line.endswith("imbalance (mean pre-sync): 12.9% (threshold 10%), the most on rank 1; slowest rank 0 "
+                         "by the verdict below, which compares the ranks step by step"), line
+    same = format_table(cross_rank_report([r1, r0], verdict=judge_own_work({0: [1.0] * 24, 1: [1.01] * 24}, 10.0,
+                                                                           [2.0] * 24))).splitlines()[4]
+    assert same.endswith("imbalance (mean pre-sync): 12.9% (threshold 10%), slowest rank 1 (data)"), same
