@@ -119,8 +119,15 @@ def test_a_verdict_round_trips_through_json_and_a_malformed_one_is_ignored() -> 
     quiet = judge_own_work({0: [1.0, 1.1, 0.9, 1.0, 1.05, 0.95], 1: [1.0, 1.1, 0.9, 1.0, 1.05, 0.95]}, 10.0, [2.0] * 6)
     said = follow_the_run(short, quiet).reason
     assert "the traced window (2 steps) alone decides nothing: not enough evidence" in said
-    assert "the traced window (3 steps) agrees: " in follow_the_run(
-        judge_own_work({0: [1.0, 1.0, 1.0], 1: [1.0, 1.01, 1.0]}, 10.0, [2.0] * 3), quiet).reason
+    run1 = judge_own_work({0: [1.0, 1.1, 0.9, 1.0, 1.05, 0.95], 1: [1.02, 1.12, 0.92, 1.02, 1.07, 0.97]}, 10.0,
+                          [2.0] * 6)
+    window = judge_own_work({0: [1.0, 1.0, 1.0], 1: [1.01, 1.01, 1.01]}, 10.0, [2.0] * 3)
+    assert (window.status, run1.status) == ("quiet", "quiet") and window.rank == run1.rank == 1
+    assert "the traced window (3 steps) agrees: " in follow_the_run(window, run1).reason
+    # Both quiet, their candidates two ranks: it agrees that no rank is slow, not on rank 0 beside the run's rank 1.
+    other = judge_own_work({0: [1.01, 1.01, 1.01], 1: [1.0, 1.0, 1.0]}, 10.0, [2.0] * 3)
+    assert (other.status, other.rank) == ("quiet", 0)
+    assert "the traced window (3 steps) agrees that no rank is slow: rank 0's" in follow_the_run(other, run1).reason
 
 
 @pytest.mark.parametrize("traces", ["clean", "slow_rank1"])
