@@ -168,6 +168,8 @@ class AnalysisOptions:
                      "what_if_pct"):
             if getattr(self, name) > 100:
                 raise OptionValueError(name, getattr(self, name), "is a percentage in [0, 100]")
+        if self.profiler_slowdown_threshold <= 0:  # a ratio of step times: the training flag's range too
+            raise OptionValueError("profiler_slowdown_threshold", self.profiler_slowdown_threshold, "must be > 0")
         if self.message_sizes not in MESSAGE_SIZES:
             raise OptionValueError("message_sizes", self.message_sizes, f"is one of {', '.join(MESSAGE_SIZES)}")
 

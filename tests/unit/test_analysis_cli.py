@@ -155,6 +155,8 @@ def test_bad_option_names_the_flag_and_exits_2(capsys: pytest.CaptureFixture[str
     assert capsys.readouterr().err == (
         "hf-distprof analyze: error: --comm-bound-pct is a percentage in [0, 100], got 200.0\n"
     )
+    assert main(["analyze", str(DATA / "clean"), "--profiler-slowdown-threshold", "0"]) == 2  # the training flag's range
+    assert capsys.readouterr().err == "hf-distprof analyze: error: --profiler-slowdown-threshold must be > 0, got 0.0\n"
     assert main(["merge", str(DATA / "clean"), "--workers", "-1"]) == 2
     assert capsys.readouterr().err == "hf-distprof merge: error: --workers must be >= 0, got -1\n"
     with pytest.raises(ValueError, match=r"^AnalysisOptions.workers must be >= 0, got -1$"):
@@ -303,3 +305,21 @@ def test_a_broken_pipe_that_is_not_stdout_keeps_its_traceback(monkeypatch: pytes
     monkeypatch.setattr(analyze_cli, "run", broken)
     with pytest.raises(BrokenPipeError, match="a worker's pipe"):
         main(["analyze", str(DATA / "clean")])
+
+
+def test_the_profiler_slowdown_is_judged_at_the_threshold_given(capsys: pytest.CaptureFixture[str]) -> None:
+    """A run that ended normally has timing_summary.json's slowdown, judged at the training's threshold; analyze's own
+    --profiler-slowdown-threshold judges it again from the records (it was ignored: "below 1.25x" at any value)."""
+    run = DATA / "golden" / "cpu_clean_memory"
+    assert main(["analyze", str(run), "--workers", "1", "--findings"]) == 0
+    line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("Profiler slowdown:")]
+    assert line == ["Profiler slowdown: the 5 steps under the profiler (its warm-up and recorded steps) 0.94x the 12 "
+                    "untraced steps after the window's start (the 4 before it left out: a run's first steps run "
+                    "slower), within the run's own noise of 30.0%; below 1.25x"]
+    assert main(["analyze", str(run), "--workers", "1", "--json", "--profiler-slowdown-threshold", "0.5"]) == 0
+    slowdown = orjson.loads(capsys.readouterr().out)["profiler_slowdown"]
+    assert (slowdown["threshold_ratio"], round(slowdown["ratio"], 2), slowdown["steps_inside"], slowdown["warning"]) \
+        == (0.5, 0.94, 5, None)  # above 0.5x, within the run's noise: still no finding
+    assert main(["analyze", str(run), "--workers", "1", "--findings", "--profiler-slowdown-threshold", "0.5"]) == 0
+    assert ("within the run's own noise of 30.0%: above the 0.5x threshold, but no slowdown the run can tell from its "
+            "noise") in capsys.readouterr().out

@@ -15,12 +15,16 @@ from hf_distprof.core.overhead import beyond_noise, profiler_slowdown
 def slowdown_of(summary: TimingSummary, timer: TimerFigures, traced: set[int],
                 options: AnalysisOptions) -> dict[str, Any] | None:
     """The profiler's own slowdown: ``timing_summary.json``'s when training ended normally (with the profiler options in
-    effect), else judged from the step timer's records (``timing_rank{R}.jsonl``): the steps the profiler ran over
-    (the rows' marks and the traces' steps) against the others, the timer's warm-up left out. None without them."""
-    if summary.profiler_slowdown is not None:
-        return summary.profiler_slowdown
-    found = profiler_slowdown(timer.step_times, traced | timer.marked_traced, {},
-                              threshold_ratio=options.profiler_slowdown_threshold)
+    effect) and judged it at this threshold, else judged from the step timer's records (``timing_rank{R}.jsonl``): the
+    steps the profiler ran over (the rows' marks and the traces' steps) against the others, the timer's warm-up left
+    out, at ``options.profiler_slowdown_threshold``. None without them."""
+    done = summary.profiler_slowdown
+    threshold = options.profiler_slowdown_threshold
+    if done is not None and (done.get("threshold_ratio") == threshold or not timer.step_times):
+        return done
+    profiled = done.get("options") if done is not None else None  # the cost the warning names: the run's options
+    found = profiler_slowdown(timer.step_times, traced | timer.marked_traced,
+                              profiled if isinstance(profiled, dict) else {}, threshold_ratio=threshold)
     return found.to_json() if found is not None else None
 
 
