@@ -155,7 +155,7 @@ def test_bad_option_names_the_flag_and_exits_2(capsys: pytest.CaptureFixture[str
     assert capsys.readouterr().err == (
         "hf-distprof analyze: error: --comm-bound-pct is a percentage in [0, 100], got 200.0\n"
     )
-    assert main(["analyze", str(DATA / "clean"), "--profiler-slowdown-threshold", "0"]) == 2  # the training flag's range
+    assert main(["analyze", str(DATA / "clean"), "--profiler-slowdown-threshold", "0"]) == 2
     assert capsys.readouterr().err == "hf-distprof analyze: error: --profiler-slowdown-threshold must be > 0, got 0.0\n"
     assert main(["merge", str(DATA / "clean"), "--workers", "-1"]) == 2
     assert capsys.readouterr().err == "hf-distprof merge: error: --workers must be >= 0, got -1\n"
