@@ -121,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
         report cannot be written.
     """
     from hf_distprof.analysis import analyze_paths  # the words after: imported while the workers read the traces
+    from hf_distprof.analysis.read.run import SeveralRunsError
 
     try:
         options = options_from_args(args)
@@ -141,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
             args.paths, options, read_compact=args.read_compact, write_compact=args.write_compact,
             reference=reference, reference_file=args.bandwidth_ref,
         )
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, SeveralRunsError) as exc:
         print(f"hf-distprof analyze: error: {exc}", file=sys.stderr)
         return 2
     if args.json:

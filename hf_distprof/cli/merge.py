@@ -67,9 +67,11 @@ def run(args: argparse.Namespace) -> int:
     if problem:  # checked before the analysis, which can take minutes on a large run
         print(f"hf-distprof merge: --output {args.output}: {problem}", file=sys.stderr)
         return 2
+    from hf_distprof.analysis.read.run import SeveralRunsError
+
     try:
         result = analyze_paths(args.paths, options)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, SeveralRunsError) as exc:
         print(f"hf-distprof merge: error: {exc}", file=sys.stderr)
         return 2
     try:

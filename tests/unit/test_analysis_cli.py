@@ -323,3 +323,29 @@ def test_the_profiler_slowdown_is_judged_at_the_threshold_given(capsys: pytest.C
     assert main(["analyze", str(run), "--workers", "1", "--findings", "--profiler-slowdown-threshold", "0.5"]) == 0
     assert ("within the run's own noise of 30.0%: above the 0.5x threshold, but no slowdown the run can tell from its "
             "noise") in capsys.readouterr().out
+
+
+def test_the_traces_of_two_runs_are_refused_naming_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A folder holding two runs (rank 0's traces in both) was analysed as one: the traces of the first, the step
+    timer's records and verdict of the other. Folders holding different ranks are the nodes of one run."""
+    golden = DATA / "golden" / "cpu_clean_memory"
+    for name in ("own", "viarun"):
+        shutil.copytree(golden, tmp_path / "P" / name)
+    assert main(["analyze", str(tmp_path / "P"), "--workers", "1"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (f"hf-distprof analyze: error: {tmp_path / 'P'} holds the traces of 2 runs ({tmp_path}/P/"
+                            f"own, {tmp_path}/P/viarun: rank 0 in each); analyze one run folder at a time (hf-distprof"
+                            " compare sets runs side by side)\n")
+    assert main(["analyze", str(tmp_path / "P" / "own"), "--workers", "1", "--findings"]) == 0
+    capsys.readouterr()
+    # One run's two nodes copied into two folders: each holds its own ranks' traces and records.
+    for node, rank in (("node0", 0), ("node1", 1)):
+        (tmp_path / "N" / node).mkdir(parents=True)
+        for name in (f"rank{rank}_vm_step8-10.pt.trace.json.gz", f"timing_rank{rank}.jsonl"):
+            shutil.copy(golden / name, tmp_path / "N" / node / name)
+    split = analyze_paths([tmp_path / "N"], AnalysisOptions(workers=1))
+    whole = analyze_paths([golden], AnalysisOptions(workers=1))
+    assert [r.rank for r in split.ranks] == [0, 1] and not split.errors
+    assert split.what_if_model is not None and whole.what_if_model is not None
+    assert split.what_if_model.run_steps == whole.what_if_model.run_steps == 24  # both ranks' records, as one run's
