@@ -11,7 +11,8 @@ changes the works (or the transfers) and replays the same steps:
 - ``no_data_loading``: data loading takes no time on any rank;
 - ``hide_communication``: every transfer is hidden (a collective completes when its last rank arrives; a rank's
   lag past the completion stays);
-- ``fastest_pace``: every rank does, between each two collectives, what the fastest rank does there;
+- ``fastest_pace``: every rank does, between each two collectives, what the fastest rank does there (more than two
+  ranks: with two it is ``slow_rank``'s replay);
 - ``network_at_reference`` (with a bandwidth reference): every transfer at the reference busbw of its size.
 
 The step time of a replay is the median over the steps of the mean over ranks of each rank's step (start to
