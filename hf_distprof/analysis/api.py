@@ -119,7 +119,7 @@ def _analyze(ranks: list[RankResult], run: RunInput, options: AnalysisOptions,
     across = compare(ranks, run, reference)
     replay = what_if(ranks, across.alignment, list(reference) if reference else None, across.evidence, across.pace) \
         if ranks else None
-    judged = judge(ranks, across, replay, run.summary, options)
+    judged = judge(ranks, across, replay, run.summary, options, _expected_ranks(run))
     findings, undecided, notes, slowdown_line = write_all(judged)
     return AnalysisResult(
         ranks=ranks,
@@ -146,6 +146,15 @@ def _analyze(ranks: list[RankResult], run: RunInput, options: AnalysisOptions,
         common_steps=across.common_steps,
         slowdown_line=slowdown_line,
     )
+
+
+def _expected_ranks(run: RunInput) -> list[int] | None:
+    """The ranks whose traces the run's manifest lists: those that took a window (``--profile-ranks`` traces some),
+    else every rank; None without a manifest."""
+    if run.run is None:
+        return None
+    traced = sorted({r for w in run.run.windows for r in w.ranks})
+    return traced or list(range(run.run.world_size))
 
 
 def _cross_rank(ranks: list[RankResult], across: Across, judged: Judged) -> CrossRankResult | None:

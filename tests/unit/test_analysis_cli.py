@@ -349,3 +349,36 @@ def test_the_traces_of_two_runs_are_refused_naming_them(tmp_path: Path, capsys: 
     assert [r.rank for r in split.ranks] == [0, 1] and not split.errors
     assert split.what_if_model is not None and whole.what_if_model is not None
     assert split.what_if_model.run_steps == whole.what_if_model.run_steps == 24  # both ranks' records, as one run's
+
+
+def test_a_run_with_a_rank_s_trace_unread_withholds_what_weighs_the_ranks(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Rank 0's trace truncated: rank 1's wait for rank 0 inside its collectives reads as the transfer. It said "What to
+    fix first: exposed communication hidden, 56.5%" and "Communication-bound"; now both are withheld, naming rank 0,
+    and the box says which ranks the answer covers."""
+    from hf_distprof.analysis import format_box
+
+    run = tmp_path / "run"
+    shutil.copytree(DATA / "golden" / "cpu_clean_memory", run)
+    trace = run / "rank0_vm_step8-10.pt.trace.json.gz"
+    trace.write_bytes(trace.read_bytes()[: trace.stat().st_size // 2])
+    result = analyze_paths([run], AnalysisOptions(workers=1))
+    assert [r.rank for r in result.ranks] == [1] and [Path(e.path).name for e in result.errors] == [trace.name]
+    assert [f.kind for f in result.findings] == []
+    assert [(u.question, u.why) for u in result.undecided] == [
+        ("what_to_fix_first", "What to fix first: exposed communication hidden (transfers fully overlapped) withheld: "
+                              "the trace of rank 0 could not be read, so the other ranks' time in collectives cannot "
+                              "be told apart into waiting for rank 0 and the transfer"),
+        ("communication_bound", "Communication-bound withheld: the trace of rank 0 could not be read, so the other "
+                                "ranks' time in collectives cannot be told apart into waiting for rank 0 and the "
+                                "transfer")]
+    box = " ".join(" ".join(line.strip("|").split()) for line in format_box(result).splitlines())
+    assert "Verdict: not enough evidence for a verdict across ranks" in box
+    assert "Skipped: 1 trace file(s) could not be read; the answer covers 1 of the run's 2 ranks" in box
+    # Without the manifest, no rank is known missing: rank 1's findings stand, the box still names the skipped file.
+    (run / "manifest.json").unlink()
+    for part in run.glob("manifest_rank*"):
+        part.unlink()
+    alone = analyze_paths([run], AnalysisOptions(workers=1))
+    assert "communication_bound" in [f.kind for f in alone.findings]
+    assert "the answer covers the 1 rank read" in " ".join(format_box(alone).split())

@@ -19,6 +19,7 @@ from hf_distprof.analysis.judge.slowdown import (
     slowdown_findings,
     slowdown_of,
     withhold_in_a_distorted_window,
+    withhold_without_every_rank,
 )
 from hf_distprof.analysis.judge.verdicts import judge_ranks
 from hf_distprof.analysis.judge.whatif import WHAT_TO_FIX_FIRST, judge_scenarios, what_to_fix_first
@@ -82,7 +83,7 @@ def in_order(findings: list[Judgement]) -> list[Judgement]:
 
 
 def judge(ranks: list[RankResult], across: Across, replay: WhatIf | None, summary: TimingSummary,
-          options: AnalysisOptions) -> Judged:
+          options: AnalysisOptions, expected: list[int] | None = None) -> Judged:
     """Every decision of the run.
 
     Args:
@@ -92,6 +93,9 @@ def judge(ranks: list[RankResult], across: Across, replay: WhatIf | None, summar
         summary: The step timer's ``timing_summary.json`` (its verdict and the profiler's slowdown, as the run wrote
             them).
         options: The thresholds.
+        expected: The ranks whose traces the run's manifest lists (those that took a window; else every rank of the
+            run; None without a manifest): those not read withhold the findings that weigh the ranks against each
+            other.
 
     Returns:
         The verdicts, the findings in :func:`in_order`'s order, the questions left undecided (with the findings
@@ -111,10 +115,13 @@ def judge(ranks: list[RankResult], across: Across, replay: WhatIf | None, summar
     fsdp = any(is_fsdp(r) for r in ranks)
     first = what_to_fix_first(answer, options.what_if_pct, gpu, backend, fsdp) if answer is not None else None
     findings = in_order(findings + ([first] if first is not None else []))
+    read = {r.rank for r in ranks}
+    missing = [r for r in expected or [] if r not in read] if read else []
+    findings, unread = withhold_without_every_rank(findings, missing)
     return Judged(
         verdicts=verdicts,
         findings=findings,
-        questions=undecided(verdicts) + withheld,
+        questions=undecided(verdicts) + withheld + unread,
         windows=window_notes(verdicts, across.timer, across.traced, slowdown),
         slowdown=slowdown,
         what_if=answer,

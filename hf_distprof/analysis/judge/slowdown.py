@@ -1,4 +1,5 @@
-"""The profiler's own slowdown as a finding, and the rank findings of a window it distorted withheld (pure)."""
+"""The profiler's own slowdown as a finding, and the rank findings of a window it distorted withheld; the findings that
+weigh the ranks against each other withheld when some ranks' traces could not be read (pure)."""
 
 from __future__ import annotations
 
@@ -103,3 +104,33 @@ def slowdown_findings(slowdown: dict[str, Any] | None) -> list[Judgement]:
             basis=STEP_TIMER,
         )
     ]
+
+
+PEER_DEPENDENT = ("communication_bound", "slow_resume", "waiting_for_peers", "straggler", "imbalance", "slow_rank",
+                  "fsdp_exposed_all_gather", "fsdp_exposed_reduce_scatter", "what_to_fix_first")
+"""The findings whose evidence is the ranks against each other: a rank's time in a collective split into waiting for
+its peers, the transfer and its lag past the completion; the slowest rank and its excess; the replay across ranks."""
+
+
+def withhold_without_every_rank(
+    findings: list[Judgement], missing: list[int]
+) -> tuple[list[Judgement], list[Question]]:
+    """With the traces of some of the run's ranks unread (``missing``: truncated, lost), the findings that weigh the
+    ranks against each other withheld: the ranks read waited for the missing ones inside their collectives, and that
+    wait reads as the transfer (a 2-rank run with rank 0's trace truncated said "What to fix first: exposed
+    communication hidden, 56.5%" from rank 1's wait for rank 0). Findings of one rank's own (low utilisation, data
+    loading, launch-bound, the profiler's slowdown) stay.
+
+    Returns:
+        The findings kept, and the withheld ones as undecided questions.
+    """
+    if not missing:
+        return findings, []
+    kept, withheld = [], []
+    for f in findings:
+        if f.kind in PEER_DEPENDENT:
+            withheld.append(Question(question=f.kind, ranks=list(f.ranks), basis=f.basis, steps=f.steps, withheld=f,
+                                     missing=list(missing)))
+        else:
+            kept.append(f)
+    return kept, withheld

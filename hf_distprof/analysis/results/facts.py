@@ -322,6 +322,9 @@ class Question:
     """With ``withheld``: how much slower the traced steps ran."""
     timer_reason: str = ""
     """With ``withheld``: the step timer's verdict in words."""
+    missing: list[int] = field(default_factory=list)
+    """With ``withheld``: the ranks whose traces could not be read, when that is why it was withheld (their peers'
+    time in collectives cannot be split into waiting for them and the transfer)."""
 
 
 @dataclass

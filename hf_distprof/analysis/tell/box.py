@@ -33,6 +33,23 @@ def _why(f: Finding) -> str:
 def _fields(result: AnalysisResult) -> list[tuple[str, str]]:
     if not result.ranks:
         return [("Verdict", "no trace could be analysed"), ("Why", "; ".join(e.reason for e in result.errors[:2]))]
+    return _answer(result) + _skipped(result)
+
+
+def _skipped(result: AnalysisResult) -> list[tuple[str, str]]:
+    """The trace files that could not be read, and how many of the run's ranks the answer covers: a 2-rank run with
+    one trace truncated read "no finding" with nothing saying that half the ranks were missing."""
+    if not result.errors:
+        return []
+    world = result.run.world_size if result.run is not None else None
+    read = len(result.ranks)
+    covers = f"the answer covers {read} of the run's {world} ranks" if world and world > read else \
+        f"the answer covers the {read} rank{'s' if read != 1 else ''} read"
+    # The files and their reasons are said once, where the errors are (the CLI's stderr, the report's list).
+    return [("Skipped", f"{len(result.errors)} trace file(s) could not be read; {covers}")]
+
+
+def _answer(result: AnalysisResult) -> list[tuple[str, str]]:
     findings = result.findings
     if findings:
         top = findings[0]  # the list's own order (hf_distprof.analysis.judge.findings.in_order)
@@ -50,12 +67,16 @@ def _fields(result: AnalysisResult) -> list[tuple[str, str]]:
                   if cross is not None else ""))
     if result.undecided:
         first = result.undecided[0]
-        return [("Verdict", "not enough evidence for a slow-rank verdict"), ("Why", first.why),
+        about = "a slow-rank verdict" if first.question in ("straggler", "imbalance", "slow_rank") else \
+            "a verdict across ranks"  # a finding withheld for the ranks whose traces were not read
+        return [("Verdict", f"not enough evidence for {about}"), ("Why", first.why),
                 *([("Try", first.to_decide)] if first.to_decide else []), ("Figures", figures)]
     verdicts = (("straggler", cross.straggler_verdict), ("imbalance", cross.imbalance_verdict)) if cross else ()
     quiet = [f"{name} {v.status}" for name, v in verdicts if v is not None]
     slowest = _slowest(result)
-    return [("Verdict", f"no finding: {NO_FINDING}"),
+    world = result.run.world_size if result.run is not None else None
+    among = f" in the {len(result.ranks)} of {world} ranks read" if world and world > len(result.ranks) else ""
+    return [("Verdict", f"no finding{among}: {NO_FINDING}"),
             ("Why", figures + (f"; verdicts: {', '.join(quiet)}" if quiet else "") + slowest),
             ("Try", _largest_saving(result))]
 

@@ -545,6 +545,14 @@ _WRITERS = {
 
 def undecided(q: Question) -> Undecided:
     """A question the run could not decide, in words."""
+    if q.withheld is not None and q.missing:
+        title = write(q.withheld).title
+        unread = f"rank{'s' if len(q.missing) > 1 else ''} {', '.join(map(str, q.missing))}"
+        why = (f"the trace{'s' if len(q.missing) > 1 else ''} of {unread} could not be read, so the other ranks' time "
+               f"in collectives cannot be told apart into waiting for {unread} and the transfer")
+        return Undecided(question=q.question, reason=f"{title} withheld: {why}", why=f"{title} withheld: {why}",
+                         ranks=q.ranks, basis=q.basis, steps=q.steps,
+                         to_decide=f"analyse the run with {unread}'s trace (the skipped files are named)")
     if q.withheld is not None:
         title = write(q.withheld).title
         why = (f"the traced steps ran {q.ratio:.2f}x slower than the rest of the run, and over the untraced steps the "
