@@ -80,3 +80,15 @@ def test_a_folder_that_is_no_run_folder_keeps_the_plain_message(tmp_path: Path):
     with pytest.raises(FileNotFoundError, match=r": no trace file \(\*\.json, \*\.json\.gz\) in this folder$"):
         analyze_paths([tmp_path], AnalysisOptions(workers=1))
     assert why_no_trace(tmp_path) is None
+
+
+def test_profile_ranks_that_name_no_rank_of_the_run_are_said(tmp_path: Path):
+    """``--profile-ranks 5`` on a 1-rank run: the analysis named "could not start or write on any rank"; the manifest
+    has the flag and the world size."""
+    folder = run_folder(tmp_path, last_step=20, profile_ranks="5")
+    assert why_no_trace(folder) == (
+        "the profiler took no window: --profile-ranks 5 names no rank of this 1-rank run (rank 0); name ranks below "
+        "1, or leave the flag out to trace every rank")
+    (tmp_path / "b").mkdir()  # a rank it has: the schedule's word, as before
+    named = run_folder(tmp_path / "b", last_step=20, profile_ranks="0,5")
+    assert why_no_trace(named).startswith("the profiler took no window although training reached step 20")

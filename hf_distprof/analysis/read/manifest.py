@@ -22,6 +22,7 @@ from hf_distprof.analysis.results.run import RankClock, RunSummary, WindowInfo
 from hf_distprof.core.job import COUNT_KEYS, ID_KEYS
 from hf_distprof.core.names import ANOMALY, MANIFEST_NAME, MANIFEST_PART_NAME, ON_DEMAND, PROFILE_RANKS_NAME  # noqa: F401 (ANOMALY, ON_DEMAND: the other reasons, re-exported)
 from hf_distprof.core.stats import finite
+from hf_distprof.core.text import format_ranks
 
 FORMAT = "hf_distprof.manifest"
 PART_FORMAT = "hf_distprof.manifest.part"
@@ -337,6 +338,22 @@ def run_summary_beside(files: Sequence[str | Path]) -> tuple[RunSummary | None, 
     return None, errors
 
 
+def _profiles_nobody(manifest: dict[str, Any]) -> str | None:
+    """Why no rank traced when ``--profile-ranks`` named only ranks the run did not have; None otherwise."""
+    spec, world = manifest.get("profile_ranks"), manifest.get("world_size")
+    if not isinstance(spec, str) or not isinstance(world, int) or world < 1 or spec in ("all", "auto"):
+        return None
+    try:
+        named = sorted({int(r) for r in spec.split(",")})
+    except ValueError:
+        return None
+    if not named or any(r < world for r in named):
+        return None
+    return (f"the profiler took no window: --profile-ranks {spec} names no rank of this {world}-rank run "
+            f"({format_ranks(list(range(world)))}); name ranks below {world}, or leave the flag out to trace every "
+            "rank")
+
+
 def why_no_trace(folder: str | Path) -> str | None:
     """Why a run folder holds no trace, from its run manifest; None when it has none.
 
@@ -354,6 +371,9 @@ def why_no_trace(folder: str | Path) -> str | None:
         steps = ", ".join(f"{w.get('first')}-{w.get('last')}" for w in windows)
         return (f"the run manifest lists {len(windows)} window(s) (steps {steps}) whose traces are not in this folder: "
                 "lost, or written to another host's node-local folder")
+    nobody = _profiles_nobody(manifest)
+    if nobody is not None:
+        return nobody
     schedule, last = manifest.get("schedule"), manifest.get("last_step")
     first = schedule.get("first_recorded_step") if isinstance(schedule, dict) else None
     if isinstance(first, int) and isinstance(last, int) and isinstance(schedule, dict):

@@ -161,7 +161,8 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
             world = dist.get_world_size()
             missing = sorted(r for r in ranks if r >= world)
             if missing and rank == 0:
-                logger.warning(f"--profile-ranks names ranks {missing} but the world size is {world}")
+                none = ": no rank is profiled" if len(missing) == len(ranks) else ""
+                logger.warning(f"--profile-ranks names ranks {missing} but the world size is {world}{none}")
             if rank not in ranks:
                 return
         message = schedule_warning(self.args, state.max_steps)
