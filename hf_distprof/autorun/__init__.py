@@ -89,7 +89,8 @@ def attach(trainer: Any) -> list[Any]:
     ours = [type(cb).__name__ for cb in trainer.callback_handler.callbacks if _ours(cb)]
     if ours:
         _say(rank, f"hf-distprof run: {where} already has {', '.join(ours)}; it gets no callbacks from "
-                   f"hf-distprof run (no duplicates)", console=rank == 0)
+                   f"hf-distprof run (no duplicates), so the flags given to hf-distprof run do not apply to it: pass "
+                   "them to the script, whose callbacks follow its own flags", console=rank == 0)
         return []
     callbacks = build_callbacks(ProfilingArguments(**json.loads(os.environ[RUN_ARGS_ENV])))
     for callback in callbacks:

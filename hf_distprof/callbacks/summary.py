@@ -119,12 +119,18 @@ def where_to_look(run_dirs: list[Path], tensorboard_dirs: list[Path], profiling:
         if profiling:
             lines.append(f"  open https://ui.perfetto.dev and drag in a trace from {first}")
             lines.append(f"  pip install torch-tb-profiler && tensorboard --logdir {first.parent}")
-        lines.append(f"  hf-distprof analyze {first}               # where the step time goes")
-        written = first / "report" / "report.html"  # written for the trackers (report_to) at train end
-        if written.is_file() and not _older_than_traces(written, first):
-            lines.append(f"  open {written}   # the report, with plots (already written)")
+        if not any(first.glob(f"*{TRACE_SUFFIX}")):
+            # analyze reads traces: without one it would stop with an error (its reason is in the folder's manifest)
+            why = "" if profiling else " (--enable-profiling takes them)"
+            lines.append(f"  no trace in {first}: nothing for hf-distprof analyze{why}; the step timer's table is "
+                         "above")
         else:
-            lines.append(f"  hf-distprof analyze {first} --report {first / 'report'}   # Markdown/HTML with plots")
+            lines.append(f"  hf-distprof analyze {first}               # where the step time goes")
+            written = first / "report" / "report.html"  # written for the trackers (report_to) at train end
+            if written.is_file() and not _older_than_traces(written, first):
+                lines.append(f"  open {written}   # the report, with plots (already written)")
+            else:
+                lines.append(f"  hf-distprof analyze {first} --report {first / 'report'}   # Markdown/HTML with plots")
     lines.append("=" * 78)
     return "\n".join(lines)
 

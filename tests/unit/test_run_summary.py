@@ -42,16 +42,18 @@ def test_the_block_names_each_trace_summary_and_the_commands(tmp_path):
 def test_a_report_already_written_for_the_trackers_is_named_not_written_again(tmp_path):
     # The run's report (written at train end when report_to names a tracker): named; the --report line would
     # overwrite it.
+    import os
+
+    trace = tmp_path / "rank0_h_step3-4.pt.trace.json.gz"
+    trace.write_text("x")
+    os.utime(trace, (1_000_000, 1_000_000))
     (tmp_path / "report").mkdir()
     (tmp_path / "report" / "report.html").write_text("<html>")
     lines = where_to_look([tmp_path], [], profiling=True).splitlines()
     assert f"  open {tmp_path / 'report' / 'report.html'}   # the report, with plots (already written)" in lines
     assert not [line for line in lines if "--report" in line]
     # An earlier run's report in a reused run folder (--profiler-run-name): older than this run's traces, not named.
-    import os
-
-    trace = tmp_path / "rank0_h_step3-4.pt.trace.json.gz"
-    trace.write_text("x")
+    os.utime(trace, None)
     os.utime(tmp_path / "report" / "report.html", (1_000_000, 1_000_000))
     lines = where_to_look([tmp_path], [], profiling=True).splitlines()
     assert [line for line in lines if "--report" in line] and not [line for line in lines if "already written" in line]
@@ -61,7 +63,12 @@ def test_without_traces_or_tensorboard_only_what_exists_is_named(tmp_path):
     lines = where_to_look([tmp_path], [], profiling=False).splitlines()
     assert f"  run folder: {tmp_path}  (0 trace(s))" in lines
     assert not [line for line in lines if "tensorboard" in line or "perfetto" in line]
-    assert f"  hf-distprof analyze {tmp_path}               # where the step time goes" in lines
+    # analyze reads traces: no command that would stop with an error.
+    assert not [line for line in lines if line.startswith("  hf-distprof analyze")]
+    assert (f"  no trace in {tmp_path}: nothing for hf-distprof analyze (--enable-profiling takes them); the step "
+            "timer's table is above") in lines
+    assert (f"  no trace in {tmp_path}: nothing for hf-distprof analyze; the step timer's table is above"
+            in where_to_look([tmp_path], [], profiling=True).splitlines())
 
 
 def test_the_trainers_tensorboard_folder(monkeypatch, tmp_path):
