@@ -39,7 +39,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("paths", nargs="+", help="trace files and/or folders holding them")
     parser.add_argument("--json", action="store_true", help="print the full result as JSON instead of text")
     parser.add_argument(
-        "--findings", action="store_true", help="print only the headline and the findings (what the demo ends with)"
+        "--findings", action="store_true",
+        help="print only the headline, the findings (with the questions left undecided and the profiler's slowdown) "
+        "and the box: what the demo ends with",
     )
     parser.add_argument(
         "--report", metavar="DIR", help="also write report.md/report.html/PNGs/analysis.json to DIR"
@@ -137,6 +139,11 @@ def run(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as exc:
             print(f"hf-distprof analyze: error: --bandwidth-ref: {exc}", file=sys.stderr)
             return 2
+    if args.report:  # checked before the analysis, which can take minutes on a large run
+        problem = unwritable_folder(Path(args.report))
+        if problem:
+            print(f"hf-distprof analyze: --report {args.report}: {problem}", file=sys.stderr)
+            return 2
     try:
         result = analyze_paths(
             args.paths, options, read_compact=args.read_compact, write_compact=args.write_compact,
@@ -172,6 +179,20 @@ def run(args: argparse.Namespace) -> int:
     for tracker in args.log_to or []:
         print(f"hf-distprof analyze: {log_to(result, args, tracker)}", file=sys.stderr)
     return 0
+
+
+def unwritable_folder(folder: Path) -> str | None:
+    """Why ``folder`` cannot take files (made if missing), or None: a file of that name, a parent that cannot hold it,
+    no permission to write in it."""
+    import tempfile
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
 
 
 def run_folder(paths: list[str]) -> Path:
