@@ -219,7 +219,7 @@ def test_memory_snapshot_records_each_window_and_dumps_one_pickle_per_rank_and_w
     assert len(fake.observers) == 1
 
 
-def test_an_out_of_memory_error_dumps_a_snapshot_and_still_raises(tmp_path, monkeypatch):
+def test_an_out_of_memory_error_dumps_a_snapshot_and_still_raises(tmp_path, monkeypatch, caplog):
     fake = FakeCuda(monkeypatch)
     cb = MemoryViewsCallback(_args(tmp_path, memory_snapshot=True))
 
@@ -239,6 +239,11 @@ def test_an_out_of_memory_error_dumps_a_snapshot_and_still_raises(tmp_path, monk
         fake_trainer.run([cb, OutOfMemoryAtStep5()], 8, tmp_path)
     host = dist.get_hostname()
     assert (cb.run_dir / f"rank0_{host}_oom_step5_memory_snapshot.pickle").exists()
+    # Step 5 is past the window (3-4), whose end stopped the history: the warning says the dump holds none.
+    said = [r.getMessage() for r in caplog.records if "out of memory" in r.getMessage()]
+    assert said == ["[RANK 0] CUDA out of memory at step 5 (asked 2048 MiB, 1 MiB free): dumping a memory snapshot, "
+                    "the memory in use, without allocation history (recorded only inside --memory-snapshot windows)"], \
+        said
     # The window 3-4 came before, dumped as usual; after close() the observer does nothing.
     assert (cb.run_dir / f"rank0_{host}_step3-4_memory_snapshot.pickle").exists()
     cb.close(5)

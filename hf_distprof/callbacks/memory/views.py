@@ -278,9 +278,14 @@ class MemoryViewsCallback(TrainerCallback):  # type: ignore[misc]
         if self.run_dir is None or self._closed or self._step in self._oom_dumped:
             return
         self._oom_dumped.add(self._step)
+        # The allocator records its history only inside a --memory-snapshot window (stopping it clears it): outside
+        # one the snapshot holds the segments and blocks in use, not which code allocated them.
+        history = self._history is not None and self._history.recording
+        what = "with the allocation history of this window" if history else (
+            "the memory in use, without allocation history (recorded only inside --memory-snapshot windows)")
         logger.warning(
             f"CUDA out of memory at step {self._step} (asked {alloc / MB:.0f} MiB, {device_free / MB:.0f} MiB "
-            "free): dumping a memory snapshot"
+            f"free): dumping a memory snapshot, {what}"
         )
         target = self.run_dir / paths.OOM_SNAPSHOT_NAME.format(rank=self._rank, host=self._host, step=self._step)
         self._dump(target)
