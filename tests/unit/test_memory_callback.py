@@ -139,6 +139,32 @@ def test_gpu_sample_reads_allocator_counters_without_synchronising(monkeypatch):
     assert memstats.lifetime_peak_bytes(torch.device("cuda", 3)) == 768 * MB
 
 
+def test_the_allocator_s_nested_counters_are_read_where_torch_has_them(monkeypatch):
+    """A real GPU's path: ``torch._C._cuda_memoryStats`` (the nested dict ``memory_stats()`` flattens) once CUDA is
+    initialised; the CPU build has neither, so a test has to give both. A nested dict without a key falls back to
+    ``memory_stats()``; a read at a step is shared by the callers of that step."""
+    memstats.forget_counters()
+    reads = []
+
+    def nested(index):
+        reads.append(index)
+        return {"allocated_bytes": {"all": {"current": 5 * MB, "peak": 9 * MB}},
+                "reserved_bytes": {"all": {"current": 16 * MB, "peak": 16 * MB}}}
+
+    monkeypatch.setattr(torch._C, "_cuda_memoryStats", nested, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda device: pytest.fail("the nested read is enough"))
+    device = torch.device("cuda", 2)
+    assert memstats.cuda_counters(device, step=7) == (5 * MB, 16 * MB, 9 * MB)
+    assert memstats.cuda_counters(device, step=7) == (5 * MB, 16 * MB, 9 * MB) and reads == [2]  # shared
+    assert memstats.cuda_counters(device, step=8) == (5 * MB, 16 * MB, 9 * MB) and reads == [2, 2]
+    monkeypatch.setattr(torch._C, "_cuda_memoryStats", lambda index: {"allocated_bytes": {}}, raising=False)
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda device: {
+        "allocated_bytes.all.current": 1, "reserved_bytes.all.current": 2, "allocated_bytes.all.peak": 3})
+    assert memstats.cuda_counters(device) == (1, 2, 3)
+    memstats.forget_counters()
+
+
 @pytest.mark.gpu
 def test_gpu_sample_on_a_real_device():
     x = torch.empty(256 * MB // 4, device="cuda")
