@@ -145,6 +145,7 @@ def _analyze(ranks: list[RankResult], run: RunInput, options: AnalysisOptions,
         reference_totals=across.reference_totals,
         common_steps=across.common_steps,
         slowdown_line=slowdown_line,
+        unread_ranks=judged.unread,
     )
 
 

@@ -10,6 +10,11 @@ from dataclasses import dataclass, field
 MESSAGE_SIZES = ("auto", "shapes")
 
 
+PROFILER_SLOWDOWN_THRESHOLD = 1.25
+"""The profiler-slowdown threshold when neither the flag nor the run's ``timing_summary.json`` gives one (the
+training flag's default)."""
+
+
 @dataclass
 class AnalysisOptions:
     """Thresholds and knobs of ``analyze_paths``.
@@ -104,13 +109,14 @@ class AnalysisOptions:
             )
         },
     )
-    profiler_slowdown_threshold: float = field(
-        default=1.25,
+    profiler_slowdown_threshold: float | None = field(
+        default=None,
         metadata={
             "help": (
                 "Traced steps slower than this many times the run's other steps (from timing_rank*.jsonl "
                 "beside the traces) are a finding about the profiler itself."
-            )
+            ),
+            "default_text": f"the run's own, from timing_summary.json; else {PROFILER_SLOWDOWN_THRESHOLD}",
         },
     )
     tiny_kernel_us: float = field(
@@ -168,7 +174,7 @@ class AnalysisOptions:
                      "what_if_pct"):
             if getattr(self, name) > 100:
                 raise OptionValueError(name, getattr(self, name), "is a percentage in [0, 100]")
-        if self.profiler_slowdown_threshold <= 0:  # a ratio of step times: the training flag's range too
+        if self.profiler_slowdown_threshold is not None and self.profiler_slowdown_threshold <= 0:  # the training's
             raise OptionValueError("profiler_slowdown_threshold", self.profiler_slowdown_threshold, "must be > 0")
         if self.message_sizes not in MESSAGE_SIZES:
             raise OptionValueError("message_sizes", self.message_sizes, f"is one of {', '.join(MESSAGE_SIZES)}")

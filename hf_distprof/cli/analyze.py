@@ -100,12 +100,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         choices = MESSAGE_SIZES if f.name == "message_sizes" else None
         thresholds.add_argument(
             flag_name(f.name),
-            type=str if choices else number(type(f.default), 0, check_range=False),
+            type=str if choices else number(float if f.default is None else type(f.default), 0, check_range=False),
             default=f.default,
             choices=choices,
             metavar="{" + ",".join(choices) + "}" if choices else "N",
             # argparse %-formats help strings: a literal % must be doubled.
-            help=f"{f.metadata['help']} (default: {f.default})".replace("%", "%%"),
+            help=f"{f.metadata['help']} (default: {f.metadata.get('default_text', f.default)})".replace("%", "%%"),
         )
     return parser
 

@@ -356,8 +356,10 @@ def test_a_run_with_a_rank_s_trace_unread_withholds_what_weighs_the_ranks(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Rank 0's trace truncated: rank 1's wait for rank 0 inside its collectives reads as the transfer. It said "What to
     fix first: exposed communication hidden, 56.5%" and "Communication-bound"; now both are withheld, naming rank 0,
-    and the box says which ranks the answer covers."""
+    the what-if is not replayed (its table, and the saving the trackers get, would be the same mistake), and the box
+    says which ranks the answer covers."""
     from hf_distprof.analysis import format_box
+    from hf_distprof.analysis.tell.tracker import headline
 
     run = tmp_path / "run"
     shutil.copytree(DATA / "golden" / "cpu_clean_memory", run)
@@ -365,21 +367,42 @@ def test_a_run_with_a_rank_s_trace_unread_withholds_what_weighs_the_ranks(
     trace.write_bytes(trace.read_bytes()[: trace.stat().st_size // 2])
     result = analyze_paths([run], AnalysisOptions(workers=1))
     assert [r.rank for r in result.ranks] == [1] and [Path(e.path).name for e in result.errors] == [trace.name]
-    assert [f.kind for f in result.findings] == []
+    assert [f.kind for f in result.findings] == [] and result.unread_ranks == [0]
+    why = ("withheld: the trace of rank 0 is not among those read (not given, or could not be read), so the other "
+           "ranks' time in collectives cannot be told apart into waiting for rank 0 and the transfer")
     assert [(u.question, u.why) for u in result.undecided] == [
-        ("what_to_fix_first", "What to fix first: exposed communication hidden (transfers fully overlapped) withheld: "
-                              "the trace of rank 0 could not be read, so the other ranks' time in collectives cannot "
-                              "be told apart into waiting for rank 0 and the transfer"),
-        ("communication_bound", "Communication-bound withheld: the trace of rank 0 could not be read, so the other "
-                                "ranks' time in collectives cannot be told apart into waiting for rank 0 and the "
-                                "transfer")]
+        ("communication_bound", f"Communication-bound {why}"), ("what_if", f"The what-if replay across ranks {why}")]
+    assert result.what_if == [] and result.what_if_model is None and headline(result)["predicted_saving"] is None
     box = " ".join(" ".join(line.strip("|").split()) for line in format_box(result).splitlines())
     assert "Verdict: not enough evidence for a verdict across ranks" in box
-    assert "Skipped: 1 trace file(s) could not be read; the answer covers 1 of the run's 2 ranks" in box
-    # Without the manifest, no rank is known missing: rank 1's findings stand, the box still names the skipped file.
+    assert "Skipped: 1 file(s) could not be read; no trace of rank 0 read: the answer covers the 1 rank read" in box
+    # Rank 1's trace alone, given on purpose from the intact run: the same, nothing skipped.
+    alone = analyze_paths([DATA / "golden" / "cpu_clean_memory" / "rank1_vm_step8-10.pt.trace.json.gz"],
+                          AnalysisOptions(workers=1))
+    assert alone.unread_ranks == [0] and not alone.errors
+    assert [u.question for u in alone.undecided] == ["communication_bound", "what_if"]
+    assert "Skipped" not in format_box(alone)
+    # Without the manifest no rank is known missing: rank 1's findings stand, the box still counts the skipped file.
     (run / "manifest.json").unlink()
     for part in run.glob("manifest_rank*"):
         part.unlink()
-    alone = analyze_paths([run], AnalysisOptions(workers=1))
-    assert "communication_bound" in [f.kind for f in alone.findings]
-    assert "the answer covers the 1 rank read" in " ".join(format_box(alone).split())
+    unknown = analyze_paths([run], AnalysisOptions(workers=1))
+    assert "communication_bound" in [f.kind for f in unknown.findings] and unknown.unread_ranks == []
+    assert "the answer covers the 1 rank read" in " ".join(format_box(unknown).split())
+
+
+def test_what_the_step_timer_decided_is_not_withheld_for_an_unread_trace() -> None:
+    from hf_distprof.analysis.judge.slowdown import withhold_without_every_rank
+    from hf_distprof.analysis.results.findings import STEP_TIMER, TRACE, TRACE_AND_TIMER, Judgement
+
+    def finding(kind: str, basis: str) -> Judgement:
+        return Judgement(kind=kind, severity=1.0, ranks=[2], facts=None, basis=basis)  # type: ignore[arg-type]
+
+    timer, both, trace = finding("imbalance", STEP_TIMER), finding("imbalance", TRACE_AND_TIMER), \
+        finding("straggler", TRACE)
+    own = finding("data_loading_bound", TRACE)
+    kept, withheld = withhold_without_every_rank([timer, both, trace, own], [0], replayed=True)
+    assert kept == [timer, both, own]
+    assert [(q.question, q.missing, q.withheld) for q in withheld] == [
+        ("straggler", [0], trace), ("what_if", [0], None)]
+    assert withhold_without_every_rank([trace], [], replayed=True) == ([trace], [])

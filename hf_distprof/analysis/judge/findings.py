@@ -101,13 +101,19 @@ def judge(ranks: list[RankResult], across: Across, replay: WhatIf | None, summar
         The verdicts, the findings in :func:`in_order`'s order, the questions left undecided (with the findings
         withheld), the window's disagreements, the profiler's slowdown and the judged what-if.
     """
+    read = {r.rank for r in ranks}
+    missing = [r for r in expected or [] if r not in read] if read else []
     verdicts = judge_ranks(across, summary, options)
-    answer = judge_scenarios(replay, verdicts, across.evidence is not None) if replay is not None else None
+    # Without every rank's trace the replay across ranks is not the run's: the ranks read wait for the others inside
+    # their collectives, which it would take for transfers.
+    answer = judge_scenarios(replay, verdicts, across.evidence is not None) \
+        if replay is not None and not missing else None
     slowdown = slowdown_of(summary, across.timer, across.traced, options)
     findings = diagnose(ranks, across, verdicts, options) + slowdown_findings(slowdown)
     # A window whose verdicts were weighed with the timer's already answers for the whole run.
     weighed = verdicts.imbalance_basis != TRACE or verdicts.straggler_basis != TRACE
     findings, withheld = withhold_in_a_distorted_window(findings, slowdown, None if weighed else verdicts.run_json)
+    findings, unread = withhold_without_every_rank(findings, missing, replay is not None)
     gpu = any(r.device == "gpu" for r in ranks)
     # The slow rank's finding as one chain (its slow phase -> late at the collectives -> its peers wait).
     findings = chain.explain(findings, across, verdicts, gpu)
@@ -115,9 +121,6 @@ def judge(ranks: list[RankResult], across: Across, replay: WhatIf | None, summar
     fsdp = any(is_fsdp(r) for r in ranks)
     first = what_to_fix_first(answer, options.what_if_pct, gpu, backend, fsdp) if answer is not None else None
     findings = in_order(findings + ([first] if first is not None else []))
-    read = {r.rank for r in ranks}
-    missing = [r for r in expected or [] if r not in read] if read else []
-    findings, unread = withhold_without_every_rank(findings, missing)
     return Judged(
         verdicts=verdicts,
         findings=findings,
@@ -128,4 +131,5 @@ def judge(ranks: list[RankResult], across: Across, replay: WhatIf | None, summar
         quiet_slowdown=quiet_slowdown(slowdown),
         slowest=slowest_rank(findings, verdicts, across.pace, across.evidence is not None,
                              answer.model.slowest_rank if answer is not None else None),
+        unread=missing,
     )

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from hf_distprof.analysis.options import AnalysisOptions
+from hf_distprof.analysis.options import PROFILER_SLOWDOWN_THRESHOLD, AnalysisOptions
 from hf_distprof.analysis.results.across import TimerFigures
 from hf_distprof.analysis.results.facts import QuietSlowdown, Question, SlowdownFacts
-from hf_distprof.analysis.results.findings import STEP_TIMER, TRACE_AND_TIMER, Judgement
+from hf_distprof.analysis.results.findings import STEP_TIMER, TRACE, TRACE_AND_TIMER, Judgement
 from hf_distprof.analysis.results.timer import TimingSummary
 from hf_distprof.core.overhead import beyond_noise, profiler_slowdown
 
@@ -16,16 +16,18 @@ from hf_distprof.core.overhead import beyond_noise, profiler_slowdown
 def slowdown_of(summary: TimingSummary, timer: TimerFigures, traced: set[int],
                 options: AnalysisOptions) -> dict[str, Any] | None:
     """The profiler's own slowdown: ``timing_summary.json``'s when training ended normally (with the profiler options in
-    effect) and judged it at this threshold, else judged from the step timer's records (``timing_rank{R}.jsonl``): the
-    steps the profiler ran over (the rows' marks and the traces' steps) against the others, the timer's warm-up left
-    out, at ``options.profiler_slowdown_threshold``. None without them."""
+    effect), judged at the run's own threshold; judged again from the step timer's records (``timing_rank{R}.jsonl``)
+    when ``options.profiler_slowdown_threshold`` names another, or without the summary's: the steps the profiler ran
+    over (the rows' marks and the traces' steps) against the others, the timer's warm-up left out. None without
+    them."""
     done = summary.profiler_slowdown
     threshold = options.profiler_slowdown_threshold
-    if done is not None and (done.get("threshold_ratio") == threshold or not timer.step_times):
+    if done is not None and (threshold is None or done.get("threshold_ratio") == threshold or not timer.step_times):
         return done
     profiled = done.get("options") if done is not None else None  # the cost the warning names: the run's options
     found = profiler_slowdown(timer.step_times, traced | timer.marked_traced,
-                              profiled if isinstance(profiled, dict) else {}, threshold_ratio=threshold)
+                              profiled if isinstance(profiled, dict) else {},
+                              threshold_ratio=threshold if threshold is not None else PROFILER_SLOWDOWN_THRESHOLD)
     return found.to_json() if found is not None else None
 
 
@@ -106,31 +108,34 @@ def slowdown_findings(slowdown: dict[str, Any] | None) -> list[Judgement]:
     ]
 
 
-PEER_DEPENDENT = ("communication_bound", "slow_resume", "waiting_for_peers", "straggler", "imbalance", "slow_rank",
-                  "fsdp_exposed_all_gather", "fsdp_exposed_reduce_scatter", "what_to_fix_first")
-"""The findings whose evidence is the ranks against each other: a rank's time in a collective split into waiting for
-its peers, the transfer and its lag past the completion; the slowest rank and its excess; the replay across ranks."""
+PEER_DEPENDENT = ("communication_bound", "slow_resume", "waiting_for_peers", "straggler", "imbalance",
+                  "fsdp_exposed_all_gather", "fsdp_exposed_reduce_scatter")
+"""The findings whose evidence is the ranks' traces against each other: a rank's time in a collective split into waiting
+for its peers, the transfer and its lag past the completion; the latest or busiest rank in the traced window."""
 
 
 def withhold_without_every_rank(
-    findings: list[Judgement], missing: list[int]
+    findings: list[Judgement], missing: list[int], replayed: bool
 ) -> tuple[list[Judgement], list[Question]]:
-    """With the traces of some of the run's ranks unread (``missing``: truncated, lost), the findings that weigh the
-    ranks against each other withheld: the ranks read waited for the missing ones inside their collectives, and that
-    wait reads as the transfer (a 2-rank run with rank 0's trace truncated said "What to fix first: exposed
-    communication hidden, 56.5%" from rank 1's wait for rank 0). Findings of one rank's own (low utilisation, data
-    loading, launch-bound, the profiler's slowdown) stay.
+    """With the traces of some of the run's ranks not read (``missing``: not given, truncated, lost), the findings that
+    weigh the ranks' traces against each other withheld, and the what-if replay (``replayed``): the ranks read waited
+    for the missing ones inside their collectives, and that wait reads as the transfer (a 2-rank run with rank 0's
+    trace truncated said "What to fix first: exposed communication hidden, 56.5%" from rank 1's wait for rank 0).
+    What the step timer decided over the run (every rank's records) stays, as do one rank's own findings (GPU
+    utilisation, data loading, launch-bound, the profiler's slowdown).
 
     Returns:
-        The findings kept, and the withheld ones as undecided questions.
+        The findings kept, and the withheld ones as undecided questions (the replay's last).
     """
     if not missing:
         return findings, []
     kept, withheld = [], []
     for f in findings:
-        if f.kind in PEER_DEPENDENT:
+        if f.kind in PEER_DEPENDENT and f.basis == TRACE:
             withheld.append(Question(question=f.kind, ranks=list(f.ranks), basis=f.basis, steps=f.steps, withheld=f,
                                      missing=list(missing)))
         else:
             kept.append(f)
+    if replayed:
+        withheld.append(Question(question="what_if", ranks=[], basis=TRACE, steps=None, missing=list(missing)))
     return kept, withheld

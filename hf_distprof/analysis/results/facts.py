@@ -361,3 +361,5 @@ class Judged:
     slowest: tuple[int | None, str | None] = (None, None)
     """The rank the answer calls slowest, and what names it (:func:`hf_distprof.analysis.judge.findings.
     slowest_rank`)."""
+    unread: list[int] = field(default_factory=list)
+    """The ranks whose traces the run's manifest lists and the analysis did not read (not given, or unreadable)."""

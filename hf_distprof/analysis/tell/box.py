@@ -13,7 +13,7 @@ import textwrap
 
 from hf_distprof.analysis.results.findings import Finding
 from hf_distprof.analysis.results.result import AnalysisResult
-from hf_distprof.core.text import SHOWN_PCT, step_base, who
+from hf_distprof.core.text import SHOWN_PCT, format_ranks, step_base, who
 from hf_distprof.core.verdicts import QUIET_WHY
 
 NO_FINDING = "nothing crosses its threshold in most steps, beyond the run's own noise"
@@ -37,16 +37,16 @@ def _fields(result: AnalysisResult) -> list[tuple[str, str]]:
 
 
 def _skipped(result: AnalysisResult) -> list[tuple[str, str]]:
-    """The trace files that could not be read, and how many of the run's ranks the answer covers: a 2-rank run with
-    one trace truncated read "no finding" with nothing saying that half the ranks were missing."""
+    """The files that could not be read, and the ranks the answer does not cover: a 2-rank run with one trace truncated
+    read "no finding" with nothing saying that half the ranks were missing."""
     if not result.errors:
         return []
-    world = result.run.world_size if result.run is not None else None
     read = len(result.ranks)
-    covers = f"the answer covers {read} of the run's {world} ranks" if world and world > read else \
+    covers = (f"no trace of {format_ranks(result.unread_ranks)} read: the answer covers the "
+              f"{read} rank{'s' if read != 1 else ''} read") if result.unread_ranks else \
         f"the answer covers the {read} rank{'s' if read != 1 else ''} read"
     # The files and their reasons are said once, where the errors are (the CLI's stderr, the report's list).
-    return [("Skipped", f"{len(result.errors)} trace file(s) could not be read; {covers}")]
+    return [("Skipped", f"{len(result.errors)} file(s) could not be read; {covers}")]
 
 
 def _answer(result: AnalysisResult) -> list[tuple[str, str]]:
@@ -74,8 +74,8 @@ def _answer(result: AnalysisResult) -> list[tuple[str, str]]:
     verdicts = (("straggler", cross.straggler_verdict), ("imbalance", cross.imbalance_verdict)) if cross else ()
     quiet = [f"{name} {v.status}" for name, v in verdicts if v is not None]
     slowest = _slowest(result)
-    world = result.run.world_size if result.run is not None else None
-    among = f" in the {len(result.ranks)} of {world} ranks read" if world and world > len(result.ranks) else ""
+    # Ranks the manifest lists and the analysis did not read (not those --profile-ranks left untraced).
+    among = f" in the ranks read ({format_ranks(result.unread_ranks)}: no trace read)" if result.unread_ranks else ""
     return [("Verdict", f"no finding{among}: {NO_FINDING}"),
             ("Why", figures + (f"; verdicts: {', '.join(quiet)}" if quiet else "") + slowest),
             ("Try", _largest_saving(result))]

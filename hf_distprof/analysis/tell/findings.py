@@ -37,7 +37,7 @@ from hf_distprof.analysis.results.findings import STEP_TIMER, TRACE_AND_TIMER, F
 from hf_distprof.analysis.results.whatif import WhatIfModel, WhatIfScenario
 from hf_distprof.core.advice import PHASE_NAMES, phase_advice
 from hf_distprof.core.cause import Attribution, cause_action, cause_title, cause_why
-from hf_distprof.core.text import SHOWN_PCT, format_bytes, step_base
+from hf_distprof.core.text import SHOWN_PCT, format_bytes, format_ranks, step_base
 
 
 @dataclass
@@ -545,14 +545,16 @@ _WRITERS = {
 
 def undecided(q: Question) -> Undecided:
     """A question the run could not decide, in words."""
-    if q.withheld is not None and q.missing:
-        title = write(q.withheld).title
-        unread = f"rank{'s' if len(q.missing) > 1 else ''} {', '.join(map(str, q.missing))}"
-        why = (f"the trace{'s' if len(q.missing) > 1 else ''} of {unread} could not be read, so the other ranks' time "
-               f"in collectives cannot be told apart into waiting for {unread} and the transfer")
-        return Undecided(question=q.question, reason=f"{title} withheld: {why}", why=f"{title} withheld: {why}",
-                         ranks=q.ranks, basis=q.basis, steps=q.steps,
-                         to_decide=f"analyse the run with {unread}'s trace (the skipped files are named)")
+    if q.missing:
+        unread = format_ranks(q.missing)
+        what = write(q.withheld).title if q.withheld is not None else "The what-if replay across ranks"
+        traces = "the traces of" if len(q.missing) > 1 else "the trace of"
+        why = (f"{what} withheld: {traces} {unread} {'are' if len(q.missing) > 1 else 'is'} not among those read (not "
+               f"given, or could not be read), so the other ranks' time in collectives cannot be told apart into "
+               f"waiting for {unread} and the transfer")
+        return Undecided(question=q.question, reason=why, why=why, ranks=q.ranks, basis=q.basis, steps=q.steps,
+                         to_decide=f"analyse the run with the trace{'s' if len(q.missing) > 1 else ''} of {unread} "
+                                   "(a file that could not be read is named with its reason)")
     if q.withheld is not None:
         title = write(q.withheld).title
         why = (f"the traced steps ran {q.ratio:.2f}x slower than the rest of the run, and over the untraced steps the "
