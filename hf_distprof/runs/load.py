@@ -301,7 +301,7 @@ def load_run(
     if analysis is None and traced and analyze is not None:
         try:
             analysis = analyze(folder)
-        except OSError as err:
+        except (OSError, ValueError) as err:  # ValueError: the folder holds the traces of two runs
             raise RunFolderError(f"{folder}: its traces cannot be analysed ({err})") from err
     if warmup_steps is None:
         warmup_steps = int((summary or {}).get("warmup_steps_excluded", WARMUP_STEPS))
