@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import sys
 from pathlib import Path
@@ -139,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as exc:
             print(f"hf-distprof analyze: error: --bandwidth-ref: {exc}", file=sys.stderr)
             return 2
+    made = bool(args.report) and not Path(args.report).exists()  # taken back if the analysis stops with an error
     if args.report:  # checked before the analysis, which can take minutes on a large run
         problem = unwritable_folder(Path(args.report))
         if problem:
@@ -151,6 +153,9 @@ def run(args: argparse.Namespace) -> int:
         )
     except (FileNotFoundError, SeveralRunsError) as exc:
         print(f"hf-distprof analyze: error: {exc}", file=sys.stderr)
+        if made:
+            with contextlib.suppress(OSError):
+                Path(args.report).rmdir()  # empty: nothing was written
         return 2
     if args.json:
         sys.stdout.write(result.to_json().decode() + "\n")

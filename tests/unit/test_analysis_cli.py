@@ -332,7 +332,8 @@ def test_the_traces_of_two_runs_are_refused_naming_them(tmp_path: Path, capsys: 
     golden = DATA / "golden" / "cpu_clean_memory"
     for name in ("own", "viarun"):
         shutil.copytree(golden, tmp_path / "P" / name)
-    assert main(["analyze", str(tmp_path / "P"), "--workers", "1"]) == 2
+    assert main(["analyze", str(tmp_path / "P"), "--workers", "1", "--report", str(tmp_path / "rep")]) == 2
+    assert not (tmp_path / "rep").exists()  # made to check it can be written, taken back when nothing was
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == (f"hf-distprof analyze: error: {tmp_path / 'P'} holds the traces of 2 runs ({tmp_path}/P/"
