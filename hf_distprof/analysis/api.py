@@ -119,7 +119,7 @@ def _analyze(ranks: list[RankResult], run: RunInput, options: AnalysisOptions,
     across = compare(ranks, run, reference)
     replay = what_if(ranks, across.alignment, list(reference) if reference else None, across.evidence, across.pace) \
         if ranks else None
-    judged = judge(ranks, across, replay, run.summary, options, _expected_ranks(run))
+    judged = judge(ranks, across, replay, run.summary, options, _expected_ranks(run, ranks))
     findings, undecided, notes, slowdown_line = write_all(judged)
     return AnalysisResult(
         ranks=ranks,
@@ -149,13 +149,17 @@ def _analyze(ranks: list[RankResult], run: RunInput, options: AnalysisOptions,
     )
 
 
-def _expected_ranks(run: RunInput) -> list[int] | None:
+def _expected_ranks(run: RunInput, ranks: list[RankResult]) -> list[int] | None:
     """The ranks whose traces the run's manifest lists: those that took a window (``--profile-ranks`` traces some),
-    else every rank; None without a manifest."""
-    if run.run is None:
-        return None
-    traced = sorted({r for w in run.run.windows for r in w.ranks})
-    return traced or list(range(run.run.world_size))
+    else every rank. Without a manifest, every rank of the world the traces read say they belong to
+    (``distributedInfo.world_size``, when they agree: a loop that profiles rank 0 only, a rank's file left out); None
+    when they say none."""
+    if run.run is not None:
+        traced = sorted({r for w in run.run.windows for r in w.ranks})
+        return traced or list(range(run.run.world_size))
+    sizes = {r.world_size for r in ranks}
+    size = sizes.pop() if len(sizes) == 1 else None
+    return list(range(size)) if isinstance(size, int) and size > 0 else None
 
 
 def _cross_rank(ranks: list[RankResult], across: Across, judged: Judged) -> CrossRankResult | None:

@@ -383,13 +383,32 @@ def test_a_run_with_a_rank_s_trace_unread_withholds_what_weighs_the_ranks(
     assert alone.unread_ranks == [0] and not alone.errors
     assert [u.question for u in alone.undecided] == ["communication_bound", "what_if"]
     assert "Skipped" not in format_box(alone)
-    # Without the manifest no rank is known missing: rank 1's findings stand, the box still counts the skipped file.
+    # Without the manifest the traces say their world (distributedInfo.world_size 2): rank 0 is missing all the same.
     (run / "manifest.json").unlink()
     for part in run.glob("manifest_rank*"):
         part.unlink()
-    unknown = analyze_paths([run], AnalysisOptions(workers=1))
-    assert "communication_bound" in [f.kind for f in unknown.findings] and unknown.unread_ranks == []
-    assert "the answer covers the 1 rank read" in " ".join(format_box(unknown).split())
+    bare = analyze_paths([run], AnalysisOptions(workers=1))
+    assert bare.unread_ranks == [0] and [u.question for u in bare.undecided] == ["communication_bound", "what_if"]
+
+
+def test_the_ranks_expected_come_from_the_manifest_else_the_traces_world() -> None:
+    from types import SimpleNamespace
+
+    from hf_distprof.analysis.api import _expected_ranks
+
+    def run(world: int, windows: list[list[int]] | None) -> SimpleNamespace:
+        manifest = None if windows is None else SimpleNamespace(
+            world_size=world, windows=[SimpleNamespace(ranks=w) for w in windows])
+        return SimpleNamespace(run=manifest)
+
+    def ranks(*worlds: int | None) -> list[SimpleNamespace]:
+        return [SimpleNamespace(world_size=w) for w in worlds]
+
+    assert _expected_ranks(run(8, [[0, 5], [5, 7]]), ranks(8)) == [0, 5, 7]  # --profile-ranks: the windows' ranks
+    assert _expected_ranks(run(4, []), ranks(4)) == [0, 1, 2, 3]  # no window listed: every rank
+    assert _expected_ranks(run(0, None), ranks(4, 4)) == [0, 1, 2, 3]  # no manifest: the traces' world
+    assert _expected_ranks(run(0, None), ranks(4, 2)) is None  # traces that disagree say nothing
+    assert _expected_ranks(run(0, None), ranks(None)) is None  # nor traces without distributedInfo
 
 
 def test_what_the_step_timer_decided_is_not_withheld_for_an_unread_trace() -> None:

@@ -31,13 +31,13 @@ def _op(name: str, ts: float, end: float, tid: int = MAIN) -> dict[str, Any]:
     return _span(name, ts, end, tid, cat="cpu_op")
 
 
-def _write(path: Path, events: list[dict[str, Any]], backend: str) -> Path:
-    info = {"rank": 0, "world_size": 2, "backend": backend}
+def _write(path: Path, events: list[dict[str, Any]], backend: str, world: int = 2) -> Path:
+    info = {"rank": 0, "world_size": world, "backend": backend}
     path.write_bytes(orjson.dumps({"traceEvents": events, "distributedInfo": info}))
     return path
 
 
-def cpu_trace(path: Path) -> Path:
+def cpu_trace(path: Path, world: int = 2) -> Path:
     """One 1000 us step on gloo: three all-gathers, a reduce-scatter (FSDP2) and a plain all-reduce.
 
     - layers.0 forward all-gather [140, 280]: the thread waits in FSDP::all_gather the whole time (140 exposed);
@@ -76,6 +76,7 @@ def cpu_trace(path: Path) -> Path:
             _span("gloo:all_reduce", 920, 960, WORKER),
         ],
         "gloo",
+        world,
     )
 
 
@@ -185,7 +186,13 @@ def test_gpu_collectives_by_kind_with_both_nccl_namings(tmp_path: Path) -> None:
 
 
 def test_unit_table_and_fsdp_findings_on_the_hand_written_cpu_trace(tmp_path: Path) -> None:
-    result = analyze_paths([cpu_trace(tmp_path / "rank0.json")], AnalysisOptions(workers=1))
+    # A 1-rank world: its waits are its own. (One rank of a larger world, alone, has its FSDP findings withheld: its
+    # wait for the others inside the all-gathers cannot be told from the transfer.)
+    alone = analyze_paths([cpu_trace(tmp_path / "rank0.json")], AnalysisOptions(workers=1))
+    assert [u.question for u in alone.undecided] == ["communication_bound", "fsdp_exposed_all_gather",
+                                                      "fsdp_exposed_reduce_scatter", "what_if"]
+    assert alone.unread_ranks == [1] and not alone.findings
+    result = analyze_paths([cpu_trace(tmp_path / "rank0.json", world=1)], AnalysisOptions(workers=1))
     units = [(u.module, u.kind, u.phase, u.count_per_step, u.time_us, u.exposed_us) for u in result.comm_by_module]
     assert units == [
         ("layers.0", "all_gather", "forward", 1, 150, 150),  # with its enqueue, as in the per-kind table
