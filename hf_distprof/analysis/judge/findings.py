@@ -93,9 +93,9 @@ def judge(ranks: list[RankResult], across: Across, replay: WhatIf | None, summar
         summary: The step timer's ``timing_summary.json`` (its verdict and the profiler's slowdown, as the run wrote
             them).
         options: The thresholds.
-        expected: The ranks whose traces the run's manifest lists (those that took a window; else every rank of the
-            run; None without a manifest): those not read withhold the findings that weigh the ranks against each
-            other.
+        expected: The ranks whose traces the run has (its manifest's: those that took a window, else every rank;
+            without a manifest, the world the traces say they belong to; None when unknown): those not read
+            withhold the findings that weigh the ranks' traces against each other, and the replay.
 
     Returns:
         The verdicts, the findings in :func:`in_order`'s order, the questions left undecided (with the findings
