@@ -217,8 +217,8 @@ def test_transfers_at_the_reference_bandwidth(tmp_path: Path) -> None:
 
 def test_the_summary_and_the_report_show_it(slow_loader: AnalysisResult, tmp_path: Path) -> None:
     text = format_summary(slow_loader)
-    assert ("What if (3 traced step(s) replayed across ranks: measured 29.05 ms per step (median over steps of the "
-            "mean over ranks; step-to-step noise 1.48 ms), replayed 29.05 ms; model error +-0.00 ms (the largest "
+    assert ("What if (3 traced step(s) replayed across ranks: measured 29.05 ms per step (mean over steps and ranks; "
+            "step-to-step noise 1.48 ms), replayed 29.05 ms; model error +-0.00 ms (the largest "
             "replay residual of a rank's step); a saving counts when it is larger than the error and the noise (the "
             "smaller of the measured steps' and the predicted steps'), and on a rank's pace only when the traced "
             "window's slow-rank verdict names that rank):") in text
@@ -323,3 +323,97 @@ def test_a_raised_imbalance_verdict_beside_a_quiet_straggler_one_makes_the_rank_
     counted = {s.scenario: s.beyond_noise for s in result.what_if}
     assert counted == {"fastest_pace": True, "slow_rank": True, "hide_communication": True, "no_data_loading": False}
     assert [f.kind for f in result.findings] == ["slow_rank", "what_to_fix_first"]
+
+
+def _async_graph(windows: tuple[int, ...] = (3,)) -> Any:
+    """Two ranks, one all-reduce per step, hand-built as the replay's graph (times in us).
+
+    Rank 0 never waits for the all-reduce: each step it works 13 ms (12 in step 3), arrives, works 2 ms more; steps of
+    15, 15 and 14 ms. Rank 1 works 5 ms, arrives, waits for the completion (the last arrival plus the transfer: 4 ms
+    in step 1, 0.5 ms after), works 1 ms. Rank 0 arrives last in every step, so rank 1 ends step 1 at 18 ms, step 2 at
+    29.5 and step 3 at 43.5: steps of 18, 11.5 and 14 ms. ``windows``: how many steps each traced window holds (a
+    window's first step starts at its measured time)."""
+    from hf_distprof.analysis.results.rank import RankTimeline
+    from hf_distprof.analysis.whatif.replay import Graph
+
+    transfer_ms, own = [4.0, 0.5, 0.5], [(13.0, 2.0), (13.0, 2.0), (12.0, 2.0)]
+    keys = [(s, "all_reduce", 0) for s in (1, 2, 3)]
+    t_rank0, t = [], 0.0
+    for before, after in own:
+        t_rank0.append((t, t + before, t + before + after))
+        t += before + after
+    lines: list[list[tuple[int, int, float, int, float, int]]] = [[], []]  # kind, step, t, pred, work, collective
+    first = {sum(windows[:k]) + 1 for k in range(len(windows))}
+    end1 = 0.0
+    for s, ((start0, arrive0, end0), transfer) in enumerate(zip(t_rank0, transfer_ms), start=1):
+        for r in (0, 1):
+            line = lines[r]
+            pred = -1 if s in first else len(line) - 1
+            if r == 0:
+                line += [(START, s, start0, pred, 0.0, -1), (ARRIVE, s, arrive0, len(line), own[s - 1][0], s - 1),
+                         (END, s, end0, len(line) + 1, own[s - 1][1], -1)]
+            else:
+                start1 = end1
+                done = max(start1 + 5.0, arrive0) + transfer
+                end1 = done + 1.0
+                line += [(START, s, start1, pred, 0.0, -1), (ARRIVE, s, start1 + 5.0, len(line), 5.0, s - 1),
+                         (RELEASE, s, done, len(line) + 1, 0.0, s - 1), (END, s, end1, len(line) + 2, 1.0, -1)]
+    tls, work, dep, dep_id, arrive_id, arrive_at, starts, ends = [], [], [], [], [], [], [], []
+    for line in lines:
+        tl = RankTimeline()
+        for kind, s, at, pred, w, c in line:
+            gated = kind == RELEASE
+            tl.kind.append(kind), tl.step.append(s), tl.t.append(1e3 * at), tl.pred.append(pred)
+            tl.work.append(1e3 * w), tl.key.append(keys[c] if kind == ARRIVE else None)
+            tl.dep.append(keys[c] if gated else None), tl.wake.append(0.0), tl.loading.append(0.0)
+            tl.phases.append(()), tl.end.append(0.0), tl.main.append(True)
+        tls.append(tl)
+        work.append(list(tl.work))
+        dep.append(list(tl.dep))
+        dep_id.append([c if kind == RELEASE else -1 for kind, _, _, _, _, c in line])
+        arrive_id.append([c if kind == ARRIVE else -1 for kind, _, _, _, _, c in line])
+        arrive_at.append({keys[c]: i for i, (kind, _, _, _, _, c) in enumerate(line) if kind == ARRIVE})
+        starts.append({s: i for i, (kind, s, _, _, _, _) in enumerate(line) if kind == START})
+        ends.append({s: i for i, (kind, s, _, _, _, _) in enumerate(line) if kind == END})
+    return Graph(ranks=[0, 1], tl=tls, t0=[list(tl.t) for tl in tls], work=work, dep=dep,
+                 wake=[[0.0] * len(tl) for tl in tls], arrive_at=arrive_at, keys=keys, dep_id=dep_id,
+                 arrive_id=arrive_id, transfer={k: 1e3 * x for k, x in zip(keys, transfer_ms)}, steps=[1, 2, 3],
+                 start_at=starts, end_at=ends, segment=[[None] * len(tl) for tl in tls], bytes_of={})
+
+
+def test_hiding_the_transfers_never_reads_slower() -> None:
+    """The step a scenario predicts is the measured one less how much sooner the traced steps end, not the median of
+    the replayed steps: hiding rank 1's 4 ms transfer in step 1 makes it start step 2 sooner, where it then waits
+    longer for rank 0 (11.5 -> 15 ms); the median step of the mean over ranks went from 14 to 14.5 ms ("no: slower"
+    beside a change that only takes time away), while the three steps end 0.5 ms sooner on rank 1."""
+    from statistics import median
+
+    from hf_distprof.analysis.whatif import replay as wr
+    from hf_distprof.analysis.whatif.model import window_saving
+
+    g = _async_graph()
+    base = wr.replay(g)
+    assert wr.step_times(g, base) == wr.measured_step_times(g) == {
+        1: [15e3, 18e3], 2: [15e3, 11.5e3], 3: [14e3, 14e3]}
+    hidden = wr.replay(g, transfer=dict.fromkeys(g.transfer, 0.0))
+    steps = wr.step_times(g, hidden)
+    assert steps == {1: [15e3, 14e3], 2: [15e3, 15e3], 3: [14e3, 14e3]}
+    assert median(sum(v) / 2 for v in steps.values()) == 14.5e3  # the old statistic: 0.5 ms slower than 14 ms
+    # Rank 0 ends as before, rank 1 0.5 ms sooner (the last step's transfer): 0.5 ms over 3 steps, half of it per rank.
+    assert window_saving(g, base, hidden) == pytest.approx(0.5e3 / 3 / 2)
+    assert window_saving(g, base, base) == 0.0
+
+
+def test_each_window_s_steps_end_sooner_on_their_own() -> None:
+    """Windows of 1 and 2 steps (the second's first step starts at its measured time): rank 1 ends the first window
+    4 ms sooner (its transfer), the second 0.5 ms sooner; 4.5 ms over 3 steps."""
+    from hf_distprof.analysis.whatif import replay as wr
+    from hf_distprof.analysis.whatif.model import window_saving
+
+    g = _async_graph(windows=(1, 2))
+    base = wr.replay(g)
+    assert wr.step_times(g, base) == wr.measured_step_times(g)
+    hidden = wr.replay(g, transfer=dict.fromkeys(g.transfer, 0.0))
+    # Step 2 starts where it was measured: no longer wait, 0.5 ms shorter (its own transfer).
+    assert wr.step_times(g, hidden)[2] == [15e3, 11e3]
+    assert window_saving(g, base, hidden) == pytest.approx(4.5e3 / 3 / 2)

@@ -17,9 +17,12 @@ class WhatIfScenario:
     ranks: list[int]
     """The ranks whose work it changes."""
     step_ms_now: float
-    """Measured: median over steps of the mean over ranks of the step time."""
+    """Measured: the mean over the traced steps and the ranks of the step time."""
     step_ms_predicted: float
+    """``step_ms_now`` less ``saving_ms``."""
     saving_ms: float
+    """How much sooner the replay with the change ends the traced steps than the replay of the measured works, per
+    step, mean over ranks (:func:`hf_distprof.analysis.whatif.model.window_saving`); < 0: later."""
     saving_pct: float
     hours_per_1000_steps: float
     """The saving over 1,000 steps, in hours."""
@@ -72,7 +75,7 @@ class WhatIfScenario:
 
 @dataclass
 class ReplayedRank:
-    """One rank's step time, measured and replayed (medians over the steps)."""
+    """One rank's step time, measured and replayed (means over the steps)."""
 
     rank: int
     step_ms_measured: float

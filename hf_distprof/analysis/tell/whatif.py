@@ -30,7 +30,7 @@ def _header(model: WhatIfModel) -> str:
                   "names that rank")
     return (
         f"{len(model.steps)} traced step(s) replayed across ranks: measured {model.step_ms_measured:.2f} ms per "
-        f"step (median over steps of the mean over ranks; step-to-step noise {_noise(model)}), replayed "
+        f"step (mean over steps and ranks; step-to-step noise {_noise(model)}), replayed "
         f"{model.step_ms_replayed:.2f} ms; model error +-{model.error_ms:.2f} ms (the largest replay residual of a "
         f"rank's step); {counts}"
     )
