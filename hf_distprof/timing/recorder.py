@@ -51,6 +51,8 @@ class StepTiming:
         pre_sync_cpu_wait_s: The part of ``cpu_wait_s`` inside the phases ``pre_sync_s`` counts (the loader's
             ``next()`` calls, each forward and backward compute): what ``own_work_s`` takes out. None when a
             reading is missing; ``own_work_s`` then takes out ``cpu_wait_s``.
+        device_timed: Whether the phases are device time (CUDA events) while ``data_load_s`` is host time: then
+            ``pre_sync_s`` counts the loading only as far as the device waited for it (not a ``jsonl`` key).
     """
 
     step: int
@@ -66,6 +68,7 @@ class StepTiming:
     tokens: int = 0
     cpu_wait_s: float | None = None
     pre_sync_cpu_wait_s: float | None = None
+    device_timed: bool = False
 
     @property
     def pre_sync_s(self) -> float:
@@ -73,9 +76,22 @@ class StepTiming:
 
         Data loading + forward + the compute part of backward. Under DDP every rank's ``step_s`` is the
         same, because the fast ranks wait inside the sync for the slow one; this sum is what differs.
+
+        On a GPU the loader's ``next()`` runs on the host while the device may still be busy with the previous
+        step's queued work: only the part of it the device waited for is the rank's. That is at most the device's
+        own data wait (``data_s``, between the previous step's end and this step's start on the device): a loader the
+        device hid entirely adds nothing, rather than its host seconds added to device seconds (which counted the
+        overlap twice and made a rank with a slow but hidden loader the slow rank).
         """
-        data = self.data_load_s if self.data_load_s is not None else self.data_s
-        return data + (self.forward_s or 0.0) + (self.backward_compute_s or 0.0)
+        return self.pre_sync_data_s + (self.forward_s or 0.0) + (self.backward_compute_s or 0.0)
+
+    @property
+    def pre_sync_data_s(self) -> float:
+        """The data loading ``pre_sync_s`` counts: ``data_load_s`` (``data_s`` without it); on a GPU at most
+        ``data_s``, the device's own wait for the step's data."""
+        if self.data_load_s is None:
+            return self.data_s
+        return min(self.data_load_s, self.data_s) if self.device_timed else self.data_load_s
 
     @property
     def own_work_s(self) -> float:
@@ -111,7 +127,7 @@ class StepTiming:
         return out
 
 
-_TIMING_FIELDS = tuple(f.name for f in dataclasses.fields(StepTiming))
+_TIMING_FIELDS = tuple(f.name for f in dataclasses.fields(StepTiming) if f.name != "device_timed")
 
 
 class _Micro:
@@ -504,6 +520,7 @@ class StepRecorder:
             cpu_wait_s=waited(sec(m.run_queue_begin), sec(m.run_queue_end)),
             pre_sync_cpu_wait_s=_pre_sync_wait(m, complete_fwd, complete_fwd and complete_grad, sec)
             if self._phase_waits else None,
+            device_timed=not self._cheap,
         )
 
 

@@ -201,8 +201,12 @@ class CrossRankReport:
 
 
 def _phase_components(rank: RankSummary) -> dict[str, float]:
-    data = rank.data_load_s if rank.data_load_s is not None else rank.data_s
-    return {"data": data or 0.0, "forward": rank.forward_s or 0.0, "backward": rank.backward_compute_s or 0.0}
+    forward, backward = rank.forward_s or 0.0, rank.backward_compute_s or 0.0
+    if rank.pre_sync_s is not None:  # the loading the pre-sync time counted (on a GPU, what the device waited for)
+        data: float | None = max(0.0, rank.pre_sync_s - forward - backward)
+    else:
+        data = rank.data_load_s if rank.data_load_s is not None else rank.data_s
+    return {"data": data or 0.0, "forward": forward, "backward": backward}
 
 
 def _slowest_phase(ranks: Sequence[RankSummary], slow: RankSummary) -> tuple[str, float]:
@@ -462,7 +466,7 @@ def step_row(timing: StepTiming, host_timed: bool) -> list[float]:
     device times) the work is the pre-sync time and no wait for a CPU is taken out."""
     pre = timing.pre_sync_s
     work = timing.own_work_s if host_timed else pre
-    data = timing.data_load_s if timing.data_load_s is not None else timing.data_s
+    data = timing.pre_sync_data_s
     # The wait for a CPU is what the own work took out of the pre-sync time (what the records say too).
     return [timing.step, timing.step_s, work, timing.own_step_s if host_timed else timing.step_s, pre, pre - work,
             data, max(0.0, work - data), float(timing.tokens), float(timing.samples)]

@@ -140,6 +140,22 @@ def test_slowest_phase_reads_data_load_when_measured_else_data():
     fast.data_load_s = slow.data_load_s = None  # not measured: the whole data phase (0.3 s on both) counts
     slow.forward_s = 0.35
     assert _slowest_phase([fast, slow], slow) == ("forward", pytest.approx(0.25))
+    # On a GPU: rank 1's loader takes 0.5 s on the host, of which the device waits 0.1 s (the rest it spends on the
+    # previous step's queued work); its forward is 0.2 s slower. The slower phase is the forward, not the loading.
+    from hf_distprof.timing.report import PhaseTotals
+    from hf_distprof.timing.recorder import StepTiming
+
+    def gpu_rank(rank: int, load: float, fwd: float) -> RankSummary:
+        totals = PhaseTotals()
+        for step in range(2, 12):
+            totals.add(StepTiming(step=step, data_s=0.1, forward_s=fwd, backward_s=0.5, optimizer_s=0.05, step_s=1.0,
+                                  data_load_s=load, backward_compute_s=0.3, micro_batches=1, samples=8, tokens=64,
+                                  device_timed=True))
+        return totals.to_rank_summary(rank, "host", None)
+
+    gpu_fast, gpu_slow = gpu_rank(0, 0.05, 0.2), gpu_rank(1, 0.5, 0.4)
+    assert _phase_components(gpu_slow) == pytest.approx({"data": 0.1, "forward": 0.4, "backward": 0.3})
+    assert _slowest_phase([gpu_fast, gpu_slow], gpu_slow) == ("forward", pytest.approx(0.2))
     assert _phase_components(RankSummary(rank=0, host="h", steps=1, total_s=1.0, samples=1, tokens=1,
                                          samples_per_s=1.0, tokens_per_s=1.0, peak_memory_bytes=None)) == {
         "data": 0.0, "forward": 0.0, "backward": 0.0}

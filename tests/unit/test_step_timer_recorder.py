@@ -58,7 +58,8 @@ class FakeEvent:
 
     def record(self, stream: object = None) -> None:
         self.log["record"] += 1
-        self.time = self.t.now
+        # The device reaches the event once the work queued before it is done (``busy_until``: none by default).
+        self.time = max(self.t.now, self.log.get("busy_until", self.t.now))
 
     def query(self) -> bool:
         """Completed: recorded at or before the time the fake device has reached; True for an event never recorded
@@ -247,6 +248,59 @@ def test_cuda_path_records_events_and_reads_them_only_on_resolve():
     # begin, 2x(fwd begin, fwd end, one grad event, bwd end), pre_opt shares the last bwd end, opt, end,
     # next boundary: far fewer than one event per gradient hook call (8 per step).
     assert records_in_3_steps <= 3 * (2 + 2 * 4 + 3)
+
+
+def test_on_a_gpu_the_pre_sync_time_counts_the_loading_only_as_far_as_the_device_waited_for_it():
+    """The loader's next() (host, 0.5 s) runs while the device still runs the optimizer's kernels (0.4 s past the
+    host's optimizer call): the device waits 0.1 s for the data. Host loading added to device phases counted the
+    0.4 s twice, and the step's wait (its 0.25 s all-reduce) came out at nothing."""
+    from hf_distprof.timing.report import step_row
+
+    t = Timeline()
+    clock, log = fake_cuda_clock(t)
+    rec = StepRecorder(clock, loader_timed=True)
+    rec.boundary()
+    for step in (1, 2, 3):
+        t.advance(0.5)
+        rec.add_load_time(0.5)
+        rec.step_begin()
+        rec.forward_begin(samples=4, tokens=16)
+        t.advance(1.0)
+        rec.forward_end()
+        for _ in range(2):
+            t.advance(1.0)
+            rec.grad_ready()
+        t.advance(0.25)  # the gradient all-reduce
+        rec.optimizer_begin()
+        log["busy_until"] = t.now + 0.525  # the optimizer's kernels: 0.525 s on the device, 0.125 s to launch
+        t.advance(0.125)
+        rec.optimizer_end()
+        rec.step_end(step)
+    first, second, third = rec.resolve()
+    # The first step's data wait starts at the boundary, with the device idle: all of the loading was waited for.
+    assert (first.data_load_s, first.data_s, first.pre_sync_data_s) == (0.5, pytest.approx(0.5), pytest.approx(0.5))
+    for timing in (second, third):
+        assert (timing.data_load_s, timing.data_s) == (0.5, pytest.approx(0.1))
+        assert timing.optimizer_s == pytest.approx(0.525) and timing.step_s == pytest.approx(3.875)
+        assert timing.pre_sync_data_s == pytest.approx(0.1)
+        assert timing.pre_sync_s == pytest.approx(0.1 + 1.0 + 2.0)
+        assert timing.wait_s == pytest.approx(0.25)
+        row = timing.to_json()
+        assert "device_timed" not in row and row["pre_sync_s"] == pytest.approx(3.1)
+        # What the live verdict weighs: the data part and the compute part apart.
+        assert step_row(timing, host_timed=False)[4:8] == [pytest.approx(3.1), 0.0, pytest.approx(0.1),
+                                                          pytest.approx(3.0)]
+    # On the CPU's clock the loading is host time like every phase: all of it counts.
+    cpu = StepRecorder(FakeCpuClock(t), loader_timed=True)
+    cpu.boundary()
+    t.advance(0.5)
+    cpu.add_load_time(0.5)
+    cpu.step_begin()
+    cpu.optimizer_begin()
+    cpu.optimizer_end()
+    cpu.step_end(1)
+    (only,) = cpu.resolve()
+    assert (only.pre_sync_data_s, only.pre_sync_s) == (0.5, 0.5)
 
 
 def test_cuda_events_are_pooled_across_logging_windows():

@@ -98,3 +98,16 @@ def test_the_verdict_keeps_the_latest_steps_the_timer_keeps(tmp_path: Path) -> N
         (tmp_path / f"timing_rank{rank}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     got = verdict(read_timer_records([tmp_path / "x.json"]), 10.0)
     assert got is not None and (got.steps, got.effect_pct, got.status) == (kept, 0.0, "quiet")
+
+
+def test_a_gpu_s_records_count_the_loading_the_device_waited_for(tmp_path: Path) -> None:
+    # A GPU's rows: the loader's next() took 0.5 s on the host, the device waited 0.1 s for the data (the rest it spent
+    # on the previous step's queued work); the live timer's pre-sync time counts 0.1 s of loading, and so must the
+    # parts the analysis reads back (data, then compute): 0.4 s of data once read as compute here.
+    for rank in (0, 1):
+        rows = [{"step": step, "step_s": 3.875, "data_s": 0.1, "data_load_s": 0.5, "forward_s": 1.0,
+                 "backward_compute_s": 2.0, "pre_sync_s": 3.1, "own_work_s": 3.1, "tokens": 64, "samples": 4,
+                 "warmup": step == 1, "traced": False} for step in range(1, 6)]
+        (tmp_path / f"timing_rank{rank}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    figures = timer_figures(read_timer_records([tmp_path / "rank0_host_step8-10.pt.trace.json.gz"]), set())
+    assert figures.parts[1][3] == (3.1, 0.0, 0.1, pytest.approx(3.0), 64.0, 4.0)

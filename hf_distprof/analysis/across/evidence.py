@@ -93,8 +93,11 @@ def _parts(records: TimerRecords) -> dict[int, dict[int, tuple[float, ...]]]:
     for rank, steps in records.rows.items():
         for step, row in steps.items():
             pre, work = _number(row.get("pre_sync_s")), _number(row.get("own_work_s"))
-            data = _number(row.get("data_load_s"))
-            data = data if data is not None else _number(row.get("data_s"))
+            data, wait = _number(row.get("data_load_s")), _number(row.get("data_s"))
+            # The loading the rank's pre-sync time counts (StepTiming.pre_sync_data_s): on a GPU, at most the
+            # device's wait for the data (on CPU the loading is part of that wait, outside a train() call's first
+            # step, which is left out).
+            data = wait if data is None else data if wait is None else min(data, wait)
             if pre is None or work is None or data is None:
                 continue
             tokens, samples = _number(row.get("tokens")) or 0.0, _number(row.get("samples")) or 0.0
