@@ -123,7 +123,8 @@ def test_each_scenario_replays_the_steps_with_one_change(slow_loader: AnalysisRe
     assert first.saving_pct == pytest.approx(100 * 21 / 29.05)
     assert first.hours_per_1000_steps == pytest.approx(21.0 / 3600)  # 21 ms x 1,000 steps = 21 s
     assert first.error_ms == pytest.approx(0.0, abs=1e-9)
-    assert first.saving_pct_per_step == pytest.approx([100 * 21 / 29.05, 100 * 22 / 30.05, 100 * 20 / 28.05])
+    # By each step's end, the saving so far of the time since the window began: 21 of 29.05, 43 of 59.1, 63 of 87.15 ms.
+    assert first.saving_pct_per_step == pytest.approx([100 * 21 / 29.05, 100 * 43 / 59.1, 100 * 63 / 87.15])
     # Judged against the smaller of the measured steps' noise (1.4826 ms) and the predicted steps': without loading
     # every step is 8.05 ms (no noise); with the transfers hidden the steps still vary as measured (27.05, 28.05,
     # 26.05: 1.4826 ms).
@@ -389,7 +390,7 @@ def test_hiding_the_transfers_never_reads_slower() -> None:
     from statistics import median
 
     from hf_distprof.analysis.whatif import replay as wr
-    from hf_distprof.analysis.whatif.model import window_saving
+    from hf_distprof.analysis.whatif.model import running_saving_pct, window_saving
 
     g = _async_graph()
     base = wr.replay(g)
@@ -402,6 +403,8 @@ def test_hiding_the_transfers_never_reads_slower() -> None:
     # Rank 0 ends as before, rank 1 0.5 ms sooner (the last step's transfer): 0.5 ms over 3 steps, half of it per rank.
     assert window_saving(g, base, hidden) == pytest.approx(0.5e3 / 3 / 2)
     assert window_saving(g, base, base) == 0.0
+    # By each step's end (both ranks): 4 of 33 ms saved, 0.5 of 59.5, 0.5 of 87.5; step 2 alone read -13.2%.
+    assert running_saving_pct(g, base, hidden) == pytest.approx([100 * 4 / 33, 100 * 0.5 / 59.5, 100 * 0.5 / 87.5])
 
 
 def test_each_window_s_steps_end_sooner_on_their_own() -> None:

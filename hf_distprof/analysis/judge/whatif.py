@@ -98,6 +98,6 @@ def what_to_fix_first(answer: WhatIf, threshold_pct: float, on_gpu: bool = True,
         numbers={"step_ms_now": top.step_ms_now, "step_ms_predicted": top.step_ms_predicted,
                  "saving_pct": top.saving_pct, "error_ms": top.error_ms,
                  **({"run_saving_pct": top.run_saving_pct} if top.run_saving_pct is not None else {})},
-        # As for a per-step share: how many of the steps, each replayed on its own, save more than the threshold.
+        # As for a per-step share: by how many of the steps' ends the replay has saved more than the threshold.
         confidence=sum(p > threshold_pct for p in top.saving_pct_per_step) / len(top.saving_pct_per_step),
     )

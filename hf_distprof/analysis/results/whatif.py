@@ -48,7 +48,8 @@ class WhatIfScenario:
     error bar and the noise) or ``verdict`` (a rank's pace the slow-rank verdict does not call real); None when it
     counts."""
     saving_pct_per_step: list[float] = field(default_factory=list)
-    """The saving in each traced step (its replayed step time against the scenario's), in %."""
+    """By each traced step's end, what the scenario has saved so far, in % of the time since its window began (summed
+    over ranks; :func:`hf_distprof.analysis.whatif.model.running_saving_pct`)."""
     run_saving_pct: float | None = None
     """What this rank's pace saves over the run (``slow_rank``, ``fastest_pace`` with the step timer's records): the
     slowest rank's own-work excess per step over its peers (over the fastest rank for ``fastest_pace``), median over
