@@ -53,6 +53,10 @@ class StepTiming:
             reading is missing; ``own_work_s`` then takes out ``cpu_wait_s``.
         device_timed: Whether the phases are device time (CUDA events) while ``data_load_s`` is host time: then
             ``pre_sync_s`` counts the loading only as far as the device waited for it (not a ``jsonl`` key).
+        loader_wait_s: On a GPU, the device's time from the previous step's end to the end of the loader's last
+            ``next()`` (an event recorded there): how long the device waited for the loading, without the Trainer's
+            token-count gather after it, which waits for the slowest rank's loader. None elsewhere (not a ``jsonl``
+            key).
     """
 
     step: int
@@ -69,6 +73,7 @@ class StepTiming:
     cpu_wait_s: float | None = None
     pre_sync_cpu_wait_s: float | None = None
     device_timed: bool = False
+    loader_wait_s: float | None = None
 
     @property
     def pre_sync_s(self) -> float:
@@ -87,11 +92,13 @@ class StepTiming:
 
     @property
     def pre_sync_data_s(self) -> float:
-        """The data loading ``pre_sync_s`` counts: ``data_load_s`` (``data_s`` without it); on a GPU at most
-        ``data_s``, the device's own wait for the step's data."""
+        """The data loading ``pre_sync_s`` counts: ``data_load_s`` (``data_s`` without it); on a GPU at most the
+        device's wait for it (``loader_wait_s``, else ``data_s``, which also holds the token-count gather)."""
         if self.data_load_s is None:
             return self.data_s
-        return min(self.data_load_s, self.data_s) if self.device_timed else self.data_load_s
+        if not self.device_timed:
+            return self.data_load_s
+        return min(self.data_load_s, self.loader_wait_s if self.loader_wait_s is not None else self.data_s)
 
     @property
     def own_work_s(self) -> float:
@@ -127,7 +134,8 @@ class StepTiming:
         return out
 
 
-_TIMING_FIELDS = tuple(f.name for f in dataclasses.fields(StepTiming) if f.name != "device_timed")
+_NOT_WRITTEN = ("device_timed", "loader_wait_s")
+_TIMING_FIELDS = tuple(f.name for f in dataclasses.fields(StepTiming) if f.name not in _NOT_WRITTEN)
 
 
 class _Micro:
@@ -156,7 +164,7 @@ class _Marks:
     """One optimizer step's marks; recycled like :class:`_Micro`."""
 
     __slots__ = ("prev_end", "begin", "load_s", "micros", "pre_opt", "opt", "end", "step", "samples", "tokens",
-                 "run_queue_begin", "run_queue_end", "run_queue_step", "load_waits")
+                 "run_queue_begin", "run_queue_end", "run_queue_step", "load_waits", "load_end")
 
     def __init__(self) -> None:
         self.micros: list[_Micro] = []
@@ -165,6 +173,7 @@ class _Marks:
 
     def reset(self, prev_end: Mark, begin: Mark, load_s: float | None) -> None:
         self.prev_end, self.begin, self.load_s = prev_end, begin, load_s
+        self.load_end: Mark = None  # on a GPU: the loader's last next() returned (an event)
         self.micros.clear()
         self.tokens.clear()
         self.pre_opt: Mark = None
@@ -178,7 +187,7 @@ class _Marks:
         self.run_queue_step: Any = None
 
     def all_marks(self) -> list[Mark]:
-        marks = [self.prev_end, self.begin, self.pre_opt, self.opt, self.end]
+        marks = [self.prev_end, self.begin, self.pre_opt, self.opt, self.end, self.load_end]
         for m in self.micros:
             marks += [m.fwd_begin, m.fwd_end, m.grad, m.bwd_end]
         return marks
@@ -223,6 +232,7 @@ class StepRecorder:
         self._load_calls = 0
         self._load_waits: list[Any] = []
         self._first_fetch: Any = None  # the run queue at the first loader next() since the last step began
+        self._load_end: Mark = None  # on a GPU: an event at the end of the last loader next() since the last step
         self._current: _Marks | None = None
         self._pending: list[_Marks] = []
         self._free: list[_Marks] = []
@@ -273,6 +283,10 @@ class StepRecorder:
         """
         self._load_s += seconds
         self._load_calls += 1
+        if not self._cheap:  # on a GPU: where the device's wait for the loading ends (the last call's end counts)
+            old, self._load_end = self._load_end, self._mark()
+            if old is not None:
+                self.clock.release([old])
         if self._phase_waits:
             if len(self._load_waits) % 2:  # its fetch_begin was read: close the pair
                 self._load_waits.append(self._raw())
@@ -288,6 +302,12 @@ class StepRecorder:
         load = self._load_s if self.loader_timed and self._load_calls else None
         slot = self._free.pop() if self._free else _Marks()
         slot.reset(self._prev_end, self._mark(), load)
+        if self._load_end is not None:
+            if load is not None:
+                slot.load_end = self._load_end
+            else:
+                self.clock.release([self._load_end])
+            self._load_end = None
         slot.load_waits, self._load_waits = self._load_waits, slot.load_waits
         self._load_waits.clear()
         if self.run_queue is not None:
@@ -521,6 +541,7 @@ class StepRecorder:
             pre_sync_cpu_wait_s=_pre_sync_wait(m, complete_fwd, complete_fwd and complete_grad, sec)
             if self._phase_waits else None,
             device_timed=not self._cheap,
+            loader_wait_s=el(start, m.load_end) if m.load_end is not None and m.prev_end is not None else None,
         )
 
 

@@ -202,10 +202,13 @@ class CrossRankReport:
 
 def _phase_components(rank: RankSummary) -> dict[str, float]:
     forward, backward = rank.forward_s or 0.0, rank.backward_compute_s or 0.0
-    if rank.pre_sync_s is not None:  # the loading the pre-sync time counted (on a GPU, what the device waited for)
-        data: float | None = max(0.0, rank.pre_sync_s - forward - backward)
-    else:
-        data = rank.data_load_s if rank.data_load_s is not None else rank.data_s
+    data = rank.data_load_s if rank.data_load_s is not None else rank.data_s
+    if None not in (rank.pre_sync_s, rank.forward_s, rank.backward_compute_s):
+        # The loading the pre-sync time counted (on a GPU, what the device waited for). (A mean is None unless its
+        # phase was measured in every step: then the difference would take that phase's other steps for loading.)
+        data = max(0.0, (rank.pre_sync_s or 0.0) - forward - backward)
+    elif data is not None and rank.data_s is not None:
+        data = min(data, rank.data_s)
     return {"data": data or 0.0, "forward": forward, "backward": backward}
 
 

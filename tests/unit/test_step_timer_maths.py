@@ -156,6 +156,17 @@ def test_slowest_phase_reads_data_load_when_measured_else_data():
     gpu_fast, gpu_slow = gpu_rank(0, 0.05, 0.2), gpu_rank(1, 0.5, 0.4)
     assert _phase_components(gpu_slow) == pytest.approx({"data": 0.1, "forward": 0.4, "backward": 0.3})
     assert _slowest_phase([gpu_fast, gpu_slow], gpu_slow) == ("forward", pytest.approx(0.2))
+    # A step without its backward compute (the gradient count changed) leaves that mean unknown: the loading is then
+    # not what the pre-sync time holds beyond the other means (it would take in the other steps' backward), but the
+    # loader's time capped by the data wait.
+    totals = PhaseTotals()
+    for step in range(2, 6):
+        totals.add(StepTiming(step=step, data_s=0.1, forward_s=0.2, backward_s=0.5, optimizer_s=0.05, step_s=1.0,
+                              data_load_s=0.002, backward_compute_s=None if step == 3 else 0.3, micro_batches=1,
+                              samples=8, tokens=64, device_timed=True))
+    partial = totals.to_rank_summary(2, "host", None)
+    assert partial.backward_compute_s is None
+    assert _phase_components(partial) == {"data": 0.002, "forward": 0.2, "backward": 0.0}
     assert _phase_components(RankSummary(rank=0, host="h", steps=1, total_s=1.0, samples=1, tokens=1,
                                          samples_per_s=1.0, tokens_per_s=1.0, peak_memory_bytes=None)) == {
         "data": 0.0, "forward": 0.0, "backward": 0.0}

@@ -97,9 +97,14 @@ def run_step(
     sync: float = 0.25,
     opt: float = 0.125,
     tokens: object = 16,
+    loads: int = 0,
 ) -> None:
-    """One optimizer step: data, ``micro`` x (forward, backward with ``params`` grad hooks), optimizer."""
-    t.advance(data)
+    """One optimizer step: data (``loads`` timed loader calls in it), ``micro`` x (forward, backward with ``params``
+    grad hooks), optimizer."""
+    for _ in range(loads):
+        t.advance(data / loads)
+        rec.add_load_time(data / loads)
+    t.advance(0.0 if loads else data)
     rec.step_begin()
     for i in range(micro):
         rec.forward_begin(samples=4, tokens=tokens)
@@ -252,8 +257,10 @@ def test_cuda_path_records_events_and_reads_them_only_on_resolve():
 
 def test_on_a_gpu_the_pre_sync_time_counts_the_loading_only_as_far_as_the_device_waited_for_it():
     """The loader's next() (host, 0.5 s) runs while the device still runs the optimizer's kernels (0.4 s past the
-    host's optimizer call): the device waits 0.1 s for the data. Host loading added to device phases counted the
-    0.4 s twice, and the step's wait (its 0.25 s all-reduce) came out at nothing."""
+    host's optimizer call): the device waits 0.1 s for the data. Then the Trainer's token-count gather waits 0.3 s on
+    the device for a peer's loader (the host blocks on its result). Host loading added to device phases counted the
+    0.4 s twice, and the step's wait for its peers (the gather, the 0.25 s all-reduce) came out at 0.15 s; capped at
+    the device's whole data wait (0.4 s) it would take the gather for this rank's loading."""
     from hf_distprof.timing.report import step_row
 
     t = Timeline()
@@ -263,6 +270,8 @@ def test_on_a_gpu_the_pre_sync_time_counts_the_loading_only_as_far_as_the_device
     for step in (1, 2, 3):
         t.advance(0.5)
         rec.add_load_time(0.5)
+        log["busy_until"] = t.now + 0.3  # the token-count gather, waiting for a peer on the device
+        t.advance(0.3)
         rec.step_begin()
         rec.forward_begin(samples=4, tokens=16)
         t.advance(1.0)
@@ -278,18 +287,22 @@ def test_on_a_gpu_the_pre_sync_time_counts_the_loading_only_as_far_as_the_device
         rec.step_end(step)
     first, second, third = rec.resolve()
     # The first step's data wait starts at the boundary, with the device idle: all of the loading was waited for.
-    assert (first.data_load_s, first.data_s, first.pre_sync_data_s) == (0.5, pytest.approx(0.5), pytest.approx(0.5))
+    assert (first.data_load_s, first.loader_wait_s, first.pre_sync_data_s) == (0.5, pytest.approx(0.5),
+                                                                               pytest.approx(0.5))
     for timing in (second, third):
-        assert (timing.data_load_s, timing.data_s) == (0.5, pytest.approx(0.1))
-        assert timing.optimizer_s == pytest.approx(0.525) and timing.step_s == pytest.approx(3.875)
+        assert (timing.data_load_s, timing.data_s, timing.loader_wait_s) == (0.5, pytest.approx(0.4),
+                                                                             pytest.approx(0.1))
+        assert timing.optimizer_s == pytest.approx(0.525) and timing.step_s == pytest.approx(4.175)
         assert timing.pre_sync_data_s == pytest.approx(0.1)
         assert timing.pre_sync_s == pytest.approx(0.1 + 1.0 + 2.0)
-        assert timing.wait_s == pytest.approx(0.25)
+        assert timing.wait_s == pytest.approx(0.3 + 0.25)
         row = timing.to_json()
-        assert "device_timed" not in row and row["pre_sync_s"] == pytest.approx(3.1)
+        assert "device_timed" not in row and "loader_wait_s" not in row and row["pre_sync_s"] == pytest.approx(3.1)
         # What the live verdict weighs: the data part and the compute part apart.
         assert step_row(timing, host_timed=False)[4:8] == [pytest.approx(3.1), 0.0, pytest.approx(0.1),
                                                           pytest.approx(3.0)]
+    # Without the loader's event (a timing made elsewhere) the cap is the device's whole data wait.
+    assert dataclasses.replace(second, loader_wait_s=None).pre_sync_data_s == pytest.approx(0.4)
     # On the CPU's clock the loading is host time like every phase: all of it counts.
     cpu = StepRecorder(FakeCpuClock(t), loader_timed=True)
     cpu.boundary()
@@ -626,6 +639,26 @@ def test_no_cuda_event_goes_back_to_the_pool_twice_and_every_window_times_right(
         # data 0.5 + 2 x (fwd 1 + bwd 2 + sync 0.25) + opt 0.125, every step, every window
         assert [s.step_s for s in steps] == pytest.approx([7.125] * 3)
         assert [s.data_s for s in steps[1:]] == pytest.approx([0.5] * 2)
+
+
+def test_the_loaders_events_go_back_to_the_pool_once_and_none_leaks():
+    # On a GPU every timed next() records an event (the last one's counts): the earlier ones, and the last once its step
+    # is read, go back to the pool, each once; a steady state allocates no new event.
+    t = Timeline()
+    clock, log = fake_cuda_clock(t)
+    rec = StepRecorder(clock, loader_timed=True)
+    rec.boundary()
+    log["device_at"] = float("inf")
+    created = []
+    for window in range(4):
+        for step in range(3):
+            run_step(rec, t, step=window * 3 + step + 1, micro=2, params=3, loads=2)
+        steps = rec.resolve()
+        pool = clock._pool
+        assert len(pool) == len({id(e) for e in pool}), f"window {window}: an event is in the pool twice"
+        assert [s.loader_wait_s for s in steps] == pytest.approx([0.5] * 3)
+        created.append(FakeEvent.created)
+    assert created[-1] == created[-2]
 
 
 def test_an_abandoned_step_gives_each_of_its_events_back_once():

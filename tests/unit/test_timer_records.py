@@ -101,13 +101,22 @@ def test_the_verdict_keeps_the_latest_steps_the_timer_keeps(tmp_path: Path) -> N
 
 
 def test_a_gpu_s_records_count_the_loading_the_device_waited_for(tmp_path: Path) -> None:
-    # A GPU's rows: the loader's next() took 0.5 s on the host, the device waited 0.1 s for the data (the rest it spent
-    # on the previous step's queued work); the live timer's pre-sync time counts 0.1 s of loading, and so must the
-    # parts the analysis reads back (data, then compute): 0.4 s of data once read as compute here.
+    # A GPU's rows: the loader's next() took 0.5 s on the host, the device waited 0.1 s for it (the rest it spent on
+    # the previous step's queued work), then 0.3 s in the token-count gather for a peer (data_s 0.4 s). The live
+    # timer's pre-sync time counts 0.1 s of loading, and so must the parts and phases the analysis reads back: 0.4 s
+    # of data once read as compute here, and the per-phase excess named the loading.
+    from hf_distprof.analysis.across.evidence import _phases, data_part
+
     for rank in (0, 1):
-        rows = [{"step": step, "step_s": 3.875, "data_s": 0.1, "data_load_s": 0.5, "forward_s": 1.0,
+        rows = [{"step": step, "step_s": 4.175, "data_s": 0.4, "data_load_s": 0.5, "forward_s": 1.0,
                  "backward_compute_s": 2.0, "pre_sync_s": 3.1, "own_work_s": 3.1, "tokens": 64, "samples": 4,
                  "warmup": step == 1, "traced": False} for step in range(1, 6)]
         (tmp_path / f"timing_rank{rank}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    figures = timer_figures(read_timer_records([tmp_path / "rank0_host_step8-10.pt.trace.json.gz"]), set())
-    assert figures.parts[1][3] == (3.1, 0.0, 0.1, pytest.approx(3.0), 64.0, 4.0)
+    records = read_timer_records([tmp_path / "rank0_host_step8-10.pt.trace.json.gz"])
+    figures = timer_figures(records, set())
+    assert figures.parts[1][3] == (3.1, 0.0, pytest.approx(0.1), pytest.approx(3.0), 64.0, 4.0)
+    assert _phases(records, [2, 3])["data"] == {0: pytest.approx([0.1, 0.1]), 1: pytest.approx([0.1, 0.1])}
+    # A CPU's row: the loading is all counted, its own figure; without the phases, capped by the data wait.
+    cpu = {"data_s": 0.6, "data_load_s": 0.5, "forward_s": 1.0, "backward_compute_s": 2.0, "pre_sync_s": 3.5}
+    assert data_part(cpu) == 0.5
+    assert data_part({"data_s": 0.4, "data_load_s": 0.5}) == 0.4 and data_part({"data_s": 0.4}) == 0.4

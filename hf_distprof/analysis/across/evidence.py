@@ -33,6 +33,21 @@ def _number(value: Any) -> float | None:
     return number if number is not None and number >= 0 else None
 
 
+def data_part(row: dict[str, Any]) -> float | None:
+    """The data loading a row's pre-sync time counts (:attr:`hf_distprof.timing.recorder.StepTiming.pre_sync_data_s`):
+    the loader's time (``data_load_s``), on a GPU only what the device waited for: the pre-sync time less the forward
+    and the backward compute, when the row has them; else the loader's time capped by the data wait; else the data
+    wait. None when the row has neither."""
+    load, wait = _number(row.get("data_load_s")), _number(row.get("data_s"))
+    if load is None:
+        return wait
+    pre, forward, backward = (_number(row.get(k)) for k in ("pre_sync_s", "forward_s", "backward_compute_s"))
+    if pre is not None and forward is not None and backward is not None:
+        rest = max(0.0, pre - forward - backward)
+        return load if rest >= load - 1e-9 else rest  # (all of the loading: its own figure, not a difference's)
+    return load if wait is None else min(load, wait)
+
+
 def _per_step(records: TimerRecords, key: str) -> dict[int, dict[int, float]]:
     """rank -> step -> the rows' ``key`` where it is a usable number."""
     out: dict[int, dict[int, float]] = {}
@@ -69,14 +84,17 @@ def judged_steps(records: TimerRecords, traced: set[int]) -> list[int]:
 
 
 def _phases(records: TimerRecords, steps: list[int]) -> dict[str, dict[int, list[float]]]:
-    """phase -> rank -> its seconds in each of ``steps`` (data: inside the loader, else the data wait; forward;
-    backward compute, else the whole backward; optimizer); a phase some row lacks is left out."""
+    """phase -> rank -> its seconds in each of ``steps`` (data: the loading the pre-sync time counts, :func:`data_part`;
+    forward; backward compute, else the whole backward; optimizer); a phase some row lacks is left out."""
     out: dict[str, dict[int, list[float]]] = {}
     for phase, keys in PHASE_KEYS.items():
         values: dict[int, list[float]] = {}
         for rank, rows in sorted(records.rows.items()):
-            got = [next((v for v in (_number(rows[s].get(k)) for k in keys) if v is not None), None)
-                   if s in rows else None for s in steps]
+            if phase == "data":
+                got = [data_part(rows[s]) if s in rows else None for s in steps]
+            else:
+                got = [next((v for v in (_number(rows[s].get(k)) for k in keys) if v is not None), None)
+                       if s in rows else None for s in steps]
             if any(v is None for v in got):
                 break
             values[rank] = [float(v or 0.0) for v in got]
@@ -93,11 +111,7 @@ def _parts(records: TimerRecords) -> dict[int, dict[int, tuple[float, ...]]]:
     for rank, steps in records.rows.items():
         for step, row in steps.items():
             pre, work = _number(row.get("pre_sync_s")), _number(row.get("own_work_s"))
-            data, wait = _number(row.get("data_load_s")), _number(row.get("data_s"))
-            # The loading the rank's pre-sync time counts (StepTiming.pre_sync_data_s): on a GPU, at most the
-            # device's wait for the data (on CPU the loading is part of that wait, outside a train() call's first
-            # step, which is left out).
-            data = wait if data is None else data if wait is None else min(data, wait)
+            data = data_part(row)
             if pre is None or work is None or data is None:
                 continue
             tokens, samples = _number(row.get("tokens")) or 0.0, _number(row.get("samples")) or 0.0
