@@ -74,7 +74,28 @@ def all_gather_object(obj: Any) -> list[Any]:
     out: list[Any] = [None] * get_world_size()
     with ours("all_gather_object"):
         dist.all_gather_object(out, obj)
+    _let_gloo_workers_finish()
     return out
+
+
+GLOO_SETTLE_S = 0.02
+"""How long :func:`_let_gloo_workers_finish` gives a gloo worker thread the interpreter lock."""
+
+
+def _let_gloo_workers_finish() -> None:
+    """On gloo, release the interpreter lock for a moment after a collective whose tensors were Python's.
+
+    The gloo worker that ran the collective destroys its work object just after waking the waiting thread; by then
+    Python has dropped the tensors, so that destruction takes the interpreter lock to free them. Our collectives at
+    train end are the run's last: a rank with little left to do (rank 1) went on to the script's end, where the DDP
+    model's destruction tears the process group down while holding the lock and joins that worker, which waits for
+    the lock: the rank hung for good after training (1 run in 3 with ``--profile-on-anomaly`` and checkpoints;
+    ``~ProcessGroupGloo`` in ``std::thread::join``, the worker in ``~AsyncAllgatherWork`` acquiring the lock).
+    Sleeping releases the lock; the callers run a few times per run (train begin and end)."""
+    if "gloo" in str(dist.get_backend()):
+        import time
+
+        time.sleep(GLOO_SETTLE_S)
 
 
 class PendingGather:
