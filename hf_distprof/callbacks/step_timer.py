@@ -79,8 +79,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
     def __init__(self, args: ProfilingArguments) -> None:
         self.args = args
         self.run_dir: Path | None = None
-        self.comm: dict[str, Any] | None = None
-        self.summary: dict[str, Any] | None = None
+        self.comm: dict[str, Any] | None = None; self.summary: dict[str, Any] | None = None  # noqa: E702
         self._recorder: StepRecorder | None = None
         self._labels = PhaseLabels()
         self._hooks: ModelHooks | None = None
@@ -90,9 +89,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self._device = torch.device("cpu")
         self._peak_tflops: float | None = None
         self._first_step = 1
-        self._interval = PhaseTotals()
-        self._run = PhaseTotals()
-        self._warmup = PhaseTotals()
+        self._interval, self._run, self._warmup = PhaseTotals(), PhaseTotals(), PhaseTotals()
         self._gathered_step = 0
         # The global_step of a Trainer logging step not yet gathered; None when there is none.
         self._log_step: int | None = None
@@ -100,12 +97,10 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         # the next gather's buffers (every rank derives it from the same gathered lengths).
         self._pending: tuple[int, dist.PendingJson] | None = None
         self._gather_cap = dist.OBJECT_CAP_MIN
-        self._flos_logged = 0.0
-        self._flos_begin = 0.0
+        self._flos_logged = self._flos_begin = 0.0
         # (kind, rank) -> the step of its live warning (each is said once).
         self._warned: dict[tuple[str, int], int] = {}
-        self._failed = False
-        self._report_to: Any = None
+        self._failed, self._report_to = False, None
         # Phases timed on the host clock (CPU training): only then is the thread's wait for a CPU part of them and
         # taken out of the pre-sync time compared across ranks (on GPU the phases are device time).
         self._host_timed = True
@@ -121,6 +116,8 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self.profiler_busy: Callable[[], bool] | None = None
         self._busy_at_begin = False
         self._busy_steps: set[int] = set()
+        # A checkpoint or evaluation just ended; the steps after one wait for the slowest rank's: jsonl only, no means.
+        self._paused, self._after_pause = False, set[int]()
         self._streak: dict[str, int | None] = {}  # what was over its threshold at the previous logging step
         self._live: tuple[Any, int] | None = None  # the live verdict, and the steps seen when it was judged
         # rank 0: each rank's MB in use at each logging step, for the memory-growth verdict
@@ -174,7 +171,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self._interval, self._run, self._warmup = PhaseTotals(), PhaseTotals(), PhaseTotals()
         self._rows, self._streak, self._ended_early, self._live = deque(maxlen=ROWS_KEPT), {}, None, None
         self._health = {}
-        self._busy_at_begin, self._busy_steps = False, set()
+        self._busy_at_begin, self._busy_steps, self._paused, self._after_pause = False, set(), False, set()
         self._series = StepSeries(dist.get_world_size())
         self._traced = traced_steps(self.args, state.global_step)
         self._growth_watch = GrowthWatch(
@@ -264,6 +261,9 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             # keep the next step's data phase from opening.
             self._labels.exit()
             self._recorder.step_end(state.global_step)
+        if self._paused:
+            self._after_pause.add(state.global_step)
+            self._paused = False
         # DefaultFlowCallback (always the first callback) has decided on every rank whether the Trainer
         # logs this step; the gather follows that decision, not whoever calls on_log.
         self._mark_log_step(state, control)
@@ -311,12 +311,11 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self._gathered_step = state.global_step
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
-        if self._recorder is not None:
-            self._recorder.boundary()  # checkpoint time is not the next step's data wait
-
-    def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
-        if self._recorder is not None:
+        if self._recorder is not None:  # checkpoint (or evaluation) time is not the next step's data wait
             self._recorder.boundary()
+            self._paused = True
+
+    on_evaluate = on_save
 
     # ---- logging steps: resolve, one gather, publish ------------------------------------------
 
@@ -396,7 +395,8 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         if row["warmup"]:
             self._warmup.add_row(row)
             return
-        self._interval.add_row(row, self._run)
+        if timing.step not in self._after_pause:
+            self._interval.add_row(row, self._run)
         for listener in self.step_listeners:
             listener(timing)
         if timing.pre_sync_s is not None:

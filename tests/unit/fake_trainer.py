@@ -21,6 +21,7 @@ def run(
     end: bool = True,
     device: str = "cpu",
     wrap: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
+    save_after: Sequence[int] = (),
 ) -> TrainerState:
     """Call the hooks for ``max_steps`` optimizer steps of a small model (real ops for the profiler).
 
@@ -29,6 +30,7 @@ def run(
         end: Whether to call ``on_train_end``.
         wrap: Wraps or shards the model (FSDP1, FSDP2) before the optimizer is built; the callbacks get
             what it returns, as the Trainer passes FSDP's model to them.
+        save_after: The steps after whose ``on_step_end`` a checkpoint is taken (``on_save``).
     """
     args = training_args(tmp_path)
     state = TrainerState()
@@ -55,6 +57,9 @@ def run(
         state.global_step = step
         for cb in callbacks:
             cb.on_step_end(args, state, control, model=model)
+        if step in save_after:
+            for cb in callbacks:
+                cb.on_save(args, state, control, model=model)
         if stop_after is not None and step >= stop_after:
             return state
     if end:

@@ -337,3 +337,30 @@ def test_a_step_slowed_by_a_compact_summary_being_written_is_never_an_anomaly(tm
     step(13, 1.0)
     anomaly = triggers._anomaly
     assert anomaly is not None and (anomaly.step, anomaly.step_s) == (13, pytest.approx(1.0))
+
+
+def test_the_step_after_a_checkpoint_or_an_evaluation_is_never_an_anomaly(tmp_path, monkeypatch):
+    # Each rank's clock restarts when it is done with a checkpoint (or an evaluation), but the next step then waits
+    # for the slowest rank's: on the rank that saved nothing it once read 2.4x the median step and took the run's
+    # only anomaly capture (a new user's trial, --save_steps 15). Neither that step nor its time in the median counts;
+    # the step after it is judged again.
+    import hf_distprof.callbacks.profiler.triggers as triggers_module
+
+    args = ProfilingArguments(enable_profiling=True, profile_on_anomaly=True, profiler_wait_steps=1000)
+    triggers = triggers_module.CaptureTriggers(args, tmp_path, 0, 100, never, every=50)
+    clock = {"now": 0.0}
+    monkeypatch.setattr(triggers_module.time, "perf_counter", lambda: clock["now"])
+
+    def step(number: int, seconds: float, pause: bool = False) -> None:
+        triggers.boundary(pause)
+        clock["now"] += seconds
+        triggers.step_end(number)
+
+    for number in range(1, 16):
+        step(number, 0.2)
+    times = len(triggers._step_times)
+    step(16, 1.0, pause=True)  # the checkpoint after step 15 ended here: step 16 waited for the other rank's
+    assert triggers._anomaly is None and len(triggers._step_times) == times
+    step(17, 1.0)
+    anomaly = triggers._anomaly
+    assert anomaly is not None and (anomaly.step, anomaly.step_s) == (17, pytest.approx(1.0))

@@ -259,10 +259,10 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         self._step_boundary()
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
-        self._step_boundary()
+        self._step_boundary(pause=True)
 
     def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
-        self._step_boundary()
+        self._step_boundary(pause=True)
 
     def _step_ends_before_export(self, step: int) -> None:
         """The step timer ends this step before the trace is written, so that the export (0.4-2 s) is neither this
@@ -270,10 +270,11 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         if self.step_timer is not None:
             self.step_timer.end_step_before_export(step)
 
-    def _step_boundary(self) -> None:
-        # The anomaly clock restarts after exports, logging, checkpoints and evaluation: they are not steps.
+    def _step_boundary(self, pause: bool = False) -> None:
+        # The anomaly clock restarts after exports, logging, checkpoints and evaluation: they are not steps; nor is
+        # the step after a checkpoint or an evaluation judged (``pause``): it waits for the slowest rank's.
         if self._triggers is not None:
-            self._triggers.boundary()
+            self._triggers.boundary(pause)
 
     def _action(self, step: int) -> ProfilerAction:
         """The profiler's schedule on this rank: :meth:`_scheduled`, after the window policy's decisions

@@ -91,6 +91,7 @@ class CaptureTriggers:
         self._signalled = False
         self._previous_handler: Any = None
         self._mark = time.perf_counter()
+        self._after_pause = False  # a checkpoint or an evaluation ended since the last step
         self.exporting: Callable[[], bool] = lambda: False  # the profiler sets its compact writer's ``busy``
         self.report_to: Any = None  # the Trainer's report_to, set by the profiler: where each decision is told
         if args.profile_on_demand:
@@ -104,7 +105,11 @@ class CaptureTriggers:
     def step_end(self, step: int) -> None:
         """At the end of optimizer step ``step``, before the profiler is stepped into ``step + 1``."""
         seconds = time.perf_counter() - self._mark
-        traced = self.plan.traced(step) or self.exporting()
+        # The step after a checkpoint or an evaluation holds this rank's wait for the slowest rank's (every rank
+        # leaves it at its own time): the pause's doing, like a traced step. One such wait, 2.4x the median step
+        # after a checkpoint on the other rank, once took a run's only anomaly capture.
+        traced = self.plan.traced(step) or self.exporting() or self._after_pause
+        self._after_pause = False
         if not traced:
             self._step_times.append(seconds)
         if self.detector is not None and self.plan.watching_anomalies:
@@ -120,9 +125,11 @@ class CaptureTriggers:
         if step >= self.next_agreement and step < self.max_steps and listening:
             self._start_agreement(step)
 
-    def boundary(self) -> None:
-        """Start the next step's clock here: what ran before (exports, logging, checkpoints) is not a step."""
+    def boundary(self, pause: bool = False) -> None:
+        """Start the next step's clock here: what ran before (exports, logging, checkpoints) is not a step. After a
+        ``pause`` (a checkpoint, an evaluation) the next step is not judged either."""
         self._mark = time.perf_counter()
+        self._after_pause = self._after_pause or pause
 
     def close(self) -> None:
         """Read a gather still on its way (every rank started it), then put back the SIGUSR1 handler that was
