@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -22,6 +23,7 @@ def run(
     device: str = "cpu",
     wrap: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
     save_after: Sequence[int] = (),
+    save_s: float = 0.0,
 ) -> TrainerState:
     """Call the hooks for ``max_steps`` optimizer steps of a small model (real ops for the profiler).
 
@@ -30,7 +32,7 @@ def run(
         end: Whether to call ``on_train_end``.
         wrap: Wraps or shards the model (FSDP1, FSDP2) before the optimizer is built; the callbacks get
             what it returns, as the Trainer passes FSDP's model to them.
-        save_after: The steps after whose ``on_step_end`` a checkpoint is taken (``on_save``).
+        save_after: The steps after whose ``on_step_end`` a checkpoint is taken (``on_save``), ``save_s`` long.
     """
     args = training_args(tmp_path)
     state = TrainerState()
@@ -55,9 +57,12 @@ def run(
             cb.on_optimizer_step(args, state, control, model=model, optimizer=opt)
         opt.zero_grad()
         state.global_step = step
+        control.should_save = step in save_after  # (DefaultFlowCallback's decision, before every other callback's)
         for cb in callbacks:
             cb.on_step_end(args, state, control, model=model)
-        if step in save_after:
+        if control.should_save:
+            time.sleep(save_s)  # the checkpoint
+            control.should_save = False  # (the Trainer's callback handler, before on_save)
             for cb in callbacks:
                 cb.on_save(args, state, control, model=model)
         if stop_after is not None and step >= stop_after:

@@ -34,6 +34,9 @@ from hf_distprof.config import ProfilingArguments
 logger = dist.get_logger(__name__)
 
 SUMMARY_ROWS = 25
+PAUSE_NAME = "hf_distprof/between_steps"
+"""The range around an evaluation or a checkpoint between two traced steps (the analysis's
+``hf_distprof.analysis.read.events.PAUSE_NAME``, the same name: the training ranks import no analysis code)."""
 # How the windows opened on demand or on anomaly (hf_distprof.callbacks.profiler.capture) drive the profiler.
 _PHASE_ACTIONS = {WARMUP: ProfilerAction.WARMUP, RECORD: ProfilerAction.RECORD,
                   RECORD_AND_SAVE: ProfilerAction.RECORD_AND_SAVE}
@@ -107,6 +110,7 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         self.written: list[Path] = []
         self._failed_exports = 0
         self._lock = threading.RLock()  # close() may run again from a signal handler while it runs
+        self._pause: Any = None  # the open range around an evaluation or a checkpoint, while the profiler records
         self._previous_handlers: dict[int, Any] = {}  # signal -> the handler ours replaced
         self._exports = 0  # on_trace_ready calls so far
         self._offset = 0  # global_step when training (re)started
@@ -227,7 +231,21 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
                     self.prof.step()
             else:
                 self._advance(self.prof)
+            if (control.should_evaluate or control.should_save) and self.prof is not None and \
+                    self.prof.current_action in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE):
+                # The Trainer evaluates or saves now, inside the step just opened: the analysis starts that step
+                # where this range ends (an evaluation in a traced step read as a 1.7 s step and a what-if finding).
+                self._pause = torch.autograd.profiler.record_function(PAUSE_NAME)
+                self._pause.__enter__()
         self._step_boundary()
+
+    def _end_pause(self) -> None:
+        pause, self._pause = self._pause, None
+        if pause is not None:
+            pause.__exit__(None, None, None)
+
+    def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+        self._end_pause()  # (an evaluation the Trainer skipped: no on_evaluate)
 
     def _advance(self, prof: profile) -> None:
         """Step the profiler into the next optimizer step. From an idle step into another idle one, ``prof.step()``
@@ -259,9 +277,12 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         self._step_boundary()
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+        self._end_pause()
         self._step_boundary(pause=True)
 
     def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+        if not control.should_save:  # (a checkpoint follows: the pause ends after it)
+            self._end_pause()
         self._step_boundary(pause=True)
 
     def _step_ends_before_export(self, step: int) -> None:
@@ -319,6 +340,7 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
                 prof, self.prof = self.prof, None
             if prof is None:
                 return
+            self._end_pause()
             try:
                 self._stop_and_flush(prof)
             finally:

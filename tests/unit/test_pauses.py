@@ -1,0 +1,53 @@
+"""Evaluations and checkpoints between traced steps: the profiler callback's range around them, and the analysis
+starting the step where it ends (a new user's trial: an evaluation in a traced step read as a 1.8 s step of 25 ms, its
+170 metric gathers as the step's communication, and a clean run "what to fix first")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hf_distprof import ProfilingArguments
+from hf_distprof.analysis import AnalysisOptions, analyze_paths
+from hf_distprof.analysis.read.events import Step
+from hf_distprof.analysis.read.pauses import PAUSE_NAME, without_pauses
+from hf_distprof.callbacks.profiler.callback import PAUSE_NAME as WRITTEN, ProfilerCallback
+
+from . import fake_trainer
+
+
+def test_a_step_starts_where_the_pause_inside_it_ends_and_what_ran_in_it_belongs_to_no_step() -> None:
+    steps = [Step(1, 0.0, 10.0), Step(2, 10.0, 2010.0), Step(3, 2010.0, 2020.0)]
+    ops = [(1.0, 5.0, "aten::mm"), (10.5, 2000.0, PAUSE_NAME), (11.0, 12.0, "aten::mm"),
+           (2001.0, 2005.0, "aten::mm"), (2012.0, 2015.0, "c10d::allreduce_")]
+    gathers = [(11.0, 11.5, "gloo:all_gather"), (2003.0, 2004.0, "gloo:all_reduce")]
+    got_steps, got_ops, got_gathers = without_pauses(steps, ops, gathers)
+    assert got_steps == [Step(1, 0.0, 10.0), Step(2, 2000.0, 2010.0), Step(3, 2010.0, 2020.0)]
+    assert got_ops == [(1.0, 5.0, "aten::mm"), (2001.0, 2005.0, "aten::mm"), (2012.0, 2015.0, "c10d::allreduce_")]
+    assert got_gathers == [(2003.0, 2004.0, "gloo:all_reduce")]
+    assert without_pauses(steps, ops[:1], gathers) == (steps, ops[:1], gathers)  # no pause: as they were
+    assert WRITTEN == PAUSE_NAME  # the callback's name (the training ranks import no analysis code)
+
+
+def test_a_checkpoint_inside_the_window_is_left_out_of_its_step(tmp_path: Path) -> None:
+    # Steps of a few ms; a checkpoint of 300 ms after step 3, inside the window (recorded steps 3-5): the trace holds
+    # the range around it in ProfilerStep#4, and the analysis reads step 4 as long as the others.
+    args = ProfilingArguments(enable_profiling=True, profiler_output_dir=str(tmp_path / "P"), profiler_run_name="r",
+                              profiler_wait_steps=0, profiler_warmup_steps=2, profiler_active_steps=3)
+    fake_trainer.run([ProfilerCallback(args)], 6, tmp_path, save_after=(3,), save_s=0.3)
+    result = analyze_paths([tmp_path / "P" / "r"], AnalysisOptions(workers=1))
+    (rank,) = result.ranks
+    steps = {s.step: s.duration_us / 1e3 for s in rank.steps}
+    assert sorted(steps) == [3, 4, 5]
+    assert steps[4] < 100.0 and steps[4] < 5 * max(steps[3], steps[5]), steps
+    import gzip
+    import json
+
+    (trace,) = (tmp_path / "P" / "r").glob("*.pt.trace.json.gz")
+    events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    pause = [e for e in events if e.get("name") == PAUSE_NAME]
+    step4 = [e for e in events if e.get("name") == "ProfilerStep#4"]
+    assert len(pause) == 1 and len(step4) == 1 and pause[0]["dur"] >= 300e3
+    assert step4[0]["ts"] <= pause[0]["ts"] and pause[0]["ts"] + pause[0]["dur"] <= step4[0]["ts"] + step4[0]["dur"]
+    assert pytest.approx(steps[4] * 1e3, rel=0.5) == step4[0]["ts"] + step4[0]["dur"] - pause[0]["ts"] - pause[0]["dur"]
