@@ -56,7 +56,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     named = argv[0].replace("-", "_") if argv else None
     parser = build_parser(named if named in SUBCOMMANDS else None)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # said by the subcommand's parser, with its usage (the top-level one's named no subcommand's flags)
+        subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        chosen = subparsers.choices.get(argv[0]) if getattr(args, "command", None) else None
+        (chosen or parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 2

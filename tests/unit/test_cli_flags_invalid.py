@@ -156,3 +156,18 @@ def test_scalings_default_script_is_inside_the_package():
     from hf_distprof.runs.scaling_launch import DEFAULT_SCRIPT
 
     assert DEFAULT_SCRIPT.is_file() and Path(hf_distprof.__file__).resolve().parent in DEFAULT_SCRIPT.parents
+
+
+@pytest.mark.parametrize("argv, usage, extra", [
+    (["doctor", "some/run/folder"], "usage: hf-distprof doctor", "some/run/folder"),
+    (["analyze", "--bogus", "x"], "usage: hf-distprof analyze", "--bogus"),
+    (["--bogus"], "usage: hf-distprof [-h]", "--bogus"),
+])
+def test_an_unknown_argument_is_said_with_its_subcommand_s_usage(argv, usage, extra, capsys):
+    # argparse leaves a sub-parser's unrecognised arguments to the top-level parser, whose usage names no flag of the
+    # subcommand (a new user ran `hf-distprof doctor RUN_FOLDER` and read the top-level usage).
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith(usage), err
+    assert err.rstrip().endswith(f"error: unrecognized arguments: {extra}"), err
