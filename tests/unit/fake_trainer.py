@@ -24,6 +24,7 @@ def run(
     wrap: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
     save_after: Sequence[int] = (),
     save_s: float = 0.0,
+    evaluate_after: Sequence[int] = (),
 ) -> TrainerState:
     """Call the hooks for ``max_steps`` optimizer steps of a small model (real ops for the profiler).
 
@@ -33,6 +34,7 @@ def run(
         wrap: Wraps or shards the model (FSDP1, FSDP2) before the optimizer is built; the callbacks get
             what it returns, as the Trainer passes FSDP's model to them.
         save_after: The steps after whose ``on_step_end`` a checkpoint is taken (``on_save``), ``save_s`` long.
+        evaluate_after: The same for an evaluation (``on_evaluate``), before the checkpoint when both.
     """
     args = training_args(tmp_path)
     state = TrainerState()
@@ -58,8 +60,14 @@ def run(
         opt.zero_grad()
         state.global_step = step
         control.should_save = step in save_after  # (DefaultFlowCallback's decision, before every other callback's)
+        control.should_evaluate = step in evaluate_after
         for cb in callbacks:
             cb.on_step_end(args, state, control, model=model)
+        if control.should_evaluate:  # (the Trainer evaluates, then saves)
+            time.sleep(save_s)
+            control.should_evaluate = False
+            for cb in callbacks:
+                cb.on_evaluate(args, state, control, model=model, metrics={})
         if control.should_save:
             time.sleep(save_s)  # the checkpoint
             control.should_save = False  # (the Trainer's callback handler, before on_save)

@@ -51,3 +51,20 @@ def test_a_checkpoint_inside_the_window_is_left_out_of_its_step(tmp_path: Path) 
     assert len(pause) == 1 and len(step4) == 1 and pause[0]["dur"] >= 300e3
     assert step4[0]["ts"] <= pause[0]["ts"] and pause[0]["ts"] + pause[0]["dur"] <= step4[0]["ts"] + step4[0]["dur"]
     assert pytest.approx(steps[4] * 1e3, rel=0.5) == step4[0]["ts"] + step4[0]["dur"] - pause[0]["ts"] - pause[0]["dur"]
+
+
+@pytest.mark.parametrize("evaluate, save, pause_ms", [((3,), (), 300), ((3,), (3,), 600), ((), (3,), 300)])
+def test_an_evaluation_then_a_checkpoint_are_one_pause(tmp_path: Path, evaluate, save, pause_ms) -> None:
+    # The Trainer evaluates, then saves, after the same step: one range over both (it ends at on_save).
+    args = ProfilingArguments(enable_profiling=True, profiler_output_dir=str(tmp_path / "P"), profiler_run_name="r",
+                              profiler_wait_steps=0, profiler_warmup_steps=2, profiler_active_steps=3)
+    fake_trainer.run([ProfilerCallback(args)], 6, tmp_path, save_after=save, evaluate_after=evaluate, save_s=0.3)
+    import gzip
+    import json
+
+    (trace,) = (tmp_path / "P" / "r").glob("*.pt.trace.json.gz")
+    events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    (pause,) = [e for e in events if e.get("name") == PAUSE_NAME]
+    assert pause_ms * 1e3 <= pause["dur"] < (pause_ms + 250) * 1e3
+    (rank,) = analyze_paths([tmp_path / "P" / "r"], AnalysisOptions(workers=1)).ranks
+    assert {s.step: s.duration_us < 100e3 for s in rank.steps} == {3: True, 4: True, 5: True}
