@@ -79,7 +79,8 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
     def __init__(self, args: ProfilingArguments) -> None:
         self.args = args
         self.run_dir: Path | None = None
-        self.comm: dict[str, Any] | None = None; self.summary: dict[str, Any] | None = None  # noqa: E702
+        self.comm: dict[str, Any] | None = None
+        self.summary: dict[str, Any] | None = None
         self._recorder: StepRecorder | None = None
         self._labels = PhaseLabels()
         self._hooks: ModelHooks | None = None
@@ -100,7 +101,8 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self._flos_logged = self._flos_begin = 0.0
         # (kind, rank) -> the step of its live warning (each is said once).
         self._warned: dict[tuple[str, int], int] = {}
-        self._failed, self._report_to = False, None
+        self._failed = False
+        self._report_to: Any = None
         # Phases timed on the host clock (CPU training): only then is the thread's wait for a CPU part of them and
         # taken out of the pre-sync time compared across ranks (on GPU the phases are device time).
         self._host_timed = True
@@ -114,10 +116,9 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         # Whether the profiler is still busy with a written trace (its compact summary, on a thread that takes the
         # GIL); set by ProfilerCallback. Steps it overlaps are the profiler's, like the traced ones: left out.
         self.profiler_busy: Callable[[], bool] | None = None
+        self.before_fetch: Callable[[], None] | None = None  # before the loader's next(): the profiler ends a pause
         self._busy_at_begin = False
         self._busy_steps: set[int] = set()
-        # A checkpoint or evaluation just ended; the steps after one wait for the slowest rank's: jsonl only, no means.
-        self._paused, self._after_pause = False, set[int]()
         self._streak: dict[str, int | None] = {}  # what was over its threshold at the previous logging step
         self._live: tuple[Any, int] | None = None  # the live verdict, and the steps seen when it was judged
         # rank 0: each rank's MB in use at each logging step, for the memory-growth verdict
@@ -150,6 +151,8 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         labels = self._labels = PhaseLabels(nvtx=self.args.nvtx and torch.cuda.is_available())
 
         def on_fetch() -> None:
+            if self.before_fetch is not None:
+                self.before_fetch()
             labels.fetch()
             recorder.fetch_begin()  # last: the run-queue reading as close to the next() as the clock's start
 
@@ -171,7 +174,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self._interval, self._run, self._warmup = PhaseTotals(), PhaseTotals(), PhaseTotals()
         self._rows, self._streak, self._ended_early, self._live = deque(maxlen=ROWS_KEPT), {}, None, None
         self._health = {}
-        self._busy_at_begin, self._busy_steps, self._paused, self._after_pause = False, set(), False, set()
+        self._busy_at_begin, self._busy_steps = False, set()
         self._series = StepSeries(dist.get_world_size())
         self._traced = traced_steps(self.args, state.global_step)
         self._growth_watch = GrowthWatch(
@@ -261,9 +264,6 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             # keep the next step's data phase from opening.
             self._labels.exit()
             self._recorder.step_end(state.global_step)
-        if self._paused:
-            self._after_pause.add(state.global_step)
-            self._paused = False
         # DefaultFlowCallback (always the first callback) has decided on every rank whether the Trainer
         # logs this step; the gather follows that decision, not whoever calls on_log.
         self._mark_log_step(state, control)
@@ -311,11 +311,12 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self._gathered_step = state.global_step
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
-        if self._recorder is not None:  # checkpoint (or evaluation) time is not the next step's data wait
-            self._recorder.boundary()
-            self._paused = True
+        if self._recorder is not None:
+            self._recorder.boundary()  # checkpoint time is not the next step's data wait
 
-    on_evaluate = on_save
+    def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+        if self._recorder is not None:
+            self._recorder.boundary()
 
     # ---- logging steps: resolve, one gather, publish ------------------------------------------
 
@@ -395,8 +396,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         if row["warmup"]:
             self._warmup.add_row(row)
             return
-        if timing.step not in self._after_pause:
-            self._interval.add_row(row, self._run)
+        self._interval.add_row(row, self._run)
         for listener in self.step_listeners:
             listener(timing)
         if timing.pre_sync_s is not None:

@@ -59,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra:  # said by the subcommand's parser, with its usage (the top-level one's named no subcommand's flags)
         subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-        chosen = subparsers.choices.get(argv[0]) if getattr(args, "command", None) else None
+        chosen = subparsers.choices.get(argv[0]) if argv else None  # (``run`` has a positional named ``command``)
         (chosen or parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if getattr(args, "func", None) is None:
         parser.print_help()

@@ -25,6 +25,8 @@ def run(
     save_after: Sequence[int] = (),
     save_s: float = 0.0,
     evaluate_after: Sequence[int] = (),
+    evaluations: int = 1,
+    at_epoch_end: bool = False,
 ) -> TrainerState:
     """Call the hooks for ``max_steps`` optimizer steps of a small model (real ops for the profiler).
 
@@ -34,7 +36,8 @@ def run(
         wrap: Wraps or shards the model (FSDP1, FSDP2) before the optimizer is built; the callbacks get
             what it returns, as the Trainer passes FSDP's model to them.
         save_after: The steps after whose ``on_step_end`` a checkpoint is taken (``on_save``), ``save_s`` long.
-        evaluate_after: The same for an evaluation (``on_evaluate``), before the checkpoint when both.
+        evaluate_after: The same for an evaluation (``on_evaluate``), before the checkpoint when both; ``evaluations``
+            of them (a dict of eval datasets), decided at the step's end or, ``at_epoch_end``, at ``on_epoch_end``.
     """
     args = training_args(tmp_path)
     state = TrainerState()
@@ -60,14 +63,19 @@ def run(
         opt.zero_grad()
         state.global_step = step
         control.should_save = step in save_after  # (DefaultFlowCallback's decision, before every other callback's)
-        control.should_evaluate = step in evaluate_after
+        control.should_evaluate = step in evaluate_after and not at_epoch_end
         for cb in callbacks:
             cb.on_step_end(args, state, control, model=model)
-        if control.should_evaluate:  # (the Trainer evaluates, then saves)
-            time.sleep(save_s)
-            control.should_evaluate = False
+        if at_epoch_end and step in evaluate_after:  # (eval_strategy="epoch": decided at the epoch's end)
+            control.should_evaluate = True
             for cb in callbacks:
-                cb.on_evaluate(args, state, control, model=model, metrics={})
+                cb.on_epoch_end(args, state, control, model=model)
+        if control.should_evaluate:  # (the Trainer evaluates, then saves; one on_evaluate per eval dataset)
+            control.should_evaluate = False
+            for _ in range(evaluations):
+                time.sleep(save_s)
+                for cb in callbacks:
+                    cb.on_evaluate(args, state, control, model=model, metrics={})
         if control.should_save:
             time.sleep(save_s)  # the checkpoint
             control.should_save = False  # (the Trainer's callback handler, before on_save)

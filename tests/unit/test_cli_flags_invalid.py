@@ -162,6 +162,7 @@ def test_scalings_default_script_is_inside_the_package():
     (["doctor", "some/run/folder"], "usage: hf-distprof doctor", "some/run/folder"),
     (["analyze", "--bogus", "x"], "usage: hf-distprof analyze", "--bogus"),
     (["--bogus"], "usage: hf-distprof [-h]", "--bogus"),
+    (["run", "--bogus"], "usage: hf-distprof run", "--bogus"),
 ])
 def test_an_unknown_argument_is_said_with_its_subcommand_s_usage(argv, usage, extra, capsys):
     # argparse leaves a sub-parser's unrecognised arguments to the top-level parser, whose usage names no flag of the

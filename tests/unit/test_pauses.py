@@ -30,6 +30,21 @@ def test_a_step_starts_where_the_pause_inside_it_ends_and_what_ran_in_it_belongs
     assert WRITTEN == PAUSE_NAME  # the callback's name (the training ranks import no analysis code)
 
 
+def test_the_kernels_launched_inside_a_pause_belong_to_no_step() -> None:
+    # A GPU trace: the evaluation's kernels were launched inside the range (by their launch's CPU time, whenever they
+    # ran); the training's before and after it stay. Each kernel once went to the last step started before its launch.
+    from hf_distprof.analysis.read.events import GpuEvent
+    from hf_distprof.analysis.read.pauses import gpu_outside
+
+    gpu = GpuEvent(start=[5.0, 20.0, 2100.0, 2101.0], end=[6.0, 30.0, 2200.0, 2102.0],
+                   name=["train", "eval fwd", "eval nccl", "train"], stream=[7, 7, 8, 7], correlation=[1, 2, 3, 4])
+    launches = {1: 4.0, 2: 19.0, 3: 1990.0, 4: 2050.0}
+    ops = [(10.5, 2000.0, PAUSE_NAME)]
+    kept = gpu_outside(gpu, launches, ops)
+    assert (kept.name, kept.correlation, kept.start) == (["train", "train"], [1, 4], [5.0, 2101.0])
+    assert gpu_outside(gpu, launches, []) is gpu
+
+
 def test_a_checkpoint_inside_the_window_is_left_out_of_its_step(tmp_path: Path) -> None:
     # Steps of a few ms; a checkpoint of 300 ms after step 3, inside the window (recorded steps 3-5): the trace holds
     # the range around it in ProfilerStep#4, and the analysis reads step 4 as long as the others.
@@ -53,12 +68,18 @@ def test_a_checkpoint_inside_the_window_is_left_out_of_its_step(tmp_path: Path) 
     assert pytest.approx(steps[4] * 1e3, rel=0.5) == step4[0]["ts"] + step4[0]["dur"] - pause[0]["ts"] - pause[0]["dur"]
 
 
-@pytest.mark.parametrize("evaluate, save, pause_ms", [((3,), (), 300), ((3,), (3,), 600), ((), (3,), 300)])
-def test_an_evaluation_then_a_checkpoint_are_one_pause(tmp_path: Path, evaluate, save, pause_ms) -> None:
-    # The Trainer evaluates, then saves, after the same step: one range over both (it ends at on_save).
+@pytest.mark.parametrize("evaluate, save, evaluations, at_epoch_end, pause_ms", [
+    ((3,), (), 1, False, 300), ((3,), (3,), 1, False, 600), ((), (3,), 1, False, 300),
+    ((3,), (3,), 2, False, 900),  # two eval datasets, then the checkpoint: one range (an on_evaluate ended it once)
+    ((3,), (), 1, True, 300),  # eval_strategy="epoch": decided at on_epoch_end (once: no range at all)
+])
+def test_evaluations_then_a_checkpoint_are_one_pause(tmp_path: Path, evaluate, save, evaluations, at_epoch_end,
+                                                     pause_ms) -> None:
+    # The Trainer evaluates, then saves, after the same step: one range over all of it.
     args = ProfilingArguments(enable_profiling=True, profiler_output_dir=str(tmp_path / "P"), profiler_run_name="r",
                               profiler_wait_steps=0, profiler_warmup_steps=2, profiler_active_steps=3)
-    fake_trainer.run([ProfilerCallback(args)], 6, tmp_path, save_after=save, evaluate_after=evaluate, save_s=0.3)
+    fake_trainer.run([ProfilerCallback(args)], 6, tmp_path, save_after=save, evaluate_after=evaluate, save_s=0.3,
+                     evaluations=evaluations, at_epoch_end=at_epoch_end)
     import gzip
     import json
 
@@ -68,3 +89,34 @@ def test_an_evaluation_then_a_checkpoint_are_one_pause(tmp_path: Path, evaluate,
     assert pause_ms * 1e3 <= pause["dur"] < (pause_ms + 250) * 1e3
     (rank,) = analyze_paths([tmp_path / "P" / "r"], AnalysisOptions(workers=1)).ranks
     assert {s.step: s.duration_us < 100e3 for s in rank.steps} == {3: True, 4: True, 5: True}
+
+
+def test_a_trainer_s_evaluation_in_the_window_ends_its_range_before_the_next_fetch(tmp_path: Path) -> None:
+    # A plain Trainer with the callbacks, evaluating on 64 samples after step 4, inside the window (recorded 3-5): the
+    # range covers the evaluation and ends before the next step's data phase (the step timer's fetch ends it), so the
+    # traced ranges nest, and step 4 reads as long as its neighbours.
+    import gzip
+    import json
+
+    from transformers import Trainer, TrainingArguments
+
+    from hf_distprof import build_callbacks
+
+    from .test_step_timer_callback import dataset, tiny_model
+
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, max_steps=6, logging_steps=100,
+                             per_device_train_batch_size=2, per_device_eval_batch_size=2, eval_strategy="steps",
+                             eval_steps=3, report_to="none", save_strategy="no", disable_tqdm=True)
+    prof = ProfilingArguments(enable_profiling=True, profiler_output_dir=str(tmp_path / "P"), profiler_run_name="r",
+                              profiler_wait_steps=0, profiler_warmup_steps=2, profiler_active_steps=3)
+    Trainer(model=tiny_model(), args=args, train_dataset=dataset(), eval_dataset=dataset(64),
+            callbacks=build_callbacks(prof)).train()
+    (trace,) = (tmp_path / "P" / "r").glob("*.pt.trace.json.gz")
+    events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    (pause,) = [e for e in events if e.get("name") == PAUSE_NAME]
+    end = pause["ts"] + pause["dur"]
+    data = [e for e in events if e.get("name") == "hf_distprof/data" and e["ts"] >= pause["ts"]]
+    assert data and data[0]["ts"] >= end  # the next data phase starts after the range: no crossing
+    (rank,) = analyze_paths([tmp_path / "P" / "r"], AnalysisOptions(workers=1)).ranks
+    steps = {s.step: s.duration_us for s in rank.steps}
+    assert sorted(steps) == [3, 4, 5] and steps[4] < 3 * max(steps[3], steps[5]), steps

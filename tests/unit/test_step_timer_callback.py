@@ -491,21 +491,3 @@ def test_the_live_verdict_is_judged_again_once_the_steps_grew_by_5_percent(tmp_p
     # 1200 steps were seen when the last ran at 1164: judged at 1204 (40 more), then 1216 (12 more), not 1208, 1212
     assert [n for n, _ in judged[71:]] == [1204, 1216]
 
-
-def test_the_step_after_a_checkpoint_is_written_but_left_out_of_the_means(tmp_path):
-    # Each rank leaves a checkpoint at its own time, so the next step waits for the slowest rank's: on the rank that
-    # saved nothing it read 72.5 ms of data wait against 1.5, and the table gave that rank the slower step and the lower
-    # throughput (a new user's trial, --save_steps 4). That step goes to the jsonl, not into the means.
-    from hf_distprof.callbacks.step_timer import StepTimerCallback
-
-    from . import fake_trainer
-
-    args = ProfilingArguments(enable_step_timing=True, profiler_output_dir=str(tmp_path / "prof"),
-                              profiler_run_name="run")
-    fake_trainer.run([StepTimerCallback(args)], max_steps=8, tmp_path=tmp_path, save_after=(3, 6))
-    run_dir = tmp_path / "prof" / "run"
-    lines = [json.loads(line) for line in (run_dir / "timing_rank0.jsonl").read_text().splitlines()]
-    assert [line["step"] for line in lines] == list(range(1, 9))
-    summary = json.loads((run_dir / "timing_summary.json").read_text())
-    # 8 steps, less the warm-up (1) and the steps after the checkpoints (4 and 7).
-    assert summary["steps_in_means"] == 5 and summary["per_rank"][0]["steps"] == 5

@@ -42,7 +42,7 @@ import msgspec
 from hf_distprof.analysis.read import message_sizes as sizes
 from hf_distprof.analysis.read.decode import Args, ChunkDecoder, Event, MemoryArgs, ShapedArgs, ShapedMemoryArgs
 from hf_distprof.analysis.read.message_sizes import MessageSize
-from hf_distprof.analysis.read.pauses import PAUSE_NAME, without_pauses
+from hf_distprof.analysis.read.pauses import PAUSE_NAME, gpu_outside, without_pauses
 from hf_distprof.analysis.read.trace_io import TraceReadError, iter_decoded_events, trace_rank
 
 # Event categories on CPU threads that can never be GPU activity; any other category is a GPU event when
@@ -384,6 +384,7 @@ def parse_trace(path: str | os.PathLike[str], shapes: bool | None = None) -> Par
     memory = _memory_events(path, got.memory, got.ops, main_tid, main_ops) if got.memory else None
     main_ops = _unique_sorted(main_ops + _spans(path, [ev for ev in got.annotations if ev.tid == main_tid]))
     if any(ev.name == PAUSE_NAME for ev in got.annotations):  # an evaluation or a checkpoint between traced steps
+        gpu = gpu_outside(gpu, launches, main_ops)
         steps, main_ops, comm_spans, nccl_ops, fsdp_spans = without_pauses(steps, main_ops, comm_spans, nccl_ops,
                                                                             fsdp_spans)
     c10d_ops = [s for s in main_ops if s[2].startswith("c10d::")]

@@ -32,3 +32,15 @@ def without_pauses(steps: list[Any], main_ops: list[Span], *others: list[Span]) 
     trimmed = [replace(st, start=min(st.end, max([e for s, e in pauses if st.start <= s < st.end], default=st.start)))
                for st in steps]
     return (trimmed, outside(main_ops), *(outside(spans) for spans in others))
+
+
+def gpu_outside(gpu: Any, launches: dict[int, float], main_ops: list[Span]) -> Any:
+    """The GPU activity columns (``events.GpuEvent``) without the kernels and copies launched inside a pause (the
+    evaluation's forwards, its NCCL gathers): each is placed by its launch's CPU time (its own start without one)."""
+    pauses = sorted((s, e) for s, e, name in main_ops if name == PAUSE_NAME)
+    keep = [i for i, (start, corr) in enumerate(zip(gpu.start, gpu.correlation))
+            if not any(s <= launches.get(corr, start) < e for s, e in pauses)]
+    if len(keep) == len(gpu.start):
+        return gpu
+    return replace(gpu, **{name: [getattr(gpu, name)[i] for i in keep]
+                           for name in ("start", "end", "name", "stream", "correlation")})

@@ -159,6 +159,7 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
             traced.register(self._triggers.plan)  # the step timer, memory views and --nsys-window count its windows
         if self.step_timer is not None:
             self.step_timer.profiler_busy = self._compacts.busy  # steps it overlaps are left out of its verdicts
+            self.step_timer.before_fetch = self._end_pause  # the next step's data wait starts there
         rank = dist.get_rank()
         ranks = self.args.profile_rank_set
         if ranks is not None:
@@ -231,13 +232,23 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
                     self.prof.step()
             else:
                 self._advance(self.prof)
-            if (control.should_evaluate or control.should_save) and self.prof is not None and \
-                    self.prof.current_action in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE):
-                # The Trainer evaluates or saves now, inside the step just opened: the analysis starts that step
-                # where this range ends (an evaluation in a traced step read as a 1.7 s step and a what-if finding).
-                self._pause = torch.autograd.profiler.record_function(PAUSE_NAME)
-                self._pause.__enter__()
+            self._begin_pause(control)
         self._step_boundary()
+
+    def _begin_pause(self, control: TrainerControl) -> None:
+        """The Trainer evaluates or saves now (after a step's or an epoch's end), inside the step the profiler just
+        opened: while it records, a range around that work, up to the next step's first fetch (or its ``on_step_begin``,
+        or a checkpoint's end), where the analysis starts the step (an evaluation in a traced step read as a 1.8 s step
+        and a what-if finding). Several evaluations (a dict of eval datasets) and a checkpoint decided after them
+        (``save_strategy="best"``) are all in it."""
+        if (control.should_evaluate or control.should_save) and self._pause is None and self.prof is not None and \
+                self.prof.current_action in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE):
+            pause = torch.autograd.profiler.record_function(PAUSE_NAME)
+            pause.__enter__()
+            self._pause = pause
+
+    def on_epoch_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+        self._begin_pause(control)  # eval_strategy / save_strategy "epoch"
 
     def _end_pause(self) -> None:
         pause, self._pause = self._pause, None
@@ -281,9 +292,7 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         self._step_boundary(pause=True)
 
     def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
-        if not control.should_save:  # (a checkpoint follows: the pause ends after it)
-            self._end_pause()
-        self._step_boundary(pause=True)
+        self._step_boundary(pause=True)  # (the range goes on: another evaluation or a checkpoint may follow)
 
     def _step_ends_before_export(self, step: int) -> None:
         """The step timer ends this step before the trace is written, so that the export (0.4-2 s) is neither this
