@@ -36,7 +36,7 @@ logger = dist.get_logger(__name__)
 SUMMARY_ROWS = 25
 PAUSE_NAME = "hf_distprof/between_steps"
 """The range around an evaluation or a checkpoint between two traced steps (the analysis's
-``hf_distprof.analysis.read.events.PAUSE_NAME``, the same name: the training ranks import no analysis code)."""
+``hf_distprof.analysis.read.pauses.PAUSE_NAME``, the same name: the training ranks import no analysis code)."""
 # How the windows opened on demand or on anomaly (hf_distprof.callbacks.profiler.capture) drive the profiler.
 _PHASE_ACTIONS = {WARMUP: ProfilerAction.WARMUP, RECORD: ProfilerAction.RECORD,
                   RECORD_AND_SAVE: ProfilerAction.RECORD_AND_SAVE}
@@ -256,7 +256,7 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
             pause.__exit__(None, None, None)
 
     def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
-        self._end_pause()  # (an evaluation the Trainer skipped: no on_evaluate)
+        self._end_pause()  # (without the step timer, whose loader hook ends it at the step's first fetch)
 
     def _advance(self, prof: profile) -> None:
         """Step the profiler into the next optimizer step. From an idle step into another idle one, ``prof.step()``
