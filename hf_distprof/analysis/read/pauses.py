@@ -19,10 +19,15 @@ PAUSE_NAME = "hf_distprof/between_steps"
 analysis code)."""
 
 
+def _pauses(main_ops: list[Span]) -> list[tuple[float, float]]:
+    """The pause ranges among the main thread's spans, sorted."""
+    return sorted((s, e) for s, e, name in main_ops if name == PAUSE_NAME)
+
+
 def without_pauses(steps: list[Any], main_ops: list[Span], *others: list[Span]) -> tuple[Any, ...]:
     """The steps starting where a pause inside them ends, and each list of spans (main-thread ops, collective spans
     ...) without those that start inside a pause (the pause's own range among them)."""
-    pauses = sorted((s, e) for s, e, name in main_ops if name == PAUSE_NAME)
+    pauses = _pauses(main_ops)
     if not pauses:
         return (steps, main_ops, *others)
 
@@ -37,7 +42,7 @@ def without_pauses(steps: list[Any], main_ops: list[Span], *others: list[Span]) 
 def gpu_outside(gpu: Any, launches: dict[int, float], main_ops: list[Span]) -> Any:
     """The GPU activity columns (``events.GpuEvent``) without the kernels and copies launched inside a pause (the
     evaluation's forwards, its NCCL gathers): each is placed by its launch's CPU time (its own start without one)."""
-    pauses = sorted((s, e) for s, e, name in main_ops if name == PAUSE_NAME)
+    pauses = _pauses(main_ops)
     keep = [i for i, (start, corr) in enumerate(zip(gpu.start, gpu.correlation))
             if not any(s <= launches.get(corr, start) < e for s, e in pauses)]
     if len(keep) == len(gpu.start):
