@@ -334,9 +334,6 @@ def _async_graph(windows: tuple[int, ...] = (3,)) -> Any:
     in step 1, 0.5 ms after), works 1 ms. Rank 0 arrives last in every step, so rank 1 ends step 1 at 18 ms, step 2 at
     29.5 and step 3 at 43.5: steps of 18, 11.5 and 14 ms. ``windows``: how many steps each traced window holds (a
     window's first step starts at its measured time)."""
-    from hf_distprof.analysis.results.rank import RankTimeline
-    from hf_distprof.analysis.whatif.replay import Graph
-
     transfer_ms, own = [4.0, 0.5, 0.5], [(13.0, 2.0), (13.0, 2.0), (12.0, 2.0)]
     keys = [(s, "all_reduce", 0) for s in (1, 2, 3)]
     t_rank0, t = [], 0.0
@@ -359,6 +356,16 @@ def _async_graph(windows: tuple[int, ...] = (3,)) -> Any:
                 end1 = done + 1.0
                 line += [(START, s, start1, pred, 0.0, -1), (ARRIVE, s, start1 + 5.0, len(line), 5.0, s - 1),
                          (RELEASE, s, done, len(line) + 1, 0.0, s - 1), (END, s, end1, len(line) + 2, 1.0, -1)]
+    return _hand_graph(lines, keys, [1e3 * x for x in transfer_ms])
+
+
+def _hand_graph(lines: list[list[tuple[int, int, float, int, float, int]]], keys: list[Any], transfer_us: list[float]
+                ) -> Any:
+    """The replay's graph of hand-written timelines: per rank (kind, step, time in ms, predecessor, work in ms,
+    collective number); a RELEASE point waits for its collective, an ARRIVE point arrives at it."""
+    from hf_distprof.analysis.results.rank import RankTimeline
+    from hf_distprof.analysis.whatif.replay import Graph
+
     tls, work, dep, dep_id, arrive_id, arrive_at, starts, ends = [], [], [], [], [], [], [], []
     for line in lines:
         tl = RankTimeline()
@@ -378,8 +385,36 @@ def _async_graph(windows: tuple[int, ...] = (3,)) -> Any:
         ends.append({s: i for i, (kind, s, _, _, _, _) in enumerate(line) if kind == END})
     return Graph(ranks=[0, 1], tl=tls, t0=[list(tl.t) for tl in tls], work=work, dep=dep,
                  wake=[[0.0] * len(tl) for tl in tls], arrive_at=arrive_at, keys=keys, dep_id=dep_id,
-                 arrive_id=arrive_id, transfer={k: 1e3 * x for k, x in zip(keys, transfer_ms)}, steps=[1, 2, 3],
+                 arrive_id=arrive_id, transfer=dict(zip(keys, transfer_us)),
+                 steps=sorted(set.intersection(*(set(s) for s in starts))),
                  start_at=starts, end_at=ends, segment=[[None] * len(tl) for tl in tls], bytes_of={})
+
+
+def test_crossed_waits_end_the_replay() -> None:
+    """Two collectives whose measured order disagrees between the ranks (clock skew: rank 1 left its wait for Y at
+    3.5 ms, before rank 0's arrival at Y at 5.0 ms on its clock): replayed as measured each rank waits for the other.
+    The wait that ended first is released at its collective's completion with the arrivals it had (rank 1's at 1.2 ms
+    plus Y's 0.6 ms transfer), the one exception to "never before the last rank arrived" (the guide says so); the
+    replay then goes on in order."""
+    from hf_distprof.analysis.whatif import replay as wr
+
+    keys = [(1, "all_reduce", 0), (1, "broadcast", 0)]  # X, Y
+    lines = [
+        [(START, 1, 0.0, -1, 0.0, -1), (ARRIVE, 1, 1.0, 0, 1.0, 0), (RELEASE, 1, 4.7, 1, 0.0, 0),
+         (ARRIVE, 1, 5.0, 2, 0.3, 1), (RELEASE, 1, 5.6, 3, 0.0, 1), (END, 1, 7.0, 4, 1.4, -1)],
+        [(START, 1, 0.0, -1, 0.0, -1), (ARRIVE, 1, 1.2, 0, 1.2, 1), (RELEASE, 1, 3.5, 1, 0.0, 1),
+         (ARRIVE, 1, 4.2, 2, 0.7, 0), (RELEASE, 1, 4.7, 3, 0.0, 0), (END, 1, 7.0, 4, 2.3, -1)],
+    ]
+    g = _hand_graph(lines, keys, [500.0, 600.0])
+    rep = wr.replay(g)
+    assert rep.value[1][2] == pytest.approx(1.8e3)  # rank 1 leaves its wait for Y: 1.2 + 0.6 ms
+    assert rep.value[1][3] == pytest.approx(2.5e3)  # and arrives at X 0.7 ms later, the last
+    assert rep.value[0][2] == pytest.approx(3.0e3)  # rank 0 leaves its wait for X at 2.5 + 0.5 ms
+    assert rep.done[keys[0]] == pytest.approx(3.0e3) and rep.last[keys[0]] == 1
+    # Rank 0 arrives at Y at 3.3 ms, the last, so Y completes again at 3.9 for its own wait; both end at 5.3 ms
+    # (3.9 + 1.4; X's completion 3.0 + 2.3).
+    assert rep.done[keys[1]] == pytest.approx(3.9e3)
+    assert [rep.value[0][-1], rep.value[1][-1]] == pytest.approx([5.3e3, 5.3e3])
 
 
 def test_hiding_the_transfers_never_reads_slower() -> None:
