@@ -417,6 +417,28 @@ def test_crossed_waits_end_the_replay() -> None:
     assert [rep.value[0][-1], rep.value[1][-1]] == pytest.approx([5.3e3, 5.3e3])
 
 
+def test_a_step_only_one_rank_traced_saves_nothing() -> None:
+    """Rank 0 traced steps 1-3, rank 1 steps 2-3 (the common ones): a replay where rank 0 ends step 1 2 ms sooner and
+    every common step as long as before saves nothing per step (it read 2 ms over 3 steps on rank 0: 0.33 ms)."""
+    from hf_distprof.analysis.whatif import replay as wr
+    from hf_distprof.analysis.whatif.model import running_saving_pct, window_saving
+
+    lines = [
+        [(START, 1, 0.0, -1, 0.0, -1), (END, 1, 10.0, 0, 10.0, -1), (START, 2, 10.0, 1, 0.0, -1),
+         (END, 2, 20.0, 2, 10.0, -1), (START, 3, 20.0, 3, 0.0, -1), (END, 3, 30.0, 4, 10.0, -1)],
+        [(START, 2, 10.0, -1, 0.0, -1), (END, 2, 20.0, 0, 10.0, -1), (START, 3, 20.0, 1, 0.0, -1),
+         (END, 3, 30.0, 2, 10.0, -1)],
+    ]
+    g = _hand_graph(lines, [], [])
+    assert g.steps == [2, 3]
+    base = wr.replay(g)
+    assert base.value == [[0.0, 10e3, 10e3, 20e3, 20e3, 30e3], [10e3, 20e3, 20e3, 30e3]]
+    sooner = wr.Replay([[0.0, 8e3, 8e3, 18e3, 18e3, 28e3], list(base.value[1])], base.bound, {}, {})
+    assert window_saving(g, base, sooner) == 0.0
+    # Counted from step 2's start on both ranks: nothing saved by step 2's end nor by step 3's.
+    assert running_saving_pct(g, base, sooner) == [0.0, 0.0]
+
+
 def test_hiding_the_transfers_never_reads_slower() -> None:
     """The step a scenario predicts is the measured one less how much sooner the traced steps end, not the median of
     the replayed steps: hiding rank 1's 4 ms transfer in step 1 makes it start step 2 sooner, where it then waits

@@ -130,47 +130,51 @@ def window_saving(g: wr.Graph, base: wr.Replay, rep: wr.Replay) -> float:
     mean over the ranks (us; < 0 when it ends them later).
 
     Per rank, each stretch of consecutive traced steps (a window; its first step starts at its measured time in every
-    replay) ends sooner by the difference of its last common step's end; the stretches' differences added up, over
-    the steps they hold up to that end."""
+    replay) gains the difference at its last common step's end less the difference at its first common step's start
+    (a step only this rank traced, before it, is not counted); the stretches' gains added up, over the steps between
+    those two points."""
     common = set(g.steps)
     savings = []
     for r in range(len(g.ranks)):
-        starts, ends, pred = g.start_at[r], g.end_at[r], g.tl[r].pred
-        gained, held, in_stretch, last = 0.0, 0, 0, None
-        for s in sorted(starts):
-            if pred[starts[s]] < 0 and in_stretch:  # a new stretch: close the one before
-                if last is not None:
-                    gained += base.value[r][ends[last[0]]] - rep.value[r][ends[last[0]]]
-                    held += last[1]
-                in_stretch, last = 0, None
-            in_stretch += 1
-            if s in common and s in ends:
-                last = (s, in_stretch)
-        if last is not None:
-            gained += base.value[r][ends[last[0]]] - rep.value[r][ends[last[0]]]
-            held += last[1]
+        starts, ends, base_at, rep_at = g.start_at[r], g.end_at[r], base.value[r], rep.value[r]
+        gained, held = 0.0, 0
+        for _, stretch in _stretches(g, r):
+            shared = [i for i, s in enumerate(stretch) if s in common]
+            if not shared:
+                continue
+            first, last = stretch[shared[0]], stretch[shared[-1]]
+            gained += (base_at[ends[last]] - rep_at[ends[last]]) - (base_at[starts[first]] - rep_at[starts[first]])
+            held += shared[-1] - shared[0] + 1
         savings.append(gained / held if held else 0.0)
     return sum(savings) / len(savings)
 
 
-def _stretch_starts(g: wr.Graph, r: int) -> dict[int, int]:
-    """Step -> the point where its stretch of consecutive traced steps starts on rank index ``r`` (a fixed time in
-    every replay)."""
-    starts, pred = g.start_at[r], g.tl[r].pred
-    out, first = {}, -1
+def _stretches(g: wr.Graph, r: int) -> list[tuple[int, list[int]]]:
+    """Rank index ``r``'s traced steps in stretches of consecutive steps: (the point where the stretch starts, a fixed
+    time in every replay: a window's first step, or one after a gap; its steps that have an end)."""
+    starts, ends, pred = g.start_at[r], g.end_at[r], g.tl[r].pred
+    out: list[tuple[int, list[int]]] = []
     for s in sorted(starts):
-        if pred[starts[s]] < 0 or first < 0:
-            first = starts[s]
-        out[s] = first
+        if pred[starts[s]] < 0 or not out:
+            out.append((starts[s], []))
+        if s in ends:
+            out[-1][1].append(s)
     return out
 
 
 def running_saving_pct(g: wr.Graph, base: wr.Replay, rep: wr.Replay) -> list[float]:
-    """For each traced step, how much sooner ``rep`` reaches its end than ``base``, in % of the time from its
-    stretch's start to that end (summed over ranks): what the change has saved by then. A step's own time can grow
+    """For each traced step, how much sooner ``rep`` reaches its end than ``base``, in % of the time from the start of
+    its stretch's first common step to that end (summed over ranks): what the change has saved by then. A step's own time can grow
     where the steps before it shrank (a rank that starts it sooner waits longer in it); the running figure does not
     swing with that."""
-    firsts = [_stretch_starts(g, r) for r in range(len(g.ranks))]
+    common = set(g.steps)
+    firsts = []
+    for r in range(len(g.ranks)):
+        first: dict[int, int] = {}
+        for _, stretch in _stretches(g, r):
+            shared = [s for s in stretch if s in common]
+            first.update(dict.fromkeys(shared, g.start_at[r][shared[0]] if shared else 0))
+        firsts.append(first)
     out = []
     for s in g.steps:
         was = now = 0.0
