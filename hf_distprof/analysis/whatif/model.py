@@ -163,10 +163,10 @@ def _stretches(g: wr.Graph, r: int) -> list[tuple[int, list[int]]]:
 
 
 def running_saving_pct(g: wr.Graph, base: wr.Replay, rep: wr.Replay) -> list[float]:
-    """For each traced step, how much sooner ``rep`` reaches its end than ``base``, in % of the time from the start of
-    its stretch's first common step to that end (summed over ranks): what the change has saved by then. A step's own time can grow
-    where the steps before it shrank (a rank that starts it sooner waits longer in it); the running figure does not
-    swing with that."""
+    """For each traced step, how much sooner ``rep`` reaches its end than ``base``, in % of the time from the start
+    of its stretch's first common step to that end (summed over ranks): what the change has saved by then. A step's
+    own time can grow where the steps before it shrank (a rank that starts it sooner waits longer in it); the running
+    figure does not swing with that."""
     common = set(g.steps)
     firsts = []
     for r in range(len(g.ranks)):

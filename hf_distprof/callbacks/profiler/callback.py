@@ -200,6 +200,7 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
             self._policy.window_start(offset + 1)
         self.prof.step()  # now recording ProfilerStep#<offset+1>, the first step of this run
         self._install_exit_handlers()
+        self._begin_pause(bool(getattr(args, "eval_on_start", False)))  # the Trainer evaluates before step 1
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -232,23 +233,23 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
                     self.prof.step()
             else:
                 self._advance(self.prof)
-            self._begin_pause(control)
+            self._begin_pause(control.should_evaluate or control.should_save)
         self._step_boundary()
 
-    def _begin_pause(self, control: TrainerControl) -> None:
-        """The Trainer evaluates or saves now (after a step's or an epoch's end), inside the step the profiler just
-        opened: while it records, a range around that work, up to the next step's first fetch (or its ``on_step_begin``,
-        or a checkpoint's end), where the analysis starts the step (an evaluation in a traced step read as a 1.8 s step
-        and a what-if finding). Several evaluations (a dict of eval datasets) and a checkpoint decided after them
-        (``save_strategy="best"``) are all in it."""
-        if (control.should_evaluate or control.should_save) and self._pause is None and self.prof is not None and \
+    def _begin_pause(self, now: bool) -> None:
+        """When ``now``, the Trainer evaluates or saves now (after a step's or an epoch's end, or before the first step
+        with ``eval_on_start``), inside the step the profiler just opened: while it records, a range around that work,
+        up to the next step's first fetch (or its ``on_step_begin``, or a checkpoint's end), where the analysis starts
+        the step (an evaluation in a traced step read as a 1.8 s step and a what-if finding). Several evaluations (a
+        dict of eval datasets) and a checkpoint decided after them (``save_strategy="best"``) are all in it."""
+        if now and self._pause is None and self.prof is not None and \
                 self.prof.current_action in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE):
             pause = torch.autograd.profiler.record_function(PAUSE_NAME)
             pause.__enter__()
             self._pause = pause
 
     def on_epoch_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
-        self._begin_pause(control)  # eval_strategy / save_strategy "epoch"
+        self._begin_pause(control.should_evaluate or control.should_save)  # eval_strategy / save_strategy "epoch"
 
     def _end_pause(self) -> None:
         pause, self._pause = self._pause, None
