@@ -37,6 +37,7 @@ from hf_distprof.timing.instrument import (
     PhaseLabels,
     current_memory_bytes,
     instrument_loader,
+    loads_elsewhere,
     peak_memory_bytes,
 )
 from hf_distprof.timing.recorder import StepRecorder, StepTiming
@@ -158,6 +159,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
 
         self._undo_loader = instrument_loader(loader, recorder.add_load_time, on_fetch) if loader is not None else None
         recorder.loader_timed = self._undo_loader is not None
+        recorder.loads_elsewhere = loads_elsewhere(loader, dist.get_rank())  # accelerate's dispatch_batches
         if model is not None:
             self._hooks = ModelHooks(model, recorder, labels)
         self._recorder = recorder
@@ -253,7 +255,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         if self._recorder is None:
             return
         ended_early = self._ended_early == state.global_step  # before the trace (and its summary) was written
-        if self._busy_at_begin or (not ended_early and self._profiler_busy()):
+        if self._busy_at_begin or (not ended_early and self.profiler_busy is not None and self.profiler_busy()):
             self._busy_steps.add(state.global_step)
         if ended_early:
             # The profiler wrote a trace since (end_step_before_export): the next step's data wait starts now.
@@ -269,9 +271,6 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self._mark_log_step(state, control)
         if self._recorder.pending_steps >= MAX_PENDING_STEPS:
             self._guarded(self._drain)  # local only: bounded memory when logging is rare or off
-
-    def _profiler_busy(self) -> bool:
-        return self.profiler_busy is not None and bool(self.profiler_busy())
 
     def _distorted(self, step: int) -> bool:
         """Whether the profiler ran over ``step`` or was still busy with a written trace during it."""

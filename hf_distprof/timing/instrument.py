@@ -296,6 +296,17 @@ def base_dataloader(loader: Any) -> DataLoader[Any] | None:
     return base if isinstance(base, DataLoader) else None
 
 
+def loads_elsewhere(loader: Any, rank: int) -> bool:
+    """Whether rank ``rank`` gets its batches from another rank: accelerate's ``DataLoaderDispatcher``
+    (``dispatch_batches``, its default for an ``IterableDataset``) has rank 0 load every rank's batches and broadcast
+    them, so the other ranks never call the loader's ``next()``: their data wait is a wait for rank 0, not loading."""
+    try:
+        from accelerate.data_loader import DataLoaderDispatcher
+    except ImportError:  # pragma: no cover - accelerate is a dependency
+        return False
+    return isinstance(loader, DataLoaderDispatcher) and rank != 0
+
+
 def instrument_loader(
     loader: Any, sink: Callable[[float], None], on_fetch: Callable[[], None] = lambda: None
 ) -> Callable[[], None] | None:

@@ -209,16 +209,21 @@ class StepRecorder:
         clock: Where marks come from.
         loader_timed: Whether ``add_load_time`` is fed by an instrumented data loader; when False,
             ``StepTiming.data_load_s`` is None. It is None as well for a step before which the loader
-            was never called (its batches came from a loader that is not instrumented).
+            was never called (its batches came from a loader that is not instrumented), unless ``loads_elsewhere``.
+        loads_elsewhere: Another rank loads this rank's batches (accelerate's ``dispatch_batches``: rank 0 loads
+            every rank's and broadcasts them): a step without a ``next()`` on the loader loaded nothing itself
+            (``data_load_s`` 0), and its data wait is a wait for that rank.
         run_queue: The thread's run-queue clock (:class:`~hf_distprof.timing.cpu_wait.RunQueueClock`), or None.
             On host-timed phases (CPU, ``clock.cheap_marks``) it is read around each pre-sync phase, for
             ``pre_sync_cpu_wait_s``; on a GPU only at the data wait's start and before the optimizer, for
             ``cpu_wait_s`` (the phases are device time: a host thread's wait is in none of them).
     """
 
-    def __init__(self, clock: Clock, loader_timed: bool = False, run_queue: RunQueueClock | None = None) -> None:
+    def __init__(self, clock: Clock, loader_timed: bool = False, run_queue: RunQueueClock | None = None,
+                 loads_elsewhere: bool = False) -> None:
         self.clock = clock
         self.loader_timed = loader_timed
+        self.loads_elsewhere = loads_elsewhere
         self.run_queue = run_queue
         # Bound once: the hooks below run on every phase of every step, where each lookup costs.
         self._mark = clock.mark
@@ -299,7 +304,7 @@ class StepRecorder:
             self._abandon(self._current)
         # No next() on the instrumented loader since the last step: the batches came from another loader
         # (on resume the Trainer iterates a skip_first_batches copy for the rest of the epoch): unknown.
-        load = self._load_s if self.loader_timed and self._load_calls else None
+        load = self._load_s if self.loader_timed and (self._load_calls or self.loads_elsewhere) else None
         slot = self._free.pop() if self._free else _Marks()
         slot.reset(self._prev_end, self._mark(), load)
         if self._load_end is not None:

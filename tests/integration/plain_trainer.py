@@ -21,6 +21,8 @@ How it sets up logging and whether it passes hf_distprof's callbacks itself come
   sets it in code (``--report_to`` on the command line takes one name).
 - ``PLAIN_EXIT=natural``: end as most user scripts do, by returning from ``main`` (no ``destroy_process_group``, the
   interpreter's own teardown); otherwise the script ends as described at its end.
+- ``PLAIN_ITERABLE=1``: the same tokens as an ``IterableDataset`` (no ``__len__``): accelerate then dispatches the
+  batches from rank 0 (its default ``dispatch_batches`` for one), which loads every rank's and broadcasts them.
 - ``PLAIN_PIN=1``: rank ``r`` runs on CPU ``r`` only (of those it may use), so that another process pinned to one core
   shares that rank's core alone.
 - ``HF_DISTPROF_ALTERNATE_CORES=1``: at every batch the collator moves the main thread to the next CPU (rank ``r``'s
@@ -50,6 +52,11 @@ class RandomTokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         ids = torch.randint(0, 512, (32,), generator=torch.Generator().manual_seed(i))
         return {"input_ids": ids, "labels": ids.clone()}
+
+
+class RandomTokenStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    def __iter__(self) -> Any:
+        return (RandomTokens()[i] for i in range(100_000))
 
 
 def collate(rank: int, sleep_s: float, every: int = 1, first: int = 1, block: int = 0, repeat: int = 1) -> Any:
@@ -130,7 +137,8 @@ def main() -> None:
     segv_rank, _, segv_step = os.environ.get("PLAIN_SEGV", "").partition(":")
     if segv_rank:
         callbacks = [*callbacks, SegfaultAt(int(segv_rank), int(segv_step))]
-    trainer = Trainer(model=model, args=training_args, train_dataset=RandomTokens(), callbacks=callbacks,
+    data = RandomTokenStream() if os.environ.get("PLAIN_ITERABLE") == "1" else RandomTokens()
+    trainer = Trainer(model=model, args=training_args, train_dataset=data, callbacks=callbacks,
                       data_collator=collate(rank, sleep_s, int(every or 1), int(first or 1), int(block or 0),
                                             repeat))
     trainer.train()

@@ -191,6 +191,33 @@ def test_a_step_whose_batches_bypass_the_timed_loader_has_no_load_time():
     assert [s.data_load_s for s in rec.resolve()] == [None, 0.0, 0.375]
 
 
+def test_a_rank_whose_batches_another_rank_loads_loads_nothing_itself():
+    """accelerate's dispatch_batches (the default for an IterableDataset): rank 0 loads every rank's batches and
+    broadcasts them; the others never call the loader's next(). Their data wait (0.5 ms here) is a wait for rank 0:
+    no loading of theirs, so not in the pre-sync time compared across ranks (it was all of it: a trial's rank 1 "held
+    the others back: its data loading", 8.8 ms more per step, on a run where rank 0 did the loading)."""
+    t = Timeline()
+    rec = StepRecorder(FakeCpuClock(t), loader_timed=True, loads_elsewhere=True)
+    rec.boundary()
+    run_step(rec, t, step=1)
+    (s,) = rec.resolve()
+    assert s.data_s == pytest.approx(0.5) and s.data_load_s == 0.0 and s.pre_sync_data_s == 0.0
+    assert s.pre_sync_s == pytest.approx(2 * 1.0 + 2 * 2.0)
+
+
+def test_only_accelerate_s_dispatcher_off_rank_0_loads_elsewhere():
+    from accelerate.data_loader import DataLoaderDispatcher, DataLoaderShard
+    from torch.utils.data import DataLoader
+
+    from hf_distprof.timing.instrument import loads_elsewhere
+
+    data = list(range(8))
+    dispatcher = DataLoaderDispatcher(data, batch_size=2)
+    assert [loads_elsewhere(dispatcher, r) for r in (0, 1)] == [False, True]
+    for loader in (DataLoaderShard(data, batch_size=2), DataLoader(data, batch_size=2)):
+        assert [loads_elsewhere(loader, r) for r in (0, 1)] == [False, False]
+
+
 def test_boundary_after_logging_excludes_logging_time_from_the_next_data_wait():
     t = Timeline()
     rec = StepRecorder(FakeCpuClock(t))
