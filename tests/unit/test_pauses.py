@@ -152,3 +152,22 @@ def test_an_evaluation_before_the_first_step_is_a_pause_too(tmp_path: Path) -> N
     (rank,) = analyze_paths([tmp_path / "P" / "r"], AnalysisOptions(workers=1)).ranks
     steps = {s.step: s.duration_us for s in rank.steps}
     assert sorted(steps) == [1, 2] and steps[1] < 3 * steps[2], steps
+
+
+def test_a_step_after_the_named_ones_and_what_ran_in_it_are_left_out() -> None:
+    # A window cut short by an exception after step 8: prof.step() had opened step 9, which never ran; its range lasts
+    # until the trace was stopped, a peer's gather waiting for a dead rank inside it.
+    import math
+
+    from hf_distprof.analysis.read.trace_io import steps_named
+
+    steps = [Step(8, 0.0, 20.0), Step(9, 20.0, 650.0)]
+    kept, cut = steps_named("/runs/r/rank0_vm_step8-8.pt.trace.json.gz", steps)
+    assert kept == steps[:1] and cut == [(20.0, math.inf)]
+    ops = [(1.0, 5.0, "aten::mm"), (21.0, 640.0, "c10d::allgather_"), (651.0, 652.0, "aten::add")]
+    gathers = [(5.0, 6.0, "gloo:all_reduce"), (21.0, 640.0, "gloo:all_gather")]
+    assert without_pauses(kept, ops, gathers, cut=cut) == (kept, ops[:1], gathers[:1])
+    # Names that say no steps, or all of the steps, or none of them: the steps as they are.
+    for name in ("worker0_step_12.1694128201545.pt.trace.json.gz", "rank0_vm_step8-9.pt.trace.json",
+                 "rank0_vm_step3-4.pt.trace.json.gz"):
+        assert steps_named(f"/runs/r/{name}", steps) == (steps, []), name

@@ -129,6 +129,13 @@ def test_close_mid_window_flushes_the_recorded_steps(tmp_path):
     # Step 5 had begun when training died: its partial record is kept too.
     assert profiler_steps(trace) == ["ProfilerStep#3", "ProfilerStep#4", "ProfilerStep#5"]
     cb.close()  # idempotent
+    # The analysis reads the steps the name says: step 5 never ran (a trial's "median step" of 1.5 ms, or a 633 ms
+    # wait for a dead peer), from the compact file and from the trace alike.
+    from hf_distprof.analysis import AnalysisOptions, analyze_paths
+
+    for compact in (True, False):
+        (rank,) = analyze_paths([trace], AnalysisOptions(workers=1), read_compact=compact).ranks
+        assert [s.step for s in rank.steps] == [3, 4], compact
 
 
 def test_closing_before_the_window_writes_nothing(tmp_path):

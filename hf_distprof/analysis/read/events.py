@@ -43,7 +43,7 @@ from hf_distprof.analysis.read import message_sizes as sizes
 from hf_distprof.analysis.read.decode import Args, ChunkDecoder, Event, MemoryArgs, ShapedArgs, ShapedMemoryArgs
 from hf_distprof.analysis.read.message_sizes import MessageSize
 from hf_distprof.analysis.read.pauses import PAUSE_NAME, gpu_outside, without_pauses
-from hf_distprof.analysis.read.trace_io import TraceReadError, iter_decoded_events, trace_rank
+from hf_distprof.analysis.read.trace_io import TraceReadError, iter_decoded_events, steps_named, trace_rank
 
 # Event categories on CPU threads that can never be GPU activity; any other category is a GPU event when
 # its args carry an integer "stream" (HTA's rule), so new Kineto GPU categories are not missed.
@@ -379,14 +379,14 @@ def parse_trace(path: str | os.PathLike[str], shapes: bool | None = None) -> Par
     main_tid = max(steps_by_tid, key=lambda t: len(steps_by_tid[t]))
     # A trace written or concatenated twice holds every event twice: each list is sorted, and its exact repeats
     # dropped (in one pass once sorted), so that nothing is counted twice.
-    steps = _unique_sorted(steps_by_tid[main_tid], key=lambda s: (s.start, s.end, s.number))
+    steps, cut = steps_named(path, _unique_sorted(steps_by_tid[main_tid], key=lambda s: (s.start, s.end, s.number)))
     main_ops = _spans(path, [ev for ev in got.ops if ev.tid == main_tid])
     memory = _memory_events(path, got.memory, got.ops, main_tid, main_ops) if got.memory else None
     main_ops = _unique_sorted(main_ops + _spans(path, [ev for ev in got.annotations if ev.tid == main_tid]))
-    if any(ev.name == PAUSE_NAME for ev in got.annotations):  # an evaluation or a checkpoint between traced steps
-        gpu = gpu_outside(gpu, launches, main_ops)
+    if cut or any(ev.name == PAUSE_NAME for ev in got.annotations):  # an evaluation or a checkpoint between steps
+        gpu = gpu_outside(gpu, launches, main_ops, cut)
         steps, main_ops, comm_spans, nccl_ops, fsdp_spans = without_pauses(steps, main_ops, comm_spans, nccl_ops,
-                                                                            fsdp_spans)
+                                                                            fsdp_spans, cut=cut)
     c10d_ops = [s for s in main_ops if s[2].startswith("c10d::")]
     comm_spans = _unique_sorted(comm_spans)
     nccl_ops = _unique_sorted(nccl_ops)

@@ -9,6 +9,7 @@ traced step read 1.8 s against 25 ms, its 170 gathers a step's communication, an
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -19,15 +20,17 @@ PAUSE_NAME = "hf_distprof/between_steps"
 analysis code)."""
 
 
-def _pauses(main_ops: list[Span]) -> list[tuple[float, float]]:
-    """The pause ranges among the main thread's spans, sorted."""
-    return sorted((s, e) for s, e, name in main_ops if name == PAUSE_NAME)
+def _pauses(main_ops: list[Span], cut: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The pause ranges among the main thread's spans and the ``cut`` ranges, sorted."""
+    return sorted([(s, e) for s, e, name in main_ops if name == PAUSE_NAME] + list(cut))
 
 
-def without_pauses(steps: list[Any], main_ops: list[Span], *others: list[Span]) -> tuple[Any, ...]:
+def without_pauses(steps: list[Any], main_ops: list[Span], *others: list[Span],
+                   cut: Sequence[tuple[float, float]] = ()) -> tuple[Any, ...]:
     """The steps starting where a pause inside them ends, and each list of spans (main-thread ops, collective spans
-    ...) without those that start inside a pause (the pause's own range among them)."""
-    pauses = _pauses(main_ops)
+    ...) without those that start inside a pause (the pause's own range among them) or a ``cut`` range (the time of
+    steps left out: :func:`~hf_distprof.analysis.read.trace_io.steps_named`)."""
+    pauses = _pauses(main_ops, cut)
     if not pauses:
         return (steps, main_ops, *others)
 
@@ -39,10 +42,12 @@ def without_pauses(steps: list[Any], main_ops: list[Span], *others: list[Span]) 
     return (trimmed, outside(main_ops), *(outside(spans) for spans in others))
 
 
-def gpu_outside(gpu: Any, launches: dict[int, float], main_ops: list[Span]) -> Any:
+def gpu_outside(gpu: Any, launches: dict[int, float], main_ops: list[Span],
+                cut: Sequence[tuple[float, float]] = ()) -> Any:
     """The GPU activity columns (``events.GpuEvent``) without the kernels and copies launched inside a pause (the
-    evaluation's forwards, its NCCL gathers): each is placed by its launch's CPU time (its own start without one)."""
-    pauses = _pauses(main_ops)
+    evaluation's forwards, its NCCL gathers) or a ``cut`` range: each is placed by its launch's CPU time (its own start
+    without one)."""
+    pauses = _pauses(main_ops, cut)
     keep = [i for i, (start, corr) in enumerate(zip(gpu.start, gpu.correlation))
             if not any(s <= launches.get(corr, start) < e for s, e in pauses)]
     if len(keep) == len(gpu.start):
