@@ -1,8 +1,9 @@
 """Merge per-rank traces into one gzipped Chrome/Perfetto trace: one process per rank, clocks aligned.
 
 Clock alignment (``align="collectives"``, the default): every rank's timestamps are shifted onto rank
-``min``'s clock by the median, over all collectives matched across ranks, of the difference between the
-ends of the same collective (a collective ends at nearly the same moment on every rank). This removes
+``min``'s clock by the analysis's offsets (:func:`hf_distprof.analysis.across.align.clock_offsets`: another host's as
+the run manifest measured it while the traces agree with it, else the median, over all collectives matched across
+ranks, of the difference between the ends of the same collective). This removes
 clock skew between hosts and the different ``baseTimeNanoseconds`` of each trace. ``align="none"`` only
 applies ``baseTimeNanoseconds``, trusting the hosts' clocks (fine on one host). Without a matched
 collective, ``collectives`` falls back to ``clock``, else to ``none``.

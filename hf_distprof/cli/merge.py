@@ -27,9 +27,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="merge per-rank traces into one trace (open in ui.perfetto.dev)",
         description=(
             "Write one gzipped Chrome/Perfetto trace of all ranks: one process per rank named 'rank N', "
-            "clocks aligned on the ends of matched collectives (--align collectives), by the run manifest's "
-            "clock offsets measured at train start (--align clock; also collectives' fallback) or by wall clock "
-            "(--align none)."
+            "clocks aligned as analyze aligns them (--align collectives: another host by the run manifest's measured "
+            "offset while the traces agree with it, else on the ends of matched collectives), by the run manifest's "
+            "clock offsets measured at train start alone (--align clock; also collectives' fallback) or by wall "
+            "clock (--align none)."
         ),
     )
     parser.add_argument("paths", nargs="+", help="trace files and/or folders holding them")

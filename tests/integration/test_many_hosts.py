@@ -4,6 +4,7 @@ lists both hosts, the 4 ranks and their clocks."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
@@ -106,3 +107,18 @@ def test_two_hosts_of_two_ranks_run_twice_into_one_folder_write_distinct_files_a
     assert snapshot(tmp_path / "P" / "run") == first
     for run in ("run", "run-1"):
         check_run(tmp_path / "P" / run)
+    # analyze puts hostB on hostA's clock by the offset the manifest measured (both read one clock: about 0), not by
+    # the collectives' ends, which a gloo rank's late thread moves by milliseconds (6.5 ms in a trial).
+    run_dir = tmp_path / "P" / "run"
+    proc = subprocess.run([sys.executable, "-m", "hf_distprof.cli.main", "analyze", str(run_dir), "--json"],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    offsets = {p["rank"]: p["clock_offset_us"] for p in json.loads(proc.stdout)["cross_rank"]["per_rank"]}
+    clocks = {r["rank"]: r for r in json.loads((run_dir / "manifest.json").read_text())["ranks"]}
+    base = {}
+    for rank, host in RANKS.items():
+        with gzip.open(run_dir / f"rank{rank}_{host}_step2-2.pt.trace.json.gz", "rt") as fh:
+            base[rank] = json.load(fh)["baseTimeNanoseconds"]
+    for rank in RANKS:  # an offset to subtract, after each trace's base time is put on rank 0's
+        expected = clocks[rank]["clock_offset_us"] - (base[rank] - base[0]) / 1e3
+        assert offsets[rank] == pytest.approx(expected, abs=1e-3), (rank, offsets, clocks[rank])

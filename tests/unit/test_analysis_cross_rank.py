@@ -159,6 +159,30 @@ def test_ranks_on_one_host_share_its_clock():
     assert clock_offsets(ranks, match_collectives(ranks)) == {0: 0.0, 1: 4_000.0, 2: 1_500.0, 3: 6_500.0}
 
 
+def test_another_host_s_clock_is_the_measured_one_while_the_traces_agree_with_it():
+    # Host b's clock runs 2.5 ms ahead; its one rank's collectives end 4 ms late (its thread waits for a CPU once they
+    # are done): from the collectives' ends alone that reads as a 6.5 ms offset (a trial: 6.5 ms on two "hosts" of one
+    # clock). The run manifest measured 2.5 ms +- 50 us at train start: that offset is used.
+    ranks = [_shifted(0, 0.0), _shifted(1, 2_500.0)]
+    for c in ranks[1].collectives:
+        c.end_us += 4_000.0
+    ranks[0].host, ranks[1].host = "a", "b"
+    matched = match_collectives(ranks)
+    assert clock_offsets(ranks, matched) == {0: 0.0, 1: 6_500.0}
+    assert clock_offsets(ranks, matched, {0: (0.0, 0.0), 1: (2_500.0, 50.0)}) == {0: 0.0, 1: 2_500.0}
+    # A measurement the traces contradict (a clock stepped since the start: 20 ms would put rank 1's collectives
+    # ending before rank 0's started), or one that misses a host's rank: the collectives' offset.
+    assert clock_offsets(ranks, matched, {0: (0.0, 0.0), 1: (20_000.0, 50.0)}) == {0: 0.0, 1: 6_500.0}
+    assert clock_offsets(ranks, matched, {0: (0.0, 0.0)}) == {0: 0.0, 1: 6_500.0}
+    # The check is causality, not agreement: rank 1's collectives (2.5 ms after rank 0's, 9 ms long with its lag) allow
+    # any offset from -2.5 to 11.5 ms; 12 ms is past that by 0.5 ms: kept within a 0.6 ms uncertainty, not 0.1 ms.
+    assert clock_offsets(ranks, matched, {0: (0.0, 0.0), 1: (12_000.0, 600.0)}) == {0: 0.0, 1: 12_000.0}
+    assert clock_offsets(ranks, matched, {0: (0.0, 0.0), 1: (12_000.0, 100.0)}) == {0: 0.0, 1: 6_500.0}
+    # Traces that name no host: no host to measure, the collectives' offsets.
+    ranks[1].host = None
+    assert clock_offsets(ranks, matched, {0: (0.0, 0.0), 1: (2_500.0, 50.0)}) == {0: 0.0, 1: 6_500.0}
+
+
 def test_one_rank_has_no_cross_rank_verdict():
     from hf_distprof.analysis import analyze_ranks
 

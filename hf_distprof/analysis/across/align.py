@@ -1,12 +1,15 @@
 """The ranks aligned (pure): which collectives are the same one on every rank, each rank's clock against the first
 rank's, and when the last rank reached each collective (what its peers waited for).
 
-Ranks on different hosts have different clocks, so timestamps are not compared raw. A collective ends at
-(nearly) the same moment on every rank, because nobody finishes before the last rank has contributed;
-the offset of each rank's clock to rank ``ranks[0]`` is the median, over matched collectives, of the
-difference of their end times. Ranks on one host read one clock: they share one offset, from the first end among
-them (0 on ``ranks[0]``'s host), since their ends are not always as close as that rule assumes: a gloo rank whose
-thread waits for a CPU after a collective closes its span milliseconds later, which read as a clock offset once.
+Ranks on different hosts have different clocks, so timestamps are not compared raw. Ranks on one host read one
+clock: they share one offset (0 on ``ranks[0]``'s host). Another host's offset is the one the run manifest measured at
+train start (ping-pong rounds, within microseconds) while the traces agree with it: no collective that completes
+together (:data:`COMPLETES_TOGETHER`) may end on one host, beyond the measurement's uncertainty, before it started on
+the other (a clock stepped since the start breaks that). Otherwise, or without a measurement: a collective ends at
+(nearly) the same moment on every rank, because nobody finishes before the last rank has contributed, so the offset
+is the median, over matched collectives, of the difference of their first ends on each host. On gloo that is the
+rough one: a rank whose thread waits for a CPU after a collective closes its span milliseconds later (two hosts
+sharing one clock read 6.5 ms apart that way in a trial, where the manifest measured 2 us).
 Each trace's times count from its own ``baseTimeNanoseconds``, put on ``ranks[0]``'s first.
 """
 
@@ -33,16 +36,18 @@ def match_collectives(ranks: list[RankResult]) -> dict[CollectiveKey, dict[int, 
 
 
 def clock_offsets(
-    ranks: list[RankResult], matched: dict[CollectiveKey, dict[int, Collective]]
+    ranks: list[RankResult], matched: dict[CollectiveKey, dict[int, Collective]],
+    measured: dict[int, tuple[float, float]] | None = None,
 ) -> dict[int, float]:
     """Offset (us) to subtract from each rank's timestamps to put it on the first rank's clock.
 
     Args:
         ranks: The ranks.
         matched: Output of :func:`match_collectives`.
+        measured: The run manifest's clocks: rank -> (its clock minus rank 0's, the measurement's uncertainty), in us.
 
     Returns:
-        rank -> offset; all zero when no collective is matched.
+        rank -> offset; all zero when no collective is matched and nothing was measured.
     """
     if not ranks:
         return {}
@@ -63,21 +68,46 @@ def clock_offsets(
 
     skew = {g: (median([first_end(m, ranks_of) - first_end(m, members[home]) for m in matched.values()])
                 if matched and g != home else 0.0) for g, ranks_of in members.items()}
+    for g, ranks_of in members.items():
+        both = [*ranks_of, *members[home]]
+        if g == home or not named or not measured or any(k not in measured for k in both):
+            continue
+        offset = measured[ranks_of[0]][0] - measured[members[home][0]][0]
+        slack = measured[ranks_of[0]][1] + measured[members[home][0]][1]
+        if _causal(matched, ranks_of, members[home], shift, offset, slack):
+            skew[g] = offset
     return {r.rank: skew[group[r.rank]] - shift[r.rank] for r in ranks}
 
 
-def align(ranks: list[RankResult]) -> Alignment:
+def _causal(matched: dict[CollectiveKey, dict[int, Collective]], theirs: list[int], ours: list[int],
+            shift: dict[int, float], offset: float, slack: float) -> bool:
+    """Whether ``offset`` (their host's clock minus ours) keeps, within ``slack``, every collective that completes
+    together from ending on one host before it started on the other."""
+    for same in matched.values():
+        if next(iter(same.values())).kind not in COMPLETES_TOGETHER:
+            continue
+        a_start = max(same[k].start_us + shift[k] for k in ours)
+        a_end = min(same[k].end_us + shift[k] for k in ours)
+        b_start = max(same[k].start_us + shift[k] for k in theirs) - offset
+        b_end = min(same[k].end_us + shift[k] for k in theirs) - offset
+        if b_end < a_start - slack or a_end < b_start - slack:
+            return False
+    return True
+
+
+def align(ranks: list[RankResult], measured: dict[int, tuple[float, float]] | None = None) -> Alignment:
     """The ranks aligned: computed once per run, handed to every stage that compares the ranks in time (the skew and
     the straggler verdict, the late-peer waits, the bandwidth table, the what-if replay, ``merge``).
 
     Args:
         ranks: Per-rank results, sorted by rank.
+        measured: The run manifest's clock offsets (:func:`clock_offsets`).
 
     Returns:
         The alignment; with fewer than two ranks nothing is matched and every offset is 0.
     """
     matched = match_collectives(ranks) if len(ranks) > 1 else {}
-    offsets = clock_offsets(ranks, matched)
+    offsets = clock_offsets(ranks, matched, measured)
     arrivals = {key: {rank: c.start_us - offsets[rank] for rank, c in same.items()} for key, same in matched.items()}
     return Alignment(matched, offsets, arrivals)
 

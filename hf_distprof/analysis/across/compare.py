@@ -36,7 +36,9 @@ def compare(ranks: list[RankResult], run: RunInput, reference: Sequence[Referenc
     Returns:
         The figures.
     """
-    alignment = align(ranks)
+    clocks = run.run.clocks if run.run is not None else []
+    alignment = align(ranks, {c.rank: (c.offset_us, c.uncertainty_us or 0.0) for c in clocks
+                              if c.offset_us is not None})
     set_waits(ranks, alignment)
     traced = {s.step for r in ranks for s in r.steps}
     common = sorted(set.intersection(*({s.step for s in r.steps} for r in ranks))) if ranks else []
