@@ -257,3 +257,24 @@ def test_what_names_the_slowest_rank_when_no_verdict_s_candidate_is_it() -> None
     named = Judgement("straggler", 5.0, [1], None)
     assert slowest_rank([Judgement("communication_bound", 9.0, [0], None), named], verdicts, (0, 1), True, 0) == (
         1, "finding:straggler")
+
+
+def test_the_window_note_says_which_way_its_steps_moved():
+    # A trial's traced steps took 0.65x the untraced median, beyond the run's noise, and the note blamed "the
+    # profiler's cost" for steps that ran faster.
+    from hf_distprof.analysis.results.facts import WindowFacts
+    from hf_distprof.analysis.tell.findings import window_note
+    from hf_distprof.core.verdicts import SlowRankVerdict
+
+    window = SlowRankVerdict("raised", 1, 30.0, 10.0, 1.0, 3, 3, 2, 0.1, 6, "rank 1 is late", gate="threshold")
+    run = SlowRankVerdict("quiet", 1, 3.0, 10.0, 1.0, 2, 24, 2, 0.5, 6, "within the threshold", gate="threshold")
+
+    def note(steps, ratio):
+        return window_note(WindowFacts("imbalance", window, run, steps, 31.0, 5.0, ratio, True)).text
+
+    faster = note([24.0, 20.0, 20.0], 0.65)
+    assert faster.endswith("its steps took 24, 20, 20 ms against a median 31 ms untraced (0.65x), faster beyond the "
+                           "run's own noise: the host's load or the work changed while they ran")
+    assert "profiler's cost" not in faster
+    slower = note([44.0, 40.0, 42.0], 1.35)
+    assert slower.endswith("(1.35x), beyond the run's own noise: the profiler's cost and the host's load weigh on them")

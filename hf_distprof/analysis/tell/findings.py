@@ -586,8 +586,10 @@ def window_note(w: WindowFacts) -> WindowNote:
     if w.ratio is not None and untraced:
         distortion = (f"; its steps took {', '.join(f'{t:.0f}' for t in steps)} ms against a median {untraced:.0f} "
                       f"ms untraced ({w.ratio:.2f}x)")
-        if w.beyond_noise:
+        if w.beyond_noise and w.ratio > 1:
             distortion += ", beyond the run's own noise: the profiler's cost and the host's load weigh on them"
+        elif w.beyond_noise:  # faster than the run's other steps: not the profiler's doing
+            distortion += ", faster beyond the run's own noise: the host's load or the work changed while they ran"
     text = (f"The traced window alone says otherwise ({w.question}): {window.reason}; over the run's "
             f"{final.steps} untraced steps the step timer says {said}, and the verdict follows the run" + distortion)
     return WindowNote(w.question, window.status, window.rank, final.status, final.rank, window.reason, steps, untraced,
