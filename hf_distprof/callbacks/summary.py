@@ -116,10 +116,11 @@ def where_to_look(run_dirs: list[Path], tensorboard_dirs: list[Path], profiling:
         lines.append(f"  {tensorboard_command(tensorboard_dirs)}          # scalars")
     if run_dirs:
         first = run_dirs[0]
-        if profiling:
+        traced = any(first.glob(f"*{TRACE_SUFFIX}"))
+        if profiling and traced:
             lines.append(f"  open https://ui.perfetto.dev and drag in a trace from {first}")
             lines.append(f"  pip install torch-tb-profiler && tensorboard --logdir {first.parent}")
-        if not any(first.glob(f"*{TRACE_SUFFIX}")):
+        if not traced:
             # analyze reads traces: without one it would stop with an error (its reason is in the folder's manifest)
             why = "" if profiling else " (--enable-profiling takes them)"
             lines.append(f"  no trace in {first}: nothing for hf-distprof analyze{why}; the step timer's table is "

@@ -192,6 +192,10 @@ def test_traced_steps_follow_the_schedule():
     resumed = traced_steps(args, offset=100)  # resumed at global_step 100: the schedule starts after it
     assert [s for s in range(95, 120) if resumed(s)] == [103, 104, 105, 106, 109, 110, 111, 112]
     assert not any(traced_steps(ProfilingArguments())(s) for s in range(1, 50))  # profiling off
+    # Training ends before the first active step (step 4; resumed at 100: 104): no profiler, no step traced.
+    assert [s for s in range(1, 20) if traced_steps(args, max_steps=4)(s)] == [3, 4, 5, 6, 9, 10, 11, 12]
+    assert not any(traced_steps(args, max_steps=3)(s) for s in range(1, 20))
+    assert not any(traced_steps(args, offset=100, max_steps=103)(s) for s in range(95, 120))
 
 
 def test_schedule_that_never_reaches_active_warns_once_and_keeps_the_schedule(tmp_path, caplog):
@@ -201,6 +205,9 @@ def test_schedule_that_never_reaches_active_warns_once_and_keeps_the_schedule(tm
     hits = [r for r in caplog.records if "record nothing" in r.getMessage()]
     assert len(hits) == 1
     assert cb.args.profiler_wait_steps == 5 and cb.args.profiler_warmup_steps == 2
+    # No profiler was started for warm-up steps that no window follows (a trial's max_steps=7: steps 6-7 warmed up,
+    # and step 7's profiler start and stop read as a 231% imbalance).
+    assert cb.prof is None and cb.run_dir is not None and files(cb.run_dir) == [PARALLELISM]
 
 
 CRASH_SCRIPT = textwrap.dedent(

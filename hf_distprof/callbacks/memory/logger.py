@@ -222,7 +222,7 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
         # Lines are written at each gather; a run that ends by an exception still writes the samples since the last.
         atexit.register(self._write_lines)
         # On CPU the profiler's buffers grow the RSS while it traces: those intervals are not the run's own.
-        traced = traced_steps(self.args, state.global_step) if not torch.cuda.is_available() else None
+        traced = traced_steps(self.args, state.global_step, state.max_steps) if not torch.cuda.is_available() else None
         self._growth = GrowthWatch(
             self.args.memory_growth_threshold_pct, in_use_metric()[1], traced, start=state.global_step
         )

@@ -23,7 +23,7 @@ from hf_distprof.core import signals
 from hf_distprof.callbacks.profiler.capture import RECORD, RECORD_AND_SAVE, WARMUP
 from hf_distprof.callbacks.profiler import schedule as traced
 from hf_distprof.callbacks.profiler.schedule import (
-    base_schedule, first_active_step, schedule_warning, scheduled_steps)
+    base_schedule, first_active_step, records_nothing, schedule_warning, scheduled_steps)
 from hf_distprof.callbacks.profiler.triggers import CaptureTriggers
 from hf_distprof.callbacks.profiler.manifest import RunManifest, window_reasons
 from hf_distprof.callbacks.profiler.compact_export import CompactExports
@@ -177,6 +177,8 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         if message is not None:
             # The same on every profiled rank: the console hears it once, every rank's log keeps it.
             (logger.warning if rank == min(ranks or [0]) else logger.info)(message)
+        if not on_request and records_nothing(self.args, state.global_step, state.max_steps):
+            return  # no window: no profiler either (its warm-up steps would only cost time)
         a = self.args
         self._base = base_schedule(a)
         self._kineto_daemon = bool(os.environ.get("KINETO_USE_DAEMON"))

@@ -126,13 +126,22 @@ def scheduled_recorded_steps(args: ProfilingArguments, offset: int = 0) -> Calla
     return lambda step: step > offset and base(step - offset - 1) in on
 
 
-def traced_steps(args: ProfilingArguments, offset: int = 0) -> Callable[[int], bool]:
+def records_nothing(args: ProfilingArguments, offset: int, max_steps: int) -> bool:
+    """Whether training (from ``global_step`` ``offset`` to ``max_steps``) ends before the schedule's first active
+    step: then no profiler runs on the schedule (its warm-up steps would only cost time)."""
+    return max_steps - offset < first_active_step(args)
+
+
+def traced_steps(args: ProfilingArguments, offset: int = 0, max_steps: int | None = None) -> Callable[[int], bool]:
     """Which optimizer steps the profiler runs over, as a predicate: the regular schedule's warmup and active steps
-    (:func:`scheduled_steps`) and every extra window's, on demand or on anomaly, as decided so far.
+    (:func:`scheduled_steps`; none when training ends before its first active step, ``max_steps`` given) and every
+    extra window's, on demand or on anomaly, as decided so far.
 
     The step timer leaves these steps out of its verdicts and compares their time with the others' (the profiler's
     own slowdown); the memory logger leaves them out of its CPU growth check.
     """
+    if max_steps is not None and records_nothing(args, offset, max_steps):
+        return lambda step: extra_phase(step) is not None
     regular = scheduled_steps(args, offset)
     return lambda step: regular(step) or extra_phase(step) is not None
 
