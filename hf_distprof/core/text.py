@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -44,10 +45,14 @@ def format_ranks(ranks: Sequence[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + rank_spans(ranks, empty="")
 
 
-def who(ranks: Sequence[int]) -> str:
-    """A finding's ranks after its title: ``' (rank 1)'``, ``' (ranks 0-2, 5)'``; ``''`` for none (the text, the report
-    and the box say it alike)."""
-    return f" ({format_ranks(ranks)})" if ranks else ""
+def who(ranks: Sequence[int], title: str = "") -> str:
+    """A finding's ranks after its title: ``' (rank 1)'``, ``' (ranks 0-2, 5)'``; ``''`` for none, or when ``title``
+    names them already ("Rank 1 holds the others back ...": not "... (rank 1)" again). The text, the report and the box
+    say it alike."""
+    if not ranks:
+        return ""
+    named = format_ranks(ranks)
+    return "" if re.search(rf"(?<![\w-]){re.escape(named)}(?![\w-])", title, re.IGNORECASE) else f" ({named})"
 
 
 def flag_name(field_name: str) -> str:

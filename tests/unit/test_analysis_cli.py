@@ -53,7 +53,7 @@ def test_analyze_json_and_report(tmp_path: Path, capsys: pytest.CaptureFixture[s
         assert (tmp_path / "rep" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     html = (tmp_path / "rep" / REPORT_HTML).read_text()
     assert html.count("data:image/png;base64,") == len(PNGS) and "Rank 1 holds the others back" in html
-    assert ("Rank 1 holds the others back: its compute (forward, backward and optimizer)** (rank 1), confidence 0.98"
+    assert ("Rank 1 holds the others back: its compute (forward, backward and optimizer)**, confidence 0.98"
             in (tmp_path / "rep" / REPORT_MD).read_text())
 
 

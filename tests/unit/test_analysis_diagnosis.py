@@ -55,7 +55,8 @@ def test_slow_rank1_is_one_chain_and_rank_0s_wait_is_not_communication_bound():
     check(chain, "slow_rank", 51.02046152348956, "Rank 1 holds the others back: its compute (forward, backward and "
           "optimizer)", [1],
           "compute (forward, backward and optimizer) takes 29.6 ms more per step than on its peers, who wait 46.4% "
-          "of their step for it at the collectives: rank 1's compute (forward, backward and optimizer) exceeds its "
+          "of their step for it at the collectives in the traced steps: rank 1's compute (forward, backward and "
+          "optimizer) exceeds its "
           "peers' by 29.63 ms per step (the traced window, median over 6 steps), so it reaches each step's "
           "collectives 31.40 ms (51.0% of its 61.55 ms step) after the earliest rank, and the others wait for it "
           "there (from their arrival at the same collective to its, clocks aligned): rank 0 waits 46.4% of its step "
@@ -132,9 +133,10 @@ def test_gpu_traces_one_busy_rank_whose_peers_wait_is_not_communication_bound():
           "optimizer)", [2],
           # Each % says its base: the waits are of the GPU spans (as HTA's), the lateness of rank 2's wall step.
           "compute (forward, backward and optimizer) takes 0.6 ms more per step than on its peers, who wait 22.2% of "
-          "their steps' GPU spans for it at the collectives: rank 2's compute (forward, backward and optimizer) "
-          "exceeds its peers' by 0.57 ms per step (the traced window, median over 3 steps), so it reaches each step's "
-          "collectives 0.55 ms (18.4% of its 2.98 ms step) after the earliest rank, and the others wait for it there "
+          "their steps' GPU spans for it at the collectives in the traced steps: rank 2's compute (forward, backward "
+          "and optimizer) exceeds its peers' by 0.57 ms per step (the traced window, median over 3 steps), so it "
+          "reaches each step's collectives 0.55 ms (18.4% of its 2.98 ms step) after the earliest rank, and the "
+          "others wait for it there "
           "(from their arrival at the same collective to its, clocks aligned): rank 3 waits 22.2% of its step's GPU "
           "span at all_reduce for rank 2; 2 other ranks wait 22.2%. imbalance "
           "verdict: rank 2's busy time (GPU: compute kernels; CPU: compute + data loading) exceeds its peers' by a "

@@ -69,7 +69,7 @@ def test_a_rank_slow_across_the_run_is_named_though_the_window_is_quiet(tmp_path
     assert model is not None and (model.slowest_rank, model.fastest_rank) == (1, 0)
     assert model.run_steps == 23 and model.run_noise_ms is not None
     box = format_box(result)
-    assert "(rank 1)" in box.splitlines()[1]
+    assert "Verdict: Rank 1 holds the others back" in box.splitlines()[1] and "(rank 1)" not in box
 
 
 def test_a_rank_slow_in_the_window_only_raises_nothing(tmp_path: Path) -> None:
@@ -278,3 +278,13 @@ def test_the_window_note_says_which_way_its_steps_moved():
     assert "profiler's cost" not in faster
     slower = note([44.0, 40.0, 42.0], 1.35)
     assert slower.endswith("(1.35x), beyond the run's own noise: the profiler's cost and the host's load weigh on them")
+
+
+def test_a_finding_s_ranks_are_said_once():
+    # "Rank 1 holds the others back: ... (rank 1)" in the box, the text, the report and the trackers' verdict.
+    from hf_distprof.core.text import who
+
+    assert who([1], "Rank 1 holds the others back: its data loading") == ""
+    assert who([1], "Rank 10 holds the others back") == " (rank 1)"  # another rank's number
+    assert who([0, 1, 2], "Exposed communication is 41% of the step") == " (ranks 0-2)"
+    assert who([], "Rank 1 holds the others back") == ""

@@ -53,7 +53,7 @@ def _answer(result: AnalysisResult) -> list[tuple[str, str]]:
     findings = result.findings
     if findings:
         top = findings[0]  # the list's own order (hf_distprof.analysis.judge.findings.in_order)
-        rows = [("Verdict", f"{top.title}{who(top.ranks)}"), ("Why", _why(top)), ("Try", top.action)]
+        rows = [("Verdict", f"{top.title}{who(top.ranks, top.title)}"), ("Why", _why(top)), ("Try", top.action)]
         rest = [f.title for f in findings if f is not top]
         if rest:
             rows.append(("Also", f"{len(rest)} more finding(s): {'; '.join(rest)}"))

@@ -410,7 +410,8 @@ def _chain(j: Judgement) -> Prose:
             if f.data_pct is not None else "")
     if f.cause is not None:
         return _caused(f.rank, f.cause, f.gpu, phase_advice(f.phase.phase, on_gpu=f.gpu),
-                       f"its peers wait {f.waits.pct:.1f}% of their {_steps(f.waits)} for it at the collectives",
+                       f"its peers wait {f.waits.pct:.1f}% of their {_steps(f.waits)} for it at the collectives in the "
+                       "traced steps",
                        f"; its {name} exceeds its peers' by {f.phase.excess_us / 1e3:.2f} ms per step "
                        f"({_source(f.phase.from_timer, f.source_steps)}){late}, and the others wait for it there (from "
                        f"their arrival at the same collective to its, clocks aligned): {waits_sentence(f.waits)}"
@@ -419,7 +420,7 @@ def _chain(j: Judgement) -> Prose:
     return Prose(
         title=f"Rank {f.rank} holds the others back: its {name}",
         why=(f"{name} takes {f.phase.excess_us / 1e3:.1f} ms more per step than on its peers, who wait "
-             f"{f.waits.pct:.1f}% of their {_steps(f.waits)} for it at the collectives"),
+             f"{f.waits.pct:.1f}% of their {_steps(f.waits)} for it at the collectives in the traced steps"),
         details=(f": rank {f.rank}'s {name} exceeds its peers' by {f.phase.excess_us / 1e3:.2f} ms per step "
                  f"({_source(f.phase.from_timer, f.source_steps)}){late}, and the others wait for it there (from their "
                  f"arrival at the same collective to its, clocks aligned): {waits_sentence(f.waits)}{data}. {reasons}"),

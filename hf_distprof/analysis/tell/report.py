@@ -242,7 +242,7 @@ def _document(result: AnalysisResult, images: list[str]) -> list[Block]:
         blocks.append(para(f"No finding: {NO_FINDING}."))
     for i, f in enumerate(result.findings, 1):
         sure = f", confidence {f.confidence:.2f}" if f.confidence is not None else ""
-        blocks.append(Numbered(i, [("b", f.title), ("", who(f.ranks) + sure)],
+        blocks.append(Numbered(i, [("b", f.title), ("", who(f.ranks, f.title) + sure)],
                                [plain(f"Evidence: {f.evidence}"), plain(f"Recommendation: {f.recommendation}")]))
     blocks += [Bullet(plain(f"Not enough evidence, no verdict: {u.question}: {u.reason}")) for u in result.undecided]
     blocks += [Bullet(plain(note.text)) for note in result.window_notes]

@@ -51,7 +51,7 @@ def _findings_lines(result: AnalysisResult) -> list[str]:
         lines.append(f"No finding: {NO_FINDING}.")
     for i, f in enumerate(result.findings, 1):
         sure = f" [confidence {f.confidence:.2f}]" if f.confidence is not None else ""
-        lines.append(f"{i}. {f.title}{who(f.ranks)}{sure}")
+        lines.append(f"{i}. {f.title}{who(f.ranks, f.title)}{sure}")
         lines.append(f"   Evidence: {f.evidence}")
         lines.append(f"   Try: {f.recommendation}")
     for u in result.undecided:
