@@ -14,11 +14,12 @@ runs the ``no_sync`` A/B (``hf_distprof.timing.comm_overhead``) on a real batch.
 
 from __future__ import annotations
 
+import atexit
 import json
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import orjson
 import torch
@@ -40,6 +41,7 @@ from hf_distprof.timing.instrument import (
     loads_elsewhere,
     peak_memory_bytes,
 )
+from hf_distprof.timing.jsonl import JsonlFile
 from hf_distprof.timing.recorder import StepRecorder, StepTiming
 from hf_distprof.timing.report import (
     CrossRankReport,
@@ -53,6 +55,7 @@ from hf_distprof.timing.report import (
     peak_tflops_for_device,
     step_row,
 )
+from hf_distprof.core import signals
 from hf_distprof.core.cause import Attribution, with_device
 from hf_distprof.core.growth import GrowthWatch, MemoryGrowth
 
@@ -86,7 +89,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self._labels = PhaseLabels()
         self._hooks: ModelHooks | None = None
         self._undo_loader: Any = None
-        self._jsonl: IO[str] | None = None
+        self._jsonl: JsonlFile | None = None
         self._writer: Any = None
         self._device = torch.device("cpu")
         self._peak_tflops: float | None = None
@@ -185,10 +188,9 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
 
         if self.run_dir is not None:  # None: the folder could not be created (paths warned once)
             path = self.run_dir / paths.TIMING_LOG_NAME.format(rank=dist.get_rank())
-            try:
-                self._jsonl = open(path, "a", encoding="utf-8")  # noqa: SIM115  # open for the whole run
-            except OSError as err:
-                logger.warning(f"cannot write {path}: {err!r}; step timing goes to the logs only")
+            self._jsonl = JsonlFile(path, "step timing goes to the logs only")
+        atexit.register(self._at_exit)  # training died (an exception): the steps timed so far still reach the file
+        signals.at_default_death(self._at_exit)  # (a signal through the profiler's handlers: no atexit then)
         self._writer = tensorboard.get_writer(tensorboard.tensorboard_dir(args.output_dir, self.run_dir))
         if self._writer is not None:
             self._writer.add_custom_scalars(publish.custom_scalars_layout())
@@ -209,7 +211,9 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             self._hooks.remove()
         if self._undo_loader is not None:
             self._undo_loader()
-        self._close_jsonl()
+        if self._jsonl is not None:
+            self._jsonl.close()
+        atexit.unregister(self._at_exit)
         if self._writer is not None:
             self._writer.flush()
         self._recorder = None
@@ -343,24 +347,20 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         if dist.get_rank() == 0 and all(g is not None for g in gathered):
             self._guarded(self._publish_interval, gathered, state, logs, step)
 
-    def _drain(self) -> None:
+    def _drain(self, wait: bool = True) -> None:
         """Resolve finished steps into the running totals and the jsonl file (no collective). On a GPU the steps
-        whose events have completed go first, while the device still runs the newest one; then the one wait."""
+        whose events have completed go first, while the device still runs the newest one; then, with ``wait``, the
+        one wait."""
         assert self._recorder is not None
-        for wait in (False, True):
-            self._take(self._recorder.resolve(wait=wait))
+        for then in (False, True)[:1 + wait]:
+            self._take(self._recorder.resolve(wait=then))
 
     def _take(self, timings: list[StepTiming]) -> None:
         rows = [self._row(t) for t in timings]  # each step's figures made once: summed, kept, written
         for timing, row in zip(timings, rows, strict=True):
             self._add(timing, row)
-        if self._jsonl is not None and timings:
-            try:
-                self._jsonl.write((b"\n".join(map(orjson.dumps, rows)) + b"\n").decode())
-                self._jsonl.flush()
-            except OSError as err:  # a full disk: said once, no more writing; the caller still reaches its collective
-                logger.warning(f"cannot write {self._jsonl.name}: {err!r}; stopped writing per-step timing")
-                self._close_jsonl()
+        if self._jsonl is not None and timings:  # a full disk: said once; the caller still reaches its collective
+            self._jsonl.write((b"\n".join(map(orjson.dumps, rows)) + b"\n").decode())
 
     def _row(self, timing: StepTiming) -> dict[str, Any]:
         """One ``timing_rank{R}.jsonl`` line: the timing, what the ranks are compared on (``own_work_s``), and
@@ -382,14 +382,13 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         if self._recorder is not None:
             self._guarded(self._drain)
 
-    def _close_jsonl(self) -> None:
-        """Close the jsonl file; a close that fails (flushing onto a full disk) is one warning."""
-        jsonl, self._jsonl = self._jsonl, None
-        try:
-            if jsonl is not None:
-                jsonl.close()
-        except OSError as err:
-            logger.warning(f"cannot close {getattr(jsonl, 'name', '')}: {err!r}; its last lines may be missing")
+    def _at_exit(self) -> None:
+        """The interpreter exits before train end (an exception out of ``train()``, a signal through the profiler's
+        handlers): the steps already finished go to the jsonl file, without waiting for the device (a hung collective
+        must not keep the process from ending). No collective, no summary."""
+        if self._recorder is not None and self._jsonl is not None:
+            self._guarded(self._drain, False)
+            self._jsonl.close()
 
     def _add(self, timing: StepTiming, row: dict[str, Any]) -> None:
         if row["warmup"]:

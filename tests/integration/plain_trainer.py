@@ -17,6 +17,7 @@ How it sets up logging and whether it passes hf_distprof's callbacks itself come
   per step: uneven batches).
 - ``PLAIN_SEGV="<rank>:<step>"``: that rank dies of SIGSEGV at the start of that optimizer step
   (``faulthandler._sigsegv()``, from a callback): a native crash mid-run.
+- ``PLAIN_RAISE="<rank>:<step>"``: that rank's callback raises a ``RuntimeError`` at the start of that optimizer step.
 - ``PLAIN_REPORT_TO="tensorboard,wandb,..."``: ``training_args.report_to`` set to that list in the script, as a user
   sets it in code (``--report_to`` on the command line takes one name).
 - ``PLAIN_EXIT=natural``: end as most user scripts do, by returning from ``main`` (no ``destroy_process_group``, the
@@ -89,6 +90,17 @@ class SegfaultAt(TrainerCallback):
             faulthandler._sigsegv()
 
 
+class RaiseAt(TrainerCallback):
+    """Rank ``rank`` raises at the start of optimizer step ``step`` (a user's callback that fails)."""
+
+    def __init__(self, rank: int, step: int) -> None:
+        self.rank, self.step = rank, step
+
+    def on_step_begin(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step + 1 == self.step and args.process_index == self.rank:
+            raise RuntimeError(f"user callback failed at step {self.step}")
+
+
 class TouchAt(TrainerCallback):
     """Rank 0 touches ``path`` at the start of optimizer step ``step``."""
 
@@ -137,6 +149,9 @@ def main() -> None:
     segv_rank, _, segv_step = os.environ.get("PLAIN_SEGV", "").partition(":")
     if segv_rank:
         callbacks = [*callbacks, SegfaultAt(int(segv_rank), int(segv_step))]
+    raise_rank, _, raise_step = os.environ.get("PLAIN_RAISE", "").partition(":")
+    if raise_rank:
+        callbacks = [*callbacks, RaiseAt(int(raise_rank), int(raise_step))]
     data = RandomTokenStream() if os.environ.get("PLAIN_ITERABLE") == "1" else RandomTokens()
     trainer = Trainer(model=model, args=training_args, train_dataset=data, callbacks=callbacks,
                       data_collator=collate(rank, sleep_s, int(every or 1), int(first or 1), int(block or 0),

@@ -4,6 +4,7 @@ signal and where; a clean run leaves no crash file."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -51,3 +52,14 @@ def test_a_clean_run_leaves_no_crash_file(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     run = tmp_path / "prof" / "r"
     assert (run / "timing_rank1.jsonl").exists() and sorted(run.glob("*crash*")) == []
+
+
+def test_a_rank_whose_training_raises_keeps_its_timed_steps(tmp_path: Path) -> None:
+    # Rank 0's own callback raises at step 6, before any logging step: the steps it timed (1-5) still reach its
+    # timing_rank0.jsonl (they waited for a logging step and were lost: a trial's analysis then judged 4 steps), and
+    # the error the user sees is theirs.
+    proc = train(tmp_path, {"PLAIN_RAISE": "0:6"})
+    assert proc.returncode != 0
+    assert "RuntimeError: user callback failed at step 6" in proc.stderr
+    rows = (tmp_path / "prof" / "r" / "timing_rank0.jsonl").read_text().splitlines()
+    assert [json.loads(row)["step"] for row in rows] == [1, 2, 3, 4, 5]

@@ -244,7 +244,9 @@ def test_a_full_disk_is_one_warning_and_tensorboard_goes_on(tmp_path, monkeypatc
     state = fake_trainer.TrainerState()
     state.max_steps = 6
     cb.on_train_begin(args, state, fake_trainer.TrainerControl())
-    cb._jsonl = FullDisk()
+    assert cb._jsonl is not None and cb._jsonl.file is not None
+    cb._jsonl.file.close()
+    cb._jsonl.file = FullDisk()
     with caplog.at_level(logging.WARNING):
         for step in range(1, 7):
             state.global_step = step

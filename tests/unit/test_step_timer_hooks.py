@@ -119,9 +119,11 @@ class FullDiskFile:
 
 def test_a_full_disk_stops_the_jsonl_with_one_warning_and_the_gathers_go_on(tmp_path, monkeypatch, caplog):
     run = Run(tmp_path, monkeypatch)
-    run.callback._jsonl.close()
+    jsonl = run.callback._jsonl
+    assert jsonl is not None and jsonl.file is not None
+    jsonl.file.close()
     full = FullDiskFile()
-    run.callback._jsonl = full  # type: ignore[assignment]
+    jsonl.file = full  # type: ignore[assignment]
     with caplog.at_level("WARNING"):
         for step in range(1, 7):
             run.step(should_log=step % 2 == 0)
@@ -132,21 +134,24 @@ def test_a_full_disk_stops_the_jsonl_with_one_warning_and_the_gathers_go_on(tmp_
     assert run.gathers == [0, 0, 2, 4, 6, 6]
     assert full.writes == 1 and full.closed  # tried once, then the file was given up
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert len(warnings) == 1 and "No space left" in warnings[0] and full.name in warnings[0]
+    assert len(warnings) == 1 and "No space left" in warnings[0] and str(jsonl.path) in warnings[0]
+    assert jsonl.path.name == "timing_rank0.jsonl"
     summary = run.callback.summary
     assert summary is not None and summary["per_rank"][0]["steps"] == 5  # the timing itself went on
 
 
 def test_a_close_that_fails_at_train_end_is_one_warning(tmp_path, monkeypatch, caplog):
     run = Run(tmp_path, monkeypatch)
-    run.callback._jsonl.close()
+    jsonl = run.callback._jsonl
+    assert jsonl is not None and jsonl.file is not None
+    jsonl.file.close()
     full = FullDiskFile(fail_write=False, fail_close=True)
-    run.callback._jsonl = full  # type: ignore[assignment]
+    jsonl.file = full  # type: ignore[assignment]
     run.step(should_log=True)
     run.log({"loss": 1.0})
     with caplog.at_level("WARNING"):
         run.end()  # must not raise
-    assert full.writes == 1 and full.closed and run.callback._jsonl is None
+    assert full.writes == 1 and full.closed and jsonl.file is None
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "cannot close" in warnings[0] and "No space left" in warnings[0]
     assert (run.callback.run_dir / "timing_summary.json").exists()

@@ -9,7 +9,7 @@ import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import orjson
 import torch
@@ -24,6 +24,7 @@ from hf_distprof.callbacks.parallelism import report_parallelism
 from hf_distprof.callbacks.profiler.schedule import traced_steps
 from hf_distprof.core.growth import GrowthWatch, MemoryGrowth
 from hf_distprof.core.verdicts import imbalance_pct
+from hf_distprof.timing.jsonl import JsonlFile
 
 logger = dist.get_logger(__name__)
 WARNINGS_TAG = "hf_distprof/warnings"  # the step timer's tag for its live warnings: one place for every warning
@@ -149,7 +150,7 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
         self.run_dir: Path | None = None
         self.jsonl_path: Path | None = None
         self.summary: dict[str, Any] | None = None  # rank 0, after training: what memory_summary.json holds
-        self._jsonl: IO[str] | None = None
+        self._jsonl: JsonlFile | None = None
         self._writer: Any = None
         # This rank's samples since the last gather: (step, wall time, {metric: value}).
         self._ungathered: list[tuple[int, float, dict[str, float]]] = []
@@ -213,11 +214,7 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
         self._pending = None  # a gather left by a train() call that raised: not this run's samples
         if self.run_dir is not None:
             self.jsonl_path = self.run_dir / paths.MEMORY_LOG_NAME.format(rank=dist.get_rank())
-            try:
-                # Kept open for the run, line-buffered: one short line per logging step.
-                self._jsonl = open(self.jsonl_path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
-            except OSError as err:
-                logger.warning(f"cannot write {self.jsonl_path}: {err!r}; memory goes to TensorBoard only")
+            self._jsonl = JsonlFile(self.jsonl_path, "memory goes to TensorBoard only")
         self._writer = tensorboard.get_writer(tensorboard.tensorboard_dir(args.output_dir, self.run_dir))
         # Lines are written at each gather; a run that ends by an exception still writes the samples since the last.
         atexit.register(self._write_lines)
@@ -264,13 +261,9 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
         if self._jsonl is None or not self._ungathered:
             return
         rank = dist.get_rank()
-        try:
-            self._jsonl.write("".join(_line({"step": step, "rank": rank, **sample})
-                                      for step, _, sample in self._ungathered))
-        except OSError as err:
-            # A full disk must not stop training, nor keep this rank from the gather after it.
-            logger.warning(f"cannot write {self.jsonl_path}: {err!r}; memory goes to TensorBoard only")
-            self._close_jsonl()
+        # (A full disk must not stop training, nor keep this rank from the gather after it: one warning.)
+        self._jsonl.write("".join(_line({"step": step, "rank": rank, **sample})
+                                  for step, _, sample in self._ungathered))
 
     def _gather(self) -> None:
         """Start gathering the samples since the last gather, after publishing the one before.
@@ -339,7 +332,8 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
         self._publish_pending()
         self._params = None
         atexit.unregister(self._write_lines)
-        self._close_jsonl()
+        if self._jsonl is not None:
+            self._jsonl.close()
         self._final_table(state)
         if self._writer is not None:
             self._writer.flush()
@@ -379,13 +373,6 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
         if self.summary["peak_over_threshold"] and not self.args.enable_step_timing:
             logger.warning(self.summary["peak_warning"])  # the step timer says it otherwise
 
-    def _close_jsonl(self) -> None:
-        jsonl, self._jsonl = self._jsonl, None
-        if jsonl is not None:
-            try:
-                jsonl.close()
-            except OSError as err:
-                logger.warning(f"closing {self.jsonl_path} failed: {err!r}")
 
 
 def memory_summary(
