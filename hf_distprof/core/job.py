@@ -83,5 +83,7 @@ def describe_job(job: Mapping[str, Any]) -> str:
             which = ", attempt 0 (the first)"
         else:
             which = f", attempt {attempt} (restarted {attempt} time{'s' if attempt > 1 else ''})"
-        words.append("torchelastic" + (f" run {run_id}" if run_id is not None else "") + which)
+        # torchrun's default --rdzv-id is "none": no run id given.
+        named = run_id is not None and str(run_id) != "none"
+        words.append("torchelastic" + (f" run {run_id}" if named else "") + which)
     return "; ".join(words)

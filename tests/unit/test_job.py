@@ -83,6 +83,9 @@ def test_the_run_section_says_the_job_and_attempt_and_old_manifests_still_read(t
     assert old.job is None and not any("job:" in line for line in format_run(old))
     assert describe_job(job_record({"TORCHELASTIC_RESTART_COUNT": "0"})) == "torchelastic, attempt 0 (the first)"
     assert describe_job(job_record({})) == ""
+    # torchrun's default --rdzv-id, "none": no run id to name.
+    assert describe_job(job_record({"TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_RESTART_COUNT": "0"})) == (
+        "torchelastic, attempt 0 (the first)")
 
     edited = assemble(two_host_parts(), combined=True) | {"job": {"launcher": "slurm", "slurm_job_id": 4242}}
     with pytest.raises(ManifestError, match="expected a string, got 4242"):
