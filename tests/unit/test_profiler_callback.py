@@ -128,6 +128,9 @@ def test_close_mid_window_flushes_the_recorded_steps(tmp_path):
                                  f"rank0_{HOST}_step3-4_summary.txt"]
     # Step 5 had begun when training died: its partial record is kept too.
     assert profiler_steps(trace) == ["ProfilerStep#3", "ProfilerStep#4", "ProfilerStep#5"]
+    # The trace names itself by its file, not by the hidden temporary file it was written to first.
+    with gzip.open(trace, "rt") as fh:
+        assert json.load(fh)["traceName"] == str(trace)
     cb.close()  # idempotent
     # The analysis reads the steps the name says: step 5 never ran (a trial's "median step" of 1.5 ms, or a 633 ms
     # wait for a dead peer), from the compact file and from the trace alike.

@@ -5,7 +5,6 @@ from __future__ import annotations
 import atexit
 import gzip
 import os
-import shutil
 import signal
 import threading
 import warnings
@@ -60,6 +59,10 @@ def _why_unwritable(folder: Path) -> str:
     return "the folder may not be writable"
 
 
+NAMED_TAIL = 1 << 16
+"""The end of a trace, in bytes, where Kineto writes its ``traceName`` (the file it wrote)."""
+
+
 def write_trace(prof: profile, trace: Path) -> None:
     """Export ``prof``'s trace to ``trace`` (gzipped JSON) atomically, leaving no temporary file on failure.
 
@@ -74,7 +77,15 @@ def write_trace(prof: profile, trace: Path) -> None:
             if not raw.is_file():  # kineto reports a failed write in its log only
                 raise OSError(f"torch.profiler wrote no trace ({_why_unwritable(trace.parent)})")
             with open(raw, "rb") as source, gzip.open(tmp, "wb", compresslevel=6) as target:
-                shutil.copyfileobj(source, target, 1 << 20)
+                left = raw.stat().st_size - NAMED_TAIL
+                while left > 0:
+                    chunk = source.read(min(left, 1 << 20))
+                    if not chunk:
+                        break
+                    target.write(chunk)
+                    left -= len(chunk)
+                # Kineto names the trace by the file it wrote ("traceName", at the end): the final name, not ours.
+                target.write(source.read().replace(str(raw).encode(), str(trace).encode()))
         finally:
             # Kineto writes "<raw>.tmp" and renames it; a failed write (full disk) leaves that one behind too.
             for leftover in (raw, raw.with_name(raw.name + ".tmp")):
