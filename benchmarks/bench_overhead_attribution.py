@@ -130,7 +130,9 @@ def without(instrument: str) -> Iterator[None]:
 
         def no_jsonl(self: Any, *args: Any, **kwargs: Any) -> None:
             begin(self, *args, **kwargs)
-            self._close_jsonl()
+            if self._jsonl is not None:
+                self._jsonl.close()
+            self._jsonl = None
 
         patch(memory.MemoryLoggerCallback, "on_train_begin", no_jsonl)
     try:

@@ -15,7 +15,6 @@ runs the ``no_sync`` A/B (``hf_distprof.timing.comm_overhead``) on a real batch.
 from __future__ import annotations
 
 import atexit
-import json
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -49,7 +48,6 @@ from hf_distprof.timing.report import (
     RankSummary,
     StepSeries,
     cross_rank_report,
-    format_table,
     live_time_warnings,
     memory_warning,
     peak_tflops_for_device,
@@ -94,7 +92,11 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self._device = torch.device("cpu")
         self._peak_tflops: float | None = None
         self._first_step = 1
-        self._interval, self._run, self._warmup = PhaseTotals(), PhaseTotals(), PhaseTotals()
+        # The steps in the means, the warm-up, and the steps after a checkpoint or an evaluation (each waits for the
+        # slowest rank's), left out like the warm-up; how many steps an interval left out (its FLOPs are scaled).
+        self._interval, self._run, self._warmup, self._paused = (PhaseTotals() for _ in range(4))
+        self._after_pause: set[int] = set()
+        self._skipped = self._skipped_sent = 0
         self._gathered_step = 0
         # The global_step of a Trainer logging step not yet gathered; None when there is none.
         self._log_step: int | None = None
@@ -176,10 +178,10 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         every = float(getattr(state, "logging_steps", 0) or 0)
         self._pending, self._gather_cap = None, dist.json_cap(min(int(every), ROWS_KEPT) if every >= 1 else ROWS_KEPT)
         self._flos_logged = self._flos_begin = float(state.total_flos)
-        self._interval, self._run, self._warmup = PhaseTotals(), PhaseTotals(), PhaseTotals()
+        self._interval, self._run, self._warmup, self._paused = (PhaseTotals() for _ in range(4))
         self._rows, self._streak, self._ended_early, self._live = deque(maxlen=ROWS_KEPT), {}, None, None
         self._health = {}
-        self._busy_at_begin, self._busy_steps = False, set()
+        self._busy_at_begin, self._busy_steps, self._after_pause, self._skipped = False, set(), set(), 0
         self._series = StepSeries(dist.get_world_size())
         self._traced = traced_steps(self.args, state.global_step, state.max_steps)
         self._growth_watch = GrowthWatch(
@@ -316,10 +318,9 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
         if self._recorder is not None:
             self._recorder.boundary()  # checkpoint time is not the next step's data wait
+            self._after_pause.add(state.global_step + 1)  # which waits in its first collective for the slowest rank
 
-    def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
-        if self._recorder is not None:
-            self._recorder.boundary()
+    on_evaluate = on_save
 
     # ---- logging steps: resolve, one gather, publish ------------------------------------------
 
@@ -370,6 +371,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         row["own_work_s"] = timing.own_work_s if self._host_timed else timing.pre_sync_s
         row["own_step_s"] = timing.own_step_s if self._host_timed else timing.step_s
         row["warmup"] = timing.step < self._first_step + WARMUP_STEPS
+        row["after_pause"] = timing.step in self._after_pause
         row["traced"] = bool(self._traced is not None and self._traced(timing.step))
         row["profiler_busy"] = timing.step in self._busy_steps
         return row
@@ -391,8 +393,9 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             self._jsonl.close()
 
     def _add(self, timing: StepTiming, row: dict[str, Any]) -> None:
-        if row["warmup"]:
-            self._warmup.add_row(row)
+        if row["warmup"] or row["after_pause"]:
+            (self._warmup if row["warmup"] else self._paused).add_row(row)
+            self._skipped += 1
             return
         self._interval.add_row(row, self._run)
         for listener in self.step_listeners:
@@ -415,7 +418,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             "memory": current_memory_bytes(self._device, step),  # the allocator read once at this step
             "gpu": gpu_health.of_device(self._device),
         }
-        self._interval = PhaseTotals()
+        self._interval, self._skipped_sent, self._skipped = PhaseTotals(), self._skipped, 0
         self._rows.clear()
         return payload
 
@@ -487,6 +490,8 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         # The Trainer's FLOP count is its own at this logging step (store_flos before on_log); read later, it would
         # hold steps after the interval: no MFU for that interval then.
         flops = float(state.total_flos) - self._flos_logged if state.global_step == step else 0.0
+        counted = min((g["interval"] or {}).get("steps", 0) for g in gathered)  # (FLOPs of the steps in the means)
+        flops *= counted / (counted + self._skipped_sent) if counted else 0.0
         interval = self._report([g["interval"] for g in gathered], flops if flops > 0 else None)
         self._flos_logged = float(state.total_flos)  # read late or not, the next interval counts from here
         if interval is not None and self._writer is not None:
@@ -546,7 +551,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
     def _write_summary(self, gathered: list[dict[str, Any]], state: TrainerState) -> None:
         runs = [g["run"] for g in gathered]
         counted = min(r["steps"] for r in runs) if all(runs) else 0
-        all_steps = counted + (WARMUP_STEPS if self._run.steps else 0)
+        all_steps = counted + (WARMUP_STEPS if self._run.steps else 0) + self._paused.steps
         # The Trainer counts FLOPs for every step; scale to the steps in the means (equal work per step).
         flops = (float(state.total_flos) - self._flos_begin) * counted / all_steps if all_steps else None
         self._add_rows(gathered)
@@ -565,6 +570,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             "world_size": len(gathered),
             "steps_in_means": counted,
             "warmup_steps_excluded": WARMUP_STEPS if self._run.steps else 0,
+            "pause_steps_excluded": self._paused.steps,
             "last_step": state.global_step,
             "imbalance_basis": "pre_sync_s",
             **report.to_json(),
@@ -580,12 +586,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         }
         del summary["ranks"]
         self.summary = summary
-        if self.run_dir is not None:
-            paths.atomic_write_text(self.run_dir / paths.TIMING_SUMMARY_NAME, json.dumps(summary, indent=2) + "\n")
-        where = self.run_dir if self.run_dir is not None else "no run folder, no files"
-        print(format_table(report, self.comm, title=f"hf_distprof step timing ({where})"), flush=True)
-        for warning in report.warnings:
-            logger.warning(warning)
+        publish.end_of_run(self.run_dir, summary, report, self.comm)
 
     def _guarded(self, fn: Any, *args: Any) -> Any:
         """Run local reporting work; a failure becomes one warning and training goes on."""

@@ -18,7 +18,7 @@ from typing import Any
 
 from hf_distprof.core import names
 
-MARK_KEYS = frozenset({"warmup", "traced", "profiler_busy"})
+MARK_KEYS = frozenset({"warmup", "traced", "profiler_busy", "after_pause"})
 """The step timer's marks of a step in ``timing_rank{R}.jsonl`` (booleans: its warm-up, a step the profiler ran over
 or was still busy during)."""
 
@@ -68,13 +68,14 @@ class RunData:
 
     def counted(self, rank: int) -> list[dict[str, Any]]:
         """The rank's step records used in comparisons: warm-up and profiled steps left out (also those the step
-        timer marked as the profiler's: traced, or overlapped by a trace's compact summary being written)."""
+        timer marked as the profiler's: traced, or overlapped by a trace's compact summary being written), and the
+        step after a checkpoint or an evaluation (it waits for the slowest rank's)."""
         records = self.steps.get(rank, [])
         first = min((int(r["step"]) for r in records), default=0)
         return [
             r for r in records
             if int(r["step"]) >= first + self.warmup_steps and int(r["step"]) not in self.traced_steps
-            and r.get("traced") is not True and r.get("profiler_busy") is not True
+            and r.get("traced") is not True and r.get("profiler_busy") is not True and r.get("after_pause") is not True
         ]
 
 

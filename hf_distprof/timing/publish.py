@@ -1,14 +1,19 @@
-"""Where a cross-rank report is shown while training runs: TensorBoard scalars and the Trainer's logs.
+"""Where a cross-rank report is shown while training runs: TensorBoard scalars and the Trainer's logs; and at train end
+``timing_summary.json`` and the table.
 
 Rank 0 calls these on logging steps with the report of the steps since the previous logging step.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
-from hf_distprof import tensorboard
-from hf_distprof.timing.report import PHASE_KEYS, CrossRankReport
+from hf_distprof import dist, paths, tensorboard
+from hf_distprof.timing.report import PHASE_KEYS, CrossRankReport, format_table
+
+logger = dist.get_logger(__name__)
 
 # Per-rank series written as timing/<key>/rank{R}.
 PER_RANK_KEYS: tuple[str, ...] = PHASE_KEYS
@@ -83,3 +88,14 @@ def headline_figures(report: CrossRankReport) -> dict[str, float | int]:
         # Significant figures, not decimals: a small model on a CPU runs at well under 0.01% of a peak.
         figures["throughput/mfu_pct"] = float(f"{report.mfu_pct:.3g}")
     return figures
+
+
+def end_of_run(run_dir: Path | None, summary: dict[str, Any], report: CrossRankReport, comm: Any) -> None:
+    """Rank 0 at train end: ``timing_summary.json`` into the run folder, the table on stdout, its warnings logged."""
+    if run_dir is not None:
+        paths.atomic_write_text(run_dir / paths.TIMING_SUMMARY_NAME, json.dumps(summary, indent=2) + "\n")
+    where = run_dir if run_dir is not None else "no run folder, no files"
+    print(format_table(report, comm, title=f"hf_distprof step timing ({where})"), flush=True)
+    for warning in report.warnings:
+        logger.warning(warning)
+

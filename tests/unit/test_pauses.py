@@ -171,3 +171,37 @@ def test_a_step_after_the_named_ones_and_what_ran_in_it_are_left_out() -> None:
     for name in ("worker0_step_12.1694128201545.pt.trace.json.gz", "rank0_vm_step8-9.pt.trace.json",
                  "rank0_vm_step3-4.pt.trace.json.gz"):
         assert steps_named(f"/runs/r/{name}", steps) == (steps, []), name
+
+
+def test_the_step_after_a_checkpoint_or_an_evaluation_is_left_out_of_the_step_timer_s_figures(tmp_path: Path) -> None:
+    # A plain Trainer saving after step 2 and evaluating after step 4: steps 3 and 5 wait in their first collective
+    # for the slowest rank's checkpoint or evaluation (a trial's rank that saved nothing read 0.0472 s against 0.0432
+    # s per step for that). They are marked in the jsonl and left out of the means, like the warm-up step; the run's
+    # MFU counts the FLOPs of the steps in the means only.
+    import json
+
+    from transformers import Trainer, TrainingArguments
+
+    from hf_distprof import StepTimerCallback
+    from hf_distprof.analysis.read.timer_records import read_timer_records
+
+    from .test_step_timer_callback import dataset, tiny_model
+
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, max_steps=8, logging_steps=4,
+                             per_device_train_batch_size=2, per_device_eval_batch_size=2, eval_strategy="steps",
+                             eval_steps=4, save_strategy="steps", save_steps=2, report_to="none", disable_tqdm=True)
+    timer = StepTimerCallback(ProfilingArguments(enable_step_timing=True, peak_tflops=1.0,
+                                                 profiler_output_dir=str(tmp_path / "P"), profiler_run_name="r"))
+    trainer = Trainer(model=tiny_model(), args=args, train_dataset=dataset(), eval_dataset=dataset(8),
+                      callbacks=[timer])
+    trainer.train()
+    rows = [json.loads(line) for line in (tmp_path / "P" / "r" / "timing_rank0.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["after_pause"]] == [3, 5, 7]  # saved after 2, 4, 6; evaluated after 4
+    summary = timer.summary
+    assert summary is not None
+    assert (summary["steps_in_means"], summary["warmup_steps_excluded"], summary["pause_steps_excluded"]) == (4, 1, 3)
+    assert summary["per_rank"][0]["steps"] == 4
+    total_s = summary["per_rank"][0]["total_s"]
+    assert summary["mfu_pct"] == pytest.approx(trainer.state.total_flos * 4 / 8 / (total_s * 1e12) * 100, rel=1e-9)
+    records = read_timer_records([tmp_path / "P" / "r" / "timing_rank0.jsonl"])
+    assert records.warmup == {1, 3, 5, 7}  # the analysis leaves them out alike

@@ -122,6 +122,13 @@ def test_warm_up_and_every_step_the_profiler_ran_over_are_left_out(tmp_path):
     assert [r["step"] for r in load_run(folder, warmup_steps=3).counted(0)][:3] == [4, 5, 6]
 
 
+def test_the_step_after_a_checkpoint_is_left_out(tmp_path):
+    # The step timer marks the step after a checkpoint or an evaluation (it waits for the slowest rank's).
+    paused = {**record(4), "after_pause": True}
+    folder = write_run(tmp_path / "run", {0: [record(1), record(2), record(3), paused, record(5)]})
+    assert [r["step"] for r in load_run(folder).counted(0)] == [2, 3, 5]
+
+
 # ---- the comparison -----------------------------------------------------------------------------------------
 
 

@@ -49,8 +49,8 @@ def read_timer_records(files: Iterable[str | Path]) -> TimerRecords:
                 out.rows.setdefault(rank, {})[step] = row
                 marked = isinstance(row.get("warmup"), bool) and isinstance(row.get("traced"), bool)
                 marks.append(marked)
-                if (row.get("warmup") is True) if marked else first:
-                    out.warmup.add(step)
+                if ((row.get("warmup") is True) if marked else first) or row.get("after_pause") is True:
+                    out.warmup.add(step)  # (the step after a checkpoint or an evaluation: left out alike)
                 if marked and row["traced"]:
                     out.traced.add(step)
                 if row.get("profiler_busy") is True:
