@@ -289,11 +289,34 @@ def test_an_on_demand_window_after_a_regular_one_is_named_by_its_own_steps(tmp_p
     assert asks.traced == [4, 5, 6, 7, 8, 9] and asks.recorded == [5, 6, 8, 9]
     assert [s for s in range(1, 11) if schedule.traced_steps(args)(s)] == [4, 5, 6]
     assert [s for s in range(1, 11) if schedule.recorded_steps(args)(s)] == [5, 6]
+    # ... but the run's own predicates keep its windows after its train end: the step timer and the memory logger end
+    # after the profiler callback (their last figures left the extra windows out).
+    assert [s for s in range(1, 11) if asks.is_traced(s)] == [4, 5, 6, 7, 8, 9]
+    assert [s for s in range(1, 11) if asks.is_recorded(s)] == [5, 6, 8, 9]
     assert traces(triggers.run_dir) == [
         f"rank0_{HOST}_step5-6.pt.trace.json.gz", f"rank0_{HOST}_step5-6_summary.txt",
         f"rank0_{HOST}_step8-9.pt.trace.json.gz", f"rank0_{HOST}_step8-9_summary.txt",
     ]
     assert profiler_steps(triggers.run_dir / f"rank0_{HOST}_step8-9.pt.trace.json.gz") == [8, 9]
+
+
+def test_the_step_timer_marks_an_on_demand_window_s_steps_traced_though_it_logs_after_the_window(tmp_path):
+    # Logging every 500 steps: the step timer resolves and writes every step at train end, after the profiler
+    # callback's train end (a trial's run with --logging-steps 100 marked no step of its anomaly window traced).
+    from hf_distprof import StepTimerCallback
+
+    args = ProfilingArguments(enable_profiling=True, profiler_output_dir=str(tmp_path / "P"), profiler_run_name="r",
+                              profiler_wait_steps=1000, profiler_warmup_steps=1, profiler_active_steps=2,
+                              profile_on_demand=True, enable_step_timing=True)
+    triggers = Triggers(touch_at=2)
+    triggers.run_dir = tmp_path / "P" / "r"
+    cb = ProfilerCallback(args)
+    cb.agree_every = 2
+    timer = StepTimerCallback(args)
+    cb.step_timer = timer
+    fake_trainer.run([triggers, cb, timer], 8, tmp_path)
+    rows = [json.loads(line) for line in (triggers.run_dir / "timing_rank0.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["traced"]] == [4, 5, 6]  # warm-up 4, recorded 5-6
 
 
 def test_without_the_flags_nothing_is_watched(tmp_path):

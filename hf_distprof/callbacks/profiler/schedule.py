@@ -27,17 +27,27 @@ class ExtraWindows(Protocol):
 
 
 _plans: list[ExtraWindows] = []  # the plans of this process's running profiler callbacks
+# Plans unregistered since the last register, each with the count of unregistrations at its own: the predicates made
+# before it still count its windows (the step timer and the memory logger end after the profiler callback).
+_retired: list[tuple[ExtraWindows, int]] = []
+_unregistered = 0
 _RECORDING = ("record", "record_and_save")
 
 
 def register(plan: ExtraWindows) -> None:
-    """Count ``plan``'s windows as traced (the profiler callback, at train begin)."""
+    """Count ``plan``'s windows as traced (the profiler callback, at train begin: the last run's callbacks are done)."""
+    _retired.clear()
     if not any(p is plan for p in _plans):
         _plans.append(plan)
 
 
 def unregister(plan: ExtraWindows) -> None:
-    """Stop counting ``plan``'s windows (train end, or a train() that ended without it)."""
+    """Stop counting ``plan``'s windows in predicates made from now on (train end, or a train() that ended without
+    it); those made before keep counting them."""
+    global _unregistered
+    if any(p is plan for p in _plans):
+        _unregistered += 1
+        _retired.append((plan, _unregistered))
     _plans[:] = [p for p in _plans if p is not plan]
 
 
@@ -48,6 +58,23 @@ def extra_phase(step: int) -> str | None:
         if phase is not None:
             return phase
     return None
+
+
+def _extra_phases() -> Callable[[int], str | None]:
+    """:func:`extra_phase`, also over the plans unregistered after this call: the step timer and the memory logger
+    finish their train end after the profiler callback's, which unregisters its plan (their last figures then left the
+    windows opened on demand or on anomaly out of the traced steps)."""
+    made = _unregistered
+
+    def phase(step: int) -> str | None:
+        found = extra_phase(step)
+        if found is None:
+            for plan, when in _retired:
+                if when > made and (found := plan.phase(step)) is not None:
+                    break
+        return found
+
+    return phase
 
 
 def first_active_step(args: ProfilingArguments) -> int:
@@ -140,10 +167,11 @@ def traced_steps(args: ProfilingArguments, offset: int = 0, max_steps: int | Non
     The step timer leaves these steps out of its verdicts and compares their time with the others' (the profiler's
     own slowdown); the memory logger leaves them out of its CPU growth check.
     """
+    extra = _extra_phases()
     if max_steps is not None and records_nothing(args, offset, max_steps):
-        return lambda step: extra_phase(step) is not None
+        return lambda step: extra(step) is not None
     regular = scheduled_steps(args, offset)
-    return lambda step: regular(step) or extra_phase(step) is not None
+    return lambda step: regular(step) or extra(step) is not None
 
 
 def recorded_steps(args: ProfilingArguments, offset: int = 0) -> Callable[[int], bool]:
@@ -154,4 +182,5 @@ def recorded_steps(args: ProfilingArguments, offset: int = 0) -> Callable[[int],
     views and an Nsight capture cover the same steps.
     """
     regular = scheduled_recorded_steps(args, offset)
-    return lambda step: regular(step) or extra_phase(step) in _RECORDING
+    extra = _extra_phases()
+    return lambda step: regular(step) or extra(step) in _RECORDING
