@@ -426,3 +426,14 @@ def test_what_the_step_timer_decided_is_not_withheld_for_an_unread_trace() -> No
     assert [(q.question, q.missing, q.withheld) for q in withheld] == [
         ("straggler", [0], trace), ("what_if", [0], None)]
     assert withhold_without_every_rank([trace], [], replayed=True) == ([trace], [])
+
+
+def test_a_report_without_a_step_traced_on_every_rank_is_written(tmp_path: Path) -> None:
+    # --profile-ranks auto: each window traces its own ranks, so no step is common to all (a trial's 3-rank run: the
+    # report stopped with an IndexError in the phases plot).
+    from hf_distprof.analysis.tell.report import PHASES_PNG, write_report
+
+    result = analyze_paths([DATA / "slow_rank1"], AnalysisOptions(workers=1))
+    result.common_steps = []
+    html = write_report(result, tmp_path / "rep")
+    assert html.is_file() and (tmp_path / "rep" / PHASES_PNG).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

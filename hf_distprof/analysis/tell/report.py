@@ -80,6 +80,12 @@ def _phases_plot(result: AnalysisResult, out: Path) -> None:
             "communication (waiting)": lambda s: s.cpu.pct(s.cpu.communication_us),
             "data loading": lambda s: s.cpu.pct(s.cpu.data_loading_us),
         }
+    if not steps:  # no step every rank traced (--profile-ranks auto: each window its own ranks)
+        fig, ax = plt.subplots(figsize=(7, 3.0))
+        ax.text(0.5, 0.5, "no step traced on every rank", ha="center", va="center")
+        ax.set_axis_off()
+        save(fig, out)
+        return
     fig, axes = plt.subplots(1, len(phases), figsize=(4.2 * len(phases), max(3.0, 0.25 * len(ranks) + 2)))
     for ax, (name, value) in zip(axes, phases.items()):
         rows = []
