@@ -240,8 +240,14 @@ def test_log_to_tensorboard_sends_the_answer_analyze_json_gives(tmp_path, capsys
     assert scalars["hf_distprof/exposed_comm_pct"].value == pytest.approx(reference["exposed_comm_pct"], rel=1e-6)
     assert scalars["hf_distprof/imbalance_pct"].value == pytest.approx(reference["imbalance_pct"], rel=1e-6)
     for scenario in reference["what_if"]:
-        assert scalars[f"hf_distprof/whatif/{scenario['scenario']}_saving_ms"].value == pytest.approx(
-            scenario["saving_ms"], rel=1e-6)
+        # The saving that counts, in ms and in %, one figure (a trial read 54.12 ms beside 28.75%: the replay's ms
+        # beside the run's %): the run's figure of the measured step when it is the smaller.
+        run_pct = scenario["run_saving_pct"]
+        held = run_pct is not None and run_pct < scenario["saving_pct"]
+        pct = run_pct if held else scenario["saving_pct"]
+        ms = scenario["step_ms_now"] * pct / 100 if held else scenario["saving_ms"]
+        assert scalars[f"hf_distprof/whatif/{scenario['scenario']}_saving_ms"].value == pytest.approx(ms, rel=1e-6)
+        assert scalars[f"hf_distprof/whatif/{scenario['scenario']}_saving_pct"].value == pytest.approx(pct, rel=1e-6)
     text = acc.Tensors("hf_distprof/answer")[-1].tensor_proto.string_val[0].decode()
     assert "Rank 1 holds the others back: its data loading" in text and "| finding | ranks |" in text
 
@@ -437,3 +443,17 @@ def test_a_report_without_a_step_traced_on_every_rank_is_written(tmp_path: Path)
     result.common_steps = []
     html = write_report(result, tmp_path / "rep")
     assert html.is_file() and (tmp_path / "rep" / PHASES_PNG).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_trackers_what_if_figures_are_the_saving_that_counts_in_ms_and_in_pct() -> None:
+    # Held to the run's figure (smaller than the replay's), a scenario's ms and % are both the run's: a trial's
+    # TensorBoard read 54.12 ms (the replay's) beside 28.75% (the run's).
+    from hf_distprof.analysis.tell.tracker import figures
+
+    result = analyze_paths([DATA / "slow_rank1"], AnalysisOptions(workers=1, what_if_pct=100))
+    scenario = next(s for s in result.what_if if s.scenario == "slow_rank")
+    scenario.run_saving_pct = scenario.saving_pct / 2
+    got = figures(result)
+    assert got["hf_distprof/whatif/slow_rank_saving_pct"] == pytest.approx(scenario.saving_pct / 2)
+    half_ms = scenario.step_ms_now * scenario.saving_pct / 200
+    assert got["hf_distprof/whatif/slow_rank_saving_ms"] == pytest.approx(half_ms) != scenario.saving_ms

@@ -43,7 +43,7 @@ def figures(result: AnalysisResult) -> dict[str, float]:
     for finding in result.findings:
         out[f"hf_distprof/finding/{finding.kind}_severity"] = _number(finding.severity)
     for scenario in result.what_if:
-        out[f"hf_distprof/whatif/{scenario.scenario}_saving_ms"] = _number(scenario.saving_ms)
+        out[f"hf_distprof/whatif/{scenario.scenario}_saving_ms"] = _number(scenario.counted_ms)
         out[f"hf_distprof/whatif/{scenario.scenario}_saving_pct"] = _number(scenario.counted_pct)
     return {k: v for k, v in out.items() if v is not None}
 
