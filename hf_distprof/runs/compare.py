@@ -175,9 +175,11 @@ def run_series(run: RunData) -> dict[str, list[float]]:
         syncs = [step_value(r, "sync_s") for r in got.values()]
         if all(s is not None for s in syncs) and step_s > 0:
             out["comm_pct"].append(100.0 * sum(s or 0.0 for s in syncs) / len(syncs) / step_s)
-        pre = [float(r["pre_sync_s"]) for r in got.values() if r.get("pre_sync_s") is not None]
-        if len(pre) == len(got) > 1:
-            out["imbalance_pct"].append(imbalance_pct(pre))
+        # What the step timer's verdict compares: the pre-sync work less its wait for a CPU (own_work_s), else (rows
+        # written before it) the pre-sync time.
+        own = [r.get("own_work_s", r.get("pre_sync_s")) for r in got.values()]
+        if all(v is not None for v in own) and len(own) > 1:
+            out["imbalance_pct"].append(imbalance_pct([float(v) for v in own]))
     return out
 
 

@@ -140,6 +140,14 @@ def test_run_series_gives_the_imbalance_and_the_sync_share_per_step(tmp_path):
     assert series["imbalance_pct"] == pytest.approx([20.0, 20.0])  # steps 2 and 3; step 1 is the warm-up
     assert series["comm_pct"] == pytest.approx([10.0, 10.0])
     assert series["samples_per_s"] == pytest.approx([32.0, 32.0])  # 16 samples of both ranks per 0.5 s
+    # Rows with the work less the wait for a CPU (own_work_s): that is what is compared, as the step timer's verdict
+    # does (rank 1 waited 0.1 s for a CPU: its own work equals rank 0's; a trial read 25.5% on a clean run).
+    for row in rank0:
+        row["own_work_s"] = row["pre_sync_s"]
+    for row in rank1:
+        row["own_work_s"] = row["pre_sync_s"] - 0.1
+    series = run_series(load_run(write_run(tmp_path / "own", {0: rank0, 1: rank1})))
+    assert series["imbalance_pct"] == pytest.approx([0.0, 0.0])
 
 
 def test_one_ranks_slower_data_loading_is_named_with_exact_deltas(tmp_path):
