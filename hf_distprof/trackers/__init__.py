@@ -74,6 +74,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import ModuleType
 
+from hf_distprof import tensorboard
 from hf_distprof.trackers import _mlflow, _tensorboard, _trackio, _wandb
 from hf_distprof.trackers._base import (
     ANSWER_TAG,
@@ -247,16 +248,25 @@ def send_text(
     """Send a live event, one sentence (a warning) at ``step``, to every tracker run ``report_to`` names.
 
     W&B: a row ``(step, text)`` of the INCREMENTAL table ``tag``; MLflow: a line ``[tag] text`` of the artifact
-    ``hf_distprof/events/step<step>.txt``; Trackio: a ``trackio.Markdown`` under ``tag``; TensorBoard: skipped,
-    the step timer writes its text itself. No tracker's alert feature is used: a profiler hint must not page
-    anyone. Never raises.
+    ``hf_distprof/events/step<step>.txt``; Trackio: a ``trackio.Markdown`` under ``tag``; TensorBoard: a text event
+    ``tag`` in ``tensorboard_dir`` (rank 0's writer), skipped without one (the step timer and the memory logger write
+    their text themselves). No tracker's alert feature is used: a profiler hint must not page anyone. Never raises.
     """
-    del tensorboard_dir
     for tracker in resolve(report_to):
         if tracker == "tensorboard":
+            if tensorboard_dir is not None:
+                _attempt(tracker, "a warning", functools.partial(_text_event, tensorboard_dir, tag, text, step),
+                         warn_without_run=False)
             continue
         event = functools.partial(_ADAPTERS[tracker].text, tag, text, step)
         _attempt(tracker, "a warning", event, warn_without_run=False)
+
+
+def _text_event(folder: Path, tag: str, text: str, step: int) -> None:
+    writer = tensorboard.get_writer(folder)
+    if writer is not None:
+        writer.add_text(tag, text, step)
+        writer.flush()
 
 
 def send_answer(

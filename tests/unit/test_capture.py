@@ -319,6 +319,36 @@ def test_the_step_timer_marks_an_on_demand_window_s_steps_traced_though_it_logs_
     assert [r["step"] for r in rows if r["traced"]] == [4, 5, 6]  # warm-up 4, recorded 5-6
 
 
+def test_a_window_opened_on_demand_is_told_in_tensorboard_at_its_step(tmp_path, monkeypatch):
+    # report_to names tensorboard: the decision is a text event in the run's TensorBoard folder, beside the step
+    # timer's warnings (a trial found none: the trackers' text skipped TensorBoard for every sender).
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from hf_distprof import tensorboard
+    from hf_distprof.callbacks.profiler.triggers import CAPTURES_TAG
+
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
+    args = ProfilingArguments(enable_profiling=True, profiler_output_dir=str(tmp_path / "P"), profiler_run_name="r",
+                              profiler_wait_steps=1000, profiler_warmup_steps=1, profiler_active_steps=2,
+                              profile_on_demand=True)
+
+    class ToTensorBoard(Triggers):
+        def on_train_begin(self, args, state, control, **kw):
+            super().on_train_begin(args, state, control, **kw)
+            args.report_to = ["tensorboard"]
+
+    triggers = ToTensorBoard(touch_at=2)
+    triggers.run_dir = tmp_path / "P" / "r"
+    cb = ProfilerCallback(args)
+    cb.agree_every = 2
+    fake_trainer.run([triggers, cb], 8, tmp_path)
+    tensorboard.close_writers()
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    (event,) = events.Tensors(f"{CAPTURES_TAG}/text_summary")
+    assert event.step == 3 and "on demand: PROFILE_NOW on rank 0" in event.tensor_proto.string_val[0].decode()
+
+
 def test_without_the_flags_nothing_is_watched(tmp_path):
     args = ProfilingArguments(enable_profiling=True, profiler_output_dir=str(tmp_path / "P"), profiler_run_name="r",
                               profiler_wait_steps=1000)

@@ -17,7 +17,7 @@ import torch
 from torch.profiler import ProfilerAction, ProfilerActivity, profile
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from hf_distprof import dist, paths
+from hf_distprof import dist, paths, tensorboard
 from hf_distprof.core import signals
 from hf_distprof.callbacks.profiler.capture import RECORD, RECORD_AND_SAVE, WARMUP
 from hf_distprof.callbacks.profiler import schedule as traced
@@ -167,6 +167,7 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
                                              every=self.agree_every)
             self._triggers.exporting = self._compacts.busy
             self._triggers.report_to = args.report_to
+            self._triggers.tensorboard_dir = tensorboard.tensorboard_dir(args.output_dir, self.run_dir)
             traced.register(self._triggers.plan)  # the step timer, memory views and --nsys-window count its windows
         if self.step_timer is not None:
             self.step_timer.profiler_busy = self._compacts.busy  # steps it overlaps are left out of its verdicts

@@ -94,6 +94,7 @@ class CaptureTriggers:
         self._after_pause = False  # a checkpoint or an evaluation ended since the last step
         self.exporting: Callable[[], bool] = lambda: False  # the profiler sets its compact writer's ``busy``
         self.report_to: Any = None  # the Trainer's report_to, set by the profiler: where each decision is told
+        self.tensorboard_dir: Path | None = None  # and the TensorBoard folder of the run's scalars (with tensorboard)
         if args.profile_on_demand:
             self._install_signal_handler()
             if dist.get_rank() == 0:
@@ -206,7 +207,8 @@ class CaptureTriggers:
             # event at this step.
             (logger.warning if dist.get_rank() == 0 else logger.info)(decision.message)
             if dist.get_rank() == 0:
-                trackers.send_text(self.report_to, CAPTURES_TAG, decision.message, step)
+                trackers.send_text(self.report_to, CAPTURES_TAG, decision.message, step,
+                                   tensorboard_dir=self.tensorboard_dir)
 
     def _install_signal_handler(self) -> None:
         if threading.current_thread() is not threading.main_thread():
