@@ -8,6 +8,7 @@ from statistics import median
 from typing import Any
 
 from hf_distprof.core.stats import scaled_mad
+from hf_distprof.core.text import apart
 
 
 MIN_REFERENCE = 6
@@ -137,10 +138,10 @@ def profiler_slowdown(
             else "no costly option is on: the profiler's own per-op bookkeeping is the cost; trace fewer steps"
         )
         warning = (
-            f"the profiler slows the steps it traces by {ratio:.2f}x (median {med:.4f}s inside its window vs "
-            f"{mid:.4f}s over the {len(ref)} untraced steps after its start; the run's own noise {noise:.1f}%; "
-            f"threshold {threshold_ratio:g}x): times and findings from the trace describe a slower run than yours; "
-            f"{cost}."
+            f"the profiler slows the steps it traces by {apart(ratio, threshold_ratio)}x (median {med:.4f}s inside its "
+            f"window vs {mid:.4f}s over the {len(ref)} untraced steps after its start; the run's own noise "
+            f"{noise:.1f}%; threshold {threshold_ratio:g}x): times and findings from the trace describe a slower run "
+            f"than yours; {cost}."
         )
     return ProfilerSlowdown(
         steps_inside=len(ins),

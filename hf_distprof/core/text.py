@@ -84,3 +84,14 @@ def flag_table(
     """
     rows = [[f"`{flag_name(f.name)}`", default(f), valid(f), f.metadata["help"]] for f in dataclasses.fields(cls)]
     return "\n".join(markdown_table(["flag", "default", "valid values", "description"], rows)) + "\n"
+
+
+def apart(value: float, bound: float, digits: int = 2) -> str:
+    """``value`` with ``digits`` decimals, or more (up to 4) where those read as ``bound`` though the two differ: a
+    ratio of 1.2452 against a 1.25 threshold reads "1.245", not "1.25 ...; below 1.25"."""
+    for places in range(digits, 5):
+        text = f"{value:.{places}f}"
+        if value == bound or float(text) != bound:
+            return text
+    return text
+

@@ -37,7 +37,7 @@ from hf_distprof.analysis.results.findings import STEP_TIMER, TRACE_AND_TIMER, F
 from hf_distprof.analysis.results.whatif import WhatIfModel, WhatIfScenario
 from hf_distprof.core.advice import PHASE_NAMES, phase_advice
 from hf_distprof.core.cause import Attribution, cause_action, cause_title, cause_why
-from hf_distprof.core.text import SHOWN_PCT, format_bytes, format_ranks, step_base
+from hf_distprof.core.text import SHOWN_PCT, apart, format_bytes, format_ranks, step_base
 
 
 @dataclass
@@ -86,7 +86,7 @@ def slowdown_line(q: QuietSlowdown) -> str | None:
     against = (f": above the {q.threshold_ratio:g}x threshold, but no slowdown the run can tell from its noise"
                if q.noise_only else f"; below {q.threshold_ratio:g}x" if q.below_threshold
                else f"; threshold {q.threshold_ratio:g}x")
-    return f"Profiler slowdown: {traced} {q.ratio:.2f}x {around}{within}{against}"
+    return f"Profiler slowdown: {traced} {apart(q.ratio, q.threshold_ratio)}x {around}{within}{against}"
 
 
 def _ms_of(seconds: float) -> str:
@@ -526,7 +526,7 @@ def _slowdown(j: Judgement) -> Prose:
     action = "Read the trace's absolute times with care and trust its shares more"
     return Prose(
         title="The profiler slows the traced steps",
-        why=(f"the traced steps took {f.ratio:.2f}x as long as the run's other steps (threshold "
+        why=(f"the traced steps took {apart(f.ratio, f.threshold_ratio)}x as long as the run's other steps (threshold "
              f"{f.threshold_ratio:.2f}x)"),
         details=f": {f.warning}",
         action=action,
