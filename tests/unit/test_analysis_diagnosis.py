@@ -481,3 +481,19 @@ def test_with_three_ranks_a_late_start_is_judged_against_the_peers_not_the_earli
     (straggler,) = [f for f in diagnose(ranks, OPTS) if f.kind == "straggler" and f.ranks == [2]]
     assert "arose before it began the step" not in straggler.evidence
     assert straggler.recommendation.startswith("Look at what rank 2 does before its first collective")
+
+
+def test_without_a_collective_matched_across_ranks_a_slow_rank_s_peers_are_not_called_communication_bound(
+        monkeypatch) -> None:
+    # --profile-ranks auto traces each window on other ranks: no collective is matched across them, so rank 0's wait
+    # for the slow rank 1 cannot be told from its transfers. The slow rank is named; rank 0 is not "communication-bound"
+    # (a trial read both, with "larger buckets" for the waiting ranks).
+    from hf_distprof.analysis.across import align as align_module
+
+    matched = analyze_paths([DATA / "slow_rank1"], AnalysisOptions(workers=1))
+    assert [f.kind for f in matched.findings][:1] == ["slow_rank"]
+    monkeypatch.setattr(align_module, "match_collectives", lambda ranks: {})
+    unmatched = analyze_paths([DATA / "slow_rank1"], AnalysisOptions(workers=1))
+    kinds = [f.kind for f in unmatched.findings]
+    assert unmatched.cross_rank is not None and unmatched.cross_rank.matched_collectives == 0
+    assert "communication_bound" not in kinds and any(f.ranks == [1] for f in unmatched.findings), kinds

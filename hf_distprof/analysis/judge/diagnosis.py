@@ -55,7 +55,8 @@ def diagnose(ranks: list[RankResult], across: Across, verdicts: RankVerdicts,
     """
     findings: list[Judgement] = []
     fsdp = _fsdp_exposed(ranks, across, "all_gather", options) + _fsdp_exposed(ranks, across, "reduce_scatter", options)
-    findings += _comm_bound(ranks, across, options, fsdp_findings=bool(fsdp))
+    slow = {v.rank for v in (verdicts.straggler, verdicts.imbalance) if v is not None and v.raised}
+    findings += _comm_bound(ranks, across, options, fsdp_findings=bool(fsdp), slow=slow)
     findings += _slow_resume(ranks, across, options)
     findings += fsdp
     if across.skew is not None:
@@ -81,14 +82,20 @@ def undecided(verdicts: RankVerdicts) -> list[Question]:
 
 
 def _comm_bound(ranks: list[RankResult], across: Across, options: AnalysisOptions,
-                fsdp_findings: bool) -> list[Judgement]:
+                fsdp_findings: bool, slow: set[int | None] | None = None) -> list[Judgement]:
     """Communication-bound: the exposed communication that is the collectives themselves (a rank waiting for a late
-    peer is that peer's finding, not the network's) above the threshold, median over steps and in most steps."""
+    peer is that peer's finding, not the network's) above the threshold, median over steps and in most steps.
+
+    With several ranks whose traces hold no collective in common (``--profile-ranks auto``: each window on other
+    ranks), the waits for a late peer cannot be told from the transfers: a rank other than the ``slow`` ones the
+    verdicts name is then not called communication-bound (its exposed time may be the wait for them: a trial read
+    "Rank 2 holds the others back" and "Communication-bound (ranks 0-1): larger buckets")."""
     shares = across.transfer_pct_per_step
     verdicts = {r.rank: judge_share(shares[r.rank], options.comm_bound_pct,
                                     "exposed communication, waits for late peers and time past completion left out")
                 for r in ranks}
-    hit = [r for r in ranks if verdicts[r.rank].raised]
+    unsplit = len(ranks) > 1 and not across.alignment.matched and bool(slow)
+    hit = [r for r in ranks if verdicts[r.rank].raised and (not unsplit or r.rank in (slow or set()))]
     if not hit:
         return []
     transfer = {r.rank: stats.mean(shares[r.rank]) for r in ranks}
