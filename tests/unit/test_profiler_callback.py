@@ -15,6 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from transformers import TrainerCallback
 
 from hf_distprof import ProfilerCallback, ProfilingArguments
 from hf_distprof.callbacks.profiler import callback as profiler_module
@@ -211,6 +212,22 @@ def test_schedule_that_never_reaches_active_warns_once_and_keeps_the_schedule(tm
     # No profiler was started for warm-up steps that no window follows (a trial's max_steps=7: steps 6-7 warmed up,
     # and step 7's profiler start and stop read as a 231% imbalance).
     assert cb.prof is None and cb.run_dir is not None and files(cb.run_dir) == [PARALLELISM]
+
+
+def test_a_run_too_short_for_the_schedule_profiles_only_the_windows_asked_for(tmp_path):
+    # --profile-on-demand keeps the profiler for its windows, but the schedule's warm-up (steps 6-7 of a 7-step run)
+    # is not spent: the step timer, which counts no step of it as traced, and the profiler agree.
+    cb = ProfilerCallback(prof_args(tmp_path, profile_on_demand=True))
+    actions: dict[int, str] = {}
+
+    class Spy(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            if cb.prof is not None:
+                actions[state.global_step + 1] = cb.prof.current_action.name
+
+    fake_trainer.run([cb, Spy()], 7, tmp_path)
+    assert set(actions.values()) == {"NONE"} and sorted(actions) == list(range(1, 8))
+    assert not any(traced_steps(cb.args, 0, 7)(s) for s in range(1, 8))
 
 
 CRASH_SCRIPT = textwrap.dedent(

@@ -189,10 +189,12 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         if message is not None:
             # The same on every profiled rank: the console hears it once, every rank's log keeps it.
             (logger.warning if rank == min(ranks or [0]) else logger.info)(message)
-        if not on_request and records_nothing(self.args, state.global_step, state.max_steps):
+        nothing = records_nothing(self.args, state.global_step, state.max_steps)
+        if nothing and not on_request:
             return  # no window: no profiler either (its warm-up steps would only cost time)
         a = self.args
-        self._base = base_schedule(a)
+        # (No regular window to warm up for when training ends before it: the windows asked for alone.)
+        self._base = base_schedule(a) if not nothing else lambda step: ProfilerAction.NONE
         self._kineto_daemon = bool(os.environ.get("KINETO_USE_DAEMON"))
         # Profiler step numbers follow the Trainer's 1-based global_step (also when resuming from a
         # checkpoint), so ProfilerStep#N in the trace is optimizer step N; the schedule is shifted to match.
