@@ -389,6 +389,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         handlers): the steps already finished go to the jsonl file, without waiting for the device (a hung collective
         must not keep the process from ending). No collective, no summary."""
         if self._recorder is not None and self._jsonl is not None:
+            self._recorder.drop_device_tokens()  # (a GPU's attention masks: counting them would wait)
             self._guarded(self._drain, False)
             self._jsonl.close()
 

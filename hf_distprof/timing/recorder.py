@@ -465,6 +465,13 @@ class StepRecorder:
                 m.tokens[i] = sums[j]
         self._token_tensors = 0
 
+    def drop_device_tokens(self) -> None:
+        """Forget the token counts still on the device (their steps read 0 tokens): counting them waits for the device,
+        which a dying run's hung collective may never free, and ``resolve(wait=False)`` keeps a step holding one."""
+        for m in self._pending:
+            m.tokens[:] = [0 if isinstance(t, torch.Tensor) and t.device.type != "cpu" else t for t in m.tokens]
+        self._token_tensors = 0
+
     def resolve(self, wait: bool = True) -> list[StepTiming]:
         """Turn finished steps into seconds, oldest first. On a GPU the steps whose last event has already completed
         are read first; with ``wait`` the host then waits for the newest event (the one wait of a logging step) and

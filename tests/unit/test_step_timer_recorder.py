@@ -218,6 +218,24 @@ def test_only_accelerate_s_dispatcher_off_rank_0_loads_elsewhere():
         assert [loads_elsewhere(loader, r) for r in (0, 1)] == [False, False]
 
 
+def test_a_dying_run_s_finished_steps_are_read_without_waiting_though_their_tokens_are_on_the_device():
+    # At exit (training died) the step timer reads the finished steps without waiting for the device. A step holding
+    # its attention mask on the device is kept for the pass that waits, so a GPU run flushed none (a review): the
+    # tokens are forgotten first (0), the times read.
+    t = Timeline()
+    clock, log = fake_cuda_clock(t)
+    rec = StepRecorder(clock)
+    rec.boundary()
+    for step in (1, 2):
+        run_step(rec, t, step=step, tokens=torch.ones(4, device="meta"))  # stands for a CUDA mask
+    log["device_at"] = t.now  # every event completed
+    assert rec.resolve(wait=False) == []
+    rec.drop_device_tokens()
+    steps = rec.resolve(wait=False)
+    assert [s.step for s in steps] == [1, 2] and [s.tokens for s in steps] == [0, 0] and log["sync"] == 0
+    assert steps[0].step_s == pytest.approx(0.5 + 2 * 3.25 + 0.125)
+
+
 def test_boundary_after_logging_excludes_logging_time_from_the_next_data_wait():
     t = Timeline()
     rec = StepRecorder(FakeCpuClock(t))
