@@ -47,7 +47,7 @@ from hf_distprof.core.names import COMPACT_SUFFIX
 logger = logging.getLogger(__name__)
 
 FORMAT = "hf_distprof.compact"
-VERSION = 2
+VERSION = 3
 # Bytes hashed at each end of the trace to tie a compact file to it (a trace's head holds its start time and
 # host, its tail its last events: two traces that agree on both and on their size are the same trace).
 _IDENTITY_BYTES = 1 << 16
