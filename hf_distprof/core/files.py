@@ -24,8 +24,12 @@ _HOST_UNSAFE = re.compile(r"[^A-Za-z0-9.-]+")
 
 def get_hostname() -> str:
     """Short host name, safe to put in a file name."""
-    host = socket.gethostname().split(".")[0] or "host"
-    return _HOST_UNSAFE.sub("-", host)
+    return short_host(socket.gethostname())
+
+
+def short_host(name: str) -> str:
+    """``name`` as :func:`get_hostname` writes it: before its first dot, safe in a file name."""
+    return _HOST_UNSAFE.sub("-", name.split(".")[0] or "host")
 
 
 # In the name of every temporary file atomic_path makes: ".<final name>.~<pid>@<host>~<random>.tmp<suffix>".

@@ -169,18 +169,23 @@ def test_another_host_s_clock_is_the_measured_one_while_the_traces_agree_with_it
     ranks[0].host, ranks[1].host = "a", "b"
     matched = match_collectives(ranks)
     assert clock_offsets(ranks, matched) == {0: 0.0, 1: 6_500.0}
-    assert clock_offsets(ranks, matched, {0: (0.0, 0.0), 1: (2_500.0, 50.0)}) == {0: 0.0, 1: 2_500.0}
+    assert clock_offsets(ranks, matched, {0: (0.0, 0.0, "a"), 1: (2_500.0, 50.0, "b")}) == {0: 0.0, 1: 2_500.0}
     # A measurement the traces contradict (a clock stepped since the start: 20 ms would put rank 1's collectives
     # ending before rank 0's started), or one that misses a host's rank: the collectives' offset.
-    assert clock_offsets(ranks, matched, {0: (0.0, 0.0), 1: (20_000.0, 50.0)}) == {0: 0.0, 1: 6_500.0}
-    assert clock_offsets(ranks, matched, {0: (0.0, 0.0)}) == {0: 0.0, 1: 6_500.0}
+    assert clock_offsets(ranks, matched, {0: (0.0, 0.0, "a"), 1: (20_000.0, 50.0, "b")}) == {0: 0.0, 1: 6_500.0}
+    assert clock_offsets(ranks, matched, {0: (0.0, 0.0, "a")}) == {0: 0.0, 1: 6_500.0}
     # The check is causality, not agreement: rank 1's collectives (2.5 ms after rank 0's, 9 ms long with its lag) allow
     # any offset from -2.5 to 11.5 ms; 12 ms is past that by 0.5 ms: kept within a 0.6 ms uncertainty, not 0.1 ms.
-    assert clock_offsets(ranks, matched, {0: (0.0, 0.0), 1: (12_000.0, 600.0)}) == {0: 0.0, 1: 12_000.0}
-    assert clock_offsets(ranks, matched, {0: (0.0, 0.0), 1: (12_000.0, 100.0)}) == {0: 0.0, 1: 6_500.0}
+    assert clock_offsets(ranks, matched, {0: (0.0, 0.0, "a"), 1: (12_000.0, 600.0, "b")}) == {0: 0.0, 1: 12_000.0}
+    assert clock_offsets(ranks, matched, {0: (0.0, 0.0, "a"), 1: (12_000.0, 100.0, "b")}) == {0: 0.0, 1: 6_500.0}
+    # A manifest of another attempt, whose rank 1 ran on another host (n7): not these traces' clock.
+    assert clock_offsets(ranks, matched, {0: (0.0, 0.0, "a"), 1: (3_000.0, 40.0, "n7")}) == {0: 0.0, 1: 6_500.0}
+    # A trace names its host in full, the manifest by its short name: the same host.
+    ranks[1].host = "b.cluster.local"
+    assert clock_offsets(ranks, matched, {0: (0.0, 0.0, "a"), 1: (2_500.0, 50.0, "b")}) == {0: 0.0, 1: 2_500.0}
     # Traces that name no host: no host to measure, the collectives' offsets.
     ranks[1].host = None
-    assert clock_offsets(ranks, matched, {0: (0.0, 0.0), 1: (2_500.0, 50.0)}) == {0: 0.0, 1: 6_500.0}
+    assert clock_offsets(ranks, matched, {0: (0.0, 0.0, "a"), 1: (2_500.0, 50.0, "b")}) == {0: 0.0, 1: 6_500.0}
 
 
 def test_one_rank_has_no_cross_rank_verdict():

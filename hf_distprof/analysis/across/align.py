@@ -19,6 +19,7 @@ from statistics import median
 
 from hf_distprof.analysis.results.across import Alignment
 from hf_distprof.analysis.results.rank import Collective, CollectiveKey, RankResult
+from hf_distprof.core.files import short_host
 
 
 COMPLETES_TOGETHER = frozenset({"all_reduce", "all_gather", "reduce_scatter"})
@@ -37,14 +38,16 @@ def match_collectives(ranks: list[RankResult]) -> dict[CollectiveKey, dict[int, 
 
 def clock_offsets(
     ranks: list[RankResult], matched: dict[CollectiveKey, dict[int, Collective]],
-    measured: dict[int, tuple[float, float]] | None = None,
+    measured: dict[int, tuple[float, float, str]] | None = None,
 ) -> dict[int, float]:
     """Offset (us) to subtract from each rank's timestamps to put it on the first rank's clock.
 
     Args:
         ranks: The ranks.
         matched: Output of :func:`match_collectives`.
-        measured: The run manifest's clocks: rank -> (its clock minus rank 0's, the measurement's uncertainty), in us.
+        measured: The run manifest's clocks: rank -> (its clock minus rank 0's, the measurement's uncertainty, in us;
+            its host), used for a rank whose trace names the same host (a manifest of another attempt on other nodes
+            is not these traces' clocks).
 
     Returns:
         rank -> offset; all zero when no collective is matched and nothing was measured.
@@ -70,7 +73,8 @@ def clock_offsets(
                 if matched and g != home else 0.0) for g, ranks_of in members.items()}
     for g, ranks_of in members.items():
         both = [*ranks_of, *members[home]]
-        if g == home or not named or not measured or any(k not in measured for k in both):
+        if g == home or not named or not measured or any(k not in measured or measured[k][2] != short_host(
+                str(group[k])) for k in both):
             continue
         offset = measured[ranks_of[0]][0] - measured[members[home][0]][0]
         slack = measured[ranks_of[0]][1] + measured[members[home][0]][1]
@@ -95,7 +99,7 @@ def _causal(matched: dict[CollectiveKey, dict[int, Collective]], theirs: list[in
     return True
 
 
-def align(ranks: list[RankResult], measured: dict[int, tuple[float, float]] | None = None) -> Alignment:
+def align(ranks: list[RankResult], measured: dict[int, tuple[float, float, str]] | None = None) -> Alignment:
     """The ranks aligned: computed once per run, handed to every stage that compares the ranks in time (the skew and
     the straggler verdict, the late-peer waits, the bandwidth table, the what-if replay, ``merge``).
 

@@ -37,7 +37,7 @@ def compare(ranks: list[RankResult], run: RunInput, reference: Sequence[Referenc
         The figures.
     """
     clocks = run.run.clocks if run.run is not None else []
-    alignment = align(ranks, {c.rank: (c.offset_us, c.uncertainty_us or 0.0) for c in clocks
+    alignment = align(ranks, {c.rank: (c.offset_us, c.uncertainty_us or 0.0, c.host) for c in clocks
                               if c.offset_us is not None})
     set_waits(ranks, alignment)
     traced = {s.step for r in ranks for s in r.steps}
