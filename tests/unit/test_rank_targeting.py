@@ -181,3 +181,19 @@ def test_build_callbacks_feeds_auto_with_the_step_timers_times(tmp_path, monkeyp
             window["steps"]) == (7, 5, [0], 0, None, [2, 3])
     assert window["reason"].startswith("1 rank: every rank traces; rank 0 is the slowest (median pre-sync ")
     assert sorted(p.name for p in run_dir.glob("*.pt.trace.json.gz")) == ["rank0_node-0_step8-8.pt.trace.json.gz"]
+
+
+def test_no_window_is_chosen_after_the_last_step(tmp_path, monkeypatch):
+    # Windows every 8 steps (wait 6, warm-up 1, recorded 1, repeated until the end): a 14-step run takes the window
+    # of steps 7-8; the next one would start at step 15, after the run (a trial's profile_ranks.json listed it, and its
+    # log said the window from step 41 of a 40-step run was traced on ranks 0, 2).
+    monkeypatch.setattr(socket, "gethostname", lambda: "node-0")
+    args = ProfilingArguments(enable_profiling=True, profile_ranks="auto", profiler_output_dir=str(tmp_path / "P"),
+                              profiler_run_name="r", profiler_wait_steps=6, profiler_warmup_steps=1,
+                              profiler_active_steps=1, profiler_repeat=0, profiler_record_shapes=False)
+    callbacks = build_callbacks(args)
+    (profiler,) = [c for c in callbacks if isinstance(c, ProfilerCallback)]
+    profiler.agree_every = 2
+    fake_trainer.run([LogEveryTwo(), *callbacks], 14, tmp_path)
+    windows = json.loads((tmp_path / "P" / "r" / "profile_ranks.json").read_text())["windows"]
+    assert [w["window_first"] for w in windows] == [7]

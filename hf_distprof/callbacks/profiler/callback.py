@@ -234,7 +234,7 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
             self._triggers.step_end(state.global_step)
         if self.prof is not None:
             self._last_step = state.global_step
-            if self._policy is not None:
+            if self._policy is not None and state.global_step < state.max_steps:  # (no window after the last step)
                 self._policy.window_start(state.global_step + 1)  # after the agreement, before stepping into it
             if state.global_step >= state.max_steps:
                 # Close right after the last real step so the trace holds no step that never ran.
