@@ -37,7 +37,7 @@ def test_the_largest_rank_counts_and_the_window_keeps_the_steps_that_fit():
     assert not budget.add(6, [(0, 300_000.0), (1, 350_000.0)])  # nothing larger: unchanged
     assert budget.add(8, [(3, 400_000.0)]) and budget.allowed_steps() == 2
     assert budget.message({"with_stack": True, "record_shapes": True}) == (
-        "--max-trace-mb 1: the first window's largest trace (rank 3) holds 0.400 MB per recorded step: the windows "
+        "--max-trace-mb 1: the largest first trace (rank 3's) holds 0.400 MB per recorded step: the windows "
         "that start from now on record 2 of 6 active steps (about 0.800 MB), on every rank (turn off "
         "--profiler-with-stack (about +70% trace size) or raise --max-trace-mb)"
     )
@@ -68,7 +68,7 @@ def test_a_window_that_fits_says_nothing_and_one_step_too_big_skips():
     skip = TraceBudget(limit_mb=0.05, active_steps=6)
     skip.add(2, [(0, 100_000.0)])
     assert skip.message({"record_shapes": True}) == (
-        "--max-trace-mb 0.05: the first window's largest trace (rank 0) holds 0.100 MB per recorded step, more than "
+        "--max-trace-mb 0.05: the largest first trace (rank 0's) holds 0.100 MB per recorded step, more than "
         "the limit: the windows that start from now on are skipped on every rank (turn off --profiler-record-shapes "
         "(about +28%) or raise --max-trace-mb)"
     )
@@ -143,6 +143,6 @@ def test_max_trace_mb_shortens_the_second_window_by_the_first_ones_size(tmp_path
     second = run_dir / f"rank0_{HOST}_step11-{10 + allowed}.pt.trace.json.gz"
     assert profiler_steps(second) == list(range(11, 11 + allowed))
     messages = [r.getMessage() for r in caplog.records if "--max-trace-mb" in r.getMessage()]
-    assert any(f"step 9: --max-trace-mb 0.01: the first window's largest trace (rank 0) holds {per_step / 1e6:.3f} MB "
+    assert any(f"step 9: --max-trace-mb 0.01: the largest first trace (rank 0's) holds {per_step / 1e6:.3f} MB "
                f"per recorded step: the windows that start from now on record {allowed} of 4 active steps" in m
                for m in messages), messages

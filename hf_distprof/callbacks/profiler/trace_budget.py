@@ -84,7 +84,8 @@ class TraceBudget:
         if self.bytes_per_step is None or allowed >= self.active_steps:
             return ""
         per_step = self.bytes_per_step / MB
-        measured = (f"--max-trace-mb {self.limit_mb:g}: the first window's largest trace (rank {self.measured_by}) "
+        # (A rank's first trace: with --profile-ranks auto a rank may trace first in a later window.)
+        measured = (f"--max-trace-mb {self.limit_mb:g}: the largest first trace (rank {self.measured_by}'s) "
                     f"holds {per_step:.3f} MB per recorded step")
         drop = costliest_option(options)
         hint = f"turn off {drop} or raise --max-trace-mb" if drop else "raise --max-trace-mb"
