@@ -38,7 +38,7 @@ def test_the_largest_rank_counts_and_the_window_keeps_the_steps_that_fit():
     assert budget.add(8, [(3, 400_000.0)]) and budget.allowed_steps() == 2
     assert budget.message({"with_stack": True, "record_shapes": True}) == (
         "--max-trace-mb 1: the largest first trace (rank 3's) holds 0.400 MB per recorded step: the windows "
-        "that start from now on record 2 of 6 active steps (about 0.800 MB), on every rank (turn off "
+        "that start after this step record 2 of 6 active steps (about 0.800 MB), on every rank (turn off "
         "--profiler-with-stack (about +70% trace size) or raise --max-trace-mb)"
     )
 
@@ -69,8 +69,8 @@ def test_a_window_that_fits_says_nothing_and_one_step_too_big_skips():
     skip.add(2, [(0, 100_000.0)])
     assert skip.message({"record_shapes": True}) == (
         "--max-trace-mb 0.05: the largest first trace (rank 0's) holds 0.100 MB per recorded step, more than "
-        "the limit: the windows that start from now on are skipped on every rank (turn off --profiler-record-shapes "
-        "(about +28%) or raise --max-trace-mb)"
+        "the limit: the windows that start after this step are skipped on every rank (turn off "
+        "--profiler-record-shapes (about +28%) or raise --max-trace-mb)"
     )
     assert skip.message({}).endswith("skipped on every rank (raise --max-trace-mb)")
 
@@ -144,5 +144,5 @@ def test_max_trace_mb_shortens_the_second_window_by_the_first_ones_size(tmp_path
     assert profiler_steps(second) == list(range(11, 11 + allowed))
     messages = [r.getMessage() for r in caplog.records if "--max-trace-mb" in r.getMessage()]
     assert any(f"step 9: --max-trace-mb 0.01: the largest first trace (rank 0's) holds {per_step / 1e6:.3f} MB "
-               f"per recorded step: the windows that start from now on record {allowed} of 4 active steps" in m
+               f"per recorded step: the windows that start after this step record {allowed} of 4 active steps" in m
                for m in messages), messages

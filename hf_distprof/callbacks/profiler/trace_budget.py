@@ -90,9 +90,9 @@ class TraceBudget:
         drop = costliest_option(options)
         hint = f"turn off {drop} or raise --max-trace-mb" if drop else "raise --max-trace-mb"
         if allowed == 0:
-            return (f"{measured}, more than the limit: the windows that start from now on are skipped on every rank "
-                    f"({hint})")
-        return (f"{measured}: the windows that start from now on record {allowed} of {self.active_steps} active "
+            return (f"{measured}, more than the limit: the windows that start after this step are skipped on every "
+                    f"rank ({hint})")
+        return (f"{measured}: the windows that start after this step record {allowed} of {self.active_steps} active "
                 f"steps (about {allowed * per_step:.3f} MB), on every rank ({hint})")
 
     def first_window_message(self, size_bytes: int, steps: int) -> str:
