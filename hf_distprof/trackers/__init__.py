@@ -74,7 +74,6 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import ModuleType
 
-from hf_distprof import tensorboard
 from hf_distprof.trackers import _mlflow, _tensorboard, _trackio, _wandb
 from hf_distprof.trackers._base import (
     ANSWER_TAG,
@@ -263,6 +262,8 @@ def send_text(
 
 
 def _text_event(folder: Path, tag: str, text: str, step: int) -> None:
+    from hf_distprof import tensorboard  # (it imports torch: the package's import stays light)
+
     writer = tensorboard.get_writer(folder)
     if writer is not None:
         writer.add_text(tag, text, step)

@@ -125,8 +125,20 @@ def test_tensorboard_answer_text_scalars_and_hparams(tmp_path: Path) -> None:
 
 def test_tensorboard_live_is_left_to_the_step_timer_and_a_missing_folder_is_a_skip(tmp_path: Path) -> None:
     trackers.send_live(["tensorboard"], {"timing/step_s": 1.0}, 5, tensorboard_dir=tmp_path / "tb")
-    trackers.send_text(["tensorboard"], "hf_distprof/warnings", "slow", 5, tensorboard_dir=tmp_path / "tb")
+    trackers.send_text(["tensorboard"], "hf_distprof/warnings", "slow", 5)  # the step timer writes its own
     assert not (tmp_path / "tb").exists()
+    # A sender without a TensorBoard writer of its own (the capture triggers) names the folder: one text event.
+    _need("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from hf_distprof import tensorboard
+
+    trackers.send_text(["tensorboard"], "hf_distprof/captures", "window", 5, tensorboard_dir=tmp_path / "tb")
+    tensorboard.close_writers()
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    (event,) = events.Tensors("hf_distprof/captures/text_summary")
+    assert event.step == 5 and event.tensor_proto.string_val[0] == b"window"
     assert trackers.send_answer("tensorboard", _answer(tmp_path)) == {
         "tensorboard": "skipped: no TensorBoard folder given"
     }
