@@ -96,12 +96,18 @@ class Workload:
         return (f"{where}, ModernBERT hidden {self.hidden_size} x {self.layers} layers, batch {self.batch_size} x "
                 f"{self.seq_len} tokens{', bf16' if self.bf16 else ''}")
 
-    def training_arguments(self, out: Path, steps: int) -> dict[str, Any]:
-        """The ``TrainingArguments`` of every ``train()`` call, variant A and B alike."""
+    def training_arguments(self, out: Path) -> dict[str, Any]:
+        """The ``TrainingArguments`` of every ``train()`` call, variant A and B alike (the step clock ends each)."""
         return {"output_dir": str(out / "out"), "use_cpu": self.device == "cpu", "bf16": self.bf16,
-                "max_steps": steps, "per_device_train_batch_size": self.batch_size, "logging_steps": self.logging_steps,
+                "max_steps": LONG_RUN_STEPS, "per_device_train_batch_size": self.batch_size,
+                "logging_steps": self.logging_steps,
                 "report_to": "none", "save_strategy": "no", "disable_tqdm": True, "seed": 0,
                 "ddp_find_unused_parameters": False, "dataloader_num_workers": 0}
+
+
+LONG_RUN_STEPS = 2 * 10**6
+"""Every ``train()`` call's ``max_steps``, past the waiting profiler's first window (``--profiler-skip-first 10**6``);
+the step clock ends training after the steps asked for."""
 
 
 class DirectCost:
@@ -230,7 +236,7 @@ def worker(pairs: int, steps: int, names: str, result: Path, work: Workload) -> 
                 prof = FLOOR
             elif variant == "B":
                 prof = ProfilingArguments(
-                    profiler_skip_first=10**6,  # the profiler is built and stepped, never recording
+                    profiler_skip_first=10**6,  # the profiler is built and stepped, never recording (within the run)
                     memory_log_steps=work.memory_log_steps,
                     profiler_output_dir=str(out / "prof"),
                     **variant_b_flags(names),
@@ -252,8 +258,18 @@ def train_once(direct: DirectCost, prof: Any, model: Any, data: Any, work: Workl
     callbacks = [floor_callback(direct)] if prof == FLOOR else build_callbacks(prof) if prof is not None else []
     for callback in callbacks:
         direct.instrument_callback(callback)
-    args = TrainingArguments(**work.training_arguments(out, steps))
-    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[*callbacks, clock])
+    from transformers import TrainerCallback
+
+    class StopAfter(TrainerCallback):  # type: ignore[misc]
+        """Ends training after ``steps`` steps: the run's max_steps lies past the waiting profiler's window, as in a
+        long run (a run that ends before the window starts no profiler)."""
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.global_step >= steps:
+                control.should_training_stop = True
+
+    args = TrainingArguments(**work.training_arguments(out))
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[*callbacks, clock, StopAfter()])
     direct.reset()
     direct.enabled = prof is not None
     with contextlib.redirect_stdout(io.StringIO()):  # the step timer's table, every train() call

@@ -131,12 +131,14 @@ def test_variant_b_can_add_the_capture_watch(bench):
 
 def test_the_workload_sets_the_trainer_for_its_device_and_batch(bench, tmp_path):
     gpu = bench.Workload("cuda", 1, hidden_size=768, layers=22, seq_len=1024, batch_size=32, bf16=True)
-    args = gpu.training_arguments(tmp_path, steps=20)
-    assert (args["use_cpu"], args["bf16"], args["per_device_train_batch_size"], args["max_steps"]) == (False, True,
-                                                                                                         32, 20)
+    args = gpu.training_arguments(tmp_path)
+    # max_steps past the waiting profiler's window (a run that ends before it starts no profiler); the step clock
+    # ends each train() call after its steps.
+    assert (args["use_cpu"], args["bf16"], args["per_device_train_batch_size"], args["max_steps"]) == (
+        False, True, 32, bench.LONG_RUN_STEPS)
     assert gpu.describe() == "1 CUDA process, ModernBERT hidden 768 x 22 layers, batch 32 x 1024 tokens, bf16"
     cpu = bench.Workload()
-    assert cpu.training_arguments(tmp_path, steps=40)["use_cpu"] is True
+    assert cpu.training_arguments(tmp_path)["use_cpu"] is True
     assert cpu.describe() == "2 CPU ranks (gloo), ModernBERT hidden 128 x 4 layers, batch 8 x 128 tokens"
     # A torchrun worker gets the same workload back from its flags.
     parser = bench.build_parser()
