@@ -125,7 +125,7 @@ def test_a_trainer_s_evaluation_in_the_window_ends_its_range_before_the_next_fet
 
 
 def test_an_evaluation_before_the_first_step_is_a_pause_too(tmp_path: Path) -> None:
-    # eval_on_start with a window from step 1 (no wait, no warm-up): the Trainer evaluates 64 samples inside
+    # eval_on_start with a window from step 1 (no wait, no warm-up): the Trainer evaluates 128 samples inside
     # ProfilerStep#1 before its first fetch; the range holds it, and step 1 reads as long as step 2.
     import gzip
     import json
@@ -142,7 +142,7 @@ def test_an_evaluation_before_the_first_step_is_a_pause_too(tmp_path: Path) -> N
                              disable_tqdm=True)
     prof = ProfilingArguments(enable_profiling=True, profiler_output_dir=str(tmp_path / "P"), profiler_run_name="r",
                               profiler_wait_steps=0, profiler_warmup_steps=0, profiler_active_steps=2)
-    Trainer(model=tiny_model(), args=args, train_dataset=dataset(), eval_dataset=dataset(64),
+    Trainer(model=tiny_model(), args=args, train_dataset=dataset(), eval_dataset=dataset(128),
             callbacks=build_callbacks(prof)).train()
     (trace,) = (tmp_path / "P" / "r").glob("*.pt.trace.json.gz")
     events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
@@ -151,7 +151,9 @@ def test_an_evaluation_before_the_first_step_is_a_pause_too(tmp_path: Path) -> N
     assert first["ts"] <= pause["ts"] and pause["ts"] + pause["dur"] <= first["ts"] + first["dur"]
     (rank,) = analyze_paths([tmp_path / "P" / "r"], AnalysisOptions(workers=1)).ranks
     steps = {s.step: s.duration_us for s in rank.steps}
-    assert sorted(steps) == [1, 2] and steps[1] < 3 * steps[2], steps
+    # Step 1 would hold the whole evaluation without the range; it holds the first step's own warm-up only (beside a
+    # busy core up to 4x step 2's, so it is not compared with step 2).
+    assert sorted(steps) == [1, 2] and steps[1] < pause["dur"], (steps, pause["dur"])
 
 
 def test_a_step_after_the_named_ones_and_what_ran_in_it_are_left_out() -> None:
