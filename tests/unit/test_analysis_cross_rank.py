@@ -178,6 +178,12 @@ def test_another_host_s_clock_is_the_measured_one_while_the_traces_agree_with_it
     # any offset from -2.5 to 11.5 ms; 12 ms is past that by 0.5 ms: kept within a 0.6 ms uncertainty, not 0.1 ms.
     assert clock_offsets(ranks, matched, {0: (0.0, 0.0, "a"), 1: (12_000.0, 600.0, "b")}) == {0: 0.0, 1: 12_000.0}
     assert clock_offsets(ranks, matched, {0: (0.0, 0.0, "a"), 1: (12_000.0, 100.0, "b")}) == {0: 0.0, 1: 6_500.0}
+    # A collective of a smaller group (HSDP: one key, a group per host) says nothing about the two hosts' clocks.
+    for c in ranks[1].collectives:
+        c.group_size = 1
+    assert clock_offsets(ranks, matched, {0: (0.0, 0.0, "a"), 1: (20_000.0, 50.0, "b")}) == {0: 0.0, 1: 20_000.0}
+    for c in ranks[1].collectives:
+        c.group_size = None
     # A manifest of another attempt, whose rank 1 ran on another host (n7): not these traces' clock.
     assert clock_offsets(ranks, matched, {0: (0.0, 0.0, "a"), 1: (3_000.0, 40.0, "n7")}) == {0: 0.0, 1: 6_500.0}
     # A trace names its host in full, the manifest by its short name: the same host.

@@ -86,9 +86,12 @@ def clock_offsets(
 def _causal(matched: dict[CollectiveKey, dict[int, Collective]], theirs: list[int], ours: list[int],
             shift: dict[int, float], offset: float, slack: float) -> bool:
     """Whether ``offset`` (their host's clock minus ours) keeps, within ``slack``, every collective that completes
-    together from ending on one host before it started on the other."""
+    together from ending on one host before it started on the other. A collective whose group is smaller than the
+    ranks matched is not one collective of them all (HSDP, 2-D parallelism: one key, several groups): not weighed."""
     for same in matched.values():
-        if next(iter(same.values())).kind not in COMPLETES_TOGETHER:
+        first = next(iter(same.values()))
+        if first.kind not in COMPLETES_TOGETHER or any(c.group_size is not None and c.group_size < len(same)
+                                                       for c in same.values()):
             continue
         a_start = max(same[k].start_us + shift[k] for k in ours)
         a_end = min(same[k].end_us + shift[k] for k in ours)
