@@ -5,6 +5,7 @@ starting the step where it ends (a new user's trial: an evaluation in a traced s
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -93,10 +94,10 @@ def test_evaluations_then_a_checkpoint_are_one_pause(tmp_path: Path, evaluate, s
     assert {s.step: s.duration_us < 250e3 for s in rank.steps} == {3: True, 4: True, 5: True}
 
 
-def test_a_trainer_s_evaluation_in_the_window_ends_its_range_before_the_next_fetch(tmp_path: Path) -> None:
-    # A plain Trainer with the callbacks, evaluating on 64 samples after step 4, inside the window (recorded 3-5): the
-    # range covers the evaluation and ends before the next step's data phase (the step timer's fetch ends it), so the
-    # traced ranges nest, and step 4 reads as long as its neighbours.
+def _train_and_read(tmp_path: Path, eval_samples: int, training: dict[str, Any], profiler: dict[str, Any]
+                    ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[int, float]]:
+    """A plain Trainer with the callbacks, evaluating ``eval_samples`` samples: its trace's events, the one pause range
+    in it, and each analysed step's duration (us)."""
     import gzip
     import json
 
@@ -106,51 +107,41 @@ def test_a_trainer_s_evaluation_in_the_window_ends_its_range_before_the_next_fet
 
     from .test_step_timer_callback import dataset, tiny_model
 
-    args = TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, max_steps=6, logging_steps=100,
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, logging_steps=100,
                              per_device_train_batch_size=2, per_device_eval_batch_size=2, eval_strategy="steps",
-                             eval_steps=3, report_to="none", save_strategy="no", disable_tqdm=True)
+                             report_to="none", save_strategy="no", disable_tqdm=True, **training)
     prof = ProfilingArguments(enable_profiling=True, profiler_output_dir=str(tmp_path / "P"), profiler_run_name="r",
-                              profiler_wait_steps=0, profiler_warmup_steps=2, profiler_active_steps=3)
-    Trainer(model=tiny_model(), args=args, train_dataset=dataset(), eval_dataset=dataset(64),
+                              **profiler)
+    Trainer(model=tiny_model(), args=args, train_dataset=dataset(), eval_dataset=dataset(eval_samples),
             callbacks=build_callbacks(prof)).train()
     (trace,) = (tmp_path / "P" / "r").glob("*.pt.trace.json.gz")
     events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
     (pause,) = [e for e in events if e.get("name") == PAUSE_NAME]
+    (rank,) = analyze_paths([tmp_path / "P" / "r"], AnalysisOptions(workers=1)).ranks
+    return events, pause, {s.step: s.duration_us for s in rank.steps}
+
+
+def test_a_trainer_s_evaluation_in_the_window_ends_its_range_before_the_next_fetch(tmp_path: Path) -> None:
+    # A plain Trainer with the callbacks, evaluating on 64 samples after step 4, inside the window (recorded 3-5): the
+    # range covers the evaluation and ends before the next step's data phase (the step timer's fetch ends it), so the
+    # traced ranges nest, and step 4 reads as long as its neighbours.
+    events, pause, steps = _train_and_read(
+        tmp_path, 64, {"max_steps": 6, "eval_steps": 3},
+        {"profiler_wait_steps": 0, "profiler_warmup_steps": 2, "profiler_active_steps": 3})
     end = pause["ts"] + pause["dur"]
     data = [e for e in events if e.get("name") == "hf_distprof/data" and e["ts"] >= pause["ts"]]
     assert data and data[0]["ts"] >= end  # the next data phase starts after the range: no crossing
-    (rank,) = analyze_paths([tmp_path / "P" / "r"], AnalysisOptions(workers=1)).ranks
-    steps = {s.step: s.duration_us for s in rank.steps}
     assert sorted(steps) == [3, 4, 5] and steps[4] < 3 * max(steps[3], steps[5]), steps
 
 
 def test_an_evaluation_before_the_first_step_is_a_pause_too(tmp_path: Path) -> None:
     # eval_on_start with a window from step 1 (no wait, no warm-up): the Trainer evaluates 128 samples inside
     # ProfilerStep#1 before its first fetch; the range holds it, and step 1 reads as long as step 2.
-    import gzip
-    import json
-
-    from transformers import Trainer, TrainingArguments
-
-    from hf_distprof import build_callbacks
-
-    from .test_step_timer_callback import dataset, tiny_model
-
-    args = TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, max_steps=3, logging_steps=100,
-                             per_device_train_batch_size=2, per_device_eval_batch_size=2, eval_strategy="steps",
-                             eval_steps=100, eval_on_start=True, report_to="none", save_strategy="no",
-                             disable_tqdm=True)
-    prof = ProfilingArguments(enable_profiling=True, profiler_output_dir=str(tmp_path / "P"), profiler_run_name="r",
-                              profiler_wait_steps=0, profiler_warmup_steps=0, profiler_active_steps=2)
-    Trainer(model=tiny_model(), args=args, train_dataset=dataset(), eval_dataset=dataset(128),
-            callbacks=build_callbacks(prof)).train()
-    (trace,) = (tmp_path / "P" / "r").glob("*.pt.trace.json.gz")
-    events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
-    (pause,) = [e for e in events if e.get("name") == PAUSE_NAME]
+    events, pause, steps = _train_and_read(
+        tmp_path, 128, {"max_steps": 3, "eval_steps": 100, "eval_on_start": True},
+        {"profiler_wait_steps": 0, "profiler_warmup_steps": 0, "profiler_active_steps": 2})
     (first,) = [e for e in events if e.get("name") == "ProfilerStep#1"]
     assert first["ts"] <= pause["ts"] and pause["ts"] + pause["dur"] <= first["ts"] + first["dur"]
-    (rank,) = analyze_paths([tmp_path / "P" / "r"], AnalysisOptions(workers=1)).ranks
-    steps = {s.step: s.duration_us for s in rank.steps}
     # Step 1 would hold the whole evaluation without the range; it holds the first step's own warm-up only (beside a
     # busy core up to 4x step 2's, so it is not compared with step 2).
     assert sorted(steps) == [1, 2] and steps[1] < pause["dur"], (steps, pause["dur"])
