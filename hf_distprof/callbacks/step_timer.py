@@ -32,27 +32,12 @@ from hf_distprof.config import ProfilingArguments
 from hf_distprof.timing import comm_overhead, gpu_health, publish
 from hf_distprof.timing.clock import default_clock, training_device
 from hf_distprof.timing.cpu_wait import RunQueueClock
-from hf_distprof.timing.instrument import (
-    ModelHooks,
-    PhaseLabels,
-    current_memory_bytes,
-    instrument_loader,
-    loads_elsewhere,
-    peak_memory_bytes,
-)
+from hf_distprof.timing.instrument import (ModelHooks, PhaseLabels, current_memory_bytes, instrument_loader,
+                                           loads_elsewhere, peak_memory_bytes)
 from hf_distprof.timing.jsonl import JsonlFile
 from hf_distprof.timing.recorder import StepRecorder, StepTiming
-from hf_distprof.timing.report import (
-    CrossRankReport,
-    PhaseTotals,
-    RankSummary,
-    StepSeries,
-    cross_rank_report,
-    live_time_warnings,
-    memory_warning,
-    peak_tflops_for_device,
-    step_row,
-)
+from hf_distprof.timing.report import (CrossRankReport, PhaseTotals, RankSummary, StepSeries, cross_rank_report,
+                                       live_time_warnings, memory_warning, peak_tflops_for_device, step_row)
 from hf_distprof.core import signals
 from hf_distprof.core.cause import Attribution, with_device
 from hf_distprof.core.growth import GrowthWatch, MemoryGrowth
@@ -137,9 +122,10 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        self.run_dir = paths.resolve_run_dir(
-            self.args.profiler_output_dir, self.args.profiler_run_name, state
-        )
+        if self._recorder is not None:  # an earlier train() raised: its timed steps to its file, its hooks off
+            self._at_exit()
+            self._release()
+        self.run_dir = paths.resolve_run_dir(self.args.profiler_output_dir, self.args.profiler_run_name, state)
         self._report_to = args.report_to  # the trackers the live warnings go to, beside TensorBoard
         forget_counters()  # an earlier train() call's allocator read at a step of the same number is not this one's
         model = kwargs.get("model")
@@ -209,6 +195,12 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         gathered = dist.all_gather_object(payload)  # the end-of-run gather; every rank reaches it
         if dist.get_rank() == 0 and all(g is not None for g in gathered):
             self._guarded(self._write_summary, gathered, state)
+        self._release()
+        if self._writer is not None:
+            self._writer.flush()
+
+    def _release(self) -> None:
+        """The model's and the loader's hooks taken off, the jsonl closed, the exit handlers forgotten."""
         if self._hooks is not None:
             self._hooks.remove()
         if self._undo_loader is not None:
@@ -216,9 +208,8 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         if self._jsonl is not None:
             self._jsonl.close()
         atexit.unregister(self._at_exit)
-        if self._writer is not None:
-            self._writer.flush()
-        self._recorder = None
+        signals.forget_at_default_death(self._at_exit)
+        self._hooks = self._undo_loader = self._recorder = None
 
     # ---- the step: marks only -----------------------------------------------------------------
 

@@ -72,6 +72,12 @@ def at_default_death(fn: Callable[[], None]) -> None:
         _BEFORE_DEATH.append(fn)
 
 
+def forget_at_default_death(fn: Callable[[], None]) -> None:
+    """Undo :func:`at_default_death` (a callback's train end: nothing of it is left to tidy)."""
+    if fn in _BEFORE_DEATH:
+        _BEFORE_DEATH.remove(fn)
+
+
 def before_default_death() -> None:
     """Run what :func:`at_default_death` registered; a failure there never keeps the signal from its effect."""
     for fn in _BEFORE_DEATH:

@@ -206,6 +206,25 @@ def test_logs_every_n_steps_to_jsonl_and_tensorboard(tmp_path, monkeypatch):
     assert [e.value for e in acc.Scalars("memory/params_mb/rank0")] == pytest.approx([model_bytes] * 2)
 
 
+def test_a_train_that_raised_leaves_its_samples_to_its_file_before_the_next_train(tmp_path, monkeypatch):
+    # A notebook: train() raises after step 6 (no logging step yet: nothing gathered), then train() again.
+    from hf_distprof.core import signals
+
+    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
+    cb = MemoryLoggerCallback(ProfilingArguments(enable_memory_logging=True, memory_log_steps=2,
+                                                 profiler_output_dir=str(tmp_path / "out"), profiler_run_name="run"))
+    fake_trainer.run([cb], 10, tmp_path, stop_after=6, end=False)
+    assert cb._write_lines in signals._BEFORE_DEATH  # (a signal's default death: no atexit handler runs)
+    fake_trainer.run([cb], 4, tmp_path)
+
+    def steps(folder):
+        return [json.loads(line)["step"] for line in (tmp_path / "out" / folder / "memory_rank0.jsonl").open()]
+
+    assert steps("run") == [2, 4, 6]
+    assert steps("run-1") == [2, 4]
+    assert cb._write_lines not in signals._BEFORE_DEATH
+
+
 def test_model_state_counts_the_local_shard_of_dtensors():
     class Sharded(torch.Tensor):
         """Stands for a DTensor: what this rank holds is a quarter of it."""

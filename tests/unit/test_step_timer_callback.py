@@ -170,6 +170,39 @@ def test_hooks_and_loader_are_restored(trained):
     assert not is_instrumented(probe.loader)  # ...and is the plain DataLoader again afterwards
 
 
+def test_a_train_that_raised_leaves_its_steps_and_no_hooks_to_the_next_train(tmp_path, monkeypatch):
+    # A notebook: train() raises at step 4 (a logging step every 3), the user fixes it and calls train() again.
+    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
+    from hf_distprof.core import signals
+
+    class RaiseOnce(TrainerCallback):
+        raised = False
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if not self.raised and state.global_step == 4:
+                self.raised = True
+                raise RuntimeError("a user's bug")
+
+    prof = ProfilingArguments(enable_step_timing=True, profiler_output_dir=str(tmp_path / "prof"),
+                              profiler_run_name="run")
+    callback = StepTimerCallback(prof)
+    trainer = Trainer(model=tiny_model(), args=training_args(tmp_path), train_dataset=dataset(),
+                      callbacks=[callback, RaiseOnce()])
+    with pytest.raises(RuntimeError, match="a user's bug"):
+        trainer.train()
+    assert callback._at_exit in signals._BEFORE_DEATH
+    trainer.train()
+    def steps(folder):
+        return [json.loads(line)["step"] for line in (tmp_path / "prof" / folder / "timing_rank0.jsonl").open()]
+
+    assert steps("run") == [1, 2, 3, 4]  # step 4, timed after the last logging step, not lost
+    assert steps("run-1") == [1, 2, 3, 4, 5, 6]  # the second call's run folder
+    model = trainer.model
+    assert not model._forward_pre_hooks and not model._forward_hooks  # the first call's hooks too
+    assert all(not p._post_accumulate_grad_hooks for p in model.parameters() if p.requires_grad)
+    assert callback._at_exit not in signals._BEFORE_DEATH  # nothing of it left to tidy at a signal
+
+
 def test_tensorboard_scalars_and_layout(trained):
     _, _, _, _, tmp_path, _ = trained
     (tb_dir,) = (tmp_path / "out" / "runs").iterdir()

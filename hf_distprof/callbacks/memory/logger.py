@@ -19,6 +19,7 @@ from hf_distprof import dist, paths, tensorboard, trackers
 from hf_distprof.callbacks.memory import tools as memory_tools
 from hf_distprof.callbacks.memory import stats as memstats
 from hf_distprof.config import ProfilingArguments
+from hf_distprof.core import signals
 from hf_distprof.callbacks.memory.stats import MB
 from hf_distprof.callbacks.parallelism import report_parallelism
 from hf_distprof.callbacks.profiler.schedule import traced_steps
@@ -210,6 +211,9 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
         memstats.forget_counters()
         self._params = None
         self._sized = None
+        self._write_lines()  # an earlier train() call raised: its samples since its last gather go to its file
+        if self._jsonl is not None:
+            self._jsonl.close()
         self._ungathered = []
         self._pending = None  # a gather left by a train() call that raised: not this run's samples
         if self.run_dir is not None:
@@ -218,6 +222,7 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
         self._writer = tensorboard.get_writer(tensorboard.tensorboard_dir(args.output_dir, self.run_dir))
         # Lines are written at each gather; a run that ends by an exception still writes the samples since the last.
         atexit.register(self._write_lines)
+        signals.at_default_death(self._write_lines)  # (a signal through the profiler's handlers: no atexit then)
         # On CPU the profiler's buffers grow the RSS while it traces: those intervals are not the run's own.
         traced = traced_steps(self.args, state.global_step, state.max_steps) if not torch.cuda.is_available() else None
         self._growth = GrowthWatch(
@@ -332,6 +337,7 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
         self._publish_pending()
         self._params = None
         atexit.unregister(self._write_lines)
+        signals.forget_at_default_death(self._write_lines)
         if self._jsonl is not None:
             self._jsonl.close()
         self._final_table(state)
