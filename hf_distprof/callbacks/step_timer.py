@@ -27,7 +27,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from hf_distprof import dist, paths, tensorboard, trackers
 from hf_distprof.callbacks.memory.stats import MB, forget_counters
 from hf_distprof.callbacks.parallelism import report_parallelism
-from hf_distprof.callbacks.profiler.schedule import traced_steps
+from hf_distprof.callbacks.profiler.schedule import after_window, traced_steps
 from hf_distprof.config import ProfilingArguments
 from hf_distprof.timing import comm_overhead, gpu_health, publish
 from hf_distprof.timing.clock import default_clock, training_device
@@ -362,7 +362,8 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         row["own_work_s"] = timing.own_work_s if self._host_timed else timing.pre_sync_s
         row["own_step_s"] = timing.own_step_s if self._host_timed else timing.step_s
         row["warmup"] = timing.step < self._first_step + WARMUP_STEPS
-        row["after_pause"] = timing.step in self._after_pause
+        row["after_pause"] = timing.step in self._after_pause or (self._traced is not None
+                                                                 and after_window(self._traced, timing.step))
         row["traced"] = bool(self._traced is not None and self._traced(timing.step))
         row["profiler_busy"] = timing.step in self._busy_steps
         return row

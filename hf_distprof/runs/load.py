@@ -69,7 +69,7 @@ class RunData:
     def counted(self, rank: int) -> list[dict[str, Any]]:
         """The rank's step records used in comparisons: warm-up and profiled steps left out (also those the step
         timer marked as the profiler's: traced, or overlapped by a trace's compact summary being written), and the
-        step after a checkpoint or an evaluation (it waits for the slowest rank's)."""
+        step after a checkpoint, an evaluation or a window's export (it waits for the slowest rank's)."""
         records = self.steps.get(rank, [])
         first = min((int(r["step"]) for r in records), default=0)
         return [

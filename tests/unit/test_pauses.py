@@ -198,3 +198,30 @@ def test_the_step_after_a_checkpoint_or_an_evaluation_is_left_out_of_the_step_ti
     assert summary["mfu_pct"] == pytest.approx(trainer.state.total_flos * 4 / 8 / (total_s * 1e12) * 100, rel=1e-9)
     records = read_timer_records([tmp_path / "P" / "r" / "timing_rank0.jsonl"])
     assert records.warmup == {1, 3, 5, 7}  # the analysis leaves them out alike
+
+
+def test_the_step_after_a_window_is_left_out_of_the_step_timer_s_figures(tmp_path: Path) -> None:
+    # The window's trace is written after its last step; the next step waits in its first collective for the slowest
+    # rank's export, on every rank (a trial: 1.17 s against 0.04 s per step on a rank that traced nothing, read as
+    # "slowest rank 0 (data)"). It is a pause like a checkpoint: marked, and out of the means and the verdicts.
+    import json
+
+    from transformers import Trainer, TrainingArguments
+
+    from hf_distprof import build_callbacks
+    from hf_distprof.analysis.read.timer_records import read_timer_records
+
+    from .test_step_timer_callback import dataset, tiny_model
+
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, max_steps=8, logging_steps=4,
+                             per_device_train_batch_size=2, save_strategy="no", report_to="none", disable_tqdm=True)
+    prof = ProfilingArguments(enable_profiling=True, profiler_wait_steps=1, profiler_warmup_steps=1,
+                              profiler_active_steps=2, profiler_output_dir=str(tmp_path / "P"), profiler_run_name="r")
+    trainer = Trainer(model=tiny_model(), args=args, train_dataset=dataset(), callbacks=build_callbacks(prof))
+    trainer.train()
+    rows = [json.loads(line) for line in (tmp_path / "P" / "r" / "timing_rank0.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["traced"]] == [2, 3, 4]
+    assert [r["step"] for r in rows if r["after_pause"]] == [5]  # the window's trace was written before it
+    summary = json.loads((tmp_path / "P" / "r" / "timing_summary.json").read_text())
+    assert (summary["steps_in_means"], summary["warmup_steps_excluded"], summary["pause_steps_excluded"]) == (6, 1, 1)
+    assert read_timer_records([tmp_path / "P" / "r" / "timing_rank0.jsonl"]).warmup == {1, 5}

@@ -20,8 +20,8 @@ class TimerRecords:
     rows: dict[int, dict[int, dict[str, Any]]] = field(default_factory=dict)
     """rank -> step -> the row."""
     warmup: set[int] = field(default_factory=set)
-    """Steps the timer left out as its warm-up (the first of each ``train()`` call) or as the step after a checkpoint or
-    an evaluation (``after_pause``: it waits for the slowest rank's), on any rank."""
+    """Steps the timer left out as its warm-up (the first of each ``train()`` call) or as the step after a checkpoint,
+    an evaluation or a profiler window's export (``after_pause``: it waits for the slowest rank's), on any rank."""
     traced: set[int] = field(default_factory=set)
     """Steps the profiler ran over (warmup and active phases) by the rows' own marks; empty in older files."""
     busy: set[int] = field(default_factory=set)

@@ -174,6 +174,13 @@ def traced_steps(args: ProfilingArguments, offset: int = 0, max_steps: int | Non
     return lambda step: regular(step) or extra(step) is not None
 
 
+def after_window(traced: Callable[[int], bool], step: int) -> bool:
+    """Whether ``step`` follows a profiler window's last step (``traced`` is :func:`traced_steps`' predicate): its trace
+    was written between the two, and every rank's ``step`` waits in its first collective for the slowest rank's export,
+    also a rank that traces nothing (``--profile-ranks``). A pause, like a checkpoint: that step is not judged."""
+    return step > 1 and traced(step - 1) and not traced(step)
+
+
 def recorded_steps(args: ProfilingArguments, offset: int = 0) -> Callable[[int], bool]:
     """The optimizer steps a trace holds, as a predicate: the regular schedule's active steps (defined whether the
     profiler runs or not) and every extra window's recorded steps.

@@ -37,6 +37,7 @@ from hf_distprof.callbacks.profiler.capture import (
     decode_note,
     encode_note,
 )
+from hf_distprof.callbacks.profiler.schedule import after_window
 from hf_distprof.config import ProfilingArguments
 from hf_distprof.core.names import PROFILE_NOW_NAME
 
@@ -109,7 +110,8 @@ class CaptureTriggers:
         # The step after a checkpoint or an evaluation holds this rank's wait for the slowest rank's (every rank
         # leaves it at its own time): the pause's doing, like a traced step. One such wait, 2.4x the median step
         # after a checkpoint on the other rank, once took a run's only anomaly capture.
-        traced = self.plan.traced(step) or self.exporting() or self._after_pause
+        # So does the step after a window, on every rank (the slowest rank's export: schedule.after_window).
+        traced = self.plan.traced(step) or after_window(self.plan.traced, step) or self.exporting() or self._after_pause
         self._after_pause = False
         if not traced:
             self._step_times.append(seconds)
