@@ -119,7 +119,7 @@ def _analyze(ranks: list[RankResult], run: RunInput, options: AnalysisOptions,
     across = compare(ranks, run, reference)
     replay = what_if(ranks, across.alignment, list(reference) if reference else None, across.evidence, across.pace) \
         if ranks else None
-    judged = judge(ranks, across, replay, run.summary, options, _expected_ranks(run, ranks))
+    judged = judge(ranks, across, replay, run.summary, options, _expected_ranks(run, ranks), _world(run, ranks))
     findings, undecided, notes, slowdown_line = write_all(judged)
     return AnalysisResult(
         ranks=ranks,
@@ -157,6 +157,16 @@ def _expected_ranks(run: RunInput, ranks: list[RankResult]) -> list[int] | None:
     if run.run is not None:
         traced = sorted({r for w in run.run.windows for r in w.ranks})
         return traced or list(range(run.run.world_size))
+    sizes = {r.world_size for r in ranks}
+    size = sizes.pop() if len(sizes) == 1 else None
+    return list(range(size)) if isinstance(size, int) and size > 0 else None
+
+
+def _world(run: RunInput, ranks: list[RankResult]) -> list[int] | None:
+    """Every rank of the run: the manifest's world, else the one the traces say they belong to (when they agree);
+    None when neither says."""
+    if run.run is not None and run.run.world_size:
+        return list(range(run.run.world_size))
     sizes = {r.world_size for r in ranks}
     size = sizes.pop() if len(sizes) == 1 else None
     return list(range(size)) if isinstance(size, int) and size > 0 else None

@@ -108,6 +108,17 @@ def follow_the_run(window: SlowRankVerdict, run: SlowRankVerdict) -> SlowRankVer
     return SlowRankVerdict(**fields)
 
 
+def the_run_alone(run: SlowRankVerdict, traced: list[int]) -> SlowRankVerdict:
+    """The answer when the step timer decided and the traces cannot weigh in: they hold ``traced`` only (fewer than 2
+    ranks, ``--profile-ranks``), so no window verdict across ranks exists to state beside it."""
+    fields = {f.name: getattr(run, f.name) for f in dataclasses.fields(run) if f.init}
+    held = f"only rank {traced[0]}'s" if len(traced) == 1 else "no rank's"
+    fields.update(test=f"{run.test}, {TIMER_TEST}", to_decide="",
+                  reason=f"over the run's {run.steps} untraced steps the step timer says: {run.reason}; the traces "
+                         f"hold {held} steps: no window verdict across ranks")
+    return SlowRankVerdict(**fields)
+
+
 def across_the_run(
     window: SlowRankVerdict, outside: Mapping[str, Any] | None, pool_effect: bool = False
 ) -> SlowRankVerdict:

@@ -417,6 +417,44 @@ def test_the_ranks_expected_come_from_the_manifest_else_the_traces_world() -> No
     assert _expected_ranks(run(0, None), ranks(None)) is None  # nor traces without distributedInfo
 
 
+def _profiled_ranks(tmp_path: Path, keep: int) -> Path:
+    """The slow-data run (rank 1 loads 30 ms more per step) as ``--profile-ranks {keep}`` leaves it: one rank's trace,
+    the manifest's window on that rank, every rank's step timer records."""
+    run = tmp_path / f"only{keep}"
+    shutil.copytree(DATA / "golden" / "cpu_slow_data", run)
+    for other in run.glob(f"rank{1 - keep}_vm_step*"):
+        other.unlink()
+    manifest = orjson.loads((run / "manifest.json").read_bytes())
+    manifest["profile_ranks"] = str(keep)
+    manifest["windows"][0]["ranks"] = [keep]
+    manifest["files"] = [f for f in manifest["files"] if (run / f["name"]).exists()]
+    (run / "manifest.json").write_bytes(orjson.dumps(manifest))
+    return run
+
+
+def test_with_profile_ranks_the_step_timer_s_slow_rank_stands_and_the_traced_rank_s_waits_are_not_its_transfers(
+        tmp_path: Path) -> None:
+    # A trial: --profile-ranks 1 on 2 ranks, rank 0 the slow one. The analysis dropped the step timer's raised verdict
+    # (one trace: no verdict across ranks at all), called rank 1 communication-bound and put "exposed communication
+    # hidden" first, from rank 1's wait for rank 0, which no trace measured; its headline read "load imbalance 0.0%".
+    result = analyze_paths([_profiled_ranks(tmp_path, 0)], AnalysisOptions(workers=1))
+    assert [r.rank for r in result.ranks] == [0] and not result.errors and result.unread_ranks == []
+    assert [(f.kind, f.ranks) for f in result.findings] == [("slow_rank", [1])]  # the step timer's, over the run
+    assert "the traces hold only rank 0's steps: no window verdict across ranks" in result.findings[0].evidence
+    why = ("withheld: rank 1 took no profiler window (--profile-ranks) and the step timer finds rank 1 slowest over the "
+           "run, so the other ranks' time in collectives cannot be told apart into waiting for rank 1 and the transfer")
+    assert [(u.question, u.why) for u in result.undecided] == [
+        ("communication_bound", f"Communication-bound {why}"), ("what_if", f"The what-if replay across ranks {why}")]
+    assert result.what_if == [] and result.undecided[0].to_decide.startswith("trace the slowest rank too")
+    assert "Headline: exposed communication 80.6% of step time, load imbalance n/a (1 rank(s))" in \
+        format_findings(result)
+    # The slow rank traced (--profile-ranks 1): its peers reach each collective before it, so what the trace holds of
+    # its collectives is theirs to measure: nothing withheld, and the step timer still names it.
+    slow = analyze_paths([_profiled_ranks(tmp_path, 1)], AnalysisOptions(workers=1))
+    assert [u.question for u in slow.undecided] == [] and slow.findings[0].kind == "slow_rank"
+    assert slow.findings[0].ranks == [1] and slow.what_if != []
+
+
 def test_what_the_step_timer_decided_is_not_withheld_for_an_unread_trace() -> None:
     from hf_distprof.analysis.judge.slowdown import withhold_without_every_rank
     from hf_distprof.analysis.results.findings import STEP_TIMER, TRACE, TRACE_AND_TIMER, Judgement

@@ -53,7 +53,9 @@ def compare(ranks: list[RankResult], run: RunInput, reference: Sequence[Referenc
     lags = {r.rank: comm.lag_us_per_step(r) for r in ranks}  # each rank's time in its collectives past completion
     timer = evidence.timer_figures(run.records, traced)
     several = len(ranks) > 1
-    run_evidence = evidence.run_evidence(timer) if several else None
+    # The step timer's records of 2+ ranks are the run's evidence, also beside one rank's trace (--profile-ranks).
+    timed = len(timer.own_work) > 1
+    run_evidence = evidence.run_evidence(timer) if several or timed else None
     skewed = skew(ranks, alignment, timer) if several else None
     rows = bandwidth.collective_bandwidth(ranks)
     against = compare_to_reference(rows, list(reference)) if reference else []
@@ -71,7 +73,7 @@ def compare(ranks: list[RankResult], run: RunInput, reference: Sequence[Referenc
         lag_pct_per_step={r.rank: comm.lag_pct_per_step(r, lags[r.rank]) for r in ranks},
         exposed_pct_per_step=exposed,
         late_peers={rank: w.late_peers for rank, w in waits.items()},
-        phase_excess=evidence.phase_excess(ranks, timer, common) if several else {},
+        phase_excess=evidence.phase_excess(ranks, timer, common) if several or timed else {},
         pace=_pace(run_evidence, skewed),
         bandwidth=rows,
         unsized_collectives=bandwidth.unsized(ranks),

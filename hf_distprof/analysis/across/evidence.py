@@ -176,7 +176,7 @@ def run_evidence(timer: TimerFigures) -> RunEvidence | None:
 def phase_excess(ranks: list[RankResult], timer: TimerFigures, common: list[int]) -> dict[int, PhaseExcess]:
     """For each rank, the phase of its step that exceeds its peers' the most: from the step timer's records over the
     judged steps when they have the rank (data, forward, backward, optimizer), else from the traced steps every rank
-    has (data loading, compute). Empty with fewer than 2 ranks."""
+    has (data loading, compute); also for a rank the timer alone has. Empty with fewer than 2 ranks."""
     timed = {p: {r: [1e6 * v for v in vs] for r, vs in by_rank.items()} for p, by_rank in timer.phases.items()}
     window: dict[str, dict[int, list[float]]] = {}
     if common:
@@ -187,17 +187,18 @@ def phase_excess(ranks: list[RankResult], timer: TimerFigures, common: list[int]
                         for r, dev in ((x.rank, x.device) for x in ranks)},
         }
     out: dict[int, PhaseExcess] = {}
-    for r in ranks:
-        use_timer = bool(timed) and r.rank in next(iter(timed.values()))
+    # The traced ranks, and those the timer alone has (--profile-ranks: a rank that took no window).
+    for rank in sorted({r.rank for r in ranks} | (set(next(iter(timed.values()))) if timed else set())):
+        use_timer = bool(timed) and rank in next(iter(timed.values()))
         per_phase, n = (timed, len(timer.judged)) if use_timer else (window, len(common))
         best: PhaseExcess | None = None
         for phase, values in per_phase.items():
-            if r.rank not in values or len(values) < 2:
+            if rank not in values or len(values) < 2:
                 continue
-            peers = [p for p in values if p != r.rank]
-            excess = median(values[r.rank][i] - median(values[p][i] for p in peers) for i in range(n))
+            peers = [p for p in values if p != rank]
+            excess = median(values[rank][i] - median(values[p][i] for p in peers) for i in range(n))
             if best is None or excess > best.excess_us:
                 best = PhaseExcess(phase, excess, n, from_timer=use_timer)
         if best is not None:
-            out[r.rank] = best
+            out[rank] = best
     return out

@@ -115,7 +115,8 @@ for its peers, the transfer and its lag past the completion; the latest or busie
 
 
 def withhold_without_every_rank(
-    findings: list[Judgement], missing: list[int], replayed: bool
+    findings: list[Judgement], missing: list[int], replayed: bool, untraced: list[int] | None = None,
+    slowest: int | None = None,
 ) -> tuple[list[Judgement], list[Question]]:
     """With the traces of some of the run's ranks not read (``missing``: not given, truncated, lost), the findings that
     weigh the ranks' traces against each other withheld, and the what-if replay (``replayed``): the ranks read waited
@@ -124,18 +125,23 @@ def withhold_without_every_rank(
     What the step timer decided over the run (every rank's records) stays, as do one rank's own findings (GPU
     utilisation, data loading, launch-bound, the profiler's slowdown).
 
+    ``untraced``: ranks that took no window (``--profile-ranks``) while the rank the step timer finds slowest over the
+    run (``slowest``; None: no records say) is not among those read: withheld alike, and said so.
+
     Returns:
         The findings kept, and the withheld ones as undecided questions (the replay's last).
     """
-    if not missing:
+    absent = sorted({*missing, *(untraced or [])})
+    if not absent:
         return findings, []
+    why = {"missing": absent, "untraced": sorted(untraced or []), "slowest": slowest if untraced else None}
     kept, withheld = [], []
     for f in findings:
         if f.kind in PEER_DEPENDENT and f.basis == TRACE:
             withheld.append(Question(question=f.kind, ranks=list(f.ranks), basis=f.basis, steps=f.steps, withheld=f,
-                                     missing=list(missing)))
+                                     **why))
         else:
             kept.append(f)
     if replayed:
-        withheld.append(Question(question="what_if", ranks=[], basis=TRACE, steps=None, missing=list(missing)))
+        withheld.append(Question(question="what_if", ranks=[], basis=TRACE, steps=None, **why))
     return kept, withheld

@@ -21,20 +21,23 @@ from hf_distprof.analysis.results.across import Across, RankSkew, RankVerdicts, 
 from hf_distprof.analysis.results.findings import Basis
 from hf_distprof.analysis.results.timer import TimingSummary
 from hf_distprof.core.cause import Attribution, attribute_rows, with_device
-from hf_distprof.core.run_verdict import decided, follow_the_run, verdict_from_json, weigh_with_the_run
+from hf_distprof.core.run_verdict import (decided, follow_the_run, the_run_alone, verdict_from_json,
+                                          weigh_with_the_run)
 from hf_distprof.core.verdicts import OWN_WORK, SlowRankVerdict, judge_run, judge_slow_rank
 
 LATE = "late_collectives"
 SLOW_STEPS = "slow_steps"
 
 
-def judge_ranks(across: Across, summary: TimingSummary, options: AnalysisOptions) -> RankVerdicts:
+def judge_ranks(across: Across, summary: TimingSummary, options: AnalysisOptions,
+                traced: list[int] | None = None) -> RankVerdicts:
     """The straggler and imbalance verdicts, the step timer's over the run, and the ranks named.
 
     Args:
         across: The across stage's figures (the skew, the step timer's figures).
         summary: The step timer's summary (its verdict stands in for older records without marks).
         options: The thresholds.
+        traced: The ranks whose traces were read.
     """
     timer = across.timer
     judged = run_verdict(timer, options.imbalance_pct)
@@ -46,7 +49,11 @@ def judge_ranks(across: Across, summary: TimingSummary, options: AnalysisOptions
     cause = run_cause(timer, run, options.imbalance_pct) if decided(run) else None
     cause = with_device(cause, summary.gpu_health) if cause is not None else None
     if skew is None:
-        return RankVerdicts(run=run, run_json=outside, run_real=real, cause=cause)
+        # Fewer than 2 ranks traced (--profile-ranks): the step timer's verdict over the run, when it decided, is the
+        # answer (its records hold every rank), with nothing of the window's beside it.
+        alone = the_run_alone(run, sorted(traced or [])) if decided(run) and len(timer.own_work) > 1 else None
+        return RankVerdicts(imbalance=alone, imbalance_basis=Basis.STEP_TIMER, run=run, run_json=outside,
+                            run_real=real, cause=cause)
     imbalance_window = judge_slow_rank(skew.busy, options.imbalance_pct, what=skew.busy_what,
                                        step_time=skew.busy_step_time)
     straggler_window = judge_slow_rank(skew.lateness, options.straggler_pct, scale=skew.lateness_scale,

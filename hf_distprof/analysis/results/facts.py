@@ -325,6 +325,10 @@ class Question:
     missing: list[int] = field(default_factory=list)
     """With ``withheld``: the ranks whose traces could not be read, when that is why it was withheld (their peers'
     time in collectives cannot be split into waiting for them and the transfer)."""
+    untraced: list[int] = field(default_factory=list)
+    """Of ``missing``, those that took no profiler window (``--profile-ranks``), not a file lost."""
+    slowest: int | None = None
+    """With ``untraced``: the rank the step timer finds slowest over the run (None: no records say)."""
 
 
 @dataclass

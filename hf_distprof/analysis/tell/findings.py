@@ -10,29 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hf_distprof.analysis.results.facts import (
-    ChainFacts,
-    CommAdvice,
-    CommBoundFacts,
-    DataLoadingFacts,
-    EnteredLate,
-    FixFirstFacts,
-    FsdpFacts,
-    ImbalanceFacts,
-    Judged,
-    LaunchBoundFacts,
-    LowUtilFacts,
-    MemoryFacts,
-    PeerWaits,
-    Question,
-    QuietSlowdown,
-    RunSlowFacts,
-    SlowdownFacts,
-    SlowResumeFacts,
-    StragglerFacts,
-    WaitingFacts,
-    WindowFacts,
-)
+from hf_distprof.analysis.results.facts import (ChainFacts, CommAdvice, CommBoundFacts, DataLoadingFacts, EnteredLate,
+                                                 FixFirstFacts, FsdpFacts, ImbalanceFacts, Judged, LaunchBoundFacts,
+                                                 LowUtilFacts, MemoryFacts, PeerWaits, Question, QuietSlowdown,
+                                                 RunSlowFacts, SlowdownFacts, SlowResumeFacts, StragglerFacts,
+                                                 WaitingFacts, WindowFacts)
 from hf_distprof.analysis.results.findings import STEP_TIMER, TRACE_AND_TIMER, Finding, Judgement, Undecided, WindowNote
 from hf_distprof.analysis.results.whatif import WhatIfModel, WhatIfScenario
 from hf_distprof.core.advice import PHASE_NAMES, phase_advice
@@ -550,12 +532,17 @@ def undecided(q: Question) -> Undecided:
         unread = format_ranks(q.missing)
         what = write(q.withheld).title if q.withheld is not None else "The what-if replay across ranks"
         traces = "the traces of" if len(q.missing) > 1 else "the trace of"
-        why = (f"{what} withheld: {traces} {unread} {'are' if len(q.missing) > 1 else 'is'} not among those read (not "
-               f"given, or could not be read), so the other ranks' time in collectives cannot be told apart into "
-               f"waiting for {unread} and the transfer")
+        slowest = (f"the step timer finds rank {q.slowest} slowest over the run" if q.slowest is not None
+                   else "no step timer records say which rank is slowest")
+        absent = (f"{unread} took no profiler window (--profile-ranks) and {slowest}" if q.untraced == q.missing else
+                  f"{traces} {unread} {'are' if len(q.missing) > 1 else 'is'} not among those read (not given, or "
+                  "could not be read)")
+        why = (f"{what} withheld: {absent}, so the other ranks' time in collectives cannot be told apart into waiting "
+               f"for {unread} and the transfer")
+        lost = f"analyse the run with {traces} {unread} (a file that could not be read is named with its reason)"
         return Undecided(question=q.question, reason=why, why=why, ranks=q.ranks, basis=q.basis, steps=q.steps,
-                         to_decide=f"analyse the run with the trace{'s' if len(q.missing) > 1 else ''} of {unread} "
-                                   "(a file that could not be read is named with its reason)")
+                         to_decide=lost if q.untraced != q.missing else "trace the slowest rank too (--profile-ranks "
+                         "auto picks it), or every rank")
     if q.withheld is not None:
         title = write(q.withheld).title
         why = (f"the traced steps ran {q.ratio:.2f}x slower than the rest of the run, and over the untraced steps the "
