@@ -502,8 +502,11 @@ def unresolved_note(comm: dict[str, Any]) -> str:
             "or on a quieter machine")
 
 
-PHASE_NAMES = {"data": "data", "forward": "forward", "backward": "backward compute"}
-"""The pre-sync phases as the table names them (``slowest_phase`` compares backward compute, the column in brackets)."""
+PHASE_NAMES = {"data": "load", "forward": "forward", "backward": "backward compute"}
+"""The pre-sync phases as the table's columns name them (``slowest_phase`` compares the loading pre-sync counts: the
+``load`` column, not ``data``, the whole wait for the batch)."""
+SHOWN_PHASE_SHARE = 0.01
+"""The slowest rank's phase is named when its excess is at least this share of its pre-sync (a trial: 3 us)."""
 
 
 def verdict_line(verdict: dict[str, Any] | None, threshold_pct: float) -> str:
@@ -558,7 +561,8 @@ def format_table(report: CrossRankReport, comm: dict[str, Any] | None = None, ti
     most = max(report.ranks, key=lambda r: r.pre_sync_s or 0.0).rank
     slowest = f"slowest rank {report.slowest_rank}"
     slow = next((r for r in report.ranks if r.rank == report.slowest_rank), None)
-    if slow is not None and (len(report.ranks) == 1 or _slowest_phase(report.ranks, slow)[1] > 0):
+    if slow is not None and (len(report.ranks) == 1 or _slowest_phase(report.ranks, slow)[1]
+                             > SHOWN_PHASE_SHARE * (slow.pre_sync_s or 0.0)):
         slowest += f" ({PHASE_NAMES.get(report.slowest_phase, report.slowest_phase)})"  # a phase it is slower in
     if len(report.ranks) > 1 and most != report.slowest_rank:
         slowest = f"the most on rank {most}; {slowest} by the verdict below, which compares the ranks step by step"
