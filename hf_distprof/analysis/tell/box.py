@@ -12,6 +12,7 @@ from __future__ import annotations
 import textwrap
 
 from hf_distprof.analysis.results.findings import Finding
+from hf_distprof.analysis.results.across import CrossRankResult
 from hf_distprof.analysis.results.result import AnalysisResult
 from hf_distprof.core.text import SHOWN_PCT, format_ranks, step_base, who
 from hf_distprof.core.verdicts import QUIET_WHY
@@ -63,7 +64,7 @@ def _answer(result: AnalysisResult) -> list[tuple[str, str]]:
     base = step_base(result.gpu)
     figures = (f"exposed communication {result.exposed_comm_pct:.1f}% of {base}"
                + (f" ({waits:.1f}% of {base}: late-peer wait)" if waits >= SHOWN_PCT else "")
-               + (f", load imbalance {result.imbalance_pct:.1f}% (busy time, traced steps)"
+               + (f", load imbalance {result.imbalance_pct:.1f}% ({_busiest(cross)}busy time, traced steps)"
                   if cross is not None else ""))
     if result.undecided:
         first = result.undecided[0]
@@ -79,6 +80,12 @@ def _answer(result: AnalysisResult) -> list[tuple[str, str]]:
     return [("Verdict", f"no finding{among}: {NO_FINDING}"),
             ("Why", figures + (f"; verdicts: {', '.join(quiet)}" if quiet else "") + slowest),
             ("Try", _largest_saving(result))]
+
+
+def _busiest(cross: CrossRankResult) -> str:
+    """"rank 0's ": whose busy time the load imbalance is (the slowest rank beside it may be another)."""
+    busiest = max(cross.per_rank, key=lambda p: (p.busy_us, -p.rank), default=None)
+    return f"rank {busiest.rank}'s " if busiest is not None else ""
 
 
 _NAMED_BY = {
