@@ -572,8 +572,9 @@ def window_note(w: WindowFacts) -> WindowNote:
             else f"no rank is slow across the run ({final.claim or final.status})")
     distortion = ""
     if w.ratio is not None and untraced:
-        distortion = (f"; its steps took {', '.join(f'{t:.0f}' for t in steps)} ms against a median {untraced:.0f} "
-                      f"ms untraced ({w.ratio:.2f}x)")
+        distortion = (f"; its {len(steps)} recorded steps (not the profiler's warm-up) took "
+                      f"{', '.join(f'{t:.0f}' for t in steps)} ms against a median {untraced:.0f} ms untraced "
+                      f"({w.ratio:.2f}x)")
         if w.beyond_noise and w.ratio > 1:
             distortion += ", beyond the run's own noise: the profiler's cost and the host's load weigh on them"
         elif w.beyond_noise:  # faster than the run's other steps: not the profiler's doing
