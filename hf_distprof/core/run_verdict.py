@@ -185,8 +185,7 @@ def weigh_with_the_run(
                   f"the {window.threshold_pct:g}% threshold and the window's noise ({window.noise_pct:.1f}%)")
     p_same = p if rank == window.rank else (1.0 - p if window.ranks == 2 else 1.0)
     both = fisher_p(window.p_value, p_same)
-    timer = (f"over the run's {steps} untraced steps the step timer says: {said} (p = {p_same:.3f} for rank "
-             f"{window.rank})")
+    timer = f"over the run's {steps} untraced steps the step timer says: {said} ({_p_for(p_same, window.rank, rank)})"
     fields = {k: getattr(window, k) for k in window.__dataclass_fields__ if k != "confidence"}
     fields.update(p_value=both, test=f"{window.test} + step timer")
     # To turn a window that alone is not persistent into a finding, the timer must name the same rank itself
@@ -209,6 +208,14 @@ def weigh_with_the_run(
 
 
 TIMER_FILES = "timing_rank{R}.jsonl"
+
+
+def _p_for(p: float, window_rank: int | None, timer_rank: int | None) -> str:
+    """"p = 0.001 for rank 1"; where the timer's candidate is another rank, whose p it is: "for the window's rank 0,
+    p = 0.500" (a reason naming rank 1's excess then read "(p = 0.500 for rank 0)")."""
+    if timer_rank is None or timer_rank == window_rank:
+        return f"p = {p:.3f} for rank {window_rank}"
+    return f"for the window's rank {window_rank}, p = {p:.3f}"
 
 
 def _timer_fields(outside: Mapping[str, Any] | None) -> tuple[str, int, float, int, float | None, str] | None:
@@ -260,8 +267,8 @@ def _short_window(
     status, rank, p, steps, effect, said = timer
     p_same = p if rank == window.rank else (1.0 - p if window.ranks == 2 else 1.0)
     both = fisher_p(window.p_value, p_same)
-    said_timer = (f"over the run's {steps} untraced steps the step timer says: {said} (p = {p_same:.3f} for rank "
-                  f"{window.rank})")
+    said_timer = (f"over the run's {steps} untraced steps the step timer says: {said} "
+                  f"({_p_for(p_same, window.rank, rank)})")
     fields.update(p_value=both, test=f"{window.test} + step timer")
     if status == UNDECIDED:
         fields["reason"] = f"{undecided}, and {said_timer}; {decide}"

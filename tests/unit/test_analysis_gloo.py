@@ -256,9 +256,9 @@ def test_rank_findings_of_a_distorted_window_against_a_quiet_timer_are_withheld(
         # Last in 6 of 6 traced steps (p = 1/64) against a timer leaning to rank 0 at p = 0.5 (0.5 for rank 1).
         assert (verdict.status, verdict.gate, verdict.rank) == ("quiet", "outside", 1)
         assert verdict.p_value == pytest.approx(fisher_p(1 / 64, 0.5))
-        assert verdict.reason.endswith("over the run's 11 untraced steps the step timer says: r0 ... (p = 0.500 for "
-                                       "rank 1); together p = 0.046 (Fisher), not below 0.02: slow in the traced "
-                                       "window, not across the run")
+        assert verdict.reason.endswith("over the run's 11 untraced steps the step timer says: r0 ... (for the "
+                                       "window's rank 1, p = 0.500); together p = 0.046 (Fisher), not below 0.02: "
+                                       "slow in the traced window, not across the run")
 
 
 def test_the_wait_for_a_cpu_is_read_from_the_timer_files_beside_the_traces(tmp_path: Path) -> None:
