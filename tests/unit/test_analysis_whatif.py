@@ -477,3 +477,18 @@ def test_each_window_s_steps_end_sooner_on_their_own() -> None:
     # Step 2 starts where it was measured: no longer wait, 0.5 ms shorter (its own transfer).
     assert wr.step_times(g, hidden)[2] == [15e3, 11e3]
     assert window_saving(g, base, hidden) == pytest.approx(4.5e3 / 3 / 2)
+
+
+def test_the_critical_path_starts_at_the_step_s_start_even_when_the_step_before_s_collective_wakes_into_it() -> None:
+    # A trial's 2-rank run: rank 1 woke 2.12 ms after step 7's all-reduce completed, 1.76 ms of it before step 8
+    # started; the path of step 8 began "-1.76 ms ... all_reduce#0 wake-up 2.12 ms" and its links added up to 1.76 ms
+    # more than the step.
+    result = analyze_paths([DATA / "wake_up_before_step"], AnalysisOptions(workers=1))
+    first = result.critical_path[0]
+    assert (first.rank, first.kind, first.name, first.start_ms) == (1, "collective", "step 7's all_reduce#0 wake-up",
+                                                                   0.0)
+    assert first.ms == pytest.approx(0.36, abs=0.005)
+    assert min(s.start_ms for s in result.critical_path) == 0.0
+    end = max(s.start_ms + s.ms for s in result.critical_path)
+    assert sum(s.ms for s in result.critical_path) == pytest.approx(end)  # the links add up to the step's span
+

@@ -216,6 +216,11 @@ def test_a_listed_file_that_is_gone_is_one_sentence(tmp_path):
     assert missing_files(m, tmp_path) == [
         f"the run manifest lists rank0_hostA_step3-4.pt.trace.json.gz (rank 0 on host hostA, steps 3-4) but "
         f"{tmp_path} does not hold it: a lost trace (or one left in another host's node-local folder)"]
+    # A JSON file of no window is no trace (a trial's "parallelism.json ... a lost trace").
+    m["files"].append({"name": "parallelism.json", "rank": 0, "host": "hostA", "window": None})
+    assert missing_files(m, tmp_path)[-1] == (
+        f"the run manifest lists parallelism.json (rank 0 on host hostA) but {tmp_path} does not hold it: a lost file "
+        "(or one left in another host's node-local folder)")
 
 
 # ---- analyze and merge --------------------------------------------------------------------------------------

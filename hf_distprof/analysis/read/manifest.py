@@ -230,7 +230,8 @@ def missing_files(manifest: Mapping[str, Any], folder: Path) -> list[str]:
         where = f"rank {f['rank']} on host {f['host']}"
         if f.get("window"):
             where += f", steps {f['window'][0]}-{f['window'][1]}"
-        what = "a lost trace" if str(f["name"]).endswith((".json.gz", ".json")) else "a lost file"
+        trace = f.get("window") and str(f["name"]).endswith((".json.gz", ".json"))  # (parallelism.json is no trace)
+        what = "a lost trace" if trace else "a lost file"
         out.append(f"the run manifest lists {f['name']} ({where}) but {folder} does not hold it: {what} "
                    "(or one left in another host's node-local folder)")
     return out

@@ -77,9 +77,11 @@ def critical_path(g: Graph, rep: Replay, step: int, transfer: dict[CollectiveKey
             key = g.dep[r][i]
             assert key is not None
             done = rep.done[key]
-            if at - done >= WAKE_UP_SHOWN_US:
-                out.append(CriticalSegment(g.ranks[r], "collective", f"{collective_name(key)} wake-up",
-                                           (at - done) / 1e3, (done - origin) / 1e3))
+            woke = max(done, origin)  # (a collective of the step before, completed before this step's start)
+            if at - woke >= WAKE_UP_SHOWN_US:
+                before = f"step {key[0]}'s " if key[0] != step else ""
+                out.append(CriticalSegment(g.ranks[r], "collective", f"{before}{collective_name(key)} wake-up",
+                                           (at - woke) / 1e3, (woke - origin) / 1e3))
                 end = done
             else:  # woken before the span's recorded end (it left the collective then), or within microseconds
                 end = at
