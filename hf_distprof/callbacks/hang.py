@@ -28,6 +28,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 
 from hf_distprof import dist, paths
 from hf_distprof.config import ProfilingArguments
+from hf_distprof.core import signals
 
 logger = dist.get_logger(__name__)
 
@@ -147,6 +148,9 @@ class HangWatchdogCallback(TrainerCallback):  # type: ignore[misc]
                 if self.args.hang_abort:
                     logger.error(f"--hang-abort: ending this rank with status {ABORT_STATUS}")
                     self._discard_backstop()
+                    # os._exit runs no atexit handler: the step timer's and the memory logger's last rows go to their
+                    # files now, and the empty crash file goes (a hang is not a crash; its dump is beside it).
+                    signals.before_default_death()
                     for handler in _all_handlers():
                         handler.flush()
                     self._exit(ABORT_STATUS)

@@ -117,6 +117,24 @@ def test_hang_abort_ends_the_rank_with_status_3_after_dumping(tmp_path):
         cb.close()
 
 
+def test_hang_abort_first_runs_what_a_signal_s_death_would(tmp_path, monkeypatch):
+    # os._exit runs no atexit handler: a trial's --hang-abort left rank{R}_crash.txt empty beside the hang dumps (the
+    # guide: "a run folder holds one only for a rank that really crashed") and timing_rank{R}.jsonl empty.
+    from hf_distprof.core import signals
+
+    ran: list[str] = []
+    monkeypatch.setattr(signals, "_BEFORE_DEATH", [lambda: ran.append("tidied")])
+    clock, exits = FakeClock(), []
+    cb, state = _watchdog(tmp_path, clock, abort=True, exits=exits)
+    try:
+        _end_step(cb, state, clock, 7, at=1.0)
+        clock.now = 3.0
+        assert _wait_for(lambda: exits)
+        assert ran == ["tidied"] and exits == [ABORT_STATUS]
+    finally:
+        cb.close()
+
+
 def test_steps_that_keep_ending_never_dump(tmp_path):
     clock = FakeClock()
     cb, state = _watchdog(tmp_path, clock, timeout=0.5)
