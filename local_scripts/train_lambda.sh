@@ -63,6 +63,7 @@ for ((i = 0; i < ${#ARGS[@]}; i++)); do
   case "${ARGS[$i]}" in
     --strategy=*) STRATEGY=${ARGS[$i]#--strategy=} ;;
     --strategy) STRATEGY=${ARGS[$((i + 1))]:-} ;;
+    -h | --help) exec python "$TRAIN_SCRIPT" "$@" ;;  # the help once, not once more per rank
   esac
 done
 if [[ "$STRATEGY" != ddp && "$STRATEGY" != fsdp ]]; then

@@ -128,6 +128,20 @@ def test_the_launcher_rejects_an_unknown_strategy_before_launching(tmp_path):
     assert proc.stderr.strip() == "train_lambda.sh: --strategy must be ddp or fsdp, got 'zero3'"
 
 
+def test_the_launcher_prints_the_help_once_without_launching(tmp_path):
+    # A trial: --help printed the whole help three times (the flag check, then each of the 2 ranks).
+    script = tmp_path / "train.py"
+    script.write_text("import argparse, sys\nargparse.ArgumentParser(prog='train').parse_args()\n"
+                      "sys.exit('launched')\n")
+    import os
+
+    env = {**os.environ, "TRAIN_SCRIPT": str(script), "NPROC": "2"}
+    for flag in ("--help", "-h"):
+        proc = subprocess.run(["bash", str(REPO_ROOT / "local_scripts" / "train_lambda.sh"), "--max-steps", "5", flag],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env)
+        assert proc.returncode == 0 and proc.stdout.count("usage: train") == 1, (proc.stdout, proc.stderr)
+
+
 def test_guide_strategy_flag_table_matches_the_dataclass():
     import re
 
