@@ -138,10 +138,14 @@ class TraceAnalysisCallback(TrainerCallback):  # type: ignore[misc]
     def _print(self, traces: list[Path], args: TrainingArguments, state: TrainerState) -> None:
         from hf_distprof.analysis import format_box, format_findings
 
+        assert self.run_dir is not None
+        written = self.run_dir / "report" / "report.html"  # for the trackers (report_to), when they were sent to
+        full = (f"open {written} (written), or hf-distprof analyze {self.run_dir}" if written.is_file()
+                else f"hf-distprof analyze {self.run_dir} --report {self.run_dir / 'report'}")
         print(
             f"\nhf_distprof trace analysis of {self.run_dir} ({len(traces)} trace(s))\n"
             f"{format_findings(self.result)}\n"
-            f"Full per-step tables and plots: hf-distprof analyze {self.run_dir} --report {self.run_dir / 'report'}\n"
+            f"Full per-step tables and plots: {full}\n"
             f"\n{format_box(self.result)}",
             flush=True,
         )

@@ -47,6 +47,8 @@ def test_analyses_the_run_and_logs_headline_numbers(tmp_path, monkeypatch, capsy
     assert [s["step"] for s in saved["ranks"][0]["steps"]] == [3, 4]
     out = capsys.readouterr().out
     assert f"hf_distprof trace analysis of {analysis.run_dir} (1 trace(s))" in out and "Headline:" in out
+    run = analysis.run_dir
+    assert f"Full per-step tables and plots: hf-distprof analyze {run} --report {run / 'report'}\n" in out
     acc = EventAccumulator(str(tmp_path / "tb"))
     acc.Reload()
     assert sorted(acc.Tags()["scalars"]) == ["analysis/exposed_comm_pct", "analysis/imbalance_pct"]
@@ -104,6 +106,20 @@ def test_without_the_flag_the_trackers_get_the_answer_and_the_console_stays_quie
     acc = EventAccumulator(str(tmp_path / "tb"), size_guidance={"tensors": 0})
     acc.Reload()
     assert "hf_distprof/answer" in acc.Tags()["tensors"]
+
+
+def test_with_a_tracker_the_printed_analysis_points_at_the_report_already_written(tmp_path, monkeypatch, capsys):
+    # A trial: "Full per-step tables and plots: hf-distprof analyze RUN --report RUN/report" above the closing block's
+    # "open RUN/report/report.html   # the report, with plots (already written)".
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
+    _reporting(monkeypatch, tmp_path, ["tensorboard"])
+    callbacks = build_callbacks(args_for(tmp_path))
+    fake_trainer.run(callbacks, 5, tmp_path)
+    tensorboard.close_writers()
+    run = callbacks[-2].run_dir
+    out = capsys.readouterr().out
+    assert (f"Full per-step tables and plots: open {run / 'report' / 'report.html'} (written), or hf-distprof analyze "
+            f"{run}\n") in out
 
 
 def test_nothing_to_report_to_means_no_analysis_and_no_barrier(tmp_path, monkeypatch):
