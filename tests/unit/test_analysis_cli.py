@@ -441,8 +441,9 @@ def test_with_profile_ranks_the_step_timer_s_slow_rank_stands_and_the_traced_ran
     assert [r.rank for r in result.ranks] == [0] and not result.errors and result.unread_ranks == []
     assert [(f.kind, f.ranks) for f in result.findings] == [("slow_rank", [1])]  # the step timer's, over the run
     assert "the traces hold only rank 0's steps: no window verdict across ranks" in result.findings[0].evidence
-    why = ("withheld: rank 1 took no profiler window (--profile-ranks) and the step timer finds rank 1 slowest over the "
-           "run, so the other ranks' time in collectives cannot be told apart into waiting for rank 1 and the transfer")
+    why = ("withheld: rank 1 took no profiler window (--profile-ranks) and the step timer finds rank 1 slowest over "
+           "the run, so the other ranks' time in collectives cannot be told apart into waiting for rank 1 and the "
+           "transfer")
     assert [(u.question, u.why) for u in result.undecided] == [
         ("communication_bound", f"Communication-bound {why}"), ("what_if", f"The what-if replay across ranks {why}")]
     assert result.what_if == [] and result.undecided[0].to_decide.startswith("trace the slowest rank too")

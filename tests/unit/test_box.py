@@ -46,7 +46,8 @@ def test_a_clean_run_says_so_with_its_figures() -> None:
     flat = re.sub(r"\s*\|\n\|\s+", " ", text)
     # The rank the what-if replays at its peers' pace (no step timer records: the latest at the collectives).
     assert "slowest rank 1 (+0.1% median lateness per step, under the 10% threshold)" in flat
-    assert "load imbalance 1.6% (rank 0's busy time, traced steps)" in flat  # the headline's figure: another rank, measure
+    # The headline's figure, and whose: another measure, another rank.
+    assert "load imbalance 1.6% (rank 0's busy time, traced steps)" in flat
 
 
 def test_other_findings_are_listed_and_the_fields_stay_short() -> None:

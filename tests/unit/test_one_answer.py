@@ -273,8 +273,8 @@ def test_the_window_note_says_which_way_its_steps_moved():
         return window_note(WindowFacts("imbalance", window, run, steps, 31.0, 5.0, ratio, True)).text
 
     faster = note([24.0, 20.0, 20.0], 0.65)
-    assert faster.endswith("its 3 recorded steps (not the profiler's warm-up) took 24, 20, 20 ms against a median 31 ms "
-                           "untraced (0.65x), faster beyond the "
+    assert faster.endswith("its 3 recorded steps (not the profiler's warm-up) took 24, 20, 20 ms against a median "
+                           "31 ms untraced (0.65x), faster beyond the "
                            "run's own noise: the host's load or the work changed while they ran")
     assert "profiler's cost" not in faster
     slower = note([44.0, 40.0, 42.0], 1.35)

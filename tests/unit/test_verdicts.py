@@ -236,7 +236,8 @@ def test_a_rank_slow_in_the_window_only_is_not_named_when_the_timer_does_not_bea
     assert (seen.status, seen.gate, seen.rank, seen.effect_pct) == ("quiet", "outside", 1, window.effect_pct)
     assert seen.p_value == pytest.approx(fisher_p(1 / 64, 0.5)) and seen.p_value > 0.02
     assert seen.reason.startswith(f"{window.reason}; but over the run's 11 untraced steps the step timer says: "
-                                  "rank 0 ... within the noise (for the window's rank 1, p = 0.500); together p = 0.046")
+                                  "rank 0 ... within the noise (for the window's rank 1, p = 0.500); together "
+                                  "p = 0.046")
     # A summary that is not a verdict leaves the window as it is.
     for bad in ({**neutral, "steps": 0}, {**neutral, "steps": True}, {**neutral, "steps": "11"}, {"status": "quiet"},
                 {**neutral, "status": "maybe"}, {**neutral, "rank": None}, {**neutral, "rank": True},
