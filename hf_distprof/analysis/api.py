@@ -119,7 +119,8 @@ def _analyze(ranks: list[RankResult], run: RunInput, options: AnalysisOptions,
     across = compare(ranks, run, reference)
     replay = what_if(ranks, across.alignment, list(reference) if reference else None, across.evidence, across.pace) \
         if ranks else None
-    judged = judge(ranks, across, replay, run.summary, options, _expected_ranks(run, ranks), _world(run, ranks))
+    judged = judge(ranks, across, replay, run.summary, options, _expected_ranks(run, ranks), _world(run, ranks),
+                   run.run.windows if run.run is not None else ())
     findings, undecided, notes, slowdown_line = write_all(judged)
     return AnalysisResult(
         ranks=ranks,

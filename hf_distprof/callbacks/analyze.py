@@ -155,7 +155,9 @@ class TraceAnalysisCallback(TrainerCallback):  # type: ignore[misc]
                 writer,
                 {
                     "analysis/exposed_comm_pct": self.result.exposed_comm_pct,
-                    "analysis/imbalance_pct": self.result.imbalance_pct,
+                    # (none with one rank's trace: no peer to compare with)
+                    **({"analysis/imbalance_pct": self.result.imbalance_pct}
+                       if self.result.imbalance_pct is not None else {}),
                 },
                 state.global_step,
             )

@@ -440,13 +440,17 @@ def test_with_profile_ranks_the_step_timer_s_slow_rank_stands_and_the_traced_ran
     result = analyze_paths([_profiled_ranks(tmp_path, 0)], AnalysisOptions(workers=1))
     assert [r.rank for r in result.ranks] == [0] and not result.errors and result.unread_ranks == []
     assert [(f.kind, f.ranks) for f in result.findings] == [("slow_rank", [1])]  # the step timer's, over the run
+    assert result.cross_rank is None and result.imbalance_pct is None and result.to_dict()["imbalance_pct"] is None
+    from hf_distprof.analysis.tell.tracker import headline
+
+    assert headline(result)["slowest_rank"] == 1  # the trackers' headline names it too
     assert "the traces hold only rank 0's steps: no window verdict across ranks" in result.findings[0].evidence
-    why = ("withheld: rank 1 took no profiler window (--profile-ranks) and the step timer finds rank 1 slowest over "
-           "the run, so the other ranks' time in collectives cannot be told apart into waiting for rank 1 and the "
-           "transfer")
+    why = ("withheld: rank 1, which the step timer names as holding the others back over the run, took no profiler "
+           "window (--profile-ranks), so the other ranks' time in collectives cannot be told apart into waiting for "
+           "rank 1 and the transfer")
     assert [(u.question, u.why) for u in result.undecided] == [
         ("communication_bound", f"Communication-bound {why}"), ("what_if", f"The what-if replay across ranks {why}")]
-    assert result.what_if == [] and result.undecided[0].to_decide.startswith("trace the slowest rank too")
+    assert result.what_if == [] and result.undecided[0].to_decide == "trace rank 1 too (--profile-ranks auto picks it)"
     assert "Headline: exposed communication 80.6% of step time, load imbalance n/a (1 rank(s))" in \
         format_findings(result)
     # The slow rank traced (--profile-ranks 1): its peers reach each collective before it, so what the trace holds of
@@ -454,6 +458,67 @@ def test_with_profile_ranks_the_step_timer_s_slow_rank_stands_and_the_traced_ran
     slow = analyze_paths([_profiled_ranks(tmp_path, 1)], AnalysisOptions(workers=1))
     assert [u.question for u in slow.undecided] == [] and slow.findings[0].kind == "slow_rank"
     assert slow.findings[0].ranks == [1] and slow.what_if != []
+
+
+def test_untraced_ranks_withhold_what_their_waits_would_distort_as_the_step_timer_s_verdict_says() -> None:
+    from hf_distprof.analysis.judge.coverage import unmeasured
+    from hf_distprof.analysis.results.facts import Coverage
+    from hf_distprof.analysis.results.run import WindowInfo
+    from hf_distprof.analysis.tell.unread import unread_words
+    from hf_distprof.core.verdicts import SlowRankVerdict
+
+    def verdict(status: str, rank: int | None) -> SlowRankVerdict:
+        return SlowRankVerdict(status, rank, 30.0, 10.0, 2.0, 20, 24, 8, 0.001, 6, "r")
+
+    def window(first: int, ranks: list[int]) -> WindowInfo:
+        return WindowInfo(first=first, last=first + 2, reasons=["schedule"], detail="", ranks=ranks)
+
+    world, read = list(range(8)), {0}
+    # Quiet over the run: no rank holds the others back beyond the threshold; the traces' collectives are the run's.
+    assert unmeasured(world, read, [], verdict("quiet", 5)) is None
+    # No verdict (no step timer, or too few steps): nothing says whether the untraced ranks' waits matter.
+    assert unmeasured(world, read, [], None) == Coverage([1, 2, 3, 4, 5, 6, 7], None, [])
+    assert unmeasured(world, read, [], verdict("not enough evidence", 3)) == Coverage([1, 2, 3, 4, 5, 6, 7], None, [])
+    # Raised on a rank no window traced: its peers' wait for it reads as their transfer.
+    assert unmeasured(world, read, [], verdict("raised", 5)) == Coverage([1, 2, 3, 4, 5, 6, 7], 5, [])
+    # Raised on a rank traced in every window: the others reach each collective before it.
+    assert unmeasured(world, {0, 5}, [], verdict("raised", 5), [window(8, [0, 5])]) is None
+    # --profile-ranks auto: the first window (before any evidence) traced ranks 0 and 7, the next the slow rank 5.
+    windows = [window(8, [0, 7]), window(20, [5, 3])]
+    assert unmeasured(world, {0, 3, 5, 7}, [], verdict("raised", 5), windows) == Coverage([], 5, [(8, 10)])
+    assert unmeasured(world, set(), [], None) is None  # nothing read: nothing to withhold
+    # In words: each reason as what it is, a lost file apart from a rank untraced by choice.
+    assert unread_words([2], Coverage([1, 3], None, [])) == (
+        "the trace of rank 2 is not among those read (not given, or could not be read); and ranks 1, 3 took no "
+        "profiler window (--profile-ranks) and no step timer verdict says whether a rank holds the others back, so "
+        "the other ranks' time in collectives cannot be told apart into waiting for ranks 1-3 and the transfer",
+        "analyse the run with the trace of rank 2 (a file that could not be read is named with its reason); keep the "
+        "step timer on (its verdict over the run decides), or trace every rank")
+    assert unread_words([], Coverage([], 5, [(8, 10)]))[0] == (
+        "rank 5, which the step timer names as holding the others back over the run, was not traced in the window of "
+        "steps 8-10 (--profile-ranks), so the other ranks' time in collectives cannot be told apart into waiting for "
+        "rank 5 and the transfer")
+
+
+def test_a_clean_run_traced_on_one_rank_keeps_its_findings(tmp_path: Path) -> None:
+    # --profile-ranks 0 on a run the step timer finds quiet: nothing withheld (the waits for rank 1 are not the ones
+    # that matter), and nothing asked of the user.
+    run = tmp_path / "clean0"
+    shutil.copytree(DATA / "golden" / "cpu_clean_memory", run)
+    for other in run.glob("rank1_vm_step*"):
+        other.unlink()
+    manifest = orjson.loads((run / "manifest.json").read_bytes())
+    manifest["windows"][0]["ranks"] = [0]
+    manifest["files"] = [f for f in manifest["files"] if (run / f["name"]).exists()]
+    (run / "manifest.json").write_bytes(orjson.dumps(manifest))
+    result = analyze_paths([run], AnalysisOptions(workers=1))
+    assert result.undecided == [] and result.unread_ranks == []
+    # Without the step timer's records nothing says whether rank 1 held rank 0 back: withheld.
+    for timed in [*run.glob("timing_rank*.jsonl"), run / "timing_summary.json"]:
+        timed.unlink()
+    bare = analyze_paths([run], AnalysisOptions(workers=1))
+    assert [u.question for u in bare.undecided][-1] == "what_if"
+    assert "rank 1 took no profiler window (--profile-ranks) and no step timer verdict" in bare.undecided[-1].why
 
 
 def test_what_the_step_timer_decided_is_not_withheld_for_an_unread_trace() -> None:

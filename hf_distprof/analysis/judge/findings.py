@@ -12,7 +12,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from hf_distprof.analysis.judge import chain
+from hf_distprof.analysis.judge.coverage import unmeasured
 from hf_distprof.analysis.judge.diagnosis import diagnose, is_fsdp, undecided
 from hf_distprof.analysis.judge.slowdown import (
     quiet_slowdown,
@@ -29,6 +32,7 @@ from hf_distprof.analysis.results.across import Across, RankVerdicts
 from hf_distprof.analysis.results.facts import Judged
 from hf_distprof.analysis.results.findings import TRACE, Judgement
 from hf_distprof.analysis.results.rank import RankResult
+from hf_distprof.analysis.results.run import WindowInfo
 from hf_distprof.analysis.results.timer import TimingSummary
 from hf_distprof.analysis.results.whatif import WhatIf
 
@@ -83,7 +87,8 @@ def in_order(findings: list[Judgement]) -> list[Judgement]:
 
 
 def judge(ranks: list[RankResult], across: Across, replay: WhatIf | None, summary: TimingSummary,
-          options: AnalysisOptions, expected: list[int] | None = None, world: list[int] | None = None) -> Judged:
+          options: AnalysisOptions, expected: list[int] | None = None, world: list[int] | None = None,
+          windows: Sequence[WindowInfo] = ()) -> Judged:
     """Every decision of the run.
 
     Args:
@@ -96,9 +101,9 @@ def judge(ranks: list[RankResult], across: Across, replay: WhatIf | None, summar
         expected: The ranks whose traces the run has (its manifest's: those that took a window, else every rank;
             without a manifest, the world the traces say they belong to; None when unknown): those not read
             withhold the findings that weigh the ranks' traces against each other, and the replay.
-        world: Every rank of the run (None when unknown): those that took no window withhold the same, unless the rank
-            the step timer finds slowest over the run is among those read (the others reach each collective before
-            it: the waits the traces hold are the measured ones).
+        world: Every rank of the run (None when unknown), and ``windows`` the manifest's windows with the ranks each
+            traced: ranks that took no window withhold the same, unless the step timer's verdict over the run says
+            the waits for them do not matter (:func:`hf_distprof.analysis.judge.coverage.unmeasured`).
 
     Returns:
         The verdicts, the findings in :func:`in_order`'s order, the questions left undecided (with the findings
@@ -106,20 +111,18 @@ def judge(ranks: list[RankResult], across: Across, replay: WhatIf | None, summar
     """
     read = {r.rank for r in ranks}
     missing = [r for r in expected or [] if r not in read] if read else []
-    slowest = across.evidence.slowest_rank if across.evidence is not None else None
-    untraced = [r for r in world or [] if r not in read and r not in missing] \
-        if read and slowest not in read else []
     verdicts = judge_ranks(across, summary, options, sorted(read))
+    coverage = unmeasured(world, read, missing, verdicts.run, windows)
     # Without every rank's trace the replay across ranks is not the run's: the ranks read wait for the others inside
     # their collectives, which it would take for transfers.
     answer = judge_scenarios(replay, verdicts, across.evidence is not None) \
-        if replay is not None and not missing and not untraced else None
+        if replay is not None and not missing and coverage is None else None
     slowdown = slowdown_of(summary, across.timer, across.traced, options)
     findings = diagnose(ranks, across, verdicts, options) + slowdown_findings(slowdown)
     # A window whose verdicts were weighed with the timer's already answers for the whole run.
     weighed = verdicts.imbalance_basis != TRACE or verdicts.straggler_basis != TRACE
     findings, withheld = withhold_in_a_distorted_window(findings, slowdown, None if weighed else verdicts.run_json)
-    findings, unread = withhold_without_every_rank(findings, missing, replay is not None, untraced, slowest)
+    findings, unread = withhold_without_every_rank(findings, missing, replay is not None, coverage)
     gpu = any(r.device == "gpu" for r in ranks)
     # The slow rank's finding as one chain (its slow phase -> late at the collectives -> its peers wait).
     findings = chain.explain(findings, across, verdicts, gpu)

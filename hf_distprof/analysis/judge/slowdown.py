@@ -7,7 +7,7 @@ from typing import Any
 
 from hf_distprof.analysis.options import PROFILER_SLOWDOWN_THRESHOLD, AnalysisOptions
 from hf_distprof.analysis.results.across import TimerFigures
-from hf_distprof.analysis.results.facts import QuietSlowdown, Question, SlowdownFacts
+from hf_distprof.analysis.results.facts import Coverage, QuietSlowdown, Question, SlowdownFacts
 from hf_distprof.analysis.results.findings import STEP_TIMER, TRACE, TRACE_AND_TIMER, Judgement
 from hf_distprof.analysis.results.timer import TimingSummary
 from hf_distprof.core.overhead import beyond_noise, profiler_slowdown
@@ -115,8 +115,7 @@ for its peers, the transfer and its lag past the completion; the latest or busie
 
 
 def withhold_without_every_rank(
-    findings: list[Judgement], missing: list[int], replayed: bool, untraced: list[int] | None = None,
-    slowest: int | None = None,
+    findings: list[Judgement], missing: list[int], replayed: bool, coverage: Coverage | None = None,
 ) -> tuple[list[Judgement], list[Question]]:
     """With the traces of some of the run's ranks not read (``missing``: not given, truncated, lost), the findings that
     weigh the ranks' traces against each other withheld, and the what-if replay (``replayed``): the ranks read waited
@@ -125,16 +124,15 @@ def withhold_without_every_rank(
     What the step timer decided over the run (every rank's records) stays, as do one rank's own findings (GPU
     utilisation, data loading, launch-bound, the profiler's slowdown).
 
-    ``untraced``: ranks that took no window (``--profile-ranks``) while the rank the step timer finds slowest over the
-    run (``slowest``; None: no records say) is not among those read: withheld alike, and said so.
+    ``coverage``: ranks that took no window by choice (``--profile-ranks``) while the waits for them may matter
+    (:func:`hf_distprof.analysis.judge.coverage.unmeasured`): withheld alike, and said so.
 
     Returns:
         The findings kept, and the withheld ones as undecided questions (the replay's last).
     """
-    absent = sorted({*missing, *(untraced or [])})
-    if not absent:
+    if not missing and coverage is None:
         return findings, []
-    why = {"missing": absent, "untraced": sorted(untraced or []), "slowest": slowest if untraced else None}
+    why = {"missing": list(missing), "coverage": coverage}
     kept, withheld = [], []
     for f in findings:
         if f.kind in PEER_DEPENDENT and f.basis == TRACE:

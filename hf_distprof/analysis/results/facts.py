@@ -325,10 +325,20 @@ class Question:
     missing: list[int] = field(default_factory=list)
     """With ``withheld``: the ranks whose traces could not be read, when that is why it was withheld (their peers'
     time in collectives cannot be split into waiting for them and the transfer)."""
-    untraced: list[int] = field(default_factory=list)
-    """Of ``missing``, those that took no profiler window (``--profile-ranks``), not a file lost."""
-    slowest: int | None = None
-    """With ``untraced``: the rank the step timer finds slowest over the run (None: no records say)."""
+    coverage: Coverage | None = None
+    """With ``withheld``: ranks that took no window by choice (``--profile-ranks``), when that is why."""
+
+
+@dataclass
+class Coverage:
+    """Waits the traces may not hold (:func:`hf_distprof.analysis.judge.coverage.unmeasured`)."""
+
+    untraced: list[int]
+    """Ranks that took no window (``--profile-ranks``)."""
+    slow: int | None
+    """The rank the step timer's verdict over the run names (None: no verdict)."""
+    windows: list[tuple[int, int]]
+    """The windows (first, last step) that did not trace ``slow``, though it was traced in another."""
 
 
 @dataclass

@@ -95,9 +95,9 @@ class AnalysisResult:
         return mean([r.exposed_comm_pct for r in self.ranks])
 
     @property
-    def imbalance_pct(self) -> float:
-        """Headline: load imbalance across ranks in % (0 with a single rank)."""
-        return self.cross_rank.imbalance_pct if self.cross_rank is not None else 0.0
+    def imbalance_pct(self) -> float | None:
+        """Headline: load imbalance across ranks in %; None with one rank's trace (no peer to compare with)."""
+        return self.cross_rank.imbalance_pct if self.cross_rank is not None else None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict, with the headline numbers and per-rank derived values included."""

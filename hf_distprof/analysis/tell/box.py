@@ -64,7 +64,7 @@ def _answer(result: AnalysisResult) -> list[tuple[str, str]]:
     base = step_base(result.gpu)
     figures = (f"exposed communication {result.exposed_comm_pct:.1f}% of {base}"
                + (f" ({waits:.1f}% of {base}: late-peer wait)" if waits >= SHOWN_PCT else "")
-               + (f", load imbalance {result.imbalance_pct:.1f}% ({_busiest(cross)}busy time, traced steps)"
+               + (f", load imbalance {cross.imbalance_pct:.1f}% ({_busiest(cross)}busy time, traced steps)"
                   if cross is not None else ""))
     if result.undecided:
         first = result.undecided[0]

@@ -17,9 +17,10 @@ from hf_distprof.analysis.results.facts import (ChainFacts, CommAdvice, CommBoun
                                                  WaitingFacts, WindowFacts)
 from hf_distprof.analysis.results.findings import STEP_TIMER, TRACE_AND_TIMER, Finding, Judgement, Undecided, WindowNote
 from hf_distprof.analysis.results.whatif import WhatIfModel, WhatIfScenario
+from hf_distprof.analysis.tell.unread import unread_words
 from hf_distprof.core.advice import PHASE_NAMES, phase_advice
 from hf_distprof.core.cause import Attribution, cause_action, cause_title, cause_why
-from hf_distprof.core.text import SHOWN_PCT, apart, format_bytes, format_ranks, step_base
+from hf_distprof.core.text import SHOWN_PCT, apart, format_bytes, step_base
 
 
 @dataclass
@@ -528,21 +529,11 @@ _WRITERS = {
 
 def undecided(q: Question) -> Undecided:
     """A question the run could not decide, in words."""
-    if q.missing:
-        unread = format_ranks(q.missing)
+    if q.missing or q.coverage is not None:
         what = write(q.withheld).title if q.withheld is not None else "The what-if replay across ranks"
-        traces = "the traces of" if len(q.missing) > 1 else "the trace of"
-        slowest = (f"the step timer finds rank {q.slowest} slowest over the run" if q.slowest is not None
-                   else "no step timer records say which rank is slowest")
-        absent = (f"{unread} took no profiler window (--profile-ranks) and {slowest}" if q.untraced == q.missing else
-                  f"{traces} {unread} {'are' if len(q.missing) > 1 else 'is'} not among those read (not given, or "
-                  "could not be read)")
-        why = (f"{what} withheld: {absent}, so the other ranks' time in collectives cannot be told apart into waiting "
-               f"for {unread} and the transfer")
-        lost = f"analyse the run with {traces} {unread} (a file that could not be read is named with its reason)"
-        return Undecided(question=q.question, reason=why, why=why, ranks=q.ranks, basis=q.basis, steps=q.steps,
-                         to_decide=lost if q.untraced != q.missing else "trace the slowest rank too (--profile-ranks "
-                         "auto picks it), or every rank")
+        why, to_decide = unread_words(q.missing, q.coverage)
+        return Undecided(question=q.question, reason=f"{what} withheld: {why}", why=f"{what} withheld: {why}",
+                         ranks=q.ranks, basis=q.basis, steps=q.steps, to_decide=to_decide)
     if q.withheld is not None:
         title = write(q.withheld).title
         why = (f"the traced steps ran {q.ratio:.2f}x slower than the rest of the run, and over the untraced steps the "

@@ -235,8 +235,8 @@ def _document(result: AnalysisResult, images: list[str]) -> list[Block]:
         Blank(),
         Lines([[("b", "Exposed communication:"),
                 ("", f" {result.exposed_comm_pct:.1f}% of {step_base(True) if result.gpu else 'step time'}")],
-               [("b", "Load imbalance:"), ("", f" {result.imbalance_pct:.1f}%" if result.cross_rank is not None
-                                           else " n/a (one rank's trace)")],
+               [("b", "Load imbalance:"), ("", f" {result.cross_rank.imbalance_pct:.1f}%"
+                                           if result.cross_rank is not None else " n/a (one rank's trace)")],
                [("b", "Ranks analysed:"), ("", f" {len(result.ranks)}; files skipped: {len(result.errors)}")]]),
         Blank(),
         Pre(format_box(result)),

@@ -45,7 +45,8 @@ def _findings_lines(result: AnalysisResult) -> list[str]:
     lines = [
         f"Headline: exposed communication {result.exposed_comm_pct:.1f}% of "
         f"{step_base(True) if result.gpu else 'step time'}, "
-        + (f"load imbalance {result.imbalance_pct:.1f}% ({len(result.ranks)} rank(s))" if result.cross_rank is not None
+        + (f"load imbalance {result.cross_rank.imbalance_pct:.1f}% ({len(result.ranks)} rank(s))"
+           if result.cross_rank is not None
            else f"load imbalance n/a ({len(result.ranks)} rank(s))")
     ]
     if not result.findings:

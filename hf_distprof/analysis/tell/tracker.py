@@ -32,6 +32,11 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and math.isfinite(float(value)) else None
 
 
+SLOW_RANK_KINDS = ("slow_rank", "straggler", "imbalance")
+"""Findings that name the rank holding the others back: with one rank's trace (no cross-rank view), the step timer's
+verdict over the run is one of these, and the headline's slowest rank is the one it names."""
+
+
 def figures(result: AnalysisResult) -> dict[str, float]:
     """The key figures, under ``hf_distprof/...``: the headline percentages, each finding's severity and each what-if
     scenario's predicted saving (ms and % of the step, as counted over the run)."""
@@ -57,7 +62,8 @@ def headline(result: AnalysisResult) -> dict[str, str | float | int | None]:
     best = result.what_if[0] if result.what_if else None  # the judge's order: the saving that counts, largest first
     return {
         "verdict": rows.get("Verdict"),
-        "slowest_rank": result.cross_rank.slowest_rank if result.cross_rank is not None else None,
+        "slowest_rank": result.cross_rank.slowest_rank if result.cross_rank is not None else next(
+            (f.ranks[0] for f in result.findings if f.kind in SLOW_RANK_KINDS and len(f.ranks) == 1), None),
         "top_finding": top.kind if top is not None else None,
         "exposed_comm_pct": _number(result.exposed_comm_pct),
         "predicted_saving_pct": _number(best.counted_pct) if best is not None else None,

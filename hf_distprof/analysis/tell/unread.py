@@ -1,0 +1,39 @@
+"""Why the traces read miss waits that may matter, in words: lost files, ranks that took no window by choice."""
+
+from __future__ import annotations
+
+from hf_distprof.analysis.results.facts import Coverage
+from hf_distprof.core.text import format_ranks
+
+
+def unread_words(missing: list[int], coverage: Coverage | None) -> tuple[str, str]:
+    """Why the traces read miss waits that may matter, and what to do: lost files (``missing``), ranks that took no
+    window by choice (``coverage``), or both, each said as what it is."""
+    whys, dos, waited = [], [], list(missing)
+    if missing:
+        unread = format_ranks(missing)
+        traces = "the traces of" if len(missing) > 1 else "the trace of"
+        whys.append(f"{traces} {unread} {'are' if len(missing) > 1 else 'is'} not among those read (not given, or "
+                    "could not be read)")
+        dos.append(f"analyse the run with {traces} {unread} (a file that could not be read is named with its reason)")
+    if coverage is not None:
+        named = f"rank {coverage.slow}, which the step timer names as holding the others back over the run,"
+        if coverage.slow is None:
+            waited += coverage.untraced
+            whys.append(f"{format_ranks(coverage.untraced)} took no profiler window (--profile-ranks) and no step "
+                        "timer verdict says whether a rank holds the others back")
+            dos.append("keep the step timer on (its verdict over the run decides), or trace every rank")
+        elif coverage.windows:
+            waited.append(coverage.slow)
+            spans = ", ".join(f"{a}-{b}" for a, b in coverage.windows)
+            whys.append(f"{named} was not traced in the window{'s' if len(coverage.windows) > 1 else ''} of steps "
+                        f"{spans} (--profile-ranks)")
+            dos.append(f"trace rank {coverage.slow} in every window (--profile-ranks auto picks it once the step "
+                       "timer has seen it)")
+        else:
+            waited.append(coverage.slow)
+            whys.append(f"{named} took no profiler window (--profile-ranks)")
+            dos.append(f"trace rank {coverage.slow} too (--profile-ranks auto picks it)")
+    who = format_ranks(sorted(set(waited)))
+    return (f"{'; and '.join(whys)}, so the other ranks' time in collectives cannot be told apart into waiting for "
+            f"{who} and the transfer"), "; ".join(dos)
