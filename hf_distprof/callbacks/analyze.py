@@ -62,6 +62,7 @@ class TraceAnalysisCallback(TrainerCallback):  # type: ignore[misc]
         self.run_dir: Path | None = None
         self.result: Any = None
         self.sent: dict[str, str] = {}  # tracker -> "sent" | "skipped: ..." | "failed: ..."
+        self.report: Path | None = None  # report.html, when this train() call's analysis wrote it
 
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -71,7 +72,7 @@ class TraceAnalysisCallback(TrainerCallback):  # type: ignore[misc]
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        self.result, self.sent = None, {}  # this train() call's, never an earlier one's
+        self.result, self.sent, self.report = None, {}, None  # this train() call's, never an earlier one's
         to = trackers.resolve(args.report_to)
         if not (self.args.profiler_analyze or to):
             return
@@ -115,7 +116,7 @@ class TraceAnalysisCallback(TrainerCallback):  # type: ignore[misc]
                 if report:
                     from hf_distprof.analysis.tell.report import write_report
 
-                    write_report(result, run_dir / "report")
+                    self.report = write_report(result, run_dir / "report")
             except Exception as err:  # noqa: BLE001 - the analysis must never fail the training job
                 failed.append(err)
 
@@ -139,8 +140,8 @@ class TraceAnalysisCallback(TrainerCallback):  # type: ignore[misc]
         from hf_distprof.analysis import format_box, format_findings
 
         assert self.run_dir is not None
-        written = self.run_dir / "report" / "report.html"  # for the trackers (report_to), when they were sent to
-        full = (f"open {written} (written), or hf-distprof analyze {self.run_dir}" if written.is_file()
+        written = self.report  # for the trackers (report_to), when they were sent to
+        full = (f"open {written} (written), or hf-distprof analyze {self.run_dir}" if written is not None
                 else f"hf-distprof analyze {self.run_dir} --report {self.run_dir / 'report'}")
         print(
             f"\nhf_distprof trace analysis of {self.run_dir} ({len(traces)} trace(s))\n"

@@ -36,6 +36,8 @@ STARTUP_FACTOR = 5.0
 """The first step (start-up: data loader workers, compilation, allocator warm-up) gets this many timeouts."""
 ABORT_STATUS = 3
 """Exit status of a rank ended by ``--hang-abort``."""
+TIDY_S = 10.0
+"""Seconds ``--hang-abort`` waits for the last rows to be written before it ends the rank anyway."""
 BACKSTOP_FACTOR = 2.0
 """The GIL-free backstop dumps when the watchdog thread itself has not run for this many timeouts."""
 
@@ -149,8 +151,13 @@ class HangWatchdogCallback(TrainerCallback):  # type: ignore[misc]
                     logger.error(f"--hang-abort: ending this rank with status {ABORT_STATUS}")
                     self._discard_backstop()
                     # os._exit runs no atexit handler: the step timer's and the memory logger's last rows go to their
-                    # files now, and the empty crash file goes (a hang is not a crash; its dump is beside it).
-                    signals.before_default_death()
+                    # files now, and the empty crash file goes (a hang is not a crash; its dump is beside it). On a
+                    # thread of its own, waited for a few seconds: a wedged driver or file system must not keep the
+                    # rank from ending, which is what the flag promises.
+                    tidy = threading.Thread(target=signals.before_default_death, name="hf_distprof-hang-tidy",
+                                            daemon=True)
+                    tidy.start()
+                    tidy.join(TIDY_S)
                     for handler in _all_handlers():
                         handler.flush()
                     self._exit(ABORT_STATUS)

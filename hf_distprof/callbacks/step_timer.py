@@ -123,7 +123,9 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         if self._recorder is not None:  # an earlier train() raised: its timed steps to its file, its hooks off
+            listeners, self.step_listeners = self.step_listeners, []  # (not this run's steps: no rank choice on them)
             self._at_exit()
+            self.step_listeners = listeners
             self._release()
         self.run_dir = paths.resolve_run_dir(self.args.profiler_output_dir, self.args.profiler_run_name, state)
         self._report_to = args.report_to  # the trackers the live warnings go to, beside TensorBoard

@@ -135,6 +135,28 @@ def test_hang_abort_first_runs_what_a_signal_s_death_would(tmp_path, monkeypatch
         cb.close()
 
 
+def test_hang_abort_ends_the_rank_even_when_its_tidying_hangs_too(tmp_path, monkeypatch):
+    # A wedged driver or file system under the last rows' write must not keep the rank from ending.
+    import threading
+
+    from hf_distprof.callbacks import hang
+    from hf_distprof.core import signals
+
+    stuck = threading.Event()
+    monkeypatch.setattr(signals, "_BEFORE_DEATH", [lambda: stuck.wait(60)])
+    monkeypatch.setattr(hang, "TIDY_S", 0.2)
+    clock, exits = FakeClock(), []
+    cb, state = _watchdog(tmp_path, clock, abort=True, exits=exits)
+    try:
+        _end_step(cb, state, clock, 7, at=1.0)
+        clock.now = 3.0
+        assert _wait_for(lambda: exits)
+        assert exits == [ABORT_STATUS]
+    finally:
+        stuck.set()
+        cb.close()
+
+
 def test_steps_that_keep_ending_never_dump(tmp_path):
     clock = FakeClock()
     cb, state = _watchdog(tmp_path, clock, timeout=0.5)

@@ -213,15 +213,23 @@ def test_a_train_that_raised_leaves_its_samples_to_its_file_before_the_next_trai
     monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
     cb = MemoryLoggerCallback(ProfilingArguments(enable_memory_logging=True, memory_log_steps=2,
                                                  profiler_output_dir=str(tmp_path / "out"), profiler_run_name="run"))
+    import atexit
+
+    registered: list[object] = []
+    monkeypatch.setattr(atexit, "register", registered.append)
+    monkeypatch.setattr(atexit, "unregister", lambda fn: registered.remove(fn) if fn in registered else None)
     fake_trainer.run([cb], 10, tmp_path, stop_after=6, end=False)
     assert cb._write_lines in signals._BEFORE_DEATH  # (a signal's default death: no atexit handler runs)
+    fake_trainer.run([cb], 4, tmp_path, stop_after=2, end=False)
+    assert registered.count(cb._write_lines) == 1  # once: at exit its lines are written once
     fake_trainer.run([cb], 4, tmp_path)
 
     def steps(folder):
         return [json.loads(line)["step"] for line in (tmp_path / "out" / folder / "memory_rank0.jsonl").open()]
 
     assert steps("run") == [2, 4, 6]
-    assert steps("run-1") == [2, 4]
+    assert steps("run-1") == [2]
+    assert steps("run-2") == [2, 4]
     assert cb._write_lines not in signals._BEFORE_DEATH
 
 

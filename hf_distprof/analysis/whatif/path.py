@@ -78,10 +78,10 @@ def critical_path(g: Graph, rep: Replay, step: int, transfer: dict[CollectiveKey
             assert key is not None
             done = rep.done[key]
             woke = max(done, origin)  # (a collective of the step before, completed before this step's start)
+            name = collective_name(key) if key[0] == step else f"step {key[0]}'s {collective_name(key)}"
             if at - woke >= WAKE_UP_SHOWN_US:
-                before = f"step {key[0]}'s " if key[0] != step else ""
-                out.append(CriticalSegment(g.ranks[r], "collective", f"{before}{collective_name(key)} wake-up",
-                                           (at - woke) / 1e3, (woke - origin) / 1e3))
+                out.append(CriticalSegment(g.ranks[r], "collective", f"{name} wake-up", (at - woke) / 1e3,
+                                           (woke - origin) / 1e3))
                 end = done
             else:  # woken before the span's recorded end (it left the collective then), or within microseconds
                 end = at
@@ -89,7 +89,7 @@ def critical_path(g: Graph, rep: Replay, step: int, transfer: dict[CollectiveKey
             span = transfer.get(key, 0.0)
             start = max(done - span, origin)
             if end > start:
-                out.append(CriticalSegment(g.ranks[last], "collective", collective_name(key), (end - start) / 1e3,
+                out.append(CriticalSegment(g.ranks[last], "collective", name, (end - start) / 1e3,
                                            (start - origin) / 1e3))
             r, i = last, g.arrive_at[last][key]
             continue

@@ -221,6 +221,7 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
             self._jsonl = JsonlFile(self.jsonl_path, "memory goes to TensorBoard only")
         self._writer = tensorboard.get_writer(tensorboard.tensorboard_dir(args.output_dir, self.run_dir))
         # Lines are written at each gather; a run that ends by an exception still writes the samples since the last.
+        atexit.unregister(self._write_lines)  # (registered once, also after a train() call that raised)
         atexit.register(self._write_lines)
         signals.at_default_death(self._write_lines)  # (a signal through the profiler's handlers: no atexit then)
         # On CPU the profiler's buffers grow the RSS while it traces: those intervals are not the run's own.
