@@ -228,10 +228,12 @@ def test_a_comm_heavy_run_is_communication_bound_not_a_straggler(outcomes, tmp_p
 def test_timing_summary_and_analysis_carry_the_profiler_slowdown(outcomes):
     for o in outcomes.values():
         slowdown = o.summary["profiler_slowdown"]
-        # Steps 6-10 against 11-22 (less those the trace's compact summary overlapped); 2-5 are the warm-up.
+        # Steps 6-10 against 11-22 (less those the trace's compact summary overlapped, and step 11, which waited
+        # for the slowest rank's trace export); 2-5 are the warm-up.
         rows = [json.loads(line) for line in (o.run_dir / "timing_rank0.jsonl").read_text().splitlines()]
-        busy = sum(bool(r["profiler_busy"]) for r in rows)
-        assert (slowdown["steps_inside"], slowdown["steps_before"], slowdown["steps_after"]) == (5, 4, 12 - busy)
+        assert [r["step"] for r in rows if r["after_pause"]] == [11]
+        after = sum(1 for r in rows if 11 <= r["step"] <= 22 and not r["profiler_busy"] and not r["after_pause"])
+        assert (slowdown["steps_inside"], slowdown["steps_before"], slowdown["steps_after"]) == (5, 4, after)
         assert slowdown["ratio"] is not None and slowdown["noise_pct"] is not None
         assert slowdown["options"] == {"record_shapes": False, "profile_memory": False, "with_stack": False,
                                        "with_flops": False}
@@ -253,10 +255,15 @@ def test_compare_names_the_slowed_rank_and_data_loading_and_nothing_between_clea
     rows = {(r.metric, r.rank): r.diff for r in slowed.rows}
     assert rows[("data_load_s", 1)].significant and not rows[("data_load_s", 0)].significant
     # Warm-up step 1 and the profiler's steps 6-10 are left out: 2-5 and 11-22 are compared, less the steps the
-    # step timer marked as overlapped by the trace's compact summary being written (profiler_busy).
+    # step timer marked as overlapped by the trace's compact summary being written (profiler_busy) and step 11, which
+    # waited for the slowest rank's trace export (after_pause).
     runs = (clean, load_run(outcomes["slow50%"].run_dir))
-    busy = [max(sum(bool(r.get("profiler_busy")) for r in run.steps[k]) for k in run.ranks) for run in runs]
-    assert (slowed.steps_a, slowed.steps_b) == (16 - busy[0], 16 - busy[1])
+    kept = [len(set.intersection(*({r["step"] for r in run.steps[k] if (2 <= r["step"] <= 5 or 11 <= r["step"] <= 22)
+                                    and not r.get("profiler_busy") and not r.get("after_pause")} for k in run.ranks)))
+            for run in runs]
+    assert all(11 not in {r["step"] for r in run.steps[k] if not r.get("after_pause")} for run in runs
+               for k in run.ranks)
+    assert (slowed.steps_a, slowed.steps_b) == (kept[0], kept[1])
     same = compare_runs(clean, other, COMPARE_MIN_EFFECT_PCT)
     # Between two clean runs no rank and no phase is named. A machine whose load changed between the two runs
     # (other work on the shared cores) slows every rank alike: that is reported as such, never as one rank.
