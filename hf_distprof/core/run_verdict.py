@@ -94,7 +94,7 @@ def follow_the_run(window: SlowRankVerdict, run: SlowRankVerdict) -> SlowRankVer
     # An undecided window neither agrees nor disagrees: its figures may lean either way, too few steps to tell.
     # Agreeing that no rank is slow says so: the window's candidate may be another rank than the run's (two quiet
     # verdicts naming ranks 1 and 0 read as "agrees: rank 0's ..." beside "rank 1's ...").
-    said = ("alone decides nothing" if window.status == UNDECIDED
+    said = ("alone decides nothing" if window.status == UNDECIDED or not window.steps  # (no step every rank traced)
             else "alone says otherwise" if not agrees(window, run)
             else "agrees" if run.raised or window.rank == run.rank else "agrees that no rank is slow")
     window_says = (f"the traced window ({window.steps} step{'s' if window.steps != 1 else ''}) {said}: "

@@ -487,6 +487,8 @@ def test_untraced_ranks_withhold_what_their_waits_would_distort_as_the_step_time
     windows = [window(8, [0, 7]), window(20, [5, 3])]
     assert unmeasured(world, {0, 3, 5, 7}, [], verdict("raised", 5), windows) == Coverage([], 5, [(8, 10)])
     assert unmeasured(world, set(), [], None) is None  # nothing read: nothing to withhold
+    # The slow rank's trace was lost, not left out: the lost file is the reason (not "took no profiler window").
+    assert unmeasured(world, {0}, [2], verdict("raised", 2), [window(8, [0, 2])]) is None
     # In words: each reason as what it is, a lost file apart from a rank untraced by choice.
     assert unread_words([2], Coverage([1, 3], None, [])) == (
         "the trace of rank 2 is not among those read (not given, or could not be read); and ranks 1, 3 took no "
@@ -498,6 +500,20 @@ def test_untraced_ranks_withhold_what_their_waits_would_distort_as_the_step_time
         "rank 5, which the step timer names as holding the others back over the run, was not traced in the window of "
         "steps 8-10 (--profile-ranks), so the other ranks' time in collectives cannot be told apart into waiting for "
         "rank 5 and the transfer")
+
+
+def test_a_run_verdict_on_a_rank_no_trace_holds_gives_no_traced_imbalance_finding_and_no_crash() -> None:
+    # A trial: --profile-ranks 0,2 on 4 ranks, rank 1 slow: analyze, compare and --profiler-analyze all stopped with
+    # StopIteration looking up rank 1's traced figures for the imbalance finding (the chain states the run's instead).
+    from types import SimpleNamespace
+
+    from hf_distprof.analysis.judge.diagnosis import _imbalance
+    from hf_distprof.core.verdicts import SlowRankVerdict
+
+    run = SlowRankVerdict("raised", 1, 800.0, 10.0, 2.0, 20, 20, 4, 1e-6, 6, "r")
+    skew = SimpleNamespace(per_rank=[SimpleNamespace(rank=0, busy_us=10.0, mean_step_us=50.0),
+                                     SimpleNamespace(rank=2, busy_us=11.0, mean_step_us=50.0)])
+    assert _imbalance(SimpleNamespace(skew=skew), SimpleNamespace(imbalance=run)) == []  # type: ignore[arg-type]
 
 
 def test_a_clean_run_traced_on_one_rank_keeps_its_findings(tmp_path: Path) -> None:

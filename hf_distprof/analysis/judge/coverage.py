@@ -37,6 +37,8 @@ def unmeasured(world: Sequence[int] | None, read: set[int], missing: Sequence[in
     slow = run.rank if decided(run) and run is not None else None
     if slow is None:
         return Coverage(absent, None, []) if absent else None
+    if slow in missing:
+        return None  # its trace was lost, not left out: the lost file is the reason said
     if slow not in read:
         return Coverage(absent, slow, [])
     size = len(world) if world else len(read)

@@ -359,7 +359,9 @@ def _imbalance(across: Across, verdicts: RankVerdicts) -> list[Judgement]:
     if verdict is None or not verdict.raised:
         return []
     per_rank = across.skew.per_rank
-    busiest = next(p for p in per_rank if p.rank == verdict.rank)
+    busiest = next((p for p in per_rank if p.rank == verdict.rank), None)
+    if busiest is None:  # the step timer's verdict over the run names a rank no trace holds (--profile-ranks): its
+        return []  # finding is the run's (judge.chain), with no traced figure of that rank to state
     # The median of its peers, as the headline's imbalance (hf_distprof.core.verdicts.imbalance_pct) takes it: with an
     # even number of peers, the mean of the middle two (it was the upper one, so the finding's "vs" figure and the
     # headline disagreed on 3, 5, 7 ... ranks).

@@ -36,7 +36,7 @@ def window_notes(verdicts: RankVerdicts, timer: TimerFigures, traced: set[int],
     for question, final, window, basis in (
             ("straggler", verdicts.straggler, verdicts.straggler_window, verdicts.straggler_basis),
             ("imbalance", verdicts.imbalance, verdicts.imbalance_window, verdicts.imbalance_basis)):
-        if final is None or window is None or basis != STEP_TIMER or agrees(window, final):
+        if final is None or window is None or basis != STEP_TIMER or agrees(window, final) or not window.steps:
             continue
         out.append(WindowFacts(question, window, final, steps, untraced, noise_pct, ratio, beyond))
     return out

@@ -436,7 +436,7 @@ def _run_slow(j: Judgement) -> Prose:
                  "(the step timer)")
         window = f"; in the traced window {waits_sentence(f.waits)}" if f.waits is not None else ""
         advice = phase_advice(f.advice_phase, f.gpu)
-        return _caused(f.rank, f.cause, f.gpu, advice, peers, f"{window}. {v.reason}", ".")
+        return _caused(f.rank, f.cause, f.gpu, advice, peers, f"{window}. {v.reason[:1].upper()}{v.reason[1:]}", ".")
     name = PHASE_NAMES.get(f.phase.phase, f.phase.phase) if f.phase is not None else ""
     most = (f"; most of it in its {name}: {f.phase.excess_us / 1e3:.2f} ms more per step than its peers' "
             f"({_source(f.phase.from_timer, f.phase.steps)})" if f.phase is not None else "")
@@ -445,7 +445,7 @@ def _run_slow(j: Judgement) -> Prose:
         why=(f"its own work exceeds its peers' by a median {v.effect_pct:.1f}% over the run's {v.steps} "
              f"untraced steps (the step timer; slowest in {v.slowest_in} of them)"),
         details=most + (f"; in the traced window {waits_sentence(f.waits)}" if f.waits is not None else "")
-        + f". {v.reason}",
+        + f". {v.reason[:1].upper()}{v.reason[1:]}",
         action=f"Rank {f.rank}: {phase_advice(f.advice_phase, f.gpu)}",
         more=".",
     )

@@ -1,0 +1,113 @@
+"""A burst (pure): one rank holding the others back in a few steps only, at a cost the run pays.
+
+The slow-rank verdict (:mod:`hf_distprof.core.verdicts`) names a rank that is slowest in most steps: a rank slow for
+five steps of fifty is rightly not "the slow rank", but its peers waited for it all that time (a trial's 0.3 s data
+stall in steps 19-23 was half of its peer's run, and no output named it). A burst is that wait, said: the steps in which
+one rank's own work exceeded its peers' median by more than the imbalance threshold of the run's median step, in one
+stretch (at most one judged step between two of them), at least :data:`MIN_STEPS` of them, adding up to at least
+:data:`MATERIAL_PCT` of the run's judged step time without the largest one. One stall is a host's hiccup, and a small
+excess over many steps is the verdict's to judge, not a burst.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from statistics import median
+
+MIN_STEPS = 3
+"""A burst spans at least this many steps (one or two stalls on a shared host are its noise, not a rank's pattern)."""
+MATERIAL_PCT = 10.0
+"""The excess of the burst's steps, summed without its largest, is at least this % of the run's judged step time."""
+
+
+@dataclass
+class Burst:
+    """One rank's burst: the steps, what its peers waited for it there, and which phase of its step took it."""
+
+    rank: int
+    steps: list[int]
+    excess_s: float
+    """Its own work over its peers' median, summed over the burst's steps: what they waited for it."""
+    pct: float
+    """``excess_s`` in % of the run's judged step time."""
+    run_s: float
+    """The run's judged step time (what ``pct`` is of)."""
+    phase: str | None = None
+    """The phase of its step with the largest excess in the burst's steps (the step timer's phases), if known."""
+
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)
+
+    @property
+    def span(self) -> str:
+        """"steps 19-23" or "steps 4, 9, 20-22"."""
+        runs: list[list[int]] = []
+        for s in self.steps:
+            if runs and s == runs[-1][-1] + 1:
+                runs[-1].append(s)
+            else:
+                runs.append([s])
+        return "steps " + ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+
+    @property
+    def message(self) -> str:
+        """The finding's sentence, the same in the step timer's table and in ``analyze``."""
+        where = f" (its {self.phase})" if self.phase else ""
+        return (f"Rank {self.rank} held the others back in a burst: {self.span}, its own work {self.excess_s:.3f} s "
+                f"over its peers' in all{where}, {self.pct:.1f}% of the run's {self.run_s:.2f} s of judged steps; "
+                f"the others waited for it there (not the slow rank of the run: slowest in too few steps)")
+
+
+def find_burst(work: dict[int, list[float]], steps: list[int], step_time: list[float], threshold_pct: float,
+               phases: dict[str, dict[int, list[float]]] | None = None) -> Burst | None:
+    """The burst of the run's judged steps, if one.
+
+    Args:
+        work: rank -> its own work in each judged step (s).
+        steps: The judged steps' numbers, in ``work``'s order.
+        step_time: The judged steps' times (s).
+        threshold_pct: The imbalance threshold (``--imbalance-threshold-pct``): a step is in a burst when the rank's
+            excess is more than this % of the run's median step.
+        phases: phase -> rank -> seconds in each judged step, for the phase that took the burst.
+    """
+    ranks = sorted(work)
+    if len(ranks) < 2 or len(steps) < MIN_STEPS or not step_time:
+        return None
+    floor = threshold_pct / 100.0 * median(step_time)
+    hot: dict[int, list[tuple[int, float]]] = {r: [] for r in ranks}
+    for i in range(len(steps)):
+        slow = max(ranks, key=lambda r: (work[r][i], -r))
+        excess = work[slow][i] - median(work[r][i] for r in ranks if r != slow)
+        if excess > floor:
+            hot[slow].append((i, excess))
+    run_s = sum(step_time)
+    # Each rank's hot steps in stretches (at most one judged step between two), the costliest stretch its burst.
+    stretches = [(r, group) for r in ranks for group in _stretches(hot[r])]
+    if not stretches or run_s <= 0:
+        return None
+    rank, group = max(stretches, key=lambda rg: (sum(e for _, e in rg[1]), -rg[0]))
+    total = sum(e for _, e in group)
+    # Without its largest step it still costs the run that much: a burst, not one stall of the host.
+    rest = total - max(e for _, e in group)
+    if len(group) < MIN_STEPS or 100.0 * rest / run_s < MATERIAL_PCT:
+        return None
+    at = [i for i, _ in group]
+    phase = None
+    if phases:
+        def excess_of(by_rank: dict[int, list[float]]) -> float:
+            return sum(by_rank[rank][i] - median(by_rank[r][i] for r in ranks if r != rank) for i in at)
+
+        usable = {p: v for p, v in phases.items() if all(r in v for r in ranks)}
+        phase = max(usable, key=lambda p: excess_of(usable[p]), default=None)
+    return Burst(rank, [steps[i] for i in at], total, 100.0 * total / run_s, run_s, phase)
+
+
+def _stretches(hot: list[tuple[int, float]]) -> list[list[tuple[int, float]]]:
+    """``hot`` (judged step index, excess) in stretches: a gap of one judged step keeps a stretch together."""
+    out: list[list[tuple[int, float]]] = []
+    for i, e in hot:
+        if out and i - out[-1][-1][0] <= 2:
+            out[-1].append((i, e))
+        else:
+            out.append([(i, e)])
+    return out
