@@ -561,6 +561,10 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         slowdown = self._series.profiler_slowdown(self._busy_steps, self._traced, self.args)
         if slowdown is not None and slowdown.warning is not None:
             report.warnings.append(slowdown.warning[0].upper() + slowdown.warning[1:])
+        # A rank slowest in a few steps only, whose peers waited for it there (not the run's slow rank: said apart).
+        burst = None if final is not None and final.raised else \
+            self._series.burst(self.args.imbalance_threshold_pct, self._exclude())
+        report.warnings.extend([burst.message] if burst is not None else [])
         summary: dict[str, Any] = {
             "world_size": len(gathered),
             "steps_in_means": counted,
@@ -576,6 +580,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             "memory_growth": [g.to_json() for g in map(self._growth, range(len(gathered))) if g is not None],
             "live_time_warnings": live,
             "slow_rank_cause": cause.to_json() if cause is not None else None,
+            "burst": burst.to_json() if burst is not None else None,
             "gpu_health": {str(rank): h for rank, h in sorted(self._health.items())},
             "files": sorted(paths.TIMING_LOG_NAME.format(rank=r) for r in range(len(gathered))),
         }

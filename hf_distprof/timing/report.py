@@ -19,6 +19,7 @@ from statistics import median
 from typing import Any
 
 from hf_distprof.core.advice import phase_advice
+from hf_distprof.core.burst import Burst, find_burst
 from hf_distprof.core.cause import Attribution, attribute_rows, cause_action, cause_why
 from hf_distprof.core.overhead import ProfilerSlowdown, profiler_slowdown
 from hf_distprof.core.verdicts import KEPT_CELLS, QUIET_WHY, SlowRankVerdict, imbalance_pct, judge_run
@@ -33,18 +34,8 @@ _SUMMED = (*PHASES, *OPTIONAL_PHASES, *DERIVED)  # what PhaseTotals sums, in thi
 # Dense BF16/FP16 tensor-core peak TFLOPs per device, from the vendors' datasheets (no sparsity).
 # Matched in order against torch.cuda.get_device_name(): more specific names first.
 GPU_PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
-    ("H100 PCIe", 756.0),
-    ("H100", 989.0),
-    ("H200", 989.0),
-    ("GH200", 989.0),
-    ("B200", 2250.0),
-    ("A100", 312.0),
-    ("L40S", 362.0),
-    ("L40", 181.0),
-    ("L4", 121.0),
-    ("A10", 125.0),
-    ("V100", 125.0),
-    ("T4", 65.0),
+    ("H100 PCIe", 756.0), ("H100", 989.0), ("H200", 989.0), ("GH200", 989.0), ("B200", 2250.0), ("A100", 312.0),
+    ("L40S", 362.0), ("L40", 181.0), ("L4", 121.0), ("A10", 125.0), ("V100", 125.0), ("T4", 65.0),
 )
 
 
@@ -60,17 +51,8 @@ def peak_tflops_for_device(device_name: str) -> float | None:
 
 
 # The per-rank phase means, in table and TensorBoard order.
-PHASE_KEYS: tuple[str, ...] = (
-    "data_s",
-    "data_load_s",
-    "forward_s",
-    "backward_s",
-    "backward_compute_s",
-    "optimizer_s",
-    "step_s",
-    "pre_sync_s",
-    "wait_s",
-)
+PHASE_KEYS: tuple[str, ...] = ("data_s", "data_load_s", "forward_s", "backward_s", "backward_compute_s", "optimizer_s",
+                               "step_s", "pre_sync_s", "wait_s")
 
 @dataclass
 class PhaseTotals:
@@ -420,6 +402,16 @@ class StepSeries:
 
     def _kept(self, exclude: Callable[[int], bool] | None) -> list[tuple[list[float], float, float, Any]]:
         return [v for step, v in self._steps.items() if exclude is None or not exclude(step)]
+
+    def burst(self, threshold_pct: float, exclude: Callable[[int], bool] | None = None) -> Burst | None:
+        """A burst over the kept steps (:func:`hf_distprof.core.burst.find_burst`), its phase from the rows' parts."""
+        kept = [(step, v) for step, v in self._steps.items() if exclude is None or not exclude(step)]
+        ranks, parted = range(self.world_size), all(v[3] is not None for _, v in kept)
+        return find_burst({r: [v[0][r] for _, v in kept] for r in ranks}, [s for s, _ in kept],
+                          [v[1] for _, v in kept], threshold_pct, {name: {r: [v[3][r][k] for _, v in kept]
+                                                                          for r in ranks}
+                                                                   for name, k in (("data", 2), ("compute", 3))}
+                          if parted and kept else None)
 
     def verdict(
         self, threshold_pct: float, exclude: Callable[[int], bool] | None = None

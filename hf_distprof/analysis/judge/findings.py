@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hf_distprof.analysis.judge import chain
+from hf_distprof.analysis.judge.burst import burst_findings
 from hf_distprof.analysis.judge.coverage import unmeasured
 from hf_distprof.analysis.judge.diagnosis import diagnose, is_fsdp, undecided
 from hf_distprof.analysis.judge.slowdown import (
@@ -118,7 +119,8 @@ def judge(ranks: list[RankResult], across: Across, replay: WhatIf | None, summar
     answer = judge_scenarios(replay, verdicts, across.evidence is not None) \
         if replay is not None and not missing and coverage is None else None
     slowdown = slowdown_of(summary, across.timer, across.traced, options)
-    findings = diagnose(ranks, across, verdicts, options) + slowdown_findings(slowdown)
+    findings = diagnose(ranks, across, verdicts, options) + slowdown_findings(slowdown) + \
+        burst_findings(across, verdicts, options)
     # A window whose verdicts were weighed with the timer's already answers for the whole run.
     weighed = verdicts.imbalance_basis != TRACE or verdicts.straggler_basis != TRACE
     findings, withheld = withhold_in_a_distorted_window(findings, slowdown, None if weighed else verdicts.run_json)

@@ -15,6 +15,7 @@ from hf_distprof.analysis.results.across import PhaseExcess, RankVerdicts, Strag
 from hf_distprof.analysis.results.findings import Basis, Judgement
 from hf_distprof.analysis.results.rank import CommKindStat, DeviceMemory
 from hf_distprof.analysis.results.whatif import WhatIf, WhatIfModel, WhatIfScenario
+from hf_distprof.core.burst import Burst
 from hf_distprof.core.cause import Attribution
 from hf_distprof.core.verdicts import SlowRankVerdict
 
@@ -242,6 +243,13 @@ class ChainFacts:
     """Why, from the step timer's records over the run (its figures are the live warning's)."""
     lateness_pct: float = 0.0
     """``lateness_us`` as % of ``step_us`` (0 without either)."""
+
+
+@dataclass
+class BurstFacts:
+    """A rank that held the others back in a burst of steps, not over the run (:mod:`hf_distprof.core.burst`)."""
+
+    burst: Burst
 
 
 @dataclass

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hf_distprof.analysis.results.facts import (ChainFacts, CommAdvice, CommBoundFacts, DataLoadingFacts, EnteredLate,
+from hf_distprof.analysis.results.facts import (BurstFacts, ChainFacts, CommAdvice, CommBoundFacts, DataLoadingFacts,
+                                                 EnteredLate,
                                                  FixFirstFacts, FsdpFacts, ImbalanceFacts, Judged, LaunchBoundFacts,
                                                  LowUtilFacts, MemoryFacts, PeerWaits, Question, QuietSlowdown,
                                                  RunSlowFacts, SlowdownFacts, SlowResumeFacts, StragglerFacts,
@@ -519,11 +520,26 @@ def _slowdown(j: Judgement) -> Prose:
     )
 
 
+def _burst(j: Judgement) -> Prose:
+    b = j.facts.burst
+    phase = {"data": "input pipeline (a slow file, a cache miss, a worker restarting)",
+             "compute": "work there (longer sequences, a heavier batch) or what ran beside it on its host"}
+    return Prose(
+        title=f"Rank {b.rank} held the others back in a burst ({b.span})",
+        why=(f"its own work exceeded its peers' by {b.excess_s:.3f} s in all in {b.span}, {b.pct:.1f}% of the run's "
+             f"{b.run_s:.2f} s of judged steps; the others waited for it there"),
+        details=(f"{'; most of it in its ' + PHASE_NAMES.get(b.phase, b.phase) if b.phase else ''} (the step timer's "
+                 "records; not the slow rank of the run: slowest in too few steps)"),
+        action=f"Look at what rank {b.rank} did in {b.span}: its {phase.get(b.phase or '', 'step')}",
+        more="; --profile-on-anomaly traces such a burst while it lasts.",
+    )
+
+
 _WRITERS = {
     CommBoundFacts: _comm_bound, WaitingFacts: _waiting, FsdpFacts: _fsdp, StragglerFacts: _straggler,
     ImbalanceFacts: _imbalance, LowUtilFacts: _low_util, LaunchBoundFacts: _launch_bound,
     DataLoadingFacts: _data_loading, MemoryFacts: _memory, ChainFacts: _chain, RunSlowFacts: _run_slow,
-    FixFirstFacts: _fix_first, SlowdownFacts: _slowdown, SlowResumeFacts: _slow_resume,
+    FixFirstFacts: _fix_first, SlowdownFacts: _slowdown, SlowResumeFacts: _slow_resume, BurstFacts: _burst,
 }
 
 

@@ -1,0 +1,89 @@
+"""A rank that held the others back in a burst of steps: found, said alike by the step timer and analyze, and not
+found in a clean run, in one stall of the host, or in a small excess spread over the run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from hf_distprof.core.burst import Burst, find_burst
+from hf_distprof.timing.report import StepSeries
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def series(extra: dict[int, float], steps: int = 40, base: float = 0.02) -> tuple[dict[int, list[float]], list[float]]:
+    """Two ranks' own work per step (rank 1 ``extra`` s more at the steps given) and the step times."""
+    work = {0: [base + 0.001 * (i % 3) for i in range(steps)],
+            1: [base + 0.001 * ((i + 1) % 3) + extra.get(i + 2, 0.0) for i in range(steps)]}
+    return work, [max(work[0][i], work[1][i]) + 0.01 for i in range(steps)]
+
+
+def test_a_burst_is_found_with_its_steps_its_cost_and_its_phase() -> None:
+    work, times = series({19: 0.3, 20: 0.3, 21: 0.3, 22: 0.3, 23: 0.3})
+    steps = list(range(2, 42))
+    phases = {"data": {0: [0.001] * 40, 1: [0.001 + 0.3 * (19 <= s <= 23) for s in steps]},
+              "compute": {0: work[0], 1: [w - 0.3 * (19 <= s <= 23) for w, s in zip(work[1], steps)]}}
+    b = find_burst(work, steps, times, 10.0, phases)
+    assert b is not None and (b.rank, b.steps, b.phase) == (1, [19, 20, 21, 22, 23], "data")
+    excess = sum(work[1][s - 2] - work[0][s - 2] for s in range(19, 24))
+    assert b.excess_s == pytest.approx(excess) and b.run_s == pytest.approx(sum(times))
+    assert b.pct == pytest.approx(100 * excess / sum(times))
+    assert b.span == "steps 19-23"
+    assert b.message.startswith(f"Rank 1 held the others back in a burst: steps 19-23, its own work {excess:.3f} s "
+                                "over its peers' in all (its data),")
+
+
+def test_no_burst_in_a_clean_run_in_one_stall_or_in_a_small_excess_over_the_run() -> None:
+    steps = list(range(2, 42))
+    work, times = series({})
+    assert find_burst(work, steps, times, 10.0) is None
+    # One stall of 0.28 s (a host's hiccup), and two small ones beside it: no burst (a trial's clean run).
+    work, times = series({26: 0.28, 24: 0.004, 27: 0.004})
+    assert find_burst(work, steps, times, 10.0) is None
+    # 3 ms more in every step (15% of the step): the verdict's to judge, not a burst.
+    work, times = series({s: 0.003 for s in steps})
+    assert find_burst(work, steps, times, 10.0) is None
+    # A real burst, too small a share of the run to matter (3 x 10 ms over 40 x 30 ms).
+    work, times = series({20: 0.01, 21: 0.01, 22: 0.01})
+    assert find_burst(work, steps, times, 10.0) is None
+    assert find_burst({0: [1.0]}, [1], [1.0], 10.0) is None  # one rank: nobody waited
+
+
+def test_the_step_timer_table_says_the_burst_its_series_holds() -> None:
+    s = StepSeries(2)
+    work, times = series({19: 0.3, 20: 0.3, 21: 0.3, 22: 0.3})
+    rows = [[[step, times[i], work[r][i], times[i]] for i, step in enumerate(range(2, 42))] for r in (0, 1)]
+    s.add(rows)
+    b = s.burst(10.0)
+    assert isinstance(b, Burst) and (b.rank, b.steps) == (1, [19, 20, 21, 22])
+    assert s.burst(10.0, exclude=lambda step: 19 <= step <= 22) is None  # the profiler's steps are not judged
+
+
+def test_analyze_names_the_burst_from_the_step_timer_s_records(tmp_path: Path) -> None:
+    # The clean 2-rank run with rank 1's data loading stalled 0.3 s in steps 15-18 (its peer's wait grows alike).
+    run = tmp_path / "burst"
+    shutil.copytree(DATA / "golden" / "cpu_clean_memory", run)
+    for rank in (0, 1):
+        path = run / f"timing_rank{rank}.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        for row in rows:
+            if 15 <= row["step"] <= 18:
+                keys = ("data_s", "data_load_s", "pre_sync_s", "own_work_s") if rank == 1 else ("wait_s",)
+                for key in (*keys, "step_s", "own_step_s"):
+                    row[key] += 0.3
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    from hf_distprof.analysis import AnalysisOptions, analyze_paths, format_box
+
+    result = analyze_paths([run], AnalysisOptions(workers=1))
+    burst = next(f for f in result.findings if f.kind == "burst")
+    assert burst.ranks == [1] and burst.title == "Rank 1 held the others back in a burst (steps 15-18)"
+    assert burst.numbers["burst_steps"] == 4 and burst.phase == "data"
+    assert "the others waited for it there; most of it in its data loading" in burst.evidence
+    assert "Rank 1 held the others back in a burst (steps 15-18)" in format_box(result)
+    # The same run as it was: no burst.
+    clean = analyze_paths([DATA / "golden" / "cpu_clean_memory"], AnalysisOptions(workers=1))
+    assert all(f.kind != "burst" for f in clean.findings)
