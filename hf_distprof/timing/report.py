@@ -287,9 +287,10 @@ def cross_rank_report(
         warnings.append(
             f"Step time imbalance {verdict.effect_pct:.1f}% > {time_threshold_pct:g}%: "
             f"rank {slow.rank} is the slowest. "
-            f"Its own work before the gradient sync (data + forward + backward compute) takes "
-            f"{slow.pre_sync_s:.4f}s per step vs {typical:.4f}s on a typical peer, and the other ranks wait "
-            f"for it in the collectives ({verdict.reason}; confidence {verdict.confidence:.3f}). {why}"
+            f"Its time before the gradient sync (data + forward + backward compute, its wait for a CPU included) "
+            f"averages {slow.pre_sync_s:.4f}s per step vs {typical:.4f}s on a typical peer; step by step, that "
+            f"wait left out, the other ranks wait for it in the collectives ({verdict.reason}; confidence "
+            f"{verdict.confidence:.3f}). {why}"
         )
     if mem_imbalance is not None and mem_imbalance > memory_threshold_pct:
         warnings.append(memory_warning(ranks, mem_imbalance, memory_threshold_pct))

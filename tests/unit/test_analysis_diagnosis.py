@@ -497,3 +497,25 @@ def test_without_a_collective_matched_across_ranks_a_slow_rank_s_peers_are_not_c
     kinds = [f.kind for f in unmatched.findings]
     assert unmatched.cross_rank is not None and unmatched.cross_rank.matched_collectives == 0
     assert "communication_bound" not in kinds and any(f.ranks == [1] for f in unmatched.findings), kinds
+
+
+def test_a_slow_rank_first_at_the_window_s_collectives_is_not_said_to_reach_them_late():
+    # A trial (a busy child process on rank 1's core): "so it reaches each step's collectives 0.00 ms (0.0% of its
+    # 55.93 ms step) after the earliest rank, and the others wait for it there", where the window showed rank 0 late.
+    from types import SimpleNamespace
+
+    from hf_distprof.analysis.judge.chain import explain
+    from hf_distprof.analysis.results.across import LatePeer, PhaseExcess
+    from hf_distprof.analysis.results.findings import STEP_TIMER, Judgement
+    from hf_distprof.core.verdicts import SlowRankVerdict
+
+    verdict = SlowRankVerdict("raised", 1, 20.0, 10.0, 2.0, 20, 20, 2, 1e-6, 6, "r")
+    about = Judgement(kind="imbalance", severity=5.0, ranks=[1], facts=None, basis=STEP_TIMER)  # type: ignore[arg-type]
+    across = SimpleNamespace(
+        late_peers={0: [LatePeer(1, 3.1, 1700.0, [("all_reduce", 3.1)])], 1: []},
+        phase_excess={1: PhaseExcess("backward", 8760.0, 20, from_timer=True)},
+        skew=SimpleNamespace(per_rank=[SimpleNamespace(rank=0, lateness_us=5060.0, mean_step_us=55930.0),
+                                       SimpleNamespace(rank=1, lateness_us=0.0, mean_step_us=55930.0)]))
+    verdicts = SimpleNamespace(raised=lambda: [("imbalance", verdict, STEP_TIMER)], cause=None)
+    (chain,) = explain([about], across, verdicts, gpu=False)  # type: ignore[arg-type]
+    assert chain.kind == "slow_rank" and chain.facts.lateness_us is None

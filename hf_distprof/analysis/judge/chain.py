@@ -84,8 +84,10 @@ def explain(findings: list[Judgement], across: Across, verdicts: RankVerdicts, g
     if not explains or phase is None:
         return [replace(f, facts=replace(f.facts, waits=waits)) if f is about[0] else f for f in findings]
     skew = next((p for p in across.skew.per_rank if p.rank == slow), None) if across.skew is not None else None
-    lateness = (skew.lateness_us if skew is not None and skew.lateness_us is not None and skew.mean_step_us > 0
-                else None)
+    # (A rank first at the window's collectives, median over steps, is not said to reach them late: a trial's chain
+    # read "so it reaches each step's collectives 0.00 ms after the earliest rank".)
+    lateness = (skew.lateness_us if skew is not None and skew.lateness_us is not None and skew.lateness_us > 0
+                and skew.mean_step_us > 0 else None)
     folded = [f for f in findings if f.kind == "data_loading_bound" and f.ranks == [slow] and phase.phase == "data"]
     chain = Judgement(
         kind=SLOW_RANK,
