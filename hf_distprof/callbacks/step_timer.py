@@ -203,6 +203,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
 
     def _release(self) -> None:
         """The model's and the loader's hooks taken off, the jsonl closed, the exit handlers forgotten."""
+        self._labels.exit()  # (a phase range a train() that raised left open: NVTX's too)
         if self._hooks is not None:
             self._hooks.remove()
         if self._undo_loader is not None:

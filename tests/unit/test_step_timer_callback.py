@@ -191,10 +191,12 @@ def test_a_train_that_raised_leaves_its_steps_and_no_hooks_to_the_next_train(tmp
     with pytest.raises(RuntimeError, match="a user's bug"):
         trainer.train()
     assert callback._at_exit in signals._BEFORE_DEATH
+    first_labels = callback._labels  # (a phase range left open by the raise: NVTX's too, with --nvtx)
     heard: list[int] = []  # (--profile-ranks auto's listener, installed again at the next train begin)
     callback.step_listeners.append(lambda timing: heard.append(timing.step))
     trainer.train()
     assert heard == [2, 3, 4, 5, 6]  # the second call's steps after its warm-up, not the first call's step 4
+    assert first_labels.phase is None
     def steps(folder):
         return [json.loads(line)["step"] for line in (tmp_path / "prof" / folder / "timing_rank0.jsonl").open()]
 
