@@ -147,6 +147,7 @@ def _analyze(ranks: list[RankResult], run: RunInput, options: AnalysisOptions,
         common_steps=across.common_steps,
         slowdown_line=slowdown_line,
         unread_ranks=judged.unread,
+        unmeasured_waits=judged.unmeasured,
     )
 
 

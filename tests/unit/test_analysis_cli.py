@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from hf_distprof.analysis import AnalysisOptions, analyze_paths, format_findings
+from hf_distprof.analysis import AnalysisOptions, analyze_paths, format_findings, format_summary
 from hf_distprof.analysis.merge import merge_traces, write_merged
 from hf_distprof.analysis.tell.report import (
     BREAKDOWN_PNG,
@@ -441,6 +441,12 @@ def test_with_profile_ranks_the_step_timer_s_slow_rank_stands_and_the_traced_ran
     assert [r.rank for r in result.ranks] == [0] and not result.errors and result.unread_ranks == []
     assert [(f.kind, f.ranks) for f in result.findings] == [("slow_rank", [1])]  # the step timer's, over the run
     assert result.cross_rank is None and result.imbalance_pct is None and result.to_dict()["imbalance_pct"] is None
+    # Rank 0's wait for rank 1 is in no trace: the per-kind table states no late-peer figure (it read 0.00 ms).
+    summary = format_summary(result)
+    assert ("late-peer wait: n/a: no trace of rank 1 read where it matters, so the others' time in collectives cannot "
+            "be told apart into waiting for them and the transfer") in summary
+    kinds = [line.split() for line in summary.splitlines() if line.startswith(("   0 all_", "mean all_"))]
+    assert len(kinds) == 4 and all(row[5] == row[7] == "n/a" for row in kinds)
     from hf_distprof.analysis.tell.tracker import headline
 
     assert headline(result)["slowest_rank"] == 1  # the trackers' headline names it too

@@ -143,4 +143,6 @@ def judge(ranks: list[RankResult], across: Across, replay: WhatIf | None, summar
         slowest=slowest_rank(findings, verdicts, across.pace, across.evidence is not None,
                              answer.model.slowest_rank if answer is not None else None),
         unread=missing,
+        unmeasured=sorted({*missing, *(coverage.untraced if coverage is not None else []),
+                           *([coverage.slow] if coverage is not None and coverage.slow is not None else [])}),
     )

@@ -385,3 +385,6 @@ class Judged:
     slowest_rank`)."""
     unread: list[int] = field(default_factory=list)
     """The ranks whose traces the run's manifest lists and the analysis did not read (not given, or unreadable)."""
+    unmeasured: list[int] = field(default_factory=list)
+    """The ranks the others' waits for are not in the traces read (unread, or untraced where it matters): the late-peer
+    wait is then no figure (:func:`hf_distprof.analysis.judge.coverage.unmeasured`)."""

@@ -80,6 +80,8 @@ class AnalysisResult:
     """The profiler's slowdown when it raised no finding, in words (its ratio and the run's noise, or why there is no
     ratio); None when it raised one, or without one. Not in ``to_dict`` (``profiler_slowdown`` has its figures)."""
     unread_ranks: list[int] = field(default_factory=list)
+    unmeasured_waits: list[int] = field(default_factory=list)
+    """Ranks the others' waits for are not in the traces read: the late-peer figures are no figures then."""
     """The ranks whose traces the run's manifest lists and the analysis did not read (not given, or unreadable): the
     findings that weigh the ranks against each other and the what-if are withheld. Not in ``to_dict`` (``undecided``
     names them)."""
@@ -126,7 +128,8 @@ class AnalysisResult:
         return orjson.dumps(self.to_dict(), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
 
 _ATOMS = frozenset({str, int, float, bool, type(None)})
-_NOT_IN_JSON = ("alignment", "late_peers", "reference_totals", "common_steps", "slowdown_line", "unread_ranks")
+_NOT_IN_JSON = ("alignment", "late_peers", "reference_totals", "common_steps", "slowdown_line", "unread_ranks",
+                "unmeasured_waits")
 
 def _asdict(obj: Any) -> Any:
     """``dataclasses.asdict(obj)``, the same dict, without copying each rank's collectives and timeline

@@ -282,6 +282,7 @@ def _comm_blocks(result: AnalysisResult) -> list[Block]:
     if not result.comm_by_kind:
         return []
     fsdp = bool(result.comm_by_module)  # FSDP's forward/backward columns only where FSDP issued collectives
+    unmeasured = bool(result.unmeasured_waits)  # (peers not traced where it matters: no late-peer figure)
     blocks: list[Block] = [
         Blank(),
         Heading(2, "Communication by collective kind"),
@@ -298,8 +299,9 @@ def _comm_blocks(result: AnalysisResult) -> list[Block]:
                "late-peer wait % of step", "hidden % of busy"]
               + (["forward exposed ms", "backward exposed ms"] if fsdp else []),
               [[f"{row.kind} ({', '.join(row.kinds)})", f"{row.count_per_step:.1f}", f"{row.time_us / 1e3:.2f}",
-                f"{row.exposed_us / 1e3:.2f}", f"{row.wait_us / 1e3:.2f}", f"{row.exposed_pct:.1f}",
-                f"{row.wait_pct:.1f}", "-" if row.overlap_pct is None else f"{row.overlap_pct:.1f}"]
+                f"{row.exposed_us / 1e3:.2f}", "n/a" if unmeasured else f"{row.wait_us / 1e3:.2f}",
+                f"{row.exposed_pct:.1f}", "n/a" if unmeasured else f"{row.wait_pct:.1f}",
+                "-" if row.overlap_pct is None else f"{row.overlap_pct:.1f}"]
                + ([f"{row.forward_exposed_us / 1e3:.2f}", f"{row.backward_exposed_us / 1e3:.2f}"] if fsdp else [])
                for row in result.comm_by_kind]),
     ]

@@ -8,7 +8,7 @@ from hf_distprof.analysis.results.result import AnalysisResult
 from hf_distprof.analysis.tell.box import NO_FINDING
 from hf_distprof.analysis.tell.run import format_run
 from hf_distprof.analysis.tell.whatif import what_if_lines
-from hf_distprof.core.text import SHOWN_PCT, format_bytes, step_base, who
+from hf_distprof.core.text import SHOWN_PCT, format_bytes, format_ranks, step_base, who
 
 # Per-rank rows of the per-kind table up to this many ranks; beyond, the mean over ranks only.
 KIND_TABLE_MAX_RANKS = 8
@@ -89,11 +89,12 @@ def _rank_rows(rank: RankResult, gpu: bool) -> list[str]:
     return rows
 
 
-def _kind_row(label: str, row: CommKindStat, fsdp: bool) -> str:
+def _kind_row(label: str, row: CommKindStat, fsdp: bool, waits: bool = True) -> str:
     hidden = "-" if row.overlap_pct is None else f"{row.overlap_pct:.1f}"
+    wait_ms, wait_pct = (_ms(row.wait_us), f"{row.wait_pct:.1f}") if waits else ("n/a", "n/a")
     return (
         f"{label:>4} {row.kind:<15} {row.count_per_step:>6.1f} {_ms(row.time_us):>8} {_ms(row.exposed_us):>8} "
-        f"{_ms(row.wait_us):>12} {row.exposed_pct:>9.1f} {row.wait_pct:>15.1f} {hidden:>9}"
+        f"{wait_ms:>12} {row.exposed_pct:>9.1f} {wait_pct:>15} {hidden:>9}"
         + (f" {_ms(row.forward_exposed_us):>8} {_ms(row.backward_exposed_us):>8}" if fsdp else "")
     )
 
@@ -105,6 +106,10 @@ def _kind_totals(result: AnalysisResult) -> list[str]:
         return []
     sums = ", ".join(f"rank {r.rank} {sum(row.exposed_pct for row in r.comm_by_kind):.1f}%" for r in ranks)
     out = [f"exposed %step per rank (its rows added up; the headline's figure): {sums}"]
+    if result.unmeasured_waits:  # (the findings that use it are withheld: "not enough evidence" says why)
+        return [*out, f"late-peer wait: n/a: no trace of {format_ranks(result.unmeasured_waits)} read where it "
+                      "matters, so the others' time in collectives cannot be told apart into waiting for them and the "
+                      "transfer"]
     for r in ranks[:KIND_TABLE_MAX_RANKS]:
         peers = result.late_peers.get(r.rank, [])
         shown = [p for p in peers if p.pct >= SHOWN_PCT]
@@ -139,8 +144,9 @@ def _kind_table(result: AnalysisResult) -> list[str]:
         "-" * len(head),
     ]
     if len(result.ranks) <= KIND_TABLE_MAX_RANKS:
-        out += [_kind_row(str(r.rank), row, fsdp) for r in result.ranks for row in r.comm_by_kind]
-    out += [_kind_row("mean", row, fsdp) for row in result.comm_by_kind]
+        out += [_kind_row(str(r.rank), row, fsdp, not result.unmeasured_waits) for r in result.ranks
+                for row in r.comm_by_kind]
+    out += [_kind_row("mean", row, fsdp, not result.unmeasured_waits) for row in result.comm_by_kind]
     others = sorted({k for row in result.comm_by_kind if row.kind == "other" for k in row.kinds})
     if others:
         out.append(f"other = {', '.join(others)}")
