@@ -105,7 +105,8 @@ class Headline:
     """What changed most."""
 
     kind: str
-    """``localized`` (one rank's phase), ``uniform`` (every rank alike), ``other``, ``none``, or ``too_few_steps``
+    """``localized`` (one rank's phase), ``moved`` (one rank's phase slower and another's faster by as much: the slow
+    rank moved), ``uniform`` (every rank alike), ``other``, ``none``, or ``too_few_steps``
     (nothing significant, and the step time had too few steps to be judged at all)."""
     rank: int | None
     phase: str | None
@@ -321,7 +322,21 @@ def headline(rows: list[Row], ranks: list[int], min_effect_pct: float = MIN_EFFE
         return (d.median_a is not None and excess(row) >= min_effect_pct / 100.0 * abs(d.median_a)
                 and excess(row) > NOISE_FACTOR * d.noise)
 
-    localized = [r for r in own if abs(peers(r)) < LOCALIZED_SHARE * abs(r.diff.delta or 0.0) and stands_out(r)]
+    def largest_other(row: Row) -> float:
+        """The largest change of the same phase on another rank (its median hid one that changed as much: a slow
+        rank that moved from rank 2 to rank 1 read "rank 2, -100%, against +0.0000 s on the other ranks")."""
+        return max((abs(o.diff.delta or 0.0) for o in _own_work_rows(rows, ranks) if o.metric == row.metric
+                    and o.rank != row.rank and o.diff.delta is not None), default=0.0)
+
+    localized = [r for r in own if largest_other(r) < LOCALIZED_SHARE * abs(r.diff.delta or 0.0) and stands_out(r)]
+    moved = [(a, b) for a in own for b in own if a.metric == b.metric and (a.diff.delta or 0.0) > 0 > (b.diff.delta
+             or 0.0) and min(a.diff.delta or 0.0, -(b.diff.delta or 0.0)) >= LOCALIZED_SHARE * max(
+             a.diff.delta or 0.0, -(b.diff.delta or 0.0)) and stands_out(a) and stands_out(b)]
+    if moved and not localized:
+        a, b = max(moved, key=lambda ab: (ab[0].diff.delta or 0.0) - (ab[1].diff.delta or 0.0))
+        return Headline("moved", a.rank, a.phase, a.metric,
+                        f"the slow rank moved: rank {a.rank}, {a.label}: {_fmt_delta(a)}; rank {b.rank}, {b.label}: "
+                        f"{_fmt_delta(b)}")
     if localized:
         top = max(localized, key=excess)
         beside = f", against {peers(top):+.4f} s on the other ranks" if len(ranks) > 1 else ""

@@ -171,6 +171,21 @@ def test_one_ranks_slower_data_loading_is_named_with_exact_deltas(tmp_path):
     assert (c.steps_a, c.steps_b, c.ranks_a, c.ranks_b) == (29, 29, [0, 1], [0, 1])
 
 
+def test_a_slow_rank_that_moved_is_said_so_not_hidden_behind_a_median_or_called_uniform(tmp_path):
+    # A trial: the slow rank moved from rank 2 to rank 1 between two runs; the headline read "rank 2, data loading:
+    # 0.1507 -> 0.0004 s per step (-100%), against +0.0000 s on the other ranks" (their median hid rank 1's +0.15 s).
+    before = load_run(clean_run(tmp_path / "a", ranks=4, load_rank2=0.15, data=0.15))
+    after = load_run(clean_run(tmp_path / "b", ranks=4, load_rank1=0.15, data=0.15))
+    h = compare_runs(before, after).headline
+    assert (h.kind, h.rank, h.phase, h.metric) == ("moved", 1, "data", "data_load_s")
+    assert h.text.startswith("the slow rank moved: rank 1, data loading: 0.0050 -> 0.1550 s per step (+0.1500, ")
+    assert "; rank 2, data loading: 0.1550 -> 0.0050 s per step (-0.1500, " in h.text
+    # On 2 ranks it read "every rank changed alike".
+    two = compare_runs(load_run(clean_run(tmp_path / "c", load_rank0=0.15)),
+                       load_run(clean_run(tmp_path / "d", load_rank1=0.15))).headline
+    assert (two.kind, two.rank) == ("moved", 1)
+
+
 def test_two_runs_of_the_same_distribution_show_no_significant_difference(tmp_path):
     c = compare_runs(load_run(clean_run(tmp_path / "a")), load_run(clean_run(tmp_path / "b", phase=5)))
     assert c.significant == [] and len(c.rows) == 29
