@@ -9,7 +9,7 @@ from pathlib import Path
 
 from hf_distprof.core import names
 from hf_distprof.runs.compare import Comparison, Row
-from hf_distprof.core.difference import MIN_EFFECT_POINTS
+from hf_distprof.core.difference import MIN_EFFECT_POINTS, ONE_VALUE, PROFILED
 from hf_distprof.core.stats import ALPHA
 from hf_distprof.core.verdicts import MATERIAL_PCT
 from hf_distprof.core.files import atomic_path, atomic_write_text
@@ -94,7 +94,7 @@ def format_comparison(comparison: Comparison, only_significant: bool = False) ->
     if only_significant and not cells:
         lines.append("(no significant row)")
     lines += [""] + [f"note: {n}" for n in c.notes]
-    lines.append(f"{len(c.significant)} significant difference(s) of {len(c.rows)} compared.")
+    lines.append(_count(c) + ".")
     lines.append(f"What changed most: {c.headline.text}")
     return "\n".join(lines)
 
@@ -138,7 +138,7 @@ def _markdown(comparison: Comparison) -> str:
         "",
         f"**What changed most:** {c.headline.text}",
         "",
-        f"{len(c.significant)} significant difference(s) of {len(c.rows)} compared. Medians over steps, warm-up "
+        f"{_count(c)}. Medians over steps, warm-up "
         "and profiled steps left out; delta = B - A. Significant: beyond both runs' step-to-step noise, at least "
         f"{c.min_effect_pct:g}% ({MIN_EFFECT_POINTS:g} points for shares), at least {MATERIAL_PCT:g}% of the step "
         f"time for a phase, and a rank-sum p below {ALPHA:g}.",
@@ -175,3 +175,11 @@ def write_compare_report(comparison: Comparison, out_dir: str | os.PathLike[str]
     atomic_write_text(out / names.COMPARE_JSON, json.dumps(comparison.to_json(), indent=2) + "\n")
     atomic_write_text(out / names.COMPARE_MD, _markdown(comparison))
     return out / names.COMPARE_MD
+
+
+def _count(c: Comparison) -> str:
+    """"2 significant difference(s) of 53 compared (13 more shown, not judged)": the rows judged, not every row shown
+    (a peak, the profiled steps' figures are shown with their delta and never judged)."""
+    shown = sum(1 for r in c.rows if r.diff.status in (ONE_VALUE, PROFILED))
+    more = f" ({shown} more shown, not judged)" if shown else ""
+    return f"{len(c.significant)} significant difference(s) of {len(c.rows) - shown} compared{more}"

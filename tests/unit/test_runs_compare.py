@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 
@@ -184,6 +185,19 @@ def test_a_slow_rank_that_moved_is_said_so_not_hidden_behind_a_median_or_called_
     two = compare_runs(load_run(clean_run(tmp_path / "c", load_rank0=0.15)),
                        load_run(clean_run(tmp_path / "d", load_rank1=0.15))).headline
     assert (two.kind, two.rank) == ("moved", 1)
+
+
+def test_the_count_is_of_the_rows_judged_the_ones_only_shown_said_apart(tmp_path):
+    # A trial: "0 significant difference(s) of 66 compared", 13 of them shown and never judged (peaks, traced rows).
+    from hf_distprof.core.difference import ONE_VALUE, PROFILED
+    from hf_distprof.runs.compare_report import format_comparison
+
+    run = Path(__file__).resolve().parents[1] / "data" / "golden" / "cpu_clean_memory"  # a window, memory logged
+    c = compare_runs(load_run(run), load_run(run))
+    shown = sum(1 for r in c.rows if r.diff.status in (ONE_VALUE, PROFILED))
+    assert shown > 0 and not c.significant
+    assert (f"0 significant difference(s) of {len(c.rows) - shown} compared ({shown} more shown, not judged)."
+            in format_comparison(c))
 
 
 def test_two_runs_of_the_same_distribution_show_no_significant_difference(tmp_path):
