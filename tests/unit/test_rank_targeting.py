@@ -35,8 +35,9 @@ def test_the_slowest_and_the_median_rank_of_four():
     assert choice.steps == [3, 4, 5, 6] and choice.view_step == 6 and choice.window_first == 7
     assert choice.pre_sync_s == {0: 0.1, 1: 0.1, 2: 0.2, 3: 0.1}
     assert choice.reason == (
-        "rank 2 is the slowest (median pre-sync 0.2000 s, +100.0% over the median of the others; slow-rank verdict: "
-        "raised); rank 1 is the median rank (0.1000 s); from 4 untraced steps 3-6, gathered at step 6"
+        "rank 2 is the slowest (median pre-sync 0.2000 s; step by step a median +100.0% over the others'; "
+        "slow-rank verdict: raised); rank 1 is the median rank (0.1000 s); from 4 untraced steps 3-6, gathered at "
+        "step 6"
     )
 
 

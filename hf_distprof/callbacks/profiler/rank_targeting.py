@@ -127,8 +127,9 @@ def choose_ranks(view: RankView, world_size: int, window_first: int, threshold_p
     others = sorted((r for r in everyone if r != slowest), key=lambda r: (mids[r], r))
     typical = others[(len(others) - 1) // 2] if others else None
     span = f"steps {steps[0]}-{steps[-1]}" if len(steps) > 1 else f"step {steps[0]}"
-    evidence = (f"rank {slowest} is the slowest (median pre-sync {mids[slowest]:.4f} s, {verdict.effect_pct:+.1f}% "
-                f"over the median of the others; slow-rank verdict: {verdict.status})")
+    # (The excess is the verdict's: step by step, not the ratio of the medians beside it.)
+    evidence = (f"rank {slowest} is the slowest (median pre-sync {mids[slowest]:.4f} s; step by step a median "
+                f"{verdict.effect_pct:+.1f}% over the others'; slow-rank verdict: {verdict.status})")
     if world_size < MIN_RANKS:
         ranks, reason = everyone, f"{world_size} rank{'s' if world_size != 1 else ''}: every rank traces; {evidence}"
     else:
