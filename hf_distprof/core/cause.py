@@ -349,6 +349,9 @@ def cause_action(a: Attribution, on_gpu: bool, phase_advice_text: str) -> str:
         if on_gpu:
             return ("check its GPU: clocks and throttle reasons (nvidia-smi -q -d PERFORMANCE,CLOCK), temperature "
                     "and power; replace or drain the node; your code and data are not the cause")
-        return ("check its host: another process on its cores, a lower CPU frequency, a slower node; move the "
-                "rank or drain the node; your code and data are not the cause")
+        # (A busy thread of the rank's own process slows its work alike, through the GIL, with no wait for a CPU:
+        # a trial's such thread was told "your code ... not the cause".)
+        return ("check its host: another process on its cores, a lower CPU frequency, a slower node, or a busy "
+                "thread of the rank's own process holding the GIL (py-spy dump --pid shows it); move the rank or "
+                "drain the node; its data and its amount of work are not the cause")
     return phase_advice_text

@@ -119,6 +119,9 @@ def test_the_same_work_slower_is_its_machine():
     assert got.work_ratio == 1.0 and got.speed_ratio == pytest.approx(1.4, abs=0.03)
     assert cause_why(got).startswith("not your code: it does the same work (1.00x the tokens of its peers) 1.")
     assert "nvidia-smi" in cause_action(got, True, "-") and "nvidia-smi" not in cause_action(got, False, "-")
+    # On CPU a busy thread of its own process (the GIL) slows the same work alike: named, and not ruled out.
+    assert "a busy thread of the rank's own process holding the GIL" in cause_action(got, False, "-")
+    assert "your code" not in cause_action(got, False, "-")
 
 
 def test_without_tokens_the_work_is_counted_in_samples_and_a_burst_is_said_as_one():
