@@ -284,7 +284,9 @@ def cause_title(a: Attribution) -> str:
         Cause.CPU_WAIT: "its machine, not your code (it waits for a CPU)",
         Cause.INPUT: "its data loading",
         Cause.MORE_WORK: f"more work ({a.work_ratio or 0.0:.1f}x the {_unit(a)} of its peers)",
-        Cause.SLOWER_MACHINE: "its machine, not your code (the same work, slower)",
+        # ("not your code" only where the device says why: on a host the same work can be slower for a thread of
+        # the rank's own process.)
+        Cause.SLOWER_MACHINE: f"its machine{', not your code' if a.extra else ''} (the same work, slower)",
         Cause.COMPUTE: "its compute",
     }[a.cause]
 
@@ -313,7 +315,7 @@ def cause_why(a: Attribution) -> str:
                 f"{a.speed_ratio or 0.0:.2f}x slower per {_unit(a, True)}" if a.speed_ratio is not None else
                 f"its compute takes {_ms(a.compute_s)} more per step than its peers'")
         device = evidence_sentence(a.extra)
-        text = f"not your code: {same}" + (f"; {device}" if device else "")
+        text = f"not your code: {same}; {device}" if device else f"the same work, slower: {same}"
     else:
         work = f" with {a.work_ratio:.2f}x the {unit} of its peers" if a.work_ratio is not None else ""
         text = f"its compute takes {_ms(a.compute_s)} more per step than its peers'{work}"

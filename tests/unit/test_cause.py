@@ -117,7 +117,8 @@ def test_the_same_work_slower_is_its_machine():
     got = attribute_rows(rows({0: CLEAN, 1: (0.0, 0.001, 0.010, 0.140, 256.0, 8.0)}), 1, 10.0)
     assert got is not None and got.cause == Cause.SLOWER_MACHINE and got.machine
     assert got.work_ratio == 1.0 and got.speed_ratio == pytest.approx(1.4, abs=0.03)
-    assert cause_why(got).startswith("not your code: it does the same work (1.00x the tokens of its peers) 1.")
+    assert cause_why(got).startswith("the same work, slower: it does the same work (1.00x the tokens of its peers) 1.")
+    assert cause_title(got) == "its machine (the same work, slower)"  # no device evidence: "not your code" unsaid
     assert "nvidia-smi" in cause_action(got, True, "-") and "nvidia-smi" not in cause_action(got, False, "-")
     # On CPU a busy thread of its own process (the GIL) slows the same work alike: named, and not ruled out.
     assert "a busy thread of the rank's own process holding the GIL" in cause_action(got, False, "-")
