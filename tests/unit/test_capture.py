@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 from transformers import HfArgumentParser, TrainerCallback
@@ -368,18 +369,27 @@ def test_without_the_flags_nothing_is_watched(tmp_path):
     assert (triggers.run_dir / "PROFILE_NOW").exists()  # not consumed: nobody looks
 
 
+def _stepping(triggers: Any, monkeypatch: Any) -> Any:
+    """``step(number, seconds)``: a step that long on the triggers' own clock, from its boundary to its end."""
+    import hf_distprof.callbacks.profiler.triggers as triggers_module
+
+    clock = {"now": 0.0}
+    monkeypatch.setattr(triggers_module.time, "perf_counter", lambda: clock["now"])
+
+    def step(number: int, seconds: float, pause: bool = False) -> None:
+        triggers.boundary(pause)
+        clock["now"] += seconds
+        triggers.step_end(number)
+
+    return step
+
+
 def test_a_step_slowed_by_a_compact_summary_being_written_is_never_an_anomaly(tmp_path, monkeypatch):
     import hf_distprof.callbacks.profiler.triggers as triggers_module
 
     args = ProfilingArguments(enable_profiling=True, profile_on_anomaly=True, profiler_wait_steps=1000)
     triggers = triggers_module.CaptureTriggers(args, tmp_path, 0, 100, never, every=50)
-    clock = {"now": 0.0}
-    monkeypatch.setattr(triggers_module.time, "perf_counter", lambda: clock["now"])
-
-    def step(number: int, seconds: float) -> None:
-        triggers.boundary()
-        clock["now"] += seconds
-        triggers.step_end(number)
+    step = _stepping(triggers, monkeypatch)
 
     for number in range(1, 12):
         step(number, 0.2)
@@ -401,13 +411,7 @@ def test_the_step_after_a_checkpoint_or_an_evaluation_is_never_an_anomaly(tmp_pa
 
     args = ProfilingArguments(enable_profiling=True, profile_on_anomaly=True, profiler_wait_steps=1000)
     triggers = triggers_module.CaptureTriggers(args, tmp_path, 0, 100, never, every=50)
-    clock = {"now": 0.0}
-    monkeypatch.setattr(triggers_module.time, "perf_counter", lambda: clock["now"])
-
-    def step(number: int, seconds: float, pause: bool = False) -> None:
-        triggers.boundary(pause)
-        clock["now"] += seconds
-        triggers.step_end(number)
+    step = _stepping(triggers, monkeypatch)
 
     for number in range(1, 16):
         step(number, 0.2)
@@ -430,13 +434,7 @@ def test_the_step_after_a_window_is_never_an_anomaly_on_any_rank(tmp_path, monke
     from hf_distprof.callbacks.profiler.schedule import scheduled_steps
 
     triggers = triggers_module.CaptureTriggers(args, tmp_path, 0, 100, scheduled_steps(args), every=50)
-    clock = {"now": 0.0}
-    monkeypatch.setattr(triggers_module.time, "perf_counter", lambda: clock["now"])
-
-    def step(number: int, seconds: float) -> None:
-        triggers.boundary()
-        clock["now"] += seconds
-        triggers.step_end(number)
+    step = _stepping(triggers, monkeypatch)
 
     for number in range(1, 14):
         step(number, 0.2)

@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -104,17 +105,23 @@ def test_the_first_step_gets_the_start_up_allowance(tmp_path):
         cb.close()
 
 
-def test_hang_abort_ends_the_rank_with_status_3_after_dumping(tmp_path):
+def _abort(tmp_path) -> tuple[list[int], Any]:
+    """A watchdog with --hang-abort whose rank stalls after step 7: the exit statuses it ended with, and it."""
     clock, exits = FakeClock(), []
     cb, state = _watchdog(tmp_path, clock, abort=True, exits=exits)
     try:
         _end_step(cb, state, clock, 7, at=1.0)
         clock.now = 3.0
         assert _wait_for(lambda: exits)
-        assert exits == [ABORT_STATUS] and len(cb.dumps) == 1
-        assert not list((tmp_path / "out" / "run").glob("*.faulthandler.txt"))
     finally:
         cb.close()
+    return exits, cb
+
+
+def test_hang_abort_ends_the_rank_with_status_3_after_dumping(tmp_path):
+    exits, cb = _abort(tmp_path)
+    assert exits == [ABORT_STATUS] and len(cb.dumps) == 1
+    assert not list((tmp_path / "out" / "run").glob("*.faulthandler.txt"))
 
 
 def test_hang_abort_first_runs_what_a_signal_s_death_would(tmp_path, monkeypatch):
@@ -124,15 +131,8 @@ def test_hang_abort_first_runs_what_a_signal_s_death_would(tmp_path, monkeypatch
 
     ran: list[str] = []
     monkeypatch.setattr(signals, "_BEFORE_DEATH", [lambda: ran.append("tidied")])
-    clock, exits = FakeClock(), []
-    cb, state = _watchdog(tmp_path, clock, abort=True, exits=exits)
-    try:
-        _end_step(cb, state, clock, 7, at=1.0)
-        clock.now = 3.0
-        assert _wait_for(lambda: exits)
-        assert ran == ["tidied"] and exits == [ABORT_STATUS]
-    finally:
-        cb.close()
+    exits, _ = _abort(tmp_path)
+    assert ran == ["tidied"] and exits == [ABORT_STATUS]
 
 
 def test_hang_abort_ends_the_rank_even_when_its_tidying_hangs_too(tmp_path, monkeypatch):
@@ -145,16 +145,11 @@ def test_hang_abort_ends_the_rank_even_when_its_tidying_hangs_too(tmp_path, monk
     stuck = threading.Event()
     monkeypatch.setattr(signals, "_BEFORE_DEATH", [lambda: stuck.wait(60)])
     monkeypatch.setattr(hang, "TIDY_S", 0.2)
-    clock, exits = FakeClock(), []
-    cb, state = _watchdog(tmp_path, clock, abort=True, exits=exits)
     try:
-        _end_step(cb, state, clock, 7, at=1.0)
-        clock.now = 3.0
-        assert _wait_for(lambda: exits)
+        exits, _ = _abort(tmp_path)
         assert exits == [ABORT_STATUS]
     finally:
         stuck.set()
-        cb.close()
 
 
 def test_steps_that_keep_ending_never_dump(tmp_path):
