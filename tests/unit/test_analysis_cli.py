@@ -459,6 +459,12 @@ def test_with_profile_ranks_the_step_timer_s_slow_rank_stands_and_the_traced_ran
     assert result.what_if == [] and result.undecided[0].to_decide == "trace rank 1 too (--profile-ranks auto picks it)"
     assert "Headline: exposed communication 80.6% of step time, load imbalance n/a (1 rank(s))" in \
         format_findings(result)
+    # Only timing_summary.json beside the trace (no per-step records): its verdict stands all the same.
+    summary_only = _profiled_ranks(tmp_path / "summary_only", 0)
+    for rows in summary_only.glob("timing_rank*.jsonl"):
+        rows.unlink()
+    kept = analyze_paths([summary_only], AnalysisOptions(workers=1))
+    assert [(f.kind, f.ranks) for f in kept.findings] == [("slow_rank", [1])]
     # The slow rank traced (--profile-ranks 1): its peers reach each collective before it, so what the trace holds of
     # its collectives is theirs to measure: nothing withheld, and the step timer still names it.
     slow = analyze_paths([_profiled_ranks(tmp_path, 1)], AnalysisOptions(workers=1))

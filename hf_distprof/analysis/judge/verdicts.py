@@ -51,7 +51,9 @@ def judge_ranks(across: Across, summary: TimingSummary, options: AnalysisOptions
     if skew is None:
         # Fewer than 2 ranks traced (--profile-ranks): the step timer's verdict over the run, when it decided, is the
         # answer (its records hold every rank), with nothing of the window's beside it.
-        alone = the_run_alone(run, sorted(traced or [])) if decided(run) and len(timer.own_work) > 1 else None
+        # (Its ranks: the records', or timing_summary.json's verdict's alone, for files without per-step records.)
+        alone = the_run_alone(run, sorted(traced or [])) if decided(run) and run is not None and run.ranks > 1 \
+            else None
         return RankVerdicts(imbalance=alone, imbalance_basis=Basis.STEP_TIMER, run=run, run_json=outside,
                             run_real=real, cause=cause)
     imbalance_window = judge_slow_rank(skew.busy, options.imbalance_pct, what=skew.busy_what,
