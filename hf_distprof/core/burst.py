@@ -16,6 +16,8 @@ from statistics import median
 
 MIN_STEPS = 3
 """A burst spans at least this many steps (one or two stalls on a shared host are its noise, not a rank's pattern)."""
+PHASE_NAMES = {"data": "data loading", "compute": "forward and backward compute"}
+"""The phases a burst is put in, as said (the pre-sync parts: loading, and the rest of its own work before the sync)."""
 MATERIAL_PCT = 10.0
 """The excess of the burst's steps, summed without its largest, is at least this % of the run's judged step time."""
 
@@ -50,9 +52,14 @@ class Burst:
         return "steps " + ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
     @property
+    def phase_name(self) -> str:
+        """The phase, as said ("data loading"); empty when unknown."""
+        return PHASE_NAMES.get(self.phase, self.phase) if self.phase else ""
+
+    @property
     def message(self) -> str:
         """The finding's sentence, the same in the step timer's table and in ``analyze``."""
-        where = f" (its {self.phase})" if self.phase else ""
+        where = f" (its {self.phase_name})" if self.phase else ""
         return (f"Rank {self.rank} held the others back in a burst: {self.span}, its own work {self.excess_s:.3f} s "
                 f"over its peers' in all{where}, {self.pct:.1f}% of the run's {self.run_s:.2f} s of judged steps; "
                 f"the others waited for it there (not the slow rank of the run: slowest in too few steps)")

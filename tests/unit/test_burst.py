@@ -33,8 +33,10 @@ def test_a_burst_is_found_with_its_steps_its_cost_and_its_phase() -> None:
     assert b.excess_s == pytest.approx(excess) and b.run_s == pytest.approx(sum(times))
     assert b.pct == pytest.approx(100 * excess / sum(times))
     assert b.span == "steps 19-23"
+    # The compute part is the own work before the sync less the loading: no optimizer in it.
+    assert "(its forward and backward compute)" in Burst(1, [3, 4, 5], 0.3, 20.0, 1.5, "compute").message
     assert b.message.startswith(f"Rank 1 held the others back in a burst: steps 19-23, its own work {excess:.3f} s "
-                                "over its peers' in all (its data),")
+                                "over its peers' in all (its data loading),")
 
 
 def test_no_burst_in_a_clean_run_in_one_stall_or_in_a_small_excess_over_the_run() -> None:

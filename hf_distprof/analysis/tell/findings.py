@@ -528,7 +528,7 @@ def _burst(j: Judgement) -> Prose:
         title=f"Rank {b.rank} held the others back in a burst ({b.span})",
         why=(f"its own work exceeded its peers' by {b.excess_s:.3f} s in all in {b.span}, {b.pct:.1f}% of the run's "
              f"{b.run_s:.2f} s of judged steps; the others waited for it there"),
-        details=(f"{'; most of it in its ' + PHASE_NAMES.get(b.phase, b.phase) if b.phase else ''} (the step timer's "
+        details=(f"{'; most of it in its ' + b.phase_name if b.phase else ''} (the step timer's "
                  "records; not the slow rank of the run: slowest in too few steps)"),
         action=f"Look at what rank {b.rank} did in {b.span}: its {phase.get(b.phase or '', 'step')}",
         more="; --profile-on-anomaly traces such a burst while it lasts.",
