@@ -447,6 +447,11 @@ def test_with_profile_ranks_the_step_timer_s_slow_rank_stands_and_the_traced_ran
             "be told apart into waiting for them and the transfer") in summary
     kinds = [line.split() for line in summary.splitlines() if line.startswith(("   0 all_", "mean all_"))]
     assert len(kinds) == 4 and all(row[5] == row[7] == "n/a" for row in kinds)
+    out = result.to_dict()  # the JSON says no figure where the text says n/a (it read 0.0)
+    assert out["unmeasured_waits"] == [1] and out["ranks"][0]["peer_waits"] == []
+    rows = out["comm_by_kind"] + out["ranks"][0]["comm_by_kind"]
+    assert len(rows) == 4 and all((r["wait_us"], r["wait_pct"], r["waited_for"]) == (None, None, []) for r in rows)
+    assert all(r["exposed_us"] > 0 for r in rows)  # (the rest of the row stands)
     from hf_distprof.analysis.tell.tracker import headline
 
     assert headline(result)["slowest_rank"] == 1  # the trackers' headline names it too

@@ -80,11 +80,12 @@ class AnalysisResult:
     """The profiler's slowdown when it raised no finding, in words (its ratio and the run's noise, or why there is no
     ratio); None when it raised one, or without one. Not in ``to_dict`` (``profiler_slowdown`` has its figures)."""
     unread_ranks: list[int] = field(default_factory=list)
-    unmeasured_waits: list[int] = field(default_factory=list)
-    """Ranks the others' waits for are not in the traces read: the late-peer figures are no figures then."""
     """The ranks whose traces the run's manifest lists and the analysis did not read (not given, or unreadable): the
     findings that weigh the ranks against each other and the what-if are withheld. Not in ``to_dict`` (``undecided``
     names them)."""
+    unmeasured_waits: list[int] = field(default_factory=list)
+    """Ranks the others wait for whose traces were not read (not given, or no profiler window): the late-peer figures
+    (``wait_us``, ``wait_pct``, ``waited_for``, ``peer_waits``) are null or empty in ``to_dict``, n/a in the text."""
 
     @property
     def gpu(self) -> bool:
@@ -118,7 +119,11 @@ class AnalysisResult:
             if not rank.memory:
                 rank_out.pop("memory")  # only traces recorded with profile_memory have the key
             _add_hidden_pct(rank_out["comm_by_kind"], rank.comm_by_kind)
+            if self.unmeasured_waits:
+                _no_late_peer_figures(rank_out)
         _add_hidden_pct(out["comm_by_kind"], self.comm_by_kind)
+        if self.unmeasured_waits:
+            _no_late_peer_figures(out)
         for row_out, row in zip(out["bandwidth"], self.bandwidth):
             row_out["wait_pct"] = row.wait_pct
         return out
@@ -128,8 +133,7 @@ class AnalysisResult:
         return orjson.dumps(self.to_dict(), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
 
 _ATOMS = frozenset({str, int, float, bool, type(None)})
-_NOT_IN_JSON = ("alignment", "late_peers", "reference_totals", "common_steps", "slowdown_line", "unread_ranks",
-                "unmeasured_waits")
+_NOT_IN_JSON = ("alignment", "late_peers", "reference_totals", "common_steps", "slowdown_line", "unread_ranks")
 
 def _asdict(obj: Any) -> Any:
     """``dataclasses.asdict(obj)``, the same dict, without copying each rank's collectives and timeline
@@ -151,6 +155,16 @@ def _asdict(obj: Any) -> Any:
     if isinstance(obj, dict):
         return kind((_asdict(k), _asdict(v)) for k, v in obj.items())
     return copy.deepcopy(obj)
+
+def _no_late_peer_figures(out: dict[str, Any]) -> None:
+    """Null where the text says n/a: a peer waited for is in no trace read, so the time in collectives cannot be told
+    apart into the wait for it and the transfer (``unmeasured_waits`` names the ranks)."""
+    for row in out["comm_by_kind"]:
+        row["wait_us"] = row["wait_pct"] = None
+        row["waited_for"] = []
+    if "peer_waits" in out:
+        out["peer_waits"] = []
+
 
 def _add_hidden_pct(rows_out: list[dict[str, Any]], rows: list[CommKindStat]) -> None:
     for row_out, row in zip(rows_out, rows):
