@@ -9,6 +9,7 @@ these runs are about a window that disagrees with the rest of the run.
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 from pathlib import Path
@@ -70,6 +71,21 @@ def test_a_rank_slow_across_the_run_is_named_though_the_window_is_quiet(tmp_path
     assert model.run_steps == 23 and model.run_noise_ms is not None
     box = format_box(result)
     assert "Verdict: Rank 1 holds the others back" in box.splitlines()[1] and "(rank 1)" not in box
+
+
+def test_the_window_note_counts_the_steps_its_verdict_judged(tmp_path: Path) -> None:
+    # Rank 1's trace ends a step early (steps 2-6; rank 0's 2-7): the window's verdict judged the 5 steps both ranks
+    # traced, and the note said "its 6 recorded steps" with step 7's time among them.
+    paths = run_folder(tmp_path, "clean", slow_rank=1)
+    trace = json.loads(gzip.decompress(paths[1].read_bytes()))
+    end = next(e["ts"] for e in trace["traceEvents"] if e.get("name") == "ProfilerStep#7")
+    trace["traceEvents"] = [e for e in trace["traceEvents"] if not (e.get("ph") == "X" and e["ts"] >= end)]
+    paths[1].write_bytes(gzip.compress(json.dumps(trace).encode()))
+    result = analyze_paths(paths, OPTS)
+    assert result.common_steps == [2, 3, 4, 5, 6] and len(result.window_notes) == 2
+    for note in result.window_notes:
+        assert note.traced_step_ms == pytest.approx([204.0, 204.0, 202.0, 202.0, 200.0])  # steps 2-6
+        assert "its 5 recorded steps (not the profiler's warm-up) took 204, 204, 202, 202, 200 ms" in note.text
 
 
 def test_a_rank_slow_in_the_window_only_raises_nothing(tmp_path: Path) -> None:

@@ -136,7 +136,7 @@ def judge(ranks: list[RankResult], across: Across, replay: WhatIf | None, summar
         verdicts=verdicts,
         findings=findings,
         questions=undecided(verdicts) + withheld + unread,
-        windows=window_notes(verdicts, across.timer, across.traced, slowdown),
+        windows=window_notes(verdicts, across.timer, set(across.common_steps), slowdown),  # the steps it judged
         slowdown=slowdown,
         what_if=answer,
         quiet_slowdown=quiet_slowdown(slowdown),

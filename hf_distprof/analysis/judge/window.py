@@ -22,7 +22,7 @@ def window_notes(verdicts: RankVerdicts, timer: TimerFigures, traced: set[int],
     Args:
         verdicts: The slow-rank verdicts (the answers and the window's own).
         timer: The step timer's figures (the traced steps' own times).
-        traced: The steps of the traces.
+        traced: The steps the window's verdict judged (every rank traced them).
         slowdown: The profiler's slowdown (its reference: the median untraced step; the run's noise).
     """
     steps = [1e3 * timer.step_times[s] for s in sorted(traced) if s in timer.step_times]
