@@ -440,6 +440,7 @@ def test_with_profile_ranks_the_step_timer_s_slow_rank_stands_and_the_traced_ran
     result = analyze_paths([_profiled_ranks(tmp_path, 0)], AnalysisOptions(workers=1))
     assert [r.rank for r in result.ranks] == [0] and not result.errors and result.unread_ranks == []
     assert [(f.kind, f.ranks) for f in result.findings] == [("slow_rank", [1])]  # the step timer's, over the run
+    assert result.findings[0].basis == "step timer"  # (it read "trace + step timer": no window verdict weighs in)
     assert result.cross_rank is None and result.imbalance_pct is None and result.to_dict()["imbalance_pct"] is None
     # Rank 0's wait for rank 1 is in no trace: the per-kind table states no late-peer figure (it read 0.00 ms).
     summary = format_summary(result)

@@ -78,7 +78,8 @@ def explain(findings: list[Judgement], across: Across, verdicts: RankVerdicts, g
     if not explains and naming[0][2] == STEP_TIMER:
         # Named by the run, not by the window: one finding with the run's evidence, in place of the window's.
         rest = [f for f in findings if f not in about]
-        return [_across_the_run(slow, first, phase, waits, about, gpu, cause), *rest]
+        windowed = verdicts.straggler_window is not None or verdicts.imbalance_window is not None
+        return [_across_the_run(slow, first, phase, waits, about, gpu, cause, windowed), *rest]
     if not about or waits is None:
         return findings
     if not explains or phase is None:
@@ -116,9 +117,10 @@ def explain(findings: list[Judgement], across: Across, verdicts: RankVerdicts, g
 
 
 def _across_the_run(slow: int, verdict: SlowRankVerdict, phase: PhaseExcess | None, waits: PeerWaits | None,
-                    about: list[Judgement], gpu: bool, cause: Attribution | None) -> Judgement:
+                    about: list[Judgement], gpu: bool, cause: Attribution | None, windowed: bool) -> Judgement:
     """The slow rank's finding when the step timer names it over the run and the traced window does not explain it
-    (its peers' waits there are small, or another phase): the run's numbers, the window's beside them."""
+    (its peers' waits there are small, or another phase): the run's numbers, the window's beside them; on the step
+    timer's records alone when no window verdict across ranks exists (``windowed`` False: one rank's trace)."""
     timed = phase if phase is not None and phase.from_timer and phase.excess_us > 0 else None
     wait_pct = waits.pct if waits is not None else 0.0
     return Judgement(
@@ -131,7 +133,7 @@ def _across_the_run(slow: int, verdict: SlowRankVerdict, phase: PhaseExcess | No
                  "steps": verdict.steps, **({"phase_excess_ms": timed.excess_us / 1e3} if timed else {})},
         confidence=verdict.confidence,
         phase=timed.phase if timed else None,
-        basis=TRACE_AND_TIMER,
+        basis=TRACE_AND_TIMER if windowed else STEP_TIMER,
         steps=verdict.steps,
         cause=cause.cause.value if cause is not None else None,
         more_work_too=cause is not None and cause.more_work_too,
