@@ -180,7 +180,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             path = self.run_dir / paths.TIMING_LOG_NAME.format(rank=dist.get_rank())
             self._jsonl = JsonlFile(path, "step timing goes to the logs only")
         atexit.register(self._at_exit)  # training died (an exception): the steps timed so far still reach the file
-        signals.at_default_death(self._at_exit)  # (a signal through the profiler's handlers: no atexit then)
+        signals.at_default_death(self._at_exit, guard=True)  # SIGTERM: no atexit then
         self._writer = tensorboard.get_writer(tensorboard.tensorboard_dir(args.output_dir, self.run_dir))
         if self._writer is not None:
             self._writer.add_custom_scalars(publish.custom_scalars_layout())

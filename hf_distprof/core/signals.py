@@ -63,19 +63,51 @@ def deferred(signals: tuple[signal.Signals, ...] = TERMINATION_SIGNALS) -> Itera
 
 
 _BEFORE_DEATH: list[Callable[[], None]] = []
+_GUARDED: list[Callable[[], None]] = []
 
 
-def at_default_death(fn: Callable[[], None]) -> None:
+def at_default_death(fn: Callable[[], None], guard: bool = False) -> None:
     """Call ``fn`` before this module (or a caller of :func:`before_default_death`) lets a signal's default action
-    end the process, where no ``atexit`` handler runs (the crash file's tidying: :mod:`hf_distprof.crash`)."""
+    end the process, where no ``atexit`` handler runs (the crash file's tidying: :mod:`hf_distprof.crash`).
+
+    With ``guard`` (a callback's rows not yet written), SIGTERM itself is made to run it while ``fn`` is registered:
+    where SIGTERM has its default action (a rank that no profiler window holds, a run with the step timer or the
+    memory logger alone, stopped by torchrun after another rank failed, or by a scheduler), :func:`_flush_then_die`
+    stands in for it, runs what is registered, then lets the default action end the process with the signal's status.
+    A handler the script or the profiler installed is left alone (the profiler's runs these too)."""
     if fn not in _BEFORE_DEATH:
         _BEFORE_DEATH.append(fn)
+    if guard and fn not in _GUARDED:
+        _GUARDED.append(fn)
+    rearm()
 
 
 def forget_at_default_death(fn: Callable[[], None]) -> None:
-    """Undo :func:`at_default_death` (a callback's train end: nothing of it is left to tidy)."""
+    """Undo :func:`at_default_death` (a callback's train end: nothing of it is left to tidy); SIGTERM's default
+    action is put back when nothing guarded is left (and the stand-in is still in place)."""
     if fn in _BEFORE_DEATH:
         _BEFORE_DEATH.remove(fn)
+    if fn in _GUARDED:
+        _GUARDED.remove(fn)
+    if not _GUARDED and threading.current_thread() is threading.main_thread() and \
+            held_for(signal.getsignal(signal.SIGTERM), signal.SIGTERM) is _flush_then_die:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def rearm() -> None:
+    """Put the stand-in for SIGTERM's default action in place where the default is in place and something registered
+    with ``guard`` is left (also after the profiler put the default back at its close)."""
+    if _GUARDED and threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _flush_then_die)
+
+
+def _flush_then_die(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM's default action, after what :func:`at_default_death` registered (the step timer's last rows, the
+    memory logger's lines, the empty crash file's removal)."""
+    before_default_death()
+    signal.signal(signum, signal.SIG_DFL)
+    signal.raise_signal(signum)
 
 
 def before_default_death() -> None:

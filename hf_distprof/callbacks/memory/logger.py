@@ -223,7 +223,7 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
         # Lines are written at each gather; a run that ends by an exception still writes the samples since the last.
         atexit.unregister(self._write_lines)  # (registered once, also after a train() call that raised)
         atexit.register(self._write_lines)
-        signals.at_default_death(self._write_lines)  # (a signal through the profiler's handlers: no atexit then)
+        signals.at_default_death(self._write_lines, guard=True)  # SIGTERM: no atexit then
         # On CPU the profiler's buffers grow the RSS while it traces: those intervals are not the run's own.
         traced = traced_steps(self.args, state.global_step, state.max_steps) if not torch.cuda.is_available() else None
         self._growth = GrowthWatch(

@@ -411,6 +411,7 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
             if signals.held_for(signal.getsignal(signum), signum) == self._on_signal:
                 signal.signal(signum, previous)
         self._previous_handlers = {}
+        signals.rearm()  # the step timer's and memory logger's rows still wait for SIGTERM's default action
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         previous = self._previous_handlers.get(signum, signal.SIG_DFL)

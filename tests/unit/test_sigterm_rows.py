@@ -1,0 +1,94 @@
+"""A rank stopped by SIGTERM with no profiler window holding it (the step timer or the memory logger alone, a rank
+outside ``--profile-ranks``; torchrun stops the other ranks so when one fails) keeps the rows it timed: SIGTERM's
+default action runs what the callbacks registered first (:func:`hf_distprof.core.signals.at_default_death`), and
+leaves no empty crash file. A script's own handler is left alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ..conftest import REPO_ROOT
+
+SCRIPT = textwrap.dedent(
+    """
+    import os, signal, sys
+    from pathlib import Path
+    sys.path.insert(0, {tests!r})
+    from unit import fake_trainer
+    from hf_distprof import ProfilingArguments, build_callbacks
+
+    out, how = Path(sys.argv[1]), sys.argv[2]
+    if how == "own-handler":
+        signal.signal(signal.SIGTERM, lambda signum, frame: print("the script's handler", flush=True))
+    profiled = how == "profile-ranks"  # --enable-profiling --profile-ranks 1: this rank 0 takes no window
+    args = ProfilingArguments(enable_step_timing=True, enable_memory_logging=True, memory_log_steps=1,
+                              profiler_output_dir=str(out), profiler_run_name="run", enable_profiling=profiled,
+                              profile_ranks="1" if profiled else None)
+    fake_trainer.run(build_callbacks(args), 20, out, stop_after=4)
+    os.kill(os.getpid(), signal.SIGTERM)
+    print("survived the signal", flush=True)
+    """
+)
+
+
+def _run(tmp_path: Path, how: str) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "stopped.py"
+    script.write_text(SCRIPT.format(tests=str(REPO_ROOT / "tests")))
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    return subprocess.run([sys.executable, str(script), str(tmp_path / "out"), how], capture_output=True, text=True,
+                          env=env, timeout=180)
+
+
+def _steps(path: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.mark.parametrize("how", ["default", "profile-ranks"])
+def test_sigterm_without_a_profiler_keeps_the_timed_rows_and_leaves_no_crash_file(tmp_path: Path, how: str) -> None:
+    proc = _run(tmp_path, how)
+    assert proc.returncode == -signal.SIGTERM, proc.stderr[-2000:]
+    assert "survived" not in proc.stdout
+    run = tmp_path / "out" / "run"
+    # (It lost every row since the last logging step, and left an empty rank0_crash.txt: "only a rank that crashed".)
+    assert _steps(run / "timing_rank0.jsonl") == [1, 2, 3, 4]
+    assert _steps(run / "memory_rank0.jsonl") == [1, 2, 3, 4]
+    assert not (run / "rank0_crash.txt").exists()
+
+
+def test_a_script_s_own_sigterm_handler_is_left_alone(tmp_path: Path) -> None:
+    proc = _run(tmp_path, "own-handler")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines()[:2] == ["the script's handler", "survived the signal"]
+
+
+def test_sigterm_s_default_action_is_back_when_nothing_guarded_is_left(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hf_distprof.core import signals
+
+    monkeypatch.setattr(signals, "_GUARDED", [])  # (what earlier tests in this process left registered)
+    monkeypatch.setattr(signals, "_BEFORE_DEATH", [])
+    old = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        calls: list[str] = []
+
+        def rows() -> None:
+            calls.append("rows")
+
+        signals.at_default_death(lambda: None)  # unguarded (as the crash file's tidying): no stand-in
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+        signals.at_default_death(rows, guard=True)
+        assert signal.getsignal(signal.SIGTERM) is signals._flush_then_die
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # (the profiler's close puts the default back)
+        signals.rearm()
+        assert signal.getsignal(signal.SIGTERM) is signals._flush_then_die
+        signals.forget_at_default_death(rows)
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL and calls == []
+    finally:
+        signal.signal(signal.SIGTERM, old)
