@@ -60,7 +60,7 @@ DRIVER = textwrap.dedent(
         cb = ProfilerCallback(ProfilingArguments(enable_profiling=True, profiler_output_dir=str(out),
                               profiler_run_name="run", profiler_wait_steps=1, profiler_warmup_steps=1,
                               profiler_active_steps=3, profiler_record_shapes=False))
-        stop_after = {{"before": 1, "inside": 3, "last": 4}}.get(moment)
+        stop_after = {{"before": 1, "first": 2, "inside": 3, "last": 4}}.get(moment)
         fake_trainer.run([cb], 6, out, stop_after=stop_after)
         if stop_after is not None:
             os.kill(os.getpid(), signum)
@@ -112,13 +112,14 @@ COMPACT = ".compact.msgpack"
 TRACE_3_4 = f"rank0_{HOST}_step3-4.pt.trace.json.gz"
 SUMMARY_3_4 = f"rank0_{HOST}_step3-4_summary.txt"
 
-MOMENTS = {"before": "before the window", "inside": "inside the window", "last": "in the window's last step",
+MOMENTS = {"before": "before the window", "first": "inside the window's first step", "inside": "inside the window", "last": "in the window's last step",
            "stop": "between the window's stop and its export", "export": "during the trace export",
            "summary": "during the summary after it", "compact": "while its compact summary is written"}
 # moment -> the files the run folder must hold afterwards (besides parallelism.json and rank0.log).
 # Each trace's compact summary too: its thread is joined before the signal takes effect.
 EXPECTED = {
     "before": [],  # no window started: nothing to write
+    "first": [],  # no step of the window ended: nothing to name a trace by (it was named step2-2, a warm-up step)
     "inside": [TRACE_3, SUMMARY_3, TRACE_3 + COMPACT],  # cut short after step 3: a whole partial trace
     "last": [TRACE_3_4, SUMMARY_3_4, TRACE_3_4 + COMPACT],  # cut in step 5, whose action is to stop and save
     "stop": [TRACE_3_5, SUMMARY_3_5, TRACE_3_5 + COMPACT],  # the signal waits for the whole end of the window

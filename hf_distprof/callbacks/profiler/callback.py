@@ -448,6 +448,13 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         assert self.run_dir is not None
         self._exports += 1
         last = self._last_step
+        if last <= self._offset or self._action(last) not in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE):
+            # Stopped (an exception, a signal) inside the window's first recorded step: no step of it ended, so none
+            # names the trace, and what it holds is one unfinished step (on a peer of a rank that died, a wait for
+            # it), which the analysis would read as a step (it was named after the warm-up step before it).
+            logger.warning(f"the profiler window was stopped inside its first step ({last + 1}), before any of its "
+                           "steps ended: no trace written")
+            return False
         first = last - self._recorded_steps(last) + 1
         rank, host = dist.get_rank(), dist.get_hostname()
         trace = self.run_dir / paths.trace_file_name(rank, host, first, last)
