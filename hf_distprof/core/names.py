@@ -83,4 +83,4 @@ ANOMALY = "anomaly"
 
 # The version of the names and fields of the answer: analysis.json's "schema_version", and what the trackers get
 # (hf_distprof.trackers: hf_distprof/schema_version). A renamed or removed figure raises it.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from hf_distprof.trackers._base import (
     ANSWER_TAG,
     ARTIFACT_TYPE,
-    FINDINGS_KEY,
+    FINDINGS_TABLE_KEY,
     SCHEMA_KEY,
     SCHEMA_VERSION,
     STEP_KEY,
@@ -88,7 +88,7 @@ def write(run: Run, result: Answer, traces: list[Path]) -> None:
     row[ANSWER_TAG] = trackio.Markdown(result.text)
     columns, rows = table_rows(result)
     if columns:
-        row[FINDINGS_KEY] = trackio.Table(columns=columns, data=rows)
+        row[FINDINGS_TABLE_KEY] = trackio.Table(columns=columns, data=rows)
     row[STEP_KEY] = result.step
     run.log(row)
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from hf_distprof.trackers._base import (
     ARTIFACT_TYPE,
-    FINDINGS_KEY,
+    FINDINGS_TABLE_KEY,
     SCHEMA_KEY,
     SCHEMA_VERSION,
     STEP_KEY,
@@ -94,7 +94,7 @@ def write(run: wandb.Run, result: Answer, traces: list[Path]) -> None:
     columns, rows = table_rows(result)
     if columns:
         header: list[str | int] = list(columns)
-        row[FINDINGS_KEY] = wandb.Table(columns=header, data=rows, allow_mixed_types=True)
+        row[FINDINGS_TABLE_KEY] = wandb.Table(columns=header, data=rows, allow_mixed_types=True)
     run.log(row)
 
     summary = answer_summary(result)

@@ -71,7 +71,7 @@ def test_the_run_says_where_the_answer_went(run: dict[str, Any]) -> None:
 
 def test_the_answer_is_analyze_json_s(run: dict[str, Any]) -> None:
     ref, scalars = run["reference"], run["answer"].scalars
-    assert ref["schema_version"] == 1
+    assert ref["schema_version"] == 2
     assert scalars["hf_distprof/exposed_comm_pct"] == pytest.approx(ref["exposed_comm_pct"], rel=1e-9)
     assert scalars["hf_distprof/imbalance_pct"] == pytest.approx(ref["imbalance_pct"], rel=1e-9)
     assert scalars["hf_distprof/findings"] == len(ref["findings"])

@@ -228,7 +228,7 @@ def test_log_to_tensorboard_sends_the_answer_analyze_json_gives(tmp_path, capsys
     shutil.copytree(Path(__file__).resolve().parents[1] / "data" / "golden" / "cpu_slow_data", run)
     assert cli_main(["analyze", str(run), "--json"]) == 0
     reference = _json.loads(capsys.readouterr().out)
-    assert reference["schema_version"] == 1
+    assert reference["schema_version"] == 2
     assert cli_main(["analyze", str(run), "--findings", "--log-to", "tensorboard"]) == 0
     err = capsys.readouterr().err
     assert f"TensorBoard: {run / 'tensorboard'}" in err

@@ -112,7 +112,8 @@ COMPACT = ".compact.msgpack"
 TRACE_3_4 = f"rank0_{HOST}_step3-4.pt.trace.json.gz"
 SUMMARY_3_4 = f"rank0_{HOST}_step3-4_summary.txt"
 
-MOMENTS = {"before": "before the window", "first": "inside the window's first step", "inside": "inside the window", "last": "in the window's last step",
+MOMENTS = {"before": "before the window", "first": "inside the window's first step",
+           "inside": "inside the window", "last": "in the window's last step",
            "stop": "between the window's stop and its export", "export": "during the trace export",
            "summary": "during the summary after it", "compact": "while its compact summary is written"}
 # moment -> the files the run folder must hold afterwards (besides parallelism.json and rank0.log).

@@ -55,6 +55,7 @@ def _answer(folder: Path) -> Answer:
         text="## hf_distprof\n\n**Verdict: comm-bound** (rank 3 is the slowest)\n\n| finding | value |\n|---|---|\n",
         scalars={
             "hf_distprof/exposed_comm_pct": 21.5,
+            "hf_distprof/findings": 2.0,
             "hf_distprof/whatif/overlap+prefetch_s": 3.25,
             "hf_distprof/not_a_number": float("nan"),
         },
@@ -322,7 +323,8 @@ def test_wandb_live_figures_events_and_answer_land_in_the_open_run(tmp_path: Pat
     events = by_step[10]["hf_distprof/warnings"]
     table = json.loads((sync_dir / "files" / events["path"]).read_text())
     assert table["columns"] == ["step", "text"] and table["data"] == [[10, "rank 3 waits 40% of the step"]]
-    findings = by_step[10]["hf_distprof/findings"]
+    assert by_step[10]["hf_distprof/findings"] == 2.0  # the count: the table has a key of its own (it hid the count)
+    findings = by_step[10]["hf_distprof/findings_table"]
     table = json.loads((sync_dir / "files" / findings["path"]).read_text())
     assert table["columns"] == ["finding", "value", "rank"]
     assert table["data"] == [["exposed communication", 21.5, None], ["slowest rank", "rank 3", 3]]
@@ -503,8 +505,9 @@ def test_trackio_live_figures_events_and_answer_land_in_the_current_run(tmp_path
     assert last["hf_distprof/exposed_comm_pct"] == 21.5 and last["hf_distprof/slowest_rank"] == 3
     assert last["hf_distprof/verdict"] == "comm-bound"
     assert "hf_distprof/not_a_number" not in last
-    assert last["hf_distprof/findings"]["_type"] == "trackio.table"
-    assert last["hf_distprof/findings"]["_value"] == [
+    assert last["hf_distprof/findings"] == 2.0  # the count: the table has a key of its own (it hid the count)
+    assert last["hf_distprof/findings_table"]["_type"] == "trackio.table"
+    assert last["hf_distprof/findings_table"]["_value"] == [
         {"finding": "exposed communication", "value": 21.5, "rank": None},
         {"finding": "slowest rank", "value": "rank 3", "rank": 3},
     ]
