@@ -27,6 +27,7 @@ from hf_distprof.core.argtypes import (
     PositiveFloat,
     PositiveInt,
     RankList,
+    RunName,
     str_to_bool,
     valid_values,
 )
@@ -63,11 +64,11 @@ class ProfilingArguments:
         default="./profiler_traces",
         metadata=_help("Folder for traces and logs; each run writes into its own sub-folder <run-name>/."),
     )
-    profiler_run_name: str | None = field(
+    profiler_run_name: RunName | None = field(
         default=None,
         metadata=_help(
-            "Name of this run's sub-folder (default: start time YYYYmmdd-HHMMSS); a name already taken gets "
-            "a -1, -2, ... suffix, so no run overwrites another."
+            "Name of this run's sub-folder (default: start time YYYYmmdd-HHMMSS); a name already taken (on any rank's "
+            "disk) gets a -1, -2, ... suffix, so no run overwrites another."
         ),
     )
     profiler_skip_first: NonNegativeInt = field(
@@ -391,7 +392,7 @@ def add_profiling_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGro
 
 
 # Valid values of the free-text flags, which their type cannot say.
-_VALID_TEXT: dict[str, str] = {"profiler_output_dir": "folder path", "profiler_run_name": "any name"}
+_VALID_TEXT: dict[str, str] = {"profiler_output_dir": "folder path", "profiler_run_name": "a folder name, no '/'"}
 
 
 # How the table shows defaults that are resolved at run time (the dataclass holds None for them).

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 from hf_distprof import crash, dist, logs
@@ -65,17 +66,26 @@ RUN_DIR_FILE_ENV = "HF_DISTPROF_RUN_DIR_FILE"
 _RUN_DIRS: dict[tuple[str, str | None, int], tuple[object, Path | None]] = {}
 
 
-def _claim_new_run_dir(output_dir: Path, run_name: str) -> Path:
-    """Create ``output_dir/run_name`` (or ``run_name-N``) that did not exist before."""
+def _claim_new_run_dir(output_dir: Path, run_name: str, refused: Collection[str] = ()) -> Path:
+    """Create ``output_dir/run_name`` (or ``run_name-N``) that did not exist before, and is none of ``refused``."""
     output_dir.mkdir(parents=True, exist_ok=True)
     for attempt in range(10_000):
         candidate = output_dir / (run_name if attempt == 0 else f"{run_name}-{attempt}")
+        if candidate.name in refused:
+            continue
         try:
             candidate.mkdir()
         except FileExistsError:
             continue
         return candidate
     raise FileExistsError(f"no free run folder for {run_name!r} in {output_dir} after 10000 tries")
+
+
+def _remove_if_empty(folder: Path) -> None:
+    try:
+        folder.rmdir()
+    except OSError:  # not empty (another rank's on a shared disk), or gone
+        pass
 
 
 def resolve_run_dir(
@@ -103,7 +113,9 @@ def resolve_run_dir(
     root = Path(output_dir).expanduser().absolute()
     chosen: str | None = None
     error: str | None = None
-    if dist.get_rank() == 0:
+    rank = dist.get_rank()
+    name = ""
+    if rank == 0:
         try:
             # A job restarted by torchelastic or requeued by SLURM runs again under the same name: its folder says
             # the attempt (run-attempt1), and the earlier attempt's folder stays as it was.
@@ -118,19 +130,49 @@ def resolve_run_dir(
     # Rank 0's outcome, failure included, so that every rank takes the same path afterwards.
     chosen, error = dist.broadcast_object((chosen, error))
     run_dir: Path | None = None
-    if error is None:  # the same on every rank: rank 0's outcome
+    refused: list[str] = []
+    while error is None:  # the same on every rank: rank 0's outcome
         run_dir = root / str(chosen)
         local: str | None = None
+        taken = made = False
         try:
-            # Other ranks may be on other hosts with a node-local output folder: create it there too.
-            run_dir.mkdir(parents=True, exist_ok=True)
+            # Other ranks may be on other hosts with a node-local output folder: create it there too. There it may
+            # hold an earlier run of the same name (rank 0's disk did not have it): never written into. Until every
+            # rank has answered, nothing is written into the run folder, so on a shared disk rank 0's is empty.
+            if rank != 0 and run_dir.is_dir() and any(run_dir.iterdir()):
+                taken = True
+            else:
+                made = not run_dir.exists()
+                run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as err:
-            local = f"rank {dist.get_rank()}: cannot create the run folder {run_dir}: {err}"
+            local = f"rank {rank}: cannot create the run folder {run_dir}: {err}"
         # Every rank must take the same path afterwards (the callbacks build their collectives on having a
         # folder), so a folder one rank cannot create (on its node) means no folder on any rank.
-        failed = [e for e in dist.all_gather_object(local) if e is not None]
+        answers = dist.all_gather_object((local, taken, dist.get_hostname()))
+        failed = [e for e, _, _ in answers if e is not None]
         if failed:
             error, run_dir = local or failed[0], None
+            break
+        holders = [(r, host) for r, (_, t, host) in enumerate(answers) if t]
+        if not holders:
+            break
+        # Every rank takes the next name free on rank 0's disk and not refused; the empty folders made for this one
+        # go.
+        refused.append(str(chosen))
+        if made or rank == 0:
+            _remove_if_empty(run_dir)
+        if rank == 0:
+            where = ", ".join(f"rank {r} on {host}" for r, host in holders)
+            try:
+                chosen = _claim_new_run_dir(root, name, refused).name
+            except OSError as err:
+                error = f"cannot create a run folder in --profiler-output-dir {root}: {err}"
+            else:
+                logger.warning(f"the run folder {run_dir.name} already holds an earlier run's files on the disk of "
+                               f"{where} (a node-local --profiler-output-dir): this run writes into {chosen} on "
+                               "every rank")
+        chosen, error = dist.broadcast_object((chosen, error))
+        run_dir = None
     if error is not None:
         logger.warning(f"{error}; profiling files are not written, training goes on")
     _RUN_DIRS[key] = (owner, run_dir)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     NonNegativeInt = int
     PositiveInt = int
     RankList = str
+    RunName = str
     NonNegativeFloat = float
     PositiveFloat = float
     AboveOneFloat = float
@@ -53,6 +55,17 @@ else:
                 text = ",".join(str(r) for r in sorted({int(p) for p in parts}))
             return super().__new__(cls, text)
 
+    class RunName(str):
+        """A folder name of one part: not empty, no ``/`` (a path made the run folder elsewhere, or none at all)."""
+
+        def __new__(cls, value: Any) -> RunName:
+            text = str(value)
+            if not text.strip() or text in (".", "..") or "/" in text or os.sep in text or "\0" in text:
+                raise argparse.ArgumentTypeError(
+                    f"must be a folder name without '/' (the run's sub-folder of --profiler-output-dir), got {value!r}"
+                )
+            return super().__new__(cls, text)
+
     class NonNegativeFloat(float):
         """A finite ``float`` that is >= 0 (thresholds in percent)."""
 
@@ -73,7 +86,8 @@ else:
 
 
 # The validated classes: a dataclass field of one of these types is checked when the dataclass is built.
-VALIDATED: tuple[type, ...] = (NonNegativeInt, PositiveInt, RankList, NonNegativeFloat, PositiveFloat, AboveOneFloat)
+VALIDATED: tuple[type, ...] = (NonNegativeInt, PositiveInt, RankList, RunName, NonNegativeFloat, PositiveFloat,
+                               AboveOneFloat)
 
 
 def _parse_int(value: Any) -> int:

@@ -21,6 +21,7 @@ from hf_distprof.core.argtypes import (
     PositiveFloat,
     PositiveInt,
     RankList,
+    RunName,
 )
 from hf_distprof.recipe.debug_env import DebugArguments
 from hf_distprof.recipe.strategy import StrategyArguments
@@ -35,10 +36,12 @@ INVALID: dict[object, tuple[tuple[str, ...], str]] = {
     PositiveFloat: (("0", "-1", "nan", "fast"), "must be a"),
     AboveOneFloat: (("1", "0.5", "-inf", "x"), "must be a"),
     RankList: (("x", "-1", "0,,1", "1;2"), "must be 'all', 'auto' or a comma-separated list"),
+    # (A path made the run folder somewhere else, or none: profiling silently lost.)
+    RunName: (("a/b", "../escape", "/tmp/abs", ".."), "must be a folder name without '/'"),
     bool: (("maybe", "2", "yes please"), "true/false"),
 }
 # Fields whose values are free text (any string is valid) or a Literal's choices.
-FREE_TEXT = {"profiler_output_dir", "profiler_run_name", "nccl_debug_subsys"}
+FREE_TEXT = {"profiler_output_dir", "nccl_debug_subsys"}
 
 
 def flag(field: dataclasses.Field) -> str:

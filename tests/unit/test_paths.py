@@ -180,3 +180,41 @@ def test_a_relative_output_folder_is_named_absolute(tmp_path, monkeypatch):
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     run = paths.resolve_run_dir("rel", "exp", owner=object())
     assert named.read_text() == f"{tmp_path / 'rel' / 'exp'}\n" == f"{run}\n"
+
+
+def _two_ranks(monkeypatch, rank: int, broadcasts: list, gathers: list) -> None:
+    """This process as ``rank`` of 2: rank 0's broadcasts and the other rank's answers to each gather, in order."""
+    from hf_distprof import dist
+
+    monkeypatch.setattr(dist, "get_rank", lambda: rank)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(dist, "broadcast_object", lambda obj: broadcasts.pop(0) if rank else obj)
+    monkeypatch.setattr(dist, "all_gather_object",
+                        lambda obj: [obj, gathers.pop(0)] if rank == 0 else [gathers.pop(0), obj])
+
+
+def test_a_node_local_folder_holding_an_earlier_run_of_the_name_is_never_written_into(tmp_path, monkeypatch, caplog):
+    # A trial: two 2-node jobs on node-local disks, node 1 the same host both times and node 0 not: rank 0 found no
+    # "mn" on its disk and kept the name, rank 1 wrote into the first job's "mn" (its trace replaced, its jsonl
+    # appended to). Now every rank takes the next name.
+    node1 = tmp_path / "node1"
+    (node1 / "mn").mkdir(parents=True)
+    (node1 / "mn" / "timing_rank1.jsonl").write_text('{"step": 1}\n')
+    _two_ranks(monkeypatch, 1, broadcasts=[("mn", None), ("mn-1", None)], gathers=[(None, False, "n0"),
+                                                                                  (None, False, "n0")])
+    assert paths.resolve_run_dir(node1, "mn", object()) == node1.absolute() / "mn-1"
+    assert sorted(p.name for p in node1.iterdir()) == ["mn", "mn-1"]
+    assert (node1 / "mn" / "timing_rank1.jsonl").read_text() == '{"step": 1}\n'
+    # Rank 0's side: it hears rank 1's answer, takes the next name and removes the empty folder it had made.
+    node0 = tmp_path / "node0"
+    _two_ranks(monkeypatch, 0, broadcasts=[], gathers=[(None, True, "n1"), (None, False, "n1")])
+    with caplog.at_level("WARNING", logger="hf_distprof"):
+        assert paths.resolve_run_dir(node0, "mn", object()) == node0.absolute() / "mn-1"
+    assert sorted(p.name for p in node0.iterdir()) == ["mn-1"]
+    assert ("the run folder mn already holds an earlier run's files on the disk of rank 1 on n1 (a node-local "
+            "--profiler-output-dir): this run writes into mn-1 on every rank") in caplog.text
+    # On a shared disk the other rank finds rank 0's folder, empty: it is this run's.
+    shared = tmp_path / "shared"
+    (shared / "mn").mkdir(parents=True)
+    _two_ranks(monkeypatch, 1, broadcasts=[("mn", None)], gathers=[(None, False, "n0")])
+    assert paths.resolve_run_dir(shared, "mn", object()) == shared.absolute() / "mn"

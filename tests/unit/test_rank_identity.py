@@ -138,12 +138,14 @@ def test_a_folder_one_rank_cannot_create_means_no_folder_on_any_rank(monkeypatch
 
     def gather(obj: Any) -> list[Any]:
         gathered.append(obj)
-        return [None, "rank 1: cannot create the run folder /x/run: [Errno 28] No space left on device", None, obj]
+        return [(None, False, "node-0"),
+                ("rank 1: cannot create the run folder /x/run: [Errno 28] No space left on device", False, "node-1"),
+                (None, False, "node-2"), obj]
 
     monkeypatch.setattr(dist, "all_gather_object", gather)
     with caplog.at_level(logging.WARNING):
         assert paths.resolve_run_dir(tmp_path, RUN, owner=object()) is None
-    assert gathered == [None]  # this rank's own folder was created
+    assert gathered == [(None, False, "node-7")]  # this rank's own folder was created (it held no earlier run)
     assert [r.getMessage() for r in caplog.records] == [
         "[RANK 3] rank 1: cannot create the run folder /x/run: [Errno 28] No space left on device; profiling files "
         "are not written, training goes on"
@@ -223,7 +225,7 @@ def test_step_timer_as_rank3_names_its_file_and_reports_rank3(rank3, tmp_path, m
     assert _names(run_dir) == ["rank3.log", "timing_rank3.jsonl"]
     # The run folder's agreement (no error here), the parallelism report's gather (this rank's 10 parameters),
     # the logging step's, the end-of-run one.
-    assert sent[:2] == [None, 10] and len(sent) == 4
+    assert sent[:2] == [(None, False, "node-7"), 10] and len(sent) == 4
     for payload in sent[2:]:
         assert (payload["run"]["rank"], payload["run"]["host"]) == (3, "node-7")
     assert (sent[2]["interval"]["rank"], sent[2]["interval"]["host"]) == (3, "node-7")
