@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from hf_distprof.core.argtypes import (
     VALIDATED,
@@ -276,7 +277,7 @@ class ProfilingArguments:
     hang_abort: bool = field(
         default=False,
         metadata=_help(
-            "With --hang-timeout: after dumping, exit the rank with status 3 so that the job fails instead of "
+            "Needs --hang-timeout: after dumping, exit the rank with status 3 so that the job fails instead of "
             "sitting until its wall-clock limit."
         ),
     )
@@ -307,23 +308,25 @@ class ProfilingArguments:
                 try:
                     setattr(self, f.name, kind(getattr(self, f.name)))
                 except argparse.ArgumentTypeError as err:
-                    raise ValueError(f"{flag_name(f.name)}: {err}") from None
+                    _flag_error(f"{flag_name(f.name)}: {err}")
         if self.profiler_analyze and not self.enable_profiling:
-            raise ValueError("--profiler-analyze analyses the run's traces: it needs --enable-profiling")
+            _flag_error("--profiler-analyze analyses the run's traces: it needs --enable-profiling")
         for name in ("profile_on_demand", "profile_on_anomaly"):
             if getattr(self, name) and not self.enable_profiling:
-                raise ValueError(f"{flag_name(name)} opens profiler windows: it needs --enable-profiling")
+                _flag_error(f"{flag_name(name)} opens profiler windows: it needs --enable-profiling")
         if self.max_trace_mb is not None and not self.enable_profiling:
-            raise ValueError("--max-trace-mb limits the profiler's traces: it needs --enable-profiling")
+            _flag_error("--max-trace-mb limits the profiler's traces: it needs --enable-profiling")
+        if self.hang_abort and not self.hang_timeout:
+            _flag_error("--hang-abort ends a rank the watchdog finds hung: it needs --hang-timeout SECONDS")
         if self.enable_step_timing is None:
             self.enable_step_timing = bool(self.enable_profiling or self.measure_comm_overhead > 0 or self.nvtx)
         elif not self.enable_step_timing and self.enable_profiling and self.profile_ranks == "auto":
-            raise ValueError(
+            _flag_error(
                 "--profile-ranks auto chooses ranks by their step times, but --enable-step-timing is false: drop one "
                 "of the two"
             )
         elif not self.enable_step_timing and self.measure_comm_overhead > 0:
-            raise ValueError(
+            _flag_error(
                 f"--measure-comm-overhead {self.measure_comm_overhead} needs step timing, but "
                 "--enable-step-timing is false: drop one of the two"
             )
@@ -347,9 +350,41 @@ class ProfilingArguments:
         )
 
     @classmethod
-    def from_namespace(cls, namespace: argparse.Namespace) -> ProfilingArguments:
-        """Build from a namespace filled by a parser that had ``add_profiling_args`` applied."""
-        return cls(**{f.name: getattr(namespace, f.name) for f in dataclasses.fields(cls)})
+    def namespace_fields(cls, namespace: argparse.Namespace) -> dict[str, Any]:
+        """The dataclass's fields as ``add_profiling_args`` left them in ``namespace``."""
+        return {f.name: getattr(namespace, f.name) for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def from_namespace(
+        cls, namespace: argparse.Namespace, parser: argparse.ArgumentParser | None = None
+    ) -> ProfilingArguments:
+        """Build from a namespace filled by a parser that had ``add_profiling_args`` applied.
+
+        Flags that contradict each other end the program as argparse ends it for a bad value: ``parser.error`` (the
+        usage, ``error: ...``, exit 2), or without ``parser`` the message and exit 2; never a traceback."""
+        try:
+            return cls(**cls.namespace_fields(namespace))
+        except ValueError as err:
+            if parser is not None:
+                parser.error(str(err))
+            print(f"error: {err}", file=sys.stderr)
+            raise SystemExit(2) from None
+
+
+def _flag_error(message: str) -> NoReturn:
+    """A bad flag or two that contradict each other: while an argument parser builds this dataclass
+    (``HfArgumentParser.parse_args_into_dataclasses``, its ``parse_dict``/``parse_json_file``), that parser's
+    ``error``: the usage, ``error: <message>``, exit 2, no traceback, as for a value argparse rejects itself. Built
+    in code (a notebook, a test), a ``ValueError``."""
+    frame = sys._getframe(1)
+    for _ in range(8):  # __post_init__ <- __init__ <- the parser's method
+        frame = frame.f_back
+        if frame is None:
+            break
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, argparse.ArgumentParser):
+            owner.error(message)
+    raise ValueError(message)
 
 
 def _field_types() -> dict[str, Any]:

@@ -126,6 +126,11 @@ def run(args: argparse.Namespace) -> int:
     from hf_distprof.analysis import analyze_paths  # the words after: imported while the workers read the traces
     from hf_distprof.analysis.read.run import SeveralRunsError
 
+    for needs, flag in (("log_to_run", "--log-to-run"), ("log_to_project", "--log-to-project")):
+        if getattr(args, needs) and not args.log_to:  # (it was ignored, the answer sent nowhere)
+            print(f"hf-distprof analyze: error: {flag} says where --log-to sends the answer: it needs --log-to "
+                  "TRACKER", file=sys.stderr)
+            return 2
     try:
         options = options_from_args(args)
     except OptionValueError as exc:

@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     if command[:1] == ["--"]:
         command = command[1:]
     try:
-        prof = ProfilingArguments.from_namespace(args)
+        prof = ProfilingArguments(**ProfilingArguments.namespace_fields(args))
     except ValueError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2

@@ -93,6 +93,9 @@ TABLE: list[tuple[str, str, str, str]] = [
     ("scaling", "--mode", "medium", "argument --mode: invalid choice: 'medium' (choose from 'weak', 'strong')"),
     ("scaling", "--batch-size", "0", "argument --batch-size: must be an integer >= 1, got '0'"),
     ("scaling", "--timeout", "-5", "argument --timeout: must be an integer >= 1, got '-5'"),
+    # A tracker's run and project (any name) without --log-to: it was ignored, the answer sent nowhere.
+    *[("analyze", flag, "abc", f"{flag} says where --log-to sends the answer: it needs --log-to TRACKER")
+      for flag in ("--log-to-run", "--log-to-project")],
     # hf-distprof run takes the profiling flags: the same invalid values as the training script's parser.
     *[("run", flag, value, words) for _, flag, value, words in cases(ProfilingArguments)],
 ]
@@ -102,7 +105,6 @@ NO_INVALID_VALUE = {
     ("flags", "--update"), ("flags", "--commands"),
     ("analyze", "--json"), ("analyze", "--findings"), ("analyze", "--report"), ("analyze", "--no-compact"),
     ("analyze", "--write-compact"), ("analyze", "--progress"),
-    ("analyze", "--log-to-run"), ("analyze", "--log-to-project"),  # a tracker's run and project: any name
     ("merge", "--output"),
     ("doctor", "--json"),
     ("bench-collectives", "--output-dir"), ("bench-collectives", "--progress"),

@@ -126,3 +126,37 @@ def test_the_training_script_refuses_an_invalid_value_with_status_2_naming_the_f
     assert name in err and words in err, err
     assert "Traceback" not in err
 
+
+
+# Flags that contradict each other, in a user's own script as the README wires it (HfArgumentParser, or argparse with
+# add_profiling_args): exit 2 and the message, as for one bad value (a trial: a traceback and exit 1, on every rank).
+CONFLICTS = [
+    (["--profile-on-demand"], "--profile-on-demand opens profiler windows: it needs --enable-profiling"),
+    (["--profiler-analyze"], "--profiler-analyze analyses the run's traces: it needs --enable-profiling"),
+    (["--max-trace-mb", "5"], "--max-trace-mb limits the profiler's traces: it needs --enable-profiling"),
+    (["--hang-abort"], "--hang-abort ends a rank the watchdog finds hung: it needs --hang-timeout SECONDS"),
+]
+
+
+@pytest.mark.parametrize(("argv", "words"), CONFLICTS, ids=[c[0][0] for c in CONFLICTS])
+def test_flags_that_contradict_each_other_end_a_plain_script_with_status_2(argv, words, capsys):
+    import argparse
+
+    from hf_distprof import add_profiling_args
+
+    parser = HfArgumentParser((ProfilingArguments, TrainingArguments))
+    with pytest.raises(SystemExit) as ended:
+        parser.parse_args_into_dataclasses(args=[*argv, "--output_dir", "out"])
+    err = capsys.readouterr().err
+    assert ended.value.code == 2 and f"error: {words}" in err and err.startswith("usage:"), err
+    plain = argparse.ArgumentParser(prog="train.py")
+    add_profiling_args(plain)
+    for with_parser in (plain, None):
+        with pytest.raises(SystemExit) as ended:
+            ProfilingArguments.from_namespace(plain.parse_args(argv), with_parser)
+        err = capsys.readouterr().err
+        assert ended.value.code == 2 and f"error: {words}" in err and "Traceback" not in err, err
+    # Built in code, the same is an exception to catch.
+    with pytest.raises(ValueError, match="needs"):
+        ProfilingArguments(**{a.lstrip("-").replace("-", "_"): True for a in argv if a.startswith("--")}
+                           | ({"max_trace_mb": 5.0} if "--max-trace-mb" in argv else {}))
