@@ -185,6 +185,14 @@ def test_schedule_warning_texts():
     assert nothing is not None and "record nothing" in nothing and "first active step is step 8" in nothing
     cut = schedule_warning(args, 9)
     assert cut is not None and "steps 8-10" in cut and "steps 8-9 only" in cut
+    # Resumed from step 30: the schedule counts from there (a trial's resumed runs had no warning at all).
+    assert schedule_warning(args, 40, offset=30) is None
+    assert schedule_warning(args, 36, offset=30) == (
+        "the profiler will record nothing: training stops at step 36 but the first active step is step 38 (30, where "
+        "training resumed, + --profiler-skip-first 0 + --profiler-wait-steps 5 + --profiler-warmup-steps 2 + 1). "
+        "Lower those flags or raise --max-steps; the schedule is left as given.")
+    assert schedule_warning(args, 39, offset=30) == ("the profiler window is cut short: it records steps 38-40 but "
+                                                    "training stops at step 39; the trace will hold steps 38-39 only.")
 
 
 def test_traced_steps_follow_the_schedule():

@@ -182,7 +182,7 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
                 logger.warning(f"--profile-ranks names ranks {missing} but the world size is {world}{none}")
             if rank not in ranks:
                 return
-        message = schedule_warning(self.args, state.max_steps)
+        message = schedule_warning(self.args, state.max_steps, state.global_step)
         on_request = self._triggers is not None and self._triggers.plan.listening
         if on_request and state.max_steps < first_active_step(self.args):
             message = None  # no regular window: profiling on demand or on anomaly only, as asked

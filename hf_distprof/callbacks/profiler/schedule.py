@@ -82,25 +82,29 @@ def first_active_step(args: ProfilingArguments) -> int:
     return args.profiler_skip_first + args.profiler_wait_steps + args.profiler_warmup_steps + 1
 
 
-def schedule_warning(args: ProfilingArguments, max_steps: int) -> str | None:
+def schedule_warning(args: ProfilingArguments, max_steps: int, offset: int = 0) -> str | None:
     """Why the schedule will not record a full window within ``max_steps``; None when it will.
 
     Args:
         args: The profiling flags.
         max_steps: Optimizer steps the Trainer will run (``state.max_steps``).
+        offset: ``global_step`` when training started (resumed from a checkpoint): the schedule counts from there.
 
     Returns:
         A message for the user, or None.
     """
-    first = first_active_step(args)
+    first = offset + first_active_step(args)
     last = first + args.profiler_active_steps - 1
     cycle = (
         f"--profiler-skip-first {args.profiler_skip_first} + --profiler-wait-steps {args.profiler_wait_steps} "
         f"+ --profiler-warmup-steps {args.profiler_warmup_steps}"
     )
+    if offset:
+        cycle = f"{offset}, where training resumed, + {cycle}"
     if max_steps < first:
+        ends = f"stops at step {max_steps}" if offset else f"runs {max_steps} optimizer steps"
         return (
-            f"the profiler will record nothing: training runs {max_steps} optimizer steps but the first active "
+            f"the profiler will record nothing: training {ends} but the first active "
             f"step is step {first} ({cycle} + 1). Lower those flags or raise --max-steps; the schedule is left "
             "as given."
         )
