@@ -357,6 +357,17 @@ def test_the_traces_of_two_runs_are_refused_naming_them(tmp_path: Path, capsys: 
     assert [r.rank for r in split.ranks] == [0, 1] and not split.errors
     assert split.what_if_model is not None and whole.what_if_model is not None
     assert split.what_if_model.run_steps == whole.what_if_model.run_steps == 24  # both ranks' records, as one run's
+    # With every file on the node that wrote it (rank 0's: the manifest too), nothing the manifest lists is lost: a
+    # trial's two node folders given together read "6 file(s) listed in the manifest are missing from the folder".
+    for f in golden.iterdir():
+        node = "node1" if f.name.startswith(("rank1", "timing_rank1", "memory_rank1", "manifest_rank1")) else "node0"
+        shutil.copy(f, tmp_path / "N" / node / f.name)
+    split = analyze_paths([tmp_path / "N" / "node0", tmp_path / "N" / "node1"], AnalysisOptions(workers=1))
+    assert split.run is not None and split.run.missing_files == []
+    (tmp_path / "N" / "node1" / "timing_rank1.jsonl").unlink()
+    lost = analyze_paths([tmp_path / "N" / "node0", tmp_path / "N" / "node1"], AnalysisOptions(workers=1))
+    assert lost.run is not None and len(lost.run.missing_files) == 1
+    assert "timing_rank1.jsonl (rank 1 on host vm) but none of the folders given holds it" in lost.run.missing_files[0]
 
 
 def test_a_run_with_a_rank_s_trace_unread_withholds_what_weighs_the_ranks(

@@ -215,8 +215,9 @@ def load_manifest(folder: str | Path) -> dict[str, Any] | None:
 
 
 
-def missing_files(manifest: Mapping[str, Any], folder: Path) -> list[str]:
-    """One sentence per file that ``manifest`` lists and ``folder`` does not hold.
+def missing_files(manifest: Mapping[str, Any], folder: Path, others: Sequence[Path] = ()) -> list[str]:
+    """One sentence per file that ``manifest`` lists and neither ``folder`` nor ``others`` holds (the other folders
+    given with it: the nodes' node-local folders of one run, analysed where they lie).
 
     Raises:
         TypeError: A listed file's name is not a string.
@@ -225,19 +226,20 @@ def missing_files(manifest: Mapping[str, Any], folder: Path) -> list[str]:
     for f in manifest.get("files") or []:
         if not isinstance(f["name"], str):
             raise TypeError(f"a file name must be a string, got {f['name']!r}")
-        if (folder / f["name"]).exists():
+        if any((where / f["name"]).exists() for where in (folder, *others)):
             continue
         where = f"rank {f['rank']} on host {f['host']}"
         if f.get("window"):
             where += f", steps {f['window'][0]}-{f['window'][1]}"
         trace = f.get("window") and str(f["name"]).endswith((".json.gz", ".json"))  # (parallelism.json is no trace)
         what = "a lost trace" if trace else "a lost file"
-        out.append(f"the run manifest lists {f['name']} ({where}) but {folder} does not hold it: {what} "
+        held = f"{folder} does not hold it" if not others else "none of the folders given holds it"
+        out.append(f"the run manifest lists {f['name']} ({where}) but {held}: {what} "
                    "(or one left in another host's node-local folder)")
     return out
 
 
-def summarize(manifest: Mapping[str, Any], folder: Path) -> RunSummary:
+def summarize(manifest: Mapping[str, Any], folder: Path, others: Sequence[Path] = ()) -> RunSummary:
     """The manifest of the run in ``folder`` as ``analyze`` reports it, with the files it lists and lacks.
 
     Every field read is checked for its type here, so that printing the summary cannot fail on a manifest
@@ -260,7 +262,7 @@ def summarize(manifest: Mapping[str, Any], folder: Path) -> RunSummary:
             windows=[WindowInfo(_int(w["first"]), _int(w["last"]), [_str(x) for x in _list(w.get("reasons"))],
                                 _str(w.get("detail") or ""), _ints(w.get("ranks")), _ints(w.get("cut_short_ranks")))
                      for w in _list(manifest.get("windows"))],
-            missing_files=missing_files(manifest, folder),
+            missing_files=missing_files(manifest, folder, others),
             unfinished_ranks=_ints(manifest.get("unfinished_ranks")),
             absent_ranks=_ints(manifest.get("absent_ranks")),
             job=_job(manifest.get("job")),
@@ -324,7 +326,8 @@ def run_summary_beside(files: Sequence[str | Path]) -> tuple[RunSummary | None, 
         not be read.
     """
     errors: list[tuple[str, str]] = []
-    for folder in sorted({Path(f).parent for f in files}):
+    folders = sorted({Path(f).parent for f in files})
+    for folder in folders:
         try:
             manifest = load_manifest(folder)
         except ManifestError as err:
@@ -333,7 +336,7 @@ def run_summary_beside(files: Sequence[str | Path]) -> tuple[RunSummary | None, 
         if manifest is None:
             continue
         try:
-            return summarize(manifest, folder), errors
+            return summarize(manifest, folder, [f for f in folders if f != folder]), errors
         except ManifestError as err:
             errors.append((err.path, err.reason))
     return None, errors
