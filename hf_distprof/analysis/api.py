@@ -120,7 +120,7 @@ def _analyze(ranks: list[RankResult], run: RunInput, options: AnalysisOptions,
     replay = what_if(ranks, across.alignment, list(reference) if reference else None, across.evidence, across.pace) \
         if ranks else None
     judged = judge(ranks, across, replay, run.summary, options, _expected_ranks(run, ranks), _world(run, ranks),
-                   run.run.windows if run.run is not None else ())
+                   run.run.windows if run.run is not None else (), _ended(run))
     findings, undecided, notes, slowdown_line = write_all(judged)
     return AnalysisResult(
         ranks=ranks,
@@ -158,10 +158,20 @@ def _expected_ranks(run: RunInput, ranks: list[RankResult]) -> list[int] | None:
     when they say none."""
     if run.run is not None:
         traced = sorted({r for w in run.run.windows for r in w.ranks})
+        if run.run.profile_ranks in (None, "all"):  # every rank was to take each window: one without died, or lost it
+            return list(range(run.run.world_size)) or traced
         return traced or list(range(run.run.world_size))
     sizes = {r.world_size for r in ranks}
     size = sizes.pop() if len(sizes) == 1 else None
     return list(range(size)) if isinstance(size, int) and size > 0 else None
+
+
+def _ended(run: RunInput) -> dict[int, str]:
+    """Ranks that ended before the run did, as the run folder says: ``crashed`` (a crash file with a stack) or
+    ``unfinished`` (its manifest part never reached train end: it died or was stopped)."""
+    if run.run is None:
+        return {}
+    return {**{r: "unfinished" for r in run.run.unfinished_ranks}, **{r: "crashed" for r in run.run.crashed_ranks}}
 
 
 def _world(run: RunInput, ranks: list[RankResult]) -> list[int] | None:

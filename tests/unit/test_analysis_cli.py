@@ -413,9 +413,9 @@ def test_the_ranks_expected_come_from_the_manifest_else_the_traces_world() -> No
 
     from hf_distprof.analysis.api import _expected_ranks
 
-    def run(world: int, windows: list[list[int]] | None) -> SimpleNamespace:
+    def run(world: int, windows: list[list[int]] | None, profile: str | None = "0,5,7") -> SimpleNamespace:
         manifest = None if windows is None else SimpleNamespace(
-            world_size=world, windows=[SimpleNamespace(ranks=w) for w in windows])
+            world_size=world, windows=[SimpleNamespace(ranks=w) for w in windows], profile_ranks=profile)
         return SimpleNamespace(run=manifest)
 
     def ranks(*worlds: int | None) -> list[SimpleNamespace]:
@@ -423,6 +423,9 @@ def test_the_ranks_expected_come_from_the_manifest_else_the_traces_world() -> No
 
     assert _expected_ranks(run(8, [[0, 5], [5, 7]]), ranks(8)) == [0, 5, 7]  # --profile-ranks: the windows' ranks
     assert _expected_ranks(run(4, []), ranks(4)) == [0, 1, 2, 3]  # no window listed: every rank
+    # Every rank was to trace (no --profile-ranks): one the window lacks died in it, or lost its trace (a trial's
+    # crashed rank 1 "took no profiler window (--profile-ranks)").
+    assert _expected_ranks(run(2, [[0]], "all"), ranks(2)) == _expected_ranks(run(2, [[0]], None), ranks(2)) == [0, 1]
     assert _expected_ranks(run(0, None), ranks(4, 4)) == [0, 1, 2, 3]  # no manifest: the traces' world
     assert _expected_ranks(run(0, None), ranks(4, 2)) is None  # traces that disagree say nothing
     assert _expected_ranks(run(0, None), ranks(None)) is None  # nor traces without distributedInfo
@@ -554,6 +557,7 @@ def test_a_clean_run_traced_on_one_rank_keeps_its_findings(tmp_path: Path) -> No
         other.unlink()
     manifest = orjson.loads((run / "manifest.json").read_bytes())
     manifest["windows"][0]["ranks"] = [0]
+    manifest["profile_ranks"] = "0"
     manifest["files"] = [f for f in manifest["files"] if (run / f["name"]).exists()]
     (run / "manifest.json").write_bytes(orjson.dumps(manifest))
     result = analyze_paths([run], AnalysisOptions(workers=1))
@@ -564,6 +568,32 @@ def test_a_clean_run_traced_on_one_rank_keeps_its_findings(tmp_path: Path) -> No
     bare = analyze_paths([run], AnalysisOptions(workers=1))
     assert [u.question for u in bare.undecided][-1] == "what_if"
     assert "rank 1 took no profiler window (--profile-ranks) and no step timer verdict" in bare.undecided[-1].why
+
+
+def test_a_rank_that_died_in_the_window_is_said_to_have_died_not_to_have_taken_no_window(tmp_path: Path) -> None:
+    # A trial: rank 1 died of SIGSEGV inside the window (rank1_crash.txt beside the run); analyze said "rank 1 took no
+    # profiler window (--profile-ranks)", a flag the run never had.
+    run = tmp_path / "segv"
+    shutil.copytree(DATA / "golden" / "cpu_clean_memory", run)
+    for other in [*run.glob("rank1_vm_step*"), *run.glob("timing_*")]:
+        other.unlink()
+    manifest = orjson.loads((run / "manifest.json").read_bytes())
+    manifest["windows"][0]["ranks"] = [0]  # rank 1's part never claimed the window
+    manifest["files"] = [f for f in manifest["files"] if (run / f["name"]).exists()]
+    (run / "manifest.json").write_bytes(orjson.dumps(manifest))
+    (run / "rank1_crash.txt").write_text("Fatal Python error: Segmentation fault\n")
+    died = analyze_paths([run], AnalysisOptions(workers=1))
+    assert died.undecided and died.undecided[-1].why == (
+        "The what-if replay across ranks withheld: rank 1 crashed and left no trace (rank1_crash.txt holds the stack), "
+        "so the other ranks' time in collectives cannot be told apart into waiting for rank 1 and the transfer")
+    assert died.undecided[-1].to_decide == ("hf-distprof hang-report RUN_FOLDER says where it died; fix that, then "
+                                            "profile again")
+    # No crash file, but its manifest part never reached train end (killed, stopped).
+    (run / "rank1_crash.txt").write_text("")
+    manifest["unfinished_ranks"] = [1]
+    (run / "manifest.json").write_bytes(orjson.dumps(manifest))
+    stopped = analyze_paths([run], AnalysisOptions(workers=1))
+    assert "rank 1 never reached train end (it died or was stopped) and left no trace" in stopped.undecided[-1].why
 
 
 def test_what_the_step_timer_decided_is_not_withheld_for_an_unread_trace() -> None:

@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from hf_distprof.analysis.judge import chain
 from hf_distprof.analysis.judge.burst import burst_findings
@@ -89,7 +89,7 @@ def in_order(findings: list[Judgement]) -> list[Judgement]:
 
 def judge(ranks: list[RankResult], across: Across, replay: WhatIf | None, summary: TimingSummary,
           options: AnalysisOptions, expected: list[int] | None = None, world: list[int] | None = None,
-          windows: Sequence[WindowInfo] = ()) -> Judged:
+          windows: Sequence[WindowInfo] = (), ended: Mapping[int, str] | None = None) -> Judged:
     """Every decision of the run.
 
     Args:
@@ -105,6 +105,7 @@ def judge(ranks: list[RankResult], across: Across, replay: WhatIf | None, summar
         world: Every rank of the run (None when unknown), and ``windows`` the manifest's windows with the ranks each
             traced: ranks that took no window withhold the same, unless the step timer's verdict over the run says
             the waits for them do not matter (:func:`hf_distprof.analysis.judge.coverage.unmeasured`).
+        ended: Ranks that ended before the run did (``crashed``, ``unfinished``): why a missing trace is missing.
 
     Returns:
         The verdicts, the findings in :func:`in_order`'s order, the questions left undecided (with the findings
@@ -124,7 +125,8 @@ def judge(ranks: list[RankResult], across: Across, replay: WhatIf | None, summar
     # A window whose verdicts were weighed with the timer's already answers for the whole run.
     weighed = verdicts.imbalance_basis != TRACE or verdicts.straggler_basis != TRACE
     findings, withheld = withhold_in_a_distorted_window(findings, slowdown, None if weighed else verdicts.run_json)
-    findings, unread = withhold_without_every_rank(findings, missing, replay is not None, coverage)
+    findings, unread = withhold_without_every_rank(findings, missing, replay is not None, coverage,
+                                                   {r: how for r, how in (ended or {}).items() if r in missing})
     gpu = any(r.device == "gpu" for r in ranks)
     # The slow rank's finding as one chain (its slow phase -> late at the collectives -> its peers wait).
     findings = chain.explain(findings, across, verdicts, gpu)

@@ -116,6 +116,7 @@ for its peers, the transfer and its lag past the completion; the latest or busie
 
 def withhold_without_every_rank(
     findings: list[Judgement], missing: list[int], replayed: bool, coverage: Coverage | None = None,
+    ended: dict[int, str] | None = None,
 ) -> tuple[list[Judgement], list[Question]]:
     """With the traces of some of the run's ranks not read (``missing``: not given, truncated, lost), the findings that
     weigh the ranks' traces against each other withheld, and the what-if replay (``replayed``): the ranks read waited
@@ -123,6 +124,8 @@ def withhold_without_every_rank(
     trace truncated said "What to fix first: exposed communication hidden, 56.5%" from rank 1's wait for rank 0).
     What the step timer decided over the run (every rank's records) stays, as do one rank's own findings (GPU
     utilisation, data loading, launch-bound, the profiler's slowdown).
+
+    ``ended``: the missing ranks that died (``crashed``: a crash file; ``unfinished``), said as such.
 
     ``coverage``: ranks that took no window by choice (``--profile-ranks``) while the waits for them may matter
     (:func:`hf_distprof.analysis.judge.coverage.unmeasured`): withheld alike, and said so.
@@ -132,7 +135,7 @@ def withhold_without_every_rank(
     """
     if not missing and coverage is None:
         return findings, []
-    why = {"missing": list(missing), "coverage": coverage}
+    why = {"missing": list(missing), "coverage": coverage, "ended": dict(ended or {})}
     kept, withheld = [], []
     for f in findings:
         if f.kind in PEER_DEPENDENT and f.basis == TRACE:

@@ -20,7 +20,7 @@ from typing import Any
 
 from hf_distprof.analysis.results.run import RankClock, RunSummary, WindowInfo
 from hf_distprof.core.job import COUNT_KEYS, ID_KEYS
-from hf_distprof.core.names import ANOMALY, MANIFEST_NAME, MANIFEST_PART_NAME, ON_DEMAND, PROFILE_RANKS_NAME  # noqa: F401 (ANOMALY, ON_DEMAND: the other reasons, re-exported)
+from hf_distprof.core.names import ANOMALY, CRASH_NAME, MANIFEST_NAME, MANIFEST_PART_NAME, ON_DEMAND, PROFILE_RANKS_NAME  # noqa: F401 (ANOMALY, ON_DEMAND: the other reasons, re-exported)
 from hf_distprof.core.stats import finite
 from hf_distprof.core.text import format_ranks
 
@@ -265,10 +265,30 @@ def summarize(manifest: Mapping[str, Any], folder: Path, others: Sequence[Path] 
             missing_files=missing_files(manifest, folder, others),
             unfinished_ranks=_ints(manifest.get("unfinished_ranks")),
             absent_ranks=_ints(manifest.get("absent_ranks")),
+            profile_ranks=_optional_str(manifest.get("profile_ranks")),
+            crashed_ranks=_crashed(folder, others),
             job=_job(manifest.get("job")),
         )
     except (AttributeError, IndexError, KeyError, TypeError, ValueError) as err:
         raise ManifestError(path, f"a field is missing or of the wrong type ({err!r})") from err
+
+
+def _optional_str(value: Any) -> str | None:
+    return None if value is None else _str(value)
+
+
+def _crashed(folder: Path, others: Sequence[Path]) -> list[int]:
+    """The ranks whose crash file is in the run's folders and holds a stack (:mod:`hf_distprof.crash`)."""
+    ranks = set()
+    for where in (folder, *others):
+        for crash in where.glob(CRASH_NAME.format(rank="*")):
+            rank = crash.name.split("_", 1)[0].removeprefix("rank")
+            try:
+                if rank.isdigit() and crash.stat().st_size > 0:
+                    ranks.add(int(rank))
+            except OSError:
+                continue
+    return sorted(ranks)
 
 
 def _job(value: Any) -> dict[str, Any] | None:

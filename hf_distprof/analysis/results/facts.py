@@ -335,6 +335,8 @@ class Question:
     time in collectives cannot be split into waiting for them and the transfer)."""
     coverage: Coverage | None = None
     """With ``withheld``: ranks that took no window by choice (``--profile-ranks``), when that is why."""
+    ended: dict[int, str] = field(default_factory=dict)
+    """Of ``missing``: the ranks that ended before the run (``crashed``: its crash file; ``unfinished``)."""
 
 
 @dataclass

@@ -47,6 +47,10 @@ class RunSummary:
     """One sentence per file the manifest lists that the folder does not hold (a lost trace)."""
     unfinished_ranks: list[int] = field(default_factory=list)
     absent_ranks: list[int] = field(default_factory=list)
+    profile_ranks: str | None = None
+    """``--profile-ranks`` as the run was given it (None in older manifests, or without the flag: every rank)."""
+    crashed_ranks: list[int] = field(default_factory=list)
+    """Ranks whose crash file (``rank{R}_crash.txt``: a fatal signal's stack) is in the folder, not empty."""
     job: dict[str, Any] | None = None
     """Rank 0's launcher, ids and restart counts (:func:`hf_distprof.core.job.job_record`); None in older manifests."""
 

@@ -547,7 +547,7 @@ def undecided(q: Question) -> Undecided:
     """A question the run could not decide, in words."""
     if q.missing or q.coverage is not None:
         what = write(q.withheld).title if q.withheld is not None else "The what-if replay across ranks"
-        why, to_decide = unread_words(q.missing, q.coverage)
+        why, to_decide = unread_words(q.missing, q.coverage, q.ended)
         return Undecided(question=q.question, reason=f"{what} withheld: {why}", why=f"{what} withheld: {why}",
                          ranks=q.ranks, basis=q.basis, steps=q.steps, to_decide=to_decide)
     if q.withheld is not None:

@@ -6,10 +6,23 @@ from hf_distprof.analysis.results.facts import Coverage
 from hf_distprof.core.text import format_ranks
 
 
-def unread_words(missing: list[int], coverage: Coverage | None) -> tuple[str, str]:
-    """Why the traces read miss waits that may matter, and what to do: lost files (``missing``), ranks that took no
-    window by choice (``coverage``), or both, each said as what it is."""
+def unread_words(missing: list[int], coverage: Coverage | None,
+                 ended: dict[int, str] | None = None) -> tuple[str, str]:
+    """Why the traces read miss waits that may matter, and what to do: ranks that died (``ended``: crashed, or never
+    reached train end), lost files (the rest of ``missing``), ranks that took no window by choice (``coverage``),
+    each said as what it is."""
     whys, dos, waited = [], [], list(missing)
+    ended = ended or {}
+    crashed = [r for r in missing if ended.get(r) == "crashed"]
+    unfinished = [r for r in missing if ended.get(r) == "unfinished"]
+    if crashed:
+        files = ", ".join(f"rank{r}_crash.txt" for r in crashed)
+        whys.append(f"{format_ranks(crashed)} crashed and left no trace ({files} holds the stack)")
+        dos.append("hf-distprof hang-report RUN_FOLDER says where it died; fix that, then profile again")
+    if unfinished:
+        whys.append(f"{format_ranks(unfinished)} never reached train end (it died or was stopped) and left no trace")
+        dos.append(f"see {format_ranks(unfinished)}'s log in the run folder (rank<R>.log) for how it ended")
+    missing = [r for r in missing if r not in crashed and r not in unfinished]
     if missing:
         unread = format_ranks(missing)
         traces = "the traces of" if len(missing) > 1 else "the trace of"
