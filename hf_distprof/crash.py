@@ -1,6 +1,9 @@
 """A rank that dies leaves its stack: ``faulthandler`` writes every thread's Python stack into ``rank{R}_crash.txt``
 in the run folder when the process gets a fatal signal (SIGSEGV, SIGABRT, SIGFPE, SIGBUS, SIGILL), and the file is
-removed at a clean exit when nothing was written. ``hf-distprof hang-report RUN_FOLDER`` reads these files beside the
+removed at a clean exit when nothing was written. An uncaught Python exception that ends the rank (the commonest
+crash, whose traceback otherwise reaches only the launcher's console) leaves ``rank{R}_exception.txt``: its time and
+traceback, written from ``sys.excepthook`` before the hook that was there prints it as usual.
+``hf-distprof hang-report RUN_FOLDER`` reads these files beside the
 hang dumps and says which rank died, of what, where (:mod:`hf_distprof.runs.hang_report`).
 
 Armed on every rank of a run with any hf_distprof flag, as soon as its run folder exists
@@ -12,17 +15,25 @@ from __future__ import annotations
 
 import atexit
 import faulthandler
+import sys
+import time
+import traceback
 from pathlib import Path
-from typing import IO
+from types import TracebackType
+from typing import IO, Any
 
 from hf_distprof import dist
 from hf_distprof.core import signals
-from hf_distprof.core.names import CRASH_NAME
+from hf_distprof.core.names import CRASH_NAME, EXCEPTION_NAME
 
 logger = dist.get_logger(__name__)
 
 _FILE: IO[str] | None = None
 _PATH: Path | None = None
+_EXCEPTION: Path | None = None
+"""Where an uncaught exception's traceback goes (this rank's file in the latest run folder)."""
+_EXCEPTION_RANK = 0
+_PREVIOUS_HOOK: Any = None
 
 
 def record_crashes(run_dir: Path, rank: int) -> Path | None:
@@ -35,6 +46,7 @@ def record_crashes(run_dir: Path, rank: int) -> Path | None:
         the log).
     """
     global _FILE, _PATH
+    _record_exceptions(run_dir / EXCEPTION_NAME.format(rank=rank), rank)
     path = run_dir / CRASH_NAME.format(rank=rank)
     if _PATH == path:
         return path
@@ -49,6 +61,31 @@ def record_crashes(run_dir: Path, rank: int) -> Path | None:
     faulthandler.enable(file=handle, all_threads=True)
     _FILE, _PATH = handle, path
     return path
+
+
+def _record_exceptions(path: Path, rank: int) -> None:
+    """Have an uncaught exception's traceback written into ``path`` (a later run folder takes it over)."""
+    global _EXCEPTION, _EXCEPTION_RANK, _PREVIOUS_HOOK
+    _EXCEPTION, _EXCEPTION_RANK = path, rank
+    if sys.excepthook is not _on_uncaught:
+        _PREVIOUS_HOOK = sys.excepthook
+        sys.excepthook = _on_uncaught
+
+
+def _on_uncaught(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+    """``sys.excepthook``: the traceback into this rank's exception file, then the hook from before (which prints
+    it). Ctrl-C is a stop, not a crash: no file."""
+    path = _EXCEPTION
+    if path is not None and not issubclass(kind, KeyboardInterrupt):
+        try:
+            now = time.time()
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1e6):06d}"
+            head = (f"hf_distprof: rank {_EXCEPTION_RANK} on host {dist.get_hostname()} ended by an uncaught "
+                    f"exception at {stamp} (unix {now:.6f})\n")
+            path.write_text(head + "".join(traceback.format_exception(kind, value, tb)), encoding="utf-8")
+        except Exception:  # noqa: BLE001, S110 - the traceback is printed below in any case
+            pass
+    (_PREVIOUS_HOOK or sys.__excepthook__)(kind, value, tb)
 
 
 def finish() -> None:

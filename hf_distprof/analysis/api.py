@@ -167,11 +167,13 @@ def _expected_ranks(run: RunInput, ranks: list[RankResult]) -> list[int] | None:
 
 
 def _ended(run: RunInput) -> dict[int, str]:
-    """Ranks that ended before the run did, as the run folder says: ``crashed`` (a crash file with a stack) or
-    ``unfinished`` (its manifest part never reached train end: it died or was stopped)."""
+    """Ranks that ended before the run did, as the run folder says: ``crashed`` (a crash file with a stack),
+    ``raised`` (an exception file) or ``unfinished`` (its manifest part never reached train end: it died or was
+    stopped)."""
     if run.run is None:
         return {}
-    return {**{r: "unfinished" for r in run.run.unfinished_ranks}, **{r: "crashed" for r in run.run.crashed_ranks}}
+    return {**{r: "unfinished" for r in run.run.unfinished_ranks}, **{r: "raised" for r in run.run.raised_ranks},
+            **{r: "crashed" for r in run.run.crashed_ranks}}
 
 
 def _world(run: RunInput, ranks: list[RankResult]) -> list[int] | None:

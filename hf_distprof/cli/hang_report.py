@@ -24,7 +24,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             "Read hang_rank<R>_<host>.txt (and flight_recorder_rank<R>_<host>.pkl) in a run folder and say which "
             "ranks are inside a collective, which is not, and where that one is stuck; and read rank<R>_crash.txt "
             "(every rank of a run with an hf_distprof flag writes its stacks there when it dies of a fatal signal) "
-            "and say which rank died, of what signal, where."
+            "and say which rank died, of what signal, where; and read rank<R>_exception.txt (the traceback of an "
+            "uncaught exception that ended a rank) and say which rank raised first, what, where."
         ),
     )
     parser.add_argument("run_folder", help="the run folder holding the dumps")
@@ -35,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     """Print the report.
 
     Returns:
-        0 with a report, 2 when the folder holds no dump nor crash file, or one cannot be read.
+        0 with a report, 2 when the folder holds no dump, crash file or exception file, or one cannot be read.
     """
     from hf_distprof.runs.hang_report import hang_report
 

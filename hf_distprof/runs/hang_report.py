@@ -3,8 +3,9 @@ died, of what, where.
 
 Reads ``hang_rank{R}_{host}.txt`` (written by ``--hang-timeout``), the GIL-free backstop dumps
 (``hang_rank{R}_{host}.faulthandler.txt``) for ranks without one, NCCL flight-recorder dumps
-(``flight_recorder_rank{R}_{host}.pkl``) where present, and the crash files (``rank{R}_crash.txt``: every thread's
-stack when a rank died of a fatal signal, :mod:`hf_distprof.crash`). No torch import.
+(``flight_recorder_rank{R}_{host}.pkl``) where present, the crash files (``rank{R}_crash.txt``: every thread's
+stack when a rank died of a fatal signal, :mod:`hf_distprof.crash`), and the exception files (``rank{R}_exception.txt``:
+the traceback of an uncaught exception that ended a rank). No torch import.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ _FH_FRAME = re.compile(r'^  File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>
 _RANK = re.compile(r"^hang_rank(?P<rank>\d+)_(?P<host>.+?)(?P<backstop>\.faulthandler)?\.txt$")
 _CRASH = re.compile(r"^rank(?P<rank>\d+)_crash\.txt$")
 _FATAL = re.compile(r"^Fatal Python error: (?P<what>.+?)\s*$")
+_RAISED = re.compile(r"^rank(?P<rank>\d+)_exception\.txt$")
+_RAISED_HEAD = re.compile(r"^hf_distprof: rank (?P<rank>\d+) on host (?P<host>\S+) ended by an uncaught exception at "
+                         r"(?P<stamp>\S+) \(unix (?P<unix>[0-9.]+)\)$")
 SIGNALS = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Floating point exception": "SIGFPE",
            "Bus error": "SIGBUS", "Illegal instruction": "SIGILL"}
 """faulthandler's words for each fatal signal it handles."""
@@ -115,6 +119,19 @@ class Crash:
 
 
 @dataclass
+class Raised:
+    """One rank's exception file: the uncaught exception that ended it, when, and the traceback's frames."""
+
+    rank: int
+    path: Path
+    exception: str
+    """Its last line: ``RuntimeError: boom``."""
+    stamp: str
+    unix: float
+    dump: RankDump
+
+
+@dataclass
 class HangReport:
     folder: Path
     dumps: dict[int, RankDump]
@@ -123,6 +140,7 @@ class HangReport:
     culprits: list[int]
     lines: list[str]
     crashes: dict[int, Crash] = field(default_factory=dict)
+    raised: dict[int, Raised] = field(default_factory=dict)
 
     @property
     def text(self) -> str:
@@ -191,6 +209,38 @@ def parse_crash(path: Path) -> Crash | None:
     dump = RankDump(int(match["rank"]), "", path, backstop=True)
     _parse_faulthandler(lines, dump, current_first=True)
     return Crash(int(match["rank"]), path, fatal, dump)
+
+
+def parse_exception(path: Path) -> Raised | None:
+    """One ``rank{R}_exception.txt``; None when it is empty.
+
+    Raises:
+        ValueError: The file is not such a file (the message names it).
+    """
+    match = _RAISED.match(path.name)
+    if match is None:
+        raise ValueError(f"{path}: not an exception file (expected rank<R>_exception.txt)")
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as err:
+        raise ValueError(f"{path}: cannot read: {err.strerror or err}") from None
+    if not text.strip():
+        return None
+    lines = text.splitlines()
+    head = _RAISED_HEAD.match(lines[0])
+    if head is None:
+        raise ValueError(f"{path}: no 'hf_distprof: rank R ... ended by an uncaught exception' first line")
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last):")]
+    frames: list[Frame] = []
+    for line in lines[starts[-1] + 1 if starts else 1:]:  # the last exception's traceback (a chain ends with it)
+        frame = _FRAME.match(line)
+        if frame is not None:
+            frames.append(Frame(frame["file"], int(frame["line"]), frame["func"]))
+        elif frames and line.startswith("    ") and not frames[-1].code and line.strip(" ^~"):
+            frames[-1].code = line.strip()
+    exception = next((line for line in reversed(lines) if line.strip() and not line.startswith(" ")), "?")
+    dump = RankDump(int(match["rank"]), head["host"], path, threads={"MainThread": frames}, main="MainThread")
+    return Raised(int(match["rank"]), path, exception, head["stamp"], float(head["unix"]), dump)
 
 
 def _parse_faulthandler(lines: list[str], dump: RankDump, current_first: bool = False) -> None:
@@ -278,11 +328,14 @@ def hang_report(folder: Path) -> HangReport:
         if dump.rank not in dumps or dumps[dump.rank].backstop:
             dumps[dump.rank] = dump  # the watchdog's own dump wins over the backstop's
     crashes = {c.rank: c for c in map(parse_crash, sorted(folder.glob("rank*_crash.txt"))) if c is not None}
-    if not dumps and not crashes:
-        raise FileNotFoundError(f"{folder}: no hang_rank*_*.txt (was --hang-timeout on, and did a step stall?) and no "
-                                "rank*_crash.txt with a stack (no rank died of a fatal signal)")
+    raised = {r.rank: r for r in map(parse_exception, sorted(folder.glob("rank*_exception.txt"))) if r is not None}
+    if not dumps and not crashes and not raised:
+        raise FileNotFoundError(f"{folder}: no hang_rank*_*.txt (was --hang-timeout on, and did a step stall?), no "
+                                "rank*_crash.txt with a stack (no rank died of a fatal signal) and no "
+                                "rank*_exception.txt (no rank ended by an uncaught exception)")
     if not dumps:
-        return HangReport(folder, {}, {}, None, [], _crash_lines(folder, crashes), crashes)
+        lines = (_crash_lines(folder, crashes) if crashes else []) + (_raised_lines(folder, raised) if raised else [])
+        return HangReport(folder, {}, {}, None, [], lines, crashes, raised)
     recorders = {r.rank: r for r in map(parse_recorder, sorted(folder.glob("flight_recorder_rank*.pkl")))}
     sizes = {int(d.header["world_size"]) for d in dumps.values() if d.header.get("world_size", "").isdigit()}
     world = max(sizes) if sizes else None
@@ -315,7 +368,24 @@ def hang_report(folder: Path) -> HangReport:
     lines += _recorder_lines(recorders)
     if crashes:
         lines += _crash_lines(folder, crashes)[1:]
-    return HangReport(folder, dumps, recorders, world, culprits, lines, crashes)
+    if raised:
+        lines += _raised_lines(folder, raised)[1:]
+    return HangReport(folder, dumps, recorders, world, culprits, lines, crashes, raised)
+
+
+def _raised_lines(folder: Path, raised: dict[int, Raised]) -> list[str]:
+    """Which rank raised, what, where, in the order they did: the first is the cause, the others mostly its effect
+    (a peer that died fails their collectives)."""
+    lines = [f"exception report: {folder} ({len(raised)} rank(s) ended by an uncaught exception)"]
+    ordered = sorted(raised.values(), key=lambda r: (r.unix, r.rank))
+    for i, r in enumerate(ordered):
+        when = "first" if i == 0 else f"{r.unix - ordered[0].unix:.2f} s after rank {ordered[0].rank}"
+        where = f" at {r.dump.user_frame}" if r.dump.main_stack else ""
+        lines.append(f"rank {r.rank} raised {r.exception}{where} ({when}, {r.stamp}); its traceback: {r.path.name}")
+    if len(ordered) > 1:
+        lines.append(f"=> rank {ordered[0].rank} raised first: the others' exceptions followed it (a rank that dies "
+                     "fails its peers' collectives)")
+    return lines
 
 
 def _crash_lines(folder: Path, crashes: dict[int, Crash]) -> list[str]:

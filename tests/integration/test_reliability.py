@@ -165,8 +165,14 @@ def test_a_dead_or_crashed_rank_costs_no_file_already_written(tmp_path, how):
         assert re.search(r"rank\s*: 1 \(local_rank: 1\)\s+exitcode\s*: -9 .*\(SIGKILL\)", root_cause), root_cause
     else:
         assert "simulated crash after step 7" in proc.stderr
-        # The crashed rank flushed its cut window (step 7) on the way out.
+        # The crashed rank flushed its cut window (step 7) on the way out, and left its traceback; hang-report names it
+        # first (rank 0, if it raised, did so after: its collective failed when rank 1 died).
         assert whole(run_dir / trace(1, 7, 7))
+        assert (run_dir / "rank1_exception.txt").read_text().endswith(
+            "RuntimeError: simulated crash after step 7\n")
+        from hf_distprof.runs.hang_report import hang_report
+
+        assert hang_report(run_dir).lines[1].startswith("rank 1 raised RuntimeError: simulated crash after step 7 at ")
     # The survivor flushed its cut second window too.
     survivor = sorted(p.name for p in run_dir.glob("rank0_*.pt.trace.json.gz"))
     assert survivor[0] == trace(0, 3, 4) and len(survivor) == 2 and survivor[1].startswith(f"rank0_{HOST}_step7-")

@@ -588,8 +588,14 @@ def test_a_rank_that_died_in_the_window_is_said_to_have_died_not_to_have_taken_n
         "so the other ranks' time in collectives cannot be told apart into waiting for rank 1 and the transfer")
     assert died.undecided[-1].to_decide == ("hf-distprof hang-report RUN_FOLDER says where it died; fix that, then "
                                             "profile again")
-    # No crash file, but its manifest part never reached train end (killed, stopped).
+    # An uncaught exception's traceback instead (rank1_exception.txt).
     (run / "rank1_crash.txt").write_text("")
+    (run / "rank1_exception.txt").write_text("hf_distprof: rank 1 on host vm ended by an uncaught exception ...\n")
+    raised = analyze_paths([run], AnalysisOptions(workers=1))
+    assert ("rank 1 raised an exception and left no trace (rank1_exception.txt holds the traceback)"
+            in raised.undecided[-1].why)
+    # No crash file, but its manifest part never reached train end (killed, stopped).
+    (run / "rank1_exception.txt").unlink()
     manifest["unfinished_ranks"] = [1]
     (run / "manifest.json").write_bytes(orjson.dumps(manifest))
     stopped = analyze_paths([run], AnalysisOptions(workers=1))

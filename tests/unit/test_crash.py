@@ -4,13 +4,17 @@ parsed (the thread that got the signal, a native thread, an empty file, a file t
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
 import types
 from pathlib import Path
 
 import pytest
 
 from hf_distprof import crash
-from hf_distprof.runs.hang_report import hang_report, parse_crash
+from hf_distprof.runs.hang_report import hang_report, parse_crash, parse_exception
 
 SEGV = """Fatal Python error: Segmentation fault
 
@@ -112,3 +116,59 @@ def test_no_crash_and_no_hang_dump_is_an_error_naming_both_and_a_bad_file_is_nam
         hang_report(tmp_path)
     with pytest.raises(ValueError, match="not a crash file"):
         parse_crash(tmp_path / "crash.txt")
+
+
+RAISES = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from hf_distprof import crash
+
+    def collate(batch):
+        raise RuntimeError("boom in step 5")
+
+    crash.record_crashes(Path(sys.argv[1]), 1)
+    if sys.argv[2] == "interrupt":
+        raise KeyboardInterrupt
+    collate([1, 2])
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["raise", "interrupt"])
+def test_an_uncaught_exception_leaves_its_traceback_and_the_report_names_the_rank_that_raised_first(
+        tmp_path: Path, how: str) -> None:
+    # A trial: rank 1 raised in its collator; its traceback reached only torchrun's console, rank1.log was empty and
+    # hang-report found nothing to say.
+    script = tmp_path / "train.py"
+    script.write_text(RAISES)
+    env = {**os.environ, "PYTHONPATH": str(Path(crash.__file__).parents[1])}
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path), how], capture_output=True, text=True, env=env,
+                          timeout=60)
+    assert proc.returncode == (1 if how == "raise" else -2) and "Traceback" in proc.stderr  # printed as before
+    if how == "interrupt":  # a stop, not a crash
+        assert not (tmp_path / "rank1_exception.txt").exists() and not (tmp_path / "rank1_crash.txt").exists()
+        return
+    assert not (tmp_path / "rank1_crash.txt").exists()  # (no fatal signal: emptied and removed at exit)
+    text = (tmp_path / "rank1_exception.txt").read_text()
+    assert text.splitlines()[0].startswith("hf_distprof: rank 1 on host ")
+    assert text.endswith("RuntimeError: boom in step 5\n") and 'raise RuntimeError("boom in step 5")' in text
+    raised = parse_exception(tmp_path / "rank1_exception.txt")
+    assert raised is not None and raised.exception == "RuntimeError: boom in step 5"
+    assert (raised.dump.user_frame.file, raised.dump.user_frame.line, raised.dump.user_frame.func) == (
+        str(script), 7, "collate")
+    # Rank 0 raised 0.25 s later (its collective failed when rank 1 died): rank 1 is named first.
+    head = text.splitlines()[0]
+    later = float(head.rsplit("(unix ", 1)[1].rstrip(")")) + 0.25
+    (tmp_path / "rank0_exception.txt").write_text(
+        f"hf_distprof: rank 0 on host vm ended by an uncaught exception at 2026-11-29T15:50:01.250000 (unix "
+        f"{later:.6f})\nTraceback (most recent call last):\n  File \"/home/me/train.py\", line 30, in <module>\n"
+        "    trainer.train()\nRuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer\n")
+    lines = hang_report(tmp_path).lines
+    assert lines[0] == f"exception report: {tmp_path} (2 rank(s) ended by an uncaught exception)"
+    assert lines[1].startswith(f"rank 1 raised RuntimeError: boom in step 5 at {script}:7 in collate: raise "
+                               "RuntimeError(\"boom in step 5\") (first, ")
+    assert lines[2].startswith("rank 0 raised RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by "
+                               "peer at /home/me/train.py:30 in <module>: trainer.train() (0.25 s after rank 1, ")
+    assert lines[3] == ("=> rank 1 raised first: the others' exceptions followed it (a rank that dies fails its peers' "
+                        "collectives)")

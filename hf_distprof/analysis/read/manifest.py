@@ -20,7 +20,15 @@ from typing import Any
 
 from hf_distprof.analysis.results.run import RankClock, RunSummary, WindowInfo
 from hf_distprof.core.job import COUNT_KEYS, ID_KEYS
-from hf_distprof.core.names import ANOMALY, CRASH_NAME, MANIFEST_NAME, MANIFEST_PART_NAME, ON_DEMAND, PROFILE_RANKS_NAME  # noqa: F401 (ANOMALY, ON_DEMAND: the other reasons, re-exported)
+from hf_distprof.core.names import (  # noqa: F401 (ANOMALY, ON_DEMAND: the other reasons, re-exported)
+    ANOMALY,
+    CRASH_NAME,
+    EXCEPTION_NAME,
+    MANIFEST_NAME,
+    MANIFEST_PART_NAME,
+    ON_DEMAND,
+    PROFILE_RANKS_NAME,
+)
 from hf_distprof.core.stats import finite
 from hf_distprof.core.text import format_ranks
 
@@ -267,6 +275,7 @@ def summarize(manifest: Mapping[str, Any], folder: Path, others: Sequence[Path] 
             absent_ranks=_ints(manifest.get("absent_ranks")),
             profile_ranks=_optional_str(manifest.get("profile_ranks")),
             crashed_ranks=_crashed(folder, others),
+            raised_ranks=_crashed(folder, others, EXCEPTION_NAME),
             job=_job(manifest.get("job")),
         )
     except (AttributeError, IndexError, KeyError, TypeError, ValueError) as err:
@@ -277,11 +286,12 @@ def _optional_str(value: Any) -> str | None:
     return None if value is None else _str(value)
 
 
-def _crashed(folder: Path, others: Sequence[Path]) -> list[int]:
-    """The ranks whose crash file is in the run's folders and holds a stack (:mod:`hf_distprof.crash`)."""
+def _crashed(folder: Path, others: Sequence[Path], name: str = CRASH_NAME) -> list[int]:
+    """The ranks whose crash file (or exception file: ``name``) is in the run's folders and holds a stack
+    (:mod:`hf_distprof.crash`)."""
     ranks = set()
     for where in (folder, *others):
-        for crash in where.glob(CRASH_NAME.format(rank="*")):
+        for crash in where.glob(name.format(rank="*")):
             rank = crash.name.split("_", 1)[0].removeprefix("rank")
             try:
                 if rank.isdigit() and crash.stat().st_size > 0:

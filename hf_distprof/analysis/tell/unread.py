@@ -13,11 +13,15 @@ def unread_words(missing: list[int], coverage: Coverage | None,
     each said as what it is."""
     whys, dos, waited = [], [], list(missing)
     ended = ended or {}
-    crashed = [r for r in missing if ended.get(r) == "crashed"]
+    crashed = [r for r in missing if ended.get(r) in ("crashed", "raised")]
     unfinished = [r for r in missing if ended.get(r) == "unfinished"]
+    for how, name, what in (("crashed", "crash", "the stack"), ("raised", "exception", "the traceback")):
+        died = [r for r in crashed if ended.get(r) == how]
+        if died:
+            files = ", ".join(f"rank{r}_{name}.txt" for r in died)
+            whys.append(f"{format_ranks(died)} {'crashed' if how == 'crashed' else 'raised an exception'} and left "
+                        f"no trace ({files} holds {what})")
     if crashed:
-        files = ", ".join(f"rank{r}_crash.txt" for r in crashed)
-        whys.append(f"{format_ranks(crashed)} crashed and left no trace ({files} holds the stack)")
         dos.append("hf-distprof hang-report RUN_FOLDER says where it died; fix that, then profile again")
     if unfinished:
         whys.append(f"{format_ranks(unfinished)} never reached train end (it died or was stopped) and left no trace")
