@@ -408,6 +408,25 @@ def test_a_run_with_a_rank_s_trace_unread_withholds_what_weighs_the_ranks(
     assert bare.unread_ranks == [0] and [u.question for u in bare.undecided] == ["communication_bound", "what_if"]
 
 
+def test_a_trace_of_another_run_in_the_folder_is_left_out_naming_the_one_the_manifest_lists(tmp_path: Path) -> None:
+    # A trial: node folders gathered with `cp -rn` kept an earlier job's rank-0 trace (another host's name) beside
+    # this run's; the earlier one was read (name order) and this run's skipped as "already read", and the analysis
+    # printed a negative step time and a saving above 100%.
+    run = tmp_path / "run"
+    shutil.copytree(DATA / "golden" / "cpu_clean_memory", run)
+    stale = run / "rank0_hostX_step8-10.pt.trace.json.gz"
+    shutil.copy(run / "rank0_vm_step8-10.pt.trace.json.gz", stale)
+    result = analyze_paths([run], AnalysisOptions(workers=1))
+    assert [r.rank for r in result.ranks] == [0, 1]
+    assert [r.path for r in result.ranks][0].endswith("rank0_vm_step8-10.pt.trace.json.gz")
+    assert [(e.path, e.reason) for e in result.errors] == [(str(stale), (
+        "another run's trace: the run's manifest lists rank0_vm_step8-10.pt.trace.json.gz for rank 0's steps 8-10, "
+        "not this file (a node-local folder that held an earlier run of the name, or files copied in from another "
+        "job); left out"))]
+    clean = analyze_paths([DATA / "golden" / "cpu_clean_memory"], AnalysisOptions(workers=1))
+    assert result.to_dict()["findings"] == clean.to_dict()["findings"]
+
+
 def test_the_ranks_expected_come_from_the_manifest_else_the_traces_world() -> None:
     from types import SimpleNamespace
 

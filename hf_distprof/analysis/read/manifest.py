@@ -14,6 +14,7 @@ Pure code over JSON documents and file names: the runtime side (the clock measur
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -348,12 +349,43 @@ def _number(value: Any) -> float | None:
     return number
 
 
-def run_summary_beside(files: Sequence[str | Path]) -> tuple[RunSummary | None, list[tuple[str, str]]]:
+_TRACE_STEPS = re.compile(r"^rank(?P<rank>\d+)_.+_step(?P<first>\d+)-(?P<last>\d+)\.pt\.trace\.json(?:\.gz)?$")
+
+
+def foreign_traces(manifest: Mapping[str, Any], files: Sequence[str | Path]) -> list[tuple[str, str]]:
+    """``(file, reason)`` for each trace in ``files`` that is another run's: the manifest does not list it, and lists
+    a trace of the same rank over some of its steps (a node-local folder that held an earlier run of the name, files
+    copied together from two jobs). A trace the manifest lists nothing against (a window whose part never reached
+    the manifest) is not judged."""
+    listed: dict[int, list[tuple[int, int, str]]] = {}
+    names = set()
+    for f in manifest.get("files") or []:
+        found = _TRACE_STEPS.match(str(f.get("name", "")))
+        if found:
+            names.add(found.string)
+            listed.setdefault(int(found["rank"]), []).append((int(found["first"]), int(found["last"]), found.string))
+    out = []
+    for path in files:
+        found = _TRACE_STEPS.match(Path(path).name)
+        if found is None or found.string in names:
+            continue
+        rank, first, last = int(found["rank"]), int(found["first"]), int(found["last"])
+        theirs = next((name for a, b, name in listed.get(rank, []) if a <= last and first <= b), None)
+        if theirs is not None:
+            out.append((str(path), f"another run's trace: the run's manifest lists {theirs} for rank {rank}'s steps "
+                                   f"{first}-{last}, not this file (a node-local folder that held an earlier run of "
+                                   "the name, or files copied in from another job); left out"))
+    return out
+
+
+def run_summary_beside(
+    files: Sequence[str | Path]
+) -> tuple[RunSummary | None, list[tuple[str, str]], list[tuple[str, str]]]:
     """The manifest of the run folder the trace files are in (the first folder with one, in name order).
 
     Returns:
-        The summary (None when no folder holds a manifest), and ``(file, reason)`` for each manifest that could
-        not be read.
+        The summary (None when no folder holds a manifest), ``(file, reason)`` for each manifest that could not be
+        read, and ``(file, reason)`` for each trace that is another run's (:func:`foreign_traces`).
     """
     errors: list[tuple[str, str]] = []
     folders = sorted({Path(f).parent for f in files})
@@ -366,10 +398,11 @@ def run_summary_beside(files: Sequence[str | Path]) -> tuple[RunSummary | None, 
         if manifest is None:
             continue
         try:
-            return summarize(manifest, folder, [f for f in folders if f != folder]), errors
+            return summarize(manifest, folder, [f for f in folders if f != folder]), errors, foreign_traces(
+                manifest, files)
         except ManifestError as err:
             errors.append((err.path, err.reason))
-    return None, errors
+    return None, errors, []
 
 
 def _profiles_nobody(manifest: dict[str, Any]) -> str | None:
