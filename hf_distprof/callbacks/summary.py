@@ -163,7 +163,10 @@ class RunSummaryCallback(TrainerCallback):
         if not state.is_world_process_zero:
             return
         run_dirs = paths.run_dirs_of(state)
-        folders = distinct_folders(tensorboard.open_folders())
+        # This train() call's folders only (a notebook's earlier call left its writers open: listed again, they read
+        # as this run's).
+        ours = {tensorboard.tensorboard_dir(args.output_dir, d).absolute() for d in run_dirs or [None]}
+        folders = distinct_folders([f for f in tensorboard.open_folders() if f in ours])
         trainer_tb = trainer_tensorboard_dir(args)
         # The Trainer's folder, unless it is one of ours or holds ours (then the block names the one inside); ours
         # are absolute, the Trainer's may be relative ($TENSORBOARD_LOGGING_DIR, output_dir): compared resolved.

@@ -162,3 +162,23 @@ def test_the_trainers_folder_written_relative_is_not_listed_beside_ours(tmp_path
     listed, command = tensorboard_lines(capsys.readouterr().out)
     assert listed == [str(ours)]
     assert command == f"tensorboard --logdir {tmp_path / 'outputs' / 'runs'}"
+
+
+def test_a_second_train_call_lists_its_own_tensorboard_folder_and_files_only(tmp_path, capsys):
+    # A trial's notebook-style script called train() twice: the second block listed the first call's TensorBoard
+    # folder too, and its rank0.log said "profiler wrote: " the first call's trace as well.
+    from hf_distprof import ProfilerCallback, tensorboard
+    from hf_distprof.callbacks.step_timer import StepTimerCallback
+
+    args = ProfilingArguments(enable_profiling=True, profiler_output_dir=str(tmp_path / "P"), profiler_run_name="run",
+                              profiler_wait_steps=1, profiler_warmup_steps=0, profiler_active_steps=1)
+    timer, summary, profiler = StepTimerCallback(args), RunSummaryCallback(args), ProfilerCallback(args)
+    try:
+        for _ in range(2):
+            fake_trainer.run([profiler, timer, summary], 3, tmp_path)
+        listed, _ = tensorboard_lines(summary.printed)
+        assert [Path(p).name for p in listed] == ["hf_distprof_run-1"]
+        assert [p.parent.name for p in profiler.written] == ["run-1", "run-1"]  # its trace and summary
+    finally:
+        tensorboard.close_writers()
+    capsys.readouterr()

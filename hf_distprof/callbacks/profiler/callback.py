@@ -144,6 +144,7 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         self._idle_through = 0  # this call's schedule is shifted to its own first step
+        self.written = []  # this call's files ("profiler wrote: ..." listed an earlier call's too)
         if self._triggers is not None:
             # A train() call that ended without on_train_end (an exception; auto_find_batch_size's retry): its
             # gather in flight is read (every rank has it) and its SIGUSR1 handler put back before new ones.
