@@ -254,6 +254,10 @@ def test_analyze_reports_hosts_and_why_each_window_was_taken_and_warns_of_a_lost
     assert f"Run manifest ({folder / 'manifest.json'}), complete: 2 rank(s) on 2 host(s): hostA: ranks 0; " \
            "hostB: ranks 1" in text
     assert "  clocks at start: largest offset from rank 0 +1500 us (rank 1, +/- 40 us)" in text
+    (tmp_path / "near").mkdir()
+    near = format_summary(analyze_paths([run_with_manifest(tmp_path / "near", "clean", -0.11, lost=False)],
+                                        AnalysisOptions(workers=1)))
+    assert "largest offset from rank 0 +0 us (rank 1" in near  # (it read "-0 us")
     assert "  window steps 1-5 on ranks 0-1, taken by anomaly: rank 1's step 9 took 3 s" in text
     assert "  1 file(s) listed in the manifest are missing from the folder" in text
     assert format_findings(result).splitlines()[-1] == f"Warning: {result.run.missing_files[0]}"

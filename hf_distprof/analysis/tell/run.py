@@ -18,7 +18,8 @@ def format_run(run: RunSummary) -> list[str]:
     measured = [c for c in run.clocks if c.offset_us is not None and c.uncertainty_us is not None]
     if len({c.host for c in run.clocks}) > 1 and measured:
         worst = max(measured, key=lambda c: abs(c.offset_us or 0.0))
-        lines.append(f"  clocks at start: largest offset from rank 0 {worst.offset_us:+.0f} us (rank {worst.rank}, "
+        offset = round(worst.offset_us or 0.0) or 0  # ("-0 us" for -0.11)
+        lines.append(f"  clocks at start: largest offset from rank 0 {offset:+d} us (rank {worst.rank}, "
                      f"+/- {worst.uncertainty_us:.0f} us)")
     for w in run.windows:
         why = " + ".join(w.reasons) or "unknown"
