@@ -372,10 +372,10 @@ class ProfilingArguments:
 
 
 def _flag_error(message: str) -> NoReturn:
-    """A bad flag or two that contradict each other: while an argument parser builds this dataclass
-    (``HfArgumentParser.parse_args_into_dataclasses``, its ``parse_dict``/``parse_json_file``), that parser's
-    ``error``: the usage, ``error: <message>``, exit 2, no traceback, as for a value argparse rejects itself. Built
-    in code (a notebook, a test), a ``ValueError``."""
+    """A bad flag or two that contradict each other: while an argument parser builds this dataclass from the command
+    line (``HfArgumentParser.parse_args_into_dataclasses``), that parser's ``error``: the usage, ``error: <message>``,
+    exit 2, no traceback, as for a value argparse rejects itself. Otherwise (built in code, a notebook, a test; a
+    parser's ``parse_dict``; a parser made with ``exit_on_error=False``), a ``ValueError``."""
     frame = sys._getframe(1)
     for _ in range(8):  # __post_init__ <- __init__ <- the parser's method
         frame = frame.f_back
@@ -383,7 +383,9 @@ def _flag_error(message: str) -> NoReturn:
             break
         owner = frame.f_locals.get("self")
         if isinstance(owner, argparse.ArgumentParser):
-            owner.error(message)
+            if frame.f_code.co_name == "parse_args_into_dataclasses" and getattr(owner, "exit_on_error", True):
+                owner.error(message)
+            break
     raise ValueError(message)
 
 

@@ -334,7 +334,8 @@ def hang_report(folder: Path) -> HangReport:
                                 "rank*_crash.txt with a stack (no rank died of a fatal signal) and no "
                                 "rank*_exception.txt (no rank ended by an uncaught exception)")
     if not dumps:
-        lines = (_crash_lines(folder, crashes) if crashes else []) + (_raised_lines(folder, raised) if raised else [])
+        lines = (_crash_lines(folder, crashes) if crashes else []) + (
+            _raised_lines(folder, raised, bool(crashes)) if raised else [])
         return HangReport(folder, {}, {}, None, [], lines, crashes, raised)
     recorders = {r.rank: r for r in map(parse_recorder, sorted(folder.glob("flight_recorder_rank*.pkl")))}
     sizes = {int(d.header["world_size"]) for d in dumps.values() if d.header.get("world_size", "").isdigit()}
@@ -369,22 +370,28 @@ def hang_report(folder: Path) -> HangReport:
     if crashes:
         lines += _crash_lines(folder, crashes)[1:]
     if raised:
-        lines += _raised_lines(folder, raised)[1:]
+        lines += _raised_lines(folder, raised, bool(crashes))[1:]
     return HangReport(folder, dumps, recorders, world, culprits, lines, crashes, raised)
 
 
-def _raised_lines(folder: Path, raised: dict[int, Raised]) -> list[str]:
+def _raised_lines(folder: Path, raised: dict[int, Raised], crashed: bool = False) -> list[str]:
     """Which rank raised, what, where, in the order they did: the first is the cause, the others mostly its effect
-    (a peer that died fails their collectives)."""
+    (a peer that died fails their collectives). Named first only when the order holds: the ranks on one host (one
+    clock; hosts' clocks can differ by more than the gaps), and no rank that died of a signal (its time unknown)."""
     lines = [f"exception report: {folder} ({len(raised)} rank(s) ended by an uncaught exception)"]
     ordered = sorted(raised.values(), key=lambda r: (r.unix, r.rank))
     for i, r in enumerate(ordered):
         when = "first" if i == 0 else f"{r.unix - ordered[0].unix:.2f} s after rank {ordered[0].rank}"
         where = f" at {r.dump.user_frame}" if r.dump.main_stack else ""
         lines.append(f"rank {r.rank} raised {r.exception}{where} ({when}, {r.stamp}); its traceback: {r.path.name}")
-    if len(ordered) > 1:
-        lines.append(f"=> rank {ordered[0].rank} raised first: the others' exceptions followed it (a rank that dies "
-                     "fails its peers' collectives)")
+    if len(ordered) > 1 and not crashed:
+        if len({r.dump.host for r in ordered}) == 1:
+            lines.append(f"=> rank {ordered[0].rank} raised first: the others' exceptions followed it (a rank that "
+                         "dies fails its peers' collectives)")
+        else:
+            lines.append(f"=> rank {ordered[0].rank} raised first by its host's clock; the ranks are on "
+                         f"{len({r.dump.host for r in ordered})} hosts, whose clocks can differ by more than these "
+                         "gaps: read the exceptions, the first cause is the one that is not a failed collective")
     return lines
 
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import statistics
-
 import gzip
 import shutil
+import statistics
 from pathlib import Path
 
 import orjson
@@ -425,6 +424,13 @@ def test_a_trace_of_another_run_in_the_folder_is_left_out_naming_the_one_the_man
         "job); left out"))]
     clean = analyze_paths([DATA / "golden" / "cpu_clean_memory"], AnalysisOptions(workers=1))
     assert result.to_dict()["findings"] == clean.to_dict()["findings"]
+    # A trace gunzipped in place is the one the manifest lists, not another run's.
+    stale.unlink()
+    listed = run / "rank1_vm_step8-10.pt.trace.json.gz"
+    (run / "rank1_vm_step8-10.pt.trace.json").write_bytes(gzip.decompress(listed.read_bytes()))
+    listed.unlink()
+    plain = analyze_paths([run], AnalysisOptions(workers=1))
+    assert [r.rank for r in plain.ranks] == [0, 1] and plain.errors == []
 
 
 def test_the_ranks_expected_come_from_the_manifest_else_the_traces_world() -> None:
@@ -619,6 +625,14 @@ def test_a_rank_that_died_in_the_window_is_said_to_have_died_not_to_have_taken_n
     (run / "manifest.json").write_bytes(orjson.dumps(manifest))
     stopped = analyze_paths([run], AnalysisOptions(workers=1))
     assert "rank 1 never reached train end (it died or was stopped) and left no trace" in stopped.undecided[-1].why
+    # A rank that took the window (a job stopped at its time limit after it: every rank unfinished) left a trace:
+    # one not read is said as not read, not as "left no trace".
+    manifest["windows"][0]["ranks"] = [0, 1]
+    manifest["unfinished_ranks"] = [0, 1]
+    (run / "manifest.json").write_bytes(orjson.dumps(manifest))
+    unread = analyze_paths([run], AnalysisOptions(workers=1))
+    assert "the trace of rank 1 is not among those read" in unread.undecided[-1].why
+    assert "left no trace" not in unread.undecided[-1].why
 
 
 def test_what_the_step_timer_decided_is_not_withheld_for_an_unread_trace() -> None:

@@ -159,16 +159,29 @@ def test_an_uncaught_exception_leaves_its_traceback_and_the_report_names_the_ran
         str(script), 7, "collate")
     # Rank 0 raised 0.25 s later (its collective failed when rank 1 died): rank 1 is named first.
     head = text.splitlines()[0]
+    host = head.split(" on host ", 1)[1].split(" ", 1)[0]
     later = float(head.rsplit("(unix ", 1)[1].rstrip(")")) + 0.25
-    (tmp_path / "rank0_exception.txt").write_text(
-        f"hf_distprof: rank 0 on host vm ended by an uncaught exception at 2026-11-29T15:50:01.250000 (unix "
-        f"{later:.6f})\nTraceback (most recent call last):\n  File \"/home/me/train.py\", line 30, in <module>\n"
-        "    trainer.train()\nRuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer\n")
+
+    def rank0_raised(on: str) -> None:
+        (tmp_path / "rank0_exception.txt").write_text(
+            f"hf_distprof: rank 0 on host {on} ended by an uncaught exception at 2026-11-29T15:50:01.250000 (unix "
+            f"{later:.6f})\nTraceback (most recent call last):\n  File \"/home/me/train.py\", line 30, in <module>\n"
+            "    trainer.train()\nRuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer\n")
+
+    rank0_raised(host)
     lines = hang_report(tmp_path).lines
     assert lines[0] == f"exception report: {tmp_path} (2 rank(s) ended by an uncaught exception)"
     assert lines[1].startswith(f"rank 1 raised RuntimeError: boom in step 5 at {script}:7 in collate: raise "
                                "RuntimeError(\"boom in step 5\") (first, ")
     assert lines[2].startswith("rank 0 raised RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by "
                                "peer at /home/me/train.py:30 in <module>: trainer.train() (0.25 s after rank 1, ")
-    assert lines[3] == ("=> rank 1 raised first: the others' exceptions followed it (a rank that dies fails its peers' "
-                        "collectives)")
+    assert lines[3] == ("=> rank 1 raised first: the others' exceptions followed it (a rank that dies fails its "
+                        "peers' collectives)")
+    # On two hosts the order is each host's clock: said so.
+    rank0_raised(host + "-other")
+    assert hang_report(tmp_path).lines[3] == (
+        "=> rank 1 raised first by its host's clock; the ranks are on 2 hosts, whose clocks can differ by more than "
+        "these gaps: read the exceptions, the first cause is the one that is not a failed collective")
+    # A rank that died of a signal too: its time is unknown, so no rank is named first.
+    (tmp_path / "rank2_crash.txt").write_text(SEGV)
+    assert not any(line.startswith("=>") for line in hang_report(tmp_path).lines)

@@ -156,6 +156,14 @@ def test_flags_that_contradict_each_other_end_a_plain_script_with_status_2(argv,
             ProfilingArguments.from_namespace(plain.parse_args(argv), with_parser)
         err = capsys.readouterr().err
         assert ended.value.code == 2 and f"error: {words}" in err and "Traceback" not in err, err
+    # A parser asked not to exit, and a dict parsed in code: the exception to catch, as in code.
+    with pytest.raises(ValueError, match="needs"):
+        HfArgumentParser((ProfilingArguments, TrainingArguments), exit_on_error=False).parse_args_into_dataclasses(
+            args=[*argv, "--output_dir", "out"])
+    with pytest.raises(ValueError, match="needs"):
+        HfArgumentParser(ProfilingArguments).parse_dict(
+            {a.lstrip("-").replace("-", "_"): True for a in argv if a.startswith("--")}
+            | ({"max_trace_mb": 5.0} if "--max-trace-mb" in argv else {}))
     # Built in code, the same is an exception to catch.
     with pytest.raises(ValueError, match="needs"):
         ProfilingArguments(**{a.lstrip("-").replace("-", "_"): True for a in argv if a.startswith("--")}

@@ -125,8 +125,11 @@ def judge(ranks: list[RankResult], across: Across, replay: WhatIf | None, summar
     # A window whose verdicts were weighed with the timer's already answers for the whole run.
     weighed = verdicts.imbalance_basis != TRACE or verdicts.straggler_basis != TRACE
     findings, withheld = withhold_in_a_distorted_window(findings, slowdown, None if weighed else verdicts.run_json)
-    findings, unread = withhold_without_every_rank(findings, missing, replay is not None, coverage,
-                                                   {r: how for r, how in (ended or {}).items() if r in missing})
+    # A rank that ended early is said so when it left no trace; one that took a window has a trace, lost or unread.
+    traced = {r for w in windows for r in w.ranks}
+    findings, unread = withhold_without_every_rank(
+        findings, missing, replay is not None, coverage,
+        {r: how for r, how in (ended or {}).items() if r in missing and r not in traced})
     gpu = any(r.device == "gpu" for r in ranks)
     # The slow rank's finding as one chain (its slow phase -> late at the collectives -> its peers wait).
     findings = chain.explain(findings, across, verdicts, gpu)

@@ -362,12 +362,12 @@ def foreign_traces(manifest: Mapping[str, Any], files: Sequence[str | Path]) -> 
     for f in manifest.get("files") or []:
         found = _TRACE_STEPS.match(str(f.get("name", "")))
         if found:
-            names.add(found.string)
+            names.add(found.string.removesuffix(".gz"))  # (a trace gunzipped in place is the same trace)
             listed.setdefault(int(found["rank"]), []).append((int(found["first"]), int(found["last"]), found.string))
     out = []
     for path in files:
         found = _TRACE_STEPS.match(Path(path).name)
-        if found is None or found.string in names:
+        if found is None or found.string.removesuffix(".gz") in names:
             continue
         rank, first, last = int(found["rank"]), int(found["first"]), int(found["last"])
         theirs = next((name for a, b, name in listed.get(rank, []) if a <= last and first <= b), None)
