@@ -11,8 +11,10 @@ schedulers and torchrun give before SIGKILL (30 s by default).
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
@@ -92,6 +94,7 @@ def forget_at_default_death(fn: Callable[[], None]) -> None:
     if not _GUARDED and threading.current_thread() is threading.main_thread() and \
             held_for(signal.getsignal(signal.SIGTERM), signal.SIGTERM) is _flush_then_die:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        _stop_watch()
 
 
 def rearm() -> None:
@@ -100,14 +103,123 @@ def rearm() -> None:
     if _GUARDED and threading.current_thread() is threading.main_thread() and \
             signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _flush_then_die)
+        _start_watch()
+
+
+_RAN = threading.Event()
+"""Set when the main thread runs :func:`_flush_then_die`."""
 
 
 def _flush_then_die(signum: int, frame: FrameType | None) -> None:
     """SIGTERM's default action, after what :func:`at_default_death` registered (the step timer's last rows, the
     memory logger's lines, the empty crash file's removal)."""
+    _RAN.set()
     before_default_death()
     signal.signal(signum, signal.SIG_DFL)
     signal.raise_signal(signum)
+
+
+# A Python signal handler runs on the main thread, between bytecodes: a main thread blocked in native code (a collective
+# waiting for a rank that died, a device sync) would not run the stand-in until it returns, and SIGTERM, which would
+# have ended the process at once, would wait for the launcher's SIGKILL. So while the stand-in is in place, the
+# signal's arrival is also written to a pipe (``signal.set_wakeup_fd``, where no one else uses it) that a thread reads:
+# when the main thread has not run the stand-in within GRACE_S, that thread runs it, then ends the process as the
+# signal's default action would have.
+GRACE_S = 2.0
+_WATCH: tuple[int, int] | None = None
+"""The pipe's read and write ends while the watch runs."""
+
+
+def _start_watch() -> None:
+    """On the main thread, with the stand-in in place: the pipe and the thread reading it (not where another wakeup
+    descriptor is set, an event loop's: then the stand-in waits for the main thread)."""
+    global _WATCH
+    if _WATCH is not None:
+        return
+    read, write = os.pipe()
+    try:
+        os.set_blocking(write, False)
+        previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    except (ValueError, OSError):
+        os.close(read)
+        os.close(write)
+        return
+    if previous != -1:
+        signal.set_wakeup_fd(previous)
+        os.close(read)
+        os.close(write)
+        return
+    _WATCH = (read, write)
+    threading.Thread(target=_watch, args=(read,), name="hf_distprof-sigterm-watch", daemon=True).start()
+
+
+def _stop_watch() -> None:
+    """On the main thread, the stand-in gone: the wakeup descriptor put back (unless another's replaced it since); the
+    thread ends when the pipe closes."""
+    global _WATCH
+    if _WATCH is None:
+        return
+    _, write = _WATCH
+    _WATCH = None
+    try:
+        current = signal.set_wakeup_fd(-1)
+        if current != write:
+            signal.set_wakeup_fd(current)
+    except (ValueError, OSError):
+        pass
+    os.close(write)
+
+
+def _watch(read: int) -> None:
+    try:
+        while data := os.read(read, 512):
+            if int(signal.SIGTERM) in data and signal.getsignal(signal.SIGTERM) is _flush_then_die \
+                    and not _RAN.wait(GRACE_S) and signal.getsignal(signal.SIGTERM) is _flush_then_die:
+                before_default_death()  # the main thread is stuck: its rows are written from here
+                _die(signal.SIGTERM)
+    except OSError:
+        pass
+    finally:
+        os.close(read)
+
+
+def _die(signum: int) -> None:
+    """End the process as ``signum``'s default action does, from a thread (``signal.signal`` is the main thread's)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        libc.signal.restype = ctypes.c_void_p
+        libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
+        libc.signal(int(signum), None)  # SIG_DFL
+        os.kill(os.getpid(), signum)
+        time.sleep(5.0)
+    finally:
+        os._exit(128 + int(signum))
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (a multiprocessing worker, ``datasets.map(num_proc=...)``) is not the rank: SIGTERM ends it
+    without the parent's rows, and the parent's pipe is closed in it (a child's SIGTERM would reach the parent's
+    watch)."""
+    global _WATCH
+    _BEFORE_DEATH.clear()
+    _GUARDED.clear()
+    if signal.getsignal(signal.SIGTERM) is _flush_then_die:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if _WATCH is not None:
+        read, write = _WATCH
+        _WATCH = None
+        with contextlib.suppress(ValueError, OSError):
+            if signal.set_wakeup_fd(-1) != write:
+                pass
+        for fd in (read, write):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def before_default_death() -> None:

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,18 @@ SCRIPT = textwrap.dedent(
                               profiler_output_dir=str(out), profiler_run_name="run", enable_profiling=profiled,
                               profile_ranks="1" if profiled else None)
     fake_trainer.run(build_callbacks(args), 20, out, stop_after=4)
+    if how == "stuck":  # the main thread blocked in native code (a collective waiting for a dead rank)
+        import ctypes
+        libc, mutex = ctypes.CDLL(None), ctypes.create_string_buffer(64)  # PTHREAD_MUTEX_INITIALIZER: zeros
+        libc.pthread_mutex_lock(mutex)
+        print("blocked", flush=True)
+        libc.pthread_mutex_lock(mutex)  # again: blocks for good, and no signal interrupts it
+    if how == "fork":  # a forked child (a multiprocessing worker) stopped by SIGTERM: the parent's rows are not its own
+        child = os.fork()
+        if child == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+            os._exit(7)
+        print("child", os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]), flush=True)
     os.kill(os.getpid(), signal.SIGTERM)
     print("survived the signal", flush=True)
     """
@@ -61,6 +74,36 @@ def test_sigterm_without_a_profiler_keeps_the_timed_rows_and_leaves_no_crash_fil
     assert _steps(run / "timing_rank0.jsonl") == [1, 2, 3, 4]
     assert _steps(run / "memory_rank0.jsonl") == [1, 2, 3, 4]
     assert not (run / "rank0_crash.txt").exists()
+
+
+def test_sigterm_on_a_rank_stuck_in_native_code_still_writes_the_rows_and_ends_it(tmp_path: Path) -> None:
+    # The stand-in is a Python handler, which runs only when the main thread runs Python: a rank blocked in a
+    # collective would have waited for the launcher's SIGKILL (30 s later, exit -9) instead of ending at once.
+    script = tmp_path / "stopped.py"
+    script.write_text(SCRIPT.format(tests=str(REPO_ROOT / "tests")))
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "out"), "stuck"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "blocked\n"
+        time.sleep(0.5)  # into the native call
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == -signal.SIGTERM
+        assert time.monotonic() - started < 15  # the grace, not a launcher's SIGKILL
+    finally:
+        proc.kill()
+    run = tmp_path / "out" / "run"
+    assert _steps(run / "timing_rank0.jsonl") == [1, 2, 3, 4] and _steps(run / "memory_rank0.jsonl") == [1, 2, 3, 4]
+
+
+def test_a_forked_child_stopped_by_sigterm_writes_none_of_the_parent_s_rows(tmp_path: Path) -> None:
+    proc = _run(tmp_path, "fork")
+    assert proc.returncode == -signal.SIGTERM, proc.stderr[-2000:]
+    assert proc.stdout.splitlines()[0] == "child -15"  # the child ended by the signal, as without hf_distprof
+    run = tmp_path / "out" / "run"
+    assert _steps(run / "timing_rank0.jsonl") == [1, 2, 3, 4]  # once: by the parent (the child wrote them too)
+    assert _steps(run / "memory_rank0.jsonl") == [1, 2, 3, 4]
 
 
 def test_a_script_s_own_sigterm_handler_is_left_alone(tmp_path: Path) -> None:
