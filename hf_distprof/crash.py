@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import faulthandler
+import os
 import sys
 import time
 import traceback
@@ -30,9 +31,12 @@ logger = dist.get_logger(__name__)
 
 _FILE: IO[str] | None = None
 _PATH: Path | None = None
+_PID = 0
+"""The process that armed the crash file."""
 _EXCEPTION: Path | None = None
 """Where an uncaught exception's traceback goes (this rank's file in the latest run folder)."""
 _EXCEPTION_RANK = 0
+_EXCEPTION_PID = 0
 _PREVIOUS_HOOK: Any = None
 
 
@@ -45,7 +49,7 @@ def record_crashes(run_dir: Path, rank: int) -> Path | None:
         The file, or None when the script enabled ``faulthandler`` itself or the file cannot be opened (one line in
         the log).
     """
-    global _FILE, _PATH
+    global _FILE, _PATH, _PID
     _record_exceptions(run_dir / EXCEPTION_NAME.format(rank=rank), rank)
     path = run_dir / CRASH_NAME.format(rank=rank)
     if _PATH == path:
@@ -59,14 +63,17 @@ def record_crashes(run_dir: Path, rank: int) -> Path | None:
         logger.warning(f"cannot write {path}: {err!r}; a crash of this rank would leave no stack")
         return None
     faulthandler.enable(file=handle, all_threads=True)
-    _FILE, _PATH = handle, path
+    _FILE, _PATH, _PID = handle, path, os.getpid()
+    # So does a rank stopped by SIGTERM through our handlers: stopped, not crashed (registered in this process: a
+    # forked child, a multiprocessing worker stopped so, leaves the rank's file alone).
+    signals.at_default_death(finish)
     return path
 
 
 def _record_exceptions(path: Path, rank: int) -> None:
     """Have an uncaught exception's traceback written into ``path`` (a later run folder takes it over)."""
-    global _EXCEPTION, _EXCEPTION_RANK, _PREVIOUS_HOOK
-    _EXCEPTION, _EXCEPTION_RANK = path, rank
+    global _EXCEPTION, _EXCEPTION_RANK, _EXCEPTION_PID, _PREVIOUS_HOOK
+    _EXCEPTION, _EXCEPTION_RANK, _EXCEPTION_PID = path, rank, os.getpid()
     if sys.excepthook is not _on_uncaught:
         _PREVIOUS_HOOK = sys.excepthook
         sys.excepthook = _on_uncaught
@@ -76,7 +83,7 @@ def _on_uncaught(kind: type[BaseException], value: BaseException, tb: TracebackT
     """``sys.excepthook``: the traceback into this rank's exception file, then the hook from before (which prints
     it). Ctrl-C is a stop, not a crash: no file."""
     path = _EXCEPTION
-    if path is not None and not issubclass(kind, KeyboardInterrupt):
+    if path is not None and not issubclass(kind, KeyboardInterrupt) and _EXCEPTION_PID == os.getpid():
         try:
             now = time.time()
             stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1e6):06d}"
@@ -89,9 +96,10 @@ def _on_uncaught(kind: type[BaseException], value: BaseException, tb: TracebackT
 
 
 def finish() -> None:
-    """Stop recording (a clean exit, or a new run folder): the file is closed, and removed when it is empty."""
+    """Stop recording (a clean exit, or a new run folder): the file is closed, and removed when it is empty; in the
+    process that armed it only (a forked child's exit leaves the rank's file alone)."""
     global _FILE, _PATH
-    if _FILE is None or _PATH is None:
+    if _FILE is None or _PATH is None or _PID != os.getpid():
         return
     faulthandler.disable()
     handle, path = _FILE, _PATH
@@ -110,4 +118,3 @@ def current() -> Path | None:
 
 
 atexit.register(finish)  # a clean exit (dist.finish runs the atexit handlers too) leaves no empty file
-signals.at_default_death(finish)  # so does a rank stopped by SIGTERM through our handlers: stopped, not crashed

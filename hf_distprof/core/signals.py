@@ -66,6 +66,13 @@ def deferred(signals: tuple[signal.Signals, ...] = TERMINATION_SIGNALS) -> Itera
 
 _BEFORE_DEATH: list[Callable[[], None]] = []
 _GUARDED: list[Callable[[], None]] = []
+_OWNER: dict[Callable[[], None], int] = {}
+"""The process each was registered in: a forked child (a multiprocessing worker) runs none of its parent's."""
+
+
+def _mine(fns: list[Callable[[], None]]) -> list[Callable[[], None]]:
+    pid = os.getpid()
+    return [fn for fn in fns if _OWNER.get(fn) == pid]
 
 
 def at_default_death(fn: Callable[[], None], guard: bool = False) -> None:
@@ -81,6 +88,7 @@ def at_default_death(fn: Callable[[], None], guard: bool = False) -> None:
         _BEFORE_DEATH.append(fn)
     if guard and fn not in _GUARDED:
         _GUARDED.append(fn)
+    _OWNER[fn] = os.getpid()
     rearm()
 
 
@@ -91,7 +99,8 @@ def forget_at_default_death(fn: Callable[[], None]) -> None:
         _BEFORE_DEATH.remove(fn)
     if fn in _GUARDED:
         _GUARDED.remove(fn)
-    if not _GUARDED and threading.current_thread() is threading.main_thread() and \
+    _OWNER.pop(fn, None)
+    if not _mine(_GUARDED) and threading.current_thread() is threading.main_thread() and \
             held_for(signal.getsignal(signal.SIGTERM), signal.SIGTERM) is _flush_then_die:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         _stop_watch()
@@ -100,7 +109,7 @@ def forget_at_default_death(fn: Callable[[], None]) -> None:
 def rearm() -> None:
     """Put the stand-in for SIGTERM's default action in place where the default is in place and something registered
     with ``guard`` is left (also after the profiler put the default back at its close)."""
-    if _GUARDED and threading.current_thread() is threading.main_thread() and \
+    if _mine(_GUARDED) and threading.current_thread() is threading.main_thread() and \
             signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _flush_then_die)
         _start_watch()
@@ -200,12 +209,10 @@ def _die(signum: int) -> None:
 
 def _after_fork_in_child() -> None:
     """A forked child (a multiprocessing worker, ``datasets.map(num_proc=...)``) is not the rank: SIGTERM ends it
-    without the parent's rows, and the parent's pipe is closed in it (a child's SIGTERM would reach the parent's
-    watch)."""
+    without the parent's rows (what the parent registered is not the child's: :func:`_mine`), and the parent's pipe is
+    closed in it (a child's SIGTERM would reach the parent's watch)."""
     global _WATCH
-    _BEFORE_DEATH.clear()
-    _GUARDED.clear()
-    if signal.getsignal(signal.SIGTERM) is _flush_then_die:
+    if not _mine(_GUARDED) and signal.getsignal(signal.SIGTERM) is _flush_then_die:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if _WATCH is not None:
         read, write = _WATCH
@@ -223,8 +230,9 @@ if hasattr(os, "register_at_fork"):
 
 
 def before_default_death() -> None:
-    """Run what :func:`at_default_death` registered; a failure there never keeps the signal from its effect."""
-    for fn in _BEFORE_DEATH:
+    """Run what :func:`at_default_death` registered in this process; a failure there never keeps the signal from its
+    effect."""
+    for fn in _mine(_BEFORE_DEATH):
         try:
             fn()
         except Exception:  # noqa: BLE001, S110 - the process is about to end of its signal either way

@@ -130,7 +130,12 @@ def test_hang_abort_first_runs_what_a_signal_s_death_would(tmp_path, monkeypatch
     from hf_distprof.core import signals
 
     ran: list[str] = []
-    monkeypatch.setattr(signals, "_BEFORE_DEATH", [lambda: ran.append("tidied")])
+
+    def tidy() -> None:
+        ran.append("tidied")
+
+    monkeypatch.setattr(signals, "_BEFORE_DEATH", [tidy])
+    monkeypatch.setattr(signals, "_OWNER", {tidy: os.getpid()})
     exits, _ = _abort(tmp_path)
     assert ran == ["tidied"] and exits == [ABORT_STATUS]
 
@@ -143,7 +148,12 @@ def test_hang_abort_ends_the_rank_even_when_its_tidying_hangs_too(tmp_path, monk
     from hf_distprof.core import signals
 
     stuck = threading.Event()
-    monkeypatch.setattr(signals, "_BEFORE_DEATH", [lambda: stuck.wait(60)])
+
+    def tidy() -> None:
+        stuck.wait(60)
+
+    monkeypatch.setattr(signals, "_BEFORE_DEATH", [tidy])
+    monkeypatch.setattr(signals, "_OWNER", {tidy: os.getpid()})
     monkeypatch.setattr(hang, "TIDY_S", 0.2)
     try:
         exits, _ = _abort(tmp_path)
