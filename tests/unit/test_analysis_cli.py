@@ -515,6 +515,9 @@ def test_with_profile_ranks_the_step_timer_s_slow_rank_stands_and_the_traced_ran
     slow = analyze_paths([_profiled_ranks(tmp_path, 1)], AnalysisOptions(workers=1))
     assert [u.question for u in slow.undecided] == [] and slow.findings[0].kind == "slow_rank"
     assert slow.findings[0].ranks == [1] and slow.what_if != []
+    # Its data loading is what exceeds: the slow-rank finding stands for its data-loading finding too, as when every
+    # rank is traced (a trial's run listed "Data-loading bound (rank 1)" third, the guide says it is replaced).
+    assert [(f.kind, f.ranks) for f in slow.findings] == [("slow_rank", [1]), ("what_to_fix_first", [1])]
 
 
 def test_untraced_ranks_withhold_what_their_waits_would_distort_as_the_step_timer_s_verdict_says() -> None:

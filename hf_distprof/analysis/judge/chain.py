@@ -76,8 +76,11 @@ def explain(findings: list[Judgement], across: Across, verdicts: RankVerdicts, g
     first = naming[0][1]
     cause = verdicts.cause if verdicts.cause is not None and verdicts.cause.rank == slow else None
     if not explains and naming[0][2] == STEP_TIMER:
-        # Named by the run, not by the window: one finding with the run's evidence, in place of the window's.
-        rest = [f for f in findings if f not in about]
+        # Named by the run, not by the window: one finding with the run's evidence, in place of the window's (and of
+        # the rank's data-loading finding when its data loading is what exceeds, as the chain below folds it).
+        loading = phase is not None and phase.from_timer and phase.excess_us > 0 and phase.phase == "data"
+        rest = [f for f in findings if f not in about
+                and not (loading and f.kind == "data_loading_bound" and f.ranks == [slow])]
         windowed = verdicts.straggler_window is not None or verdicts.imbalance_window is not None
         return [_across_the_run(slow, first, phase, waits, about, gpu, cause, windowed), *rest]
     if not about or waits is None:

@@ -453,8 +453,8 @@ def _run_slow(j: Judgement) -> Prose:
 
 
 _ADVICE = {  # scenario -> (the first thing to try, the rest)
-    "slow_rank": ("Find what rank {ranks} does that its peers do not (the critical path and the straggler and "
-                  "imbalance findings say where): uneven data, extra work on that rank, a slower device or host", "."),
+    "slow_rank": ("Find what rank {ranks} does that its peers do not (the critical path and the finding on rank "
+                  "{ranks} say where): uneven data, extra work on that rank, a slower device or host", "."),
     "no_data_loading": ("Load data ahead of the step: DataLoader num_workers > 0, {pin}"
                         "persistent_workers=True, prefetch_factor", "; pre-tokenise instead of tokenising per item."),
     "hide_communication": ("Overlap communication with computation ({overlap}) or send fewer bytes (bf16 reduction, "
