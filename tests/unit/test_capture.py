@@ -254,6 +254,22 @@ def test_profile_now_and_sigusr1_each_open_exactly_one_window(tmp_path):
     assert signal.getsignal(signal.SIGUSR1) == before  # put back at train end
 
 
+def test_a_request_too_late_for_a_window_is_said_and_its_file_removed(tmp_path, caplog):
+    # A trial touched PROFILE_NOW at step 55 of 60: no window, nothing said, and the file stayed in the run folder.
+    args = ProfilingArguments(enable_profiling=True, profiler_output_dir=str(tmp_path / "P"), profiler_run_name="r",
+                              profiler_wait_steps=1000, profiler_warmup_steps=1, profiler_active_steps=2,
+                              profile_on_demand=True)
+    triggers = Triggers(touch_at=11)
+    triggers.run_dir = tmp_path / "P" / "r"
+    cb = ProfilerCallback(args)
+    cb.agree_every = 2
+    with caplog.at_level("WARNING", logger="hf_distprof"):
+        fake_trainer.run([triggers, cb], 12, tmp_path)
+    assert traces(triggers.run_dir) == [] and not (triggers.run_dir / "PROFILE_NOW").exists()
+    assert (f"--profile-on-demand: {triggers.run_dir / 'PROFILE_NOW'} came too late: training ended before a window "
+            "could record (it opens within 5 + 1 + warm-up steps); removed, no window opened") in caplog.text
+
+
 class Asks(TrainerCallback):
     """After the profiler, at each step's end: what the one schedule module tells every other callback."""
 

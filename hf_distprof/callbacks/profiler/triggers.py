@@ -135,14 +135,24 @@ class CaptureTriggers:
         self._after_pause = self._after_pause or pause
 
     def close(self) -> None:
-        """Read a gather still on its way (every rank started it), then put back the SIGUSR1 handler that was
-        there before (where ours is still the one installed)."""
+        """Read a gather still on its way (every rank started it), say that a request came too late for a window
+        (its file removed: left in the folder it read as pending), then put back the SIGUSR1 handler that was there
+        before (where ours is still the one installed)."""
         pending, self._pending = self._pending, None
         if pending is not None:
             try:
                 pending[1].result()
             except Exception as err:  # noqa: BLE001 - a group torn down under us: nothing left to agree on
                 logger.info(f"the last capture agreement was not read: {err!r}")
+        request_file = self.run_dir / PROFILE_NOW_NAME
+        if self.plan.on_demand and request_file.exists():
+            try:
+                request_file.unlink(missing_ok=True)
+            except OSError:
+                pass
+            (logger.warning if dist.get_rank() == 0 else logger.info)(
+                f"--profile-on-demand: {request_file} came too late: training ended before a window could record "
+                "(it opens within 5 + 1 + warm-up steps); removed, no window opened")
         if self._previous_handler is None or threading.current_thread() is not threading.main_thread():
             return
         if signal.getsignal(REQUEST_SIGNAL) == self._on_signal:
