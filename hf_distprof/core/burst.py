@@ -7,6 +7,11 @@ one rank's own work exceeded its peers' median by more than the imbalance thresh
 stretch (at most one judged step between two of them), at least :data:`MIN_STEPS` of them, adding up to at least
 :data:`MATERIAL_PCT` of the run's judged step time without the largest one. One stall is a host's hiccup, and a small
 excess over many steps is the verdict's to judge, not a burst.
+
+Stalls, apart: the same rank stalling again and again (a slow file every N batches), each stall longer than
+:data:`STALL_FACTOR` times that threshold (half the median step at the default 10%: no hiccup of a shared host), at
+least two, adding up without the largest to :data:`MATERIAL_PCT` of the run (a trial's two 2-second stalls of one rank's
+loader, a third of the run, were said only as anomaly captures that named both ranks alike).
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ PHASE_NAMES = {"data": "data loading", "compute": "forward and backward compute"
 """The phases a burst is put in, as said (the pre-sync parts: loading, and the rest of its own work before the sync)."""
 MATERIAL_PCT = 10.0
 """The excess of the burst's steps, summed without its largest, is at least this % of the run's judged step time."""
+STALL_FACTOR = 5.0
+"""A step apart from a stretch counts as a stall when its excess is more than this many times the burst's floor."""
 
 
 @dataclass
@@ -36,6 +43,8 @@ class Burst:
     """The run's judged step time (what ``pct`` is of)."""
     phase: str | None = None
     """The phase of its step with the largest excess in the burst's steps (the step timer's phases), if known."""
+    stalls: bool = False
+    """Stalls apart (steps not in one stretch), not one burst."""
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -57,10 +66,15 @@ class Burst:
         return PHASE_NAMES.get(self.phase, self.phase) if self.phase else ""
 
     @property
+    def what(self) -> str:
+        """"in a burst" or "in stalls", as said."""
+        return "in stalls" if self.stalls else "in a burst"
+
+    @property
     def message(self) -> str:
         """The finding's sentence, the same in the step timer's table and in ``analyze``."""
         where = f" (its {self.phase_name})" if self.phase else ""
-        return (f"Rank {self.rank} held the others back in a burst: {self.span}, its own work {self.excess_s:.3f} s "
+        return (f"Rank {self.rank} held the others back {self.what}: {self.span}, its own work {self.excess_s:.3f} s "
                 f"over its peers' in all{where}, {self.pct:.1f}% of the run's {self.run_s:.2f} s of judged steps; "
                 f"the others waited for it there (not the slow rank of the run: slowest in too few steps)")
 
@@ -93,11 +107,15 @@ def find_burst(work: dict[int, list[float]], steps: list[int], step_time: list[f
     if not stretches or run_s <= 0:
         return None
     rank, group = max(stretches, key=lambda rg: (sum(e for _, e in rg[1]), -rg[0]))
+    stalls = False
+    if not _material(group, MIN_STEPS, run_s):
+        # Else the same rank's long stalls, wherever they are.
+        big = {r: [(i, e) for i, e in hot[r] if e > STALL_FACTOR * floor] for r in ranks}
+        rank = max(ranks, key=lambda r: (sum(e for _, e in big[r]), -r))
+        group, stalls = big[rank], True
+        if not _material(group, 2, run_s) or len(_stretches(group)) < 2:
+            return None
     total = sum(e for _, e in group)
-    # Without its largest step it still costs the run that much: a burst, not one stall of the host.
-    rest = total - max(e for _, e in group)
-    if len(group) < MIN_STEPS or 100.0 * rest / run_s < MATERIAL_PCT:
-        return None
     at = [i for i, _ in group]
     phase = None
     if phases:
@@ -106,7 +124,13 @@ def find_burst(work: dict[int, list[float]], steps: list[int], step_time: list[f
 
         usable = {p: v for p, v in phases.items() if all(r in v for r in ranks)}
         phase = max(usable, key=lambda p: excess_of(usable[p]), default=None)
-    return Burst(rank, [steps[i] for i in at], total, 100.0 * total / run_s, run_s, phase)
+    return Burst(rank, [steps[i] for i in at], total, 100.0 * total / run_s, run_s, phase, stalls)
+
+
+def _material(group: list[tuple[int, float]], least: int, run_s: float) -> bool:
+    """At least ``least`` steps, and without its largest step it still costs the run :data:`MATERIAL_PCT`: a burst,
+    not one stall of the host."""
+    return len(group) >= least and 100.0 * (sum(e for _, e in group) - max(e for _, e in group)) / run_s >= MATERIAL_PCT
 
 
 def _stretches(hot: list[tuple[int, float]]) -> list[list[tuple[int, float]]]:

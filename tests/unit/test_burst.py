@@ -55,6 +55,25 @@ def test_no_burst_in_a_clean_run_in_one_stall_or_in_a_small_excess_over_the_run(
     assert find_burst({0: [1.0]}, [1], [1.0], 10.0) is None  # one rank: nobody waited
 
 
+def test_the_same_rank_s_long_stalls_are_said_apart_from_a_burst_and_hiccups_are_not() -> None:
+    # A trial: rank 1's loader stalled 2 s at steps 14 and 34 (a third of the run); only the anomaly captures said it,
+    # naming both ranks alike (under DDP both steps take the stall).
+    steps = list(range(2, 42))
+    work, times = series({14: 2.0, 34: 2.0})
+    b = find_burst(work, steps, times, 10.0)
+    assert b is not None and (b.rank, b.steps, b.stalls) == (1, [14, 34], True)
+    assert b.message.startswith("Rank 1 held the others back in stalls: steps 14, 34, its own work ")
+    assert b.to_json()["stalls"] is True
+    # One such stall: a hiccup. Many small ones spread over the run (each under half the median step): no stalls.
+    work, times = series({14: 2.0})
+    assert find_burst(work, steps, times, 10.0) is None
+    work, times = series({s: 0.014 for s in range(4, 41, 3)})
+    assert find_burst(work, steps, times, 10.0) is None
+    # Two long stalls back to back are a burst's to judge (too short for one): not stalls.
+    work, times = series({14: 2.0, 15: 2.0})
+    assert find_burst(work, steps, times, 10.0) is None
+
+
 def test_the_step_timer_table_says_the_burst_its_series_holds() -> None:
     s = StepSeries(2)
     work, times = series({19: 0.3, 20: 0.3, 21: 0.3, 22: 0.3})
