@@ -324,7 +324,8 @@ def memory_warning(ranks: Sequence[RankSummary], mem_imbalance: float, threshold
         f"Peak memory imbalance {mem_imbalance:.1f}% > {threshold_pct:g}%: rank {high.rank} peaks "
         f"at {format_bytes(high.peak_memory_bytes)} vs {format_bytes(low.peak_memory_bytes)} on rank "
         f"{low.rank}. Look for work only that rank does (logging, evaluation, checkpoint saving on "
-        "rank 0), uneven batch shapes (variable-length padding: pad to a fixed length or use "
+        "rank 0; the profiler's window when --profile-ranks traces only some ranks: its events stay in memory until "
+        "the window's export), uneven batch shapes (variable-length padding: pad to a fixed length or use "
         "--group_by_length), or "
         "tensors kept alive on one rank; sharding optimizer state and gradients (FSDP) also evens it out."
     )

@@ -16,7 +16,8 @@ from hf_distprof.timing.report import (
 )
 
 ADVICE = (
-    ". Look for work only that rank does (logging, evaluation, checkpoint saving on rank 0), uneven batch shapes "
+    ". Look for work only that rank does (logging, evaluation, checkpoint saving on rank 0; the profiler's window when "
+    "--profile-ranks traces only some ranks: its events stay in memory until the window's export), uneven batch shapes "
     "(variable-length padding: pad to a fixed length or use --group_by_length), or tensors kept alive on one rank; "
     "sharding optimizer state and gradients (FSDP) also evens it out."
 )

@@ -404,7 +404,8 @@ def memory_summary(
     warning = (
         f"Peak memory imbalance {imbalance:.1f}% > {threshold:g}% ({basis}): rank {rows[highest]['rank']} peaks at "
         f"{peaks[highest]:.0f} MiB vs {peaks[lowest]:.0f} MiB on rank {rows[lowest]['rank']}: look for work only "
-        "that rank does (logging, evaluation, checkpointing on rank 0) or uneven batches"
+        "that rank does (logging, evaluation, checkpointing on rank 0; the profiler's window when --profile-ranks "
+        "traces only some ranks) or uneven batches"
     )
     return {
         "world_size": len(rows),
