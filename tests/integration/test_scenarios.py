@@ -61,7 +61,7 @@ RUNS = {0.15: 2, 0.5: 1}
 COMM_HEAVY_SLOW_RANK_PCT = "50"
 STALL_S = 0.3  # per batch on every rank: far more than a step's compute
 # Findings that name a rank as holding the others back (the chain stands for the straggler and imbalance ones).
-RANK_FINDINGS = ("imbalance", "slow_rank", "straggler", "waiting_for_peers")
+RANK_FINDINGS = ("imbalance", "slow_rank", "straggler", "waiting_for_peers", "burst")
 SLOW_ENV = "HF_DISTPROF_SIMULATE_SLOW_RANK"
 LEAK_ENV = "HF_DISTPROF_SIMULATE_LEAK"
 LEAK_MIB = 30  # kept alive per step by rank 1 in the leak scenario; a clean rank's RSS is ~600 MiB
@@ -165,6 +165,7 @@ def test_clean_runs_raise_no_straggler_or_imbalance(outcomes):
     for o in clean:
         assert o.live_imbalance == [], o.name
         assert o.timer_named == [] and not any("Step time imbalance" in w for w in o.summary["warnings"])
+        assert o.summary["burst"] is None, o.summary["burst"]  # no burst, no stalls: hiccups are neither
         assert o.analysis_named == [], (o.name, o.analysis["cross_rank"]["straggler_verdict"])
         assert set(RANK_FINDINGS).isdisjoint(o.kinds), o.name
         # Memory: a clean run's RSS does not keep growing.
