@@ -49,7 +49,6 @@ def peak_tflops_for_device(device_name: str) -> float | None:
     return None
 
 
-
 # The per-rank phase means, in table and TensorBoard order.
 PHASE_KEYS: tuple[str, ...] = ("data_s", "data_load_s", "forward_s", "backward_s", "backward_compute_s", "optimizer_s",
                                "step_s", "pre_sync_s", "wait_s")
@@ -194,12 +193,13 @@ def _phase_components(rank: RankSummary) -> dict[str, float]:
     return {"data": data or 0.0, "forward": forward, "backward": backward}
 
 
-def _slowest_phase(ranks: Sequence[RankSummary], slow: RankSummary) -> tuple[str, float]:
-    """The pre-sync component where ``slow`` exceeds the other ranks' mean the most, and by how much."""
+def _slowest_phase(ranks: Sequence[RankSummary], slow: RankSummary, among: Sequence[str] = ()) -> tuple[str, float]:
+    """The pre-sync part (of ``among``, if given) where ``slow`` exceeds the others' mean the most, and by how much."""
     others = [r for r in ranks if r.rank != slow.rank] or [slow]
     mine = _phase_components(slow)
     excess = {
-        name: mine[name] - sum(_phase_components(o)[name] for o in others) / len(others) for name in mine
+        name: mine[name] - sum(_phase_components(o)[name] for o in others) / len(others)
+        for name in mine if not among or name in among
     }
     name = max(excess, key=lambda k: excess[k])
     return name, excess[name]
@@ -279,7 +279,9 @@ def cross_rank_report(
     if len(ranks) > 1 and verdict is not None and verdict.raised:
         others = [p for r, p in zip(ranks, pre) if r.rank != slow.rank]
         typical = median(others)  # as imbalance_pct takes it: with an even count, the mean of the middle two
-        advice = phase_advice(phase, on_gpu)
+        # The advice follows the cause said beside it (not the loading the means blame after a few stalls).
+        compute = cause is not None and cause.rank == slow.rank and cause.cause.value != "input" and phase == "data"
+        advice = phase_advice(_slowest_phase(ranks, slow, ("forward", "backward"))[0] if compute else phase, on_gpu)
         named = PHASE_NAMES.get(phase, phase)
         why = (f"Most of the difference is in {named} (+{excess:.4f}s per step): rank {slow.rank}: {advice}."
                if cause is None or cause.rank != slow.rank else
@@ -329,8 +331,6 @@ def memory_warning(ranks: Sequence[RankSummary], mem_imbalance: float, threshold
         "--group_by_length), or "
         "tensors kept alive on one rank; sharding optimizer state and gradients (FSDP) also evens it out."
     )
-
-
 
 
 LIVE_VERDICT_GROWTH = 0.05
