@@ -431,7 +431,8 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self._series.add([g.get("rows") or [] for g in gathered])
         self._health = {rank: g["gpu"] for rank, g in enumerate(gathered) if g.get("gpu")}
 
-    def _report(self, summaries: list[Any], flops: float | None, verdict: Any = None) -> CrossRankReport | None:
+    def _report(self, summaries: list[Any], flops: float | None, verdict: Any = None,
+                burst: Any = None) -> CrossRankReport | None:
         if any(s is None for s in summaries):
             return None
         cause = self._cause(verdict) if verdict is not None and verdict.raised else None
@@ -443,8 +444,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             peak_tflops=self._peak_tflops,
             verdict=verdict,
             on_gpu=getattr(self._device, "type", "cpu") == "cuda",
-            cause=cause,
-        )
+            cause=cause, burst=burst)
 
     def _exclude(self) -> Callable[[int], bool] | None:
         """The steps the verdict leaves out: the profiler's (its own distortion), unless fewer than 2 are left (the
@@ -552,19 +552,19 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         flops = (float(state.total_flos) - self._flos_begin) * counted / all_steps if all_steps else None
         self._add_rows(gathered)
         final = self._verdict()
-        report = self._report(runs, flops, final)
+        assert self._series is not None
+        # A rank slowest in a few steps only, whose peers waited for it there (not the run's slow rank: said apart).
+        burst = None if final is not None and final.raised else \
+            self._series.burst(self.args.imbalance_threshold_pct, self._exclude())
+        report = self._report(runs, flops, final, burst)  # (the burst's rank the table's slowest, as analyze's)
         if report is None:
             return
         cause = self._cause(final) if final is not None and final.raised else None
         live, withdrawn = live_time_warnings(self._warned, final)
         report.warnings.extend(withdrawn)
-        assert self._series is not None
         slowdown = self._series.profiler_slowdown(self._busy_steps, self._traced, self.args)
         if slowdown is not None and slowdown.warning is not None:
             report.warnings.append(slowdown.warning[0].upper() + slowdown.warning[1:])
-        # A rank slowest in a few steps only, whose peers waited for it there (not the run's slow rank: said apart).
-        burst = None if final is not None and final.raised else \
-            self._series.burst(self.args.imbalance_threshold_pct, self._exclude())
         report.warnings.extend([burst.message] if burst is not None else [])
         summary: dict[str, Any] = {
             "world_size": len(gathered),

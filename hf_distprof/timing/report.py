@@ -224,7 +224,7 @@ def cross_rank_report(
     peak_tflops: float | None = None,
     verdict: SlowRankVerdict | None = None,
     on_gpu: bool = True,
-    cause: Attribution | None = None,
+    cause: Attribution | None = None, burst: Burst | None = None,
 ) -> CrossRankReport:
     """Compare the ranks of one window of steps.
 
@@ -256,8 +256,10 @@ def cross_rank_report(
     steps = [float(r.step_s or 0.0) for r in ranks]
     pre = [float(r.pre_sync_s or 0.0) for r in ranks]
     slow = ranks[max(range(len(ranks)), key=lambda i: pre[i])]
-    if verdict is not None and verdict.rank is not None and any(r.rank == verdict.rank for r in ranks):
-        slow = next(r for r in ranks if r.rank == verdict.rank)
+    # The verdict's rank (its candidate when quiet); a burst's (a quiet verdict) when there is one: its peers waited.
+    named = burst.rank if burst is not None else verdict.rank if verdict is not None else None
+    if named is not None and any(r.rank == named for r in ranks):
+        slow = next(r for r in ranks if r.rank == named)
     others = [i for i, r in enumerate(ranks) if r.rank != slow.rank] or list(range(len(ranks)))
     fast = ranks[min(others, key=lambda i: pre[i])]  # never the slowest rank too
     phase, excess = _slowest_phase(ranks, slow)

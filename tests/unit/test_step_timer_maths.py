@@ -276,3 +276,22 @@ def test_the_warning_s_advice_follows_the_cause_it_states_not_the_loading_the_me
                                compute_s=0.0, slowest_in=24, longest_run=24)
     assert "input pipeline" in cross_rank_report([r0, r1], verdict=verdict, cause=slower_input,
                                                  on_gpu=False).warnings[0]
+
+
+def test_a_burst_s_rank_is_the_table_s_slowest_not_the_quiet_verdict_s_candidate():
+    # A trial's stalls: "Rank 1 held the others back in stalls (steps 15, 30)" under a table marking rank 0
+    # "<- slowest (forward)", and timing_summary.json's slowest_rank 0 (the quiet verdict's candidate by a hair).
+    from hf_distprof.core.burst import Burst
+    from hf_distprof.core.verdicts import judge_own_work
+
+    from .test_step_timer_report import ddp_rank
+
+    quiet = judge_own_work({0: [1.01] * 24, 1: [1.0] * 24}, 10.0, [2.0] * 24)
+    assert not quiet.raised and quiet.rank == 0
+    stalls = Burst(1, [15, 30], 2.0, 36.5, 5.5, "data", stalls=True)
+    r0, r1 = ddp_rank(0, 0.01), ddp_rank(1, 0.05)
+    report = cross_rank_report([r0, r1], verdict=quiet, burst=stalls)
+    assert (report.slowest_rank, report.slowest_phase) == (1, "data")
+    rows = format_table(report).splitlines()
+    assert rows[3].endswith("<- slowest") and rows[3].startswith("1 ")
+    assert cross_rank_report([r0, r1], verdict=quiet).slowest_rank == 0  # without the burst: the candidate
