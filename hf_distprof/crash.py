@@ -118,3 +118,21 @@ def current() -> Path | None:
 
 
 atexit.register(finish)  # a clean exit (dist.finish runs the atexit handlers too) leaves no empty file
+
+
+def _forget_in_child() -> None:
+    """A forked child (a DataLoader or multiprocessing worker) is not the rank: its fatal signal is not written into
+    the rank's crash file (which would then say the rank crashed), nor its exception into the rank's."""
+    global _FILE, _PATH, _EXCEPTION
+    if _FILE is not None:
+        faulthandler.disable()
+        handle, _FILE, _PATH = _FILE, None, None
+        try:
+            handle.close()  # (the child's copy of the descriptor)
+        except OSError:
+            pass
+    _EXCEPTION = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)

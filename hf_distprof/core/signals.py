@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -173,7 +174,8 @@ def _stop_watch() -> None:
     try:
         current = signal.set_wakeup_fd(-1)
         if current != write:
-            signal.set_wakeup_fd(current)
+            signal.set_wakeup_fd(current)  # another's since: left in place, and our end stays open behind it
+            return
     except (ValueError, OSError):
         pass
     os.close(write)
@@ -182,14 +184,28 @@ def _stop_watch() -> None:
 def _watch(read: int) -> None:
     try:
         while data := os.read(read, 512):
-            if int(signal.SIGTERM) in data and signal.getsignal(signal.SIGTERM) is _flush_then_die \
-                    and not _RAN.wait(GRACE_S) and signal.getsignal(signal.SIGTERM) is _flush_then_die:
-                before_default_death()  # the main thread is stuck: its rows are written from here
+            if int(signal.SIGTERM) not in data or signal.getsignal(signal.SIGTERM) is not _flush_then_die:
+                continue
+            where = _main_position()
+            # Acted on only when the main thread ran no Python meanwhile (it would have run the stand-in, or a handler
+            # of the script's that took the signal and put ours back): it is stuck in native code.
+            if not _RAN.wait(GRACE_S) and signal.getsignal(signal.SIGTERM) is _flush_then_die \
+                    and where is not None and _main_position() == where:
+                # Its rows written from here, within TIDY_S (a main thread stuck in a write holds its file's lock).
+                tidy = threading.Thread(target=before_default_death, name="hf_distprof-sigterm-tidy", daemon=True)
+                tidy.start()
+                tidy.join(TIDY_S)
                 _die(signal.SIGTERM)
     except OSError:
         pass
     finally:
         os.close(read)
+
+
+def _main_position() -> tuple[int, int] | None:
+    """Where the main thread is in its Python code (its frame, and the instruction in it); None if unknown."""
+    frame = sys._current_frames().get(threading.main_thread().ident or -1)
+    return (id(frame), frame.f_lasti) if frame is not None else None
 
 
 def _die(signum: int) -> None:
@@ -218,8 +234,8 @@ def _after_fork_in_child() -> None:
         read, write = _WATCH
         _WATCH = None
         with contextlib.suppress(ValueError, OSError):
-            if signal.set_wakeup_fd(-1) != write:
-                pass
+            if (other := signal.set_wakeup_fd(-1)) != write:
+                signal.set_wakeup_fd(other)  # another's: put back
         for fd in (read, write):
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -229,14 +245,25 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+_WRITING = threading.Lock()
+TIDY_S = 10.0
+"""How long a second caller waits for the first one's last writes (the watch thread and the main thread's handler,
+the hang watchdog's abort): each write is idempotent, so one after the other, never both at once."""
+
+
 def before_default_death() -> None:
     """Run what :func:`at_default_death` registered in this process; a failure there never keeps the signal from its
-    effect."""
-    for fn in _mine(_BEFORE_DEATH):
-        try:
-            fn()
-        except Exception:  # noqa: BLE001, S110 - the process is about to end of its signal either way
-            pass
+    effect. One caller at a time: another thread already writing is waited for, at most :data:`TIDY_S`."""
+    if not _WRITING.acquire(timeout=TIDY_S):
+        return
+    try:
+        for fn in _mine(_BEFORE_DEATH):
+            try:
+                fn()
+            except Exception:  # noqa: BLE001, S110 - the process is about to end of its signal either way
+                pass
+    finally:
+        _WRITING.release()
 
 
 def held_for(handler: Any, signum: int) -> Any:

@@ -185,3 +185,29 @@ def test_an_uncaught_exception_leaves_its_traceback_and_the_report_names_the_ran
     # A rank that died of a signal too: its time is unknown, so no rank is named first.
     (tmp_path / "rank2_crash.txt").write_text(SEGV)
     assert not any(line.startswith("=>") for line in hang_report(tmp_path).lines)
+
+
+FORKS = textwrap.dedent(
+    """
+    import faulthandler, os, signal, sys
+    from pathlib import Path
+    from hf_distprof import crash
+
+    crash.record_crashes(Path(sys.argv[1]), 1)
+    child = os.fork()
+    if child == 0:  # a DataLoader worker: its own fatal signal is not the rank's crash
+        os._exit(0 if crash.current() is None and not faulthandler.is_enabled() else 3)
+    print(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]), crash.current().name, faulthandler.is_enabled())
+    """
+)
+
+
+def test_a_forked_worker_does_not_write_into_the_rank_s_crash_file(tmp_path: Path) -> None:
+    # The review: faulthandler stayed pointed at rank1_crash.txt in forked children, so a worker's segfault read as
+    # the rank's crash (and the file was kept, the analysis saying the rank crashed).
+    script = tmp_path / "forks.py"
+    script.write_text(FORKS)
+    env = {**os.environ, "PYTHONPATH": str(Path(crash.__file__).parents[1])}
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, env=env,
+                          timeout=60)
+    assert proc.stdout.split() == ["0", "rank1_crash.txt", "True"], proc.stderr[-2000:]

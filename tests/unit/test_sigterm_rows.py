@@ -106,6 +106,41 @@ def test_a_forked_child_stopped_by_sigterm_writes_none_of_the_parent_s_rows(tmp_
     assert _steps(run / "memory_rank0.jsonl") == [1, 2, 3, 4]
 
 
+PROFILED_FORK = textwrap.dedent(
+    """
+    import os, signal, sys
+    from pathlib import Path
+    sys.path.insert(0, {tests!r})
+    from unit import fake_trainer
+    from hf_distprof import ProfilingArguments, build_callbacks
+
+    out = Path(sys.argv[1])
+    args = ProfilingArguments(enable_profiling=True, profiler_output_dir=str(out), profiler_run_name="run",
+                              profiler_wait_steps=1, profiler_warmup_steps=0, profiler_active_steps=3,
+                              profiler_record_shapes=False)
+    fake_trainer.run(build_callbacks(args), 6, out, stop_after=2)  # inside the window of steps 2-4
+    child = os.fork()
+    if child == 0:  # a DataLoader worker stopped with the job
+        os.kill(os.getpid(), signal.SIGTERM)
+        os._exit(7)
+    status = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
+    print(status, sorted(p.name for p in (out / "run").glob("*.pt.trace.json.gz")), flush=True)
+    os._exit(0)  # the rank itself exports nothing here
+    """
+)
+
+
+def test_a_forked_child_of_a_profiled_rank_exports_none_of_its_windows(tmp_path: Path) -> None:
+    # The review: the profiler's SIGTERM handler ran in forked DataLoader workers too, exporting the rank's window
+    # under the rank's name from a copy of its profiler.
+    script = tmp_path / "forks.py"
+    script.write_text(PROFILED_FORK.format(tests=str(REPO_ROOT / "tests")))
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "out")], capture_output=True, text=True,
+                          env=env, timeout=180)
+    assert proc.stdout.split(" ", 1) == ["-15", "[]\n"], proc.stdout + proc.stderr[-2000:]
+
+
 def test_a_script_s_own_sigterm_handler_is_left_alone(tmp_path: Path) -> None:
     proc = _run(tmp_path, "own-handler")
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -135,3 +170,28 @@ def test_sigterm_s_default_action_is_back_when_nothing_guarded_is_left(monkeypat
         assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL and calls == []
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+def test_the_last_writes_run_one_caller_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The review: the watch thread and the main thread's handler could both write the rows at once (a main thread
+    # back from a 3 s native call after the watch's 2 s grace), tearing or doubling lines.
+    import threading
+
+    from hf_distprof.core import signals
+
+    spans: list[tuple[float, float]] = []
+
+    def write() -> None:
+        began = time.monotonic()
+        time.sleep(0.2)
+        spans.append((began, time.monotonic()))
+
+    monkeypatch.setattr(signals, "_BEFORE_DEATH", [write])
+    monkeypatch.setattr(signals, "_OWNER", {write: os.getpid()})
+    callers = [threading.Thread(target=signals.before_default_death) for _ in range(2)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join(5)
+    (a0, a1), (b0, b1) = sorted(spans)
+    assert len(spans) == 2 and a1 <= b0  # one after the other (each write is idempotent), never both at once

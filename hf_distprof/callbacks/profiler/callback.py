@@ -123,6 +123,7 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         self._lock = threading.RLock()  # close() may run again from a signal handler while it runs
         self._pause: Any = None  # the open range around an evaluation or a checkpoint, while the profiler records
         self._previous_handlers: dict[int, Any] = {}  # signal -> the handler ours replaced
+        self._pid = os.getpid()  # the process whose profiler the handlers close
         self._exports = 0  # on_trace_ready calls so far
         self._offset = 0  # global_step when training (re)started
         self._last_step = 0  # last optimizer step that completed
@@ -392,6 +393,7 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
             self._export_and_record(prof)
 
     def _install_exit_handlers(self) -> None:
+        self._pid = os.getpid()
         atexit.register(self.close)
         if threading.current_thread() is not threading.main_thread():
             return
@@ -416,6 +418,10 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         previous = self._previous_handlers.get(signum, signal.SIG_DFL)
+        if os.getpid() != self._pid:  # a forked child (a DataLoader worker): the rank's profiler is not its own
+            signal.signal(signum, previous if callable(previous) or previous == signal.SIG_IGN else signal.SIG_DFL)
+            signal.raise_signal(signum)
+            return
         self.close()
         if callable(previous):
             previous(signum, frame)  # SIGINT's default raises KeyboardInterrupt: training unwinds as usual
