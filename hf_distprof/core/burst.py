@@ -109,12 +109,17 @@ def find_burst(work: dict[int, list[float]], steps: list[int], step_time: list[f
     rank, group = max(stretches, key=lambda rg: (sum(e for _, e in rg[1]), -rg[0]))
     stalls = False
     if not _material(group, MIN_STEPS, run_s):
-        # Else the same rank's long stalls, wherever they are.
+        # Else the same rank's long stalls, wherever they are: one rank's, at least twice any other's (ranks that all
+        # stall alike have a shared cause, not one rank's).
         big = {r: [(i, e) for i, e in hot[r] if e > STALL_FACTOR * floor] for r in ranks}
-        rank = max(ranks, key=lambda r: (sum(e for _, e in big[r]), -r))
-        group, stalls = big[rank], True
-        if not _material(group, 2, run_s) or len(_stretches(group)) < 2:
+        totals = {r: sum(e for _, e in big[r]) for r in ranks}
+        able = [r for r in ranks if _material(big[r], 2, run_s) and len(_stretches(big[r])) >= 2]
+        if not able:
             return None
+        rank = max(able, key=lambda r: (totals[r], -r))
+        if any(2 * totals[r] > totals[rank] for r in ranks if r != rank):
+            return None
+        group, stalls = big[rank], True
     total = sum(e for _, e in group)
     at = [i for i, _ in group]
     phase = None

@@ -69,6 +69,10 @@ def test_the_same_rank_s_long_stalls_are_said_apart_from_a_burst_and_hiccups_are
     assert find_burst(work, steps, times, 10.0) is None
     work, times = series({s: 0.014 for s in range(4, 41, 3)})
     assert find_burst(work, steps, times, 10.0) is None
+    # Every rank stalling alike (each its own steps): a shared cause, not one rank's stalls.
+    alike = {0: [w + (1.0 if i in (9, 29) else 0.0) for i, w in enumerate(series({})[0][0])],
+             1: [w + (1.0 if i in (12, 32, 22) else 0.0) for i, w in enumerate(series({})[0][1])]}
+    assert find_burst(alike, steps, [max(a, b) + 0.01 for a, b in zip(alike[0], alike[1])], 10.0) is None
     # Two long stalls back to back are a burst's to judge (too short for one): not stalls.
     work, times = series({14: 2.0, 15: 2.0})
     assert find_burst(work, steps, times, 10.0) is None

@@ -150,7 +150,7 @@ class CaptureTriggers:
                 request_file.unlink(missing_ok=True)
             except OSError:
                 pass
-            (logger.warning if dist.get_rank() == 0 else logger.info)(
+            logger.warning(  # (every rank that sees it: on a shared folder, the first to look removes it)
                 f"--profile-on-demand: {request_file} came too late: training ended before a window could record "
                 "(it opens within 5 + 1 + warm-up steps); removed, no window opened")
         if self._previous_handler is None or threading.current_thread() is not threading.main_thread():
