@@ -147,19 +147,25 @@ class HangReport:
         return "\n".join(self.lines) + "\n"
 
 
+def _read(path: Path, name: re.Pattern[str], what: str) -> tuple[re.Match[str], str]:
+    """The file's name matched against ``name`` and its text; ValueError naming the file when it is not ``what``
+    (its name says) or cannot be read."""
+    match = name.match(path.name)
+    if match is None:
+        raise ValueError(f"{path}: not {what}")
+    try:
+        return match, path.read_text(encoding="utf-8", errors="replace")
+    except OSError as err:
+        raise ValueError(f"{path}: cannot read: {err.strerror or err}") from None
+
+
 def parse_dump(path: Path) -> RankDump:
     """Parse one ``hang_rank{R}_{host}.txt`` (or its ``.faulthandler.txt`` backstop).
 
     Raises:
         ValueError: The file is not such a dump (the message names it).
     """
-    match = _RANK.match(path.name)
-    if match is None:
-        raise ValueError(f"{path}: not a hang dump (expected hang_rank<R>_<host>.txt)")
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError as err:
-        raise ValueError(f"{path}: cannot read: {err.strerror or err}") from None
+    match, text = _read(path, _RANK, "a hang dump (expected hang_rank<R>_<host>.txt)")
     dump = RankDump(int(match["rank"]), match["host"], path, backstop=bool(match["backstop"]))
     lines = text.splitlines()
     if dump.backstop:
@@ -193,13 +199,7 @@ def parse_crash(path: Path) -> Crash | None:
     Raises:
         ValueError: The file is not such a file, or holds no fatal error (the message names it).
     """
-    match = _CRASH.match(path.name)
-    if match is None:
-        raise ValueError(f"{path}: not a crash file (expected rank<R>_crash.txt)")
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError as err:
-        raise ValueError(f"{path}: cannot read: {err.strerror or err}") from None
+    match, text = _read(path, _CRASH, "a crash file (expected rank<R>_crash.txt)")
     if not text.strip():
         return None
     lines = text.splitlines()
@@ -217,13 +217,7 @@ def parse_exception(path: Path) -> Raised | None:
     Raises:
         ValueError: The file is not such a file (the message names it).
     """
-    match = _RAISED.match(path.name)
-    if match is None:
-        raise ValueError(f"{path}: not an exception file (expected rank<R>_exception.txt)")
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError as err:
-        raise ValueError(f"{path}: cannot read: {err.strerror or err}") from None
+    match, text = _read(path, _RAISED, "an exception file (expected rank<R>_exception.txt)")
     if not text.strip():
         return None
     lines = text.splitlines()

@@ -222,6 +222,19 @@ class Triggers(TrainerCallback):
             os.kill(os.getpid(), signal.SIGUSR1)
 
 
+def on_demand(tmp_path: Path, wait: int, **when: int) -> tuple[ProfilingArguments, Triggers, ProfilerCallback]:
+    """A profiler listening for requests (warm-up 1, 2 recorded steps, agreeing every 2 steps) after ``wait`` steps of
+    its schedule, and the callback that makes them at the steps ``when`` names (``touch_at``, ``signal_at``)."""
+    args = ProfilingArguments(enable_profiling=True, profiler_output_dir=str(tmp_path / "P"), profiler_run_name="r",
+                              profiler_wait_steps=wait, profiler_warmup_steps=1, profiler_active_steps=2,
+                              profile_on_demand=True)
+    triggers = Triggers(**when)
+    triggers.run_dir = tmp_path / "P" / "r"
+    cb = ProfilerCallback(args)
+    cb.agree_every = 2
+    return args, triggers, cb
+
+
 def traces(run_dir: Path) -> list[str]:
     return sorted(p.name for p in run_dir.iterdir() if p.name.endswith((".pt.trace.json.gz", "_summary.txt")))
 
@@ -233,13 +246,7 @@ def profiler_steps(trace: Path) -> list[int]:
 
 
 def test_profile_now_and_sigusr1_each_open_exactly_one_window(tmp_path):
-    args = ProfilingArguments(enable_profiling=True, profiler_output_dir=str(tmp_path / "P"), profiler_run_name="r",
-                              profiler_wait_steps=1000, profiler_warmup_steps=1, profiler_active_steps=2,
-                              profile_on_demand=True)
-    triggers = Triggers(touch_at=2, signal_at=6)
-    triggers.run_dir = tmp_path / "P" / "r"
-    cb = ProfilerCallback(args)
-    cb.agree_every = 2
+    args, triggers, cb = on_demand(tmp_path, 1000, touch_at=2, signal_at=6)
     before = signal.getsignal(signal.SIGUSR1)
     fake_trainer.run([triggers, cb], 12, tmp_path)
     # PROFILE_NOW at step 2 -> its note gathered from step 2, read at step 3 -> warm-up 4, recorded 5-6;
@@ -256,13 +263,7 @@ def test_profile_now_and_sigusr1_each_open_exactly_one_window(tmp_path):
 
 def test_a_request_too_late_for_a_window_is_said_and_its_file_removed(tmp_path, caplog):
     # A trial touched PROFILE_NOW at step 55 of 60: no window, nothing said, and the file stayed in the run folder.
-    args = ProfilingArguments(enable_profiling=True, profiler_output_dir=str(tmp_path / "P"), profiler_run_name="r",
-                              profiler_wait_steps=1000, profiler_warmup_steps=1, profiler_active_steps=2,
-                              profile_on_demand=True)
-    triggers = Triggers(touch_at=11)
-    triggers.run_dir = tmp_path / "P" / "r"
-    cb = ProfilerCallback(args)
-    cb.agree_every = 2
+    _, triggers, cb = on_demand(tmp_path, 1000, touch_at=11)
     with caplog.at_level("WARNING", logger="hf_distprof"):
         fake_trainer.run([triggers, cb], 12, tmp_path)
     assert traces(triggers.run_dir) == [] and not (triggers.run_dir / "PROFILE_NOW").exists()
@@ -292,13 +293,7 @@ class Asks(TrainerCallback):
 
 def test_an_on_demand_window_after_a_regular_one_is_named_by_its_own_steps(tmp_path):
     # Regular window: warm-up 4, recorded 5-6. PROFILE_NOW at step 2 cannot fit before it: warm-up 7, 8-9.
-    args = ProfilingArguments(enable_profiling=True, profiler_output_dir=str(tmp_path / "P"), profiler_run_name="r",
-                              profiler_wait_steps=3, profiler_warmup_steps=1, profiler_active_steps=2,
-                              profile_on_demand=True)
-    triggers = Triggers(touch_at=2)
-    triggers.run_dir = tmp_path / "P" / "r"
-    cb = ProfilerCallback(args)
-    cb.agree_every = 2
+    args, triggers, cb = on_demand(tmp_path, 3, touch_at=2)
     asks = Asks(args)
     fake_trainer.run([triggers, asks, cb], 10, tmp_path)
     # The one schedule module tells every other callback (step timer, memory views, --nsys-window) about both windows;
