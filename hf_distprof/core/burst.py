@@ -12,6 +12,11 @@ Stalls, apart: the same rank stalling again and again (a slow file every N batch
 :data:`STALL_FACTOR` times that threshold (half the median step at the default 10%: no hiccup of a shared host), at
 least two, adding up without the largest to :data:`MATERIAL_PCT` of the run (a trial's two 2-second stalls of one rank's
 loader, a third of the run, were said only as anomaly captures that named both ranks alike).
+
+Beside a slow rank (the verdict over the run names one), stalls only, each rank's excess counted beyond its usual one
+(its median over the judged steps, when above zero): the slow rank's every step is the verdict's, and what its stalls
+add on top is what the others waited for besides (a trial: a rank named for 0.9 ms more loading per step stalled
+60 ms in three steps, half the run, and no output said it).
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ class Burst:
     """The phase of its step with the largest excess in the burst's steps (the step timer's phases), if known."""
     stalls: bool = False
     """Stalls apart (steps not in one stretch), not one burst."""
+    beside: int | None = None
+    """The run's slow rank, when the verdict named one: the stalls are then counted beyond each rank's usual excess."""
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -74,13 +81,24 @@ class Burst:
     def message(self) -> str:
         """The finding's sentence, the same in the step timer's table and in ``analyze``."""
         where = f" (its {self.phase_name})" if self.phase else ""
-        return (f"Rank {self.rank} held the others back {self.what}: {self.span}, its own work {self.excess_s:.3f} s "
-                f"over its peers' in all{where}, {self.pct:.1f}% of the run's {self.run_s:.2f} s of judged steps; "
-                f"the others waited for it there (not the slow rank of the run: slowest in too few steps)")
+        also = " also" if self.beside == self.rank else ""
+        over = "in all, beyond its usual excess" if self.beside is not None else "in all"
+        return (f"Rank {self.rank}{also} held the others back {self.what}: {self.span}, its own work "
+                f"{self.excess_s:.3f} s over its peers' {over}{where}, {self.pct:.1f}% of the run's {self.run_s:.2f} s "
+                f"of judged steps; the others waited for it there ({self.against})")
+
+    @property
+    def against(self) -> str:
+        """How it stands beside the slow-rank verdict, as said."""
+        if self.beside is None:
+            return "not the slow rank of the run: slowest in too few steps"
+        if self.beside == self.rank:
+            return "on top of its excess in every step, which the slow-rank verdict names"
+        return f"besides rank {self.beside}, the slow rank of the run"
 
 
 def find_burst(work: dict[int, list[float]], steps: list[int], step_time: list[float], threshold_pct: float,
-               phases: dict[str, dict[int, list[float]]] | None = None) -> Burst | None:
+               phases: dict[str, dict[int, list[float]]] | None = None, slow_rank: int | None = None) -> Burst | None:
     """The burst of the run's judged steps, if one.
 
     Args:
@@ -90,15 +108,18 @@ def find_burst(work: dict[int, list[float]], steps: list[int], step_time: list[f
         threshold_pct: The imbalance threshold (``--imbalance-threshold-pct``): a step is in a burst when the rank's
             excess is more than this % of the run's median step.
         phases: phase -> rank -> seconds in each judged step, for the phase that took the burst.
+        slow_rank: The rank the verdict over the run names slow, if it does: then stalls only, each rank's excess
+            beyond its usual (:func:`usual_excess`).
     """
     ranks = sorted(work)
     if len(ranks) < 2 or len(steps) < MIN_STEPS or not step_time:
         return None
     floor = threshold_pct / 100.0 * median(step_time)
+    usual = {r: usual_excess(work, r) for r in ranks} if slow_rank is not None else dict.fromkeys(ranks, 0.0)
     hot: dict[int, list[tuple[int, float]]] = {r: [] for r in ranks}
     for i in range(len(steps)):
         slow = max(ranks, key=lambda r: (work[r][i], -r))
-        excess = work[slow][i] - median(work[r][i] for r in ranks if r != slow)
+        excess = work[slow][i] - median(work[r][i] for r in ranks if r != slow) - usual[slow]
         if excess > floor:
             hot[slow].append((i, excess))
     run_s = sum(step_time)
@@ -108,7 +129,8 @@ def find_burst(work: dict[int, list[float]], steps: list[int], step_time: list[f
         return None
     rank, group = max(stretches, key=lambda rg: (sum(e for _, e in rg[1]), -rg[0]))
     stalls = False
-    if not _material(group, MIN_STEPS, run_s):
+    # Beside a slow rank, no burst: a stretch of its steps over its usual excess is its excess's noise as much as not.
+    if slow_rank is not None or not _material(group, MIN_STEPS, run_s):
         # Else the same rank's long stalls, wherever they are: one rank's, at least twice any other's (ranks that all
         # stall alike have a shared cause, not one rank's).
         big = {r: [(i, e) for i, e in hot[r] if e > STALL_FACTOR * floor] for r in ranks}
@@ -125,11 +147,19 @@ def find_burst(work: dict[int, list[float]], steps: list[int], step_time: list[f
     phase = None
     if phases:
         def excess_of(by_rank: dict[int, list[float]]) -> float:
-            return sum(by_rank[rank][i] - median(by_rank[r][i] for r in ranks if r != rank) for i in at)
+            beyond = usual_excess(by_rank, rank) if slow_rank is not None else 0.0
+            return sum(by_rank[rank][i] - median(by_rank[r][i] for r in ranks if r != rank) - beyond for i in at)
 
         usable = {p: v for p, v in phases.items() if all(r in v for r in ranks)}
         phase = max(usable, key=lambda p: excess_of(usable[p]), default=None)
-    return Burst(rank, [steps[i] for i in at], total, 100.0 * total / run_s, run_s, phase, stalls)
+    return Burst(rank, [steps[i] for i in at], total, 100.0 * total / run_s, run_s, phase, stalls, slow_rank)
+
+
+def usual_excess(work: dict[int, list[float]], rank: int) -> float:
+    """``rank``'s usual excess over its peers: the median over the steps of its work less its peers' median, or 0 when
+    that is below 0 (a rank faster than its peers has no excess to leave out)."""
+    ranks = [r for r in work if r != rank]
+    return max(0.0, median(work[rank][i] - median(work[r][i] for r in ranks) for i in range(len(work[rank]))))
 
 
 def _material(group: list[tuple[int, float]], least: int, run_s: float) -> bool:

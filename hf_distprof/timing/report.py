@@ -257,7 +257,7 @@ def cross_rank_report(
     pre = [float(r.pre_sync_s or 0.0) for r in ranks]
     slow = ranks[max(range(len(ranks)), key=lambda i: pre[i])]
     # The verdict's rank (its candidate when quiet); a burst's (a quiet verdict) when there is one: its peers waited.
-    named = burst.rank if burst is not None else verdict.rank if verdict is not None else None
+    named = burst.rank if burst is not None and burst.beside is None else verdict.rank if verdict is not None else None
     if named is not None and any(r.rank == named for r in ranks):
         slow = next(r for r in ranks if r.rank == named)
     others = [i for i, r in enumerate(ranks) if r.rank != slow.rank] or list(range(len(ranks)))
@@ -407,15 +407,15 @@ class StepSeries:
     def _kept(self, exclude: Callable[[int], bool] | None) -> list[tuple[list[float], float, float, Any]]:
         return [v for step, v in self._steps.items() if exclude is None or not exclude(step)]
 
-    def burst(self, threshold_pct: float, exclude: Callable[[int], bool] | None = None) -> Burst | None:
-        """A burst over the kept steps (:func:`hf_distprof.core.burst.find_burst`), its phase from the rows' parts."""
+    def burst(self, threshold_pct: float, exclude: Callable[[int], bool] | None = None,
+              slow_rank: int | None = None) -> Burst | None:
+        """A burst over the kept steps (:func:`~hf_distprof.core.burst.find_burst`), its phase from the rows' parts."""
         kept = [(step, v) for step, v in self._steps.items() if exclude is None or not exclude(step)]
-        ranks, parted = range(self.world_size), all(v[3] is not None for _, v in kept)
+        ranks, parted = range(self.world_size), bool(kept) and all(v[3] is not None for _, v in kept)
+        phases = {name: {r: [v[3][r][k] for _, v in kept] for r in ranks}
+                  for name, k in (("data", 2), ("compute", 3))} if parted else None
         return find_burst({r: [v[0][r] for _, v in kept] for r in ranks}, [s for s, _ in kept],
-                          [v[1] for _, v in kept], threshold_pct, {name: {r: [v[3][r][k] for _, v in kept]
-                                                                          for r in ranks}
-                                                                   for name, k in (("data", 2), ("compute", 3))}
-                          if parted and kept else None)
+                          [v[1] for _, v in kept], threshold_pct, phases, slow_rank)
 
     def verdict(
         self, threshold_pct: float, exclude: Callable[[int], bool] | None = None

@@ -78,6 +78,38 @@ def test_the_same_rank_s_long_stalls_are_said_apart_from_a_burst_and_hiccups_are
     assert find_burst(work, steps, times, 10.0) is None
 
 
+def test_beside_a_slow_rank_its_stalls_are_said_beyond_its_usual_excess_and_its_noise_is_not() -> None:
+    # A trial: rank 1 named slow (0.9 ms more loading per step) stalled 60 ms in three steps, half the run: unsaid.
+    steps = list(range(2, 42))
+    slow = {s: 0.004 for s in steps}  # rank 1 4 ms (20%) over its peer in every step
+    work, times = series({**slow, 14: 0.304, 34: 0.304})
+    b = find_burst(work, steps, times, 10.0, slow_rank=1)
+    assert b is not None and (b.rank, b.steps, b.stalls, b.beside) == (1, [14, 34], True, 1)
+    usual = 0.005  # its median excess: 4 ms, and the rows' wobble (+1, +1, -2 ms in turn)
+    excess = sum(work[1][s - 2] - work[0][s - 2] - usual for s in (14, 34))
+    assert b.excess_s == pytest.approx(excess) and excess == pytest.approx(0.597)
+    assert b.message.startswith("Rank 1 also held the others back in stalls: steps 14, 34, its own work "
+                                f"{excess:.3f} s over its peers' in all, beyond its usual excess, ")
+    assert b.message.endswith("(on top of its excess in every step, which the slow-rank verdict names)")
+    assert b.to_json()["beside"] == 1
+    # Without stalls its excess is the verdict's alone; nor is an excess that wobbles around the stall size (its usual
+    # 15 ms, half the steps 25 ms: within half a median step of it) a stall, nor a burst of it.
+    work, times = series(slow)
+    assert find_burst(work, steps, times, 10.0, slow_rank=1) is None
+    work, times = series({s: 0.015 + 0.01 * (s % 2) for s in steps})
+    assert find_burst(work, steps, times, 10.0, slow_rank=1) is None
+    work, times = series({**slow, **{s: 0.3 for s in range(19, 24)}})
+    assert find_burst(work, steps, times, 10.0) is not None
+    assert find_burst(work, steps, times, 10.0, slow_rank=1) is None
+    # Another rank's stalls beside the slow rank: said, counted over the slow rank's work in those steps.
+    work, times = series(slow)
+    work[0] = [w + (0.5 if s in (14, 34) else 0.0) for w, s in zip(work[0], steps)]
+    times = [max(a, b) + 0.01 for a, b in zip(work[0], work[1])]
+    b = find_burst(work, steps, times, 10.0, slow_rank=1)
+    assert b is not None and (b.rank, b.steps, b.beside) == (0, [14, 34], 1)
+    assert b.message.endswith("(besides rank 1, the slow rank of the run)")
+
+
 def test_the_step_timer_table_says_the_burst_its_series_holds() -> None:
     s = StepSeries(2)
     work, times = series({19: 0.3, 20: 0.3, 21: 0.3, 22: 0.3})
@@ -112,3 +144,30 @@ def test_analyze_names_the_burst_from_the_step_timer_s_records(tmp_path: Path) -
     # The same run as it was: no burst.
     clean = analyze_paths([DATA / "golden" / "cpu_clean_memory"], AnalysisOptions(workers=1))
     assert all(f.kind != "burst" for f in clean.findings)
+
+
+def test_analyze_says_the_slow_rank_s_stalls_after_its_verdict(tmp_path: Path) -> None:
+    # The clean run with rank 1's loading 30% of a step longer in every step (its verdict raised), and 0.3 s more in
+    # steps 15 and 24: the slow-rank finding first, its stalls beside it, and the box's "Also" names them.
+    run = tmp_path / "slow_and_stalls"
+    shutil.copytree(DATA / "golden" / "cpu_clean_memory", run)
+    for rank in (0, 1):
+        path = run / f"timing_rank{rank}.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        for row in rows:
+            extra = 0.3 * row["step_s"] + (0.3 if row["step"] in (15, 24) else 0.0)
+            keys = ("data_s", "data_load_s", "pre_sync_s", "own_work_s") if rank == 1 else ("wait_s",)
+            for key in (*keys, "step_s", "own_step_s"):
+                row[key] += extra
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    from hf_distprof.analysis import AnalysisOptions, analyze_paths, format_box
+
+    result = analyze_paths([run], AnalysisOptions(workers=1))
+    kinds = [f.kind for f in result.findings]
+    assert "burst" in kinds and kinds.index("burst") > 0 and result.findings[0].ranks == [1]
+    burst = result.findings[kinds.index("burst")]
+    assert burst.title == "Rank 1 also held the others back in stalls (steps 15, 24)" and burst.phase == "data"
+    assert "beyond its usual excess" in burst.evidence and "which the slow-rank verdict names" in burst.evidence
+    box = " ".join(" ".join(line.strip("|").split()) for line in format_box(result).splitlines())
+    assert "Also: 2 more finding(s): Slow to resume after collectives; Rank 1 also held the others back in stalls " \
+        "(steps 15, 24)" in box

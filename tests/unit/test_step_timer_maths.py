@@ -295,3 +295,8 @@ def test_a_burst_s_rank_is_the_table_s_slowest_not_the_quiet_verdict_s_candidate
     rows = format_table(report).splitlines()
     assert rows[3].endswith("<- slowest") and rows[3].startswith("1 ")
     assert cross_rank_report([r0, r1], verdict=quiet).slowest_rank == 0  # without the burst: the candidate
+    # Stalls beside a raised verdict: the verdict's rank stays the slowest, the stalls' rank another.
+    raised = judge_own_work({0: [1.5] * 24, 1: [1.0] * 24}, 10.0, [2.0] * 24)
+    assert raised.raised and raised.rank == 0
+    beside = Burst(1, [15, 30], 2.0, 36.5, 5.5, "data", stalls=True, beside=0)
+    assert cross_rank_report([r0, r1], verdict=raised, burst=beside).slowest_rank == 0

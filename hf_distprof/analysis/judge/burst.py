@@ -2,7 +2,8 @@
 
 The slow-rank verdict names a rank slowest in most steps; a burst of five steps of fifty is not, but the others waited
 for it all that time. Judged from the step timer's records over the run's judged steps, by the rule its end-of-run
-table uses (the same sentence in both), when the verdict over the run names no slow rank.
+table uses (the same sentence in both); beside a slow rank the verdict over the run names, its stalls (and any other
+rank's) beyond its usual excess.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from hf_distprof.core.burst import find_burst
 
 
 def burst_findings(across: Across, verdicts: RankVerdicts, options: AnalysisOptions) -> list[Judgement]:
-    """The burst finding, if the step timer's records hold one and its verdict over the run names no slow rank."""
+    """The burst finding, if the step timer's records hold one (beside the slow rank its verdict over the run names:
+    stalls only)."""
     timer, run = across.timer, verdicts.run
-    if (run is not None and run.raised) or len(timer.own_work) < 2 or not timer.judged:
+    if len(timer.own_work) < 2 or not timer.judged:
         return []
     steps = [s for s in timer.judged if s in timer.step_times]
     work = {r: [by_step[s] for s in steps] for r, by_step in timer.own_work.items() if all(s in by_step for s in steps)}
@@ -26,7 +28,8 @@ def burst_findings(across: Across, verdicts: RankVerdicts, options: AnalysisOpti
     parted = all(s in timer.parts.get(r, {}) for r in work for s in steps)
     phases = {name: {r: [timer.parts[r][s][k] for s in steps] for r in work}
               for name, k in (("data", 2), ("compute", 3))} if parted else None
-    found = find_burst(work, steps, [timer.step_times[s] for s in steps], options.imbalance_pct, phases)
+    found = find_burst(work, steps, [timer.step_times[s] for s in steps], options.imbalance_pct, phases,
+                       run.rank if run is not None and run.raised else None)
     if found is None:
         return []
     return [Judgement(kind="burst", severity=found.pct, ranks=[found.rank], facts=BurstFacts(found), basis=STEP_TIMER,

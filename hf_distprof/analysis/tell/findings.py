@@ -525,11 +525,11 @@ def _burst(j: Judgement) -> Prose:
     phase = {"data": "input pipeline (a slow file, a cache miss, a worker restarting)",
              "compute": "work there (longer sequences, a heavier batch) or what ran beside it on its host"}
     return Prose(
-        title=f"Rank {b.rank} held the others back {b.what} ({b.span})",
-        why=(f"its own work exceeded its peers' by {b.excess_s:.3f} s in all in {b.span}, {b.pct:.1f}% of the run's "
+        title=f"Rank {b.rank}{' also' if b.beside == b.rank else ''} held the others back {b.what} ({b.span})",
+        why=(f"its own work exceeded its peers' by {b.excess_s:.3f} s in all in {b.span}"
+             f"{', beyond its usual excess' if b.beside is not None else ''}, {b.pct:.1f}% of the run's "
              f"{b.run_s:.2f} s of judged steps; the others waited for it there"),
-        details=(f"{'; most of it in its ' + b.phase_name if b.phase else ''} (the step timer's "
-                 "records; not the slow rank of the run: slowest in too few steps)"),
+        details=f"{'; most of it in its ' + b.phase_name if b.phase else ''} (the step timer's records; {b.against})",
         action=f"Look at what rank {b.rank} did in {b.span}: its {phase.get(b.phase or '', 'step')}",
         more=("; --profile-on-anomaly opens a window a few steps after a stall: it records the next one if that comes "
               "while it records, not the one that opened it." if b.stalls else
