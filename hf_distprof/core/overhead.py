@@ -49,12 +49,20 @@ class ProfilerSlowdown:
     1 +- this is no slowdown the run can tell from its noise."""
     note: str | None = None
     """Why there is no ratio ("not enough untraced steps ..."); None when there is one."""
+    cpu_wait_s_inside: float | None = None
+    """The median over the traced steps of the ranks' largest wait for a CPU before the sync (the run queue); None
+    without it (no host timing)."""
+    cpu_wait_s_reference: float | None = None
+    """The same over the reference steps."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
 # What each profiler option costs (measured: docs/measurements.md), most costly first.
+CPU_SHARE = 0.5
+"""A slowdown is said as the host's CPUs taken when the ranks' wait for a CPU rose by at least this share of it."""
+
 OPTION_COST = (
     ("with_stack", "--profiler-with-stack"),
     ("record_shapes", "--profiler-record-shapes"),
@@ -93,6 +101,7 @@ def profiler_slowdown(
     options: Mapping[str, bool],
     threshold_ratio: float = 1.25,
     min_outside: int = MIN_REFERENCE,
+    cpu_wait: Mapping[int, float] | None = None,
 ) -> ProfilerSlowdown | None:
     """Compare the median step time inside the profiler's windows with the untraced steps after the first one starts.
 
@@ -108,6 +117,9 @@ def profiler_slowdown(
         options: The profiler's options (``record_shapes`` ...), to name the likely cost.
         threshold_ratio: Warn above this ratio.
         min_outside: Fewest untraced steps for a ratio (:data:`MIN_REFERENCE`).
+        cpu_wait: step number -> the ranks' largest wait for a CPU before the sync in that step (seconds), when the
+            step timer measured it: a slowdown that is mostly a rise of it is said as the host's CPUs taken (the
+            profiler's threads beside training on a host with no core to spare), the cause it measured.
 
     Returns:
         None when no step was profiled.
@@ -117,7 +129,9 @@ def profiler_slowdown(
         return None
     first = min(inside)
     before = [steps[s] for s in sorted(s for s in steps if s not in inside and s < first)]
-    after = [steps[s] for s in sorted(s for s in steps if s not in inside and s > first)][:NEAREST]
+    later = sorted(s for s in steps if s not in inside and s > first)[:NEAREST]
+    after = [steps[s] for s in later]
+    waits = _medians(cpu_wait, [s for s in steps if s in inside], later)
     ref = after  # the steps before the first window are the run's warm-up (the schedule's wait covers it)
     med = median(ins)
     mid = median(ref) if ref else None
@@ -137,6 +151,12 @@ def profiler_slowdown(
             if on
             else "no costly option is on: the profiler's own per-op bookkeeping is the cost; trace fewer steps"
         )
+        if waits is not None and waits[0] - waits[1] >= CPU_SHARE * (med - mid):
+            # Measured, not guessed: the ranks' wait for a CPU grew by most of the slowdown.
+            cost = (f"measured: inside its window a rank waited {1e3 * (waits[0] - waits[1]):.1f} ms more per step for "
+                    f"a CPU before the sync (the run queue; median {1e3 * waits[0]:.1f} vs {1e3 * waits[1]:.1f} ms): "
+                    "the profiler's work took cores that training needed; leave a core free per traced rank, or trace "
+                    "fewer steps" + (f" (also on: {', '.join(on)})" if on else ""))
         warning = (
             f"the profiler slows the steps it traces by {apart(ratio, threshold_ratio)}x (median {med:.4f}s inside its "
             f"window vs {mid:.4f}s over the {len(ref)} untraced steps after its start; the run's own noise "
@@ -158,4 +178,14 @@ def profiler_slowdown(
         median_step_s_reference=mid,
         noise_pct=noise,
         note=note,
+        cpu_wait_s_inside=waits[0] if waits is not None else None,
+        cpu_wait_s_reference=waits[1] if waits is not None else None,
     )
+
+
+def _medians(values: Mapping[int, float] | None, inside: list[int], reference: list[int]) -> tuple[float, float] | None:
+    """The medians of ``values`` over the steps ``inside`` and over the ``reference`` steps; None unless every one of
+    them has a value."""
+    if not values or not inside or not reference or any(s not in values for s in (*inside, *reference)):
+        return None
+    return median(values[s] for s in inside), median(values[s] for s in reference)

@@ -439,14 +439,14 @@ class StepSeries:
     def profiler_slowdown(self, busy: set[int], traced: Callable[[int], bool], args: Any) -> ProfilerSlowdown | None:
         """The profiler's slowdown over the kept steps (:func:`hf_distprof.core.overhead.profiler_slowdown`): the
         steps it traced (``traced``) against the others, those it was busy in left out on both sides; ``args``: the
-        profiling flags (which options it ran with, the threshold)."""
+        profiling flags (which options it ran with, the threshold); the ranks' largest pre-sync CPU wait per step."""
         times = self.step_times()
+        waits = {s: max(p[1] for p in v[3]) for s, v in self._steps.items() if v[3] is not None}
         return profiler_slowdown(
             {s: t for s, t in times.items() if s not in busy}, {s for s in times if traced(s)},
             {"record_shapes": args.profiler_record_shapes, "profile_memory": args.profiler_profile_memory,
              "with_stack": args.profiler_with_stack, "with_flops": args.profiler_with_flops},
-            threshold_ratio=args.profiler_slowdown_threshold,
-        )
+            threshold_ratio=args.profiler_slowdown_threshold, cpu_wait=waits)
 
     def cause(self, rank: int, threshold_pct: float,
               exclude: Callable[[int], bool] | None = None) -> Attribution | None:

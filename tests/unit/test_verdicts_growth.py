@@ -44,6 +44,30 @@ def test_profiler_slowdown_every_field_against_the_untraced_steps_around_the_win
     assert drift is not None and drift.noise_pct == pytest.approx(40.0) and drift.warning is None
 
 
+def test_a_slowdown_that_is_mostly_a_wait_for_a_cpu_says_so_measured():
+    # A trial (--profile-ranks 1 on 2 cores): the untraced rank's wait for a CPU before the sync rose inside the window
+    # (the tracing rank's profiler took the cores), the traced rank's own work flat; the warning blamed "the
+    # profiler's own per-op bookkeeping". Here the steps 1.5 s inside vs 1.0, the largest wait 0.3 s vs 0.02 s: 0.28 of
+    # the 0.5 s slowdown, over half of it.
+    steps = {1: 1.05, 2: 1.05, 3: 1.5, 4: 1.5, 5: 1.5} | {s: 1.0 + 0.01 * (s % 2) for s in range(6, 12)}
+    waits = {s: 0.3 if s in (3, 4, 5) else 0.02 for s in steps}
+    out = profiler_slowdown(steps, {3, 4, 5}, {"record_shapes": True}, cpu_wait=waits)
+    assert out is not None and (out.cpu_wait_s_inside, out.cpu_wait_s_reference) == (0.3, 0.02)
+    assert out.warning is not None and out.warning.endswith(
+        "; measured: inside its window a rank waited 280.0 ms more per step for a CPU before the sync (the run queue; "
+        "median 300.0 vs 20.0 ms): the profiler's work took cores that training needed; leave a core free per traced "
+        "rank, or trace fewer steps (also on: --profiler-record-shapes).")
+    assert out.to_json()["cpu_wait_s_inside"] == 0.3
+    # A wait that grew by less than half the slowdown is not its cause: the options are the likely cost, as before.
+    less = profiler_slowdown(steps, {3, 4, 5}, {"record_shapes": True}, cpu_wait=waits | {3: 0.2, 4: 0.2, 5: 0.2})
+    assert less is not None and less.warning is not None and less.warning.endswith(
+        "the likely cost: --profiler-record-shapes (turn off what you do not need).")
+    assert less.cpu_wait_s_inside == 0.2
+    # A step without its wait (no host timing): no medians, no cause from them.
+    gap = profiler_slowdown(steps, {3, 4, 5}, {}, cpu_wait={s: w for s, w in waits.items() if s != 7})
+    assert gap is not None and gap.cpu_wait_s_inside is None and "per-op bookkeeping" in (gap.warning or "")
+
+
 def test_slow_warm_up_steps_before_the_window_do_not_make_the_ratio():
     # The run_clm case: 4 slow early steps (1.78 s) before the window, the steps after it at 1.48 s, the window at
     # 1.48 s: against the early steps it read 0.83x; against the steps around it, 1.0x, within the noise.
@@ -350,3 +374,46 @@ def test_a_failed_read_nan_is_no_sample_and_raises_no_growth():
     leak = GrowthWatch(20.0, "process RSS")
     said = [leak.add(0, 10 * i, math.nan if i == 5 else 1000.0 + 50 * i) for i in range(1, 21)]
     assert said[-1] is not None and math.isfinite(said[-1].growth_pct) and said[-1].growth_pct > 20
+
+
+def test_the_step_timer_and_analyze_give_the_slowdown_the_ranks_wait_for_a_cpu(tmp_path):
+    # The golden clean run's window (steps 6-10) made 30 ms longer, rank 0's pre-sync by 25 ms of waiting for a CPU
+    # (its own work as it was): both the end-of-run table's series and analyze (judging the records again at another
+    # threshold) say the slowdown is that wait, measured.
+    import json
+    import shutil
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from hf_distprof.analysis import AnalysisOptions, analyze_paths
+    from hf_distprof.timing.report import StepSeries
+
+    run = tmp_path / "run"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "data" / "golden" / "cpu_clean_memory", run)
+    rows: dict[int, list[dict]] = {}
+    for rank in (0, 1):
+        path = run / f"timing_rank{rank}.jsonl"
+        rows[rank] = [json.loads(line) for line in path.read_text().splitlines()]
+        for row in rows[rank]:
+            if 6 <= row["step"] <= 10:
+                row["step_s"] += 0.03
+                row["own_step_s"] += 0.005
+                if rank == 0:
+                    row["pre_sync_s"] += 0.025
+                    row["cpu_wait_s"] += 0.025
+                    row["pre_sync_cpu_wait_s"] += 0.025
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows[rank]))
+    result = analyze_paths([run], AnalysisOptions(workers=1, profiler_slowdown_threshold=1.2))
+    found = result.profiler_slowdown
+    assert found is not None and found["warning"] is not None and "; measured: inside its window a rank waited " in \
+        found["warning"] and found["cpu_wait_s_inside"] > found["cpu_wait_s_reference"] + 0.02
+    series = StepSeries(2)
+    series.add([[[r["step"], r["step_s"], r["own_work_s"], r["own_step_s"], r["pre_sync_s"],
+                  r["pre_sync_s"] - r["own_work_s"], r["data_s"], 0.0, 0.0, 0.0] for r in rows[rank] if r["step"] > 1]
+                for rank in (0, 1)])
+    args = SimpleNamespace(profiler_record_shapes=False, profiler_profile_memory=False, profiler_with_stack=False,
+                           profiler_with_flops=False, profiler_slowdown_threshold=1.2)
+    live = series.profiler_slowdown(set(), lambda s: 6 <= s <= 10, args)
+    assert live is not None and live.warning is not None and "; measured: inside its window" in live.warning
+    assert (live.cpu_wait_s_inside, live.cpu_wait_s_reference) == pytest.approx(
+        (found["cpu_wait_s_inside"], found["cpu_wait_s_reference"]))

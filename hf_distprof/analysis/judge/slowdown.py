@@ -25,9 +25,12 @@ def slowdown_of(summary: TimingSummary, timer: TimerFigures, traced: set[int],
     if done is not None and (threshold is None or done.get("threshold_ratio") == threshold or not timer.step_times):
         return done
     profiled = done.get("options") if done is not None else None  # the cost the warning names: the run's options
+    # The ranks' largest wait for a CPU before the sync, in the steps every rank's rows part (as the step timer's own).
+    steps = set.intersection(*(set(by_step) for by_step in timer.parts.values())) if timer.parts else set()
     found = profiler_slowdown(timer.step_times, traced | timer.marked_traced,
                               profiled if isinstance(profiled, dict) else {},
-                              threshold_ratio=threshold if threshold is not None else PROFILER_SLOWDOWN_THRESHOLD)
+                              threshold_ratio=threshold if threshold is not None else PROFILER_SLOWDOWN_THRESHOLD,
+                              cpu_wait={s: max(p[s][1] for p in timer.parts.values()) for s in steps})
     return found.to_json() if found is not None else None
 
 
