@@ -562,7 +562,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         cause = self._cause(final) if final is not None and final.raised else None
         live, withdrawn = live_time_warnings(self._warned, final)
         report.warnings.extend(withdrawn)
-        slowdown = self._series.profiler_slowdown(self._busy_steps, self._traced, self.args)
+        slowdown = self._series.profiler_slowdown(self._busy_steps, self._traced, self.args, self._host_timed)
         if slowdown is not None and slowdown.warning is not None:
             report.warnings.append(slowdown.warning[0].upper() + slowdown.warning[1:])
         report.warnings.extend([burst.message] if burst is not None else [])

@@ -13,16 +13,20 @@ Stalls, apart: the same rank stalling again and again (a slow file every N batch
 least two, adding up without the largest to :data:`MATERIAL_PCT` of the run (a trial's two 2-second stalls of one rank's
 loader, a third of the run, were said only as anomaly captures that named both ranks alike).
 
-Beside a slow rank (the verdict over the run names one), stalls only, each rank's excess counted beyond its usual one
-(its median over the judged steps, when above zero): the slow rank's every step is the verdict's, and what its stalls
-add on top is what the others waited for besides (a trial: a rank named for 0.9 ms more loading per step stalled
-60 ms in three steps, half the run, and no output said it).
+Beside a slow rank (the verdict over the run names one), the same rules, each rank's excess counted beyond its usual one
+(its median over the judged steps, when above zero) and only where it stands out from its own spread (more than
+:data:`SPREAD_K` scaled MADs of it) in at most :data:`RARE_SHARE` of the steps: the slow rank's usual excess is the
+verdict's, a slowness that wobbles, drifts or comes in two levels is its pattern, and what a burst or stalls add on top
+is what the others waited for besides (a trial: a rank named for 0.9 ms more loading per step stalled 60 ms in three
+steps, half the run, and no output said it).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from statistics import median
+
+from hf_distprof.core.stats import scaled_mad
 
 MIN_STEPS = 3
 """A burst spans at least this many steps (one or two stalls on a shared host are its noise, not a rank's pattern)."""
@@ -32,6 +36,12 @@ MATERIAL_PCT = 10.0
 """The excess of the burst's steps, summed without its largest, is at least this % of the run's judged step time."""
 STALL_FACTOR = 5.0
 """A step apart from a stretch counts as a stall when its excess is more than this many times the burst's floor."""
+SPREAD_K = 3.0
+"""Beside a slow rank, a step stands out when its excess beyond the rank's usual is more than this many scaled MADs of
+the rank's excess (its own step-to-step spread)."""
+RARE_SHARE = 0.25
+"""Beside a slow rank, a rank whose steps stand out in more than this share of the steps has no burst or stalls: that is
+how it is slow (two levels, a drift), the verdict's to say."""
 
 
 @dataclass
@@ -93,7 +103,7 @@ class Burst:
         if self.beside is None:
             return "not the slow rank of the run: slowest in too few steps"
         if self.beside == self.rank:
-            return "on top of its excess in every step, which the slow-rank verdict names"
+            return "on top of its usual excess, which the slow-rank verdict names"
         return f"besides rank {self.beside}, the slow rank of the run"
 
 
@@ -108,20 +118,24 @@ def find_burst(work: dict[int, list[float]], steps: list[int], step_time: list[f
         threshold_pct: The imbalance threshold (``--imbalance-threshold-pct``): a step is in a burst when the rank's
             excess is more than this % of the run's median step.
         phases: phase -> rank -> seconds in each judged step, for the phase that took the burst.
-        slow_rank: The rank the verdict over the run names slow, if it does: then stalls only, each rank's excess
-            beyond its usual (:func:`usual_excess`).
+        slow_rank: The rank the verdict over the run names slow, if it does: then each rank's excess beyond its usual
+            (:func:`usual_excess`), where it stands out from its spread, in a few steps only (:data:`RARE_SHARE`).
     """
     ranks = sorted(work)
     if len(ranks) < 2 or len(steps) < MIN_STEPS or not step_time:
         return None
     floor = threshold_pct / 100.0 * median(step_time)
-    usual = {r: usual_excess(work, r) for r in ranks} if slow_rank is not None else dict.fromkeys(ranks, 0.0)
+    beside = slow_rank is not None
+    usual = {r: usual_excess(work, r) for r in ranks} if beside else dict.fromkeys(ranks, 0.0)
+    least = {r: max(floor, SPREAD_K * scaled_mad(_excess(work, r))) if beside else floor for r in ranks}
     hot: dict[int, list[tuple[int, float]]] = {r: [] for r in ranks}
     for i in range(len(steps)):
         slow = max(ranks, key=lambda r: (work[r][i], -r))
         excess = work[slow][i] - median(work[r][i] for r in ranks if r != slow) - usual[slow]
-        if excess > floor:
+        if excess > least[slow]:
             hot[slow].append((i, excess))
+    if beside:  # standing out in many steps is how the rank is slow: the verdict's
+        hot = {r: h if len(h) <= RARE_SHARE * len(steps) else [] for r, h in hot.items()}
     run_s = sum(step_time)
     # Each rank's hot steps in stretches (at most one judged step between two), the costliest stretch its burst.
     stretches = [(r, group) for r in ranks for group in _stretches(hot[r])]
@@ -129,8 +143,7 @@ def find_burst(work: dict[int, list[float]], steps: list[int], step_time: list[f
         return None
     rank, group = max(stretches, key=lambda rg: (sum(e for _, e in rg[1]), -rg[0]))
     stalls = False
-    # Beside a slow rank, no burst: a stretch of its steps over its usual excess is its excess's noise as much as not.
-    if slow_rank is not None or not _material(group, MIN_STEPS, run_s):
+    if not _material(group, MIN_STEPS, run_s):
         # Else the same rank's long stalls, wherever they are: one rank's, at least twice any other's (ranks that all
         # stall alike have a shared cause, not one rank's).
         big = {r: [(i, e) for i, e in hot[r] if e > STALL_FACTOR * floor] for r in ranks}
@@ -147,7 +160,7 @@ def find_burst(work: dict[int, list[float]], steps: list[int], step_time: list[f
     phase = None
     if phases:
         def excess_of(by_rank: dict[int, list[float]]) -> float:
-            beyond = usual_excess(by_rank, rank) if slow_rank is not None else 0.0
+            beyond = usual_excess(by_rank, rank) if beside else 0.0
             return sum(by_rank[rank][i] - median(by_rank[r][i] for r in ranks if r != rank) - beyond for i in at)
 
         usable = {p: v for p, v in phases.items() if all(r in v for r in ranks)}
@@ -158,8 +171,13 @@ def find_burst(work: dict[int, list[float]], steps: list[int], step_time: list[f
 def usual_excess(work: dict[int, list[float]], rank: int) -> float:
     """``rank``'s usual excess over its peers: the median over the steps of its work less its peers' median, or 0 when
     that is below 0 (a rank faster than its peers has no excess to leave out)."""
-    ranks = [r for r in work if r != rank]
-    return max(0.0, median(work[rank][i] - median(work[r][i] for r in ranks) for i in range(len(work[rank]))))
+    return max(0.0, median(_excess(work, rank)))
+
+
+def _excess(work: dict[int, list[float]], rank: int) -> list[float]:
+    """``rank``'s work less its peers' median, step by step."""
+    peers = [r for r in work if r != rank]
+    return [work[rank][i] - median(work[r][i] for r in peers) for i in range(len(work[rank]))]
 
 
 def _material(group: list[tuple[int, float]], least: int, run_s: float) -> bool:

@@ -50,19 +50,23 @@ class ProfilerSlowdown:
     note: str | None = None
     """Why there is no ratio ("not enough untraced steps ..."); None when there is one."""
     cpu_wait_s_inside: float | None = None
-    """The median over the traced steps of the ranks' largest wait for a CPU before the sync (the run queue); None
-    without it (no host timing)."""
+    """The median over the traced steps of the wait for a CPU before the sync (the run queue) of the rank last to it;
+    None without it (no host timing: a GPU's step timer times the device)."""
     cpu_wait_s_reference: float | None = None
     """The same over the reference steps."""
+    cost: str | None = None
+    """What the warning names as the cost: ``cpu_wait`` (measured: the wait for a CPU grew by most of the slowdown),
+    ``options`` (the costly options that are on) or ``profiler`` (its own per-op bookkeeping); None without a
+    warning."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
-# What each profiler option costs (measured: docs/measurements.md), most costly first.
 CPU_SHARE = 0.5
-"""A slowdown is said as the host's CPUs taken when the ranks' wait for a CPU rose by at least this share of it."""
+"""A slowdown is said as the host's CPUs taken when the last rank's wait for a CPU rose by at least this share of it."""
 
+# What each profiler option costs (measured: docs/measurements.md), most costly first.
 OPTION_COST = (
     ("with_stack", "--profiler-with-stack"),
     ("record_shapes", "--profiler-record-shapes"),
@@ -117,9 +121,9 @@ def profiler_slowdown(
         options: The profiler's options (``record_shapes`` ...), to name the likely cost.
         threshold_ratio: Warn above this ratio.
         min_outside: Fewest untraced steps for a ratio (:data:`MIN_REFERENCE`).
-        cpu_wait: step number -> the ranks' largest wait for a CPU before the sync in that step (seconds), when the
-            step timer measured it: a slowdown that is mostly a rise of it is said as the host's CPUs taken (the
-            profiler's threads beside training on a host with no core to spare), the cause it measured.
+        cpu_wait: step number -> the wait for a CPU before the sync of the rank last to it in that step (seconds),
+            when the step timer measured it: a slowdown that is mostly a rise of it is said as the host's CPUs taken
+            (the profiler's threads, or other work, beside training on a host with no core to spare), as measured.
 
     Returns:
         None when no step was profiled.
@@ -135,7 +139,7 @@ def profiler_slowdown(
     ref = after  # the steps before the first window are the run's warm-up (the schedule's wait covers it)
     med = median(ins)
     mid = median(ref) if ref else None
-    ratio = noise = note = confidence = warning = None
+    ratio = noise = note = confidence = warning = kind = None
     if len(ref) < min_outside:
         note = (f"not enough untraced steps to compare the profiler's window with: {len(after)} after its start "
                 f"(the {len(before)} before it are the run's warm-up), at least {min_outside} are needed (run more "
@@ -146,17 +150,21 @@ def profiler_slowdown(
         confidence = sum(t > threshold_ratio * mid for t in ins) / len(ins)
     if ratio is not None and noise is not None and ratio > threshold_ratio and beyond_noise(ratio, noise):
         on = [flag for name, flag in OPTION_COST if options.get(name)]
+        kind = "options" if on else "profiler"
         cost = (
             f"the likely cost: {', '.join(on)} (turn off what you do not need)"
             if on
             else "no costly option is on: the profiler's own per-op bookkeeping is the cost; trace fewer steps"
         )
         if waits is not None and waits[0] - waits[1] >= CPU_SHARE * (med - mid):
-            # Measured, not guessed: the ranks' wait for a CPU grew by most of the slowdown.
-            cost = (f"measured: inside its window a rank waited {1e3 * (waits[0] - waits[1]):.1f} ms more per step for "
-                    f"a CPU before the sync (the run queue; median {1e3 * waits[0]:.1f} vs {1e3 * waits[1]:.1f} ms): "
-                    "the profiler's work took cores that training needed; leave a core free per traced rank, or trace "
-                    "fewer steps" + (f" (also on: {', '.join(on)})" if on else ""))
+            # Measured, not guessed: the last rank's wait for a CPU grew by most of the slowdown.
+            kind = "cpu_wait"
+            rise = 1e3 * (waits[0] - waits[1])
+            cost = (f"measured: inside its window the rank last to the sync waited {rise:.1f} ms "
+                    f"more per step for a CPU before it (the run queue; median {1e3 * waits[0]:.1f} vs "
+                    f"{1e3 * waits[1]:.1f} ms): the profiler's threads, or other work on the host, took cores that "
+                    "training needed; leave a core free per traced rank, or trace fewer steps"
+                    + (f" (also on: {', '.join(on)})" if on else ""))
         warning = (
             f"the profiler slows the steps it traces by {apart(ratio, threshold_ratio)}x (median {med:.4f}s inside its "
             f"window vs {mid:.4f}s over the {len(ref)} untraced steps after its start; the run's own noise "
@@ -180,6 +188,7 @@ def profiler_slowdown(
         note=note,
         cpu_wait_s_inside=waits[0] if waits is not None else None,
         cpu_wait_s_reference=waits[1] if waits is not None else None,
+        cost=kind if warning is not None else None,
     )
 
 

@@ -272,8 +272,7 @@ def cross_rank_report(
         mem_imbalance = imbalance_pct([float(m or 0) for m in mems])
         max_mem_rank = max(ranks, key=lambda r: r.peak_memory_bytes or 0).rank
 
-    mfu: float | None = None
-    mean_total = sum(r.total_s for r in ranks) / len(ranks)
+    mfu, mean_total = None, sum(r.total_s for r in ranks) / len(ranks)
     if flops and peak_tflops and mean_total > 0:
         mfu = flops / (len(ranks) * mean_total * peak_tflops * 1e12) * 100.0
 
@@ -327,10 +326,9 @@ def memory_warning(ranks: Sequence[RankSummary], mem_imbalance: float, threshold
     return (
         f"Peak memory imbalance {mem_imbalance:.1f}% > {threshold_pct:g}%: rank {high.rank} peaks "
         f"at {format_bytes(high.peak_memory_bytes)} vs {format_bytes(low.peak_memory_bytes)} on rank "
-        f"{low.rank}. Look for work only that rank does (logging, evaluation, checkpoint saving on "
-        "rank 0; the profiler's window when --profile-ranks traces only some ranks: its events stay in memory until "
-        "the window's export), uneven batch shapes (variable-length padding: pad to a fixed length or use "
-        "--group_by_length), or "
+        f"{low.rank}. Look for work only that rank does (logging, evaluation, checkpoint saving on rank 0; the "
+        "profiler's window when --profile-ranks traces only some ranks: its events stay in memory until the window's "
+        "export), uneven batch shapes (variable-length padding: pad to a fixed length or use --group_by_length), or "
         "tensors kept alive on one rank; sharding optimizer state and gradients (FSDP) also evens it out."
     )
 
@@ -436,12 +434,14 @@ class StepSeries:
         return judge_run(per_rank, arrival, threshold_pct, [own_step for _, _, own_step, _ in kept],
                          [step_s for _, step_s, _, _ in parted])
 
-    def profiler_slowdown(self, busy: set[int], traced: Callable[[int], bool], args: Any) -> ProfilerSlowdown | None:
+    def profiler_slowdown(self, busy: set[int], traced: Callable[[int], bool], args: Any,
+                          host_timed: bool = True) -> ProfilerSlowdown | None:
         """The profiler's slowdown over the kept steps (:func:`hf_distprof.core.overhead.profiler_slowdown`): the
         steps it traced (``traced``) against the others, those it was busy in left out on both sides; ``args``: the
-        profiling flags (which options it ran with, the threshold); the ranks' largest pre-sync CPU wait per step."""
+        profiling flags (which options it ran with, the threshold); with ``host_timed``, each step's wait for a CPU
+        of the rank last to the sync (the largest pre-sync time's part)."""
         times = self.step_times()
-        waits = {s: max(p[1] for p in v[3]) for s, v in self._steps.items() if v[3] is not None}
+        waits = {s: max(v[3])[1] for s, v in self._steps.items() if v[3] is not None} if host_timed else None
         return profiler_slowdown(
             {s: t for s, t in times.items() if s not in busy}, {s for s in times if traced(s)},
             {"record_shapes": args.profiler_record_shapes, "profile_memory": args.profiler_profile_memory,

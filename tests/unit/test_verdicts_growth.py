@@ -36,6 +36,7 @@ def test_profiler_slowdown_every_field_against_the_untraced_steps_around_the_win
             "--profiler-profile-memory (turn off what you do not need)."
         ),
         confidence=2 / 3, median_step_s_reference=1.0, noise_pct=pytest.approx(100 * 1.4826 * 0.1 / 1.5), note=None,
+        cost="options",
     )
     assert type(out.options) is dict and out.options is not options  # a copy, plain dict
     # A drifting host: the untraced steps after the window went from 1.0 to 1.5 (their halves' medians 0.5 apart, 40%
@@ -54,18 +55,19 @@ def test_a_slowdown_that_is_mostly_a_wait_for_a_cpu_says_so_measured():
     out = profiler_slowdown(steps, {3, 4, 5}, {"record_shapes": True}, cpu_wait=waits)
     assert out is not None and (out.cpu_wait_s_inside, out.cpu_wait_s_reference) == (0.3, 0.02)
     assert out.warning is not None and out.warning.endswith(
-        "; measured: inside its window a rank waited 280.0 ms more per step for a CPU before the sync (the run queue; "
-        "median 300.0 vs 20.0 ms): the profiler's work took cores that training needed; leave a core free per traced "
-        "rank, or trace fewer steps (also on: --profiler-record-shapes).")
-    assert out.to_json()["cpu_wait_s_inside"] == 0.3
+        "; measured: inside its window the rank last to the sync waited 280.0 ms more per step for a CPU before it "
+        "(the run queue; median 300.0 vs 20.0 ms): the profiler's threads, or other work on the host, took cores that "
+        "training needed; leave a core free per traced rank, or trace fewer steps (also on: --profiler-record-shapes).")
+    assert out.to_json()["cpu_wait_s_inside"] == 0.3 and out.cost == "cpu_wait"
     # A wait that grew by less than half the slowdown is not its cause: the options are the likely cost, as before.
     less = profiler_slowdown(steps, {3, 4, 5}, {"record_shapes": True}, cpu_wait=waits | {3: 0.2, 4: 0.2, 5: 0.2})
     assert less is not None and less.warning is not None and less.warning.endswith(
         "the likely cost: --profiler-record-shapes (turn off what you do not need).")
-    assert less.cpu_wait_s_inside == 0.2
-    # A step without its wait (no host timing): no medians, no cause from them.
+    assert less.cpu_wait_s_inside == 0.2 and less.cost == "options"
+    # A step without its wait: no medians, no cause from them.
     gap = profiler_slowdown(steps, {3, 4, 5}, {}, cpu_wait={s: w for s, w in waits.items() if s != 7})
     assert gap is not None and gap.cpu_wait_s_inside is None and "per-op bookkeeping" in (gap.warning or "")
+    assert gap.cost == "profiler" and profiler_slowdown(steps | {3: 1.0}, {3}, {}).cost is None  # (no warning)
 
 
 def test_slow_warm_up_steps_before_the_window_do_not_make_the_ratio():
@@ -376,44 +378,69 @@ def test_a_failed_read_nan_is_no_sample_and_raises_no_growth():
     assert said[-1] is not None and math.isfinite(said[-1].growth_pct) and said[-1].growth_pct > 20
 
 
-def test_the_step_timer_and_analyze_give_the_slowdown_the_ranks_wait_for_a_cpu(tmp_path):
+def test_the_step_timer_and_analyze_give_the_slowdown_the_last_rank_s_wait_for_a_cpu(tmp_path):
     # The golden clean run's window (steps 6-10) made 30 ms longer, rank 0's pre-sync by 25 ms of waiting for a CPU
-    # (its own work as it was): both the end-of-run table's series and analyze (judging the records again at another
-    # threshold) say the slowdown is that wait, measured.
+    # (its own work as it was), so that it reached the sync last: the end-of-run table's series (rows made by step_row,
+    # as the step timer sends them) and analyze (judging the records again at another threshold) say the slowdown is
+    # that wait, measured, alike. A rank that waited but was not last costs nothing: not the cause. On a GPU (the
+    # timer timed the device): no wait, null.
     import json
     import shutil
+    from dataclasses import fields
     from pathlib import Path
     from types import SimpleNamespace
 
     from hf_distprof.analysis import AnalysisOptions, analyze_paths
-    from hf_distprof.timing.report import StepSeries
+    from hf_distprof.timing.recorder import StepTiming
+    from hf_distprof.timing.report import StepSeries, step_row
 
-    run = tmp_path / "run"
-    shutil.copytree(Path(__file__).resolve().parents[1] / "data" / "golden" / "cpu_clean_memory", run)
-    rows: dict[int, list[dict]] = {}
-    for rank in (0, 1):
-        path = run / f"timing_rank{rank}.jsonl"
-        rows[rank] = [json.loads(line) for line in path.read_text().splitlines()]
-        for row in rows[rank]:
-            if 6 <= row["step"] <= 10:
-                row["step_s"] += 0.03
-                row["own_step_s"] += 0.005
-                if rank == 0:
-                    row["pre_sync_s"] += 0.025
-                    row["cpu_wait_s"] += 0.025
-                    row["pre_sync_cpu_wait_s"] += 0.025
-        path.write_text("".join(json.dumps(row) + "\n" for row in rows[rank]))
+    def run_with(waiter_pre: float, other_pre: float) -> tuple[Path, dict[int, list[dict]]]:
+        run = tmp_path / f"run{waiter_pre}_{other_pre}"
+        shutil.copytree(Path(__file__).resolve().parents[1] / "data" / "golden" / "cpu_clean_memory", run)
+        rows: dict[int, list[dict]] = {}
+        for rank in (0, 1):
+            path = run / f"timing_rank{rank}.jsonl"
+            rows[rank] = [json.loads(line) for line in path.read_text().splitlines()]
+            for row in rows[rank]:
+                if 6 <= row["step"] <= 10:
+                    row["step_s"] += 0.03
+                    row["own_step_s"] += 0.005
+                    row["pre_sync_s"] += waiter_pre if rank == 0 else other_pre  # (in its forward)
+                    row["forward_s"] += waiter_pre if rank == 0 else other_pre
+                    row["own_work_s"] += 0.0 if rank == 0 else other_pre
+                    if rank == 0:
+                        row["cpu_wait_s"] += waiter_pre
+                        row["pre_sync_cpu_wait_s"] += waiter_pre
+            path.write_text("".join(json.dumps(row) + "\n" for row in rows[rank]))
+        return run, rows
+
+    def series_of(rows: dict[int, list[dict]]) -> StepSeries:
+        names = {f.name for f in fields(StepTiming)}
+        out = StepSeries(2)
+        out.add([[step_row(StepTiming(**{k: v for k, v in r.items() if k in names}), True) for r in rows[rank]
+                  if r["step"] > 1] for rank in (0, 1)])
+        return out
+
+    # (the golden run's profiler options: --profiler-profile-memory on)
+    args = SimpleNamespace(profiler_record_shapes=False, profiler_profile_memory=True, profiler_with_stack=False,
+                           profiler_with_flops=False, profiler_slowdown_threshold=1.2)
+    run, rows = run_with(0.025, 0.0)  # rank 0 waited and was last
     result = analyze_paths([run], AnalysisOptions(workers=1, profiler_slowdown_threshold=1.2))
     found = result.profiler_slowdown
-    assert found is not None and found["warning"] is not None and "; measured: inside its window a rank waited " in \
-        found["warning"] and found["cpu_wait_s_inside"] > found["cpu_wait_s_reference"] + 0.02
-    series = StepSeries(2)
-    series.add([[[r["step"], r["step_s"], r["own_work_s"], r["own_step_s"], r["pre_sync_s"],
-                  r["pre_sync_s"] - r["own_work_s"], r["data_s"], 0.0, 0.0, 0.0] for r in rows[rank] if r["step"] > 1]
-                for rank in (0, 1)])
-    args = SimpleNamespace(profiler_record_shapes=False, profiler_profile_memory=False, profiler_with_stack=False,
-                           profiler_with_flops=False, profiler_slowdown_threshold=1.2)
-    live = series.profiler_slowdown(set(), lambda s: 6 <= s <= 10, args)
-    assert live is not None and live.warning is not None and "; measured: inside its window" in live.warning
+    finding = next(f for f in result.findings if f.kind == "profiler_slowdown")  # its advice follows the cost
+    assert "leave a core free per traced rank" in finding.recommendation and "fewer options" not in \
+        finding.recommendation
+    assert found is not None and found["cost"] == "cpu_wait" and "; measured: inside its window the rank last to " \
+        "the sync waited " in found["warning"] and found["cpu_wait_s_inside"] > found["cpu_wait_s_reference"] + 0.02
+    live = series_of(rows).profiler_slowdown(set(), lambda s: 6 <= s <= 10, args)
+    assert live is not None and live.cost == "cpu_wait" and live.warning == found["warning"]
     assert (live.cpu_wait_s_inside, live.cpu_wait_s_reference) == pytest.approx(
         (found["cpu_wait_s_inside"], found["cpu_wait_s_reference"]))
+    gpu = series_of(rows).profiler_slowdown(set(), lambda s: 6 <= s <= 10, args, host_timed=False)
+    assert gpu is not None and gpu.cpu_wait_s_inside is None and gpu.cost == "options"
+    # Rank 0 waited 25 ms, but rank 1's own work grew 40 ms: rank 1 was last, its wait as before. Not the cause.
+    run, rows = run_with(0.025, 0.04)
+    found = analyze_paths([run], AnalysisOptions(workers=1, profiler_slowdown_threshold=1.2)).profiler_slowdown
+    assert found is not None and found["cost"] == "options" and "the likely cost: --profiler-profile-memory" in \
+        found["warning"]
+    assert series_of(rows).profiler_slowdown(set(), lambda s: 6 <= s <= 10, args).cost == "options"

@@ -119,7 +119,7 @@ def judge(ranks: list[RankResult], across: Across, replay: WhatIf | None, summar
     # their collectives, which it would take for transfers.
     answer = judge_scenarios(replay, verdicts, across.evidence is not None) \
         if replay is not None and not missing and coverage is None else None
-    slowdown = slowdown_of(summary, across.timer, across.traced, options)
+    slowdown = slowdown_of(summary, across.timer, across.traced, options, not any(r.device == "gpu" for r in ranks))
     findings = diagnose(ranks, across, verdicts, options) + slowdown_findings(slowdown) + \
         burst_findings(across, verdicts, options)
     # A window whose verdicts were weighed with the timer's already answers for the whole run.

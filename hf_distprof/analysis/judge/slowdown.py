@@ -14,23 +14,26 @@ from hf_distprof.core.overhead import beyond_noise, profiler_slowdown
 
 
 def slowdown_of(summary: TimingSummary, timer: TimerFigures, traced: set[int],
-                options: AnalysisOptions) -> dict[str, Any] | None:
+                options: AnalysisOptions, host_timed: bool = True) -> dict[str, Any] | None:
     """The profiler's own slowdown: ``timing_summary.json``'s when training ended normally (with the profiler options in
     effect), judged at the run's own threshold; judged again from the step timer's records (``timing_rank{R}.jsonl``)
     when ``options.profiler_slowdown_threshold`` names another, or without the summary's: the steps the profiler ran
     over (the rows' marks and the traces' steps) against the others, the timer's warm-up left out. None without
-    them."""
+    them. ``host_timed``: whether the step timer timed the host (no GPU trace), where it measured each rank's wait for a
+    CPU."""
     done = summary.profiler_slowdown
     threshold = options.profiler_slowdown_threshold
     if done is not None and (threshold is None or done.get("threshold_ratio") == threshold or not timer.step_times):
         return done
     profiled = done.get("options") if done is not None else None  # the cost the warning names: the run's options
-    # The ranks' largest wait for a CPU before the sync, in the steps every rank's rows part (as the step timer's own).
-    steps = set.intersection(*(set(by_step) for by_step in timer.parts.values())) if timer.parts else set()
+    # The wait for a CPU of the rank last to the sync, in the steps every rank's rows part (as the step timer's own);
+    # none where the timer timed a GPU (its rows' own work is their pre-sync time: no wait taken out).
+    steps = set.intersection(*(set(by_step) for by_step in timer.parts.values())) if timer.parts and host_timed \
+        else set()
     found = profiler_slowdown(timer.step_times, traced | timer.marked_traced,
                               profiled if isinstance(profiled, dict) else {},
                               threshold_ratio=threshold if threshold is not None else PROFILER_SLOWDOWN_THRESHOLD,
-                              cpu_wait={s: max(p[s][1] for p in timer.parts.values()) for s in steps})
+                              cpu_wait={s: max(p[s] for p in timer.parts.values())[1] for s in steps})
     return found.to_json() if found is not None else None
 
 
@@ -102,7 +105,7 @@ def slowdown_findings(slowdown: dict[str, Any] | None) -> list[Judgement]:
             kind="profiler_slowdown",
             severity=100.0 * (1.0 - 1.0 / ratio),
             ranks=[],
-            facts=SlowdownFacts(ratio, float(slowdown["threshold_ratio"]), slowdown["warning"]),
+            facts=SlowdownFacts(ratio, float(slowdown["threshold_ratio"]), slowdown["warning"], slowdown.get("cost")),
             numbers={"ratio": ratio},
             confidence=slowdown.get("confidence"),
             phase="profiler",

@@ -285,6 +285,8 @@ class SlowdownFacts:
     ratio: float
     threshold_ratio: float
     warning: str
+    cost: str | None = None
+    """What the warning names as the cost (:attr:`hf_distprof.core.overhead.ProfilerSlowdown.cost`)."""
 
 
 @dataclass

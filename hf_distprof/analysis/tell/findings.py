@@ -514,7 +514,9 @@ def _slowdown(j: Judgement) -> Prose:
              f"{f.threshold_ratio:.2f}x)"),
         details=f": {f.warning}",
         action=action,
-        more=("; profile with fewer options (--profiler-record-shapes false, no --profiler-with-stack / "
+        more=("; leave a core free per traced rank (fewer ranks per host while it traces), or trace fewer steps."
+              if f.cost == "cpu_wait" else
+              "; profile with fewer options (--profiler-record-shapes false, no --profiler-with-stack / "
               "--profiler-profile-memory unless you need them) and see PROFILING_GUIDE.md for what each option "
               "costs."),
     )
