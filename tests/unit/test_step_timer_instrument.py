@@ -76,6 +76,35 @@ def test_model_hooks_feed_the_recorder_inside_steps_only():
     assert s2.micro_batches == 0 and s2.forward_s is None
 
 
+def test_the_model_hooks_add_no_graph_break_under_torch_compile():
+    # A trial: the Trainer's torch_compile=True traced our hooks with the model (12 graph breaks without them, 32 with
+    # them, one "Failed to handle graph break gracefully ... falling back to eager"). Run eagerly, they add none, and
+    # still feed the recorder. (The "eager" backend: Dynamo's tracing without compiling kernels.)
+    import torch._dynamo
+    from torch._dynamo.testing import CompileCounter
+    from torch._dynamo.utils import counters
+
+    model = TinyLM()
+    rec = StepRecorder(CpuClock())
+    hooks = ModelHooks(model, rec)
+    batch = {"input_ids": torch.randint(0, 11, (4, 6)), "attention_mask": torch.ones(4, 6, dtype=torch.long)}
+    torch._dynamo.reset()
+    counters.clear()
+    backend = CompileCounter()
+    compiled = torch.compile(model, backend=backend)
+    rec.boundary()
+    rec.step_begin()
+    compiled(**batch)["loss"].backward()
+    rec.optimizer_begin()
+    rec.optimizer_end()
+    rec.step_end(1)
+    (s,) = rec.resolve()
+    assert s.samples == 4 and s.tokens == 24 and s.forward_s is not None
+    assert backend.frame_count == 1 and sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
+    hooks.remove()
+    torch._dynamo.reset()
+
+
 class FakeTime:
     """perf_counter that only moves when the collator says so."""
 

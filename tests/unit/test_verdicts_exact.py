@@ -441,3 +441,14 @@ def test_judge_share_median_at_the_threshold_is_quiet():
     v = judge_share([5.0, 10.0, 12.5], 10.0, "data loading")
     assert v == ShareVerdict("quiet", 10.0, 10.0, 1, 3,
                              "data loading is 10.0% of the step (median of 3 steps), above 10% in 1 of 3")
+
+
+def test_judge_share_within_its_step_to_step_noise_is_quiet():
+    # A trial's clean run: rank 1's data loading 12.8, 6.4 and 10.3% of its 3 traced steps, "Data-loading bound" at
+    # 10% beside a what-if that found no saving. Median 10.3, 0.3 points above; the steps' scaled MAD 1.4826 x 2.5
+    # over sqrt(3): +-2.1 points. Quiet; the same steps 5 points higher are above beyond it.
+    v = judge_share([12.8, 6.4, 10.3], 10.0, "fetching the next batch")
+    assert v == ShareVerdict("quiet", 10.3, 10.0, 2, 3, "fetching the next batch is 10.3% of the step (median of 3 "
+                             "steps), above 10% in 2 of 3, within its step-to-step noise (+-2.1 points)")
+    assert judge_share([17.8, 11.4, 15.3], 10.0, "x").raised
+    assert judge_share([10.5], 10.0, "x").raised  # one step: no spread to weigh, the share as measured

@@ -22,6 +22,7 @@ from hf_distprof.callbacks.memory import tools as memory_tools
 from hf_distprof.callbacks.memory import stats as memstats
 from hf_distprof.callbacks.profiler.schedule import recorded_steps
 from hf_distprof.config import ProfilingArguments
+from hf_distprof.timing.instrument import eager
 from hf_distprof.callbacks.memory.stats import MB
 
 logger = dist.get_logger(__name__)
@@ -221,9 +222,9 @@ class MemoryViewsCallback(TrainerCallback):  # type: ignore[misc]
     # ---- host memory and activations around each forward -----------------------------------------
 
     def _install_forward_hooks(self, model: torch.nn.Module) -> None:
-        self._hooks = [
-            model.register_forward_pre_hook(self._before_forward),
-            model.register_forward_hook(self._after_forward),
+        self._hooks = [  # (run eagerly under torch.compile: see hf_distprof.timing.instrument.eager)
+            model.register_forward_pre_hook(eager(self._before_forward)),
+            model.register_forward_hook(eager(self._after_forward)),
         ]
 
     def _remove_forward_hooks(self) -> None:
