@@ -8,6 +8,7 @@ folders, and how to look at them.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,28 @@ BANNER = "hf_distprof: training finished"
 _SUMMARIES = (TIMING_SUMMARY_NAME, MEMORY_SUMMARY_NAME, ANALYSIS_NAME, PARALLELISM_NAME, MANIFEST_NAME)
 # How far below the parent that the tensorboard line opens each listed folder may lie (see tensorboard_command).
 _NEAR = 2
+
+
+def _by_rank_and_step(trace: Path) -> tuple[int, int, str]:
+    """A trace's order in the block: by rank, then by its first step (``rank1_host_step8-10``: not as text, where
+    ``step16`` comes before ``step7``), then by name."""
+    found = _TRACE_ORDER.match(trace.name)
+    return (int(found.group(1)), int(found.group(2)), trace.name) if found else (-1, -1, trace.name)
+
+
+_TRACE_ORDER = re.compile(r"^rank(\d+)_.*_step(\d+)-\d+")
+
+
+def _per_rank(run_dir: Path) -> list[str]:
+    """The per-rank files the folder holds, each as ``rank<R>`` names it (the log first, always there on a rank that
+    wrote anything), a trace's own files (its compact file, its summary) and the per-rank manifests left out."""
+    try:
+        names = [p.name for p in run_dir.iterdir() if p.is_file()]
+    except OSError:
+        names = []
+    found = {re.sub(r"rank\d+", "rank<R>", name) for name in names if re.search(r"rank\d+", name)
+             and not _TRACE_ORDER.match(name) and not name.startswith("manifest_rank")}
+    return ["rank<R>.log", *sorted(found - {"rank<R>.log"})]
 
 
 def trainer_tensorboard_dir(args: TrainingArguments) -> Path | None:
@@ -102,12 +125,12 @@ def where_to_look(run_dirs: list[Path], tensorboard_dirs: list[Path], profiling:
     """
     lines = ["", "=" * 78, BANNER]
     for run_dir in run_dirs:
-        traces = sorted(run_dir.glob(f"*{TRACE_SUFFIX}"))
+        traces = sorted(run_dir.glob(f"*{TRACE_SUFFIX}"), key=_by_rank_and_step)
         lines.append(f"  run folder: {run_dir}  ({len(traces)} trace(s))")
         lines += [f"    {t.name}" for t in traces]
         summaries = [name for name in _SUMMARIES if (run_dir / name).exists()]
         if summaries:
-            lines.append(f"    summaries: {', '.join(summaries)}; per-rank log: rank<R>.log")
+            lines.append(f"    summaries: {', '.join(summaries)}; per-rank files: {', '.join(_per_rank(run_dir))}")
     tensorboard_dirs = distinct_folders(tensorboard_dirs)
     for folder in tensorboard_dirs:
         lines.append(f"  TensorBoard events: {folder}")

@@ -297,12 +297,12 @@ def cause_why(a: Attribution) -> str:
     if a.cause == Cause.CPU_WAIT:
         if a.more_work_too:  # the share its work explains is the work's, said after
             text = (f"it waited {_ms(a.cpu_wait_abs_s)} per step for a CPU (its peers {_ms(a.peers_cpu_wait_s)}), "
-                    f"{_ms(a.cpu_wait_beyond_work_s)} beyond what its work explains, of the {_ms(a.excess_s)} its "
-                    "peers wait for it: another process shares its cores")
+                    f"{_ms(a.cpu_wait_beyond_work_s)} beyond what its work explains, {_of(a.cpu_wait_beyond_work_s, a)}"
+                    ": another process shares its cores")
         else:
             text = (f"not your code: it waited {_ms(a.cpu_wait_abs_s)} per step for a CPU (its peers "
-                    f"{_ms(a.peers_cpu_wait_s)}), {_ms(a.cpu_wait_s)} of the {_ms(a.excess_s)} its peers wait for it: "
-                    "another process shares its cores")
+                    f"{_ms(a.peers_cpu_wait_s)}), {_ms(a.cpu_wait_s)} {_of(a.cpu_wait_s, a)}: another process shares "
+                    "its cores")
     elif a.cause == Cause.INPUT:
         text = f"its data loading takes {_ms(a.data_s)} more per step than its peers'"
         if a.more_work_too:
@@ -322,6 +322,13 @@ def cause_why(a: Attribution) -> str:
     if a.more_work_too:
         text += f"; it also does {a.work_ratio or 0.0:.2f}x the {unit} of its peers per step"
     return f"{text}; {persistence(a)}"
+
+
+def _of(part: float, a: Attribution) -> str:
+    """"of the 117 ms its peers wait for it", or, for a part larger than that whole (two medians over the same steps
+    need not nest: "2.2 ms of the 1.9 ms"), "more than the 1.9 ms its peers wait for it"."""
+    return f"{'more than' if _ms(part) != _ms(a.excess_s) and part > a.excess_s else 'of'} the {_ms(a.excess_s)} its " \
+        "peers wait for it"
 
 
 def persistence(a: Attribution) -> str:

@@ -41,6 +41,12 @@ def test_a_rank_waiting_for_a_cpu_is_its_machine_not_its_code():
     assert cause_why(got).startswith("not your code: it waited 118 ms per step for a CPU (its peers 1.0 ms), 117 ms "
                                      "of the 117 ms its peers wait for it: another process shares its cores")
     assert cause_action(got, on_gpu=False, phase_advice_text="-").startswith("move or stop the other process")
+    # Two medians over the same steps need not nest (a trial's live warning: "2.2 ms of the 1.9 ms its peers wait for
+    # it"): a part larger than the whole is said as more than it.
+    from dataclasses import replace
+
+    larger = replace(got, cpu_wait_s=0.0022, excess_s=0.0019)
+    assert "), 2.2 ms more than the 1.9 ms its peers wait for it: another process" in cause_why(larger)
 
 
 def test_a_collator_asleep_is_the_input_pipeline():

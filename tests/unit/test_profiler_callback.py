@@ -69,8 +69,18 @@ PARALLELISM = "parallelism.json"
     ids=["one-window", "skip-first", "repeat-2", "repeat-until-end"],
 )
 def test_each_window_writes_one_trace_and_summary_named_by_its_steps(tmp_path, schedule, max_steps, windows):
+    import warnings
+
+    import torch.profiler.profiler as torch_profiler
+
     cb = ProfilerCallback(prof_args(tmp_path, **schedule))
-    fake_trainer.run([cb], max_steps, tmp_path)
+    # torch's advice at a second window's start ("set acc_events=True", once per process) is not for our users: each
+    # window is exported at its end (a trial: every rank printed it with --profiler-repeat 3).
+    torch_profiler._WARNINGS_SHOWN.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fake_trainer.run([cb], max_steps, tmp_path)
+    assert not [w for w in caught if "Profiler clears events" in str(w.message)]
     expected = []
     for first, last in windows:
         expected += [f"rank0_{HOST}_step{first}-{last}.pt.trace.json.gz",
@@ -83,8 +93,8 @@ def test_each_window_writes_one_trace_and_summary_named_by_its_steps(tmp_path, s
         # ProfilerStep numbers are the Trainer's global steps; each recorded step appears exactly once.
         assert profiler_steps(trace) == sorted(f"ProfilerStep#{s}" for s in range(first, last + 1))
     summary = (cb.run_dir / f"rank0_{HOST}_step{windows[0][0]}-{windows[0][1]}_summary.txt").read_text()
-    assert "Top 25 operators by self CPU time" in summary
-    assert "aten::addmm" in summary
+    assert "Top 25 operators by self CPU time (hf_distprof's own ranges left out)" in summary
+    assert "aten::addmm" in summary and "hf_distprof/" not in summary
 
 
 def test_idle_steps_before_a_window_take_the_short_path_and_the_window_still_opens(tmp_path, monkeypatch):
@@ -193,6 +203,19 @@ def test_schedule_warning_texts():
         "Lower those flags or raise --max-steps; the schedule is left as given.")
     assert schedule_warning(args, 39, offset=30) == ("the profiler window is cut short: it records steps 38-40 but "
                                                     "training stops at step 39; the trace will hold steps 38-39 only.")
+    # --profiler-repeat 3 (a trial: window 2 cut short and window 3 never started, nothing said). Windows record
+    # steps 13-16, 29-32 and 45-48 (a cycle of 10 + 2 + 4 steps).
+    three = ProfilingArguments(enable_profiling=True, profiler_repeat=3, profiler_wait_steps=10,
+                               profiler_warmup_steps=2, profiler_active_steps=4)
+    assert schedule_warning(three, 48) is None
+    assert schedule_warning(three, 30) == (
+        "--profiler-repeat 3: training stops at step 30, so window 2 is cut short (it records steps 29-32; the trace "
+        "will hold steps 29-30) and window 3 never starts; the 3 windows need 48 steps. Raise --max-steps or lower "
+        "--profiler-repeat.")
+    assert "so windows 2-3 never start;" in (schedule_warning(three, 28) or "")
+    assert "window 3 is cut short (it records steps 45-48; the trace will hold step 45);" in (
+        schedule_warning(three, 45) or "")
+    assert schedule_warning(ProfilingArguments(enable_profiling=True, profiler_repeat=0), 12) is None  # until the end
 
 
 def test_traced_steps_follow_the_schedule():
@@ -323,3 +346,22 @@ def test_after_close_the_scripts_own_signal_handlers_are_back(tmp_path):
     finally:
         for s, handler in before.items():
             signal_module.signal(s, handler)
+
+
+def test_the_window_summary_leaves_out_hf_distprof_s_own_ranges(tmp_path):
+    # A trial: "hf_distprof/backward 34.69%" opened the table of operators by self CPU time (the step timer's phase
+    # ranges: spans whose self time is the waits between ops).
+    from hf_distprof.callbacks.step_timer import StepTimerCallback
+
+    args = prof_args(tmp_path, profiler_wait_steps=1, profiler_warmup_steps=0, profiler_active_steps=2)
+    cb = ProfilerCallback(args)
+    timer = StepTimerCallback(args)
+    cb.step_timer = timer
+    fake_trainer.run([cb, timer], 4, tmp_path)
+    assert cb.run_dir is not None
+    trace = cb.run_dir / f"rank0_{HOST}_step2-3.pt.trace.json.gz"
+    with gzip.open(trace, "rt") as fh:
+        names = {e.get("name", "") for e in json.load(fh)["traceEvents"]}
+    assert any(name.startswith("hf_distprof/") for name in names)  # the ranges are in the trace
+    summary = (cb.run_dir / f"rank0_{HOST}_step2-3_summary.txt").read_text()
+    assert "aten::addmm" in summary and "hf_distprof/" not in summary

@@ -16,16 +16,21 @@ from . import fake_trainer
 def test_the_block_names_each_trace_summary_and_the_commands(tmp_path):
     run = tmp_path / "P" / "run"
     run.mkdir(parents=True)
-    for name in ("rank1_h_step3-4.pt.trace.json.gz", "rank0_h_step3-4.pt.trace.json.gz", "timing_summary.json",
-                 "manifest.json", "rank0_h_step3-4_summary.txt"):
+    # (a trial: step16 listed before step7, as text sorts; the memory views' per-rank files left out of the block)
+    for name in ("rank1_h_step3-4.pt.trace.json.gz", "rank0_h_step16-18.pt.trace.json.gz",
+                 "rank0_h_step7-9.pt.trace.json.gz", "timing_summary.json", "manifest.json",
+                 "rank0_h_step7-9_summary.txt", "manifest_rank0_h.json", "timing_rank0.jsonl", "timing_rank1.jsonl",
+                 "rank1_memory_stats.yaml", "rank0.log"):
         (run / name).write_text("x")
     tb = [tmp_path / "out" / "runs" / "hf_distprof_run", tmp_path / "out" / "runs"]
     assert where_to_look([run], tb, profiling=True).splitlines() == [
         "", "=" * 78, BANNER,
-        f"  run folder: {run}  (2 trace(s))",
-        "    rank0_h_step3-4.pt.trace.json.gz",
+        f"  run folder: {run}  (3 trace(s))",
+        "    rank0_h_step7-9.pt.trace.json.gz",
+        "    rank0_h_step16-18.pt.trace.json.gz",
         "    rank1_h_step3-4.pt.trace.json.gz",
-        "    summaries: timing_summary.json, manifest.json; per-rank log: rank<R>.log",
+        "    summaries: timing_summary.json, manifest.json; per-rank files: rank<R>.log, rank<R>_memory_stats.yaml, "
+        "timing_rank<R>.jsonl",
         f"  TensorBoard events: {tb[0]}",
         f"  TensorBoard events: {tb[1]}",
         "",
