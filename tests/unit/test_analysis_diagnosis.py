@@ -67,9 +67,9 @@ def test_slow_rank1_is_one_chain_and_rank_0s_wait_is_not_communication_bound():
           "compute + data loading) exceeds its peers' by a median 102.8%",
           # A CPU (gloo) run: its host, not a device's clocks.
           "Rank 1: its compute is slower: check for uneven sequence lengths across ranks (pad to a fixed length or "
-          "use --group_by_length), and that rank's host for other processes sharing its cores. The others' exposed "
-          "communication is a wait for it, not the network: larger buckets or a faster network will not shorten "
-          "it.",
+          "use --group_by_length), and that rank's host for other processes sharing its cores. The others' wait for "
+          "it at the collectives is not the network: larger buckets or a faster network will not shorten that part "
+          "of their exposed communication.",
           {"phase_excess_ms": 29.6269990234375, "peer_wait_pct": 46.44022553790377,
            "lateness_us": 31402.62451171875, "imbalance_pct": 102.8139526129988, "max_busy_us": 58211.26025390625,
            "typical_busy_us": 28836.122233072918, "slowest_in_steps": 6, "steps": 6}, 1 - 0.5**6)
@@ -144,8 +144,8 @@ def test_gpu_traces_one_busy_rank_whose_peers_wait_is_not_communication_bound():
           "balanced run of 4 ranks)",
           "Rank 2: its compute is slower: check for uneven sequence lengths across ranks (pad to a fixed length or "
           "use --group_by_length), a slower or throttled device (nvidia-smi -q -d PERFORMANCE,CLOCK), or other "
-          "processes sharing that device or host. The others' exposed communication is a wait for it, not the "
-          "network: larger buckets or a faster network will not shorten it.",
+          "processes sharing that device or host. The others' wait for it at the collectives is not the network: "
+          "larger buckets or a faster network will not shorten that part of their exposed communication.",
           {"phase_excess_ms": 0.568, "peer_wait_pct": 22.22222222222222, "imbalance_pct": 39.943741209563996,
            "max_busy_us": 1990.0, "typical_busy_us": 1422.0, "slowest_in_steps": 3, "steps": 3}, 1 - 0.25**3)
 

@@ -413,8 +413,8 @@ def _chain(j: Judgement) -> Prose:
     )
 
 
-_WAIT_NOT_NETWORK = (". The others' exposed communication is a wait for it, not the network: larger buckets or a "
-                     "faster network will not shorten it.")
+_WAIT_NOT_NETWORK = (". The others' wait for it at the collectives is not the network: larger buckets or a faster "
+                     "network will not shorten that part of their exposed communication.")
 
 
 def _caused(rank: int, cause: Attribution, gpu: bool, advice: str, peers: str, details: str, more: str) -> Prose:
