@@ -20,8 +20,13 @@ from hf_distprof.config import ProfilingArguments
 from hf_distprof.core.names import (
     ANALYSIS_NAME,
     MANIFEST_NAME,
+    MEMORY_LOG_NAME,
+    MEMORY_MODULES_NAME,
+    MEMORY_STATS_NAME,
     MEMORY_SUMMARY_NAME,
     PARALLELISM_NAME,
+    RANK_LOG_NAME,
+    TIMING_LOG_NAME,
     TIMING_SUMMARY_NAME,
     TRACE_SUFFIX,
 )
@@ -44,15 +49,23 @@ _TRACE_ORDER = re.compile(r"^rank(\d+)_.*_step(\d+)-\d+")
 
 
 def _per_rank(run_dir: Path) -> list[str]:
-    """The per-rank files the folder holds, each as ``rank<R>`` names it (the log first, always there on a rank that
-    wrote anything), a trace's own files (its compact file, its summary) and the per-rank manifests left out."""
-    try:
-        names = [p.name for p in run_dir.iterdir() if p.is_file()]
-    except OSError:
-        names = []
-    found = {re.sub(r"rank\d+", "rank<R>", name) for name in names if re.search(r"rank\d+", name)
-             and not _TRACE_ORDER.match(name) and not name.startswith("manifest_rank")}
-    return ["rank<R>.log", *sorted(found - {"rank<R>.log"})]
+    """The per-rank outputs the folder holds (:data:`_PER_RANK`, the log first, always there on a rank that wrote
+    anything), each as ``rank<R>`` names it: a file that is there and not empty for some rank. Crash, exception and hang
+    files are the crash report's and ``hang-report``'s to name (a clean rank's crash file lies there, empty, until its
+    process exits)."""
+    found = []
+    for name in _PER_RANK:
+        pattern = re.compile("^" + re.escape(name).replace(re.escape("{rank}"), r"\d+") + "$")
+        try:
+            if any(pattern.match(p.name) and p.stat().st_size > 0 for p in run_dir.iterdir()):
+                found.append(name.replace("{rank}", "<R>"))
+        except OSError:
+            continue
+    return ["rank<R>.log", *(n for n in found if n != "rank<R>.log")]
+
+
+_PER_RANK = (RANK_LOG_NAME, TIMING_LOG_NAME, MEMORY_LOG_NAME, MEMORY_STATS_NAME, MEMORY_MODULES_NAME + ".txt",
+             MEMORY_MODULES_NAME + ".json")
 
 
 def trainer_tensorboard_dir(args: TrainingArguments) -> Path | None:

@@ -297,11 +297,12 @@ def cause_why(a: Attribution) -> str:
     if a.cause == Cause.CPU_WAIT:
         if a.more_work_too:  # the share its work explains is the work's, said after
             text = (f"it waited {_ms(a.cpu_wait_abs_s)} per step for a CPU (its peers {_ms(a.peers_cpu_wait_s)}), "
-                    f"{_ms(a.cpu_wait_beyond_work_s)} beyond what its work explains, {_of(a.cpu_wait_beyond_work_s, a)}"
+                    f"{_ms(a.cpu_wait_beyond_work_s)} beyond what its work explains"
+                    f"{_of(a.cpu_wait_beyond_work_s, a, ', ')}"
                     ": another process shares its cores")
         else:
             text = (f"not your code: it waited {_ms(a.cpu_wait_abs_s)} per step for a CPU (its peers "
-                    f"{_ms(a.peers_cpu_wait_s)}), {_ms(a.cpu_wait_s)} {_of(a.cpu_wait_s, a)}: another process shares "
+                    f"{_ms(a.peers_cpu_wait_s)}), {_ms(a.cpu_wait_s)}{_of(a.cpu_wait_s, a)}: another process shares "
                     "its cores")
     elif a.cause == Cause.INPUT:
         text = f"its data loading takes {_ms(a.data_s)} more per step than its peers'"
@@ -324,11 +325,12 @@ def cause_why(a: Attribution) -> str:
     return f"{text}; {persistence(a)}"
 
 
-def _of(part: float, a: Attribution) -> str:
-    """"of the 117 ms its peers wait for it", or, for a part larger than that whole (two medians over the same steps
-    need not nest: "2.2 ms of the 1.9 ms"), "more than the 1.9 ms its peers wait for it"."""
-    return f"{'more than' if _ms(part) != _ms(a.excess_s) and part > a.excess_s else 'of'} the {_ms(a.excess_s)} its " \
-        "peers wait for it"
+def _of(part: float, a: Attribution, lead: str = " ") -> str:
+    """``lead`` + "of the 117 ms its peers wait for it", or, for a part larger than that whole (two medians over the
+    same steps need not nest: "2.2 ms of the 1.9 ms"), ", more than all 1.9 ms its peers wait for it"."""
+    if _ms(part) != _ms(a.excess_s) and part > a.excess_s:
+        return f", more than all {_ms(a.excess_s)} its peers wait for it"
+    return f"{lead}of the {_ms(a.excess_s)} its peers wait for it"
 
 
 def persistence(a: Attribution) -> str:

@@ -443,8 +443,9 @@ class ShareVerdict:
 
 
 def judge_share(per_step_pct: Sequence[float], threshold_pct: float, what: str) -> ShareVerdict:
-    """A share is a finding when its median over steps is above the threshold, most steps are, and the median is
-    above it by more than the steps' own spread allows (the scaled MAD over the square root of the steps).
+    """A share is a finding when its median over steps is above the threshold, most steps are, and, when some step is
+    not, the median is above it by more than the steps' own spread allows (their scaled MAD over the square root of
+    their count). Every step above it is above it, whatever the spread (a worse step never silences a finding).
 
     So one slow data fetch among several steps is not a data-bound run, nor are three traced steps at 12.8, 6.4 and
     10.3% a run above 10% (a trial's clean run: "Data-loading bound" beside a what-if that found no saving).
@@ -458,11 +459,11 @@ def judge_share(per_step_pct: Sequence[float], threshold_pct: float, what: str) 
     if mid <= threshold_pct or above <= MOST * n:
         return ShareVerdict(QUIET, mid, threshold_pct, above, n, text)
     spread = scaled_mad(per_step_pct) / math.sqrt(n)
-    if mid - threshold_pct <= spread:
+    if above < n and mid - threshold_pct <= spread:
         return ShareVerdict(QUIET, mid, threshold_pct, above, n, f"{text}, within its step-to-step noise "
                             f"(+-{spread:.1f} points)")
-    # A share needs no comparison with chance: one traced step already measures it (HTA reports a
-    # one-step trace's shares too); more steps only add persistence.
+    # No comparison with chance beyond that: one traced step already measures a share (HTA reports a one-step trace's
+    # shares too).
     return ShareVerdict(RAISED, mid, threshold_pct, above, n, text)
 
 

@@ -210,9 +210,12 @@ def test_schedule_warning_texts():
     assert schedule_warning(three, 48) is None
     assert schedule_warning(three, 30) == (
         "--profiler-repeat 3: training stops at step 30, so window 2 is cut short (it records steps 29-32; the trace "
-        "will hold steps 29-30) and window 3 never starts; the 3 windows need 48 steps. Raise --max-steps or lower "
+        "will hold steps 29-30) and window 3 records nothing; the 3 windows need 48 steps. Raise --max-steps or lower "
         "--profiler-repeat.")
-    assert "so windows 2-3 never start;" in (schedule_warning(three, 28) or "")
+    assert "so windows 2-3 record nothing;" in (schedule_warning(three, 28) or "")
+    # The first window cut short too: the others said with it (a review).
+    assert "so window 1 is cut short (it records steps 13-16; the trace will hold step 13) and windows 2-3 record " \
+        "nothing;" in (schedule_warning(three, 13) or "")
     assert "window 3 is cut short (it records steps 45-48; the trace will hold step 45);" in (
         schedule_warning(three, 45) or "")
     assert schedule_warning(ProfilingArguments(enable_profiling=True, profiler_repeat=0), 12) is None  # until the end

@@ -22,6 +22,9 @@ def test_the_block_names_each_trace_summary_and_the_commands(tmp_path):
                  "rank0_h_step7-9_summary.txt", "manifest_rank0_h.json", "timing_rank0.jsonl", "timing_rank1.jsonl",
                  "rank1_memory_stats.yaml", "rank0.log"):
         (run / name).write_text("x")
+    # A clean rank's crash file lies there, empty, until its process exits; an atomic write's temp file: not listed.
+    (run / "rank0_crash.txt").write_text("")
+    (run / ".timing_rank0.jsonl.~1@h.tmp").write_text("x")
     tb = [tmp_path / "out" / "runs" / "hf_distprof_run", tmp_path / "out" / "runs"]
     assert where_to_look([run], tb, profiling=True).splitlines() == [
         "", "=" * 78, BANNER,
@@ -29,8 +32,8 @@ def test_the_block_names_each_trace_summary_and_the_commands(tmp_path):
         "    rank0_h_step7-9.pt.trace.json.gz",
         "    rank0_h_step16-18.pt.trace.json.gz",
         "    rank1_h_step3-4.pt.trace.json.gz",
-        "    summaries: timing_summary.json, manifest.json; per-rank files: rank<R>.log, rank<R>_memory_stats.yaml, "
-        "timing_rank<R>.jsonl",
+        "    summaries: timing_summary.json, manifest.json; per-rank files: rank<R>.log, timing_rank<R>.jsonl, "
+        "rank<R>_memory_stats.yaml",
         f"  TensorBoard events: {tb[0]}",
         f"  TensorBoard events: {tb[1]}",
         "",

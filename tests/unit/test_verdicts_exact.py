@@ -452,3 +452,6 @@ def test_judge_share_within_its_step_to_step_noise_is_quiet():
                              "steps), above 10% in 2 of 3, within its step-to-step noise (+-2.1 points)")
     assert judge_share([17.8, 11.4, 15.3], 10.0, "x").raised
     assert judge_share([10.5], 10.0, "x").raised  # one step: no spread to weigh, the share as measured
+    # Every step above: above, whatever the spread (a review: [10.5, 20] raised, [10.5, 40] quiet, a worse step
+    # silencing the finding).
+    assert judge_share([10.5, 20.0], 10.0, "x").raised and judge_share([10.5, 40.0], 10.0, "x").raised

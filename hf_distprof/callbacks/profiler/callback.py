@@ -204,7 +204,8 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         offset = self._offset
         # torch says at a window's start after the first that it "clears events at the end of each cycle" (set
         # acc_events=True): each window is exported at its end, so nothing is lost; the advice is not for our users.
-        warnings.filterwarnings("ignore", message="Warning: Profiler clears events at the end of each cycle")
+        warnings.filterwarnings("ignore", message="Warning: Profiler clears events at the end of each cycle",
+                                category=UserWarning, module=r"torch\.profiler")
         self.prof = profile(
             activities=supported_activities(),
             schedule=self._action,
@@ -512,7 +513,8 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
             parts = [header, f"\nTop {SUMMARY_ROWS} operators by self CPU time (hf_distprof's own ranges left out)\n"]
             parts.append(averages.table(sort_by="self_cpu_time_total", row_limit=SUMMARY_ROWS))
             if ProfilerActivity.CUDA in supported_activities():
-                parts.append(f"\n\nTop {SUMMARY_ROWS} operators by self device time\n")
+                parts.append(f"\n\nTop {SUMMARY_ROWS} operators by self device time (hf_distprof's own ranges left "
+                             "out)\n")
                 parts.append(averages.table(sort_by="self_device_time_total", row_limit=SUMMARY_ROWS))
         except Exception as err:  # noqa: BLE001 - key_averages() can fail on stack records (see FACTS)
             warnings.warn(f"profiler summary unavailable: {err!r}", stacklevel=2)

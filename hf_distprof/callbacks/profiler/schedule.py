@@ -108,16 +108,16 @@ def schedule_warning(args: ProfilingArguments, max_steps: int, offset: int = 0) 
             f"step is step {first} ({cycle} + 1). Lower those flags or raise --max-steps; the schedule is left "
             "as given."
         )
-    if max_steps < last:
-        return (
-            f"the profiler window is cut short: it records steps {first}-{last} but training stops at step "
-            f"{max_steps}; the trace will hold steps {first}-{max_steps} only."
-        )
     # With --profiler-repeat N > 1, the later windows too (one every wait + warm-up + active steps).
     cycle_len = args.profiler_wait_steps + args.profiler_warmup_steps + args.profiler_active_steps
     windows = [(first + k * cycle_len, last + k * cycle_len) for k in range(args.profiler_repeat)]
     short = [(k, a, b) for k, (a, b) in enumerate(windows) if b > max_steps]
-    if args.profiler_repeat > 1 and short:
+    if max_steps < last and len(windows) <= 1:
+        return (
+            f"the profiler window is cut short: it records steps {first}-{last} but training stops at step "
+            f"{max_steps}; the trace will hold steps {first}-{max_steps} only."
+        )
+    if short:
         said = []
         k, a, b = short[0]
         if a <= max_steps:
@@ -126,8 +126,8 @@ def schedule_warning(args: ProfilingArguments, max_steps: int, offset: int = 0) 
             short = short[1:]
         if short:
             first_k, last_k = short[0][0] + 1, short[-1][0] + 1
-            said.append(f"window {first_k} never starts" if first_k == last_k else
-                        f"windows {first_k}-{last_k} never start")
+            said.append(f"window {first_k} records nothing" if first_k == last_k else
+                        f"windows {first_k}-{last_k} record nothing")
         return (
             f"--profiler-repeat {args.profiler_repeat}: training stops at step {max_steps}, so {' and '.join(said)}; "
             f"the {args.profiler_repeat} windows need {windows[-1][1]} steps. Raise --max-steps or lower "
