@@ -61,15 +61,21 @@ def analyze_paths(
 
     Raises:
         FileNotFoundError: A path does not exist, or a folder holds no trace.
+        SeveralRunsError: The traces are not one run's (two folders hold the same rank, or two ranks of one host
+            traced the same steps at times that cannot be the same steps).
     """
     options = options or AnalysisOptions()
     with collector_paused():
         run = read_run([paths] if isinstance(paths, (str, os.PathLike)) else paths)
         outcomes = run_all(run.files, options, read_compact, write_compact, meanwhile=_later_stages)
-        from hf_distprof.analysis.across.combine import one_result_per_rank
+        from hf_distprof.analysis.across.combine import apart_in_time, one_result_per_rank
+        from hf_distprof.analysis.read.run import SeveralRunsError
 
         errors = [o for o in outcomes if isinstance(o, FileError)]
         ranks = one_result_per_rank([o for o in outcomes if isinstance(o, RankResult)], errors)
+        apart = apart_in_time(ranks)
+        if apart is not None:
+            raise SeveralRunsError(apart)
         run.errors = errors + run.errors
         return _analyze(ranks, run, options, reference, reference_file)
 

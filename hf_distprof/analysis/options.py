@@ -162,6 +162,11 @@ class AnalysisOptions:
     )
 
     def __post_init__(self) -> None:
+        # (first: its range is > 0, which the generic ">= 0" below would misstate for a negative value)
+        threshold = self.profiler_slowdown_threshold
+        if threshold is not None and not 0 < threshold < math.inf:  # the training's
+            raise OptionValueError("profiler_slowdown_threshold", threshold,
+                                   "must be a finite number > 0" if threshold == math.inf else "must be > 0")
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if isinstance(value, bool) or value is None:
@@ -174,8 +179,6 @@ class AnalysisOptions:
                      "what_if_pct"):
             if getattr(self, name) > 100:
                 raise OptionValueError(name, getattr(self, name), "is a percentage in [0, 100]")
-        if self.profiler_slowdown_threshold is not None and self.profiler_slowdown_threshold <= 0:  # the training's
-            raise OptionValueError("profiler_slowdown_threshold", self.profiler_slowdown_threshold, "must be > 0")
         if self.message_sizes not in MESSAGE_SIZES:
             raise OptionValueError("message_sizes", self.message_sizes, f"is one of {', '.join(MESSAGE_SIZES)}")
 

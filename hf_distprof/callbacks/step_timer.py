@@ -171,7 +171,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self._health = {}
         self._busy_at_begin, self._busy_steps, self._after_pause, self._skipped = False, set(), set(), 0
         self._series = StepSeries(dist.get_world_size())
-        self._traced = traced_steps(self.args, state.global_step, state.max_steps)
+        self._traced = traced_steps(self.args, state.global_step, state.max_steps, dist.get_world_size())
         self._growth_watch = GrowthWatch(
             self.args.memory_growth_threshold_pct, self._memory_kind(), self._distorts_memory, start=state.global_step
         )

@@ -101,7 +101,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         choices = MESSAGE_SIZES if f.name == "message_sizes" else None
         thresholds.add_argument(
             flag_name(f.name),
-            type=str if choices else number(float if f.default is None else type(f.default), 0, check_range=False),
+            type=str if choices else number(float if f.default is None else type(f.default), 0, check_range=False,
+                                            above=f.name == "profiler_slowdown_threshold"),  # (its range is > 0)
             default=f.default,
             choices=choices,
             metavar="{" + ",".join(choices) + "}" if choices else "N",

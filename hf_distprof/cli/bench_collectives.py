@@ -59,7 +59,8 @@ def _write(rows: list[collbench.BenchRow], output_dir: str) -> int:
         collbench.write_csv(rows, csv_path)
         collbench.plot_busbw(rows, png_path)
     except OSError as exc:
-        print(f"hf-distprof bench-collectives: --output-dir {output_dir}: {exc.strerror or exc}", file=sys.stderr)
+        print(f"hf-distprof bench-collectives: error: --output-dir {output_dir}: {exc.strerror or exc}",
+              file=sys.stderr)
         return 2
     print(f"wrote {csv_path} and {png_path}")
     return 0
@@ -72,10 +73,19 @@ def run(args: argparse.Namespace) -> int:
         0 when every checked result was right, 1 when one was wrong (on every rank), 2 when rank 0 cannot
         write its files.
     """
+    import os
+
     import torch.distributed as dist
 
     from hf_distprof.collectives.run import BenchConfig, init_group, run_benchmark
 
+    if int(os.environ.get("RANK", "0")) == 0:  # the folder rank 0 writes to, made before the benchmark, not after it
+        try:
+            Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # (the launcher stops the other ranks when this one exits)
+            print(f"hf-distprof bench-collectives: error: --output-dir {args.output_dir}: {exc.strerror or exc}",
+                  file=sys.stderr)
+            return 2
     group = init_group()
     try:
         rank, world = dist.get_rank(), dist.get_world_size()

@@ -76,6 +76,15 @@ def run(args: argparse.Namespace) -> int:
     from hf_distprof.runs.load import RunFolderError, load_run
 
     analyze = analysis_document if args.traces else None
+    if args.report:  # checked before the runs are read and compared, not after the table is printed
+        from pathlib import Path
+
+        from hf_distprof.cli.analyze import unwritable_folder
+
+        problem = unwritable_folder(Path(args.report))
+        if problem:
+            print(f"hf-distprof compare: error: --report {args.report}: {problem}", file=sys.stderr)
+            return 2
     try:
         a = load_run(args.run_a, args.warmup_steps, analyze)
         b = load_run(args.run_b, args.warmup_steps, analyze)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,26 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
+def _among_inputs(out: Path, paths: list[str]) -> str | None:
+    """Why ``out`` would replace or join the traces it merges, or None: one of the files given, or a file named like a
+    rank's trace (``rank3_...``, ``worker3_...``) inside a folder given, which a later ``analyze`` of that folder would
+    read as that rank's (a trial's merged trace over rank 0's own doubled its steps)."""
+    target = out.resolve()
+    for given in map(Path, paths):
+        where = given.resolve()
+        if target == where:
+            return "it is one of the traces it merges"
+        if where.is_dir() and where in target.parents and _RANK_NAMED.search(target.name):
+            return "it is one of the traces it merges" if target.exists() else (
+                f"it would lie in {given} under a rank's trace name, which a later analyze of that folder reads as "
+                "that rank's trace; name it otherwise or write it elsewhere")
+    return None
+
+
+_RANK_NAMED = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_]?\d+.*\.json(\.gz)?$", re.IGNORECASE)  # (as analyze reads
+# a rank from a trace's name: hf_distprof.analysis.read.trace_io)
+
+
 def run(args: argparse.Namespace) -> int:
     """Merge and report what was written.
 
@@ -65,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     out = Path(args.output)
     problem = "Is a directory" if out.is_dir() else None if out.parent.is_dir() else "No such directory"
+    problem = problem or _among_inputs(out, args.paths)
     if problem:  # checked before the analysis, which can take minutes on a large run
         print(f"hf-distprof merge: --output {args.output}: {problem}", file=sys.stderr)
         return 2
@@ -85,9 +107,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     for err in res.errors:
         print(f"hf-distprof merge: skipped {err.path}: {err.reason}", file=sys.stderr)
-    shifts = ", ".join(f"rank {r}: {s / 1e3:+.3f} ms" for r, s in res.shifts_us.items())
+    # (rounded first: "-0.000 ms" for a shift of -0.1 us)
+    shifts = ", ".join(f"rank {r}: {round(s / 1e3, 3) + 0.0:+.3f} ms" for r, s in res.shifts_us.items())
     how = (f"the run manifest's clock offsets, within {res.clock_uncertainty_us:.0f} us"
            if res.clock_uncertainty_us is not None else f"{res.matched_collectives} collectives matched")
-    print(f"wrote {res.output}: {len(res.ranks)} ranks, {res.n_events} events; clocks aligned by {res.align}"
-          f" ({how}; shifts {shifts})")
+    aligned = ("clocks as recorded (--align none)" if res.align == "none" else
+               f"clocks aligned by {res.align} ({how}; shifts {shifts})")
+    print(f"wrote {res.output}: {len(res.ranks)} rank{'s' if len(res.ranks) != 1 else ''}, {res.n_events} events; "
+          f"{aligned}")
     return 0

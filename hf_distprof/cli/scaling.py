@@ -134,7 +134,12 @@ def run(args: argparse.Namespace) -> int:
                           "it or --reuse to read it", file=sys.stderr)
                     return 2
                 shutil.rmtree(run_dir)
-            run_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                run_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:  # (a file in the way, a read-only place)
+                print(f"hf-distprof scaling: error: --output-dir {args.output_dir}: {exc.strerror or exc}",
+                      file=sys.stderr)
+                return 2
             command = fill(template, nproc, run_dir, args.steps, per_rank_batch(args.mode, args.batch_size, nproc))
             print(f"hf-distprof scaling: {nproc} process(es): {shlex.join(command)}", file=sys.stderr, flush=True)
             failure = launch(command, run_dir, args.timeout)

@@ -332,4 +332,25 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"hf-distprof doctor: error: {exc}", file=sys.stderr)
         return 2
+    problem = _before_the_checks(args)
+    if problem is not None:  # said before the checks run, not after them (their minutes lost with the answer)
+        print(f"hf-distprof doctor: error: {problem}", file=sys.stderr)
+        return 2
     return Doctor(args, injection).run()
+
+
+def _before_the_checks(args: argparse.Namespace) -> str | None:
+    """What makes the asked-for run impossible, said before any check: nccl without a CUDA device (it failed with a
+    traceback in the init check), a ``--json`` path that cannot be written (found only after every check ran)."""
+    import torch
+
+    if args.backend == "nccl" and not torch.cuda.is_available():
+        return "--backend nccl needs CUDA GPUs, and this machine has none (torch sees no CUDA device): use gloo"
+    if args.json:
+        from pathlib import Path
+
+        out = Path(args.json)
+        why = "Is a directory" if out.is_dir() else None if out.parent.is_dir() else "No such directory"
+        if why is not None:
+            return f"--json {args.json}: {why}"
+    return None

@@ -307,6 +307,15 @@ def _shapes(sizes: Any) -> list[list[int]] | None:
     return sizes
 
 
+def _empty_backstop(path: Path) -> bool:
+    """Whether ``path`` is a faulthandler backstop that was never written (empty): no dump, as an empty crash file is
+    no crash (a trial: a rank that segfaulted and one that raised were both "stuck at an empty stack")."""
+    try:
+        return path.name.endswith(".faulthandler.txt") and path.stat().st_size == 0
+    except OSError:
+        return False
+
+
 def hang_report(folder: Path) -> HangReport:
     """Read a run folder's hang dumps and say which rank the others wait for.
 
@@ -315,9 +324,11 @@ def hang_report(folder: Path) -> HangReport:
         ValueError: A dump cannot be parsed (the message names the file).
     """
     if not folder.is_dir():
-        raise FileNotFoundError(f"{folder}: no such folder")
+        raise FileNotFoundError(f"{folder}: {'a file, not a run folder' if folder.exists() else 'no such folder'}")
     dumps: dict[int, RankDump] = {}
     for path in sorted(folder.glob("hang_rank*.txt")):
+        if _empty_backstop(path):
+            continue  # armed, never written: a rank that ended another way (a crash, an exception) left it there
         dump = parse_dump(path)
         if dump.rank not in dumps or dumps[dump.rank].backstop:
             dumps[dump.rank] = dump  # the watchdog's own dump wins over the backstop's

@@ -148,6 +148,25 @@ def test_merge_output_that_cannot_be_written_is_named(tmp_path: Path, capsys: py
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "m.json.gz"]
 
 
+
+def test_merge_never_writes_over_or_among_the_traces_it_merges(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    # A trial: -o over rank 0's own trace replaced it, and analyze of the folder then read rank 0's steps twice.
+    run = tmp_path / "run"
+    shutil.copytree(DATA / "clean", run)
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    trace = run / "rank-0.json.gz"
+    for out, why in ((trace, "it is one of the traces it merges"),
+                     (run / "rank0_merged.json", f"it would lie in {run} under a rank's trace name")):
+        assert main(["merge", str(run), "--workers", "1", "-o", str(out)]) == 2
+        assert capsys.readouterr().err.startswith(f"hf-distprof merge: --output {out}: {why}")
+    assert main(["merge", str(trace), "--workers", "1", "-o", str(trace)]) == 2  # the file given itself
+    assert "it is one of the traces it merges" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+    assert main(["merge", str(run), "--workers", "1", "-o", str(run / "all_ranks.json.gz")]) == 0  # a name of its own
+    assert "shifts rank 0: +0.000 ms" in capsys.readouterr().out  # (never "-0.000")
+
+
 def test_bad_option_names_the_flag_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["analyze", str(DATA / "clean"), "--workers", "-1"]) == 2
     assert capsys.readouterr().err == "hf-distprof analyze: error: --workers must be >= 0, got -1\n"
@@ -157,6 +176,9 @@ def test_bad_option_names_the_flag_and_exits_2(capsys: pytest.CaptureFixture[str
     )
     assert main(["analyze", str(DATA / "clean"), "--profiler-slowdown-threshold", "0"]) == 2
     assert capsys.readouterr().err == "hf-distprof analyze: error: --profiler-slowdown-threshold must be > 0, got 0.0\n"
+    assert main(["analyze", str(DATA / "clean"), "--profiler-slowdown-threshold", "-1"]) == 2  # (not ">= 0")
+    assert capsys.readouterr().err == ("hf-distprof analyze: error: --profiler-slowdown-threshold must be > 0, got "
+                                       "-1.0\n")
     assert main(["merge", str(DATA / "clean"), "--workers", "-1"]) == 2
     assert capsys.readouterr().err == "hf-distprof merge: error: --workers must be >= 0, got -1\n"
     with pytest.raises(ValueError, match=r"^AnalysisOptions.workers must be >= 0, got -1$"):
@@ -678,3 +700,21 @@ def test_the_trackers_what_if_figures_are_the_saving_that_counts_in_ms_and_in_pc
     assert got["hf_distprof/whatif/slow_rank_saving_pct"] == pytest.approx(scenario.saving_pct / 2)
     half_ms = scenario.step_ms_now * scenario.saving_pct / 200
     assert got["hf_distprof/whatif/slow_rank_saving_ms"] == pytest.approx(half_ms) != scenario.saving_ms
+
+
+def test_two_ranks_of_one_host_that_traced_the_same_steps_apart_in_time_are_not_one_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A trial: rank 1's traces of another run copied in under the same names: "reaches each step's collectives
+    # 8991.76 ms (13819.9% of its 65.06 ms step)". One host, one clock: the same steps 9 s apart are not one run's.
+    run = tmp_path / "mixed"
+    shutil.copytree(DATA / "golden" / "cpu_clean_memory", run)
+    path = run / "rank1_vm_step8-10.pt.trace.json.gz"
+    doc = orjson.loads(gzip.decompress(path.read_bytes()))
+    doc["baseTimeNanoseconds"] += 9_000_000_000
+    path.write_bytes(gzip.compress(orjson.dumps(doc)))
+    (run / "rank1_vm_step8-10.pt.trace.json.gz.compact.msgpack").unlink(missing_ok=True)
+    assert main(["analyze", str(run), "--workers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hf-distprof analyze: error: ranks 0 and 1 on host vm traced the same steps (8, 9, 10) 9.0 s "
+                          f"apart ({path} after {run / 'rank0_vm_step8-10.pt.trace.json.gz'}): not one run's traces")
+    assert main(["analyze", str(DATA / "golden" / "cpu_clean_memory"), "--workers", "1"]) == 0  # as it was: one run

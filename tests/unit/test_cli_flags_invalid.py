@@ -40,6 +40,12 @@ def analysis_rows() -> list[tuple[str, str, str, str]]:
             rows.append(("analyze", flag, "bogus", "invalid choice: 'bogus' (choose from 'auto', 'shapes')"))
             continue
         number = "an integer" if isinstance(f.default, int) else "a number"
+        if f.name == "profiler_slowdown_threshold":  # a ratio: > 0 (-1 was said as ">= 0", 0 as "> 0")
+            rows += [("analyze", flag, v, f"{flag} must be > 0, got {w}") for v, w in (("-1", "-1.0"), ("0", "0.0"),
+                                                                                     ("nan", "nan"))]
+            rows += [("analyze", flag, "x", f"argument {flag}: must be a number > 0, got 'x'"),
+                     ("analyze", flag, "inf", f"{flag} must be a finite number > 0, got inf")]
+            continue
         rows += [
             ("analyze", flag, "-1", f"{flag} must be >= 0, got -1"),
             ("analyze", flag, "x", f"argument {flag}: must be {number} >= 0, got 'x'"),
@@ -174,3 +180,12 @@ def test_an_unknown_argument_is_said_with_its_subcommand_s_usage(argv, usage, ex
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.startswith(usage), err
     assert err.rstrip().endswith(f"error: unrecognized arguments: {extra}"), err
+
+
+def test_scaling_names_an_output_folder_it_cannot_make(tmp_path, capsys):
+    # A trial: a file in the way of --output-dir ended in a NotADirectoryError traceback.
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert main(["scaling", "--output-dir", str(afile), "--nprocs", "1", "--", "true", "{nproc}", "{output_dir}"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"hf-distprof scaling: error: --output-dir {afile}: Not a directory\n"

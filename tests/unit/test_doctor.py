@@ -177,3 +177,20 @@ def test_another_backend_failure_stays_what_it_is():
     with pytest.raises(TimeoutError):
         _doctor("gloo").wait(_Work(result=False), time.monotonic() + 5)
     _doctor("gloo").wait(_Work(), time.monotonic() + 5)  # done in time: nothing raised
+
+
+def test_what_makes_the_run_impossible_is_said_before_any_check(tmp_path, capsys):
+    # A trial: --backend nccl without CUDA ended in a traceback (AttributeError from torch._C); --json to a folder or a
+    # missing folder was found only after every check ran.
+    import torch
+
+    from hf_distprof.cli.main import main
+
+    if not torch.cuda.is_available():  # (on a GPU machine nccl is there to use)
+        assert main(["doctor", "--backend", "nccl"]) == 2
+        assert capsys.readouterr().err == ("hf-distprof doctor: error: --backend nccl needs CUDA GPUs, and this "
+                                           "machine has none (torch sees no CUDA device): use gloo\n")
+    for out, why in ((tmp_path, "Is a directory"), (tmp_path / "no" / "r.json", "No such directory")):
+        assert main(["doctor", "--json", str(out)]) == 2
+        captured = capsys.readouterr()
+        assert captured.err == f"hf-distprof doctor: error: --json {out}: {why}\n" and captured.out == ""

@@ -272,6 +272,25 @@ def test_a_faulthandler_backstop_dump_stands_in_for_a_missing_one(tmp_path):
     )
 
 
+def test_an_empty_backstop_is_no_dump(tmp_path):
+    # A trial: --hang-timeout with a rank that segfaulted and one that raised left both ranks' backstops armed and
+    # empty: "2 rank(s) dumped", each "stuck at an empty stack". An empty one is no dump, as an empty crash file is no
+    # crash: rank 0's real dump alone, rank 1 said as not dumped.
+    _write(tmp_path, 0, WAITING)
+    (tmp_path / "hang_rank0_h.faulthandler.txt").write_text("")
+    (tmp_path / "hang_rank1_h.faulthandler.txt").write_text("")
+    report = hang_report(tmp_path)
+    assert report.lines[0].startswith(f"hang report: {tmp_path} (1 rank(s) dumped")
+    assert not any("empty stack" in line for line in report.lines)
+    for path in tmp_path.iterdir():
+        path.unlink()
+    (tmp_path / "hang_rank1_h.faulthandler.txt").write_text("")
+    with pytest.raises(FileNotFoundError, match="no hang_rank"):
+        hang_report(tmp_path)  # nothing but empty backstops: no dump at all
+    with pytest.raises(FileNotFoundError, match="a file, not a run folder"):
+        hang_report(tmp_path / "hang_rank1_h.faulthandler.txt")
+
+
 def _recorder(folder: Path, rank: int, entries: list) -> None:
     (folder / f"flight_recorder_rank{rank}_h.pkl").write_bytes(pickle.dumps({"version": "2.9", "entries": entries}))
 

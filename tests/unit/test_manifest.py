@@ -221,6 +221,10 @@ def test_a_listed_file_that_is_gone_is_one_sentence(tmp_path):
     assert missing_files(m, tmp_path)[-1] == (
         f"the run manifest lists parallelism.json (rank 0 on host hostA) but {tmp_path} does not hold it: a lost file "
         "(or one left in another host's node-local folder)")
+    # A compact file is its trace's cache (a trial: deleting them was "a lost file", twice): never lost.
+    m["files"].append({"name": "rank0_hostA_step3-4.pt.trace.json.gz.compact.msgpack", "rank": 0, "host": "hostA",
+                       "window": [3, 4]})
+    assert len(missing_files(m, tmp_path)) == 2
 
 
 # ---- analyze and merge --------------------------------------------------------------------------------------

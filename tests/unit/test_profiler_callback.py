@@ -234,6 +234,12 @@ def test_traced_steps_follow_the_schedule():
     assert [s for s in range(1, 20) if traced_steps(args, max_steps=4)(s)] == [3, 4, 5, 6, 9, 10, 11, 12]
     assert not any(traced_steps(args, max_steps=3)(s) for s in range(1, 20))
     assert not any(traced_steps(args, offset=100, max_steps=103)(s) for s in range(95, 120))
+    # --profile-ranks naming no rank of the world: no rank traces, no step is the profiler's (a trial: "the profiler
+    # slows the steps it traces by 2.00x" on a 2-rank run with --profile-ranks 5 and no trace).
+    five = ProfilingArguments(enable_profiling=True, profiler_wait_steps=2, profiler_warmup_steps=1,
+                              profiler_active_steps=3, profile_ranks="5")
+    assert not any(traced_steps(five, world_size=2)(s) for s in range(1, 20))
+    assert [s for s in range(1, 8) if traced_steps(five, world_size=8)(s)] == [3, 4, 5, 6]
 
 
 def test_schedule_that_never_reaches_active_warns_once_and_keeps_the_schedule(tmp_path, caplog):

@@ -378,6 +378,13 @@ def test_compare_cli_table_json_and_report(tmp_path, capsys):
     assert main(["compare", str(a), str(b), "--min-effect-pct", "30", "--report", str(tmp_path / "rep30")]) == 0
     assert "at least 30% (10 points for shares)" in (tmp_path / "rep30" / names.COMPARE_MD).read_text()
     assert data["min_effect_pct"] == 10.0
+    # A report folder it cannot make is said before the comparison (a trial: the table printed, then exit 2).
+    (tmp_path / "afile").write_text("x")
+    capsys.readouterr()
+    assert main(["compare", str(a), str(b), "--report", str(tmp_path / "afile")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == f"hf-distprof compare: error: --report {tmp_path / 'afile'}: File exists\n"
 
 
 def test_compare_cli_refuses_a_folder_without_timing_files_without_a_traceback(tmp_path, capsys):

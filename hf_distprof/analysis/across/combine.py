@@ -3,6 +3,8 @@ rejected. The first thing done across the workers' results, before the ranks are
 
 from __future__ import annotations
 
+from statistics import median
+
 from hf_distprof.analysis.rank import memory, timeline
 from hf_distprof.analysis.results.rank import FileError, KernelStat, RankResult
 
@@ -67,3 +69,34 @@ def _add(a: dict, b: dict) -> dict:  # type: ignore[type-arg]
     return {k: a.get(k, 0) + b.get(k, 0) for k in {**a, **b}}
 
 
+
+
+def apart_in_time(ranks: list[RankResult]) -> str | None:
+    """Why these traces are not one run's, when two ranks of one host (one clock) traced the same steps at times that
+    cannot be the same steps: each common step of the one ends before the other's begins, and further apart than
+    either lasted (under DDP a step ends together on every rank). None when they can be (a trial: rank 1's traces of
+    another run copied in under the same names, read as 9 s late to each collective of a 65 ms step)."""
+    by_host: dict[str, list[RankResult]] = {}
+    for r in ranks:
+        if r.host:
+            by_host.setdefault(r.host, []).append(r)
+    for host, group in sorted(by_host.items()):
+        first = group[0]
+        steps = {s.step: s for s in first.steps}
+        for other in group[1:]:
+            gaps = []
+            for s in other.steps:
+                mine = steps.get(s.step)
+                if mine is None:
+                    continue
+                a = mine.start_us + first.base_time_ns / 1e3
+                b = s.start_us + other.base_time_ns / 1e3
+                gap = max(a, b) - min(a + mine.duration_us, b + s.duration_us)
+                gaps.append((gap, max(mine.duration_us, s.duration_us), b - a))
+            if gaps and all(gap > longest for gap, longest, _ in gaps):
+                later = median(d for _, _, d in gaps) / 1e6
+                return (f"ranks {first.rank} and {other.rank} on host {host} traced the same steps "
+                        f"({', '.join(str(s.step) for s in other.steps if s.step in steps)}) {abs(later):.1f} s "
+                        f"apart ({other.path} {'after' if later > 0 else 'before'} {first.path}): not one run's "
+                        "traces; pass the traces of one run only")
+    return None

@@ -23,6 +23,7 @@ from hf_distprof.analysis.results.run import RankClock, RunSummary, WindowInfo
 from hf_distprof.core.job import COUNT_KEYS, ID_KEYS
 from hf_distprof.core.names import (  # noqa: F401 (ANOMALY, ON_DEMAND: the other reasons, re-exported)
     ANOMALY,
+    COMPACT_SUFFIX,
     CRASH_NAME,
     EXCEPTION_NAME,
     MANIFEST_NAME,
@@ -235,8 +236,8 @@ def missing_files(manifest: Mapping[str, Any], folder: Path, others: Sequence[Pa
     for f in manifest.get("files") or []:
         if not isinstance(f["name"], str):
             raise TypeError(f"a file name must be a string, got {f['name']!r}")
-        if any((where / f["name"]).exists() for where in (folder, *others)):
-            continue
+        if any((where / f["name"]).exists() for where in (folder, *others)) or f["name"].endswith(COMPACT_SUFFIX):
+            continue  # (a compact file is a cache of its trace, made again from it: none lost without the trace)
         where = f"rank {f['rank']} on host {f['host']}"
         if f.get("window"):
             where += f", steps {f['window'][0]}-{f['window'][1]}"

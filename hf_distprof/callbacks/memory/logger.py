@@ -225,7 +225,8 @@ class MemoryLoggerCallback(TrainerCallback):  # type: ignore[misc]
         atexit.register(self._write_lines)
         signals.at_default_death(self._write_lines, guard=True)  # SIGTERM: no atexit then
         # On CPU the profiler's buffers grow the RSS while it traces: those intervals are not the run's own.
-        traced = traced_steps(self.args, state.global_step, state.max_steps) if not torch.cuda.is_available() else None
+        traced = traced_steps(self.args, state.global_step, state.max_steps, dist.get_world_size()) \
+            if not torch.cuda.is_available() else None
         self._growth = GrowthWatch(
             self.args.memory_growth_threshold_pct, in_use_metric()[1], traced, start=state.global_step
         )

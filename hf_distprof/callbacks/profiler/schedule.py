@@ -183,14 +183,19 @@ def records_nothing(args: ProfilingArguments, offset: int, max_steps: int) -> bo
     return max_steps - offset < first_active_step(args)
 
 
-def traced_steps(args: ProfilingArguments, offset: int = 0, max_steps: int | None = None) -> Callable[[int], bool]:
+def traced_steps(args: ProfilingArguments, offset: int = 0, max_steps: int | None = None,
+                 world_size: int | None = None) -> Callable[[int], bool]:
     """Which optimizer steps the profiler runs over, as a predicate: the regular schedule's warmup and active steps
     (:func:`scheduled_steps`; none when training ends before its first active step, ``max_steps`` given) and every
-    extra window's, on demand or on anomaly, as decided so far.
+    extra window's, on demand or on anomaly, as decided so far; none at all when ``--profile-ranks`` names no rank of
+    the ``world_size`` (no rank traces: a trial's run was said to be slowed 2x by a profiler that never ran).
 
     The step timer leaves these steps out of its verdicts and compares their time with the others' (the profiler's
     own slowdown); the memory logger leaves them out of its CPU growth check.
     """
+    ranks = args.profile_rank_set if world_size is not None and isinstance(args.profile_ranks, str) else None
+    if world_size is not None and ranks is not None and not any(r < world_size for r in ranks):
+        return lambda step: False
     extra = _extra_phases()
     if max_steps is not None and records_nothing(args, offset, max_steps):
         return lambda step: extra(step) is not None
