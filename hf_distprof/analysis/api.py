@@ -73,7 +73,8 @@ def analyze_paths(
 
         errors = [o for o in outcomes if isinstance(o, FileError)]
         ranks = one_result_per_rank([o for o in outcomes if isinstance(o, RankResult)], errors)
-        apart = apart_in_time(ranks)
+        clocks = {c.rank: c.offset_us for c in run.run.clocks if c.offset_us is not None} if run.run else None
+        apart = apart_in_time(ranks, clocks)
         if apart is not None:
             raise SeveralRunsError(apart)
         run.errors = errors + run.errors

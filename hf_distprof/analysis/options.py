@@ -166,7 +166,7 @@ class AnalysisOptions:
         threshold = self.profiler_slowdown_threshold
         if threshold is not None and not 0 < threshold < math.inf:  # the training's
             raise OptionValueError("profiler_slowdown_threshold", threshold,
-                                   "must be a finite number > 0" if threshold == math.inf else "must be > 0")
+                                   "must be > 0" if math.isfinite(threshold) else "must be a finite number > 0")
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if isinstance(value, bool) or value is None:

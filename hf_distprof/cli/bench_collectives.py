@@ -73,22 +73,25 @@ def run(args: argparse.Namespace) -> int:
         0 when every checked result was right, 1 when one was wrong (on every rank), 2 when rank 0 cannot
         write its files.
     """
-    import os
-
     import torch.distributed as dist
 
     from hf_distprof.collectives.run import BenchConfig, init_group, run_benchmark
 
-    if int(os.environ.get("RANK", "0")) == 0:  # the folder rank 0 writes to, made before the benchmark, not after it
-        try:
-            Path(args.output_dir).mkdir(parents=True, exist_ok=True)
-        except OSError as exc:  # (the launcher stops the other ranks when this one exits)
-            print(f"hf-distprof bench-collectives: error: --output-dir {args.output_dir}: {exc.strerror or exc}",
-                  file=sys.stderr)
-            return 2
     group = init_group()
     try:
         rank, world = dist.get_rank(), dist.get_world_size()
+        # The folder rank 0 writes to, checked before the benchmark (not after it, its table printed and its files
+        # lost), and said on every rank, so that all of them stop together.
+        from hf_distprof.cli.analyze import unwritable_folder
+
+        problem = [unwritable_folder(Path(args.output_dir)) if rank == 0 else None]
+        if world > 1:
+            dist.broadcast_object_list(problem, src=0)
+        if problem[0] is not None:
+            if rank == 0:
+                print(f"hf-distprof bench-collectives: error: --output-dir {args.output_dir}: {problem[0]}",
+                      file=sys.stderr)
+            return 2
         default = collbench.DEFAULT_SIZES_GPU if group.device.type == "cuda" else collbench.DEFAULT_SIZES_CPU
         progress = sys.stderr.isatty() if args.progress is None else args.progress
         config = BenchConfig(ops=args.ops, sizes=args.sizes or collbench.parse_sizes(default), dtype=args.dtype,

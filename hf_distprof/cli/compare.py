@@ -63,6 +63,24 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
+def _no_folder_there(report: str) -> str | None:
+    """Why no report folder can be made at ``report``, without making it (a comparison that fails leaves nothing
+    behind): a file in the way, or its nearest existing folder not writable; None when it can."""
+    import os
+    from pathlib import Path
+
+    path = Path(report).absolute()
+    if path.exists():
+        return None if path.is_dir() and os.access(path, os.W_OK) else (
+            "File exists" if not path.is_dir() else "Permission denied")
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        return "Not a directory"
+    return None if os.access(parent, os.W_OK | os.X_OK) else "Permission denied"
+
+
 def run(args: argparse.Namespace) -> int:
     """Compare and print.
 
@@ -77,11 +95,7 @@ def run(args: argparse.Namespace) -> int:
 
     analyze = analysis_document if args.traces else None
     if args.report:  # checked before the runs are read and compared, not after the table is printed
-        from pathlib import Path
-
-        from hf_distprof.cli.analyze import unwritable_folder
-
-        problem = unwritable_folder(Path(args.report))
+        problem = _no_folder_there(args.report)
         if problem:
             print(f"hf-distprof compare: error: --report {args.report}: {problem}", file=sys.stderr)
             return 2
@@ -109,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             path = write_compare_report(comparison, args.report)
         except OSError as exc:
-            print(f"hf-distprof compare: --report {args.report}: {exc.strerror or exc}", file=sys.stderr)
+            print(f"hf-distprof compare: error: --report {args.report}: {exc.strerror or exc}", file=sys.stderr)
             return 2
         print(f"report written to {path}", file=sys.stderr)
     return 0

@@ -49,18 +49,23 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _among_inputs(out: Path, paths: list[str]) -> str | None:
-    """Why ``out`` would replace or join the traces it merges, or None: one of the files given, or a file named like a
-    rank's trace (``rank3_...``, ``worker3_...``) inside a folder given, which a later ``analyze`` of that folder would
-    read as that rank's (a trial's merged trace over rank 0's own doubled its steps)."""
+    """Why ``out`` would replace or join the traces it merges, or None: one of the traces the paths hold (found as
+    ``analyze`` finds them), or a new file named like a rank's trace (``rank3_...``, ``worker3_...``) in a folder given
+    or beside a trace given, which a later ``analyze`` there would read as that rank's (a trial's merged trace written
+    over rank 0's own doubled its steps)."""
+    from hf_distprof.analysis.read.trace_io import NoTraceError, discover_trace_files
+
     target = out.resolve()
-    for given in map(Path, paths):
-        where = given.resolve()
-        if target == where:
-            return "it is one of the traces it merges"
-        if where.is_dir() and where in target.parents and _RANK_NAMED.search(target.name):
-            return "it is one of the traces it merges" if target.exists() else (
-                f"it would lie in {given} under a rank's trace name, which a later analyze of that folder reads as "
-                "that rank's trace; name it otherwise or write it elsewhere")
+    try:
+        found = [p.resolve() for p in discover_trace_files(paths)]
+    except (NoTraceError, OSError):
+        return None  # (said by the analysis, with its own words)
+    if target in found:
+        return "it is one of the traces it merges"
+    folders = {Path(p).resolve() for p in paths if Path(p).is_dir()} | {f.parent for f in found}
+    if _RANK_NAMED.search(target.name) and any(f == target.parent or f in target.parents for f in folders):
+        return (f"it would lie among the traces it merges ({target.parent}) under a rank's trace name, which a later "
+                "analyze there reads as that rank's trace; name it otherwise or write it elsewhere")
     return None
 
 

@@ -334,19 +334,21 @@ def run(args: argparse.Namespace) -> int:
         return 2
     problem = _before_the_checks(args)
     if problem is not None:  # said before the checks run, not after them (their minutes lost with the answer)
-        print(f"hf-distprof doctor: error: {problem}", file=sys.stderr)
+        tag = f"[RANK {os.environ['RANK']}] " if "RANK" in os.environ else ""
+        print(f"hf-distprof doctor: error: {tag}{problem}", file=sys.stderr)
         return 2
     return Doctor(args, injection).run()
 
 
 def _before_the_checks(args: argparse.Namespace) -> str | None:
     """What makes the asked-for run impossible, said before any check: nccl without a CUDA device (it failed with a
-    traceback in the init check), a ``--json`` path that cannot be written (found only after every check ran)."""
+    traceback in the init check), on rank 0 a ``--json`` path that cannot be written (found only after every check
+    ran)."""
     import torch
 
     if args.backend == "nccl" and not torch.cuda.is_available():
         return "--backend nccl needs CUDA GPUs, and this machine has none (torch sees no CUDA device): use gloo"
-    if args.json:
+    if args.json and int(os.environ.get("RANK", "0")) == 0:  # (rank 0 writes it: another node may not have the folder)
         from pathlib import Path
 
         out = Path(args.json)

@@ -157,11 +157,15 @@ def test_merge_never_writes_over_or_among_the_traces_it_merges(tmp_path: Path,
     before = {p.name: p.read_bytes() for p in run.iterdir()}
     trace = run / "rank-0.json.gz"
     for out, why in ((trace, "it is one of the traces it merges"),
-                     (run / "rank0_merged.json", f"it would lie in {run} under a rank's trace name")):
+                     (run / "rank0_merged.json", f"it would lie among the traces it merges ({run}) under a rank's")):
         assert main(["merge", str(run), "--workers", "1", "-o", str(out)]) == 2
         assert capsys.readouterr().err.startswith(f"hf-distprof merge: --output {out}: {why}")
     assert main(["merge", str(trace), "--workers", "1", "-o", str(trace)]) == 2  # the file given itself
     assert "it is one of the traces it merges" in capsys.readouterr().err
+    # The files given, not their folder: a rank-named output beside them too (a review).
+    assert main(["merge", str(trace), str(run / "rank-1.json.gz"), "--workers", "1", "-o",
+                 str(run / "rank0_merged.json.gz")]) == 2
+    assert "under a rank's trace name" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in run.iterdir()} == before
     assert main(["merge", str(run), "--workers", "1", "-o", str(run / "all_ranks.json.gz")]) == 0  # a name of its own
     assert "shifts rank 0: +0.000 ms" in capsys.readouterr().out  # (never "-0.000")
@@ -718,3 +722,14 @@ def test_two_ranks_of_one_host_that_traced_the_same_steps_apart_in_time_are_not_
     assert err.startswith("hf-distprof analyze: error: ranks 0 and 1 on host vm traced the same steps (8, 9, 10) 9.0 s "
                           f"apart ({path} after {run / 'rank0_vm_step8-10.pt.trace.json.gz'}): not one run's traces")
     assert main(["analyze", str(DATA / "golden" / "cpu_clean_memory"), "--workers", "1"]) == 0  # as it was: one run
+    # Two machines under one host name keep their own clocks: the manifest's measured offset explains the 9 s.
+    manifest = orjson.loads((run / "manifest.json").read_bytes())
+    manifest["ranks"][1]["clock_offset_us"] = 9_000_000.0
+    (run / "manifest.json").write_bytes(orjson.dumps(manifest))
+    assert main(["analyze", str(run), "--workers", "1"]) == 0
+    # Half a second apart without a measured offset: a host's lag, not another run (a GPU's host runs ahead, too).
+    doc["baseTimeNanoseconds"] -= 8_500_000_000
+    path.write_bytes(gzip.compress(orjson.dumps(doc)))
+    manifest["ranks"][1]["clock_offset_us"] = 0.0
+    (run / "manifest.json").write_bytes(orjson.dumps(manifest))
+    assert main(["analyze", str(run), "--workers", "1"]) == 0

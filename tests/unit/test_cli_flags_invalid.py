@@ -41,10 +41,9 @@ def analysis_rows() -> list[tuple[str, str, str, str]]:
             continue
         number = "an integer" if isinstance(f.default, int) else "a number"
         if f.name == "profiler_slowdown_threshold":  # a ratio: > 0 (-1 was said as ">= 0", 0 as "> 0")
-            rows += [("analyze", flag, v, f"{flag} must be > 0, got {w}") for v, w in (("-1", "-1.0"), ("0", "0.0"),
-                                                                                     ("nan", "nan"))]
-            rows += [("analyze", flag, "x", f"argument {flag}: must be a number > 0, got 'x'"),
-                     ("analyze", flag, "inf", f"{flag} must be a finite number > 0, got inf")]
+            rows += [("analyze", flag, v, f"{flag} must be > 0, got {w}") for v, w in (("-1", "-1.0"), ("0", "0.0"))]
+            rows += [("analyze", flag, "x", f"argument {flag}: must be a number > 0, got 'x'")]
+            rows += [("analyze", flag, v, f"{flag} must be a finite number > 0, got {v}") for v in ("nan", "inf")]
             continue
         rows += [
             ("analyze", flag, "-1", f"{flag} must be >= 0, got -1"),

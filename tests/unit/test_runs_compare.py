@@ -385,6 +385,9 @@ def test_compare_cli_table_json_and_report(tmp_path, capsys):
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == f"hf-distprof compare: error: --report {tmp_path / 'afile'}: File exists\n"
+    # Nothing made for a comparison that fails (a review: a mistyped run folder was made as the report's parent).
+    assert main(["compare", str(tmp_path / "typo"), str(b), "--report", str(tmp_path / "typo" / "cmp")]) == 2
+    assert not (tmp_path / "typo").exists()
 
 
 def test_compare_cli_refuses_a_folder_without_timing_files_without_a_traceback(tmp_path, capsys):

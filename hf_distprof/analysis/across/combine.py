@@ -71,11 +71,26 @@ def _add(a: dict, b: dict) -> dict:  # type: ignore[type-arg]
 
 
 
-def apart_in_time(ranks: list[RankResult]) -> str | None:
-    """Why these traces are not one run's, when two ranks of one host (one clock) traced the same steps at times that
-    cannot be the same steps: each common step of the one ends before the other's begins, and further apart than
-    either lasted (under DDP a step ends together on every rank). None when they can be (a trial: rank 1's traces of
-    another run copied in under the same names, read as 9 s late to each collective of a 65 ms step)."""
+APART_STEPS = 3.0
+"""Two ranks' spans of the same step are another run's when they lie further apart than this many times the longer step
+(a GPU rank's host runs ahead of its device by its launch queue: a few steps at most) ..."""
+APART_US = 1e6
+"""... and than this (1 s): a clock that a manifest cannot correct, or a host slow to wake, moves a step by less."""
+
+
+def apart_in_time(ranks: list[RankResult], offsets_us: dict[int, float] | None = None) -> str | None:
+    """Why these traces are not one run's, when two ranks of one host traced the same steps at times that cannot be
+    the same steps: at least two common steps, each of the one's spans apart from the other's by more than
+    :data:`APART_STEPS` times the longer of the two and more than :data:`APART_US` (under DDP a step ends together on
+    every rank). None when they can be (a trial: rank 1's traces of another run copied in under the same names, read as
+    9 s late to each collective of a 65 ms step).
+
+    Args:
+        ranks: One result per rank.
+        offsets_us: rank -> its clock minus rank 0's, as the run manifest measured it at train start: two machines
+            that share a host name (containers) keep their own clocks.
+    """
+    offsets = offsets_us or {}
     by_host: dict[str, list[RankResult]] = {}
     for r in ranks:
         if r.host:
@@ -89,11 +104,11 @@ def apart_in_time(ranks: list[RankResult]) -> str | None:
                 mine = steps.get(s.step)
                 if mine is None:
                     continue
-                a = mine.start_us + first.base_time_ns / 1e3
-                b = s.start_us + other.base_time_ns / 1e3
+                a = mine.start_us + first.base_time_ns / 1e3 - offsets.get(first.rank, 0.0)
+                b = s.start_us + other.base_time_ns / 1e3 - offsets.get(other.rank, 0.0)
                 gap = max(a, b) - min(a + mine.duration_us, b + s.duration_us)
-                gaps.append((gap, max(mine.duration_us, s.duration_us), b - a))
-            if gaps and all(gap > longest for gap, longest, _ in gaps):
+                gaps.append((gap, max(APART_US, APART_STEPS * max(mine.duration_us, s.duration_us)), b - a))
+            if len(gaps) >= 2 and all(gap > least for gap, least, _ in gaps):
                 later = median(d for _, _, d in gaps) / 1e6
                 return (f"ranks {first.rank} and {other.rank} on host {host} traced the same steps "
                         f"({', '.join(str(s.step) for s in other.steps if s.step in steps)}) {abs(later):.1f} s "
