@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -99,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
         if problem:
             print(f"hf-distprof compare: error: --report {args.report}: {problem}", file=sys.stderr)
             return 2
+    if os.path.realpath(args.run_a) == os.path.realpath(args.run_b):
+        print("hf-distprof compare: note: A and B are the same folder: nothing can differ", file=sys.stderr)
     try:
         a = load_run(args.run_a, args.warmup_steps, analyze)
         b = load_run(args.run_b, args.warmup_steps, analyze)

@@ -385,6 +385,9 @@ def test_compare_cli_table_json_and_report(tmp_path, capsys):
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == f"hf-distprof compare: error: --report {tmp_path / 'afile'}: File exists\n"
+    # The same folder twice: said (a trial: "0 significant difference(s)" without a word).
+    assert main(["compare", str(a), str(a)]) == 0
+    assert "note: A and B are the same folder: nothing can differ" in capsys.readouterr().err
     # Nothing made for a comparison that fails (a review: a mistyped run folder was made as the report's parent).
     assert main(["compare", str(tmp_path / "typo"), str(b), "--report", str(tmp_path / "typo" / "cmp")]) == 2
     assert not (tmp_path / "typo").exists()
