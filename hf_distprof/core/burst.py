@@ -62,6 +62,8 @@ class Burst:
     """Stalls apart (steps not in one stretch), not one burst."""
     beside: int | None = None
     """The run's slow rank, when the verdict named one: the stalls are then counted beyond each rank's usual excess."""
+    usual_s: float = 0.0
+    """The rank's usual excess per step left out of ``excess_s`` (beside a slow rank; 0 otherwise)."""
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -92,7 +94,7 @@ class Burst:
         """The finding's sentence, the same in the step timer's table and in ``analyze``."""
         where = f" (its {self.phase_name})" if self.phase else ""
         also = " also" if self.beside == self.rank else ""
-        over = "in all, beyond its usual excess" if self.beside is not None else "in all"
+        over = "in all, beyond its usual excess" if self.usual_s > 0 else "in all"
         return (f"Rank {self.rank}{also} held the others back {self.what}: {self.span}, its own work "
                 f"{self.excess_s:.3f} s over its peers' {over}{where}, {self.pct:.1f}% of the run's {self.run_s:.2f} s "
                 f"of judged steps; the others waited for it there ({self.against})")
@@ -165,7 +167,8 @@ def find_burst(work: dict[int, list[float]], steps: list[int], step_time: list[f
 
         usable = {p: v for p, v in phases.items() if all(r in v for r in ranks)}
         phase = max(usable, key=lambda p: excess_of(usable[p]), default=None)
-    return Burst(rank, [steps[i] for i in at], total, 100.0 * total / run_s, run_s, phase, stalls, slow_rank)
+    return Burst(rank, [steps[i] for i in at], total, 100.0 * total / run_s, run_s, phase, stalls, slow_rank,
+                 usual[rank])
 
 
 def usual_excess(work: dict[int, list[float]], rank: int) -> float:

@@ -262,12 +262,11 @@ def cross_rank_report(
         slow = next(r for r in ranks if r.rank == named)
     others = [i for i, r in enumerate(ranks) if r.rank != slow.rank] or list(range(len(ranks)))
     fast = ranks[min(others, key=lambda i: pre[i])]  # never the slowest rank too
-    phase, excess = _slowest_phase(ranks, slow)
+    # The phase the cause says (loading), not the means' (a peer's few stalls can move them): else the means'.
+    phase, excess = _slowest_phase(ranks, slow, ("data",) if cause is not None and cause.rank == slow.rank
+                                   and cause.cause.value == "input" else ())
     imbalance = imbalance_pct(pre)
-
-    mems = [r.peak_memory_bytes for r in ranks]
-    mem_imbalance: float | None = None
-    max_mem_rank: int | None = None
+    mems, mem_imbalance, max_mem_rank = [r.peak_memory_bytes for r in ranks], None, None
     if len(ranks) > 1 and all(m is not None for m in mems):
         mem_imbalance = imbalance_pct([float(m or 0) for m in mems])
         max_mem_rank = max(ranks, key=lambda r: r.peak_memory_bytes or 0).rank
@@ -287,14 +286,15 @@ def cross_rank_report(
         why = (f"Most of the difference is in {named} (+{excess:.4f}s per step): rank {slow.rank}: {advice}."
                if cause is None or cause.rank != slow.rank else
                f"Rank {slow.rank}: {cause_why(cause)}. Rank {slow.rank}: {cause_action(cause, on_gpu, advice)}.")
+        # (a peer's few long steps can lift its mean above the slow rank's: then the means are no evidence, said so)
+        mean = (f"averages {slow.pre_sync_s:.4f}s per step vs {typical:.4f}s on a typical peer" if slow.pre_sync_s >
+                typical else f"is longer step by step, though its mean is not ({slow.pre_sync_s:.4f}s vs "
+                f"{typical:.4f}s on a typical peer: another rank's few long steps weigh on the means)")
         warnings.append(
-            f"Step time imbalance {verdict.effect_pct:.1f}% > {time_threshold_pct:g}%: "
-            f"rank {slow.rank} is the slowest. "
-            f"Its time before the gradient sync (data + forward + backward compute, its wait for a CPU included) "
-            f"averages {slow.pre_sync_s:.4f}s per step vs {typical:.4f}s on a typical peer; step by step, that "
-            f"wait left out, the other ranks wait for it in the collectives ({verdict.reason}; confidence "
-            f"{verdict.confidence:.3f}). {why}"
-        )
+            f"Step time imbalance {verdict.effect_pct:.1f}% > {time_threshold_pct:g}%: rank {slow.rank} is the "
+            f"slowest. Its time before the gradient sync (data + forward + backward compute, its wait for a CPU "
+            f"included) {mean}; step by step, that wait left out, the other ranks wait for it in the collectives "
+            f"({verdict.reason}; confidence {verdict.confidence:.3f}). {why}")
     if mem_imbalance is not None and mem_imbalance > memory_threshold_pct:
         warnings.append(memory_warning(ranks, mem_imbalance, memory_threshold_pct))
     return CrossRankReport(

@@ -104,6 +104,7 @@ def test_beside_a_slow_rank_its_stalls_are_said_beyond_its_usual_excess_and_its_
     assert b is not None and (b.rank, b.steps, b.beside) == (0, [14, 34], 1)
     assert b.message.startswith("Rank 0 held the others back in stalls") and b.message.endswith(
         "(besides rank 1, the slow rank of the run)")
+    assert "beyond its usual excess" not in b.message and b.usual_s == 0.0  # (it has none: a trial's wording)
 
 
 def test_beside_a_slow_rank_how_it_is_slow_is_no_burst_nor_stalls() -> None:

@@ -276,6 +276,14 @@ def test_the_warning_s_advice_follows_the_cause_it_states_not_the_loading_the_me
                                compute_s=0.0, slowest_in=24, longest_run=24)
     assert "input pipeline" in cross_rank_report([r0, r1], verdict=verdict, cause=slower_input,
                                                  on_gpu=False).warnings[0]
+    # A trial: rank 1's loading 1 ms longer every step, rank 0 stalled 40 ms twice: the means put rank 0's loading
+    # and pre-sync above rank 1's, the table said "slowest rank 1 (backward compute)" beside an input cause, and the
+    # warning "averages 0.0045s per step vs 0.0055s on a typical peer" of the rank it named slowest.
+    stalled, loader = ddp_rank(0, 0.30, compute=0.2), ddp_rank(1, 0.10, compute=0.21)
+    report = cross_rank_report([stalled, loader], verdict=verdict, cause=slower_input, on_gpu=False)
+    assert report.slowest_rank == 1 and report.slowest_phase == "data"
+    assert "included) is longer step by step, though its mean is not (" in report.warnings[0]
+    assert "another rank's few long steps weigh on the means)" in report.warnings[0]
 
 
 def test_a_burst_s_rank_is_the_table_s_slowest_not_the_quiet_verdict_s_candidate():

@@ -529,7 +529,7 @@ def _burst(j: Judgement) -> Prose:
     return Prose(
         title=f"Rank {b.rank}{' also' if b.beside == b.rank else ''} held the others back {b.what} ({b.span})",
         why=(f"its own work exceeded its peers' by {b.excess_s:.3f} s in all in {b.span}"
-             f"{', beyond its usual excess' if b.beside is not None else ''}, {b.pct:.1f}% of the run's "
+             f"{', beyond its usual excess' if b.usual_s > 0 else ''}, {b.pct:.1f}% of the run's "
              f"{b.run_s:.2f} s of judged steps; the others waited for it there"),
         details=f"{'; most of it in its ' + b.phase_name if b.phase else ''} (the step timer's records; {b.against})",
         action=f"Look at what rank {b.rank} did in {b.span}: its {phase.get(b.phase or '', 'step')}",
