@@ -553,7 +553,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self._add_rows(gathered)
         final = self._verdict()
         assert self._series is not None
-        # A rank slowest in a few steps only, whose peers waited for it there; beside the run's slow rank, stalls only.
+        # A rank slowest in a few steps only, whose peers waited for it there (beside a slow rank: beyond its usual).
         burst = self._series.burst(self.args.imbalance_threshold_pct, self._exclude(),
                                    final.rank if final is not None and final.raised else None)
         report = self._report(runs, flops, final, burst)  # (the burst's rank the table's slowest, as analyze's)

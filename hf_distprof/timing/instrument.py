@@ -30,6 +30,7 @@ def eager(hook: Callable[..., Any]) -> Callable[..., Any]:
     falling back to eager" for the whole function). Disabled, each hook is one clean break at its call."""
     return torch.compiler.disable(hook, recursive=True)
 
+
 def batch_size_and_tokens(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, Any]:
     """Samples and tokens of one forward call, read from its inputs without a device sync.
 
