@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -139,19 +140,25 @@ def test_the_step_timer_table_says_the_burst_its_series_holds() -> None:
     assert s.burst(10.0, exclude=lambda step: 19 <= step <= 22) is None  # the profiler's steps are not judged
 
 
-def test_analyze_names_the_burst_from_the_step_timer_s_records(tmp_path: Path) -> None:
-    # The clean 2-rank run with rank 1's data loading stalled 0.3 s in steps 15-18 (its peer's wait grows alike).
-    run = tmp_path / "burst"
+def slowed_loading(run: Path, extra: Callable[[dict], float]) -> Path:
+    """A copy of the clean 2-rank golden run at ``run`` with rank 1's data loading ``extra(row)`` seconds longer in each
+    of its rows (its peer's wait and both ranks' steps growing alike)."""
     shutil.copytree(DATA / "golden" / "cpu_clean_memory", run)
     for rank in (0, 1):
         path = run / f"timing_rank{rank}.jsonl"
         rows = [json.loads(line) for line in path.read_text().splitlines()]
         for row in rows:
-            if 15 <= row["step"] <= 18:
-                keys = ("data_s", "data_load_s", "pre_sync_s", "own_work_s") if rank == 1 else ("wait_s",)
-                for key in (*keys, "step_s", "own_step_s"):
-                    row[key] += 0.3
+            more = extra(row)
+            keys = ("data_s", "data_load_s", "pre_sync_s", "own_work_s") if rank == 1 else ("wait_s",)
+            for key in (*keys, "step_s", "own_step_s"):
+                row[key] += more
         path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return run
+
+
+def test_analyze_names_the_burst_from_the_step_timer_s_records(tmp_path: Path) -> None:
+    # The clean 2-rank run with rank 1's data loading stalled 0.3 s in steps 15-18 (its peer's wait grows alike).
+    run = slowed_loading(tmp_path / "burst", lambda row: 0.3 if 15 <= row["step"] <= 18 else 0.0)
     from hf_distprof.analysis import AnalysisOptions, analyze_paths, format_box
 
     result = analyze_paths([run], AnalysisOptions(workers=1))
@@ -168,17 +175,8 @@ def test_analyze_names_the_burst_from_the_step_timer_s_records(tmp_path: Path) -
 def test_analyze_says_the_slow_rank_s_stalls_after_its_verdict(tmp_path: Path) -> None:
     # The clean run with rank 1's loading 30% of a step longer in every step (its verdict raised), and 0.3 s more in
     # steps 15 and 24: the slow-rank finding first, its stalls beside it, and the box's "Also" names them.
-    run = tmp_path / "slow_and_stalls"
-    shutil.copytree(DATA / "golden" / "cpu_clean_memory", run)
-    for rank in (0, 1):
-        path = run / f"timing_rank{rank}.jsonl"
-        rows = [json.loads(line) for line in path.read_text().splitlines()]
-        for row in rows:
-            extra = 0.3 * row["step_s"] + (0.3 if row["step"] in (15, 24) else 0.0)
-            keys = ("data_s", "data_load_s", "pre_sync_s", "own_work_s") if rank == 1 else ("wait_s",)
-            for key in (*keys, "step_s", "own_step_s"):
-                row[key] += extra
-        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    run = slowed_loading(tmp_path / "slow_and_stalls",
+                         lambda row: 0.3 * row["step_s"] + (0.3 if row["step"] in (15, 24) else 0.0))
     from hf_distprof.analysis import AnalysisOptions, analyze_paths, format_box
 
     result = analyze_paths([run], AnalysisOptions(workers=1))
