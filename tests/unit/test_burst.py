@@ -188,3 +188,16 @@ def test_analyze_says_the_slow_rank_s_stalls_after_its_verdict(tmp_path: Path) -
     box = " ".join(" ".join(line.strip("|").split()) for line in format_box(result).splitlines())
     assert "Also: 2 more finding(s): Slow to resume after collectives; Rank 1 also held the others back in stalls " \
         "(steps 15, 24)" in box
+
+
+def test_the_profiler_s_slowdown_closes_the_findings_whatever_its_severity() -> None:
+    # A trial: the box's verdict was "The profiler slows the traced steps" (severity 58: a share of the traced steps)
+    # over "Rank 1 held the others back in stalls" (18% of the run). The slowdown is a caveat about the trace: last.
+    from hf_distprof.analysis.judge.findings import in_order
+    from hf_distprof.analysis.results.findings import Judgement
+
+    slowdown = Judgement(kind="profiler_slowdown", severity=58.0, ranks=[], facts=None)
+    stalls = Judgement(kind="burst", severity=18.0, ranks=[1], facts=None)
+    comm = Judgement(kind="communication_bound", severity=31.0, ranks=[0], facts=None)
+    assert [j.kind for j in in_order([slowdown, stalls, comm])] == ["communication_bound", "burst", "profiler_slowdown"]
+    assert in_order([slowdown]) == [slowdown]  # alone, it is still the verdict

@@ -81,10 +81,17 @@ def slowest_rank(findings: list[Judgement], verdicts: RankVerdicts, pace: tuple[
     return rank, source
 
 
+_LAST = ("profiler_slowdown",)
+"""Kinds that close the list whatever their severity: the profiler's own slowdown is a caveat about the traced steps
+(its severity a share of those, not of the run), never the box's verdict over a finding about the run (a trial's box
+led with it over stalls that cost 18% of the run)."""
+
+
 def in_order(findings: list[Judgement]) -> list[Judgement]:
-    """The findings as every output shows them: :data:`_FIRST`'s kinds first, then by decreasing severity (ties keep
-    the order they were found in)."""
-    return sorted(findings, key=lambda f: (_FIRST.index(f.kind) if f.kind in _FIRST else len(_FIRST), -f.severity))
+    """The findings as every output shows them: :data:`_FIRST`'s kinds first, :data:`_LAST`'s last, the rest by
+    decreasing severity (ties keep the order they were found in)."""
+    return sorted(findings, key=lambda f: (_FIRST.index(f.kind) if f.kind in _FIRST else
+                                           len(_FIRST) + (f.kind in _LAST), -f.severity))
 
 
 def judge(ranks: list[RankResult], across: Across, replay: WhatIf | None, summary: TimingSummary,
