@@ -69,8 +69,6 @@ def _add(a: dict, b: dict) -> dict:  # type: ignore[type-arg]
     return {k: a.get(k, 0) + b.get(k, 0) for k in {**a, **b}}
 
 
-
-
 APART_STEPS = 3.0
 """Two ranks' spans of the same step are another run's when they lie further apart than this many times the longer step
 (a GPU rank's host runs ahead of its device by its launch queue: a few steps at most) ..."""
