@@ -9,7 +9,6 @@ transformers.
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,10 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from hf_distprof.core import names
-
-MARK_KEYS = frozenset({"warmup", "traced", "profiler_busy", "after_pause"})
-"""The step timer's marks of a step in ``timing_rank{R}.jsonl`` (booleans: its warm-up, a step the profiler ran over
-or was still busy during)."""
+from hf_distprof.core.records import RecordsError, read_records
+from hf_distprof.core.records import is_number as _is_number
 
 WARMUP_STEPS = 1
 """Steps left out at the start when ``timing_summary.json`` does not say (the step timer's own default)."""
@@ -122,43 +119,10 @@ def _timing_files(folder: Path) -> dict[int, Path]:
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    records = []
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as err:
-        raise RunFolderError(f"{path}: cannot be read ({err.strerror or err})") from err
-    except UnicodeDecodeError as err:
-        raise RunFolderError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from err
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            if number == len(lines):
-                break  # a last line cut short by a run that was killed: the lines before it hold
-            raise RunFolderError(f"{path}, line {number}: not JSON ({err.msg})") from err
-        except RecursionError as err:
-            raise RunFolderError(f"{path}, line {number}: not a record (nested too deeply)") from err
-        if not isinstance(record, dict) or "step" not in record:
-            raise RunFolderError(f"{path}, line {number}: a record without a 'step'")
-        # The step timer and the memory logger write numbers, and the step timer its marks of a step (booleans):
-        # anything else is not their file.
-        wrong = next((k for k, v in record.items()
-                      if not (_is_number(v, integer=k == "step") or (k in MARK_KEYS and isinstance(v, bool)))), None)
-        if wrong is not None:
-            raise RunFolderError(f"{path}, line {number}: {wrong!r} is {record[wrong]!r}, not a number")
-        records.append(record)
-    return records
-
-
-def _is_number(value: Any, integer: bool = False) -> bool:
-    """A finite JSON number (an integer when ``integer``), or null where a number may be missing."""
-    if value is None:
-        return not integer
-    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
-        return False
-    return math.isfinite(value)
+        return read_records(path)
+    except RecordsError as err:
+        raise RunFolderError(str(err)) from err
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

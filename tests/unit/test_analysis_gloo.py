@@ -266,14 +266,57 @@ def test_the_wait_for_a_cpu_is_read_from_the_timer_files_beside_the_traces(tmp_p
 
     for rank, wait in ((0, 0.02), (1, 0.0)):
         rows = [{"step": s, "step_s": 0.1, "cpu_wait_s": wait} for s in range(1, 4)]
-        rows += [{"step": 4, "cpu_wait_s": "x"}, {"step": 5, "cpu_wait_s": -1.0}, {"step": 6, "cpu_wait_s": True},
-                 ["not", "a", "row"], {"step": "7", "cpu_wait_s": 0.1}]
+        rows += [{"step": 5, "cpu_wait_s": -1.0}, {"step": 6, "cpu_wait_s": None}]
         (tmp_path / f"timing_rank{rank}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tmp_path / "timing_rank2.jsonl").write_text("{not json\n")  # unreadable: skipped
     (tmp_path / "timing_rankX.jsonl").write_text('{"step": 1, "cpu_wait_s": 0.5}\n')  # no rank in the name
+    # Garbled files are left out whole, each named with its line, as compare refuses them (a last line cut short by
+    # a killed run is not garbled: the lines before it hold).
+    garbled = {2: ['{"step": 1, "cpu_wait_s": 0.5}', "{not json", '{"step": 3, "cpu_wait_s": 0.5}'],
+               3: ['{"step": 1, "cpu_wait_s": "x"}'], 4: ['["not", "a", "row"]'], 5: ['{"step": "7"}'],
+               6: ['{"step": 1, "cpu_wait_s": 0.1}', '{"step": 2, "cpu_']}
+    for rank, lines in garbled.items():
+        (tmp_path / f"timing_rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
     files = [str(tmp_path / "rank-0.json.gz"), str(tmp_path / "rank-1.json.gz")]
     from hf_distprof.analysis.across.evidence import timer_figures
 
-    assert timer_figures(read_timer_records(files), set()).cpu_wait == {0: {1: 0.02, 2: 0.02, 3: 0.02},
-                                                                        1: {1: 0.0, 2: 0.0, 3: 0.0}}
+    records = read_timer_records(files)
+    assert records.skipped == [
+        (str(tmp_path / "timing_rank2.jsonl"), "line 2: not JSON (Expecting property name enclosed in double quotes); "
+                                               "the step timer's records of this rank are left out"),
+        (str(tmp_path / "timing_rank3.jsonl"), "line 1: 'cpu_wait_s' is 'x', not a number; the step timer's records "
+                                               "of this rank are left out"),
+        (str(tmp_path / "timing_rank4.jsonl"), "line 1: a record without a 'step'; the step timer's records of this "
+                                               "rank are left out"),
+        (str(tmp_path / "timing_rank5.jsonl"), "line 1: 'step' is '7', not a number; the step timer's records of "
+                                               "this rank are left out"),
+    ]
+    assert sorted(records.rows) == [0, 1, 6]
+    assert timer_figures(records, set()).cpu_wait == {0: {1: 0.02, 2: 0.02, 3: 0.02}, 1: {1: 0.0, 2: 0.0, 3: 0.0},
+                                                      6: {1: 0.1}}
     assert timer_figures(read_timer_records([str(tmp_path / "elsewhere" / "rank-0.json.gz")]), set()).cpu_wait == {}
+
+
+def test_analyze_names_a_garbled_timer_file_instead_of_reading_around_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """compare refuses a run whose timing_rank{R}.jsonl has a garbled line; analyze read the lines around it in
+    silence. It now leaves the file out and says so, where it says every file it could not read."""
+    import shutil
+
+    from hf_distprof.analysis import format_box
+    from hf_distprof.analysis.results.rank import FileError
+    from hf_distprof.cli.main import main
+
+    for rank in (0, 1):
+        shutil.copy(DATA / "slow_rank1" / f"rank-{rank}.json.gz", tmp_path / f"rank-{rank}.json.gz")
+    files = [tmp_path / "rank-0.json.gz", tmp_path / "rank-1.json.gz"]
+    (tmp_path / "timing_rank0.jsonl").write_text('{"step": 1, "step_s": 0.1}\n{"step": 2, "step_s": 0.1}\n')
+    (tmp_path / "timing_rank1.jsonl").write_text('{"step": 1, "step_s": 0.1}\ngarbage\n{"step": 2, "step_s": 0.1}\n')
+    result = analyze_paths(files, AnalysisOptions(workers=1))
+    why = "line 2: not JSON (Expecting value); the step timer's records of this rank are left out"
+    assert result.errors == [FileError(str(tmp_path / "timing_rank1.jsonl"), why)]
+    assert [r.rank for r in result.ranks] == [0, 1]
+    assert "1 file(s) could not be read; the answer covers the 2 ranks read" in format_box(result)
+    assert main(["analyze", *map(str, files)]) == 0
+    err = capsys.readouterr().err
+    assert f"hf-distprof analyze: skipped {tmp_path / 'timing_rank1.jsonl'}: {why}" in err.splitlines()

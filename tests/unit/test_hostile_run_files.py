@@ -70,7 +70,6 @@ HOSTILE_TIMING = {
                             b'{"profiler_slowdown": {"warning": "w", "ratio": 0, "threshold_ratio": 1.25}}'),
     "slowdown-no-ratio": ("timing_summary.json", b'{"profiler_slowdown": {"warning": "w", "threshold_ratio": 1.25}}'),
     "verdict-number": ("timing_summary.json", b'{"imbalance_verdict": 5}'),
-    "records-not-objects": ("timing_rank0.jsonl", b"[1, 2]\n[3]\n\"x\"\n"),
 }
 
 
@@ -86,12 +85,24 @@ def test_step_timer_files_with_wrong_types_beside_the_traces_are_ignored(tmp_pat
     format_summary(result)
 
 
+def test_step_timer_records_that_are_not_records_are_a_named_error(tmp_path):
+    """Rows that are not the step timer's records: the file is left out and named, as compare names it."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "rank0_h_step1-2.pt.trace.json.gz").write_bytes((DATA / "clean" / "rank-0.json.gz").read_bytes())
+    (folder / "timing_rank0.jsonl").write_bytes(b"[1, 2]\n[3]\n\"x\"\n")
+    result = analyze_paths([folder], OPTS)
+    assert [r.rank for r in result.ranks] == [0] and result.profiler_slowdown is None
+    assert [(e.path, e.reason) for e in result.errors] == [(str(folder / "timing_rank0.jsonl"), (
+        "line 1: a record without a 'step'; the step timer's records of this rank are left out"))]
+
+
 DEEP = b"[" * 100_000 + b"]" * 100_000
-BESIDE_TRACES = {  # what analyze reads beside the traces: a named error (manifests) or ignored (step timer files)
+BESIDE_TRACES = {  # what analyze reads beside the traces: a named error (manifests, step records) or ignored (summary)
     "manifest.json": "not valid JSON (nested too deeply)",
     "manifest_rank0_h.json": "not valid JSON (nested too deeply)",
     "timing_summary.json": "",
-    "timing_rank0.jsonl": "",
+    "timing_rank0.jsonl": "line 1: not a record (nested too deeply); the step timer's records of this rank are left out",
 }
 
 

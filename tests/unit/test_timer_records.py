@@ -77,14 +77,20 @@ def test_older_files_without_marks_give_no_verdict_and_their_first_row_is_the_wa
     assert sorted(timer_figures(records, set()).step_times) == list(range(2, 23))
 
 
-def test_bad_rows_are_skipped_and_one_rank_gives_no_verdict(tmp_path: Path) -> None:
+def test_a_garbled_file_is_left_out_whole_and_one_rank_gives_no_verdict(tmp_path: Path) -> None:
     row = {"step": 2, "step_s": 0.2, "own_work_s": 0.1, "warmup": False, "traced": False}
-    lines = ["{not json", json.dumps(["a", "list"]), json.dumps({**row, "step": "3"}),
-             json.dumps({**row, "step": True}), json.dumps(row), ""]
-    (tmp_path / "timing_rank0.jsonl").write_text("\n".join(lines))
+    (tmp_path / "timing_rank0.jsonl").write_text(json.dumps(row) + "\n")
+    for rank, line in ((1, "{not json"), (2, json.dumps(["a", "list"])), (3, json.dumps({**row, "step": "3"})),
+                       (4, json.dumps({**row, "step": True}))):
+        (tmp_path / f"timing_rank{rank}.jsonl").write_text("\n".join([line, json.dumps(row), ""]))
     (tmp_path / "timing_rankX.jsonl").write_text(json.dumps(row))  # no rank in the name
     records = read_timer_records([tmp_path / "x.json"])
     assert records.rows == {0: {2: row}} and records.marked
+    assert [(Path(p).name, why.split(";")[0]) for p, why in records.skipped] == [
+        ("timing_rank1.jsonl", "line 1: not JSON (Expecting property name enclosed in double quotes)"),
+        ("timing_rank2.jsonl", "line 1: a record without a 'step'"),
+        ("timing_rank3.jsonl", "line 1: 'step' is '3', not a number"),
+        ("timing_rank4.jsonl", "line 1: 'step' is True, not a number")]
     assert verdict(records, 10.0) is None  # one rank
     assert read_timer_records([tmp_path / "elsewhere" / "x.json"]).rows == {}
 

@@ -75,5 +75,6 @@ def read_run(paths: Iterable[str | os.PathLike[str]]) -> RunInput:
     run, errors, foreign = run_summary_beside(files)  # hosts, windows and why, files lost since; others' traces
     left_out = {path for path, _ in foreign}
     files = [f for f in files if f not in left_out]
-    return RunInput(files=files, records=read_timer_records(files), summary=read_timing_summary(files), run=run,
-                    errors=[FileError(path, reason) for path, reason in errors + foreign])
+    records = read_timer_records(files)
+    return RunInput(files=files, records=records, summary=read_timing_summary(files), run=run,
+                    errors=[FileError(path, reason) for path, reason in errors + foreign + records.skipped])

@@ -9,19 +9,20 @@ first row per file is the warm-up, and the run's verdict is not judged again fro
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
 
 from hf_distprof.analysis.results.timer import TimerRecords
 from hf_distprof.core import names
 from hf_distprof.core.names import TIMING_RE
+from hf_distprof.core.records import RecordsError, read_records
 
 
 def read_timer_records(files: Iterable[str | Path]) -> TimerRecords:
     """The step timer's records in the folders of ``files`` (the traces); empty without any.
 
-    A file that cannot be read, a line that is not a JSON object, or a row without an integer step is skipped.
+    Each file is read by the rule ``compare`` reads it by (:func:`hf_distprof.core.records.read_records`): a file that
+    breaks it is left out whole and listed in ``skipped`` with why (a garbled line is not the step timer's record).
     """
     out = TimerRecords()
     marks: list[bool] = []
@@ -31,21 +32,15 @@ def read_timer_records(files: Iterable[str | Path]) -> TimerRecords:
             if not found:
                 continue
             try:
-                lines = log.read_text(encoding="utf-8").splitlines()
-            except OSError:
+                rows = read_records(log)
+            except RecordsError as err:
+                out.skipped.append((str(log), f"{str(err).removeprefix(str(log)).lstrip(', :')}; the step timer's "
+                                    "records of this rank are left out"))
                 continue
             rank = int(found.group(1))
             first = True
-            for line in lines:
-                try:
-                    row = json.loads(line) if line.strip() else None
-                except (ValueError, RecursionError):
-                    continue
-                if not isinstance(row, dict):
-                    continue
-                step = row.get("step")
-                if isinstance(step, bool) or not isinstance(step, int):
-                    continue
+            for row in rows:
+                step = row["step"]
                 out.rows.setdefault(rank, {})[step] = row
                 marked = isinstance(row.get("warmup"), bool) and isinstance(row.get("traced"), bool)
                 marks.append(marked)

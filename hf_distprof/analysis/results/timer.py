@@ -29,6 +29,8 @@ class TimerRecords:
     takes the GIL): left out of the verdict and of the profiler's slowdown, on neither side."""
     marked: bool = False
     """Whether every row carries the ``traced`` / ``warmup`` marks (files of this version)."""
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    """(path, why) of each records file left out: it breaks the rule it is read by (a garbled line)."""
 
 
 @dataclass
