@@ -187,9 +187,13 @@ def run(args: argparse.Namespace) -> int:
     if not result.ranks:
         print("hf-distprof analyze: error: no trace could be analysed", file=sys.stderr)
         return 1
+    status = 0
     for tracker in args.log_to or []:
-        print(f"hf-distprof analyze: {log_to(result, args, tracker)}", file=sys.stderr)
-    return 0
+        said = log_to(result, args, tracker)
+        print(f"hf-distprof analyze: {said}", file=sys.stderr)
+        if said.startswith((f"{tracker}: skipped:", f"{tracker}: failed:")):
+            status = 1  # asked for and not sent: a script that checks the status must see it
+    return status
 
 
 def unwritable_folder(folder: Path) -> str | None:

@@ -733,3 +733,16 @@ def test_two_ranks_of_one_host_that_traced_the_same_steps_apart_in_time_are_not_
     manifest["ranks"][1]["clock_offset_us"] = 0.0
     (run / "manifest.json").write_bytes(orjson.dumps(manifest))
     assert main(["analyze", str(run), "--workers", "1"]) == 0
+
+
+def test_log_to_that_does_not_send_exits_1_after_the_answer(tmp_path, capsys):
+    """A script that runs analyze --log-to and checks the status saw 0 when nothing was sent."""
+    from hf_distprof.cli.main import main as cli_main
+
+    run = tmp_path / "run"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "data" / "golden" / "cpu_slow_data", run)
+    (run / "tensorboard").write_text("a file where the tracker's folder goes")
+    assert cli_main(["analyze", str(run), "--log-to", "tensorboard"]) == 1
+    out, err = capsys.readouterr()
+    assert "Verdict" in out  # the answer is still printed
+    assert [line for line in err.splitlines() if "tensorboard: failed: " in line]
