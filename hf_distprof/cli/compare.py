@@ -108,6 +108,11 @@ def run(args: argparse.Namespace) -> int:
     except RunFolderError as exc:
         print(f"hf-distprof compare: error: {exc}", file=sys.stderr)
         return 2
+    for run in (a, b):
+        empty = _nothing_to_compare(run, args.warmup_steps)
+        if empty:
+            print(f"hf-distprof compare: error: {empty}", file=sys.stderr)
+            return 2
     try:
         comparison = compare_runs(a, b, args.min_effect_pct)
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
@@ -130,3 +135,19 @@ def run(args: argparse.Namespace) -> int:
             return 2
         print(f"report written to {path}", file=sys.stderr)
     return 0
+
+
+def _nothing_to_compare(run: Any, warmup_flag: int | None) -> str | None:
+    """Why ``run`` has no step to compare, or None: every step left out (the warm-up, profiler windows), so that the
+    comparison's "no significant difference" would be about nothing."""
+    if any(run.counted(rank) for rank in run.ranks):
+        return None
+    numbers = [int(r["step"]) for rank in run.ranks for r in run.steps[rank]]
+    if not numbers:
+        return f"{run.path}: its timing files hold no step"
+    held = f"its records hold steps {min(numbers)}-{max(numbers)}"
+    if warmup_flag is not None and max(numbers) - min(numbers) < warmup_flag:
+        return (f"{run.path}: --warmup-steps {warmup_flag} leaves no step to compare ({held}); give a smaller "
+                "--warmup-steps")
+    return (f"{run.path}: no step to compare ({held}, each the warm-up ({run.warmup_steps} step(s)), inside a profiler "
+            "window or right after a pause); run more steps after the window")

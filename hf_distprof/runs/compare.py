@@ -367,7 +367,10 @@ def headline(rows: list[Row], ranks: list[int], min_effect_pct: float = MIN_EFFE
                         f"{who}, {top.label}: {top.diff.median_a:.4g} -> {top.diff.median_b:.4g} {top.unit} "
                         f"({top.diff.delta:+.4g}); no rank's own work changed beyond the noise")
     step = next((r for r in rows if r.metric == "step_s" and r.rank is None), None)
-    if step is not None and step.diff.status == TOO_FEW:
+    if step is None:  # no step compared (all warm-up or profiled): not "within the noise"
+        return Headline("too_few_steps", None, None, None, "nothing can be judged: no step of the step timer compared "
+                        "(each the warm-up, inside a profiler window or right after a pause); run more steps")
+    if step.diff.status == TOO_FEW:
         return Headline("too_few_steps", None, None, None,
                         f"nothing can be judged: {step.diff.reason} (step time); run more steps")
     return Headline("none", None, None, None, "no significant difference: every change is within the runs' noise")

@@ -81,8 +81,8 @@ def format_comparison(comparison: Comparison, only_significant: bool = False) ->
     cells = table_lines(c, only_significant)
     widths = [max(len(x) for x in col) for col in zip(header, *cells)]
     lines = [
-        f"A: {c.run_a}  (ranks {c.ranks_a}, {c.steps_a} steps compared)",
-        f"B: {c.run_b}  (ranks {c.ranks_b}, {c.steps_b} steps compared)",
+        f"A: {c.run_a}  (ranks {c.ranks_a}, {c.steps_a} step{'s' if c.steps_a != 1 else ''} compared)",
+        f"B: {c.run_b}  (ranks {c.ranks_b}, {c.steps_b} step{'s' if c.steps_b != 1 else ''} compared)",
         "medians over steps (warm-up and profiled steps left out); delta = B - A",
         "",
     ]
@@ -133,8 +133,8 @@ def _markdown(comparison: Comparison) -> str:
     lines = [
         "# Run comparison",
         "",
-        f"- A: `{c.run_a}` (ranks {c.ranks_a}, {c.steps_a} steps compared)",
-        f"- B: `{c.run_b}` (ranks {c.ranks_b}, {c.steps_b} steps compared)",
+        f"- A: `{c.run_a}` (ranks {c.ranks_a}, {c.steps_a} step{'s' if c.steps_a != 1 else ''} compared)",
+        f"- B: `{c.run_b}` (ranks {c.ranks_b}, {c.steps_b} step{'s' if c.steps_b != 1 else ''} compared)",
         "",
         f"**What changed most:** {c.headline.text}",
         "",

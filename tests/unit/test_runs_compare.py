@@ -413,3 +413,18 @@ def test_reading_and_comparing_runs_imports_neither_torch_nor_transformers():
             "hf_distprof.cli.scaling; print('torch' in sys.modules, 'transformers' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]  # a JSON reader needs no seconds of imports
+
+
+def test_a_warmup_past_the_run_s_end_is_an_error_not_no_difference(tmp_path, capsys):
+    """--warmup-steps past the end compared 0 steps and said "no significant difference: every change is within the
+    runs' noise" (exit 0)."""
+    a, b = clean_run(tmp_path / "a", steps=8), clean_run(tmp_path / "b", steps=8, load_rank1=0.2, data=0.2)
+    assert main(["compare", str(a), str(b), "--warmup-steps", "8"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"hf-distprof compare: error: {a}: --warmup-steps 8 leaves no step to compare (its records hold steps 1-8); "
+        "give a smaller --warmup-steps")
+    assert main(["compare", str(a), str(b), "--warmup-steps", "7"]) == 0
+    assert "(ranks [0, 1], 1 step compared)" in capsys.readouterr().out
+    empty = compare_runs(load_run(a, warmup_steps=8), load_run(b, warmup_steps=8))
+    assert (empty.steps_a, empty.headline.kind) == (0, "too_few_steps")
+    assert empty.headline.text.startswith("nothing can be judged: no step of the step timer compared")
