@@ -73,9 +73,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="per-rank batch (weak) or global batch (strong, divisible by every N) (default: 8)")
     parser.add_argument("--output-dir", default="./outputs/scaling", metavar="DIR",
                         help="where nproc{N}/ and the table, CSV, JSON and PNG go (default: ./outputs/scaling)")
-    parser.add_argument("--overwrite", action="store_true", help="replace nproc{N}/ folders left by an earlier study")
-    parser.add_argument("--reuse", action="store_true",
-                        help="run nothing: read the nproc{N}/ run folders already in --output-dir")
+    earlier = parser.add_mutually_exclusive_group()  # replace the earlier runs, or read them: not both
+    earlier.add_argument("--overwrite", action="store_true", help="replace nproc{N}/ folders left by an earlier study")
+    earlier.add_argument("--reuse", action="store_true",
+                         help="run nothing: read the nproc{N}/ run folders already in --output-dir")
     parser.add_argument("--timeout", type=_positive, default=3600, metavar="S",
                         help="seconds one run may take (default: 3600)")
     parser.add_argument("command", nargs=argparse.REMAINDER,
@@ -122,6 +123,9 @@ def run(args: argparse.Namespace) -> int:
         if bad:
             parser.error(f"--batch-size {args.batch_size} (the global batch under --mode strong) must be divisible "
                          f"by every process count in --nprocs; it is not by {bad}")
+    if args.reuse and [c for c in args.command if c != "--"]:
+        parser.error("--reuse runs nothing: it reads the runs already in --output-dir, so a command after -- would be "
+                     "ignored; leave out one or the other")
     template = None if args.reuse else _template(args, parser)
     root = Path(args.output_dir).absolute()
     points = []

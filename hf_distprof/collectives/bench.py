@@ -101,8 +101,11 @@ def parse_ops(text: str) -> tuple[str, ...]:
     """
     asked = [part.strip() for part in text.split(",") if part.strip()]
     unknown = [op for op in asked if op not in OPS]
-    if unknown or not asked:
-        raise ValueError(f"{', '.join(unknown) or 'nothing'} is not an op; choose from {','.join(OPS)}")
+    if not asked:
+        raise ValueError(f"names no op; choose from {','.join(OPS)}")
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)} {'is not an op' if len(unknown) == 1 else 'are not ops'}; choose "
+                         f"from {','.join(OPS)}")
     return tuple(op for op in OPS if op in asked)
 
 

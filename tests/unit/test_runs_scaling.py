@@ -111,6 +111,14 @@ def test_scaling_cli_runs_the_template_per_count_and_writes_csv_json_png(tmp_pat
     assert "holds an earlier run; pass --overwrite" in capsys.readouterr().err
     assert main(["scaling", "--nprocs", "1,2", "--output-dir", str(out), "--reuse"]) == 0
     assert "80.0" in capsys.readouterr().out
+    # Reading the runs and replacing them, or reading them and running a command, are contradictions: said at once.
+    for extra, words in ((["--overwrite"], "argument --overwrite: not allowed with argument --reuse"),
+                         (["--", *FAKE], "--reuse runs nothing: it reads the runs already in --output-dir, so a "
+                                         "command after -- would be ignored")):
+        with pytest.raises(SystemExit) as stop:
+            main(["scaling", "--nprocs", "1,2", "--output-dir", str(out), "--reuse", *extra])
+        assert stop.value.code == 2 and words in capsys.readouterr().err
+    assert (out / "nproc2" / "launch.log").exists()
 
 
 def test_a_failing_run_stops_the_study_with_its_output(tmp_path, capsys):
