@@ -116,10 +116,13 @@ def _comm_bound(j: Judgement) -> Prose:
                + ", ".join(f"rank {rank} {pct:.1f}%" for rank, pct in f.resumed_late)) if f.resumed_late else ""
     return Prose(
         title="Communication-bound",
+        # What was judged first (the worst rank's median against the threshold), then the ranks' mean: a mean under
+        # the threshold said first read as contradicting the finding.
         why=(f"the collectives themselves, waits for late peers and time past completion left out, are "
-             f"{f.mean_pct:.1f}% of {step_base(f.gpu)} on average (exposed in all: {f.exposed_pct:.1f}%)"),
-        details=(f"; rank {f.worst}: {f.worst_pct:.1f}%, median {f.worst_median_pct:.1f}% (threshold "
-                 f"{f.threshold_pct:g}%): {what}" + late + resumed
+             f"{f.worst_median_pct:.1f}% of {step_base(f.gpu)} on rank {f.worst} (its median over the steps; threshold "
+             f"{f.threshold_pct:g}%), {f.mean_pct:.1f}% on average over the ranks (exposed in all: "
+             f"{f.exposed_pct:.1f}%)"),
+        details=(f"; on rank {f.worst}, {f.worst_pct:.1f}% on average, {what}" + late + resumed
                  + (f"; only {f.overlap_pct:.1f}% of communication overlaps computation" if f.overlap_pct is not None
                     else "")
                  + (f"; exposed by kind on rank {f.worst} (% of {step_base(f.gpu)}): {', '.join(split)}" if split
@@ -196,9 +199,10 @@ def _waiting(j: Judgement) -> Prose:
             "compare the late ranks' steps with a peer's in the merged trace (hf-distprof merge)")
     return Prose(
         title="Ranks wait for late peers",
-        why=(f"the ranks wait at collectives for a peer that arrives later for {f.mean_pct:.1f}% of {step_base(f.gpu)} "
-             f"on average (rank {f.worst}: {f.worst_median_pct:.1f}%, median over {f.steps} "
-             f"step{'s' if f.steps != 1 else ''}; threshold {f.threshold_pct:g}%)"),
+        why=(f"the ranks wait at collectives for a peer that arrives later: rank {f.worst} for "
+             f"{f.worst_median_pct:.1f}% of {step_base(f.gpu)} (its median over {f.steps} "
+             f"step{'s' if f.steps != 1 else ''}; threshold {f.threshold_pct:g}%), the ranks for {f.mean_pct:.1f}% "
+             "on average"),
         details=(f"; rank {f.worst} waits for {whom} of {its_step}{late}; no verdict names a slow rank (see the "
                  "straggler and imbalance verdicts)"),
         action=(f"This is the ranks' skew, not the network: {look}, trace more steps (or keep the step timer on) so "
