@@ -46,6 +46,17 @@ def test_a_peak_that_trails_the_resident_size_is_the_resident_size(monkeypatch):
     assert memory.read_memory(reset_peaks=True)["peak_rss_mb"] == 600.0
 
 
+def test_the_run_s_peak_is_never_below_a_peak_a_sample_reported(monkeypatch):
+    # A trial's memory_summary.json said peak_rss_mb 551.14 after memory_rank0.jsonl had logged 551.48 (a sample's
+    # peak lifted to the resident size read beside it; the run's peak took the kernel's counter only).
+    monkeypatch.setattr(memstats, "_PEAK_BEFORE_RESET", {})
+    monkeypatch.setattr(memstats, "host_memory", lambda: {"rss_mb": 551.4765625, "vms_mb": 900.0})
+    monkeypatch.setattr(memstats, "current_peak_bytes", lambda device, *a, **k: int(551.14 * MB))
+    monkeypatch.setattr(memstats, "_reset_peak_rss", lambda: None)
+    assert memory.read_memory(reset_peaks=True)["peak_rss_mb"] == 551.4765625
+    assert memstats.lifetime_peak_bytes(torch.device("cpu")) / MB == 551.4765625
+
+
 def test_host_memory_reads_what_psutil_reads_and_falls_back_to_it_without_statm(monkeypatch):
     info = psutil.Process().memory_info()
     fast = memstats.host_memory()

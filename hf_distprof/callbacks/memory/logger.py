@@ -54,6 +54,7 @@ def read_memory(reset_peaks: bool = False, step: int | None = None) -> dict[str,
     # The kernel's peak (getrusage) can trail the resident size just read (/proc/self/statm: its counters are
     # summed from per-CPU caches at different times): a peak is never below the value it peaks over.
     sample["peak_rss_mb"] = max(peak(torch.device("cpu")) / _MB, sample["rss_mb"])
+    memstats.note_peak(torch.device("cpu"), round(sample["peak_rss_mb"] * _MB))  # (the run's peak is never below it)
     if torch.cuda.is_available():
         device = torch.device("cuda", torch.cuda.current_device())
         # One raw read of the allocator's counters: memory_allocated, memory_reserved and max_memory_allocated

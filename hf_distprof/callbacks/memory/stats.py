@@ -135,6 +135,14 @@ def lifetime_peak_bytes(device: torch.device, step: int | None = None) -> int:
     return max(current_peak_bytes(device, step=step), _PEAK_BEFORE_RESET.get(_key(device), 0))
 
 
+def note_peak(device: torch.device, peak: int) -> None:
+    """Count ``peak`` (bytes, a peak a sample reported) in the run's: the sample may report more than the counter it
+    read (:func:`hf_distprof.callbacks.memory.logger.read_memory` keeps a peak at or above the resident size it read
+    beside it), and the run's peak must be at least every peak reported before it."""
+    key = _key(device)
+    _PEAK_BEFORE_RESET[key] = max(_PEAK_BEFORE_RESET.get(key, 0), peak)
+
+
 def window_peak_bytes(device: torch.device, cuda_peak: int | None = None) -> int:
     """The peak since the previous call (or the start), then reset, so that the next window has its own.
 
