@@ -63,6 +63,24 @@ def scaled_mad(values: Sequence[float]) -> float:
     return MAD_SCALE * median(abs(v - mid) for v in values)
 
 
+def interquartile_mean(values: Sequence[float]) -> float:
+    """The mean of the middle half of ``values`` (the 25%-trimmed mean; quarter steps weighed by their share when the
+    count is not a multiple of 4): robust to up to a quarter of outliers on either side, as the median is, and,
+    unlike the median, the middle of a two-level series (a rank slow by 30 ms in every other step: 15 ms, where the
+    median lands on either level, 0 or 30 ms, by one step's chance)."""
+    ordered = sorted(values)
+    n = len(ordered)
+    if n == 0:
+        raise ValueError("interquartile_mean of no values")
+    lo, hi = n / 4.0, 3.0 * n / 4.0
+    total = 0.0
+    for i, v in enumerate(ordered):  # value i covers [i, i + 1) of the sorted line; its share inside [lo, hi)
+        share = min(i + 1.0, hi) - max(float(i), lo)
+        if share > 0:
+            total += share * v
+    return total / (hi - lo)
+
+
 def fisher_p(p1: float, p2: float) -> float:
     """Fisher's combination of two independent p-values: P(chi2 with 4 degrees of freedom >= -2 ln(p1 p2))."""
     q = max(p1, 0.0) * max(p2, 0.0)

@@ -97,7 +97,8 @@ def test_fsdp2_findings_name_the_unit_and_the_phase():
     check(comm, "communication_bound", 30.784277166639622, "Communication-bound", [1],
           "the collectives themselves, waits for late peers and time past completion left out, are 31.7% of the step "
           "on rank 1 (its median over the steps; threshold 30%), 30.8% on average over the ranks (exposed in all: "
-          "50.7%); on rank 1, 31.7% on average, the training thread waits on collectives; of rank 1's 48.2% exposed, 10.1% is a wait for a late peer (rank 0), left out; the time "
+          "50.7%); on rank 1, 31.7% on average, the training thread waits on collectives; of rank 1's 48.2% exposed, "
+          "10.1% is a wait for a late peer (rank 0), left out; the time "
           "in collectives after they completed (threads resuming late), left out: rank 0 13.3%, rank 1 6.4%; exposed "
           "by kind on rank 1 (% of the step): all_gather 31.1% (6.5% waiting), reduce_scatter 17.1% (3.7% waiting)",
           "FSDP's all-gathers and reduce-scatters: see the FSDP findings for which and where.",
@@ -321,7 +322,8 @@ def test_kind_split_lists_only_exposed_kinds():
     assert comm.evidence == (
         "the collectives themselves, waits for late peers and time past completion left out, are 60.0% of the step's "
         "GPU span on rank 0 (its median over the steps; threshold 30%), 60.0% on average over the ranks (exposed in "
-        "all: 60.0%); on rank 0, 60.0% on average, communication kernels run with no computation; only 0.0% of communication overlaps computation; exposed by kind on rank 0 (% of the step's GPU "
+        "all: 60.0%); on rank 0, 60.0% on average, communication kernels run with no computation; only 0.0% of "
+        "communication overlaps computation; exposed by kind on rank 0 (% of the step's GPU "
         "span): all_gather 0.1%, all_reduce 60.0%"
     )
     ranks[0].comm_by_kind = []

@@ -102,7 +102,8 @@ BESIDE_TRACES = {  # what analyze reads beside the traces: a named error (manife
     "manifest.json": "not valid JSON (nested too deeply)",
     "manifest_rank0_h.json": "not valid JSON (nested too deeply)",
     "timing_summary.json": "",
-    "timing_rank0.jsonl": "line 1: not a record (nested too deeply); the step timer's records of this rank are left out",
+    "timing_rank0.jsonl": ("line 1: not a record (nested too deeply); the step timer's records of this rank are left "
+                           "out"),
 }
 
 
