@@ -331,6 +331,58 @@ def instrument_loader(
     Returns:
         A function that undoes it, or None when the loader is not a torch ``DataLoader``.
     """
+    timed = _time_iterators(loader, sink, on_fetch)
+    if timed is None:
+        return None
+    undo_copies = _time_resumed_copies(loader, sink, on_fetch)
+
+    def undo() -> None:
+        timed()
+        undo_copies()
+
+    return undo
+
+
+def _time_resumed_copies(
+    loader: Any, sink: Callable[[float], None], on_fetch: Callable[[], None]
+) -> Callable[[], None]:
+    """On resume the Trainer iterates, for the rest of the resumed epoch, a copy of ``loader`` that skips the batches
+    already trained (accelerate's ``skip_first_batches``, looked up in ``transformers.trainer`` at that moment): that
+    copy is timed too. Without it a resumed run's loading went unmeasured, and its data phase (which then holds the
+    wait for the peers in the Trainer's token count) made a rank with a slow loader look like its peers (a trial: the
+    other rank named slowest). Returns the undo; nothing is done where the Trainer has no such name."""
+    try:
+        import transformers.trainer as trainer_module
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        return lambda: None
+    original = getattr(trainer_module, "skip_first_batches", None)
+    if original is None:
+        return lambda: None
+    undos: list[Callable[[], None]] = []
+
+    def skip_first_batches(dataloader: Any, *args: Any, **kwargs: Any) -> Any:
+        copy = original(dataloader, *args, **kwargs)
+        if dataloader is loader and copy is not loader:
+            timed = _time_iterators(copy, sink, on_fetch)
+            if timed is not None:
+                undos.append(timed)
+        return copy
+
+    trainer_module.skip_first_batches = skip_first_batches
+
+    def undo() -> None:
+        if getattr(trainer_module, "skip_first_batches", None) is skip_first_batches:
+            trainer_module.skip_first_batches = original
+        for each in undos:
+            each()
+
+    return undo
+
+
+def _time_iterators(
+    loader: Any, sink: Callable[[float], None], on_fetch: Callable[[], None]
+) -> Callable[[], None] | None:
+    """Shadow ``loader``'s ``_get_iterator`` with a timed one; the undo, or None when it is no torch ``DataLoader``."""
     base = base_dataloader(loader)
     if base is None or "_get_iterator" in vars(base):
         return None

@@ -218,3 +218,21 @@ def test_trace_analysis_at_train_end_names_the_slow_rank(slow_run):
     assert "rank 1" in verdict.lower(), verdict  # the box names it first
 
 
+
+
+def test_a_resumed_run_times_its_loader(tmp_path: Path) -> None:
+    """On resume the Trainer iterates a copy of its loader that skips the batches already trained (accelerate's
+    skip_first_batches) for the rest of the epoch: that copy went untimed (data_load_s null on every step of a resumed
+    one-epoch run), and a trial's rank with a slow loader was then not named, its peer named slowest instead."""
+    tiny = Path(__file__).with_name("tiny_trainer.py")
+    common = ["--use_cpu", "--report_to", "none", "--per_device_train_batch_size", "4", "--logging_steps", "2",
+              "--enable-step-timing", "--profiler-output-dir", str(tmp_path / "p"), "--output_dir", str(tmp_path / "o")]
+    for name, extra in (("first", ["--max_steps", "4", "--save_steps", "4"]),
+                        ("resumed", ["--max_steps", "8", "--save_steps", "100", "--resume_from_checkpoint",
+                                     str(tmp_path / "o" / "checkpoint-4")])):
+        proc = subprocess.run([sys.executable, str(tiny), *common, "--profiler-run-name", name, *extra],
+                              capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "p" / "resumed" / "timing_rank0.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [5, 6, 7, 8]
+    assert all(isinstance(r["data_load_s"], float) and 0 < r["data_load_s"] <= r["data_s"] for r in rows)

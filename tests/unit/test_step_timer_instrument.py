@@ -147,6 +147,25 @@ def test_instrumented_loader_sees_through_accelerate_shards(monkeypatch):
     undo()
 
 
+def test_the_copy_a_resumed_epoch_iterates_is_timed_too_and_undone(monkeypatch):
+    import transformers.trainer as trainer_module
+    from accelerate.data_loader import DataLoaderShard
+
+    monkeypatch.setattr(instrument, "time", types.SimpleNamespace(perf_counter=FakeTime.perf_counter))
+    original = trainer_module.skip_first_batches
+    shard = DataLoaderShard(list(range(6)), batch_size=2, collate_fn=slow_collate)
+    other = DataLoaderShard(list(range(6)), batch_size=2, collate_fn=slow_collate)
+    seen: list[float] = []
+    undo = instrument_loader(shard, seen.append)
+    assert undo is not None and trainer_module.skip_first_batches is not original
+    copy = trainer_module.skip_first_batches(shard, 1)  # as the Trainer calls it on resume
+    assert [b.tolist() for b in copy] == [[2, 3], [4, 5]] and sum(seen) == pytest.approx(1.0)
+    list(trainer_module.skip_first_batches(other, 1))  # not the Trainer's loader: not timed
+    assert sum(seen) == pytest.approx(1.0)
+    undo()
+    assert trainer_module.skip_first_batches is original and "_get_iterator" not in vars(copy)
+
+
 def test_non_dataloaders_are_left_alone():
     assert instrument_loader([1, 2, 3], lambda s: None) is None
 
