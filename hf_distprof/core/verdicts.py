@@ -92,6 +92,9 @@ class SlowRankVerdict:
     20.1%"); empty with nothing to compare."""
     to_decide: str = ""
     """With ``undecided``: what would decide it (more traced steps, the step timer over more steps); else empty."""
+    cost_pct: float | None = None
+    """What the candidate's peers wait for it: its excess in % of the step time, median over the steps (the materiality
+    test's figure); None when no step times were given."""
     confidence: float = field(init=False)
     """``1 - p_value``: how unlikely the arrival order is in a balanced run."""
 
@@ -308,9 +311,11 @@ def judge_slow_rank(
     test, p = "binomial", binomial_tail(k, n, 1.0 / len(ranks))
     order = f"it is the slowest in {k} of {n} steps (p = {p:.3f} in a balanced run of {len(ranks)} ranks)"
     late = f"rank {candidate}'s {what} exceeds its peers' by a median {effect:.1f}%"
+    cost = None if step_time is None else median(
+        100.0 * e / t if t > 0 else 0.0 for e, t in zip(excess_abs[candidate], step_time))
     base = dict(rank=candidate, effect_pct=effect, threshold_pct=threshold_pct, noise_pct=noise, slowest_in=k,
                 steps=n, ranks=len(ranks), p_value=p, min_steps=need, effect_abs=effect_abs,
-                per_step_excess_pct=excess[candidate], test=test, claim=late)
+                per_step_excess_pct=excess[candidate], test=test, claim=late, cost_pct=cost)
     if effect <= threshold_pct:
         return SlowRankVerdict(QUIET, **base, gate="threshold",
                                reason=f"{late}, within the {threshold_pct:g}% threshold")
@@ -318,8 +323,7 @@ def judge_slow_rank(
         return SlowRankVerdict(QUIET, **base, gate="floor", reason=(
             f"{late}, above the {threshold_pct:g}% threshold but by {effect_abs:.4g}{abs_unit}, not more than the "
             f"{min_abs:g}{abs_unit} below which {abs_floor_is}"))
-    if step_time is not None:
-        cost = median(100.0 * e / t if t > 0 else 0.0 for e, t in zip(excess_abs[candidate], step_time))
+    if cost is not None:
         if cost <= min_step_pct:
             return SlowRankVerdict(
                 QUIET, **base, gate="material",

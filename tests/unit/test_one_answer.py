@@ -313,3 +313,20 @@ def test_a_finding_s_ranks_are_said_once():
     assert who([1], "Rank 10 holds the others back") == " (rank 1)"  # another rank's number
     assert who([0, 1, 2], "Exposed communication is 41% of the step") == " (ranks 0-2)"
     assert who([], "Rank 1 holds the others back") == ""
+
+
+def test_a_slow_rank_named_without_its_trace_scores_what_its_peers_wait_for_it(tmp_path: Path) -> None:
+    """Rank 1's trace not read (--profile-ranks 0): its finding rests on the step timer alone. Its severity was its
+    excess in % of its peers' own work (a trial's 1049, where the same fault traced scored 64: "a rough % of the step
+    at stake"); it is what its peers wait for it in % of the step, the verdict's own materiality figure."""
+    paths = run_folder(tmp_path, "clean", slow_rank=1, excess=3.0)  # ten times its peer's own work (0.3 s)
+    for rank in (0, 1):  # every rank's step holds the slow rank's extra 0.3 s (its peers wait for it)
+        rows = _rows(rank, 1, 3.0)
+        for row in rows:
+            for key in ("step_s", "own_step_s"):
+                row[key] += 0.0 if row["traced"] else 0.3
+        (tmp_path / f"timing_rank{rank}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = analyze_paths(paths[:1], OPTS)
+    (slow,) = [f for f in result.findings if f.kind == "slow_rank"]
+    assert slow.ranks == [1] and slow.numbers["effect_pct"] == pytest.approx(296.0)
+    assert slow.severity == pytest.approx(100 * 0.3 / 0.5, abs=2.0)  # 0.3 s of a 0.5 s step, +- the wobble

@@ -112,7 +112,8 @@ def test_nothing_to_compare_fields():
         "status": "quiet", "rank": None, "effect_pct": 0.0, "threshold_pct": 10.0, "noise_pct": 0.0,
         "slowest_in": 0, "steps": 0, "ranks": 0, "p_value": 1.0, "min_steps": 0,
         "reason": "fewer than 2 ranks or no step to compare", "effect_abs": 0.0, "also": [],
-        "per_step_excess_pct": [], "gate": "", "test": "binomial", "claim": "", "to_decide": "", "confidence": 0.0,
+        "per_step_excess_pct": [], "gate": "", "test": "binomial", "claim": "", "to_decide": "", "cost_pct": None,
+        "confidence": 0.0,
     }
     # One rank with 3 steps: steps and ranks as given.
     one = judge_slow_rank({0: [1.0, 2.0, 3.0]}, 7.5)
@@ -140,8 +141,11 @@ def test_raised_two_ranks_every_field_and_reason():
         "reason": "rank 1's its work exceeds its peers' by a median 20.0% (threshold 10%, step-to-step noise "
                   "0.0%); it is the slowest in 6 of 6 steps (p = 0.016 in a balanced run of 2 ranks)",
         "effect_abs": 2.0, "also": [], "per_step_excess_pct": [20.0] * 6, "gate": "", "test": "binomial",
-        "claim": "rank 1's its work exceeds its peers' by a median 20.0%", "to_decide": "", "confidence": 63 / 64,
+        "claim": "rank 1's its work exceeds its peers' by a median 20.0%", "to_decide": "", "cost_pct": None,
+        "confidence": 63 / 64,
     }
+    # With the step times, what the peers wait for it in % of the step: 2 of 16.
+    assert judge_slow_rank({0: [10.0] * 6, 1: [12.0] * 6}, 10.0, step_time=[16.0] * 6).cost_pct == 12.5
 
 
 def test_effect_equal_to_the_threshold_is_quiet():

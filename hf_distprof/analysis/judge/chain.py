@@ -128,7 +128,10 @@ def _across_the_run(slow: int, verdict: SlowRankVerdict, phase: PhaseExcess | No
     wait_pct = waits.pct if waits is not None else 0.0
     return Judgement(
         kind=SLOW_RANK,
-        severity=max([wait_pct, *(f.severity for f in about)]) or verdict.effect_pct,
+        # (else what the peers wait for it in % of the step, never its excess in % of its peers' own work: a trial's
+        # rank with 10x its peer's work scored 1049 where its mirror, traced, scored 64)
+        severity=max([wait_pct, *(f.severity for f in about)]) or (
+            min(verdict.cost_pct if verdict.cost_pct is not None else verdict.effect_pct, 100.0)),
         ranks=[slow],
         facts=RunSlowFacts(rank=slow, verdict=verdict, phase=timed, waits=waits, gpu=gpu, cause=cause,
                            advice_phase=timed.phase if timed is not None else "compute"),
