@@ -291,8 +291,8 @@ def cross_rank_report(
                 typical else f"is longer step by step, though its mean is not ({slow.pre_sync_s:.4f}s vs "
                 f"{typical:.4f}s on a typical peer: another rank's few long steps weigh on the means)")
         warnings.append(
-            f"Step time imbalance {verdict.effect_pct:.1f}% > {time_threshold_pct:g}%: rank {slow.rank} is the "
-            f"slowest. Its time before the gradient sync (data + forward + backward compute, its wait for a CPU "
+            f"Imbalance before the gradient sync {verdict.effect_pct:.1f}% > {time_threshold_pct:g}%: rank "
+            f"{slow.rank} is the slowest. Its time to the sync (data + forward + backward compute, its wait for a CPU "
             f"included) {mean}; step by step, that wait left out, the other ranks wait for it in the collectives "
             f"({verdict.reason}; confidence {verdict.confidence:.3f}). {why}")
     if mem_imbalance is not None and mem_imbalance > memory_threshold_pct:

@@ -45,7 +45,7 @@ def test_rank_1_is_named_live_and_offline_for_its_cause(case: str, tmp_path: Pat
     if case == "slow_collator":
         assert got["title"] == "Rank 1 holds the others back: its data loading"
     # The live warning says the same cause (the log ends with its last form).
-    warnings = [line for line in proc.stderr.splitlines() if "Step time imbalance" in line]
+    warnings = [line for line in proc.stderr.splitlines() if "Imbalance before the gradient sync" in line]
     assert warnings, proc.stderr[-2000:]
     said = {"cpu_wait": "not your code: it waited", "more_work": "it processes 2.00x the tokens",
             "input": "its data loading takes"}[EXPECTED[case]]

@@ -77,6 +77,7 @@ def test_a_live_warning_and_a_capture_decision_go_to_the_trackers_at_their_step(
     monkeypatch.setattr(trackers, "send_text", lambda to, tag, text, step, **kw: sent.append((to, tag, text, step)))
     timer = StepTimerCallback(ProfilingArguments(enable_step_timing=True))
     timer._report_to = ["wandb", "mlflow"]
-    timer._warn_once("time", 1, 20, "Step time imbalance 50% > 10%: rank 1 is the slowest.")
+    timer._warn_once("time", 1, 20, "Imbalance before the gradient sync 50% > 10%: rank 1 is the slowest.")
     timer._warn_once("time", 1, 30, "said once")  # each (kind, rank) once
-    assert sent == [(["wandb", "mlflow"], WARNINGS_TAG, "Step time imbalance 50% > 10%: rank 1 is the slowest.", 20)]
+    assert sent == [(["wandb", "mlflow"], WARNINGS_TAG,
+                     "Imbalance before the gradient sync 50% > 10%: rank 1 is the slowest.", 20)]

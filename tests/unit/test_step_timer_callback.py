@@ -383,16 +383,16 @@ def _live(tmp_path, windows, memory=None, traced=lambda step: False):
 def test_a_slow_rank_is_warned_about_live_once_the_verdict_held_twice(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         _live(tmp_path, [(0.3, 0.45)])  # 4 steps: not enough evidence for 2 ranks
-    assert not [r for r in caplog.records if "imbalance" in r.getMessage()]
+    assert not [r for r in caplog.records if "Imbalance before" in r.getMessage()]
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         _live(tmp_path, [(0.3, 0.45)] * 2)  # 8 steps: raised once, not yet twice in a row
-    assert not [r for r in caplog.records if "imbalance" in r.getMessage()]
+    assert not [r for r in caplog.records if "Imbalance before" in r.getMessage()]
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         _live(tmp_path, [(0.3, 0.45)] * 5)  # raised at windows 2, 3, 4, 5: said once, at window 3
-    (warning,) = [r.getMessage() for r in caplog.records if "imbalance" in r.getMessage()]
-    assert warning.startswith("[RANK 0] step 13: Step time imbalance 50.0% > 10%: rank 1 is the slowest")
+    (warning,) = [r.getMessage() for r in caplog.records if "Imbalance before" in r.getMessage()]
+    assert warning.startswith("[RANK 0] step 13: Imbalance before the gradient sync 50.0% > 10%: rank 1 is the slowest")
 
 
 def test_a_live_warning_the_whole_run_does_not_bear_out_is_withdrawn_at_the_end(tmp_path, caplog):
@@ -402,8 +402,8 @@ def test_a_live_warning_the_whole_run_does_not_bear_out_is_withdrawn_at_the_end(
     # (50% - 33.3%) / 2 = 8.3%, under the 10% threshold. The end says the live warning did not hold.
     with caplog.at_level(logging.WARNING):
         cb = _live(tmp_path, [(0.3, 0.45)] * 3 + [(0.45, 0.3)] * 3)
-    assert [r.getMessage()[:45] for r in caplog.records if "imbalance" in r.getMessage()] == [
-        "[RANK 0] step 13: Step time imbalance 50.0% >"]
+    assert [r.getMessage()[:60] for r in caplog.records if "Imbalance before" in r.getMessage()] == [
+        "[RANK 0] step 13: Imbalance before the gradient sync 50.0% >"]
     final = cb._verdict()
     assert (final.status, final.gate, final.steps) == ("quiet", "threshold", 24)
     rows, withdrawn = live_time_warnings(cb._warned, final)
@@ -424,11 +424,11 @@ def test_steps_the_profiler_traced_are_left_out_of_the_live_verdict(tmp_path, ca
     windows = [(0.3, 0.3), (0.3, 0.45), (0.3, 0.45), (0.3, 0.3), (0.3, 0.3), (0.3, 0.3)]
     with caplog.at_level(logging.WARNING):
         cb = _live(tmp_path, windows, traced=lambda step: 6 <= step <= 13)
-    assert not [r for r in caplog.records if "imbalance" in r.getMessage()]
+    assert not [r for r in caplog.records if "Imbalance before" in r.getMessage()]
     assert cb._verdict().steps == 16 and cb._verdict().status == "quiet"
     with caplog.at_level(logging.WARNING):
         _live(tmp_path, windows)  # the same run, judged on every step: slowest in 8 of 24 is no verdict either
-    assert not [r for r in caplog.records if "imbalance" in r.getMessage()]
+    assert not [r for r in caplog.records if "Imbalance before" in r.getMessage()]
 
 
 def test_memory_growth_is_warned_about_once_per_rank(tmp_path, caplog):
@@ -515,8 +515,9 @@ def test_the_live_verdict_is_judged_again_once_the_steps_grew_by_5_percent(tmp_p
     assert all(b - a == max(4, -(-max(1, int(0.05 * a)) // 4) * 4) for a, b in zip(seen, seen[1:])), seen
     assert [j for j in judged if 380 <= j[0] <= 480] == [(384, "quiet"), (404, "quiet"), (424, "quiet"),
                                                          (448, "raised"), (472, "raised")]
-    (warning,) = [r.getMessage() for r in caplog.records if "imbalance" in r.getMessage()]
-    assert warning.startswith("[RANK 0] step 473: Step time imbalance 50.0% > 10%: rank 1 is the slowest")
+    (warning,) = [r.getMessage() for r in caplog.records if "Imbalance before" in r.getMessage()]
+    assert warning.startswith(
+        "[RANK 0] step 473: Imbalance before the gradient sync 50.0% > 10%: rank 1 is the slowest")
     assert cb._live is not None and cb._live[1] == 1164
     # Past the steps the series keeps, the wait is 5% of those (10 of 200 here), not of every step seen (58).
     from transformers import TrainerState
