@@ -63,7 +63,7 @@ def read_summary(run_dir: Path) -> dict:
 
 
 def imbalance_warnings(proc: subprocess.CompletedProcess[str]) -> list[str]:
-    return [line for line in (proc.stdout + proc.stderr).splitlines() if "imbalance" in line and "> " in line]
+    return [line for line in (proc.stdout + proc.stderr).splitlines() if "Imbalance before the gradient sync" in line]
 
 
 @pytest.fixture(scope="module")
