@@ -220,17 +220,13 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         if self._recorder is not None:
             self._recorder.boundary()
 
-    def on_step_begin(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
-    ) -> None:
+    def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
         if self._recorder is not None:
             self._labels.exit()
             self._recorder.step_begin()
             self._busy_at_begin = self.profiler_busy is not None and bool(self.profiler_busy())
 
-    def on_substep_end(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
-    ) -> None:
+    def on_substep_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
         if self._recorder is not None:
             self._recorder.micro_end()
             self._labels.exit()
@@ -278,18 +274,15 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
 
     def end_step_before_export(self, step: int) -> None:
         """End optimizer step ``step`` now: the profiler is about to write a trace in its ``on_step_end`` (called by
-        :class:`~hf_distprof.callbacks.profiler.callback.ProfilerCallback`, which runs before this callback). The
-        export is the profiler's, not the training's: it belongs neither to this step nor to the next one's data
-        wait."""
+        :class:`~hf_distprof.callbacks.profiler.callback.ProfilerCallback`, which runs before this callback): the
+        export is the profiler's, neither this step's nor the next one's data wait."""
         if self._recorder is None:
             return
         self._labels.exit()
         self._recorder.step_end(step)
         self._ended_early = step
 
-    def on_epoch_end(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
-    ) -> None:
+    def on_epoch_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
         if self._recorder is not None:
             self._mark_log_step(state, control)  # logging_strategy="epoch"
 
@@ -540,9 +533,13 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         if (kind, rank) not in self._warned:
             self._warned[(kind, rank)] = step
             logger.warning(f"step {step}: {warning}")
-            if self._writer is not None:  # where the run's scalars are, at the step it was said
-                self._writer.add_text(WARNINGS_TAG, warning, step)
-            trackers.send_text(self._report_to, WARNINGS_TAG, warning, step)  # and in every other tracker's run
+            self._event(warning, step)
+
+    def _event(self, warning: str, step: int) -> None:
+        """``warning`` where the run's scalars are (TensorBoard), at ``step``, and in every other tracker's run."""
+        if self._writer is not None:
+            self._writer.add_text(WARNINGS_TAG, warning, step)
+        trackers.send_text(self._report_to, WARNINGS_TAG, warning, step)
 
     def _write_summary(self, gathered: list[dict[str, Any]], state: TrainerState) -> None:
         runs = [g["run"] for g in gathered]
@@ -587,7 +584,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         }
         del summary["ranks"]
         self.summary = summary
-        publish.end_of_run(self.run_dir, summary, report, self.comm)
+        publish.end_of_run(self.run_dir, summary, report, self.comm, lambda w: self._event(w, state.global_step))
 
     def _guarded(self, fn: Any, *args: Any) -> Any:
         """Run local reporting work; a failure becomes one warning and training goes on."""

@@ -7,6 +7,7 @@ Rank 0 calls these on logging steps with the report of the steps since the previ
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -90,12 +91,16 @@ def headline_figures(report: CrossRankReport) -> dict[str, float | int]:
     return figures
 
 
-def end_of_run(run_dir: Path | None, summary: dict[str, Any], report: CrossRankReport, comm: Any) -> None:
-    """Rank 0 at train end: ``timing_summary.json`` into the run folder, the table on stdout, its warnings logged."""
+def end_of_run(run_dir: Path | None, summary: dict[str, Any], report: CrossRankReport, comm: Any,
+               event: Callable[[str], None] = lambda warning: None) -> None:
+    """Rank 0 at train end: ``timing_summary.json`` into the run folder, the table on stdout, its warnings logged and
+    each sent on as an ``event`` (the live warnings' tag in TensorBoard and the trackers, at the last step: the stalls,
+    the profiler's slowdown and the final verdict are said at train end only, and reached no tracker)."""
     if run_dir is not None:
         paths.atomic_write_text(run_dir / paths.TIMING_SUMMARY_NAME, json.dumps(summary, indent=2) + "\n")
     where = run_dir if run_dir is not None else "no run folder, no files"
     print(format_table(report, comm, title=f"hf_distprof step timing ({where})"), flush=True)
     for warning in report.warnings:
         logger.warning(warning)
+        event(warning)
 

@@ -81,3 +81,24 @@ def test_a_live_warning_and_a_capture_decision_go_to_the_trackers_at_their_step(
     timer._warn_once("time", 1, 30, "said once")  # each (kind, rank) once
     assert sent == [(["wandb", "mlflow"], WARNINGS_TAG,
                      "Imbalance before the gradient sync 50% > 10%: rank 1 is the slowest.", 20)]
+
+
+def test_the_end_of_run_warnings_go_where_the_live_ones_go_at_the_last_step(monkeypatch, tmp_path):
+    """The stalls, the profiler's slowdown and the final verdict are said at train end only: they were logged, and
+    reached neither TensorBoard's hf_distprof/warnings nor any tracker (a trial read every output)."""
+    import types
+
+    from hf_distprof import trackers
+    from hf_distprof.callbacks.step_timer import WARNINGS_TAG, StepTimerCallback
+    from hf_distprof.timing import publish
+
+    sent, written = [], []
+    monkeypatch.setattr(trackers, "send_text", lambda to, tag, text, step, **kw: sent.append((to, tag, text, step)))
+    monkeypatch.setattr(publish, "format_table", lambda *a, **k: "the table")
+    timer = StepTimerCallback(ProfilingArguments(enable_step_timing=True))
+    timer._report_to = ["mlflow"]
+    timer._writer = types.SimpleNamespace(add_text=lambda tag, text, step: written.append((tag, text, step)))
+    report = types.SimpleNamespace(warnings=["Rank 1 held the others back in stalls: steps 19, 39", "The profiler ..."])
+    publish.end_of_run(None, {}, report, None, lambda w: timer._event(w, 60))
+    assert written == [(WARNINGS_TAG, w, 60) for w in report.warnings]
+    assert sent == [(["mlflow"], WARNINGS_TAG, w, 60) for w in report.warnings]
