@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from statistics import median
 
 from hf_distprof.core.stats import scaled_mad
+from hf_distprof.core.verdicts import QUIET_WHY
 
 MIN_STEPS = 3
 """A burst spans at least this many steps (one or two stalls on a shared host are its noise, not a rank's pattern)."""
@@ -64,20 +65,27 @@ class Burst:
     """The run's slow rank, when the verdict named one: the stalls are then counted beyond each rank's usual excess."""
     usual_s: float = 0.0
     """The rank's usual excess per step left out of ``excess_s`` (beside a slow rank; 0 otherwise)."""
+    judged: int = 0
+    """The run's judged steps (what ``steps`` are among)."""
+    gate: str = ""
+    """Without a slow rank: which test kept the verdict over the run quiet (:attr:`SlowRankVerdict.gate`), if known."""
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
 
     @property
     def span(self) -> str:
-        """"steps 19-23" or "steps 4, 9, 20-22"."""
+        """"steps 19-23" or "steps 4, 9, 20-22" ("steps 4, 6, 8, 10, 12, 14, ..., 52, 54" of many)."""
         runs: list[list[int]] = []
         for s in self.steps:
             if runs and s == runs[-1][-1] + 1:
                 runs[-1].append(s)
             else:
                 runs.append([s])
-        return "steps " + ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+        said = [f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs]
+        if len(said) > 10:  # the first and the last few of many
+            said = [*said[:6], "...", *said[-2:]]
+        return "steps " + ", ".join(said)
 
     @property
     def phase_name(self) -> str:
@@ -86,8 +94,13 @@ class Burst:
 
     @property
     def what(self) -> str:
-        """"in a burst" or "in stalls", as said."""
-        return "in stalls" if self.stalls else "in a burst"
+        """"in a burst", "in stalls", or, over more than a quarter of the run's steps (a slowness that comes and goes,
+        every other step, say), "in 26 of 53 judged steps", as said."""
+        if self.stalls:
+            return "in stalls"
+        if self.judged and len(self.steps) > RARE_SHARE * self.judged:
+            return f"in {len(self.steps)} of {self.judged} judged steps"
+        return "in a burst"
 
     @property
     def message(self) -> str:
@@ -103,6 +116,9 @@ class Burst:
     def against(self) -> str:
         """How it stands beside the slow-rank verdict, as said."""
         if self.beside is None:
+            if self.gate and self.gate != "persistence":  # (a trial: "slowest in too few steps" beside 35 of 53)
+                return (f"not the slow rank of the run: the verdict over the run, which judges the median step, is "
+                        f"quiet, {QUIET_WHY.get(self.gate, self.gate)}")
             return "not the slow rank of the run: slowest in too few steps"
         if self.beside == self.rank:
             return "on top of its usual excess, which the slow-rank verdict names"
@@ -110,7 +126,8 @@ class Burst:
 
 
 def find_burst(work: dict[int, list[float]], steps: list[int], step_time: list[float], threshold_pct: float,
-               phases: dict[str, dict[int, list[float]]] | None = None, slow_rank: int | None = None) -> Burst | None:
+               phases: dict[str, dict[int, list[float]]] | None = None, slow_rank: int | None = None,
+               gate: str = "") -> Burst | None:
     """The burst of the run's judged steps, if one.
 
     Args:
@@ -122,6 +139,7 @@ def find_burst(work: dict[int, list[float]], steps: list[int], step_time: list[f
         phases: phase -> rank -> seconds in each judged step, for the phase that took the burst.
         slow_rank: The rank the verdict over the run names slow, if it does: then each rank's excess beyond its usual
             (:func:`usual_excess`), where it stands out from its spread, in a few steps only (:data:`RARE_SHARE`).
+        gate: Else, the test that kept that verdict quiet, which the finding says.
     """
     ranks = sorted(work)
     if len(ranks) < 2 or len(steps) < MIN_STEPS or not step_time:
@@ -168,7 +186,7 @@ def find_burst(work: dict[int, list[float]], steps: list[int], step_time: list[f
         usable = {p: v for p, v in phases.items() if all(r in v for r in ranks)}
         phase = max(usable, key=lambda p: excess_of(usable[p]), default=None)
     return Burst(rank, [steps[i] for i in at], total, 100.0 * total / run_s, run_s, phase, stalls, slow_rank,
-                 usual[rank])
+                 usual[rank], len(steps), gate if slow_rank is None else "")
 
 
 def usual_excess(work: dict[int, list[float]], rank: int) -> float:

@@ -406,14 +406,14 @@ class StepSeries:
         return [v for step, v in self._steps.items() if exclude is None or not exclude(step)]
 
     def burst(self, threshold_pct: float, exclude: Callable[[int], bool] | None = None,
-              slow_rank: int | None = None) -> Burst | None:
+              slow_rank: int | None = None, gate: str = "") -> Burst | None:
         """A burst over the kept steps (:func:`~hf_distprof.core.burst.find_burst`), its phase from the rows' parts."""
         kept = [(step, v) for step, v in self._steps.items() if exclude is None or not exclude(step)]
         ranks, parted = range(self.world_size), bool(kept) and all(v[3] is not None for _, v in kept)
         phases = {name: {r: [v[3][r][k] for _, v in kept] for r in ranks}
                   for name, k in (("data", 2), ("compute", 3))} if parted else None
         return find_burst({r: [v[0][r] for _, v in kept] for r in ranks}, [s for s, _ in kept],
-                          [v[1] for _, v in kept], threshold_pct, phases, slow_rank)
+                          [v[1] for _, v in kept], threshold_pct, phases, slow_rank, gate)
 
     def verdict(
         self, threshold_pct: float, exclude: Callable[[int], bool] | None = None

@@ -40,6 +40,24 @@ def test_a_burst_is_found_with_its_steps_its_cost_and_its_phase() -> None:
                                 "over its peers' in all (its data loading),")
 
 
+def test_a_slowness_in_every_other_step_is_said_as_such_with_the_verdict_s_own_reason() -> None:
+    # A trial: rank 1's loader 30 ms slower in every other batch; the verdict over the run, on the median step, stayed
+    # quiet under the threshold, and the finding said "in a burst (steps 3, 5, ... 59)" and "slowest in too few steps"
+    # beside a verdict that had it slowest in 35 of 53.
+    work, times = series({s: 0.030 for s in range(3, 55, 2)}, steps=53)
+    steps = list(range(2, 55))
+    b = find_burst(work, steps, times, 10.0, None, None, "threshold")
+    assert b is not None and b.rank == 1 and len(b.steps) == 26 and b.judged == 53
+    assert b.what == "in 26 of 53 judged steps"
+    assert b.span == "steps 3, 5, 7, 9, 11, 13, ..., 51, 53"
+    assert b.against == ("not the slow rank of the run: the verdict over the run, which judges the median step, is "
+                         "quiet, under the threshold")
+    assert b.message.startswith("Rank 1 held the others back in 26 of 53 judged steps: steps 3, 5, 7, 9, 11, 13, ...,")
+    # Quiet for its persistence (or not said why): as before.
+    assert find_burst(work, steps, times, 10.0).against == "not the slow rank of the run: slowest in too few steps"
+    assert find_burst(work, steps, times, 10.0, gate="persistence").against.endswith("slowest in too few steps")
+
+
 def test_no_burst_in_a_clean_run_in_one_stall_or_in_a_small_excess_over_the_run() -> None:
     steps = list(range(2, 42))
     work, times = series({})

@@ -29,7 +29,7 @@ def burst_findings(across: Across, verdicts: RankVerdicts, options: AnalysisOpti
     phases = {name: {r: [timer.parts[r][s][k] for s in steps] for r in work}
               for name, k in (("data", 2), ("compute", 3))} if parted else None
     found = find_burst(work, steps, [timer.step_times[s] for s in steps], options.imbalance_pct, phases,
-                       run.rank if run is not None and run.raised else None)
+                       run.rank if run is not None and run.raised else None, run.gate if run is not None else "")
     if found is None:
         return []
     return [Judgement(kind="burst", severity=found.pct, ranks=[found.rank], facts=BurstFacts(found), basis=STEP_TIMER,
