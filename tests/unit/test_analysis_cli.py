@@ -746,3 +746,21 @@ def test_log_to_that_does_not_send_exits_1_after_the_answer(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert "Verdict" in out  # the answer is still printed
     assert [line for line in err.splitlines() if "tensorboard: failed: " in line]
+
+
+def test_a_trace_a_complete_manifest_does_not_list_is_another_run_s(tmp_path: Path) -> None:
+    # A trial named rank 0's trace of a run and rank 1's of its resumed continuation (steps 26-28, another folder):
+    # read as one run, 0 collectives matched, "Communication-bound (ranks 0-1)". The first run's manifest is complete:
+    # it lists every trace the run wrote, and rank 1's of steps 26-28 is not among them.
+    first, later = tmp_path / "myrun", tmp_path / "myrun-1"
+    shutil.copytree(DATA / "golden" / "cpu_clean_memory", first)
+    later.mkdir()
+    other = later / "rank1_vm_step26-28.pt.trace.json.gz"
+    shutil.copy(first / "rank1_vm_step8-10.pt.trace.json.gz", other)
+    result = analyze_paths([first / "rank0_vm_step8-10.pt.trace.json.gz", other], AnalysisOptions(workers=1))
+    assert [r.rank for r in result.ranks] == [0]
+    assert [(e.path, e.reason) for e in result.errors] == [(str(other), (
+        "another run's trace: the run's manifest, complete, lists no trace of rank 1 over steps 26-28 (its traces of "
+        "rank 1: steps 8-10); left out"))]
+    # The run's own traces, all listed: nothing left out.
+    assert analyze_paths([first], AnalysisOptions(workers=1)).errors == []

@@ -356,8 +356,9 @@ _TRACE_STEPS = re.compile(r"^rank(?P<rank>\d+)_.+_step(?P<first>\d+)-(?P<last>\d
 def foreign_traces(manifest: Mapping[str, Any], files: Sequence[str | Path]) -> list[tuple[str, str]]:
     """``(file, reason)`` for each trace in ``files`` that is another run's: the manifest does not list it, and lists
     a trace of the same rank over some of its steps (a node-local folder that held an earlier run of the name, files
-    copied together from two jobs). A trace the manifest lists nothing against (a window whose part never reached
-    the manifest) is not judged."""
+    copied together from two jobs), or, when the manifest is complete (it then lists every trace the run wrote), does
+    not list it at all. Against an incomplete manifest, a trace it lists nothing against (a window whose part never
+    reached the manifest) is not judged."""
     listed: dict[int, list[tuple[int, int, str]]] = {}
     names = set()
     for f in manifest.get("files") or []:
@@ -366,6 +367,7 @@ def foreign_traces(manifest: Mapping[str, Any], files: Sequence[str | Path]) -> 
             names.add(found.string.removesuffix(".gz"))  # (a trace gunzipped in place is the same trace)
             listed.setdefault(int(found["rank"]), []).append((int(found["first"]), int(found["last"]), found.string))
     out = []
+    complete, world = manifest.get("complete") is True, manifest.get("world_size")
     for path in files:
         found = _TRACE_STEPS.match(Path(path).name)
         if found is None or found.string.removesuffix(".gz") in names:
@@ -376,6 +378,13 @@ def foreign_traces(manifest: Mapping[str, Any], files: Sequence[str | Path]) -> 
             out.append((str(path), f"another run's trace: the run's manifest lists {theirs} for rank {rank}'s steps "
                                    f"{first}-{last}, not this file (a node-local folder that held an earlier run of "
                                    "the name, or files copied in from another job); left out"))
+        elif complete and isinstance(world, int) and rank < world:
+            # A complete manifest (every rank past train end, combined by rank 0) lists every trace the run wrote: a
+            # trace of its ranks it does not list is another run's (a trial named rank 0's trace of one run and rank
+            # 1's of its resumed continuation, and read them as one run).
+            mine = ", ".join(f"{a}-{b}" for a, b, _ in sorted(listed.get(rank, []))) or "none"
+            out.append((str(path), f"another run's trace: the run's manifest, complete, lists no trace of rank {rank} "
+                                   f"over steps {first}-{last} (its traces of rank {rank}: steps {mine}); left out"))
     return out
 
 
