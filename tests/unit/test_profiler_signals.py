@@ -173,6 +173,13 @@ def test_a_signal_at_any_moment_leaves_whole_traces_and_the_signals_status(outco
     for false_alarm in ("could not write", "already saved", "stopping the profiler failed", "Traceback"):
         assert false_alarm not in output
         assert false_alarm not in (run_dir / "rank0.log").read_text()
+    # Where the signal cut a window short, one line says so (a Ctrl-C left only a traceback through our handler).
+    cut = [line for line in output.splitlines() if "during a profiler window: the window was stopped" in line]
+    if moment in ("inside", "last"):
+        assert len(cut) == 1 and (f"{signame} during a profiler window: the window was stopped and its steps so far "
+                                  f"written ({expected[0]}, in {run_dir}; hf-distprof analyze reads them)") in cut[0]
+    else:
+        assert cut == []
     if expected:
         # "inside": step 4 had begun (its range opens when step 3 ends) when the signal came; it is in the trace,
         # cut short, and the file is named by the steps that completed ("last": the same with step 5).

@@ -426,7 +426,9 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
             signal.signal(signum, previous if callable(previous) or previous == signal.SIG_IGN else signal.SIG_DFL)
             signal.raise_signal(signum)
             return
+        before = len(self.written)
         self.close()
+        self._said_cut_short(signum, [p for p in self.written[before:] if p.name.endswith(paths.TRACE_SUFFIX)])
         if callable(previous):
             previous(signum, frame)  # SIGINT's default raises KeyboardInterrupt: training unwinds as usual
         else:
@@ -435,6 +437,18 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
             signals.before_default_death()
             signal.signal(signum, signal.SIG_DFL)
             signal.raise_signal(signum)
+
+    def _said_cut_short(self, signum: int, traces: list[Path]) -> None:
+        """One line where the signal stopped a window: what was written and where (a Ctrl-C mid-window left only a
+        traceback through this handler, and no word that the window's steps so far were saved). Rank 0 warns; the
+        other ranks say it in their logs."""
+        if not traces:
+            return
+        name = signal.Signals(signum).name
+        said = (f"{name} during a profiler window: the window was stopped and its steps so far written "
+                f"({', '.join(p.name for p in traces)}, in {traces[0].parent}; hf-distprof analyze reads them); {name} "
+                "then goes on to the training as it would without hf_distprof")
+        (logger.warning if dist.get_rank() == 0 else logger.info)(said)
 
     # ---- export --------------------------------------------------------------------------------
 
