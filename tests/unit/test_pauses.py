@@ -132,6 +132,14 @@ def test_a_trainer_s_evaluation_in_the_window_ends_its_range_before_the_next_fet
     data = [e for e in events if e.get("name") == "hf_distprof/data" and e["ts"] >= pause["ts"]]
     assert data and data[0]["ts"] >= end  # the next data phase starts after the range: no crossing
     assert sorted(steps) == [3, 4, 5] and steps[4] < 3 * max(steps[3], steps[5]), steps
+    # The window's operator summary leaves the evaluation out too, and says so.
+    (summary,) = (tmp_path / "P" / "r").glob("*_summary.txt")
+    text = summary.read_text()
+    lines = text.splitlines()
+    assert lines[1].startswith("(an evaluation or a checkpoint between steps, ") and "ProfilerStep" not in text
+    # Its forwards are not among the window's: 3 steps of a 2-layer model (its evaluation made 32 more forwards).
+    ln_calls = next(int(line.split()[-1]) for line in lines if line.strip().startswith("aten::native_layer_norm "))
+    assert ln_calls == 12
 
 
 def test_an_evaluation_before_the_first_step_is_a_pause_too(tmp_path: Path) -> None:

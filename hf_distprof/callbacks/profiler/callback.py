@@ -520,10 +520,15 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
             f"host {dist.get_hostname()}, optimizer steps {first}-{last}\n"
         )
         try:
-            averages = prof.key_averages()
+            averages, paused_ms = _outside_pauses(prof)
+            if paused_ms:
+                header += (f"(an evaluation or a checkpoint between steps, {paused_ms:.1f} ms in all, left out: it is "
+                           "no step's work)\n")
             # hf_distprof's own ranges (the step timer's phases, its collectives) are spans, not operators: their self
             # time is mostly the waits between ops (a trial's table opened with "hf_distprof/backward 34.69%").
-            averages[:] = [e for e in averages if not e.key.startswith("hf_distprof/")]
+            # (With a pause left out, the steps' own ranges still span it: their totals would read above 100%.)
+            averages[:] = [e for e in averages if not e.key.startswith("hf_distprof/")
+                           and not (paused_ms and e.key.startswith("ProfilerStep"))]
             parts = [header, f"\nTop {SUMMARY_ROWS} operators by self CPU time (hf_distprof's own ranges left out)\n"]
             parts.append(averages.table(sort_by="self_cpu_time_total", row_limit=SUMMARY_ROWS))
             if ProfilerActivity.CUDA in supported_activities():
@@ -534,3 +539,21 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
             warnings.warn(f"profiler summary unavailable: {err!r}", stacklevel=2)
             return header + f"\n(operator table unavailable: {err!r})\n"
         return "".join(parts) + "\n"
+
+
+def _outside_pauses(prof: profile) -> tuple[Any, float]:
+    """The window's operator averages without what ran inside our between-steps range (an evaluation, a checkpoint:
+    a trial's table of "optimizer steps 8-10" held 412 calls of addmm where its steps made 12), and that range's
+    length in all (ms; 0 without one)."""
+    events = prof.events()
+    pauses = [(e.time_range.start, e.time_range.end) for e in events if e.name == PAUSE_NAME]
+    if not pauses:
+        return prof.key_averages(), 0.0
+    from torch.autograd.profiler_util import EventList
+
+    kept = EventList([e for e in events if not any(a <= e.time_range.start <= b for a, b in pauses)],
+                     use_device=getattr(events, "_use_device", None),
+                     profile_memory=getattr(events, "_profile_memory", False),
+                     with_flops=getattr(events, "_with_flops", False))
+    kept._tree_built = True  # (each kept event keeps its place in the window's tree: its self time stays its own)
+    return kept.key_averages(), sum(b - a for a, b in pauses) / 1e3
