@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from statistics import median
 from typing import Any
 
@@ -54,6 +54,10 @@ class ProfilerSlowdown:
     None without it (no host timing: a GPU's step timer times the device)."""
     cpu_wait_s_reference: float | None = None
     """The same over the reference steps."""
+    steps_left_out: list[int] = field(default_factory=list)
+    """Steps the profiler ran over that are not among ``steps_inside``: after a pause (an evaluation, a checkpoint, a
+    window's export: they wait for the slowest rank's), said beside the count (a trial's window of 5 steps read as
+    "the 4 steps under the profiler")."""
     cost: str | None = None
     """What the warning names as the cost: ``cpu_wait`` (measured: the wait for a CPU grew by most of the slowdown),
     ``options`` (the costly options that are on) or ``profiler`` (its own per-op bookkeeping); None without a
@@ -106,6 +110,7 @@ def profiler_slowdown(
     threshold_ratio: float = 1.25,
     min_outside: int = MIN_REFERENCE,
     cpu_wait: Mapping[int, float] | None = None,
+    left_out: Sequence[int] = (),
 ) -> ProfilerSlowdown | None:
     """Compare the median step time inside the profiler's windows with the untraced steps after the first one starts.
 
@@ -124,6 +129,7 @@ def profiler_slowdown(
         cpu_wait: step number -> the wait for a CPU before the sync of the rank last to it in that step (seconds),
             when the step timer measured it: a slowdown that is mostly a rise of it is said as the host's CPUs taken
             (the profiler's threads, or other work, beside training on a host with no core to spare), as measured.
+        left_out: Steps the profiler ran over that ``steps`` leaves out (after a pause), said beside the count.
 
     Returns:
         None when no step was profiled.
@@ -167,9 +173,9 @@ def profiler_slowdown(
                     + (f" (also on: {', '.join(on)})" if on else ""))
         warning = (
             f"the profiler slows the steps it traces by {apart(ratio, threshold_ratio)}x (median {med:.4f}s inside its "
-            f"window vs {mid:.4f}s over the {len(ref)} untraced steps after its start; the run's own noise "
-            f"{noise:.1f}%; threshold {threshold_ratio:g}x): times and findings from the trace describe a slower run "
-            f"than yours; {cost}."
+            f"window{left_out_words(left_out)} vs {mid:.4f}s over the {len(ref)} untraced steps after its start; the "
+            f"run's own noise {noise:.1f}%; threshold {threshold_ratio:g}x): times and findings from the trace "
+            f"describe a slower run than yours; {cost}."
         )
     return ProfilerSlowdown(
         steps_inside=len(ins),
@@ -189,7 +195,16 @@ def profiler_slowdown(
         cpu_wait_s_inside=waits[0] if waits is not None else None,
         cpu_wait_s_reference=waits[1] if waits is not None else None,
         cost=kind if warning is not None else None,
+        steps_left_out=sorted(left_out),
     )
+
+
+def left_out_words(left_out: Sequence[int]) -> str:
+    """" (step 10, after a pause, left out)" or "" without any."""
+    if not left_out:
+        return ""
+    steps = ", ".join(map(str, sorted(left_out)))
+    return f" (step{'s' if len(left_out) > 1 else ''} {steps}, after a pause, left out)"
 
 
 def _medians(values: Mapping[int, float] | None, inside: list[int], reference: list[int]) -> tuple[float, float] | None:

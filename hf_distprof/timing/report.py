@@ -415,9 +415,7 @@ class StepSeries:
         return find_burst({r: [v[0][r] for _, v in kept] for r in ranks}, [s for s, _ in kept],
                           [v[1] for _, v in kept], threshold_pct, phases, slow_rank, gate)
 
-    def verdict(
-        self, threshold_pct: float, exclude: Callable[[int], bool] | None = None
-    ) -> SlowRankVerdict | None:
+    def verdict(self, threshold_pct: float, exclude: Callable[[int], bool] | None = None) -> SlowRankVerdict | None:
         """The slow-rank verdict over the kept steps, leaving out ``exclude``d steps: each rank's own work, and when
         that names no rank, its pre-sync time with its wait for a CPU (:func:`hf_distprof.core.verdicts.judge_run`,
         the rule ``hf-distprof analyze`` judges the records by). The pre-sync time is judged only over steps whose
@@ -442,11 +440,13 @@ class StepSeries:
         of the rank last to the sync (the largest pre-sync time's part)."""
         times = self.step_times()
         waits = {s: max(v[3])[1] for s, v in self._steps.items() if v[3] is not None} if host_timed else None
+        inside = {s for s in times if traced(s)}  # (a traced step with no row: after a pause, left out and said)
+        left_out = [s for s in range(min(times, default=0), max(times, default=-1)) if traced(s) and s not in times]
         return profiler_slowdown(
-            {s: t for s, t in times.items() if s not in busy}, {s for s in times if traced(s)},
+            {s: t for s, t in times.items() if s not in busy}, inside,
             {"record_shapes": args.profiler_record_shapes, "profile_memory": args.profiler_profile_memory,
              "with_stack": args.profiler_with_stack, "with_flops": args.profiler_with_flops},
-            threshold_ratio=args.profiler_slowdown_threshold, cpu_wait=waits)
+            threshold_ratio=args.profiler_slowdown_threshold, cpu_wait=waits, left_out=left_out)
 
     def cause(self, rank: int, threshold_pct: float,
               exclude: Callable[[int], bool] | None = None) -> Attribution | None:

@@ -128,6 +128,27 @@ def test_profiler_slowdown_compares_traced_steps_with_the_untraced_steps_around_
     quiet = profiler_slowdown(steps | {s: 0.21 for s in range(6, 10)}, set(range(6, 10)), {})
     assert quiet is not None and quiet.warning is None and quiet.ratio == pytest.approx(1.05)
     assert profiler_slowdown(steps, set(), {}) is None  # nothing traced: no figure
+    # A step of the window after a pause (no row: the step timer leaves it out) is said beside the count.
+    cut = profiler_slowdown({s: t for s, t in steps.items() if s != 8}, {6, 7, 9}, {}, left_out=[8])
+    assert cut is not None and cut.steps_inside == 3 and cut.steps_left_out == [8]
+    assert "(median 0.5000s inside its window (step 8, after a pause, left out) vs 0.2000s" in cut.warning
+    assert cut.to_json()["steps_left_out"] == [8]
+
+
+def test_the_step_series_names_the_window_s_steps_it_has_no_row_for():
+    from types import SimpleNamespace
+
+    from hf_distprof.timing.report import StepSeries
+
+    series = StepSeries(2)
+    for step in [s for s in range(2, 16) if s != 8]:  # step 8: after an evaluation, never added
+        t = 0.5 if 6 <= step <= 9 else 0.2
+        row = [step, t, t / 2, t, t / 2, 0.0, 0.0, t / 2, 0, 0]
+        series.add([[row], [row]])
+    args = SimpleNamespace(profiler_record_shapes=False, profiler_profile_memory=False, profiler_with_stack=False,
+                           profiler_with_flops=False, profiler_slowdown_threshold=1.25)
+    out = series.profiler_slowdown(set(), lambda s: 6 <= s <= 9, args)
+    assert out is not None and (out.steps_inside, out.steps_left_out) == (3, [8])
 
 
 def test_memory_growth_needs_a_steady_rise():

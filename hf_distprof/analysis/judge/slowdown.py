@@ -54,7 +54,7 @@ def quiet_slowdown(slowdown: dict[str, Any] | None) -> QuietSlowdown | None:
     threshold = float(slowdown["threshold_ratio"])
     within = ratio is not None and noise is not None and not beyond_noise(ratio, noise)
     above = ratio is not None and ratio > threshold
-    inside = slowdown.get("steps_inside")
+    inside, left_out = slowdown.get("steps_inside"), slowdown.get("steps_left_out")
     return QuietSlowdown(
         threshold_ratio=threshold,
         ratio=ratio,
@@ -66,6 +66,7 @@ def quiet_slowdown(slowdown: dict[str, Any] | None) -> QuietSlowdown | None:
         steps_inside=inside if isinstance(inside, int) else None,
         steps_before=int(slowdown.get("steps_before") or 0),
         steps_after=int(slowdown.get("steps_after") or 0),
+        steps_left_out=[s for s in left_out if isinstance(s, int)] if isinstance(left_out, list) else [],
     )
 
 

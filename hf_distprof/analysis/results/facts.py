@@ -313,6 +313,8 @@ class QuietSlowdown:
     """Untraced steps before the window, left out (a run's first steps run slower)."""
     steps_after: int = 0
     """Untraced steps after the window's start: what the ratio compares with."""
+    steps_left_out: list[int] = field(default_factory=list)
+    """Steps the profiler ran over, left out of ``steps_inside`` (after a pause); empty in older summaries."""
 
 
 @dataclass

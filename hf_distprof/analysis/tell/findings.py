@@ -21,6 +21,7 @@ from hf_distprof.analysis.results.whatif import WhatIfModel, WhatIfScenario
 from hf_distprof.analysis.tell.unread import unread_words
 from hf_distprof.core.advice import PHASE_NAMES, phase_advice
 from hf_distprof.core.cause import Attribution, cause_action, cause_title, cause_why
+from hf_distprof.core.overhead import left_out_words
 from hf_distprof.core.text import SHOWN_PCT, apart, format_bytes, step_base
 
 
@@ -56,8 +57,7 @@ def write_all(judged: Judged) -> tuple[list[Finding], list[Undecided], list[Wind
 
 def slowdown_line(q: QuietSlowdown) -> str | None:
     """The profiler's slowdown that raised no finding, in one line ("Profiler slowdown: the 5 steps under the profiler
-    ... 1.02x the 40 untraced steps after the window's start ..., within the run's own noise of 3.1%; below 1.3x"), or
-    why there is no ratio; None when there is neither."""
+    ... 1.02x the 40 untraced steps after the window's start ..., within the run's own noise of 3.1%"), or why not."""
     if q.ratio is None:
         return f"Profiler slowdown: {q.note}" if q.note is not None else None
     left_out = f" (the {q.steps_before} before it left out: a run's first steps run slower)" if q.steps_before else ""
@@ -66,7 +66,7 @@ def slowdown_line(q: QuietSlowdown) -> str | None:
     within = ("" if q.noise_pct is None else f", within the run's own noise of {q.noise_pct:.1f}%" if q.within_noise
               else f" (the run's own noise {q.noise_pct:.1f}%)")
     traced = (f"the {q.steps_inside} steps under the profiler (its warm-up and recorded steps)"
-              if q.steps_inside is not None else "traced steps")
+              f"{left_out_words(q.steps_left_out)}" if q.steps_inside is not None else "traced steps")
     against = (f": above the {q.threshold_ratio:g}x threshold, but no slowdown the run can tell from its noise"
                if q.noise_only else f"; below {q.threshold_ratio:g}x" if q.below_threshold
                else f"; threshold {q.threshold_ratio:g}x")
