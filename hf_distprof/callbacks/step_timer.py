@@ -39,6 +39,7 @@ from hf_distprof.timing.recorder import StepRecorder, StepTiming
 from hf_distprof.timing.report import (CrossRankReport, PhaseTotals, RankSummary, StepSeries, cross_rank_report,
                                        live_time_warnings, memory_warning, peak_tflops_for_device, step_row)
 from hf_distprof.core import signals
+from hf_distprof.core.advice import LoaderSettings, loader_settings
 from hf_distprof.core.cause import Attribution, with_device
 from hf_distprof.core.growth import GrowthWatch, MemoryGrowth
 
@@ -72,6 +73,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self._labels = PhaseLabels()
         self._hooks: ModelHooks | None = None
         self._undo_loader: Any = None
+        self._loader: LoaderSettings | None = None
         self._jsonl: JsonlFile | None = None
         self._writer: Any = None
         self._device = torch.device("cpu")
@@ -153,6 +155,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         self._undo_loader = instrument_loader(loader, recorder.add_load_time, on_fetch) if loader is not None else None
         recorder.loader_timed = self._undo_loader is not None
         recorder.loads_elsewhere = loads_elsewhere(loader, dist.get_rank())  # accelerate's dispatch_batches
+        self._loader = loader_settings(loader)  # (the data advice asks for what it does not set)
         if model is not None:
             self._hooks = ModelHooks(model, recorder, labels)
         self._recorder = recorder
@@ -245,9 +248,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             self._labels.exit()
             self._recorder.optimizer_end()
 
-    def on_step_end(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
-    ) -> None:
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
         if self._recorder is None:
             return
         ended_early = self._ended_early == state.global_step  # before the trace (and its summary) was written
@@ -437,7 +438,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             peak_tflops=self._peak_tflops,
             verdict=verdict,
             on_gpu=getattr(self._device, "type", "cpu") == "cuda",
-            cause=cause, burst=burst)
+            cause=cause, burst=burst, loader=self._loader)
 
     def _exclude(self) -> Callable[[int], bool] | None:
         """The steps the verdict leaves out: the profiler's (its own distortion), unless fewer than 2 are left (the
@@ -580,6 +581,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             "live_time_warnings": live,
             "slow_rank_cause": cause.to_json() if cause is not None else None,
             "burst": burst.to_json() if burst is not None else None,
+            "dataloader": self._loader.to_json() if self._loader is not None else None,
             "gpu_health": {str(rank): h for rank, h in sorted(self._health.items())},
             "files": sorted(paths.TIMING_LOG_NAME.format(rank=r) for r in range(len(gathered))),
         }

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any
 
-from hf_distprof.core.advice import phase_advice
+from hf_distprof.core.advice import LoaderSettings, phase_advice
 from hf_distprof.core.burst import Burst, find_burst
 from hf_distprof.core.cause import Attribution, attribute_rows, cause_action, cause_why
 from hf_distprof.core.overhead import ProfilerSlowdown, profiler_slowdown
@@ -63,8 +63,7 @@ class PhaseTotals:
     samples: int = 0
     tokens: int = 0
 
-    def add(self, timing: StepTiming) -> None:
-        """Add one step."""
+    def add(self, timing: StepTiming) -> None:  # one step
         self.add_row(timing.to_json())
 
     def add_row(self, row: Mapping[str, Any], also: PhaseTotals | None = None) -> None:
@@ -177,7 +176,6 @@ class CrossRankReport:
     """The noise-aware decision on pre-sync time per step (``hf_distprof.core.verdicts.judge_slow_rank``)."""
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
         return dataclasses.asdict(self)
 
 
@@ -224,7 +222,7 @@ def cross_rank_report(
     peak_tflops: float | None = None,
     verdict: SlowRankVerdict | None = None,
     on_gpu: bool = True,
-    cause: Attribution | None = None, burst: Burst | None = None,
+    cause: Attribution | None = None, burst: Burst | None = None, loader: LoaderSettings | None = None,
 ) -> CrossRankReport:
     """Compare the ranks of one window of steps.
 
@@ -240,7 +238,8 @@ def cross_rank_report(
         peak_tflops: Peak TFLOPs of one device; MFU is None without it.
         verdict: The slow-rank verdict over the window's steps; None: no time warning. Its candidate is the slowest
             rank, raised or not, so that the table, the warning and ``hf-distprof analyze`` name the same rank.
-        on_gpu: Whether the ranks train on a GPU (advice that only a GPU run can use is left out otherwise).
+        on_gpu: Whether the ranks train on a GPU (advice that only a GPU run can use is left out otherwise); ``loader``:
+            the run's DataLoader settings, which the data advice does not ask for again.
         cause: Why the verdict's rank makes its peers wait (:meth:`StepSeries.cause`): the warning says it, with what
             to try for that cause; None: the slowest phase's advice.
 
@@ -281,7 +280,8 @@ def cross_rank_report(
         typical = median(others)  # as imbalance_pct takes it: with an even count, the mean of the middle two
         # The advice follows the cause said beside it (not the loading the means blame after a few stalls).
         compute = cause is not None and cause.rank == slow.rank and cause.cause.value != "input" and phase == "data"
-        advice = phase_advice(_slowest_phase(ranks, slow, ("forward", "backward"))[0] if compute else phase, on_gpu)
+        advice = phase_advice(_slowest_phase(ranks, slow, ("forward", "backward"))[0] if compute else phase, on_gpu,
+                              loader)
         named = PHASE_NAMES.get(phase, phase)
         why = (f"Most of the difference is in {named} (+{excess:.4f}s per step): rank {slow.rank}: {advice}."
                if cause is None or cause.rank != slow.rank else

@@ -89,6 +89,10 @@ def test_the_slow_rank_is_named_with_a_warning(slow_run):
     assert ranks[1]["data_load_s"] > ranks[0]["data_load_s"] + SLOW_SECONDS / 2
     assert ranks[0]["wait_s"] > ranks[1]["wait_s"]
     assert len(summary["warnings"]) == 1 and "rank 1 is the slowest" in summary["warnings"][0]
+    # The run's DataLoader (the recipe loads in the training process): the advice asks for workers, as it is.
+    assert (summary["dataloader"]["num_workers"], summary["dataloader"]["dispatched"]) == (0, False)
+    assert "raise --dataloader_num_workers (0 now: the training process loads each batch between steps)" in \
+        summary["warnings"][0]
     verdict = summary["imbalance_verdict"]
     # Steps 3-9 ran under the profiler, and step 10 waited for the slowest rank's trace export: the verdict is on
     # steps 2 and 11-16, rank 1 the slowest in each.

@@ -212,3 +212,52 @@ def test_the_live_series_judges_and_attributes_the_rows_it_is_sent():
     old = StepSeries(2)
     old.add([[[s, 0.3, a - w] for s, (a, w, *_) in enumerate(steps, start=2)] for steps in parts.values()])
     assert old.verdict(10.0).status == "quiet" and old.cause(1, 10.0) is None  # type: ignore[union-attr]
+
+
+def test_the_data_advice_asks_for_what_the_run_s_dataloader_does_not_set(tmp_path):
+    """A trial's run with 2 persistent workers was told "num_workers > 0, persistent_workers=True"; an IterableDataset's
+    run (accelerate dispatches its batches from rank 0) was never told so."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from accelerate.data_loader import DataLoaderDispatcher, DataLoaderShard
+    from torch.utils.data import DataLoader
+
+    from hf_distprof.analysis import AnalysisOptions, analyze_paths
+    from hf_distprof.core.advice import LoaderSettings, load_ahead, loader_from_json, loader_settings, phase_advice
+
+    assert loader_settings(DataLoader(list(range(8)), batch_size=2)) == LoaderSettings(0, False, False, None, False)
+    shard = DataLoaderShard(list(range(8)), batch_size=2, num_workers=2, persistent_workers=True, pin_memory=True)
+    assert loader_settings(shard) == LoaderSettings(2, True, True, 2, False)
+    assert loader_settings(DataLoaderDispatcher(list(range(8)), batch_size=2)).dispatched is True
+    assert loader_settings([1, 2]) is None
+    assert loader_from_json(LoaderSettings(2, True, True, 2).to_json()) == LoaderSettings(2, True, True, 2)
+    for bad in (None, 5, {"num_workers": "2"}, {"num_workers": 2, "persistent_workers": 1, "pin_memory": True,
+                                                 "prefetch_factor": 2, "dispatched": False}):
+        assert loader_from_json(bad) is None
+    two = LoaderSettings(2, True, True, 4)
+    assert phase_advice("data", True, two) == (
+        "its input pipeline is the bottleneck: raise --dataloader_num_workers above its 2, raise "
+        "--dataloader_prefetch_factor above its 4, pre-tokenize the dataset instead of tokenizing in the collator, and "
+        "check that host for CPU or disk contention")
+    assert load_ahead(False, LoaderSettings(0, False, False, None)) == (
+        "Load data ahead of the step: raise --dataloader_num_workers (0 now: the training process loads each batch "
+        "between steps)")
+    assert load_ahead(True, LoaderSettings(2, False, False, 2, True)).startswith(
+        "Load data ahead of the step: rank 0 loads and sends every rank's batches (accelerate dispatches an "
+        "IterableDataset's): give each rank its own shard and set --accelerator_config '{\"dispatch_batches\": false}'"
+        ", raise --dataloader_num_workers above its 2, set --dataloader_persistent_workers")
+    assert load_ahead(True, None) == ("Load data ahead of the step: DataLoader num_workers > 0, pin_memory=True, "
+                                      "persistent_workers=True, prefetch_factor")  # (no settings recorded: as before)
+    # analyze reads them from timing_summary.json: the slow rank's and the what-if's advice follow them.
+    run = tmp_path / "run"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "data" / "golden" / "cpu_slow_data", run)
+    summary = json.loads((run / "timing_summary.json").read_text())
+    summary["dataloader"] = two.to_json()
+    (run / "timing_summary.json").write_text(json.dumps(summary))
+    actions = [f.action for f in analyze_paths([run], AnalysisOptions(workers=1)).findings]
+    assert any(a.startswith("Rank 1: its input pipeline is the bottleneck: raise --dataloader_num_workers above its 2,")
+               for a in actions), actions
+    assert "Load data ahead of the step: raise --dataloader_num_workers above its 2, raise --dataloader_prefetch_factor "\
+           "above its 4" in actions

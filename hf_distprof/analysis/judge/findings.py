@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from collections.abc import Mapping, Sequence
 
 from hf_distprof.analysis.judge import chain
@@ -144,6 +145,9 @@ def judge(ranks: list[RankResult], across: Across, replay: WhatIf | None, summar
     fsdp = any(is_fsdp(r) for r in ranks)
     first = what_to_fix_first(answer, options.what_if_pct, gpu, backend, fsdp) if answer is not None else None
     findings = in_order(findings + ([first] if first is not None else []))
+    if summary.loader is not None:  # the data advice leaves out what the run's DataLoader sets already
+        findings = [replace(f, facts=replace(f.facts, loader=summary.loader))
+                    if "loader" in getattr(f.facts, "__dataclass_fields__", {}) else f for f in findings]
     return Judged(
         verdicts=verdicts,
         findings=findings,

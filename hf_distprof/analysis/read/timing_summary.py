@@ -9,6 +9,7 @@ from typing import Any
 
 from hf_distprof.analysis.results.timer import TimingSummary
 from hf_distprof.core import names
+from hf_distprof.core.advice import loader_from_json
 from hf_distprof.core.stats import finite
 
 
@@ -29,6 +30,8 @@ def read_timing_summary(files: list[str]) -> TimingSummary:
             out.imbalance_verdict = doc["imbalance_verdict"]
         if not out.gpu_health:
             out.gpu_health = _gpu_health(doc.get("gpu_health"))
+        if out.loader is None:
+            out.loader = loader_from_json(doc.get("dataloader"))
     return out
 
 

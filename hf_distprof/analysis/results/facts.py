@@ -15,6 +15,7 @@ from hf_distprof.analysis.results.across import PhaseExcess, RankVerdicts, Strag
 from hf_distprof.analysis.results.findings import Basis, Judgement
 from hf_distprof.analysis.results.rank import CommKindStat, DeviceMemory
 from hf_distprof.analysis.results.whatif import WhatIf, WhatIfModel, WhatIfScenario
+from hf_distprof.core.advice import LoaderSettings
 from hf_distprof.core.burst import Burst
 from hf_distprof.core.cause import Attribution
 from hf_distprof.core.verdicts import SlowRankVerdict
@@ -211,6 +212,8 @@ class DataLoadingFacts:
     ranks: int
     threshold_pct: float
     gpu: bool
+    loader: LoaderSettings | None = None
+    """The run's DataLoader settings (the step timer's summary): its data advice leaves out what they set."""
 
 
 @dataclass
@@ -243,6 +246,8 @@ class ChainFacts:
     """Why, from the step timer's records over the run (its figures are the live warning's)."""
     lateness_pct: float = 0.0
     """``lateness_us`` as % of ``step_us`` (0 without either)."""
+    loader: LoaderSettings | None = None
+    """The run's DataLoader settings (the step timer's summary): its data advice leaves out what they set."""
 
 
 @dataclass
@@ -266,6 +271,8 @@ class RunSlowFacts:
     """Why, from the step timer's records over the run (its figures are the live warning's)."""
     advice_phase: str = "compute"
     """The phase the advice is for: ``phase``'s, else compute (no phase stands out: its work as a whole)."""
+    loader: LoaderSettings | None = None
+    """The run's DataLoader settings (the step timer's summary): its data advice leaves out what they set."""
 
 
 @dataclass
@@ -278,6 +285,8 @@ class FixFirstFacts:
     gpu: bool
     backend: str | None
     fsdp: bool
+    loader: LoaderSettings | None = None
+    """The run's DataLoader settings (the step timer's summary): its data advice leaves out what they set."""
 
 
 @dataclass

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from hf_distprof.core.advice import LoaderSettings
+
 
 @dataclass
 class TimerRecords:
@@ -41,5 +43,7 @@ class TimingSummary:
     """The first folder's ``profiler_slowdown`` whose fields the analysis reads all have their types; None without."""
     imbalance_verdict: dict[str, Any] | None = None
     """The first folder's ``imbalance_verdict`` (the step timer's slow-rank verdict); None without."""
+    loader: LoaderSettings | None = None
+    """The training DataLoader's settings (``dataloader``), which the data-loading advice does not ask for again."""
     gpu_health: dict[int, dict[str, Any]] = field(default_factory=dict)
     """rank -> its GPU as NVML saw it at train end (``gpu_health``: SM clock, throttle reasons ...); empty off GPUs."""

@@ -19,7 +19,7 @@ from hf_distprof.analysis.results.facts import (BurstFacts, ChainFacts, CommAdvi
 from hf_distprof.analysis.results.findings import STEP_TIMER, TRACE_AND_TIMER, Finding, Judgement, Undecided, WindowNote
 from hf_distprof.analysis.results.whatif import WhatIfModel, WhatIfScenario
 from hf_distprof.analysis.tell.unread import unread_words
-from hf_distprof.core.advice import PHASE_NAMES, phase_advice
+from hf_distprof.core.advice import PHASE_NAMES, load_ahead, phase_advice
 from hf_distprof.core.cause import Attribution, cause_action, cause_title, cause_why
 from hf_distprof.core.overhead import left_out_words
 from hf_distprof.core.text import SHOWN_PCT, apart, format_bytes, step_base
@@ -350,14 +350,12 @@ def _launch_bound(j: Judgement) -> Prose:
 
 def _data_loading(j: Judgement) -> Prose:
     f: DataLoadingFacts = j.facts
-    pin = "pin_memory=True, " if f.gpu else ""  # pinned memory helps copies to a GPU
     return Prose(
         title="Data-loading bound",
         why=(f"fetching the next batch takes {f.pct:.1f}% of step time on {f.hit} of {f.ranks} ranks (the mean of "
              f"those ranks' medians over steps), above the {f.threshold_pct:g}% threshold in most steps"),
         details="",
-        action=(f"Load data ahead of the step: DataLoader num_workers > 0, {pin}persistent_workers=True, "
-                "prefetch_factor"),
+        action=load_ahead(f.gpu, f.loader),  # (pinned memory helps copies to a GPU; what the run sets, left out)
         more="; pre-tokenise the dataset instead of tokenising in __getitem__.",
     )
 
@@ -397,14 +395,14 @@ def _chain(j: Judgement) -> Prose:
     data = (f"; data loading is {f.data_pct:.1f}% of rank {f.rank}'s step (median over the traced steps)"
             if f.data_pct is not None else "")
     if f.cause is not None:
-        return _caused(f.rank, f.cause, f.gpu, phase_advice(f.phase.phase, on_gpu=f.gpu),
+        return _caused(f.rank, f.cause, f.gpu, phase_advice(f.phase.phase, f.gpu, f.loader),
                        f"its peers wait {f.waits.pct:.1f}% of their {_steps(f.waits)} for it at the collectives in the "
                        "traced steps",
                        f"; its {name} exceeds its peers' by {f.phase.excess_us / 1e3:.2f} ms per step "
                        f"({_source(f.phase.from_timer, f.source_steps)}){late}, and the others wait for it there (from "
                        f"their arrival at the same collective to its, clocks aligned): {waits_sentence(f.waits)}"
                        f"{data}. {reasons}", _WAIT_NOT_NETWORK)
-    action = f"Rank {f.rank}: {phase_advice(f.phase.phase, on_gpu=f.gpu)}"
+    action = f"Rank {f.rank}: {phase_advice(f.phase.phase, f.gpu, f.loader)}"
     return Prose(
         title=f"Rank {f.rank} holds the others back: its {name}",
         why=(f"{name} takes {f.phase.excess_us / 1e3:.1f} ms more per step than on its peers, who wait "
@@ -440,7 +438,7 @@ def _run_slow(j: Judgement) -> Prose:
         peers = (f"its peers wait {_ms_of(f.cause.excess_s)} per step for it over the run's {v.steps} untraced steps "
                  "(the step timer)")
         window = f"; in the traced window {waits_sentence(f.waits)}" if f.waits is not None else ""
-        advice = phase_advice(f.advice_phase, f.gpu)
+        advice = phase_advice(f.advice_phase, f.gpu, f.loader)
         return _caused(f.rank, f.cause, f.gpu, advice, peers, f"{window}. {v.reason[:1].upper()}{v.reason[1:]}", ".")
     name = PHASE_NAMES.get(f.phase.phase, f.phase.phase) if f.phase is not None else ""
     most = (f"; most of it in its {name}: {f.phase.excess_us / 1e3:.2f} ms more per step than its peers' "
@@ -451,7 +449,7 @@ def _run_slow(j: Judgement) -> Prose:
              f"untraced steps (the step timer; slowest in {v.slowest_in} of them)"),
         details=most + (f"; in the traced window {waits_sentence(f.waits)}" if f.waits is not None else "")
         + f". {v.reason[:1].upper()}{v.reason[1:]}",
-        action=f"Rank {f.rank}: {phase_advice(f.advice_phase, f.gpu)}",
+        action=f"Rank {f.rank}: {phase_advice(f.advice_phase, f.gpu, f.loader)}",
         more=".",
     )
 
@@ -459,8 +457,7 @@ def _run_slow(j: Judgement) -> Prose:
 _ADVICE = {  # scenario -> (the first thing to try, the rest)
     "slow_rank": ("Find what rank {ranks} does that its peers do not (the critical path and the finding on rank "
                   "{ranks} say where): uneven data, extra work on that rank, a slower device or host", "."),
-    "no_data_loading": ("Load data ahead of the step: DataLoader num_workers > 0, {pin}"
-                        "persistent_workers=True, prefetch_factor", "; pre-tokenise instead of tokenising per item."),
+    "no_data_loading": ("{load}", "; pre-tokenise instead of tokenising per item."),
     "hide_communication": ("Overlap communication with computation ({overlap}) or send fewer bytes (bf16 reduction, "
                            "fewer and larger collectives)", "."),
     "fastest_pace": ("Give every rank the same work, at the pace of the fastest: balance the data (sequence "
@@ -493,7 +490,7 @@ def _fix_first(j: Judgement) -> Prose:
                        if not s.held_to_run else f"{s.title}: -{s.counted_pct:.1f}% over the run"
                        for s in f.worth)
     action, more = _ADVICE[top.scenario]
-    action = action.format(ranks=", ".join(map(str, top.ranks)), pin="pin_memory=True, " if f.gpu else "",
+    action = action.format(ranks=", ".join(map(str, top.ranks)), load=load_ahead(f.gpu, f.loader),
                            library="NCCL" if f.backend in (None, "nccl") else f.backend,
                            overlap="FSDP prefetching, wrap granularity" if f.fsdp else "DDP bucket_cap_mb, gradient "
                            "accumulation")
