@@ -54,10 +54,10 @@ def test_slow_rank1_is_one_chain_and_rank_0s_wait_is_not_communication_bound():
     # there; that wait (46.4% of rank 0's step) is rank 1's finding, not a communication-bound one about rank 0.
     check(chain, "slow_rank", 51.02046152348956, "Rank 1 holds the others back: its compute (forward, backward and "
           "optimizer)", [1],
-          "compute (forward, backward and optimizer) takes 29.6 ms more per step than on its peers, who wait 46.4% "
+          "compute (forward, backward and optimizer) takes 29.3 ms more per step than on its peers, who wait 46.4% "
           "of their step for it at the collectives in the traced steps: rank 1's compute (forward, backward and "
           "optimizer) exceeds its "
-          "peers' by 29.63 ms per step (the traced window, median over 6 steps), so it reaches each step's "
+          "peers' by 29.27 ms per step (the traced window, the middle half of 6 steps), so it reaches each step's "
           "collectives 31.40 ms (51.0% of its 61.55 ms step) after the earliest rank, and the others wait for it "
           "there (from their arrival at the same collective to its, clocks aligned): rank 0 waits 46.4% of its step "
           "at all_reduce for rank 1. straggler verdict: rank "
@@ -70,7 +70,7 @@ def test_slow_rank1_is_one_chain_and_rank_0s_wait_is_not_communication_bound():
           "use --group_by_length), and that rank's host for other processes sharing its cores. The others' wait for "
           "it at the collectives is not the network: larger buckets or a faster network will not shorten that part "
           "of their exposed communication.",
-          {"phase_excess_ms": 29.6269990234375, "peer_wait_pct": 46.44022553790377,
+          {"phase_excess_ms": 29.267968587239583, "peer_wait_pct": 46.44022553790377,
            "lateness_us": 31402.62451171875, "imbalance_pct": 102.8139526129988, "max_busy_us": 58211.26025390625,
            "typical_busy_us": 28836.122233072918, "slowest_in_steps": 6, "steps": 6}, 1 - 0.5**6)
 
@@ -135,8 +135,8 @@ def test_gpu_traces_one_busy_rank_whose_peers_wait_is_not_communication_bound():
           # Each % says its base: the waits are of the GPU spans (as HTA's), the lateness of rank 2's wall step.
           "compute (forward, backward and optimizer) takes 0.6 ms more per step than on its peers, who wait 22.2% of "
           "their steps' GPU spans for it at the collectives in the traced steps: rank 2's compute (forward, backward "
-          "and optimizer) exceeds its peers' by 0.57 ms per step (the traced window, median over 3 steps), so it "
-          "reaches each step's collectives 0.55 ms (18.4% of its 2.98 ms step) after the earliest rank, and the "
+          "and optimizer) exceeds its peers' by 0.57 ms per step (the traced window, the middle half of 3 steps), so "
+          "it reaches each step's collectives 0.55 ms (18.4% of its 2.98 ms step) after the earliest rank, and the "
           "others wait for it there "
           "(from their arrival at the same collective to its, clocks aligned): rank 3 waits 22.2% of its step's GPU "
           "span at all_reduce for rank 2; 2 other ranks wait 22.2%. imbalance "

@@ -72,7 +72,7 @@ def test_slow_rank_is_named_not_the_waiting_one(results: dict[str, AnalysisResul
     assert chain.title == "Rank 1 holds the others back: its compute (forward, backward and optimizer)"
     assert "clocks aligned): rank 0 waits 46.4% of its step at all_reduce for rank 1." in chain.evidence
     assert "straggler verdict: rank 1's arrival at the step's collectives exceeds its peers'" in chain.evidence
-    assert chain.numbers["phase_excess_ms"] == pytest.approx(29.6269990234375)
+    assert chain.numbers["phase_excess_ms"] == pytest.approx(29.267968587239583)
     assert chain.numbers["peer_wait_pct"] == pytest.approx(46.44022553790378)
     (row,) = result.ranks[0].comm_by_kind
     assert (row.kind, row.waited_for) == ("all_reduce", [1]) and row.wait_pct == pytest.approx(46.44022553790378)

@@ -127,7 +127,7 @@ def test_the_chain_names_the_timers_phase_over_the_run(tmp_path: Path) -> None:
     assert chain.evidence.startswith(
         "data loading takes 50.0 ms more per step than on its peers, who wait 25.0% of their step for it at the "
         "collectives in the traced steps: rank 1's data loading exceeds its peers' by 50.00 ms per step (the step "
-        "timer, median over 15 "
+        "timer, the middle half of 15 "
         "untraced steps), so it reaches each step's collectives 50.00 ms (25.0% of its 200.00 ms step) after the "
         "earliest rank, "
         "and the others wait for it there (from their arrival at the same collective to its, clocks aligned): rank 0 "

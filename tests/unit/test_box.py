@@ -24,7 +24,7 @@ def test_the_slow_ranks_chain_is_the_verdict() -> None:
     assert box("slow_rank1").splitlines() == [
         "+- hf-distprof: in short " + "-" * 74 + "+",
         "| Verdict: Rank 1 holds the others back: its compute (forward, backward and optimizer)             |",
-        "| Why:     compute (forward, backward and optimizer) takes 29.6 ms more per step than on its       |",
+        "| Why:     compute (forward, backward and optimizer) takes 29.3 ms more per step than on its       |",
         "|          peers, who wait 46.4% of their step for it at the collectives in the traced steps       |",
         "|          (confidence 0.98)                                                                       |",
         "| Try:     Rank 1: its compute is slower: check for uneven sequence lengths across ranks (pad to a |",

@@ -259,5 +259,5 @@ def test_the_data_advice_asks_for_what_the_run_s_dataloader_does_not_set(tmp_pat
     actions = [f.action for f in analyze_paths([run], AnalysisOptions(workers=1)).findings]
     assert any(a.startswith("Rank 1: its input pipeline is the bottleneck: raise --dataloader_num_workers above its 2,")
                for a in actions), actions
-    assert "Load data ahead of the step: raise --dataloader_num_workers above its 2, raise --dataloader_prefetch_factor "\
-           "above its 4" in actions
+    assert ("Load data ahead of the step: raise --dataloader_num_workers above its 2, raise "
+            "--dataloader_prefetch_factor above its 4") in actions

@@ -181,9 +181,12 @@ def test_box_findings_and_what_if_agree(tmp_path: Path, traces: str) -> None:
 
 def test_a_rank_pace_saving_counts_as_much_as_the_run_shows(tmp_path: Path) -> None:
     """The traced window (rank 1 slow in its 6 steps) promises ~49% from rank 1 at its peers' pace; over the run's
-    23 judged steps rank 1's own work exceeds rank 0's by 4 ms of a 200 ms step (2%). The table shows both; what counts
-    (what to fix first, the box) is the run's figure, under what is worth fixing, as the slow-rank verdict (under its
-    threshold) says."""
+    23 judged steps rank 1's own work exceeds rank 0's by 4 ms in three steps of five and by 14 ms in the other two
+    (the rows' wobble): 7.6 ms of a 200 ms step, the middle half's mean (a median said 4 ms, 2%: the lower level).
+    The table shows both; what counts (what to fix first, the box) is the run's figure, under what is worth fixing,
+    as the slow-rank verdict (under its threshold) says."""
+    from hf_distprof.core.stats import interquartile_mean
+
     files = run_folder(tmp_path, "slow_rank1", slow_rank=1, excess=0.08)
     rows = {r: [json.loads(line) for line in (tmp_path / f"timing_rank{r}.jsonl").read_text().splitlines()]
             for r in (0, 1)}
@@ -191,7 +194,9 @@ def test_a_rank_pace_saving_counts_as_much_as_the_run_shows(tmp_path: Path) -> N
     live = judge_own_work({r: [rows[r][s - 1]["own_work_s"] for s in judged] for r in rows}, 10.0,
                           [max(rows[r][s - 1]["own_step_s"] for r in rows) for s in judged])
     step_ms = 1e3 * sorted(max(rows[r][s - 1]["step_s"] for r in rows) for s in judged)[len(judged) // 2]
-    over_run = 100.0 * 1e3 * live.effect_abs / step_ms
+    excess = [rows[1][s - 1]["own_work_s"] - rows[0][s - 1]["own_work_s"] for s in judged]
+    over_run = 100.0 * 1e3 * interquartile_mean(excess) / step_ms
+    assert 100.0 * 1e3 * live.effect_abs / step_ms == pytest.approx(1.98, abs=0.01)  # the verdict's median
     result = analyze_paths(files, OPTS)
     verdict = result.cross_rank.imbalance_verdict
     assert (verdict.status, verdict.gate, verdict.rank) == ("quiet", "threshold", 1)
@@ -199,12 +204,12 @@ def test_a_rank_pace_saving_counts_as_much_as_the_run_shows(tmp_path: Path) -> N
     assert "fastest_pace" not in pace  # two ranks: the same replay as slow_rank's, on the same rank, one row
     s = pace["slow_rank"]
     assert s.saving_pct > OPTS.what_if_pct  # the traced window alone
-    assert s.run_saving_pct == pytest.approx(over_run) == pytest.approx(1.98, abs=0.01)
+    assert s.run_saving_pct == pytest.approx(over_run) == pytest.approx(3.81, abs=0.01)
     assert s.counted_pct == s.run_saving_pct
     assert all(s.run_saving_pct is None for s in result.what_if if s.scenario not in ("slow_rank", "fastest_pace"))
     assert "what_to_fix_first" not in {f.kind for f in result.findings}
     box = " ".join(" ".join(line.strip("|").split()) for line in format_box(result).splitlines())
-    assert (f"rank 1 at its peers' median pace (2.0% of the step over the run; {pace['slow_rank'].saving_pct:.1f}% in "
+    assert (f"rank 1 at its peers' median pace (3.8% of the step over the run; {pace['slow_rank'].saving_pct:.1f}% in "
             "the traced steps alone), is within the run's noise" in box
             and "slowest rank 1 (+4.0% median excess per step, under the 10% threshold)" in box), box
     text = format_summary(result)

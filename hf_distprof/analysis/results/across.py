@@ -86,10 +86,10 @@ class RunEvidence:
     fastest_rank: int | None
     """The rank with the least own work per step (median over the steps)."""
     slow_rank_excess_ms: float | None = None
-    """The candidate's excess over its peers' own work, ms per step (median over the steps): at most what its peers
-    wait for it, so the most that bringing it to their pace saves (None without a candidate)."""
+    """The candidate's excess over its peers' own work, ms per step (interquartile mean over the steps): at most what
+    its peers wait for it, so the most that bringing it to their pace saves (None without a candidate)."""
     fastest_gap_ms: float | None = None
-    """The candidate's own work less the fastest rank's, ms per step (median over the steps; with 2 ranks
+    """The candidate's own work less the fastest rank's, ms per step (interquartile mean over the steps; with 2 ranks
     ``slow_rank_excess_ms``): the most that every rank at the fastest's pace saves (None without both)."""
     step_ms: float | None = None
     """The median step time over the judged steps, ms."""
@@ -101,7 +101,7 @@ class PhaseExcess:
 
     phase: str
     excess_us: float
-    """Median over steps of the rank's time in the phase less the median of its peers'."""
+    """The rank's time in the phase less the median of its peers', per step (interquartile mean over the steps)."""
     steps: int
     from_timer: bool = False
     """Whether it comes from the step timer's records over the judged steps (else from the traced window)."""

@@ -378,8 +378,8 @@ def _memory(j: Judgement) -> Prose:
 
 def _source(from_timer: bool, steps: int) -> str:
     """Where a phase's excess comes from, in words."""
-    return (f"the step timer, median over {steps} untraced steps" if from_timer
-            else f"the traced window, median over {steps} steps")
+    return (f"the step timer, the middle half of {steps} untraced steps" if from_timer
+            else f"the traced window, the middle half of {steps} steps")
 
 
 def _chain(j: Judgement) -> Prose:
