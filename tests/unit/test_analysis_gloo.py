@@ -274,8 +274,8 @@ def test_the_wait_for_a_cpu_is_read_from_the_timer_files_beside_the_traces(tmp_p
         rows += [{"step": 5, "cpu_wait_s": -1.0}, {"step": 6, "cpu_wait_s": None}]
         (tmp_path / f"timing_rank{rank}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "timing_rankX.jsonl").write_text('{"step": 1, "cpu_wait_s": 0.5}\n')  # no rank in the name
-    # Garbled files are left out whole, each named with its line, as compare refuses them (a last line cut short by
-    # a killed run is not garbled: the lines before it hold).
+    # A garbled line is left out and named with its file and line (compare refuses such a run); the file's other lines
+    # are read: one bad line must not cost a rank its records (a cut-short last line of a killed run is no bad line).
     garbled = {2: ['{"step": 1, "cpu_wait_s": 0.5}', "{not json", '{"step": 3, "cpu_wait_s": 0.5}'],
                3: ['{"step": 1, "cpu_wait_s": "x"}'], 4: ['["not", "a", "row"]'], 5: ['{"step": "7"}'],
                6: ['{"step": 1, "cpu_wait_s": 0.1}', '{"step": 2, "cpu_']}
@@ -285,27 +285,25 @@ def test_the_wait_for_a_cpu_is_read_from_the_timer_files_beside_the_traces(tmp_p
     from hf_distprof.analysis.across.evidence import timer_figures
 
     records = read_timer_records(files)
+    none = "that line is left out, no record of this rank read"
     assert records.skipped == [
-        (str(tmp_path / "timing_rank2.jsonl"), "line 2: not JSON (Expecting property name enclosed in double quotes); "
-                                               "the step timer's records of this rank are left out"),
-        (str(tmp_path / "timing_rank3.jsonl"), "line 1: 'cpu_wait_s' is 'x', not a number; the step timer's records "
-                                               "of this rank are left out"),
-        (str(tmp_path / "timing_rank4.jsonl"), "line 1: a record without a 'step'; the step timer's records of this "
-                                               "rank are left out"),
-        (str(tmp_path / "timing_rank5.jsonl"), "line 1: 'step' is '7', not a number; the step timer's records of "
-                                               "this rank are left out"),
+        (str(tmp_path / "timing_rank2.jsonl"), "line 2: not JSON (Expecting property name enclosed in double quotes): "
+                                               "that line is left out, the others read"),
+        (str(tmp_path / "timing_rank3.jsonl"), f"line 1: 'cpu_wait_s' is 'x', not a number: {none}"),
+        (str(tmp_path / "timing_rank4.jsonl"), f"line 1: a record without a 'step': {none}"),
+        (str(tmp_path / "timing_rank5.jsonl"), f"line 1: 'step' is '7', not a number: {none}"),
     ]
-    assert sorted(records.rows) == [0, 1, 6]
+    assert sorted(records.rows) == [0, 1, 2, 6]
     assert timer_figures(records, set()).cpu_wait == {0: {1: 0.02, 2: 0.02, 3: 0.02}, 1: {1: 0.0, 2: 0.0, 3: 0.0},
-                                                      6: {1: 0.1}}
-    assert timer_figures(read_timer_records([str(tmp_path / "elsewhere" / "rank-0.json.gz")]), set()).cpu_wait == {}
+                                                      2: {1: 0.5, 3: 0.5}, 6: {1: 0.1}}
 
 
-def test_analyze_names_a_garbled_timer_file_instead_of_reading_around_it(
+def test_analyze_names_a_garbled_timer_line_it_reads_around(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """compare refuses a run whose timing_rank{R}.jsonl has a garbled line; analyze read the lines around it in
-    silence. It now leaves the file out and says so, where it says every file it could not read."""
+    silence. It still reads them (a rank's records lost for one line cleared the slow rank), and now says so, where it
+    says every file it could not read."""
     import shutil
 
     from hf_distprof.analysis import format_box
@@ -318,10 +316,10 @@ def test_analyze_names_a_garbled_timer_file_instead_of_reading_around_it(
     (tmp_path / "timing_rank0.jsonl").write_text('{"step": 1, "step_s": 0.1}\n{"step": 2, "step_s": 0.1}\n')
     (tmp_path / "timing_rank1.jsonl").write_text('{"step": 1, "step_s": 0.1}\ngarbage\n{"step": 2, "step_s": 0.1}\n')
     result = analyze_paths(files, AnalysisOptions(workers=1))
-    why = "line 2: not JSON (Expecting value); the step timer's records of this rank are left out"
+    why = "line 2: not JSON (Expecting value): that line is left out, the others read"
     assert result.errors == [FileError(str(tmp_path / "timing_rank1.jsonl"), why)]
     assert [r.rank for r in result.ranks] == [0, 1]
-    assert "1 file(s) could not be read; the answer covers the 2 ranks read" in format_box(result)
+    assert "1 file(s) could not be read whole; the answer covers the 2 ranks read" in format_box(result)
     assert main(["analyze", *map(str, files)]) == 0
     err = capsys.readouterr().err
     assert f"hf-distprof analyze: skipped {tmp_path / 'timing_rank1.jsonl'}: {why}" in err.splitlines()

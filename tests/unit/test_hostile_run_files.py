@@ -94,7 +94,8 @@ def test_step_timer_records_that_are_not_records_are_a_named_error(tmp_path):
     result = analyze_paths([folder], OPTS)
     assert [r.rank for r in result.ranks] == [0] and result.profiler_slowdown is None
     assert [(e.path, e.reason) for e in result.errors] == [(str(folder / "timing_rank0.jsonl"), (
-        "line 1: a record without a 'step'; the step timer's records of this rank are left out"))]
+        "line 1: a record without a 'step'; line 2: a record without a 'step'; line 3: a record without a 'step': "
+        "those lines are left out, no record of this rank read"))]
 
 
 DEEP = b"[" * 100_000 + b"]" * 100_000
@@ -102,8 +103,8 @@ BESIDE_TRACES = {  # what analyze reads beside the traces: a named error (manife
     "manifest.json": "not valid JSON (nested too deeply)",
     "manifest_rank0_h.json": "not valid JSON (nested too deeply)",
     "timing_summary.json": "",
-    "timing_rank0.jsonl": ("line 1: not a record (nested too deeply); the step timer's records of this rank are left "
-                           "out"),
+    "timing_rank0.jsonl": ("line 1: not a record (nested too deeply): that line is left out, no record of this rank "
+                           "read"),
 }
 
 

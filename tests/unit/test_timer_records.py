@@ -77,22 +77,37 @@ def test_older_files_without_marks_give_no_verdict_and_their_first_row_is_the_wa
     assert sorted(timer_figures(records, set()).step_times) == list(range(2, 23))
 
 
-def test_a_garbled_file_is_left_out_whole_and_one_rank_gives_no_verdict(tmp_path: Path) -> None:
+def test_a_garbled_line_is_left_out_and_said_and_one_rank_gives_no_verdict(tmp_path: Path) -> None:
     row = {"step": 2, "step_s": 0.2, "own_work_s": 0.1, "warmup": False, "traced": False}
     (tmp_path / "timing_rank0.jsonl").write_text(json.dumps(row) + "\n")
-    for rank, line in ((1, "{not json"), (2, json.dumps(["a", "list"])), (3, json.dumps({**row, "step": "3"})),
-                       (4, json.dumps({**row, "step": True}))):
-        (tmp_path / f"timing_rank{rank}.jsonl").write_text("\n".join([line, json.dumps(row), ""]))
+    (tmp_path / "timing_rank1.jsonl").write_text("\n".join(["{not json", json.dumps(["a", "list"]),
+                                                              json.dumps({**row, "step": "3"}),
+                                                              json.dumps({**row, "step": True}), ""]))
     (tmp_path / "timing_rankX.jsonl").write_text(json.dumps(row))  # no rank in the name
     records = read_timer_records([tmp_path / "x.json"])
     assert records.rows == {0: {2: row}} and records.marked
-    assert [(Path(p).name, why.split(";")[0]) for p, why in records.skipped] == [
-        ("timing_rank1.jsonl", "line 1: not JSON (Expecting property name enclosed in double quotes)"),
-        ("timing_rank2.jsonl", "line 1: a record without a 'step'"),
-        ("timing_rank3.jsonl", "line 1: 'step' is '3', not a number"),
-        ("timing_rank4.jsonl", "line 1: 'step' is True, not a number")]
+    assert [(Path(p).name, why) for p, why in records.skipped] == [(
+        "timing_rank1.jsonl", "line 1: not JSON (Expecting property name enclosed in double quotes); line 2: a record "
+        "without a 'step'; line 3: 'step' is '3', not a number (and 1 more): those lines are left out, no record of "
+        "this rank read")]
     assert verdict(records, 10.0) is None  # one rank
     assert read_timer_records([tmp_path / "elsewhere" / "x.json"]).rows == {}
+
+
+def test_one_garbled_line_of_the_slow_rank_s_records_keeps_its_verdict(tmp_path: Path) -> None:
+    """A review: a rank's whole file left out for one bad line re-judged the others without it (3 ranks), and the
+    slow rank was cleared."""
+    for rank in (0, 1, 2):
+        rows = [{"step": s, "step_s": 1.0, "own_work_s": 1.5 if rank == 1 else 1.0, "warmup": s == 1,
+                 "traced": False} for s in range(1, 31)]
+        lines = [json.dumps(r) for r in rows]
+        if rank == 1:
+            lines[5] = lines[5][:20]  # cut short mid-file
+        (tmp_path / f"timing_rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
+    records = read_timer_records([tmp_path / "x.json"])
+    assert sorted(records.rows) == [0, 1, 2] and len(records.rows[1]) == 29
+    got = verdict(records, 10.0)
+    assert got is not None and (got.status, got.rank) == ("raised", 1)
 
 
 def test_the_verdict_keeps_the_latest_steps_the_timer_keeps(tmp_path: Path) -> None:

@@ -15,14 +15,14 @@ from pathlib import Path
 from hf_distprof.analysis.results.timer import TimerRecords
 from hf_distprof.core import names
 from hf_distprof.core.names import TIMING_RE
-from hf_distprof.core.records import RecordsError, read_records
+from hf_distprof.core.records import RecordsError, read_records_skipping
 
 
 def read_timer_records(files: Iterable[str | Path]) -> TimerRecords:
     """The step timer's records in the folders of ``files`` (the traces); empty without any.
 
-    Each file is read by the rule ``compare`` reads it by (:func:`hf_distprof.core.records.read_records`): a file that
-    breaks it is left out whole and listed in ``skipped`` with why (a garbled line is not the step timer's record).
+    Each line is read by the rule ``compare`` reads it by (:mod:`hf_distprof.core.records`): a line that breaks it is
+    left out and listed in ``skipped`` with why (the other lines read), a file that cannot be read likewise.
     """
     out = TimerRecords()
     marks: list[bool] = []
@@ -32,11 +32,16 @@ def read_timer_records(files: Iterable[str | Path]) -> TimerRecords:
             if not found:
                 continue
             try:
-                rows = read_records(log)
+                rows, bad = read_records_skipping(log)
             except RecordsError as err:
                 out.skipped.append((str(log), f"{str(err).removeprefix(str(log)).lstrip(', :')}; the step timer's "
                                     "records of this rank are left out"))
                 continue
+            if bad:  # the other lines read; the skipped ones said
+                more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
+                those = "that line is" if len(bad) == 1 else "those lines are"
+                kept = "the others read" if rows else "no record of this rank read"
+                out.skipped.append((str(log), f"{'; '.join(bad[:3])}{more}: {those} left out, {kept}"))
             rank = int(found.group(1))
             first = True
             for row in rows:
