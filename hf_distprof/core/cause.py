@@ -76,7 +76,7 @@ class Attribution:
     compute_s: float
     """Its own compute over its peers'."""
     cpu_wait_abs_s: float = 0.0
-    """Its own wait for a CPU per step (median), and its peers' (the median of theirs)."""
+    """Its own wait for a CPU per step, and its peers' (per step the median of theirs), as the other figures."""
     peers_cpu_wait_s: float = 0.0
     unit: str = "tokens"
     """What the work is counted in: ``tokens``, else ``samples``."""
@@ -194,8 +194,8 @@ def attribute(parts: Mapping[str, Mapping[int, Sequence[float]]], rank: int, thr
     return Attribution(
         rank=rank, cause=cause, steps=n, excess_s=excess, cpu_wait_s=cpu, data_s=data, compute_s=compute,
         cpu_wait_beyond_work_s=cpu_beyond, data_beyond_work_s=data_beyond,
-        cpu_wait_abs_s=median(parts["cpu_wait"][rank][:n]),
-        peers_cpu_wait_s=median(median(parts["cpu_wait"][r][i] for r in arrival if r != rank) for i in range(n)),
+        cpu_wait_abs_s=typical(list(parts["cpu_wait"][rank][:n])),
+        peers_cpu_wait_s=typical([median(parts["cpu_wait"][r][i] for r in arrival if r != rank) for i in range(n)]),
         unit=unit, work_ratio=work, speed_ratio=speed, slowest_in=slowest, longest_run=_runs(last),
         persistent=slowest >= PERSISTENT_SHARE * n,
         more_work_too=cause in (Cause.CPU_WAIT, Cause.INPUT) and work is not None and work > above,

@@ -54,6 +54,9 @@ def verdict_from_json(doc: Mapping[str, Any] | None) -> SlowRankVerdict | None:
             return None
     if not 0.0 <= p <= 1.0 or not all(isinstance(values.get(k, ""), str) for k in ("reason", "gate", "test", "claim")):
         return None
+    cost = values.get("cost_pct")  # (None: no step times; a severity is made of it)
+    if cost is not None and (isinstance(cost, bool) or not isinstance(cost, (int, float)) or not math.isfinite(cost)):
+        return None
     for key in ("slowest_in", "ranks", "min_steps"):
         v = values[key]
         if isinstance(v, bool) or not isinstance(v, int):

@@ -77,6 +77,18 @@ def test_a_loader_slow_in_every_other_step_is_said_at_its_cost_per_step():
     assert attribute_rows(table, 1, 10.0).data_s == pytest.approx(0.002)
 
 
+def test_a_wait_for_a_cpu_in_every_other_step_is_said_on_one_footing():
+    # A review: its own wait was a median (31 ms, the upper level) beside interquartile means: "it waited 31 ms per step
+    # for a CPU (its peers 1.0 ms), 16 ms of the 16 ms its peers wait for it".
+    table = {r: [(0.011 + (0.030 if r == 1 and i % 2 else 0.0), 0.001 + (0.030 if r == 1 and i % 2 else 0.0), 0.001,
+                  0.009, 256.0, 8.0) for i in range(53)] for r in (0, 1)}
+    got = attribute_rows(table, 1, 10.0)
+    assert got is not None and got.cause == Cause.CPU_WAIT
+    assert got.cpu_wait_abs_s - got.peers_cpu_wait_s == pytest.approx(got.cpu_wait_s)
+    assert 0.0135 < got.cpu_wait_s < 0.0165 and cause_why(got).startswith(
+        f"not your code: it waited {got.cpu_wait_abs_s * 1e3:.0f} ms per step for a CPU (its peers 1.0 ms), ")
+
+
 def test_the_interquartile_mean_weighs_quarter_steps_by_their_share():
     from hf_distprof.core.stats import interquartile_mean
 

@@ -121,7 +121,9 @@ def test_a_verdict_round_trips_through_json_and_a_malformed_one_is_ignored() -> 
     back = verdict_from_json(v.to_json())
     assert back == v and decided(back)
     for bad in ({**v.to_json(), "p_value": 2.0}, {**v.to_json(), "rank": "1"}, {**v.to_json(), "steps": 0},
-                {k: x for k, x in v.to_json().items() if k != "reason"}, None, []):
+                {k: x for k, x in v.to_json().items() if k != "reason"}, None, [],
+                {**v.to_json(), "cost_pct": "x"}, {**v.to_json(), "cost_pct": float("nan")},
+                {**v.to_json(), "cost_pct": True}):  # (a review: a severity made of "x" crashed analyze)
         assert verdict_from_json(bad) is None, bad
     window = judge_own_work({0: [1.0, 1.0, 1.0], 1: [1.0, 1.01, 1.0]}, 10.0, [2.0] * 3)
     followed = follow_the_run(window, v)
