@@ -553,8 +553,8 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         assert self._series is not None
         # A rank slowest in a few steps only, whose peers waited for it there (beside a slow rank: beyond its usual).
         raised = final.rank if final is not None and final.raised else None
-        burst = self._series.burst(self.args.imbalance_threshold_pct, self._exclude(), raised,
-                                   final.gate if final is not None else "")
+        gate = "" if final is None else "undecided" if final.status == "undecided" else final.gate
+        burst = self._series.burst(self.args.imbalance_threshold_pct, self._exclude(), raised, gate)
         report = self._report(runs, flops, final, burst)  # (the burst's rank the table's slowest, as analyze's)
         if report is None:
             return

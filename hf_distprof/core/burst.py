@@ -116,6 +116,8 @@ class Burst:
     def against(self) -> str:
         """How it stands beside the slow-rank verdict, as said."""
         if self.beside is None:
+            if self.gate == "undecided":
+                return "not the slow rank of the run: the verdict over the run has too few steps to decide"
             if self.gate and self.gate != "persistence":  # (a trial: "slowest in too few steps" beside 35 of 53)
                 return (f"not the slow rank of the run: the verdict over the run, which judges the median step, is "
                         f"quiet, {QUIET_WHY.get(self.gate, self.gate)}")

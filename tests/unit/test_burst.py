@@ -219,3 +219,23 @@ def test_the_profiler_s_slowdown_closes_the_findings_whatever_its_severity() -> 
     comm = Judgement(kind="communication_bound", severity=31.0, ranks=[0], facts=None)
     assert [j.kind for j in in_order([slowdown, stalls, comm])] == ["communication_bound", "burst", "profiler_slowdown"]
     assert in_order([slowdown]) == [slowdown]  # alone, it is still the verdict
+
+
+def test_a_burst_of_the_rank_a_slow_rank_finding_names_is_not_said_again(tmp_path: Path) -> None:
+    # A trial's run stopped by Ctrl-C after 4 judged steps: its window named rank 0 slow ("Rank 0 holds the others
+    # back"), and a burst over the 4 steps said the same wait again as "not the slow rank of the run: slowest in too
+    # few steps". The run's verdict, too short, is undecided: a burst alone says so.
+    from hf_distprof.analysis import AnalysisOptions, analyze_paths
+
+    for rank in (0, 1):
+        shutil.copy(DATA / "slow_rank1" / f"rank-{rank}.json.gz", tmp_path / f"rank-{rank}.json.gz")
+        rows = [{"step": s, "step_s": 0.5, "own_work_s": 0.1 + (0.3 if rank == 1 and s > 7 else 0.0),
+                 "own_step_s": 0.5, "cpu_wait_s": 0.0, "warmup": s == 1, "traced": 2 <= s <= 7} for s in range(1, 12)]
+        (tmp_path / f"timing_rank{rank}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = analyze_paths(sorted(tmp_path.glob("rank-*.json.gz")), AnalysisOptions(workers=1))
+    kinds = [f.kind for f in result.findings]
+    assert "slow_rank" in kinds and "burst" not in kinds, kinds
+    work = {0: [0.1] * 4, 1: [0.4] * 4}
+    alone = find_burst(work, [8, 9, 10, 11], [0.5] * 4, 10.0, None, None, "undecided")
+    assert alone is not None and alone.against == ("not the slow rank of the run: the verdict over the run has too "
+                                                   "few steps to decide")

@@ -141,6 +141,10 @@ def judge(ranks: list[RankResult], across: Across, replay: WhatIf | None, summar
     gpu = any(r.device == "gpu" for r in ranks)
     # The slow rank's finding as one chain (its slow phase -> late at the collectives -> its peers wait).
     findings = chain.explain(findings, across, verdicts, gpu)
+    # A burst of the rank a slow-rank finding names is that finding's wait said again, as "not the slow rank" (a
+    # trial's run stopped after 4 judged steps, its window naming the rank); stalls beside it stay.
+    named = {r for f in findings if f.kind == "slow_rank" for r in f.ranks}
+    findings = [f for f in findings if not (f.kind == "burst" and f.facts.burst.beside is None and f.ranks[0] in named)]
     backend = next((r.backend for r in ranks if r.backend), None)
     fsdp = any(is_fsdp(r) for r in ranks)
     first = what_to_fix_first(answer, options.what_if_pct, gpu, backend, fsdp) if answer is not None else None
