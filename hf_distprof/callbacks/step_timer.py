@@ -33,13 +33,13 @@ from hf_distprof.timing import comm_overhead, gpu_health, publish
 from hf_distprof.timing.clock import default_clock, training_device
 from hf_distprof.timing.cpu_wait import RunQueueClock
 from hf_distprof.timing.instrument import (ModelHooks, PhaseLabels, current_memory_bytes, instrument_loader,
-                                           loads_elsewhere, peak_memory_bytes)
+                                           loader_settings, loads_elsewhere, peak_memory_bytes)
 from hf_distprof.timing.jsonl import JsonlFile
 from hf_distprof.timing.recorder import StepRecorder, StepTiming
 from hf_distprof.timing.report import (CrossRankReport, PhaseTotals, RankSummary, StepSeries, cross_rank_report,
                                        live_time_warnings, memory_warning, peak_tflops_for_device, step_row)
 from hf_distprof.core import signals
-from hf_distprof.core.advice import LoaderSettings, loader_settings
+from hf_distprof.core.advice import LoaderSettings
 from hf_distprof.core.cause import Attribution, with_device
 from hf_distprof.core.growth import GrowthWatch, MemoryGrowth
 

@@ -36,20 +36,6 @@ class LoaderSettings:
         return asdict(self)
 
 
-def loader_settings(loader: Any) -> LoaderSettings | None:
-    """What ``loader`` (the Trainer's, as its callbacks receive it: accelerate's wrapper around a torch
-    ``DataLoader``) loads with; None for a loader that is not a ``DataLoader``."""
-    base = getattr(loader, "base_dataloader", loader)
-    workers = getattr(base, "num_workers", None)
-    if not isinstance(workers, int) or isinstance(workers, bool):
-        return None
-    prefetch = getattr(base, "prefetch_factor", None)
-    return LoaderSettings(num_workers=workers, persistent_workers=bool(getattr(base, "persistent_workers", False)),
-                          pin_memory=bool(getattr(base, "pin_memory", False)),
-                          prefetch_factor=prefetch if isinstance(prefetch, int) and workers > 0 else None,
-                          dispatched=type(loader).__name__ == "DataLoaderDispatcher")
-
-
 def loader_from_json(doc: Any) -> LoaderSettings | None:
     """:meth:`LoaderSettings.to_json` read back; None when absent or of the wrong types."""
     if not isinstance(doc, dict):
@@ -57,7 +43,8 @@ def loader_from_json(doc: Any) -> LoaderSettings | None:
     workers, prefetch = doc.get("num_workers"), doc.get("prefetch_factor")
     flags = [doc.get(k) for k in ("persistent_workers", "pin_memory", "dispatched")]
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 0 or not all(
-            isinstance(f, bool) for f in flags) or not (prefetch is None or isinstance(prefetch, int)):
+            isinstance(f, bool) for f in flags) or not (prefetch is None or (isinstance(prefetch, int)
+                                                                            and not isinstance(prefetch, bool))):
         return None
     return LoaderSettings(workers, flags[0], flags[1], prefetch, flags[2])
 
@@ -70,8 +57,9 @@ def loading_asks(on_gpu: bool, loader: LoaderSettings | None) -> str:
         return "raise --dataloader_num_workers, " + ("set --dataloader_pin_memory, " if pin else "")
     asks = []
     if loader.dispatched:
-        asks.append("rank 0 loads and sends every rank's batches (accelerate dispatches an IterableDataset's): give "
-                    "each rank its own shard and set --accelerator_config '{\"dispatch_batches\": false}'")
+        asks.append("give each rank its own shard of the data and set --accelerator_config "
+                    "'{\"dispatch_batches\": false}' (accelerate now dispatches the batches: rank 0 loads every rank's "
+                    "and sends them)")
     if loader.num_workers == 0:
         asks.append("raise --dataloader_num_workers (0 now: the training process loads each batch between steps)")
     else:

@@ -173,7 +173,7 @@ def profiler_slowdown(
                     + (f" (also on: {', '.join(on)})" if on else ""))
         warning = (
             f"the profiler slows the steps it traces by {apart(ratio, threshold_ratio)}x (median {med:.4f}s inside its "
-            f"window{left_out_words(left_out)} vs {mid:.4f}s over the {len(ref)} untraced steps after its start; the "
+            f"window vs {mid:.4f}s over the {len(ref)} untraced steps after its start{left_out_words(left_out)}; the "
             f"run's own noise {noise:.1f}%; threshold {threshold_ratio:g}x): times and findings from the trace "
             f"describe a slower run than yours; {cost}."
         )
@@ -200,11 +200,12 @@ def profiler_slowdown(
 
 
 def left_out_words(left_out: Sequence[int]) -> str:
-    """" (step 10, after a pause, left out)" or "" without any."""
+    """"; step 10 left out: it waited for an evaluation, a checkpoint or a trace's export" or "" without any."""
     if not left_out:
         return ""
     steps = ", ".join(map(str, sorted(left_out)))
-    return f" (step{'s' if len(left_out) > 1 else ''} {steps}, after a pause, left out)"
+    return (f"; step{'s' if len(left_out) > 1 else ''} {steps} left out: "
+            f"{'it' if len(left_out) == 1 else 'they'} waited for an evaluation, a checkpoint or a trace's export")
 
 
 def _medians(values: Mapping[int, float] | None, inside: list[int], reference: list[int]) -> tuple[float, float] | None:

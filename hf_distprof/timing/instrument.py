@@ -20,6 +20,7 @@ from torch.profiler import record_function
 from torch.utils.data import DataLoader, IterableDataset
 
 from hf_distprof.callbacks.memory import stats as memstats
+from hf_distprof.core.advice import LoaderSettings
 from hf_distprof.timing.recorder import StepRecorder
 
 
@@ -308,11 +309,29 @@ def loads_elsewhere(loader: Any, rank: int) -> bool:
     """Whether rank ``rank`` gets its batches from another rank: accelerate's ``DataLoaderDispatcher``
     (``dispatch_batches``, its default for an ``IterableDataset``) has rank 0 load every rank's batches and broadcast
     them, so the other ranks never call the loader's ``next()``: their data wait is a wait for rank 0, not loading."""
+    return rank != 0 and dispatched(loader)
+
+
+def dispatched(loader: Any) -> bool:
+    """Whether accelerate dispatches ``loader``'s batches from rank 0 (its ``DataLoaderDispatcher``)."""
     try:
         from accelerate.data_loader import DataLoaderDispatcher
     except ImportError:  # pragma: no cover - accelerate is a dependency
         return False
-    return isinstance(loader, DataLoaderDispatcher) and rank != 0
+    return isinstance(loader, DataLoaderDispatcher)
+
+
+def loader_settings(loader: Any) -> LoaderSettings | None:
+    """What ``loader`` (the Trainer's, as its callbacks receive it: accelerate's wrapper around a torch ``DataLoader``)
+    loads with (:class:`~hf_distprof.core.advice.LoaderSettings`); None for a loader that is not a ``DataLoader``."""
+    base = base_dataloader(loader)
+    if base is None:
+        return None
+    workers = int(base.num_workers)  # (torch takes a bool too)
+    prefetch = base.prefetch_factor if workers > 0 and isinstance(base.prefetch_factor, int) else None
+    return LoaderSettings(num_workers=workers, persistent_workers=bool(base.persistent_workers),
+                          pin_memory=bool(base.pin_memory), prefetch_factor=prefetch,
+                          dispatched=dispatched(loader))
 
 
 def instrument_loader(

@@ -435,13 +435,13 @@ class StepSeries:
     def profiler_slowdown(self, busy: set[int], traced: Callable[[int], bool], args: Any,
                           host_timed: bool = True) -> ProfilerSlowdown | None:
         """The profiler's slowdown over the kept steps (:func:`hf_distprof.core.overhead.profiler_slowdown`): the
-        steps it traced (``traced``) against the others, those it was busy in left out on both sides; ``args``: the
-        profiling flags (which options it ran with, the threshold); with ``host_timed``, each step's wait for a CPU
-        of the rank last to the sync (the largest pre-sync time's part)."""
+        steps it traced (``traced``) against the others, those it was busy in left out on both sides (and said, as are
+        traced steps with no row: after a pause); ``args``: the profiling flags (its options, the threshold); with
+        ``host_timed``, each step's wait for a CPU of the rank last to the sync (the largest pre-sync time's part)."""
         times = self.step_times()
         waits = {s: max(v[3])[1] for s, v in self._steps.items() if v[3] is not None} if host_timed else None
-        inside = {s for s in times if traced(s)}  # (a traced step with no row: after a pause, left out and said)
-        left_out = [s for s in range(min(times, default=0), max(times, default=-1)) if traced(s) and s not in times]
+        inside, left_out = {s for s in times if traced(s)}, [s for s in range(min(times, default=0), max(
+            times, default=-1) + 1) if traced(s) and (s not in times or s in busy)]
         return profiler_slowdown(
             {s: t for s, t in times.items() if s not in busy}, inside,
             {"record_shapes": args.profiler_record_shapes, "profile_memory": args.profiler_profile_memory,

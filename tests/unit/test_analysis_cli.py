@@ -59,7 +59,7 @@ def test_analyze_json_and_report(tmp_path: Path, capsys: pytest.CaptureFixture[s
 def test_analyze_text_summary(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["analyze", str(DATA / "clean"), "--workers", "1"]) == 0
     out = capsys.readouterr().out
-    assert "Analysed 2 rank(s), 0 file(s) skipped." in out and "No finding" in out
+    assert "Analysed 2 rank(s), 0 file(s) skipped or read in part." in out and "No finding" in out
 
 
 def test_exit_status_nonzero_only_when_nothing_analysed(
@@ -195,12 +195,13 @@ def test_nothing_analysed_prints_no_headline_and_each_skip_once(
     (tmp_path / "rank0.json").write_bytes(b"")
     assert main(["analyze", str(tmp_path), "--workers", "1"]) == 1
     out, err = capsys.readouterr()
-    assert out == "Analysed 0 rank(s), 1 file(s) skipped.\n"
+    assert out == "Analysed 0 rank(s), 1 file(s) skipped or read in part.\n"
     assert err.count("rank0.json") == 1 and "Headline" not in err
     shutil.copy(DATA / "clean" / "rank-1.json.gz", tmp_path / "rank1.json.gz")
     assert main(["analyze", str(tmp_path), "--workers", "1"]) == 0
     out, err = capsys.readouterr()
-    assert "Analysed 1 rank(s), 1 file(s) skipped." in out and "Headline:" in out and "rank0.json" not in out
+    assert "Analysed 1 rank(s), 1 file(s) skipped or read in part." in out
+    assert "Headline:" in out and "rank0.json" not in out
     assert err.count("rank0.json") == 1
     # The hook's findings text, printed alone, still lists the skipped file (and no zero headline).
     result = analyze_paths([tmp_path / "rank0.json"], AnalysisOptions(workers=1))

@@ -184,8 +184,9 @@ def test_a_profiler_that_costs_little_raises_nothing(tmp_path: Path) -> None:
     # A step of the window after an evaluation, left out of the count: said (a trial's 5-step window read "the 4").
     ({"ratio": 1.15, "threshold_ratio": 1.25, "warning": None, "noise_pct": 3.0, "steps_inside": 4,
       "steps_before": 0, "steps_after": 12, "steps_left_out": [10]},
-     "Profiler slowdown: the 4 steps under the profiler (its warm-up and recorded steps) (step 10, after a pause, "
-     "left out) 1.15x the 12 untraced steps after the window's start (the run's own noise 3.0%); below 1.25x"),
+     "Profiler slowdown: the 4 steps under the profiler (its warm-up and recorded steps; step 10 left out: it waited "
+     "for an evaluation, a checkpoint or a trace's export) 1.15x the 12 untraced steps after the window's start (the "
+     "run's own noise 3.0%); below 1.25x"),
     # An older summary: no noise, compared with every other step.
     ({"ratio": 1.1, "threshold_ratio": 1.25, "warning": None}, "Profiler slowdown: traced steps 1.10x the other steps; "
      "below 1.25x"),

@@ -237,16 +237,20 @@ def test_the_data_advice_asks_for_what_the_run_s_dataloader_does_not_set(tmp_pat
     from torch.utils.data import DataLoader
 
     from hf_distprof.analysis import AnalysisOptions, analyze_paths
-    from hf_distprof.core.advice import LoaderSettings, load_ahead, loader_from_json, loader_settings, phase_advice
+    from hf_distprof.core.advice import LoaderSettings, load_ahead, loader_from_json, phase_advice
+    from hf_distprof.timing.instrument import loader_settings
 
     assert loader_settings(DataLoader(list(range(8)), batch_size=2)) == LoaderSettings(0, False, False, None, False)
     shard = DataLoaderShard(list(range(8)), batch_size=2, num_workers=2, persistent_workers=True, pin_memory=True)
     assert loader_settings(shard) == LoaderSettings(2, True, True, 2, False)
     assert loader_settings(DataLoaderDispatcher(list(range(8)), batch_size=2)).dispatched is True
     assert loader_settings([1, 2]) is None
+    assert loader_settings(DataLoader(list(range(8)), batch_size=2, num_workers=True)).num_workers == 1
     assert loader_from_json(LoaderSettings(2, True, True, 2).to_json()) == LoaderSettings(2, True, True, 2)
     for bad in (None, 5, {"num_workers": "2"}, {"num_workers": 2, "persistent_workers": 1, "pin_memory": True,
-                                                 "prefetch_factor": 2, "dispatched": False}):
+                                                 "prefetch_factor": 2, "dispatched": False},
+                {"num_workers": 2, "persistent_workers": True, "pin_memory": True, "prefetch_factor": True,
+                 "dispatched": False}):
         assert loader_from_json(bad) is None
     two = LoaderSettings(2, True, True, 4)
     assert phase_advice("data", True, two) == (
@@ -257,9 +261,9 @@ def test_the_data_advice_asks_for_what_the_run_s_dataloader_does_not_set(tmp_pat
         "Load data ahead of the step: raise --dataloader_num_workers (0 now: the training process loads each batch "
         "between steps)")
     assert load_ahead(True, LoaderSettings(2, False, False, 2, True)).startswith(
-        "Load data ahead of the step: rank 0 loads and sends every rank's batches (accelerate dispatches an "
-        "IterableDataset's): give each rank its own shard and set --accelerator_config '{\"dispatch_batches\": false}'"
-        ", raise --dataloader_num_workers above its 2, set --dataloader_persistent_workers")
+        "Load data ahead of the step: give each rank its own shard of the data and set --accelerator_config "
+        "'{\"dispatch_batches\": false}' (accelerate now dispatches the batches: rank 0 loads every rank's and sends "
+        "them), raise --dataloader_num_workers above its 2, set --dataloader_persistent_workers")
     assert load_ahead(True, None) == ("Load data ahead of the step: DataLoader num_workers > 0, pin_memory=True, "
                                       "persistent_workers=True, prefetch_factor")  # (no settings recorded: as before)
     # analyze reads them from timing_summary.json: the slow rank's and the what-if's advice follow them.

@@ -92,7 +92,7 @@ def test_malformed_event_is_a_file_error_not_a_crash(tmp_path: Path, capsys: pyt
     assert [(e.path, e.reason) for e in result.errors] == [(str(path), "malformed trace event (KeyError: 'ts')")]
     assert main(["analyze", str(path), "--workers", "1"]) == 1
     out, err = capsys.readouterr()
-    assert out == "Analysed 0 rank(s), 1 file(s) skipped.\n"
+    assert out == "Analysed 0 rank(s), 1 file(s) skipped or read in part.\n"
     assert f"{path}: malformed trace event (KeyError: 'ts')" in err and "Traceback" not in err
 
 

@@ -184,7 +184,7 @@ def test_a_wrong_type_in_the_trace_metadata_is_ignored_and_the_rank_taken_from_t
     path = write(tmp_path / "rank0_h_step1-2.pt.trace.json", doc)
     result = analyze_paths([path], OPTS)
     assert [r.rank for r in result.ranks] == [0] and result.errors == []
-    assert format_summary(result).startswith("Analysed 1 rank(s), 0 file(s) skipped.")
+    assert format_summary(result).startswith("Analysed 1 rank(s), 0 file(s) skipped or read in part.")
 
 
 # ---- file names, order and duplicates -----------------------------------------------------------------------
@@ -199,7 +199,7 @@ def test_a_non_utf8_file_name_is_analysed_and_printed_without_crashing(tmp_path)
     proc = cli("analyze", str(folder))
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
-    assert proc.stdout.startswith("Analysed 1 rank(s), 0 file(s) skipped.")
+    assert proc.stdout.startswith("Analysed 1 rank(s), 0 file(s) skipped or read in part.")
 
 
 def without_paths(result: dict) -> dict:

@@ -46,7 +46,7 @@ def test_a_run_manifest_with_wrong_types_is_a_named_error_and_the_traces_are_sti
     result = analyze_paths([folder], OPTS)
     assert [r.rank for r in result.ranks] == [0] and result.run is None
     assert [e.path for e in result.errors] == [str(folder / "manifest.json")] and result.errors[0].reason
-    assert format_summary(result).startswith("Analysed 1 rank(s), 1 file(s) skipped.")
+    assert format_summary(result).startswith("Analysed 1 rank(s), 1 file(s) skipped or read in part.")
 
 
 def test_a_manifest_part_with_wrong_types_is_a_named_error(tmp_path):

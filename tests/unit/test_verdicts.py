@@ -131,7 +131,8 @@ def test_profiler_slowdown_compares_traced_steps_with_the_untraced_steps_around_
     # A step of the window after a pause (no row: the step timer leaves it out) is said beside the count.
     cut = profiler_slowdown({s: t for s, t in steps.items() if s != 8}, {6, 7, 9}, {}, left_out=[8])
     assert cut is not None and cut.steps_inside == 3 and cut.steps_left_out == [8]
-    assert "(median 0.5000s inside its window (step 8, after a pause, left out) vs 0.2000s" in cut.warning
+    assert ("(median 0.5000s inside its window vs 0.2000s over the 6 untraced steps after its start; step 8 left out: "
+            "it waited for an evaluation, a checkpoint or a trace's export; the run's own noise") in cut.warning
     assert cut.to_json()["steps_left_out"] == [8]
 
 
@@ -149,6 +150,19 @@ def test_the_step_series_names_the_window_s_steps_it_has_no_row_for():
                            profiler_with_flops=False, profiler_slowdown_threshold=1.25)
     out = series.profiler_slowdown(set(), lambda s: 6 <= s <= 9, args)
     assert out is not None and (out.steps_inside, out.steps_left_out) == (3, [8])
+    # A traced step the profiler was still busy in (a trace being written) is left out and named too (a review).
+    busy = series.profiler_slowdown({7}, lambda s: 6 <= s <= 9, args)
+    assert busy is not None and (busy.steps_inside, busy.steps_left_out) == (2, [7, 8])
+    # analyze, judging the records again at another threshold, names them as the step timer did (a review).
+    from hf_distprof.analysis.judge.slowdown import slowdown_of
+    from hf_distprof.analysis.options import AnalysisOptions
+    from hf_distprof.analysis.results.across import TimerFigures
+    from hf_distprof.analysis.results.timer import TimingSummary
+
+    timer = TimerFigures(step_times={s: (0.5 if 6 <= s <= 9 else 0.2) for s in range(2, 16) if s != 8},
+                         marked_traced={6, 7, 9})
+    again = slowdown_of(TimingSummary(), timer, {6, 7, 8, 9}, AnalysisOptions(profiler_slowdown_threshold=1.2))
+    assert again is not None and (again["steps_inside"], again["steps_left_out"]) == (3, [8])
 
 
 def test_memory_growth_needs_a_steady_rise():

@@ -143,7 +143,7 @@ def judge(ranks: list[RankResult], across: Across, replay: WhatIf | None, summar
     findings = chain.explain(findings, across, verdicts, gpu)
     # A burst of the rank a slow-rank finding names is that finding's wait said again, as "not the slow rank" (a
     # trial's run stopped after 4 judged steps, its window naming the rank); stalls beside it stay.
-    named = {r for f in findings if f.kind == "slow_rank" for r in f.ranks}
+    named = {r for f in findings if f.kind in ("slow_rank", "straggler", "imbalance") for r in f.ranks}
     findings = [f for f in findings if not (f.kind == "burst" and f.facts.burst.beside is None and f.ranks[0] in named)]
     backend = next((r.backend for r in ranks if r.backend), None)
     fsdp = any(is_fsdp(r) for r in ranks)

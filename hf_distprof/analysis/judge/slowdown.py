@@ -30,10 +30,13 @@ def slowdown_of(summary: TimingSummary, timer: TimerFigures, traced: set[int],
     # none where the timer timed a GPU (its rows' own work is their pre-sync time: no wait taken out).
     steps = set.intersection(*(set(by_step) for by_step in timer.parts.values())) if timer.parts and host_timed \
         else set()
-    found = profiler_slowdown(timer.step_times, traced | timer.marked_traced,
+    inside = traced | timer.marked_traced
+    first = min(timer.step_times, default=0)  # (a traced step with no judged time after the first: after a pause)
+    found = profiler_slowdown(timer.step_times, inside,
                               profiled if isinstance(profiled, dict) else {},
                               threshold_ratio=threshold if threshold is not None else PROFILER_SLOWDOWN_THRESHOLD,
-                              cpu_wait={s: max(p[s] for p in timer.parts.values())[1] for s in steps})
+                              cpu_wait={s: max(p[s] for p in timer.parts.values())[1] for s in steps},
+                              left_out=sorted(s for s in inside if s > first and s not in timer.step_times))
     return found.to_json() if found is not None else None
 
 

@@ -65,8 +65,8 @@ def slowdown_line(q: QuietSlowdown) -> str | None:
               else "the other steps")  # older summaries have no noise (and compared with every other step)
     within = ("" if q.noise_pct is None else f", within the run's own noise of {q.noise_pct:.1f}%" if q.within_noise
               else f" (the run's own noise {q.noise_pct:.1f}%)")
-    traced = (f"the {q.steps_inside} steps under the profiler (its warm-up and recorded steps)"
-              f"{left_out_words(q.steps_left_out)}" if q.steps_inside is not None else "traced steps")
+    traced = (f"the {q.steps_inside} steps under the profiler (its warm-up and recorded steps"
+              f"{left_out_words(q.steps_left_out)})" if q.steps_inside is not None else "traced steps")
     against = (f": above the {q.threshold_ratio:g}x threshold, but no slowdown the run can tell from its noise"
                if q.noise_only else f"; below {q.threshold_ratio:g}x" if q.below_threshold
                else f"; threshold {q.threshold_ratio:g}x")

@@ -237,7 +237,8 @@ def _document(result: AnalysisResult, images: list[str]) -> list[Block]:
                 ("", f" {result.exposed_comm_pct:.1f}% of {step_base(True) if result.gpu else 'step time'}")],
                [("b", "Load imbalance:"), ("", f" {result.cross_rank.imbalance_pct:.1f}%"
                                            if result.cross_rank is not None else " n/a (one rank's trace)")],
-               [("b", "Ranks analysed:"), ("", f" {len(result.ranks)}; files skipped: {len(result.errors)}")]]),
+               [("b", "Ranks analysed:"),
+                ("", f" {len(result.ranks)}; files skipped or read in part: {len(result.errors)}")]]),
         Blank(),
         Pre(format_box(result)),
         Blank(),
@@ -257,7 +258,7 @@ def _document(result: AnalysisResult, images: list[str]) -> list[Block]:
     blocks += _comm_blocks(result)
     blocks += _bandwidth_blocks(result)
     if result.errors:
-        blocks += [Blank(), Heading(2, "Skipped files"), Blank()]
+        blocks += [Blank(), Heading(2, "Files skipped or read in part"), Blank()]
         blocks += [Bullet([("code", e.path), ("", f": {e.reason}")]) for e in result.errors]
     blocks += [Blank(), Heading(2, "Plots"), Blank(),
                *figure(BREAKDOWN_PNG, "per-rank breakdown"), *figure(STEPS_PNG, "step durations"),

@@ -329,7 +329,7 @@ def format_summary(result: AnalysisResult) -> str:
     """
     out: list[str] = []
     gpu = result.gpu
-    out.append(f"Analysed {len(result.ranks)} rank(s), {len(result.errors)} file(s) skipped.")
+    out.append(f"Analysed {len(result.ranks)} rank(s), {len(result.errors)} file(s) skipped or read in part.")
     if result.ranks:
         head = f"{'rank':>4} {'step':>6} {'step ms':>9} {'cpu%':>7} {'comm%':>7} {'data%':>7} {'other%':>7}"
         head += (
