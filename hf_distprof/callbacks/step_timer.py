@@ -36,8 +36,9 @@ from hf_distprof.timing.instrument import (ModelHooks, PhaseLabels, current_memo
                                            loader_settings, loads_elsewhere, peak_memory_bytes)
 from hf_distprof.timing.jsonl import JsonlFile
 from hf_distprof.timing.recorder import StepRecorder, StepTiming
-from hf_distprof.timing.report import (CrossRankReport, PhaseTotals, RankSummary, StepSeries, cross_rank_report,
-                                       live_time_warnings, memory_warning, peak_tflops_for_device, step_row)
+from hf_distprof.timing.report import (CrossRankReport, PhaseTotals, RankSummary, cross_rank_report, live_time_warnings,
+                                       memory_warning, peak_tflops_for_device)
+from hf_distprof.timing.series import StepSeries, step_row
 from hf_distprof.core import signals
 from hf_distprof.core.advice import LoaderSettings
 from hf_distprof.core.cause import Attribution, with_device
@@ -189,9 +190,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
             self._writer.add_custom_scalars(publish.custom_scalars_layout())
         recorder.boundary()
 
-    def on_train_end(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
-    ) -> None:
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
         if self._recorder is None:
             return
         self._labels.exit()

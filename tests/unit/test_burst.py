@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hf_distprof.core.burst import Burst, find_burst
-from hf_distprof.timing.report import StepSeries
+from hf_distprof.timing.series import StepSeries
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

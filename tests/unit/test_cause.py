@@ -8,7 +8,7 @@ import pytest
 
 from hf_distprof.core.cause import Cause, attribute, attribute_rows, cause_action, cause_title, cause_why, from_json
 from hf_distprof.core.verdicts import ARRIVAL, OWN_WORK, judge_run
-from hf_distprof.timing.report import StepSeries
+from hf_distprof.timing.series import StepSeries
 
 N = 24
 

@@ -367,7 +367,7 @@ def _live(tmp_path, windows, memory=None, traced=lambda step: False):
     """Feed rank 0's publishing with ``windows`` of (rank-0 pre-sync, rank-1 pre-sync) over 4 steps each."""
     from transformers import TrainerState
 
-    from hf_distprof.timing.report import StepSeries
+    from hf_distprof.timing.series import StepSeries
 
     cb = StepTimerCallback(ProfilingArguments(profiler_output_dir=str(tmp_path)))
     cb._series, cb._traced = StepSeries(2), traced
@@ -478,7 +478,7 @@ def test_ranks_are_compared_on_their_work_less_their_wait_for_a_cpu(tmp_path):
 def test_memory_growth_is_left_to_the_memory_logger_when_it_runs(tmp_path, caplog):
     from transformers import TrainerState
 
-    from hf_distprof.timing.report import StepSeries
+    from hf_distprof.timing.series import StepSeries
 
     cb = StepTimerCallback(ProfilingArguments(profiler_output_dir=str(tmp_path), enable_memory_logging=True))
     cb._series, cb._traced = StepSeries(2), lambda step: False

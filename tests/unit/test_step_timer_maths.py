@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from hf_distprof.timing.series import StepSeries
 from hf_distprof.timing.report import (
     RankSummary,
-    StepSeries,
     _phase_components,
     _slowest_phase,
     cross_rank_report,

@@ -306,7 +306,7 @@ def test_on_a_gpu_the_pre_sync_time_counts_the_loading_only_as_far_as_the_device
     the device for a peer's loader (the host blocks on its result). Host loading added to device phases counted the
     0.4 s twice, and the step's wait for its peers (the gather, the 0.25 s all-reduce) came out at 0.15 s; capped at
     the device's whole data wait (0.4 s) it would take the gather for this rank's loading."""
-    from hf_distprof.timing.report import step_row
+    from hf_distprof.timing.series import step_row
 
     t = Timeline()
     clock, log = fake_cuda_clock(t)

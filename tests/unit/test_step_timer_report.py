@@ -9,10 +9,10 @@ import json
 import pytest
 
 from hf_distprof.timing.recorder import StepTiming
+from hf_distprof.timing.series import StepSeries
 from hf_distprof.timing.report import (
     PhaseTotals,
     RankSummary,
-    StepSeries,
     cross_rank_report,
     format_table,
     imbalance_pct,

@@ -12,7 +12,7 @@ from hf_distprof.analysis.across.evidence import timer_figures
 from hf_distprof.analysis.judge.verdicts import run_verdict
 from hf_distprof.analysis.read.timer_records import read_timer_records
 from hf_distprof.analysis.results.timer import TimerRecords
-from hf_distprof.timing.report import StepSeries
+from hf_distprof.timing.series import StepSeries
 from hf_distprof.core.verdicts import KEPT_CELLS
 
 STEPS = range(1, 23)  # the scenario suite's run: warm-up 1, profiler over 6-10 (warmup 6-7, active 8-10)

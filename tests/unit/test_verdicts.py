@@ -139,7 +139,7 @@ def test_profiler_slowdown_compares_traced_steps_with_the_untraced_steps_around_
 def test_the_step_series_names_the_window_s_steps_it_has_no_row_for():
     from types import SimpleNamespace
 
-    from hf_distprof.timing.report import StepSeries
+    from hf_distprof.timing.series import StepSeries
 
     series = StepSeries(2)
     for step in [s for s in range(2, 16) if s != 8]:  # step 8: after an evaluation, never added

@@ -392,7 +392,7 @@ def test_the_step_timer_and_analyze_give_the_slowdown_the_last_rank_s_wait_for_a
 
     from hf_distprof.analysis import AnalysisOptions, analyze_paths
     from hf_distprof.timing.recorder import StepTiming
-    from hf_distprof.timing.report import StepSeries, step_row
+    from hf_distprof.timing.series import StepSeries, step_row
 
     def run_with(waiter_pre: float, other_pre: float) -> tuple[Path, dict[int, list[dict]]]:
         run = tmp_path / f"run{waiter_pre}_{other_pre}"
