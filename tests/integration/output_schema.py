@@ -4,9 +4,10 @@ Every field of ``timing_rank{R}.jsonl`` and ``memory_rank{R}.jsonl`` (and their 
 ``timing_summary.json`` and ``memory_summary.json``, every TensorBoard tag of ours with the steps it was written at,
 and the end-of-run tables' header lines. Values that vary from run to run (seconds, bytes) are left out; what is
 there, and where, is not. ``tests/data/demo_outputs_schema.json`` holds the shape the demo's short run had before
-the always-on path was brought to the floor (issue 41), with one tag added since on purpose: ``timing/step_s`` (issue
-42: the name the console and the other trackers give the mean step); ``test_train_lambda.py`` compares today's
-against it.
+the always-on path was brought to the floor (issue 41), with what was added since on purpose: the tag
+``timing/step_s`` (issue 42: the name the console and the other trackers give the mean step) and
+``timing_summary.json``'s ``dataloader`` (the run's DataLoader settings, which the data advice reads);
+``test_train_lambda.py`` compares today's against it.
 
 To write the reference from a run (``--write``), from the repository root::
 
