@@ -41,6 +41,7 @@ from hf_distprof.timing.report import (CrossRankReport, PhaseTotals, RankSummary
 from hf_distprof.timing.series import StepSeries, step_row
 from hf_distprof.core import signals
 from hf_distprof.core.advice import LoaderSettings
+from hf_distprof.core.burst import quiet_gate
 from hf_distprof.core.cause import Attribution, with_device
 from hf_distprof.core.growth import GrowthWatch, MemoryGrowth
 
@@ -552,8 +553,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         assert self._series is not None
         # A rank slowest in a few steps only, whose peers waited for it there (beside a slow rank: beyond its usual).
         raised = final.rank if final is not None and final.raised else None
-        gate = "" if final is None else "undecided" if final.status == "undecided" else final.gate
-        burst = self._series.burst(self.args.imbalance_threshold_pct, self._exclude(), raised, gate)
+        burst = self._series.burst(self.args.imbalance_threshold_pct, self._exclude(), raised, quiet_gate(final))
         report = self._report(runs, flops, final, burst)  # (the burst's rank the table's slowest, as analyze's)
         if report is None:
             return

@@ -12,7 +12,7 @@ _SLOWER_COMPUTE = (
 )
 
 _DATA = (
-    "its input pipeline is the bottleneck: raise --dataloader_num_workers, {pin}pre-tokenize the dataset instead of "
+    "its input pipeline is the bottleneck: {asks}pre-tokenize the dataset instead of "
     "tokenizing in the collator, and check that host for CPU or disk contention"
 )
 
@@ -72,8 +72,9 @@ def loading_asks(on_gpu: bool, loader: LoaderSettings | None) -> str:
         asks.append("set --dataloader_pin_memory")
     return ", ".join(asks) + ", "
 
+
 PHASE_ADVICE = {
-    "data": _DATA.format(pin="set --dataloader_pin_memory, "),
+    "data": _DATA.format(asks=loading_asks(True, None)),
     "forward": f"its forward compute is slower: {_SLOWER_COMPUTE}",
     "backward": f"its backward compute is slower: {_SLOWER_COMPUTE}",
     "optimizer": (
@@ -113,12 +114,10 @@ def phase_advice(phase: str, on_gpu: bool = True, loader: LoaderSettings | None 
     """What to try for a rank slow in ``phase``, phrased after "rank R: "; a run without a GPU gets no advice that
     only a GPU run can use (pinned memory speeds copies to a GPU; nvidia-smi reads a GPU's clocks); data loading's
     leaves out what ``loader`` sets already (:func:`loading_asks`)."""
-    if phase == "data" and loader is not None:
-        return _DATA.replace("raise --dataloader_num_workers, {pin}", loading_asks(on_gpu, loader))
+    if phase == "data":
+        return _DATA.format(asks=loading_asks(on_gpu, loader))
     if on_gpu:
         return PHASE_ADVICE.get(phase, PHASE_ADVICE["compute"])
-    if phase == "data":
-        return _DATA.format(pin="")
     if phase == "optimizer":
         return PHASE_ADVICE["optimizer"].replace("a slower device or host", "a slower or busier host")
     what = {"forward": "its forward compute", "backward": "its backward compute"}.get(phase, "its compute")

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from statistics import median
 
 from hf_distprof.core.stats import scaled_mad
-from hf_distprof.core.verdicts import QUIET_WHY
+from hf_distprof.core.verdicts import QUIET_WHY, UNDECIDED, SlowRankVerdict
 
 MIN_STEPS = 3
 """A burst spans at least this many steps (one or two stalls on a shared host are its noise, not a rank's pattern)."""
@@ -218,3 +218,11 @@ def _stretches(hot: list[tuple[int, float]]) -> list[list[tuple[int, float]]]:
         else:
             out.append([(i, e)])
     return out
+
+
+def quiet_gate(run: SlowRankVerdict | None) -> str:
+    """Why the verdict over the run names no rank, as a burst says it (:attr:`Burst.gate`): its gate, ``undecided``
+    (too few steps), or empty without a verdict. The step timer's table and ``analyze`` alike."""
+    if run is None:
+        return ""
+    return "undecided" if run.status == UNDECIDED else run.gate

@@ -12,8 +12,7 @@ from hf_distprof.analysis.options import AnalysisOptions
 from hf_distprof.analysis.results.across import Across, RankVerdicts
 from hf_distprof.analysis.results.facts import BurstFacts
 from hf_distprof.analysis.results.findings import STEP_TIMER, Judgement
-from hf_distprof.core.burst import find_burst
-from hf_distprof.core.verdicts import UNDECIDED, SlowRankVerdict
+from hf_distprof.core.burst import find_burst, quiet_gate
 
 
 def burst_findings(across: Across, verdicts: RankVerdicts, options: AnalysisOptions) -> list[Judgement]:
@@ -30,17 +29,10 @@ def burst_findings(across: Across, verdicts: RankVerdicts, options: AnalysisOpti
     phases = {name: {r: [timer.parts[r][s][k] for s in steps] for r in work}
               for name, k in (("data", 2), ("compute", 3))} if parted else None
     found = find_burst(work, steps, [timer.step_times[s] for s in steps], options.imbalance_pct, phases,
-                       run.rank if run is not None and run.raised else None, _gate(run))
+                       run.rank if run is not None and run.raised else None, quiet_gate(run))
     if found is None:
         return []
     return [Judgement(kind="burst", severity=found.pct, ranks=[found.rank], facts=BurstFacts(found), basis=STEP_TIMER,
                       steps=len(steps), numbers={"excess_s": found.excess_s, "pct_of_run": found.pct,
                                                  "burst_steps": len(found.steps)},
                       phase=found.phase)]
-
-
-def _gate(run: SlowRankVerdict | None) -> str:
-    """Why the verdict over the run names no rank, as the burst says it: its gate, or ``undecided`` (too few steps)."""
-    if run is None:
-        return ""
-    return "undecided" if run.status == UNDECIDED else run.gate
