@@ -115,7 +115,7 @@ REASONS = {
     "stale": "made from another trace, or from this one before it changed",
     "foreign": "made from another trace, or from this one before it changed",
     "truncated": "corrupt (Input data was truncated)",
-    "version": "format 'hf_distprof.compact' version 99, not 'hf_distprof.compact' version 3",
+    "version": "format 'hf_distprof.compact' version 99, not 'hf_distprof.compact' version 4",
     "garbage": "corrupt (Expected `object`, got `int`)",
 }
 

@@ -1,6 +1,7 @@
 """Evaluations and checkpoints between traced steps: the profiler callback's range around them, and the analysis
 starting the step where it ends (a new user's trial: an evaluation in a traced step read as a 1.8 s step of 25 ms, its
-170 metric gathers as the step's communication, and a clean run "what to fix first")."""
+170 metric gathers as the step's communication, and a clean run "what to fix first"), then leaving that step out
+whole, as the step timer does (another trial: a peer's wait in it for rank 0's checkpoint read as a late-peer wait)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from hf_distprof import ProfilingArguments
 from hf_distprof.analysis import AnalysisOptions, analyze_paths
 from hf_distprof.analysis.read.events import Step
 from hf_distprof.analysis.read.pauses import PAUSE_NAME, without_pauses
+from hf_distprof.analysis.tell.text import format_summary
 from hf_distprof.callbacks.profiler.callback import PAUSE_NAME as WRITTEN, ProfilerCallback
 
 from . import fake_trainer
@@ -55,9 +57,10 @@ def test_a_checkpoint_inside_the_window_is_left_out_of_its_step(tmp_path: Path) 
     result = analyze_paths([tmp_path / "P" / "r"], AnalysisOptions(workers=1))
     (rank,) = result.ranks
     steps = {s.step: s.duration_us / 1e3 for s in rank.steps}
-    assert sorted(steps) == [3, 4, 5]
+    assert sorted(steps) == [3, 5]  # step 4 is left out of every figure, and what it held kept apart
+    (after,) = rank.steps_after_pause
     # (A step that held the checkpoint would read 300 ms or more; beside a busy core the tiny steps read up to ~105 ms.)
-    assert steps[4] < 250.0, steps
+    assert after.step == 4 and after.rest_us < 250e3 and after.pause_us >= 300e3, after
     import gzip
     import json
 
@@ -67,7 +70,10 @@ def test_a_checkpoint_inside_the_window_is_left_out_of_its_step(tmp_path: Path) 
     step4 = [e for e in events if e.get("name") == "ProfilerStep#4"]
     assert len(pause) == 1 and len(step4) == 1 and pause[0]["dur"] >= 300e3
     assert step4[0]["ts"] <= pause[0]["ts"] and pause[0]["ts"] + pause[0]["dur"] <= step4[0]["ts"] + step4[0]["dur"]
-    assert pytest.approx(steps[4] * 1e3, rel=0.5) == step4[0]["ts"] + step4[0]["dur"] - pause[0]["ts"] - pause[0]["dur"]
+    assert after.rest_us == pytest.approx(step4[0]["ts"] + step4[0]["dur"] - pause[0]["ts"] - pause[0]["dur"], abs=0.01)
+    assert after.pause_us == pytest.approx(pause[0]["dur"], abs=0.01)
+    text = format_summary(result)
+    assert "\n  step 4: the pause " in text and "Left out of every figure: step 4, traced right after" in text
 
 
 @pytest.mark.parametrize("evaluate, save, evaluations, at_epoch_end, pause_ms", [
@@ -91,7 +97,10 @@ def test_evaluations_then_a_checkpoint_are_one_pause(tmp_path: Path, evaluate, s
     assert pause_ms * 1e3 <= pause["dur"] < (pause_ms + 250) * 1e3
     (rank,) = analyze_paths([tmp_path / "P" / "r"], AnalysisOptions(workers=1)).ranks
     # (A step that held the range would read at least its 300 ms; beside a busy core the tiny steps read up to ~105 ms.)
-    assert {s.step: s.duration_us < 250e3 for s in rank.steps} == {3: True, 4: True, 5: True}
+    assert {s.step: s.duration_us < 250e3 for s in rank.steps} == {3: True, 5: True}
+    (after,) = rank.steps_after_pause
+    assert (after.step, after.rest_us < 250e3) == (4, True)
+    assert after.pause_us == pytest.approx(pause["dur"], abs=0.01)
 
 
 def _train_and_read(tmp_path: Path, eval_samples: int, training: dict[str, Any], profiler: dict[str, Any]
@@ -118,7 +127,8 @@ def _train_and_read(tmp_path: Path, eval_samples: int, training: dict[str, Any],
     events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
     (pause,) = [e for e in events if e.get("name") == PAUSE_NAME]
     (rank,) = analyze_paths([tmp_path / "P" / "r"], AnalysisOptions(workers=1)).ranks
-    return events, pause, {s.step: s.duration_us for s in rank.steps}
+    return events, pause, {**{s.step: s.duration_us for s in rank.steps},
+                           **{-p.step: p.rest_us for p in rank.steps_after_pause}}  # (left out: minus its number)
 
 
 def test_a_trainer_s_evaluation_in_the_window_ends_its_range_before_the_next_fetch(tmp_path: Path) -> None:
@@ -131,7 +141,7 @@ def test_a_trainer_s_evaluation_in_the_window_ends_its_range_before_the_next_fet
     end = pause["ts"] + pause["dur"]
     data = [e for e in events if e.get("name") == "hf_distprof/data" and e["ts"] >= pause["ts"]]
     assert data and data[0]["ts"] >= end  # the next data phase starts after the range: no crossing
-    assert sorted(steps) == [3, 4, 5] and steps[4] < 3 * max(steps[3], steps[5]), steps
+    assert sorted(steps) == [-4, 3, 5] and steps[-4] < 3 * max(steps[3], steps[5]), steps  # step 4 left out
     # The window's operator summary leaves the evaluation out too, and says so.
     (summary,) = (tmp_path / "P" / "r").glob("*_summary.txt")
     text = summary.read_text()
@@ -151,7 +161,7 @@ def test_an_evaluation_before_the_first_step_is_a_pause_too(tmp_path: Path) -> N
     (first,) = [e for e in events if e.get("name") == "ProfilerStep#1"]
     assert first["ts"] <= pause["ts"] and pause["ts"] + pause["dur"] <= first["ts"] + first["dur"]
     # Step 1 would hold the whole evaluation without the range; it holds the first step's own warm-up only (beside a
-    # busy core up to 4x step 2's, so it is not compared with step 2).
+    # busy core up to 4x step 2's, so it is not compared with step 2). Left out, it would leave one step: it is kept.
     assert sorted(steps) == [1, 2] and steps[1] < pause["dur"], (steps, pause["dur"])
 
 
@@ -233,3 +243,83 @@ def test_the_step_after_a_window_is_left_out_of_the_step_timer_s_figures(tmp_pat
     summary = json.loads((tmp_path / "P" / "r" / "timing_summary.json").read_text())
     assert (summary["steps_in_means"], summary["warmup_steps_excluded"], summary["pause_steps_excluded"]) == (6, 1, 1)
     assert read_timer_records([tmp_path / "P" / "r" / "timing_rank0.jsonl"]).warmup == {1, 5}
+
+
+def _ranks_with_a_checkpoint(folder: Path, pause_us: tuple[float, float]) -> Any:
+    """Two gloo ranks of 5 steps of 10 ms: load 1 ms, forward 5 ms, an all-reduce (1 ms after the last arrival), 1 ms
+    optimizer. At step 3's start rank ``r`` pauses ``pause_us[r]`` (its checkpoint); the other then waits for it in
+    the all-reduce, as a peer waits for the rank that saves."""
+    import orjson
+
+    def span(name: str, ts: float, end: float, tid: int = 1, cat: str = "cpu_op", **args: Any) -> dict[str, Any]:
+        return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": end - ts,
+                **({"args": args} if args else {})}
+
+    folder.mkdir(parents=True, exist_ok=True)
+    events: list[list[dict[str, Any]]] = [[], []]
+    t0 = 0.0
+    for k in range(1, 6):
+        paused = [pause_us[r] if k == 3 else 0.0 for r in (0, 1)]
+        issue = [t0 + 10 + paused[r] + 6_000 for r in (0, 1)]
+        done = max(issue) + 1_000
+        end = done + 1_000
+        for r in (0, 1):
+            start = t0 + 10 + paused[r]
+            events[r] += [span(f"ProfilerStep#{k}", t0, end, cat="user_annotation"),
+                          *([span(PAUSE_NAME, t0 + 10, start, cat="user_annotation")] if paused[r] else []),
+                          span("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", start, start + 1_000,
+                               cat="user_annotation"),
+                          span("aten::mm", start + 1_000, issue[r]),
+                          span("c10d::allreduce_", issue[r], issue[r] + 10),
+                          span("gloo:all_reduce", issue[r] + 20, done, 2, cat="user_annotation"),
+                          span("aten::add_", done + 5, end)]
+        t0 = end
+    for r in (0, 1):
+        doc = {"distributedInfo": {"rank": r, "world_size": 2, "backend": "gloo"}, "host_name": "node0",
+               "traceEvents": events[r]}
+        (folder / f"rank{r}_node0_step1-5.pt.trace.json").write_bytes(orjson.dumps(doc))
+    return analyze_paths([folder], AnalysisOptions(workers=1))
+
+
+def test_the_step_after_a_checkpoint_is_left_out_and_a_peer_s_wait_in_it_is_no_late_peer_wait(tmp_path: Path) -> None:
+    # Rank 0 saves a 60 ms checkpoint after step 2; rank 1 then waits 60 ms in step 3's all-reduce. Kept, that wait
+    # read as rank 1's late-peer wait (one step in five: 15 ms a step on average, "waits for rank 0").
+    result = _ranks_with_a_checkpoint(tmp_path / "r", (60_000.0, 100.0))
+    for rank in result.ranks:
+        assert [s.step for s in rank.steps] == [1, 2, 4, 5]
+        (after,) = rank.steps_after_pause
+        assert (after.step, after.pause_us) == (3, (60_000.0, 100.0)[rank.rank])
+        # The step's time after the pause: rank 0 8 ms of its own; rank 1 its wait too (60 ms less its 100 us pause)
+        assert after.rest_us == pytest.approx((8_000.0, 8_000.0 + 59_900.0)[rank.rank])
+        assert not any(c.step == 3 for c in rank.collectives)
+        assert all((c.late_peer_wait_us or 0.0) < 25.0 for c in rank.collectives), rank.rank
+    assert result.late_peers == {0: [], 1: []}
+    assert not [f for f in result.findings if f.kind in ("late_peer", "straggler", "slow_rank")]
+    text = format_summary(result)
+    assert ("Left out of every figure: step 3, traced right after an evaluation or a checkpoint, in which the ranks "
+            "that finished it first wait for the others (the step timer leaves the same steps out):\n"
+            "  step 3: the pause 60.00 ms on rank 0, the longest of 2 ranks; the step after it 67.90 ms on rank 1 "
+            "(the steps kept: 8.01 ms on average)") in text
+    # The compact file gives the same result.
+    from hf_distprof.analysis.read.compact import load_compact, write_compact
+    from hf_distprof.analysis.read.events import parse_trace
+
+    for trace in sorted((tmp_path / "r").glob("*.pt.trace.json")):
+        write_compact(trace)
+        assert load_compact(trace).steps_after_pause == parse_trace(trace).steps_after_pause != []
+    again = analyze_paths([tmp_path / "r"], AnalysisOptions(workers=1))
+    assert again.to_dict() == result.to_dict()
+
+
+def test_a_pause_in_the_steps_of_two_windows_or_in_all_but_one_step() -> None:
+    from hf_distprof.analysis.read.pauses import after_pauses
+
+    steps = [Step(1, 0.0, 10.0), Step(2, 10.0, 90.0), Step(3, 90.0, 100.0), Step(4, 100.0, 180.0)]
+    ops = [(1.0, 5.0, "aten::mm"), (11.0, 70.0, PAUSE_NAME), (101.0, 171.0, PAUSE_NAME)]
+    kept, left, cut = after_pauses(steps, ops, [(200.0, 300.0)])
+    assert kept == [steps[0], steps[2]]
+    assert [(p.step, p.pause_us, p.rest_us) for p in left] == [(2, 59.0, 20.0), (4, 70.0, 9.0)]
+    assert cut == [(200.0, 300.0), (10.0, 90.0), (100.0, 180.0)]
+    # One step would remain: nothing is left out (each step is then trimmed only, by without_pauses).
+    assert after_pauses(steps[1:], ops, []) == (steps[1:], [], [])
+    assert after_pauses(steps, ops[:1], []) == (steps, [], [])

@@ -61,6 +61,7 @@ def _combine(a: RankResult, b: RankResult) -> RankResult:
         collectives=a.collectives + b.collectives,
         base_time_ns=a.base_time_ns,
         memory=memory.combine(a.memory, b.memory),
+        steps_after_pause=sorted(a.steps_after_pause + b.steps_after_pause, key=lambda p: p.step),
         timeline=timeline.combine(a.timeline, b.timeline),
     )
 

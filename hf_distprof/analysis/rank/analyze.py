@@ -238,6 +238,7 @@ def analyze_rank(trace: ParsedTrace, options: AnalysisOptions) -> RankResult:
         collectives=collectives,
         base_time_ns=trace.base_time_ns,
         memory=analyze_memory(trace.memory, trace.steps),
+        steps_after_pause=trace.steps_after_pause,
         timeline=rank_timeline(trace, collectives, splits, device.busy() if device is not None else None),
     )
 

@@ -41,13 +41,14 @@ from hf_distprof.analysis.read.events import (
     parse_trace,
 )
 from hf_distprof.analysis.read.message_sizes import MessageSize
+from hf_distprof.analysis.results.rank import StepAfterPause
 from hf_distprof.core.files import atomic_path
 from hf_distprof.core.names import COMPACT_SUFFIX
 
 logger = logging.getLogger(__name__)
 
 FORMAT = "hf_distprof.compact"
-VERSION = 3
+VERSION = 4
 # Bytes hashed at each end of the trace to tie a compact file to it (a trace's head holds its start time and
 # host, its tail its last events: two traces that agree on both and on their size are the same trace).
 _IDENTITY_BYTES = 1 << 16
@@ -118,6 +119,7 @@ class _File(msgspec.Struct):
     launch_ids: list[Key]
     launch_ts: list[Number]
     sizes: _Sizes
+    after_pause: tuple[list[int], list[Number], list[Number]]  # the steps left out (read.pauses), as columns
     memory: Union[_Memory, None] = None  # noqa: UP007
 
 
@@ -233,6 +235,8 @@ def encode(trace: ParsedTrace, identity: tuple[int, str], shapes_by_default: boo
             [size.group_size for _, size in sizes],
         ),
         memory=memory,
+        after_pause=([p.step for p in trace.steps_after_pause], [p.pause_us for p in trace.steps_after_pause],
+                     [p.rest_us for p in trace.steps_after_pause]),
     )
     out.strings = list(strings.index)
     return _ENCODER.encode(out)
@@ -326,6 +330,7 @@ def _parsed(f: _File, path: str, shapes: bool) -> ParsedTrace:
         message_sizes=message_sizes,
         memory=memory,
         main_op_columns=(f.main_ops.start, f.main_ops.end, f.main_ops.name, table),
+        steps_after_pause=[StepAfterPause(*p) for p in zip(*f.after_pause, strict=True)],
     )
 
 

@@ -42,7 +42,8 @@ import msgspec
 from hf_distprof.analysis.read import message_sizes as sizes
 from hf_distprof.analysis.read.decode import Args, ChunkDecoder, Event, MemoryArgs, ShapedArgs, ShapedMemoryArgs
 from hf_distprof.analysis.read.message_sizes import MessageSize
-from hf_distprof.analysis.read.pauses import PAUSE_NAME, gpu_outside, without_pauses
+from hf_distprof.analysis.read.pauses import PAUSE_NAME, after_pauses, gpu_outside, without_pauses
+from hf_distprof.analysis.results.rank import StepAfterPause
 from hf_distprof.analysis.read.trace_io import TraceReadError, iter_decoded_events, steps_named, trace_rank
 
 # Event categories on CPU threads that can never be GPU activity; any other category is a GPU event when
@@ -153,11 +154,11 @@ class ParsedTrace:
     thread) and ``c10d::*`` ops (main thread), keyed by the event's span as it stands in the other lists."""
     memory: MemoryEvents | None = None
     """The ``[memory]`` events; None unless the header says the profiler recorded them."""
-    main_op_columns: tuple[list[Any], list[Any], list[int], list[str]] | None = field(
-        default=None, repr=False, compare=False
-    )
+    main_op_columns: tuple[list[Any], list[Any], list[int], list[str]] | None = field(default=None, repr=False,
+                                                                                       compare=False)
     """``main_ops`` as columns (starts, ends, name indices into a string table, the table) when the trace was
     read from its compact file, which stores them so: the vectorised analyzers read them as they are."""
+    steps_after_pause: list[StepAfterPause] = field(default_factory=list)  # left out of ``steps`` (read.pauses)
 
 
 @dataclass
@@ -383,7 +384,9 @@ def parse_trace(path: str | os.PathLike[str], shapes: bool | None = None) -> Par
     main_ops = _spans(path, [ev for ev in got.ops if ev.tid == main_tid])
     memory = _memory_events(path, got.memory, got.ops, main_tid, main_ops) if got.memory else None
     main_ops = _unique_sorted(main_ops + _spans(path, [ev for ev in got.annotations if ev.tid == main_tid]))
+    left: list[StepAfterPause] = []
     if cut or any(ev.name == PAUSE_NAME for ev in got.annotations):  # an evaluation or a checkpoint between steps
+        steps, left, cut = after_pauses(steps, main_ops, cut)
         gpu = gpu_outside(gpu, launches, main_ops, cut)
         steps, main_ops, comm_spans, nccl_ops, fsdp_spans = without_pauses(steps, main_ops, comm_spans, nccl_ops,
                                                                             fsdp_spans, cut=cut)
@@ -417,6 +420,7 @@ def parse_trace(path: str | os.PathLike[str], shapes: bool | None = None) -> Par
         n_events=n_events,
         message_sizes=_message_sizes(path, sized),
         memory=memory,
+        steps_after_pause=left,
     )
 
 

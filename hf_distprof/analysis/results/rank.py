@@ -92,6 +92,20 @@ class StepResult:
         return self.cpu.compute_us + self.cpu.data_loading_us
 
 @dataclass
+class StepAfterPause:
+    """A traced step left out of every figure because an evaluation or a checkpoint ran at its start: the Trainer runs
+    them after a step ends, where the profiler has already opened the next step, and each rank then waits in that
+    step's first collective for the slowest to finish it (a wait that is the pause's, not the training's: the step
+    timer leaves the same step out, ``after_pause``)."""
+
+    step: int
+    pause_us: float
+    """This rank's time in the evaluation or checkpoint."""
+    rest_us: float
+    """The step's time after it, its first collective's wait for the slowest rank included."""
+
+
+@dataclass
 class KernelStat:
     """Aggregate of one kernel name on one rank (all steps)."""
 
@@ -349,6 +363,8 @@ class RankResult:
     peer_waits: list[PeerWait] = field(default_factory=list)
     """Who this rank waits for, at which kind of collective, for how long (set across ranks, once the ranks are
     aligned: :func:`hf_distprof.analysis.across.comm.rank_waits`); empty with one rank."""
+    steps_after_pause: list[StepAfterPause] = field(default_factory=list)
+    """Traced steps left out of :attr:`steps` and of every figure: an evaluation or a checkpoint ran at their start."""
     timeline: RankTimeline | None = None
     """The what-if model's points (:mod:`hf_distprof.analysis.rank.timeline`); not in ``to_dict``."""
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from hf_distprof.analysis.results.across import BandwidthStat
-from hf_distprof.analysis.results.rank import CommKindStat, DeviceMemory, RankResult
+from hf_distprof.analysis.results.rank import CommKindStat, DeviceMemory, RankResult, StepAfterPause
 from hf_distprof.analysis.results.result import AnalysisResult
 from hf_distprof.analysis.tell.box import NO_FINDING
 from hf_distprof.analysis.tell.run import format_run
 from hf_distprof.analysis.tell.whatif import what_if_lines
-from hf_distprof.core.text import SHOWN_PCT, format_bytes, format_ranks, step_base, who
+from hf_distprof.core.text import SHOWN_PCT, format_bytes, format_ranks, rank_spans, step_base, who
 
 # Per-rank rows of the per-kind table up to this many ranks; beyond, the mean over ranks only.
 KIND_TABLE_MAX_RANKS = 8
@@ -151,6 +151,28 @@ def _kind_table(result: AnalysisResult) -> list[str]:
     if others:
         out.append(f"other = {', '.join(others)}")
     return out + _kind_totals(result)
+
+
+def _after_pause(result: AnalysisResult) -> list[str]:
+    """The traced steps left out because an evaluation or a checkpoint ran at their start, and what each held."""
+    by_step: dict[int, list[tuple[int, StepAfterPause]]] = {}
+    for r in result.ranks:
+        for p in r.steps_after_pause:
+            by_step.setdefault(p.step, []).append((r.rank, p))
+    if not by_step:
+        return []
+    means = [r.mean_step_us for r in result.ranks if r.steps]
+    kept = f" (the steps kept: {_ms(sum(means) / len(means))} ms on average)" if means else ""
+    out = [f"Left out of every figure: step{'s' if len(by_step) > 1 else ''} {rank_spans(sorted(by_step))}, "
+           "traced right after an evaluation or a checkpoint, in which the ranks that finished it first wait for the "
+           "others (the step timer leaves the same steps out):"]
+    for step, held in sorted(by_step.items()):
+        p_rank, p = max(held, key=lambda x: (x[1].pause_us, -x[0]))
+        r_rank, r = max(held, key=lambda x: (x[1].rest_us, -x[0]))
+        of = f", the longest of {len(held)} ranks" if len(held) > 1 else ""
+        out.append(f"  step {step}: the pause {_ms(p.pause_us)} ms on rank {p_rank}{of}; the step after it "
+                   f"{_ms(r.rest_us)} ms on rank {r_rank}{kept}")
+    return out
 
 
 def _own_collectives(result: AnalysisResult) -> list[str]:
@@ -352,6 +374,7 @@ def format_summary(result: AnalysisResult) -> str:
         ]
         for rank in result.ranks:
             out += _rank_rows(rank, gpu)
+    out += _after_pause(result)
     out += _kind_table(result)
     out += _own_collectives(result)
     out += _unit_table(result)
