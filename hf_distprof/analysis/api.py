@@ -68,11 +68,15 @@ def analyze_paths(
     with collector_paused():
         run = read_run([paths] if isinstance(paths, (str, os.PathLike)) else paths)
         outcomes = run_all(run.files, options, read_compact, write_compact, meanwhile=_later_stages)
-        from hf_distprof.analysis.across.combine import apart_in_time, one_result_per_rank
+        from hf_distprof.analysis.across.combine import apart_in_time, not_one_world, one_result_per_rank
         from hf_distprof.analysis.read.run import SeveralRunsError
 
         errors = [o for o in outcomes if isinstance(o, FileError)]
-        ranks = one_result_per_rank([o for o in outcomes if isinstance(o, RankResult)], errors)
+        read = [o for o in outcomes if isinstance(o, RankResult)]
+        mixed = not_one_world(read)
+        if mixed is not None:
+            raise SeveralRunsError(mixed)
+        ranks = one_result_per_rank(read, errors)
         clocks = {c.rank: c.offset_us for c in run.run.clocks if c.offset_us is not None} if run.run else None
         apart = apart_in_time(ranks, clocks)
         if apart is not None:

@@ -737,6 +737,66 @@ def test_two_ranks_of_one_host_that_traced_the_same_steps_apart_in_time_are_not_
     assert main(["analyze", str(run), "--workers", "1"]) == 0
 
 
+def test_traces_whose_headers_say_two_world_sizes_are_not_one_run(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    # A trial: a 2-rank gloo run's traces beside an 8-GPU NCCL run's, in one folder, read as one run of 8 ranks whose
+    # ranks 0 and 1 held both runs' steps (rank 0's "step ms" 33.48, an all_reduce row of 2.1 calls), exit 0.
+    run = tmp_path / "mixed"
+    shutil.copytree(DATA / "golden" / "cpu_clean_memory", run)
+    (run / "manifest.json").unlink()
+    path = run / "rank1_vm_step8-10.pt.trace.json.gz"
+    doc = orjson.loads(gzip.decompress(path.read_bytes()))
+    assert doc["distributedInfo"]["world_size"] == 2
+    doc["distributedInfo"]["world_size"] = 8
+    path.write_bytes(gzip.compress(orjson.dumps(doc)))
+    (run / "rank1_vm_step8-10.pt.trace.json.gz.compact.msgpack").unlink(missing_ok=True)
+    assert main(["analyze", str(run), "--workers", "1"]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"hf-distprof analyze: error: {run / 'rank0_vm_step8-10.pt.trace.json.gz'} says world size 2, {path} world "
+        "size 8: not one run's traces; pass the traces of one run only")
+    doc["distributedInfo"]["world_size"] = 2
+    doc["distributedInfo"]["backend"] = "nccl"
+    path.write_bytes(gzip.compress(orjson.dumps(doc)))
+    assert main(["analyze", str(run), "--workers", "1"]) == 2
+    assert "says backend gloo, " in capsys.readouterr().err
+    del doc["distributedInfo"]["backend"]  # a trace that states none is not counted
+    path.write_bytes(gzip.compress(orjson.dumps(doc)))
+    assert main(["analyze", str(run), "--workers", "1"]) == 0
+
+
+def test_one_step_of_two_ranks_of_one_host_an_hour_apart_is_not_one_run_and_clocks_apart_are_said(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Traces of one step per rank (the shared 8-GPU set's shape): one common step, 10 minutes or more apart on one host,
+    # cannot be one run's. On hosts of their own, the alignment takes the offset out, and the text says it did.
+    from hf_distprof.analysis.across.combine import APART_ONE_US
+
+    run = tmp_path / "one"
+    run.mkdir()
+    for rank in (0, 1):
+        events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#5", "pid": 1, "tid": 1, "ts": 0,
+                   "dur": 10_000},
+                  {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10, "dur": 5_000},
+                  {"ph": "X", "cat": "cpu_op", "name": "c10d::allreduce_", "pid": 1, "tid": 1, "ts": 5_100,
+                   "dur": 10},
+                  {"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "pid": 1, "tid": 2, "ts": 5_120,
+                   "dur": 2_000}]
+        doc = {"distributedInfo": {"rank": rank, "world_size": 2, "backend": "gloo"}, "host_name": "node0",
+               "baseTimeNanoseconds": 1_000_000_000_000 + rank * int(APART_ONE_US * 1e3 + 1e9),
+               "traceEvents": events}
+        (run / f"rank{rank}.json").write_bytes(orjson.dumps(doc))
+    assert main(["analyze", str(run), "--workers", "1"]) == 2
+    assert "ranks 0 and 1 on host node0 traced the same steps (5) 601.0 s apart" in capsys.readouterr().err
+    doc["host_name"] = "node1"
+    (run / "rank1.json").write_bytes(orjson.dumps(doc))
+    assert main(["analyze", str(run), "--workers", "1"]) == 0
+    assert ("clocks apart: rank 1 +601.0 s against rank 0's, found by matching their collectives and taken out"
+            in capsys.readouterr().out)
+    doc["baseTimeNanoseconds"] = 1_000_000_000_000 + 900_000_000  # 0.9 s: not said
+    (run / "rank1.json").write_bytes(orjson.dumps(doc))
+    assert main(["analyze", str(run), "--workers", "1"]) == 0
+    assert "clocks apart" not in capsys.readouterr().out
+
+
 def test_log_to_that_does_not_send_exits_1_after_the_answer(tmp_path, capsys):
     """A script that runs analyze --log-to and checks the status saw 0 when nothing was sent."""
     from hf_distprof.cli.main import main as cli_main

@@ -70,18 +70,36 @@ def _add(a: dict, b: dict) -> dict:  # type: ignore[type-arg]
     return {k: a.get(k, 0) + b.get(k, 0) for k in {**a, **b}}
 
 
+def not_one_world(results: list[RankResult]) -> str | None:
+    """Why these traces are not one run's, when their own headers say two world sizes or two backends
+    (``distributedInfo``; a trace that states none is not counted). None when they agree (a trial: a 2-rank gloo run's
+    traces beside an 8-GPU NCCL run's, read as one run whose ranks 0 and 1 held both runs' steps)."""
+    for name, of in (("world size", lambda r: r.world_size), ("backend", lambda r: r.backend)):
+        stated = {}
+        for r in sorted(results, key=lambda r: r.path):
+            stated.setdefault(of(r), r)
+        stated.pop(None, None)
+        if len(stated) > 1:
+            (a, first), (b, second) = list(stated.items())[:2]
+            return (f"{first.path} says {name} {a}, {second.path} {name} {b}: not one run's traces; pass the traces "
+                    "of one run only")
+    return None
+
+
 APART_STEPS = 3.0
 """Two ranks' spans of the same step are another run's when they lie further apart than this many times the longer step
 (a GPU rank's host runs ahead of its device by its launch queue: a few steps at most) ..."""
 APART_US = 1e6
 """... and than this (1 s): a clock that a manifest cannot correct, or a host slow to wake, moves a step by less."""
+APART_ONE_US = 600e6
+"""With one common step only (a trace of one step per rank), further apart than this (10 minutes)."""
 
 
 def apart_in_time(ranks: list[RankResult], offsets_us: dict[int, float] | None = None) -> str | None:
     """Why these traces are not one run's, when two ranks of one host traced the same steps at times that cannot be
     the same steps: at least two common steps, each of the one's spans apart from the other's by more than
     :data:`APART_STEPS` times the longer of the two and more than :data:`APART_US` (under DDP a step ends together on
-    every rank). None when they can be (a trial: rank 1's traces of another run copied in under the same names, read as
+    every rank), or one common step apart by more than :data:`APART_ONE_US`. None when they can be (a trial: rank 1's traces of another run copied in under the same names, read as
     9 s late to each collective of a 65 ms step).
 
     Args:
@@ -107,7 +125,8 @@ def apart_in_time(ranks: list[RankResult], offsets_us: dict[int, float] | None =
                 b = s.start_us + other.base_time_ns / 1e3 - offsets.get(other.rank, 0.0)
                 gap = max(a, b) - min(a + mine.duration_us, b + s.duration_us)
                 gaps.append((gap, max(APART_US, APART_STEPS * max(mine.duration_us, s.duration_us)), b - a))
-            if len(gaps) >= 2 and all(gap > least for gap, least, _ in gaps):
+            if (len(gaps) >= 2 and all(gap > least for gap, least, _ in gaps)) or \
+                    (len(gaps) == 1 and gaps[0][0] > max(gaps[0][1], APART_ONE_US)):
                 later = median(d for _, _, d in gaps) / 1e6
                 return (f"ranks {first.rank} and {other.rank} on host {host} traced the same steps "
                         f"({', '.join(str(s.step) for s in other.steps if s.step in steps)}) {abs(later):.1f} s "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hf_distprof.analysis.results.across import BandwidthStat
+from hf_distprof.analysis.results.across import BandwidthStat, RankSkew
 from hf_distprof.analysis.results.rank import CommKindStat, DeviceMemory, RankResult, StepAfterPause
 from hf_distprof.analysis.results.result import AnalysisResult
 from hf_distprof.analysis.tell.box import NO_FINDING
@@ -173,6 +173,24 @@ def _after_pause(result: AnalysisResult) -> list[str]:
         out.append(f"  step {step}: the pause {_ms(p.pause_us)} ms on rank {p_rank}{of}; the step after it "
                    f"{_ms(r.rest_us)} ms on rank {r_rank}{kept}")
     return out
+
+
+CLOCKS_APART_US = 1e6
+"""A rank's clock further from the first rank's than this (1 s) is said: NTP keeps a cluster's clocks within ms."""
+
+
+def _clocks_apart(result: AnalysisResult, per_rank: list[RankSkew]) -> list[str]:
+    """The ranks whose clocks read more than :data:`CLOCKS_APART_US` from the first rank's at the same collectives (the
+    alignment's offset, with the traces' own base times), said once."""
+    base = {r.rank: r.base_time_ns / 1e3 for r in result.ranks}
+    first = min(p.rank for p in per_rank)
+    apart = [(p.rank, p.clock_offset_us + base.get(p.rank, 0.0) - base.get(first, 0.0)) for p in per_rank]
+    apart = [(rank, us) for rank, us in apart if abs(us) > CLOCKS_APART_US]
+    if not apart:
+        return []
+    moved = ", ".join(f"rank {rank} {us / 1e6:+.1f} s" for rank, us in apart)
+    return [f"clocks apart: {moved} against rank {first}'s, found by matching their collectives and taken out "
+            "(hosts whose clocks are not synchronised; or traces of another run, whose collectives match by chance)"]
 
 
 def _own_collectives(result: AnalysisResult) -> list[str]:
@@ -396,6 +414,7 @@ def format_summary(result: AnalysisResult) -> str:
             out.append(
                 f"{p.rank:>4} {_ms(p.mean_step_us):>9} {_ms(p.busy_us):>9} {_ms(p.comm_wait_us):>16} {late:>8}"
             )
+        out += _clocks_apart(result, cross.per_rank)
         spread = max((s.spread_pct for s in cross.step_spread), default=0.0)
         out.append(f"load imbalance {cross.imbalance_pct:.1f}%, largest step-duration spread {spread:.1f}%")
         for name, verdict in (("straggler", cross.straggler_verdict), ("imbalance", cross.imbalance_verdict)):
