@@ -419,7 +419,7 @@ def test_a_run_with_a_rank_s_trace_unread_withholds_what_weighs_the_ranks(
     assert result.what_if == [] and result.what_if_model is None and headline(result)["predicted_saving"] is None
     box = " ".join(" ".join(line.strip("|").split()) for line in format_box(result).splitlines())
     assert "Verdict: not enough evidence for a verdict across ranks" in box
-    assert ("Skipped: 1 file(s) could not be read whole; no trace of rank 0 read: the answer covers the 1 rank read"
+    assert ("Skipped: 1 file(s) skipped or read in part; no trace of rank 0 read: the answer covers the 1 rank read"
             in box)
     # Rank 1's trace alone, given on purpose from the intact run: the same, nothing skipped.
     alone = analyze_paths([DATA / "golden" / "cpu_clean_memory" / "rank1_vm_step8-10.pt.trace.json.gz"],

@@ -145,7 +145,7 @@ def test_the_late_ranks_began_the_traced_step_late_and_the_waiting_finding_says_
                    6: (6896, 7120), 7: (7534, 7624)}
     waiting = result.findings[1]
     assert waiting.kind == "waiting_for_peers"
-    assert ("ranks 7, 5 and 4' lateness at the collectives, 7.62, 2.96 and 2.75 ms, arose before they began the step "
+    assert ("the lateness of ranks 7, 5 and 4 at the collectives, 7.62, 2.96 and 2.75 ms, arose before they began the step "
             "(7.53, 2.96 and 2.75 ms of it, against their peers' time from their step's start), not in their work in "
             "the step") in waiting.evidence
     assert "look at what the late ranks do between steps that their peers do not" in waiting.recommendation

@@ -47,7 +47,7 @@ def _skipped(result: AnalysisResult) -> list[tuple[str, str]]:
               f"{read} rank{'s' if read != 1 else ''} read") if result.unread_ranks else \
         f"the answer covers the {read} rank{'s' if read != 1 else ''} read"
     # The files and their reasons are said once, where the errors are (the CLI's stderr, the report's list).
-    return [("Skipped", f"{len(result.errors)} file(s) could not be read whole; {covers}")]
+    return [("Skipped", f"{len(result.errors)} file(s) skipped or read in part; {covers}")]
 
 
 def _answer(result: AnalysisResult) -> list[tuple[str, str]]:

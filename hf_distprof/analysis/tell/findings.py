@@ -178,8 +178,8 @@ def entered_late_sentence(late: list[EnteredLate]) -> str:
     one = len(late) == 1
     lags = listed([f"{e.start_lag_us / 1e3:.2f}" for e in late])
     lateness = listed([f"{e.lateness_us / 1e3:.2f}" for e in late])
-    who = f"rank {late[0].rank}'s" if one else f"ranks {listed([str(e.rank) for e in late])}'"
-    return (f"{who} lateness at the collectives, {lateness} ms, arose before {'it' if one else 'they'} began the step "
+    who = f"rank {late[0].rank}'s lateness" if one else f"the lateness of ranks {listed([str(e.rank) for e in late])}"
+    return (f"{who} at the collectives, {lateness} ms, arose before {'it' if one else 'they'} began the step "
             f"({lags} ms of it, against {'its' if one else 'their'} peers' time from their step's start), not in "
             f"{'its' if one else 'their'} work in the step")
 
@@ -325,9 +325,9 @@ def _low_util(j: Judgement) -> Prose:
     f: LowUtilFacts = j.facts
     return Prose(
         title="Low GPU utilisation",
-        why=(f"the GPU is busy for {f.busy_pct:.1f}% of its step span on {f.low} of {f.ranks} ranks (the mean of those "
-             f"ranks' medians over steps; lowest: rank {f.lowest} at {f.lowest_pct:.1f}%; threshold "
-             f"{f.threshold_pct:g}%)"),
+        why=(f"the GPU runs a kernel (NCCL's included) {f.busy_pct:.1f}% of its step span on {f.low} of {f.ranks} "
+             f"ranks (the mean of those ranks' medians over steps; lowest: rank {f.lowest} at {f.lowest_pct:.1f}%; "
+             f"threshold {f.threshold_pct:g}%)"),
         details="",
         action=("The GPU waits for the host: look for CPU work, synchronisations (.item(), .cpu(), printing "
                 "tensors) and data loading between kernels"),
