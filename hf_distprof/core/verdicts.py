@@ -329,7 +329,23 @@ def judge_slow_rank(
                 QUIET, **base, gate="material",
                 reason=f"{late}, but that costs its peers only {cost:.1f}% of the step (less than {min_step_pct:g}%)",
             )
+    # Whether the candidate stands out from its peers is no question of the number of steps: in steps where several
+    # ranks are late together, none of them is the straggler (a trial: "undecided, trace 2 steps" where two ranks
+    # arrived 0.5 ms before the candidate, 7 ms after the others).
+    def together(standing_out: set[int]) -> SlowRankVerdict | None:
+        if len(ranks) < 3 or candidate in standing_out:
+            return None
+        few = f" (in {n} step{'s' if n != 1 else ''}, too few to tell more: at least {need} are needed)" if n < need \
+            else ""
+        return SlowRankVerdict(
+            QUIET, **base, gate="stand_out",
+            reason=f"{late}, but its arrival does not stand out from the spread across the {len(ranks)} ranks "
+            f"(3 scaled median absolute deviations): several ranks are late together, not one straggler{few}")
+
     if n < need:
+        quiet = together(_standing_out({r: per_step[r][:n] for r in ranks}))
+        if quiet is not None:
+            return quiet
         return SlowRankVerdict(
             UNDECIDED, **base,
             reason=f"not enough evidence: {late} (threshold {threshold_pct:g}%), but {n} steps of {len(ranks)} "
@@ -343,13 +359,9 @@ def judge_slow_rank(
     if k <= MOST * n or p >= alpha:
         return SlowRankVerdict(QUIET, **base, gate="persistence", reason=f"{late}, but {order}: not persistent")
     standing_out = _standing_out({r: per_step[r][:n] for r in ranks})
-    if len(ranks) >= 3 and candidate not in standing_out:
-        return SlowRankVerdict(
-            QUIET, **base, gate="stand_out",
-            reason=f"{late}, but its arrival does not stand out from the spread across the {len(ranks)} ranks "
-            "(3 scaled median absolute deviations): several ranks are late together, an imbalance rather than "
-            "one straggler",
-        )
+    quiet = together(standing_out)
+    if quiet is not None:
+        return quiet
     also = [
         r for r in ranks
         if r != candidate and r in standing_out and median(excess[r]) > max(threshold_pct, noise)

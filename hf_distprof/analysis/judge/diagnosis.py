@@ -215,12 +215,16 @@ def window_entry(p: RankSkew | None, late: bool, verdicts: RankVerdicts, options
 def _waiting_for_peers(ranks: list[RankResult], across: Across, verdicts: RankVerdicts,
                        options: AnalysisOptions) -> list[Judgement]:
     """Ranks that wait for late peers for more than ``comm_bound_pct`` of the step (median over steps, in most
-    steps) when the run is too short for a slow-rank verdict: the time is the ranks' skew, not the network, and no
+    steps) when the run is too short for a slow-rank verdict (or for more than "several ranks are late together"): the
+    time is the ranks' skew, not the network, and no
     finding would otherwise say where a large share of the step goes. A raised verdict's finding carries the waits;
     verdicts that judged enough steps and name nobody say the waits are the run's own noise (on a busy host a clean
     run's ranks wait for each other in turn)."""
     both = [v for v in (verdicts.straggler, verdicts.imbalance) if v is not None]
-    if any(v.raised for v in both) or not any(v.status == UNDECIDED for v in both):
+    # Too few steps for a verdict: undecided, or quiet only because several ranks were late together (the waits are
+    # real then, and no single rank's; the verdict cannot call them noise).
+    if any(v.raised for v in both) or not any(
+            v.status == UNDECIDED or (v.gate == "stand_out" and v.steps < v.min_steps) for v in both):
         return []
     shares = across.wait_pct_per_step
     judged = {r.rank: judge_share(shares[r.rank], options.comm_bound_pct, "waiting for late peers") for r in ranks}
