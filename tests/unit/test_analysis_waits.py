@@ -150,3 +150,19 @@ def test_share_exposure_gives_each_moment_to_the_earliest_collective_in_flight()
     assert b.exposed_share == [(30.0, 35.0, 1)]
     assert c.exposed_share == [(50.0, 58.0, 1), (65.0, 70.0, 1), (70.0, 80.0, 1)]  # nearest issued after its end
     assert sum(x.exposed_share_us for x in (a, b, c)) == 30.0 + 8.0 + 15.0
+
+
+def test_a_wait_for_several_late_peers_is_split_among_those_not_arrived_yet() -> None:
+    # The wait's Shapley value (the airport game): each moment in equal parts to the peers still missing. A trial on the
+    # shared 8-GPU traces: ranks 2 and 6 arrive 0.5 ms before rank 7, 7 ms after the waiting rank; all 7.6 ms went to
+    # rank 7, whose arriving on time would have saved 0.5 ms.
+    from hf_distprof.analysis.across.comm import split_wait
+
+    got = dict(split_wait(0.0, 7.6, [(7.1, 2), (7.1, 6), (7.6, 7)]))
+    assert got == pytest.approx({2: 7.1 / 3, 6: 7.1 / 3, 7: 7.1 / 3 + 0.5})
+    assert sum(got.values()) == pytest.approx(7.6)
+    # One late peer: all of it. A piece of the wait after a peer arrived: not that peer's.
+    assert split_wait(1.0, 3.0, [(3.0, 4)]) == [(4, 2.0)]
+    assert dict(split_wait(2.0, 4.0, [(1.5, 1), (3.0, 2), (4.0, 3)])) == pytest.approx({2: 0.5, 3: 1.5})
+    # A piece that ends before the last arrival (the rank's own exposed part ends there): the missing peers share it.
+    assert dict(split_wait(0.0, 2.0, [(1.0, 1), (5.0, 2)])) == pytest.approx({1: 0.5, 2: 1.5})

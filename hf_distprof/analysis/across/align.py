@@ -151,6 +151,7 @@ def set_waits(ranks: list[RankResult], alignment: Alignment) -> None:
     for r in ranks:
         for c in r.collectives:
             c.peers_in_us, c.waited_for, c.late_peer_wait_us, c.done_in_us = None, None, None, None
+            c.late_arrivals = []
     for key, same in alignment.matched.items():
         arrivals = alignment.arrivals[key]
         last = last_to_arrive(arrivals)
@@ -160,3 +161,6 @@ def set_waits(ranks: list[RankResult], alignment: Alignment) -> None:
             c.done_in_us = done + alignment.offsets[rank] if done is not None else None
             c.waited_for = last if last != rank and arrivals[last] > arrivals[rank] else None
             c.late_peer_wait_us = min(max(arrivals[last] - arrivals[rank], 0.0), c.duration_us)
+            if c.waited_for is not None:
+                c.late_arrivals = sorted((t + alignment.offsets[rank], p) for p, t in arrivals.items()
+                                         if t > arrivals[rank])

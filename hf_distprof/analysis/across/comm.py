@@ -145,6 +145,23 @@ def by_kind(steps: list[StepResult], collectives: list[Collective], gpu: bool, w
     return out, series
 
 
+def split_wait(start: float, end: float, late: list[tuple[float, int]]) -> list[tuple[int, float]]:
+    """A wait from ``start`` to ``end`` for the peers ``late`` (``(arrival, rank)``, earliest first), split among them:
+    each moment goes in equal parts to the peers not arrived yet (the Shapley value of the wait, the last arrival's
+    time: a peer that arrives just before the last one is waited for nearly as long). A rank 0.5 ms after two others
+    that were 7 ms late holds its peers back by its 0.5 ms and a third of the 7 ms, not by all of it."""
+    out: dict[int, float] = {}
+    share, prev, m = 0.0, start, len(late)
+    for k, (arrival, peer) in enumerate(late):
+        hi = min(end, arrival)
+        if hi > prev:
+            share += (hi - prev) / (m - k)  # each peer not arrived yet, from the k-th on, waited for alike
+            prev = hi
+        if share > 0.0:
+            out[peer] = out.get(peer, 0.0) + share
+    return list(out.items())
+
+
 @dataclass
 class RankWaits:
     """One rank's waits for late peers at its collectives, every figure of them from one pass."""
@@ -152,8 +169,8 @@ class RankWaits:
     per_step_us: dict[int, float]
     """step -> microseconds of its exposed communication that are such a wait."""
     peer_waits: list[PeerWait]
-    """Per peer (the one that arrived last) and kind, the % of the step it waits there, mean over the rank's steps,
-    in the order first met (what ``--json`` shows per rank)."""
+    """Per peer and kind, the % of the step it waits there, mean over the rank's steps, in the order first met (what
+    ``--json`` shows per rank); a wait for several late peers is split among them (:func:`split_wait`)."""
     late_peers: list[LatePeer]
     """The same per peer, longest wait first (ties: the lower rank), with microseconds per step."""
 
@@ -177,10 +194,11 @@ def rank_waits(rank: RankResult, waits: list[Pieces] | None = None) -> RankWaits
             j = index.get(step)
             if j is None or c.waited_for is None or bases[j] <= 0:
                 continue
-            kinds = pct.setdefault(c.waited_for, {})
             bucket = kind_bucket(c.kind)
-            kinds[bucket] = kinds.get(bucket, 0.0) + 100.0 * (e - s) / bases[j] / n
-            us[c.waited_for] = us.get(c.waited_for, 0.0) + (e - s) / n
+            for peer, wait in split_wait(s, e, c.late_arrivals or [(e, c.waited_for)]):
+                kinds = pct.setdefault(peer, {})
+                kinds[bucket] = kinds.get(bucket, 0.0) + 100.0 * wait / bases[j] / n
+                us[peer] = us.get(peer, 0.0) + wait / n
     peer_waits = [PeerWait(peer, kind, share) for peer, kinds in pct.items() for kind, share in kinds.items()]
     late = [LatePeer(peer, sum(kinds.values()), us[peer], sorted(kinds.items(), key=lambda kv: -kv[1]))
             for peer, kinds in pct.items()]

@@ -99,6 +99,10 @@ def _kind_row(label: str, row: CommKindStat, fsdp: bool, waits: bool = True) -> 
     )
 
 
+PEERS_SHOWN = 5
+"""The late peers a rank's late-peer line names, longest wait first (a wait for several is split among them)."""
+
+
 def _kind_totals(result: AnalysisResult) -> list[str]:
     """The per-rank sums of the per-kind rows (the headline's exposed communication), and who waits for whom."""
     ranks = [r for r in result.ranks if r.comm_by_kind]
@@ -114,8 +118,10 @@ def _kind_totals(result: AnalysisResult) -> list[str]:
         peers = result.late_peers.get(r.rank, [])
         shown = [p for p in peers if p.pct >= SHOWN_PCT]
         if shown:
+            rest = peers[PEERS_SHOWN:]
+            more = f", {len(rest)} more ranks {sum(p.pct for p in rest):.1f}%" if len(shown) > PEERS_SHOWN else ""
             out.append(f"rank {r.rank}'s late-peer wait: {sum(p.pct for p in peers):.1f}% of its step ("
-                       + ", ".join(f"for rank {p.peer} {p.pct:.1f}%" for p in shown) + ")")
+                       + ", ".join(f"for rank {p.peer} {p.pct:.1f}%" for p in shown[:PEERS_SHOWN]) + more + ")")
     return out
 
 
