@@ -179,8 +179,8 @@ def test_an_idle_gpu_of_tiny_kernels_is_low_utilisation_and_launch_bound():
     low, launch = diagnose(tiny, OPTS)
     busy_pct = 100 * 160 / 784
     check(low, "low_utilisation", 100 - busy_pct, "Low GPU utilisation", [0, 1],
-          f"the GPU runs a kernel (NCCL's included) {busy_pct:.1f}% of its step span on 2 of 2 ranks (the mean of those ranks' medians "
-          f"over steps; lowest: rank 0 at {busy_pct:.1f}%; threshold 80%)",
+          f"the GPU runs a kernel (NCCL's included) {busy_pct:.1f}% of its step span on 2 of 2 ranks (the mean of "
+          f"those ranks' medians over steps; lowest: rank 0 at {busy_pct:.1f}%; threshold 80%)",
           "The GPU waits for the host: look for CPU work, synchronisations (.item(), .cpu(), printing tensors) and "
           "data loading between kernels; increase the batch size or use CUDA graphs.",
           {"gpu_busy_pct": busy_pct}, 1.0)

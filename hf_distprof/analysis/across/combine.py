@@ -99,8 +99,8 @@ def apart_in_time(ranks: list[RankResult], offsets_us: dict[int, float] | None =
     """Why these traces are not one run's, when two ranks of one host traced the same steps at times that cannot be
     the same steps: at least two common steps, each of the one's spans apart from the other's by more than
     :data:`APART_STEPS` times the longer of the two and more than :data:`APART_US` (under DDP a step ends together on
-    every rank), or one common step apart by more than :data:`APART_ONE_US`. None when they can be (a trial: rank 1's traces of another run copied in under the same names, read as
-    9 s late to each collective of a 65 ms step).
+    every rank), or one common step apart by more than :data:`APART_ONE_US`. None when they can be (a trial: rank 1's
+    traces of another run copied in under the same names, read as 9 s late to each collective of a 65 ms step).
 
     Args:
         ranks: One result per rank.
