@@ -199,7 +199,8 @@ def test_idle_gpu_with_long_kernels_is_low_utilisation_only_and_a_busy_one_is_ne
     (low,) = [f for f in diagnose([gpu_rank(0, 10, 40.0, 1.0), slow], OPTS) if f.kind != "imbalance"]
     assert (low.kind, low.ranks) == ("low_utilisation", [1])
     assert low.numbers == pytest.approx({"gpu_busy_pct": 100 * 160 / 640})
-    assert low.evidence.startswith("the GPU runs a kernel (NCCL's included) 25.0% of its step span on 1 of 2 ranks (the mean of those")
+    assert low.evidence.startswith("the GPU runs a kernel (NCCL's included) 25.0% of its step span on 1 of 2 ranks "
+                                   "(the mean of those")
     # Many tiny kernels on a busy GPU are not launch-bound: the GPU does not wait.
     assert diagnose([gpu_rank(0, 100, 5.0, 0.0)], OPTS) == []
 
