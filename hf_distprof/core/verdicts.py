@@ -310,7 +310,8 @@ def judge_slow_rank(
     k = slowest_count[candidate]
     test, p = "binomial", binomial_tail(k, n, 1.0 / len(ranks))
     order = f"it is the slowest in {k} of {n} steps (p = {p:.3f} in a balanced run of {len(ranks)} ranks)"
-    late = f"rank {candidate}'s {what} exceeds its peers' by a median {effect:.1f}%"
+    of = " of the step" if scale is not None else ""  # (else of its peers' value: "17.7%" more work than theirs)
+    late = f"rank {candidate}'s {what} exceeds its peers' by a median {effect:.1f}%{of}"
     cost = None if step_time is None else median(
         100.0 * e / t if t > 0 else 0.0 for e, t in zip(excess_abs[candidate], step_time))
     base = dict(rank=candidate, effect_pct=effect, threshold_pct=threshold_pct, noise_pct=noise, slowest_in=k,

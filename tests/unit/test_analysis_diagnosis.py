@@ -61,9 +61,9 @@ def test_slow_rank1_is_one_chain_and_rank_0s_wait_is_not_communication_bound():
           "collectives 31.40 ms (51.0% of its 61.55 ms step) after the earliest rank, and the others wait for it "
           "there (from their arrival at the same collective to its, clocks aligned): rank 0 waits 46.4% of its step "
           "at all_reduce for rank 1. straggler verdict: rank "
-          "1's arrival at the step's collectives exceeds its peers' by a median 52.1% (threshold 10%, step-to-step "
-          "noise 3.4%); it is the slowest in 6 of 6 steps (p = 0.016 in a balanced run of 2 ranks); imbalance verdict "
-          "raised too: rank 1's busy time (GPU: compute kernels; CPU: "
+          "1's arrival at the step's collectives exceeds its peers' by a median 52.1% of the step (threshold 10%, "
+          "step-to-step noise 3.4%); it is the slowest in 6 of 6 steps (p = 0.016 in a balanced run of 2 ranks); "
+          "imbalance verdict raised too: rank 1's busy time (GPU: compute kernels; CPU: "
           "compute + data loading) exceeds its peers' by a median 102.8%",
           # A CPU (gloo) run: its host, not a device's clocks.
           "Rank 1: its compute is slower: check for uneven sequence lengths across ranks (pad to a fixed length or "
@@ -393,7 +393,7 @@ def test_undecided_names_each_question_with_its_reason():
     got = analyze_ranks(ranks, OPTS).undecided
     assert [u.reason for u in got] == [
         "not enough evidence: rank 1's arrival at the step's collectives exceeds its peers' by a median "
-        f"30.0% {short}",
+        f"30.0% of the step {short}",
         "not enough evidence: rank 1's busy time (GPU: compute kernels; CPU: compute + data loading) "
         f"exceeds its peers' by a median 60.0% {short}",
     ]
@@ -402,9 +402,9 @@ def test_undecided_names_each_question_with_its_reason():
                                                                       ("imbalance", [1], 3, "trace")]
     assert {u.to_decide for u in got} == {"trace at least 6 steps (--profiler-active-steps 6) or keep the step timer "
                                           "on (--enable-step-timing, on with --enable-profiling) over more steps"}
-    assert got[0].why == ("rank 1's arrival at the step's collectives exceeds its peers' by a median 30.0% (threshold "
-                          "10%), but 3 traced steps of 2 ranks are too few to tell a slow rank from chance (at least 6 "
-                          "are needed)")
+    assert got[0].why == ("rank 1's arrival at the step's collectives exceeds its peers' by a median 30.0% of the step "
+                          "(threshold 10%), but 3 traced steps of 2 ranks are too few to tell a slow rank from chance "
+                          "(at least 6 are needed)")
 
 
 def test_low_utilisation_names_the_lowest_rank_and_launch_bound_looks_past_ranks_without_kernels():

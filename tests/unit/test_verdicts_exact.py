@@ -212,8 +212,8 @@ def test_effect_equal_to_the_noise_is_quiet():
     v = judge_slow_rank({0: r0, 1: [x + MAD_SCALE for x in r0]}, 10.0, scale=[1.0] * 7)
     assert v.effect_pct == v.noise_pct == 100.0 * MAD_SCALE
     assert (v.status, v.gate, v.slowest_in, v.p_value) == ("quiet", "noise", 7, 2.0**-7)
-    assert v.reason == ("rank 1's its work exceeds its peers' by a median 148.3%, but the run's own step-to-step "
-                        "variation is 148.3%: within the noise")
+    assert v.reason == ("rank 1's its work exceeds its peers' by a median 148.3% of the step, but the run's own "
+                        "step-to-step variation is 148.3%: within the noise")
 
 
 def eight_ranks_slowest_in_half() -> dict[int, list[float]]:
