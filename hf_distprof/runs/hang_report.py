@@ -11,11 +11,16 @@ the traceback of an uncaught exception that ended a rank). No torch import.
 from __future__ import annotations
 
 import io
+import json
+import os
 import pickle
 import re
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from hf_distprof.core.names import CRASH_NAME, MANIFEST_PART_NAME
 
 _THREAD = re.compile(r"^Thread (?P<name>.*) \(ident (?P<ident>\d+)(?P<main>, main)?\):$")
 _FRAME = re.compile(r'^  File "(?P<file>.*)", line (?P<line>\d+), in (?P<func>.*)$')
@@ -141,6 +146,8 @@ class HangReport:
     lines: list[str]
     crashes: dict[int, Crash] = field(default_factory=dict)
     raised: dict[int, Raised] = field(default_factory=dict)
+    silent: dict[int, str] = field(default_factory=dict)
+    """Ranks that ended without a word (:func:`silent_ranks`): rank -> ``killed`` or ``stopped``."""
 
     @property
     def text(self) -> str:
@@ -334,14 +341,17 @@ def hang_report(folder: Path) -> HangReport:
             dumps[dump.rank] = dump  # the watchdog's own dump wins over the backstop's
     crashes = {c.rank: c for c in map(parse_crash, sorted(folder.glob("rank*_crash.txt"))) if c is not None}
     raised = {r.rank: r for r in map(parse_exception, sorted(folder.glob("rank*_exception.txt"))) if r is not None}
+    # (Only beside a rank that ended otherwise: a run still going has every part "running" and its crash files armed.)
+    silent = silent_ranks(folder, set(dumps) | set(crashes) | set(raised)) if dumps or crashes or raised else {}
     if not dumps and not crashes and not raised:
         raise FileNotFoundError(f"{folder}: no hang_rank*_*.txt (was --hang-timeout on, and did a step stall?), no "
                                 "rank*_crash.txt with a stack (no rank died of a fatal signal) and no "
                                 "rank*_exception.txt (no rank ended by an uncaught exception)")
     if not dumps:
         lines = (_crash_lines(folder, crashes) if crashes else []) + (
-            _raised_lines(folder, raised, bool(crashes)) if raised else [])
-        return HangReport(folder, {}, {}, None, [], lines, crashes, raised)
+            _raised_lines(folder, raised, bool(crashes) or bool(silent)) if raised else [])
+        return HangReport(folder, {}, {}, None, [], lines + _silent_lines(folder, silent, bool(lines)), crashes,
+                          raised, silent)
     recorders = {r.rank: r for r in map(parse_recorder, sorted(folder.glob("flight_recorder_rank*.pkl")))}
     sizes = {int(d.header["world_size"]) for d in dumps.values() if d.header.get("world_size", "").isdigit()}
     world = max(sizes) if sizes else None
@@ -375,8 +385,9 @@ def hang_report(folder: Path) -> HangReport:
     if crashes:
         lines += _crash_lines(folder, crashes)[1:]
     if raised:
-        lines += _raised_lines(folder, raised, bool(crashes))[1:]
-    return HangReport(folder, dumps, recorders, world, culprits, lines, crashes, raised)
+        lines += _raised_lines(folder, raised, bool(crashes) or bool(silent))[1:]
+    lines += _silent_lines(folder, silent, True)
+    return HangReport(folder, dumps, recorders, world, culprits, lines, crashes, raised, silent)
 
 
 def _raised_lines(folder: Path, raised: dict[int, Raised], crashed: bool = False) -> list[str]:
@@ -386,9 +397,10 @@ def _raised_lines(folder: Path, raised: dict[int, Raised], crashed: bool = False
     lines = [f"exception report: {folder} ({len(raised)} rank(s) ended by an uncaught exception)"]
     ordered = sorted(raised.values(), key=lambda r: (r.unix, r.rank))
     for i, r in enumerate(ordered):
-        when = "first" if i == 0 else f"{r.unix - ordered[0].unix:.2f} s after rank {ordered[0].rank}"
+        when = ("first, " if len(ordered) > 1 else "") if i == 0 else \
+            f"{r.unix - ordered[0].unix:.2f} s after rank {ordered[0].rank}, "
         where = f" at {r.dump.user_frame}" if r.dump.main_stack else ""
-        lines.append(f"rank {r.rank} raised {r.exception}{where} ({when}, {r.stamp}); its traceback: {r.path.name}")
+        lines.append(f"rank {r.rank} raised {r.exception}{where} ({when}{r.stamp}); its traceback: {r.path.name}")
     if len(ordered) > 1 and not crashed:
         if len({r.dump.host for r in ordered}) == 1:
             lines.append(f"=> rank {ordered[0].rank} raised first: the others' exceptions followed it (a rank that "
@@ -397,6 +409,57 @@ def _raised_lines(folder: Path, raised: dict[int, Raised], crashed: bool = False
             lines.append(f"=> rank {ordered[0].rank} raised first by its host's clock; the ranks are on "
                          f"{len({r.dump.host for r in ordered})} hosts, whose clocks can differ by more than these "
                          "gaps: read the exceptions, the first cause is the one that is not a failed collective")
+    return lines
+
+
+def silent_ranks(folder: Path, told: set[int]) -> dict[int, str]:
+    """The ranks that ended without a word: their manifest part says they never reached train end, and they left no
+    hang dump, crash stack or exception file (``told``). rank -> ``killed`` when its crash file is there, empty (armed
+    at train start, removed at train end or before a signal's default action: only SIGKILL, which nothing can catch,
+    leaves it: the out-of-memory killer, a launcher's or a scheduler's kill), else ``stopped`` (a signal's default
+    action, SIGTERM from the launcher or the scheduler, or ``os._exit``). A part that cannot be read is passed over."""
+    out: dict[int, str] = {}
+    for path in sorted(folder.glob(MANIFEST_PART_NAME.format(rank="*", host="*"))):
+        try:
+            part = json.loads(path.read_text(encoding="utf-8"))
+            rank, status = int(part["rank"]), part.get("status")
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+        if rank in told or status == "finished" or _alive(part):
+            continue
+        crash = folder / CRASH_NAME.format(rank=rank)
+        out[rank] = "killed" if crash.is_file() and crash.stat().st_size == 0 else "stopped"
+    return out
+
+
+def _alive(part: dict[str, Any]) -> bool:
+    """Whether the rank's process still runs (on this host; a process elsewhere cannot be seen from here)."""
+    pid = part.get("pid")
+    if part.get("host") != socket.gethostname() or not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # (another user's process: it exists)
+        return True
+    return True
+
+
+def _silent_lines(folder: Path, silent: dict[int, str], after: bool) -> list[str]:
+    """The ranks that ended without a word, and what that says about the others' exceptions."""
+    if not silent:
+        return []
+    lines = [] if after else [f"report: {folder} (ranks that ended without an exception or a crash stack)"]
+    for rank in sorted(silent):
+        how = ("killed without a chance to write: SIGKILL (the out-of-memory killer, or a launcher's or scheduler's "
+               "kill; see dmesg and the launcher's log)" if silent[rank] == "killed" else
+               "stopped by a signal (SIGTERM from the launcher or the scheduler) or os._exit; its last words are in "
+               f"rank{rank}.log")
+        lines.append(f"rank {rank} never reached train end and left no exception, crash stack or hang dump: {how}")
+    lines.append(f"=> look at {'rank' if len(silent) == 1 else 'ranks'} {', '.join(map(str, sorted(silent)))} "
+                 "first: the exceptions of the others, if any, can be what followed (a rank that dies fails its "
+                 "peers' collectives: \"Connection reset by peer\", \"Connection closed\")")
     return lines
 
 

@@ -211,3 +211,50 @@ def test_a_forked_worker_does_not_write_into_the_rank_s_crash_file(tmp_path: Pat
     proc = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, env=env,
                           timeout=60)
     assert proc.stdout.split() == ["0", "rank1_crash.txt", "True"], proc.stderr[-2000:]
+
+
+def test_a_rank_killed_without_a_word_is_named_before_the_exception_its_death_caused(tmp_path: Path) -> None:
+    # A trial: rank 1 killed by SIGKILL (or stopped by SIGTERM); rank 0's collective then failed ("Connection reset by
+    # peer"), and hang-report named rank 0's exception "first" and rank 1 nowhere.
+    import json
+    import socket
+
+    def part(rank: int, status: str, pid: int = 999_999_999, host: str = "node0") -> None:
+        (tmp_path / f"manifest_rank{rank}_{host}.json").write_text(json.dumps(
+            {"format": "hf_distprof.manifest.part", "version": 1, "rank": rank, "world_size": 2, "host": host,
+             "pid": pid, "status": status}))
+
+    part(0, "running")
+    part(1, "running")
+    (tmp_path / "rank0_exception.txt").write_text(
+        "hf_distprof: rank 0 on host node0 ended by an uncaught exception at 2026-11-29T15:50:01.250000 (unix "
+        "1795000000.250000)\nTraceback (most recent call last):\n  File \"/home/me/train.py\", line 30, in <module>\n"
+        "    trainer.train()\nRuntimeError: [../gloo/transport/tcp/pair.cc:537] Connection reset by peer\n")
+    (tmp_path / "rank1_crash.txt").write_text("")  # armed at train start; SIGKILL leaves it empty
+    report = hang_report(tmp_path)
+    assert report.silent == {1: "killed"}
+    assert report.lines == [
+        f"exception report: {tmp_path} (1 rank(s) ended by an uncaught exception)",
+        "rank 0 raised RuntimeError: [../gloo/transport/tcp/pair.cc:537] Connection reset by peer at "
+        "/home/me/train.py:30 in <module>: trainer.train() (2026-11-29T15:50:01.250000); its traceback: "
+        "rank0_exception.txt",
+        "rank 1 never reached train end and left no exception, crash stack or hang dump: killed without a chance to "
+        "write: SIGKILL (the out-of-memory killer, or a launcher's or scheduler's kill; see dmesg and the launcher's "
+        "log)",
+        "=> look at rank 1 first: the exceptions of the others, if any, can be what followed (a rank that dies fails "
+        "its peers' collectives: \"Connection reset by peer\", \"Connection closed\")",
+    ]
+    (tmp_path / "rank1_crash.txt").unlink()  # SIGTERM's default action: the empty crash file tidied first
+    assert hang_report(tmp_path).silent == {1: "stopped"}
+    assert "stopped by a signal (SIGTERM from the launcher or the scheduler) or os._exit; its last words are in " \
+           "rank1.log" in hang_report(tmp_path).text
+    part(1, "running", os.getpid(), socket.gethostname())  # still running here: not called dead
+    (tmp_path / "manifest_rank1_node0.json").unlink()
+    assert hang_report(tmp_path).silent == {}
+    part(1, "finished")
+    assert hang_report(tmp_path).silent == {} and not any("=> look at" in x for x in hang_report(tmp_path).lines)
+    # Without any rank that ended otherwise, no rank is called dead (a run still going): no report.
+    (tmp_path / "rank0_exception.txt").unlink()
+    part(1, "running")
+    with pytest.raises(FileNotFoundError):
+        hang_report(tmp_path)
