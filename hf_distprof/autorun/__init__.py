@@ -84,7 +84,7 @@ def attach(trainer: Any) -> list[Any]:
     from hf_distprof.callbacks import build_callbacks
     from hf_distprof.config import ProfilingArguments
 
-    rank = int(getattr(trainer.args, "process_index", 0))
+    rank = _rank(trainer)
     where = f"{type(trainer).__name__} built at {_created_at()}"
     ours = [type(cb).__name__ for cb in trainer.callback_handler.callbacks if _ours(cb)]
     if ours:
@@ -102,6 +102,16 @@ def attach(trainer: Any) -> list[Any]:
     return callbacks
 
 
+def _rank(trainer: Any) -> int:
+    """The Trainer's rank, else the launcher's (``RANK``): ranks that each train alone (``accelerate launch
+    --multi_gpu`` on a machine without GPUs) each call themselves process 0 (a trial: both said "[RANK 0]")."""
+    index = int(getattr(trainer.args, "process_index", 0))
+    try:
+        return index or int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return index
+
+
 def _ours(callback: Any) -> bool:
     cls = callback if isinstance(callback, type) else type(callback)
     return cls.__module__.startswith("hf_distprof.")
@@ -115,7 +125,7 @@ def withdraw(trainer: Any, added: Any) -> None:
     setattr(trainer, _AUTO, [])
     for callback in auto:
         trainer.remove_callback(callback)
-    rank = int(getattr(trainer.args, "process_index", 0))
+    rank = _rank(trainer)
     name = added.__name__ if isinstance(added, type) else type(added).__name__
     _say(rank, f"hf-distprof run: the script added {name} itself; the callbacks hf-distprof run attached are "
                f"taken back (no duplicates)", console=rank == 0)

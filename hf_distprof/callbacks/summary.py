@@ -196,7 +196,7 @@ class RunSummaryCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         dist.training_ended()  # every rank: its process group may go at exit (dist.destroy_group_at_exit)
-        if not state.is_world_process_zero:
+        if not state.is_world_process_zero or dist.get_rank() != 0:  # (ranks that train alone each are process 0)
             return
         run_dirs = paths.run_dirs_of(state)
         # This train() call's folders only (a notebook's earlier call left its writers open: listed again, they read

@@ -114,6 +114,11 @@ def test_a_trainer_that_has_our_callbacks_gets_none_and_other_ranks_stay_quiet(m
             "flags") in capsys.readouterr().err
     other = module.Trainer(rank=1)
     assert len(other.callback_handler.callbacks) == 4 and capsys.readouterr().err == ""
+    # A rank that trains alone (no process group: accelerate launch --multi_gpu without GPUs) is process 0 to its
+    # Trainer; the launcher's RANK says it is rank 1, whose console stays quiet (a trial: both said "[RANK 0]").
+    monkeypatch.setenv("RANK", "1")
+    alone = module.Trainer(rank=0)
+    assert len(alone.callback_handler.callbacks) == 4 and capsys.readouterr().err == ""
 
 
 def test_a_callback_of_ours_added_after_the_trainer_was_built_replaces_the_attached_ones(monkeypatch, capsys):

@@ -103,6 +103,19 @@ def test_printed_once_at_train_end_on_rank_0(tmp_path, capsys):
     assert f"  run folder: {tmp_path / 'P' / 'run'}  (0 trace(s))" in summary.printed
 
 
+def test_a_rank_that_trains_alone_under_a_launcher_s_rank_1_prints_no_block(tmp_path, capsys, monkeypatch):
+    # A trial: accelerate launch --multi_gpu on a machine without GPUs and no --use_cpu: each rank trains alone and
+    # calls itself process 0; both printed the block. The launcher's RANK says which one is rank 0.
+    from hf_distprof.callbacks.step_timer import StepTimerCallback
+
+    monkeypatch.setenv("RANK", "1")
+    args = ProfilingArguments(enable_step_timing=True, profiler_output_dir=str(tmp_path / "P"),
+                              profiler_run_name="run")
+    summary = RunSummaryCallback(args)
+    fake_trainer.run([StepTimerCallback(args), summary], 3, tmp_path)
+    assert BANNER not in capsys.readouterr().out and summary.printed is None
+
+
 def opened_by(line: str) -> list[Path]:
     """The folders a ``tensorboard`` line of the block opens, read as TensorBoard reads its flags."""
     from tensorboard.backend.event_processing.data_ingester import _parse_event_files_spec
