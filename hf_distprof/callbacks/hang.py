@@ -15,6 +15,7 @@ which dumps from C without the GIL into ``hang_rank{R}_{host}.faulthandler.txt``
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import os
 import sys
@@ -100,6 +101,7 @@ class HangWatchdogCallback(TrainerCallback):  # type: ignore[misc]
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._backstop: IO[str] | None = None
+        self._backstop_pid: int | None = None  # the process that opened it
         self._fired_for: int | None = None  # the last step a dump was written for (once per stall)
 
     # ---- Trainer hooks -------------------------------------------------------------------------
@@ -207,9 +209,19 @@ class HangWatchdogCallback(TrainerCallback):  # type: ignore[misc]
             self._backstop = open(path, "w", encoding="utf-8")  # noqa: SIM115 - faulthandler writes to its fd
         except OSError as err:
             logger.warning(f"cannot open {path}: {err!r}; the hang watchdog runs without its backstop")
+            return
+        # A rank that ends before train end (an exception, SIGTERM) tidies it too (a trial: empty files left behind).
+        self._backstop_pid = os.getpid()
+        atexit.register(self._discard_backstop)
+        signals.at_default_death(self._discard_backstop, guard=True)
 
     def _discard_backstop(self) -> None:
-        """Disarm the backstop; its file goes when it never fired (empty)."""
+        """Disarm the backstop; its file goes when it never fired (empty). In the process that armed it only (a forked
+        child's exit leaves the rank's alone)."""
+        if self._backstop is None or self._backstop_pid != os.getpid():
+            return
+        atexit.unregister(self._discard_backstop)
+        signals.forget_at_default_death(self._discard_backstop)
         faulthandler.cancel_dump_traceback_later()
         backstop, self._backstop = self._backstop, None
         if backstop is None:

@@ -365,3 +365,29 @@ def test_format_stacks_of_a_real_thread_parses_back(tmp_path):
     # Event.wait, then Condition.wait inside it: innermost last.
     assert [f.func for f in dump.threads[name]][-3:] == ["blocked_in_a_helper", "wait", "wait"]
     assert dump.main is not None and dump.main.startswith("MainThread")
+
+
+@pytest.mark.parametrize("end", ["raise", "sigterm"])
+def test_a_rank_that_ends_before_train_end_leaves_no_empty_backstop(tmp_path, end):
+    # A trial: --hang-timeout with a rank that raised, and a job stopped by SIGTERM: empty
+    # hang_rank{R}_{host}.faulthandler.txt files stayed in the run folder (the guide: removed when never written).
+    script = f"""
+import os, signal, sys
+sys.path.insert(0, {str(REPO_ROOT)!r})
+from tests.unit import fake_trainer
+from hf_distprof import ProfilingArguments
+from hf_distprof.callbacks.hang import HangWatchdogCallback
+from pathlib import Path
+tmp = Path({str(tmp_path)!r})
+args = ProfilingArguments(hang_timeout=30, profiler_output_dir=str(tmp / "out"), profiler_run_name="run")
+cb = HangWatchdogCallback(args)
+cb.on_train_begin(fake_trainer.training_args(tmp), fake_trainer.TrainerState(), fake_trainer.TrainerControl())
+assert list((tmp / "out" / "run").glob("*.faulthandler.txt")), "armed"
+if {end!r} == "raise":
+    raise RuntimeError("boom")
+os.kill(os.getpid(), signal.SIGTERM)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == (1 if end == "raise" else -15), done.stderr
+    assert "armed" not in done.stderr
+    assert not list((tmp_path / "out" / "run").glob("*.faulthandler.txt"))
