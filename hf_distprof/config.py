@@ -309,6 +309,8 @@ class ProfilingArguments:
                     setattr(self, f.name, kind(getattr(self, f.name)))
                 except argparse.ArgumentTypeError as err:
                     _flag_error(f"{flag_name(f.name)}: {err}")
+        if not str(self.profiler_output_dir).strip():  # (an empty value in a script's launcher line: meant nothing)
+            _flag_error("--profiler-output-dir: an empty folder path; give a folder (default ./profiler_traces)")
         if self.profiler_analyze and not self.enable_profiling:
             _flag_error("--profiler-analyze analyses the run's traces: it needs --enable-profiling")
         for name in ("profile_on_demand", "profile_on_anomaly"):

@@ -86,7 +86,7 @@ def find_run_dir(path: str | Path) -> Path:
     """
     folder = Path(path)
     if not folder.is_dir():
-        raise RunFolderError(f"{folder}: no such folder")
+        raise RunFolderError(f"{folder}: {'a file, not a run folder' if folder.exists() else 'no such folder'}")
     if _timing_files(folder):
         return folder
     try:

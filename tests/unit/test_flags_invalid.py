@@ -168,3 +168,15 @@ def test_flags_that_contradict_each_other_end_a_plain_script_with_status_2(argv,
     with pytest.raises(ValueError, match="needs"):
         ProfilingArguments(**{a.lstrip("-").replace("-", "_"): True for a in argv if a.startswith("--")}
                            | ({"max_trace_mb": 5.0} if "--max-trace-mb" in argv else {}))
+
+
+@pytest.mark.parametrize("value", ["", "  "])
+def test_an_empty_output_folder_is_refused_with_status_2(value, capsys):
+    # Free text, but not empty: a trial's "--profiler-output-dir ''" silently meant the current folder.
+    parser = HfArgumentParser((ProfilingArguments, TrainingArguments))
+    with pytest.raises(SystemExit) as ended:
+        parser.parse_args_into_dataclasses(args=["--profiler-output-dir", value, "--output_dir", "out"])
+    err = capsys.readouterr().err
+    assert ended.value.code == 2 and "error: --profiler-output-dir: an empty folder path; give a folder" in err, err
+    with pytest.raises(ValueError, match="an empty folder path"):
+        ProfilingArguments(profiler_output_dir=value)

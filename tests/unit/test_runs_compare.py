@@ -90,6 +90,9 @@ def test_a_folder_without_timing_files_is_an_error_naming_it(tmp_path):
         load_run(tmp_path)
     with pytest.raises(RunFolderError, match="no such folder"):
         load_run(tmp_path / "missing")
+    (tmp_path / "timing_rank0.jsonl").write_text("")  # a trial gave a run's file: "no such folder"
+    with pytest.raises(RunFolderError, match="timing_rank0.jsonl: a file, not a run folder$"):
+        load_run(tmp_path / "timing_rank0.jsonl")
 
 
 def test_a_parent_with_one_run_folder_is_accepted_and_with_two_is_refused(tmp_path):
