@@ -144,6 +144,10 @@ def where_to_look(run_dirs: list[Path], tensorboard_dirs: list[Path], profiling:
         summaries = [name for name in _SUMMARIES if (run_dir / name).exists()]
         if summaries:
             lines.append(f"    summaries: {', '.join(summaries)}; per-rank files: {', '.join(_per_rank(run_dir))}")
+        hung = _hang_dumps(run_dir)
+        if hung:
+            lines.append(f"    hang dumps: {', '.join(p.name for p in hung)} (a step stalled past --hang-timeout; "
+                         "training went on)")
     tensorboard_dirs = distinct_folders(tensorboard_dirs)
     for folder in tensorboard_dirs:
         lines.append(f"  TensorBoard events: {folder}")
@@ -168,8 +172,18 @@ def where_to_look(run_dirs: list[Path], tensorboard_dirs: list[Path], profiling:
                 lines.append(f"  open {written}   # the report, with plots (already written)")
             else:
                 lines.append(f"  hf-distprof analyze {first} --report {first / 'report'}   # Markdown/HTML with plots")
+        if _hang_dumps(first):
+            lines.append(f"  hf-distprof hang-report {first}               # where the stalled step was stuck")
     lines.append("=" * 78)
     return "\n".join(lines)
+
+
+def _hang_dumps(run_dir: Path) -> list[Path]:
+    """The watchdog's dumps in ``run_dir`` (a backstop never written, empty, is none)."""
+    try:
+        return sorted(p for p in run_dir.glob("hang_rank*.txt") if p.stat().st_size > 0)
+    except OSError:
+        return []
 
 
 class RunSummaryCallback(TrainerCallback):

@@ -47,6 +47,20 @@ def test_the_block_names_each_trace_summary_and_the_commands(tmp_path):
     ]
 
 
+def test_a_stall_the_watchdog_dumped_is_named_with_the_command_that_reads_it(tmp_path):
+    # A trial: a 25 s stall dumped by --hang-timeout (no --hang-abort: training went on); the block said nothing of it.
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "timing_rank0.jsonl").write_text("x")
+    (run / "hang_rank1_h.txt").write_text("hf_distprof hang dump")
+    (run / "hang_rank0_h.faulthandler.txt").write_text("")  # a backstop never written: none
+    lines = where_to_look([run], [], profiling=False).splitlines()
+    assert "    hang dumps: hang_rank1_h.txt (a step stalled past --hang-timeout; training went on)" in lines
+    assert lines[-2] == f"  hf-distprof hang-report {run}               # where the stalled step was stuck"
+    (run / "hang_rank1_h.txt").unlink()
+    assert not [line for line in where_to_look([run], [], profiling=False).splitlines() if "hang" in line]
+
+
 def test_a_report_already_written_for_the_trackers_is_named_not_written_again(tmp_path):
     # The run's report (written at train end when report_to names a tracker): named; the --report line would
     # overwrite it.
