@@ -425,12 +425,15 @@ def format_table(report: CrossRankReport, comm: dict[str, Any] | None = None, ti
     # Above the threshold in the means while the verdict raises nothing (a few long steps): said where it is read.
     mean_only = len(report.ranks) > 1 and report.imbalance_pct > report.time_threshold_pct and \
         report.imbalance_verdict is not None and report.imbalance_verdict.get("status") != "raised"
-    lines.append(
-        f"step time (the ranks' means) mean/min/max: {report.step_mean_s:.4f} / {report.step_min_s:.4f} / "
-        f"{report.step_max_s:.4f} s; imbalance (mean pre-sync): {report.imbalance_pct:.1f}% (threshold "
-        f"{report.time_threshold_pct:g}%{'; in the means only: the verdict below decides' if mean_only else ''}), "
-        f"{slowest}"
-    )
+    if len(report.ranks) == 1:  # (no peer: no imbalance, no slowest rank, no verdict; a trial read "slowest rank 0")
+        lines.append(f"step time: {report.step_mean_s:.4f} s (one rank: no imbalance or slow rank to judge)")
+    else:
+        lines.append(
+            f"step time (the ranks' means) mean/min/max: {report.step_mean_s:.4f} / {report.step_min_s:.4f} / "
+            f"{report.step_max_s:.4f} s; imbalance (mean pre-sync): {report.imbalance_pct:.1f}% (threshold "
+            f"{report.time_threshold_pct:g}%{'; in the means only: the verdict below decides' if mean_only else ''}), "
+            f"{slowest}"
+        )
     said = verdict_line(report.imbalance_verdict, report.time_threshold_pct) if len(report.ranks) > 1 else ""
     if said:
         lines.append(said)
@@ -439,8 +442,9 @@ def format_table(report: CrossRankReport, comm: dict[str, Any] | None = None, ti
         lines.append(
             "waiting for a CPU (run queue, before the optimizer): "
             + ", ".join(f"rank {r.rank} {r.cpu_wait_s:.4f}s" for r in report.ranks)
-            + " per step; the verdict weighs pre-sync less the part of this wait inside it, then with it (a rank only"
-            " this wait makes late is named with its machine as the cause)"
+            + (" per step; the verdict weighs pre-sync less the part of this wait inside it, then with it (a rank "
+               "only this wait makes late is named with its machine as the cause)" if len(report.ranks) > 1 else
+               " per step")
         )
     mem = "n/a" if report.memory_imbalance_pct is None else f"{report.memory_imbalance_pct:.1f}%"
     lines.append(f"peak memory imbalance: {mem} (threshold {report.memory_threshold_pct:g}%)")

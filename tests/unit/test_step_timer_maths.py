@@ -102,8 +102,7 @@ def test_one_rank_table_marks_no_slowest_and_says_what_is_unknown():
     assert format_table(report).splitlines() == HEADER + [
         "0        0.3000    0.0100    0.1000    0.5500    0.2000    0.0500    1.0000    0.3100    0.6400        8.0"
         "       1024        n/a",
-        "step time (the ranks' means) mean/min/max: 1.0000 / 1.0000 / 1.0000 s; imbalance (mean pre-sync): 0.0% "
-        "(threshold 10%), slowest rank 0 (load)",
+        "step time: 1.0000 s (one rank: no imbalance or slow rank to judge)",
         "peak memory imbalance: n/a (threshold 20%)",
         "throughput (all ranks): 8.0 samples/s, 1024 tokens/s; MFU n/a (no --peak-tflops and no known GPU)",
     ]
