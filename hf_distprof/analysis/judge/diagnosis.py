@@ -241,7 +241,7 @@ def _waiting_for_peers(ranks: list[RankResult], across: Across, verdicts: RankVe
                          steps=judged[worst].steps, threshold_pct=options.comm_bound_pct, whom=whom,
                          entered_late=[e for e in late_entries if e is not None],
                          all_entered_late=bool(whom) and all(e is not None for e in late_entries),
-                         gpu=any(r.device == "gpu" for r in ranks))
+                         gpu=any(r.device == "gpu" for r in ranks), of_ranks=len(shares))
     return [
         Judgement(
             kind="waiting_for_peers",

@@ -124,6 +124,8 @@ class WaitingFacts:
     """Whether the % are of the steps' GPU spans (GPU traces), not their wall time."""
     all_entered_late: bool = False
     """Whether every peer of ``whom`` is one of them: the advice then points between steps, not inside them."""
+    of_ranks: int = 0
+    """The ranks ``mean_pct`` is the mean over (every rank read, not only those in the finding)."""
 
 
 @dataclass

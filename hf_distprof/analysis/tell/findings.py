@@ -201,8 +201,8 @@ def _waiting(j: Judgement) -> Prose:
         title="Ranks wait for late peers",
         why=(f"the ranks wait at collectives for a peer that arrives later: rank {f.worst} for "
              f"{f.worst_median_pct:.1f}% of {step_base(f.gpu)} (its median over {f.steps} "
-             f"step{'s' if f.steps != 1 else ''}; threshold {f.threshold_pct:g}%), the ranks for {f.mean_pct:.1f}% "
-             "on average"),
+             f"step{'s' if f.steps != 1 else ''}; threshold {f.threshold_pct:g}%), "
+             f"{f'all {f.of_ranks} ranks' if f.of_ranks > 2 else 'the ranks'} for {f.mean_pct:.1f}% on average"),
         details=(f"; rank {f.worst} waits for {whom} of {its_step}{late}; no verdict names a slow rank (see the "
                  "straggler and imbalance verdicts)"),
         action=(f"This is the ranks' skew, not the network: {look}, trace more steps (or keep the step timer on) so "
