@@ -328,19 +328,31 @@ def hang_report(folder: Path) -> HangReport:
 
     Raises:
         FileNotFoundError: The folder does not exist or holds no hang dump.
-        ValueError: A dump cannot be parsed (the message names the file).
+        ValueError: No file can be read, and one cannot be parsed (the message names it); one that cannot be read
+            beside others that can is named at the report's end.
     """
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: {'a file, not a run folder' if folder.exists() else 'no such folder'}")
+    unread: list[str] = []  # a file that cannot be read is named; the others are still read (one bad dump of 64)
+
+    def read(pattern: str, parse: Any) -> list[Any]:
+        out = []
+        for path in sorted(folder.glob(pattern)):
+            try:
+                out.append(parse(path))
+            except ValueError as err:
+                unread.append(str(err))
+        return out
+
     dumps: dict[int, RankDump] = {}
-    for path in sorted(folder.glob("hang_rank*.txt")):
-        if _empty_backstop(path):
-            continue  # armed, never written: a rank that ended another way (a crash, an exception) left it there
-        dump = parse_dump(path)
-        if dump.rank not in dumps or dumps[dump.rank].backstop:
+    for dump in read("hang_rank*.txt", lambda p: None if _empty_backstop(p) else parse_dump(p)):
+        # (None: a backstop armed, never written: a rank that ended another way, a crash, an exception, left it)
+        if dump is not None and (dump.rank not in dumps or dumps[dump.rank].backstop):
             dumps[dump.rank] = dump  # the watchdog's own dump wins over the backstop's
-    crashes = {c.rank: c for c in map(parse_crash, sorted(folder.glob("rank*_crash.txt"))) if c is not None}
-    raised = {r.rank: r for r in map(parse_exception, sorted(folder.glob("rank*_exception.txt"))) if r is not None}
+    crashes = {c.rank: c for c in read("rank*_crash.txt", parse_crash) if c is not None}
+    raised = {r.rank: r for r in read("rank*_exception.txt", parse_exception) if r is not None}
+    if unread and not dumps and not crashes and not raised:
+        raise ValueError(unread[0])
     # (Only beside a rank that ended otherwise: a run still going has every part "running" and its crash files armed.)
     silent = silent_ranks(folder, set(dumps) | set(crashes) | set(raised)) if dumps or crashes or raised else {}
     if not dumps and not crashes and not raised:
@@ -350,9 +362,9 @@ def hang_report(folder: Path) -> HangReport:
     if not dumps:
         lines = (_crash_lines(folder, crashes) if crashes else []) + (
             _raised_lines(folder, raised, bool(crashes) or bool(silent)) if raised else [])
-        return HangReport(folder, {}, {}, None, [], lines + _silent_lines(folder, silent, bool(lines)), crashes,
-                          raised, silent)
-    recorders = {r.rank: r for r in map(parse_recorder, sorted(folder.glob("flight_recorder_rank*.pkl")))}
+        return HangReport(folder, {}, {}, None, [], lines + _silent_lines(folder, silent, bool(lines))
+                          + _unread_lines(unread), crashes, raised, silent)
+    recorders = {r.rank: r for r in read("flight_recorder_rank*.pkl", parse_recorder)}
     sizes = {int(d.header["world_size"]) for d in dumps.values() if d.header.get("world_size", "").isdigit()}
     world = max(sizes) if sizes else None
     lines = [f"hang report: {folder} ({len(dumps)} rank(s) dumped" + (f" of {world})" if world else ")")]
@@ -386,8 +398,14 @@ def hang_report(folder: Path) -> HangReport:
         lines += _crash_lines(folder, crashes)[1:]
     if raised:
         lines += _raised_lines(folder, raised, bool(crashes) or bool(silent))[1:]
-    lines += _silent_lines(folder, silent, True)
+    lines += _silent_lines(folder, silent, True) + _unread_lines(unread)
     return HangReport(folder, dumps, recorders, world, culprits, lines, crashes, raised, silent)
+
+
+def _unread_lines(unread: list[str]) -> list[str]:
+    """The files that could not be read, each with why (the report stands on the others)."""
+    return [f"could not read {len(unread)} file(s), left out of the report above:", *(f"  {u}" for u in unread)] \
+        if unread else []
 
 
 def _raised_lines(folder: Path, raised: dict[int, Raised], crashed: bool = False) -> list[str]:

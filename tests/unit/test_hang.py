@@ -330,6 +330,13 @@ def test_a_file_that_is_not_a_dump_is_named(tmp_path):
     (tmp_path / "hang_rank0_h.txt").write_text("something else\n")
     with pytest.raises(ValueError, match="hang_rank0_h.txt: not a hang dump written by hf_distprof"):
         hang_report(tmp_path)
+    # Beside readable dumps, it is named at the end and the report stands on the others (it stopped at one bad file).
+    _write(tmp_path, 1, STUCK)
+    lines = hang_report(tmp_path).lines
+    assert any(line.startswith("rank 1 (") for line in lines)
+    assert lines[-2:] == ["could not read 1 file(s), left out of the report above:",
+                          f"  {tmp_path / 'hang_rank0_h.txt'}: not a hang dump written by hf_distprof "
+                          + lines[-1].split("written by hf_distprof ", 1)[1]]
 
 
 def test_cli_prints_the_report_and_fails_cleanly_without_dumps(tmp_path):

@@ -161,8 +161,8 @@ def test_an_evaluation_before_the_first_step_is_a_pause_too(tmp_path: Path) -> N
     (first,) = [e for e in events if e.get("name") == "ProfilerStep#1"]
     assert first["ts"] <= pause["ts"] and pause["ts"] + pause["dur"] <= first["ts"] + first["dur"]
     # Step 1 would hold the whole evaluation without the range; it holds the first step's own warm-up only (beside a
-    # busy core up to 4x step 2's, so it is not compared with step 2). Left out, it would leave one step: it is kept.
-    assert sorted(steps) == [1, 2] and steps[1] < pause["dur"], (steps, pause["dur"])
+    # busy core up to 4x step 2's, so it is not compared with step 2). It is left out: step 2 remains.
+    assert sorted(steps) == [-1, 2] and steps[-1] < pause["dur"], (steps, pause["dur"])
 
 
 def test_a_step_after_the_named_ones_and_what_ran_in_it_are_left_out() -> None:
@@ -297,9 +297,20 @@ def test_the_step_after_a_checkpoint_is_left_out_and_a_peer_s_wait_in_it_is_no_l
     assert not [f for f in result.findings if f.kind in ("late_peer", "straggler", "slow_rank")]
     text = format_summary(result)
     assert ("Left out of every figure: step 3, traced right after an evaluation or a checkpoint, in which the ranks "
-            "that finished it first wait for the others (the step timer leaves the same steps out):\n"
-            "  step 3: the pause 60.00 ms on rank 0, the longest of 2 ranks; the step after it 67.90 ms on rank 1 "
-            "(the steps kept: 8.01 ms on average)") in text
+            "that finished it first wait for the others (as the step timer leaves them out; the steps kept: 8.01 ms on "
+            "average):\n"
+            "  step 3: the pause 60.00 ms on rank 0, the longest of 2 ranks; the step after it 67.90 ms on rank 1\n"
+            ) in text
+    # A window whose every step began so keeps them, and says it did.
+    from dataclasses import replace
+
+    for rank in result.ranks:
+        rank.steps_after_pause = [replace(p, kept=True) for p in rank.steps_after_pause]
+    assert ("Kept, though traced right after an evaluation or a checkpoint (every step of its window was): step 3, "
+            "from where the pause ended; the ranks' waits in it are the pause's more than the training's:\n"
+            "  step 3: the pause 60.00 ms") in format_summary(result)
+    assert "Left out of every figure" not in format_summary(result)
+    result = _ranks_with_a_checkpoint(tmp_path / "r", (60_000.0, 100.0))
     # The compact file gives the same result.
     from hf_distprof.analysis.read.compact import load_compact, write_compact
     from hf_distprof.analysis.read.events import parse_trace
@@ -320,6 +331,11 @@ def test_a_pause_in_the_steps_of_two_windows_or_in_all_but_one_step() -> None:
     assert kept == [steps[0], steps[2]]
     assert [(p.step, p.pause_us, p.rest_us) for p in left] == [(2, 59.0, 20.0), (4, 70.0, 9.0)]
     assert cut == [(200.0, 300.0), (10.0, 90.0), (100.0, 180.0)]
-    # One step would remain: nothing is left out (each step is then trimmed only, by without_pauses).
-    assert after_pauses(steps[1:], ops, []) == (steps[1:], [], [])
+    # One step remains: the others are left out all the same (a trial: a 2-step window kept its step after a
+    # checkpoint, and its wait read as a late peer's, while the step timer left it out).
+    kept, left, cut = after_pauses(steps[1:], ops, [])
+    assert kept == [steps[2]] and [p.step for p in left] == [2, 4] and not any(p.kept for p in left)
+    # Every step held a pause: all kept (trimmed only, by without_pauses), and said so.
+    kept, left, cut = after_pauses([steps[1], steps[3]], ops, [])
+    assert kept == [steps[1], steps[3]] and cut == [] and [(p.step, p.kept) for p in left] == [(2, True), (4, True)]
     assert after_pauses(steps, ops[:1], []) == (steps, [], [])

@@ -119,7 +119,7 @@ class _File(msgspec.Struct):
     launch_ids: list[Key]
     launch_ts: list[Number]
     sizes: _Sizes
-    after_pause: tuple[list[int], list[Number], list[Number]]  # the steps left out (read.pauses), as columns
+    after_pause: tuple[list[int], list[Number], list[Number], list[bool]]  # the steps left out (read.pauses)
     memory: Union[_Memory, None] = None  # noqa: UP007
 
 
@@ -236,7 +236,7 @@ def encode(trace: ParsedTrace, identity: tuple[int, str], shapes_by_default: boo
         ),
         memory=memory,
         after_pause=([p.step for p in trace.steps_after_pause], [p.pause_us for p in trace.steps_after_pause],
-                     [p.rest_us for p in trace.steps_after_pause]),
+                     [p.rest_us for p in trace.steps_after_pause], [p.kept for p in trace.steps_after_pause]),
     )
     out.strings = list(strings.index)
     return _ENCODER.encode(out)

@@ -34,16 +34,17 @@ def _pauses(main_ops: list[Span], cut: Sequence[tuple[float, float]]) -> list[tu
 def after_pauses(steps: list[Any], main_ops: list[Span], cut: list[tuple[float, float]]
                  ) -> tuple[list[Any], list[StepAfterPause], list[tuple[float, float]]]:
     """``steps`` less those with a pause (an evaluation or a checkpoint) inside, what each of those held, and ``cut``
-    with their time added (the time of steps left out, that :func:`without_pauses` cuts). All of ``steps``, nothing
-    left out, when fewer than 2 would remain: a step cannot be judged against none (each is then trimmed only)."""
+    with their time added (the time of steps left out, that :func:`without_pauses` cuts). When every step held one,
+    all of ``steps`` are kept (each then trimmed only) and said so (``kept``): a window of no step says nothing."""
     pauses = [(s, e) for s, e, name in main_ops if name == PAUSE_NAME]
     inside = [[(s, min(e, st.end)) for s, e in pauses if st.start <= s < st.end] for st in steps]
     kept = [st for st, held in zip(steps, inside) if not held]
-    if len(kept) == len(steps) or len(kept) < 2:
-        return steps, [], cut
     gone = [(st, held) for st, held in zip(steps, inside) if held]
-    return kept, [StepAfterPause(st.number, sum(e - s for s, e in held), st.end - max(e for _, e in held))
-                  for st, held in gone], cut + [(st.start, st.end) for st, _ in gone]
+    left = [StepAfterPause(st.number, sum(e - s for s, e in held), st.end - max(e for _, e in held), kept=not kept)
+            for st, held in gone]
+    if not kept:
+        return steps, left, cut
+    return kept, left, cut + [(st.start, st.end) for st, _ in gone]
 
 
 def without_pauses(steps: list[Any], main_ops: list[Span], *others: list[Span],

@@ -103,6 +103,9 @@ class StepAfterPause:
     """This rank's time in the evaluation or checkpoint."""
     rest_us: float
     """The step's time after it, its first collective's wait for the slowest rank included."""
+    kept: bool = False
+    """Kept in :attr:`RankResult.steps` all the same (from where the pause ended): every step of its window held a
+    pause, and a window of no step says nothing."""
 
 
 @dataclass

@@ -160,24 +160,34 @@ def _kind_table(result: AnalysisResult) -> list[str]:
 
 
 def _after_pause(result: AnalysisResult) -> list[str]:
-    """The traced steps left out because an evaluation or a checkpoint ran at their start, and what each held."""
+    """The traced steps that an evaluation or a checkpoint began: left out (or kept, when every step of a window was
+    one), and what each held."""
     by_step: dict[int, list[tuple[int, StepAfterPause]]] = {}
     for r in result.ranks:
         for p in r.steps_after_pause:
             by_step.setdefault(p.step, []).append((r.rank, p))
     if not by_step:
         return []
+    kept = sorted(step for step, held in by_step.items() if any(p.kept for _, p in held))
+    gone = sorted(step for step in by_step if step not in kept)
     means = [r.mean_step_us for r in result.ranks if r.steps]
-    kept = f" (the steps kept: {_ms(sum(means) / len(means))} ms on average)" if means else ""
-    out = [f"Left out of every figure: step{'s' if len(by_step) > 1 else ''} {rank_spans(sorted(by_step))}, "
-           "traced right after an evaluation or a checkpoint, in which the ranks that finished it first wait for the "
-           "others (the step timer leaves the same steps out):"]
-    for step, held in sorted(by_step.items()):
+    out = []
+    if gone:
+        mean = f"; the steps kept: {_ms(sum(means) / len(means))} ms on average" if means else ""
+        out.append(f"Left out of every figure: step{'s' if len(gone) > 1 else ''} {rank_spans(gone)}, traced right "
+                   "after an evaluation or a checkpoint, in which the ranks that finished it first wait for the others "
+                   f"(as the step timer leaves them out{mean}):")
+    if kept:
+        out.append(f"Kept, though traced right after an evaluation or a checkpoint (every step of its window was): "
+                   f"step{'s' if len(kept) > 1 else ''} {rank_spans(kept)}, from where the pause ended; the ranks' "
+                   "waits in it are the pause's more than the training's:")
+    for step in gone + kept:
+        held = by_step[step]
         p_rank, p = max(held, key=lambda x: (x[1].pause_us, -x[0]))
         r_rank, r = max(held, key=lambda x: (x[1].rest_us, -x[0]))
         of = f", the longest of {len(held)} ranks" if len(held) > 1 else ""
         out.append(f"  step {step}: the pause {_ms(p.pause_us)} ms on rank {p_rank}{of}; the step after it "
-                   f"{_ms(r.rest_us)} ms on rank {r_rank}{kept}")
+                   f"{_ms(r.rest_us)} ms on rank {r_rank}")
     return out
 
 
