@@ -15,11 +15,11 @@ import json
 import os
 import pickle
 import re
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hf_distprof.core.files import get_hostname, short_host
 from hf_distprof.core.names import CRASH_NAME, MANIFEST_PART_NAME
 
 _THREAD = re.compile(r"^Thread (?P<name>.*) \(ident (?P<ident>\d+)(?P<main>, main)?\):$")
@@ -361,7 +361,7 @@ def hang_report(folder: Path) -> HangReport:
                                 "rank*_exception.txt (no rank ended by an uncaught exception)")
     if not dumps:
         lines = (_crash_lines(folder, crashes) if crashes else []) + (
-            _raised_lines(folder, raised, bool(crashes) or bool(silent)) if raised else [])
+            _raised_lines(folder, raised, bool(crashes) or _any_killed(silent)) if raised else [])
         return HangReport(folder, {}, {}, None, [], lines + _silent_lines(folder, silent, bool(lines))
                           + _unread_lines(unread), crashes, raised, silent)
     recorders = {r.rank: r for r in read("flight_recorder_rank*.pkl", parse_recorder)}
@@ -397,9 +397,14 @@ def hang_report(folder: Path) -> HangReport:
     if crashes:
         lines += _crash_lines(folder, crashes)[1:]
     if raised:
-        lines += _raised_lines(folder, raised, bool(crashes) or bool(silent))[1:]
+        lines += _raised_lines(folder, raised, bool(crashes) or _any_killed(silent))[1:]
     lines += _silent_lines(folder, silent, True) + _unread_lines(unread)
     return HangReport(folder, dumps, recorders, world, culprits, lines, crashes, raised, silent)
+
+
+def _any_killed(silent: dict[int, str]) -> bool:
+    """Whether a rank died at a time nobody knows (the exceptions' order then names no first)."""
+    return any(how != STOPPED for how in silent.values())
 
 
 def _unread_lines(unread: list[str]) -> list[str]:
@@ -430,30 +435,57 @@ def _raised_lines(folder: Path, raised: dict[int, Raised], crashed: bool = False
     return lines
 
 
+KILLED, KILLED_OR_RUNNING, STOPPED = "killed", "killed or running", "stopped"
+"""How a rank that left no word ended (:func:`silent_ranks`)."""
+
+
 def silent_ranks(folder: Path, told: set[int]) -> dict[int, str]:
-    """The ranks that ended without a word: their manifest part says they never reached train end, and they left no
-    hang dump, crash stack or exception file (``told``). rank -> ``killed`` when its crash file is there, empty (armed
-    at train start, removed at train end or before a signal's default action: only SIGKILL, which nothing can catch,
-    leaves it: the out-of-memory killer, a launcher's or a scheduler's kill), else ``stopped`` (a signal's default
-    action, SIGTERM from the launcher or the scheduler, or ``os._exit``). A part that cannot be read is passed over."""
+    """The ranks that ended without a word: no hang dump, crash stack or exception file (``told``), and no train end.
+
+    rank -> :data:`KILLED`: its crash file is there, empty (armed at train start, removed at train end and before a
+    signal's default action: only SIGKILL, which nothing can catch, leaves it: the out-of-memory killer, a launcher's
+    or a scheduler's kill), and its process (its manifest part's pid, on this host) is gone; :data:`KILLED_OR_RUNNING`:
+    the same file, where the process cannot be checked (another host, or no manifest part: a run without the profiler
+    writes none); :data:`STOPPED`: its manifest part never reached train end and no crash file is left (a signal's
+    default action, SIGTERM from the launcher once another rank failed or from the scheduler, or ``os._exit``). A rank
+    still running on this host is none of them; a part that cannot be read is passed over."""
     out: dict[int, str] = {}
+    parted: set[int] = set()
+    here = get_hostname()
     for path in sorted(folder.glob(MANIFEST_PART_NAME.format(rank="*", host="*"))):
         try:
             part = json.loads(path.read_text(encoding="utf-8"))
             rank, status = int(part["rank"]), part.get("status")
         except (OSError, ValueError, TypeError, KeyError):
             continue
-        if rank in told or status == "finished" or _alive(part):
+        parted.add(rank)
+        local = short_host(str(part.get("host") or "")) == here
+        if rank in told or status == "finished" or (local and _alive(part.get("pid"))):
             continue
-        crash = folder / CRASH_NAME.format(rank=rank)
-        out[rank] = "killed" if crash.is_file() and crash.stat().st_size == 0 else "stopped"
+        if _armed(folder, rank):
+            out[rank] = KILLED if local else KILLED_OR_RUNNING
+        else:
+            out[rank] = STOPPED
+    for path in sorted(folder.glob(CRASH_NAME.format(rank="*"))):
+        found = _CRASH.match(path.name)
+        rank = int(found["rank"]) if found else None
+        if rank is not None and rank not in told and rank not in parted and _armed(folder, rank):
+            out[rank] = KILLED_OR_RUNNING
     return out
 
 
-def _alive(part: dict[str, Any]) -> bool:
-    """Whether the rank's process still runs (on this host; a process elsewhere cannot be seen from here)."""
-    pid = part.get("pid")
-    if part.get("host") != socket.gethostname() or not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+def _armed(folder: Path, rank: int) -> bool:
+    """Whether the rank's crash file is there, empty: armed, never written, never tidied."""
+    crash = folder / CRASH_NAME.format(rank=rank)
+    try:
+        return crash.is_file() and crash.stat().st_size == 0
+    except OSError:
+        return False
+
+
+def _alive(pid: Any) -> bool:
+    """Whether process ``pid`` runs on this host."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
         return False
     try:
         os.kill(pid, 0)
@@ -464,20 +496,30 @@ def _alive(part: dict[str, Any]) -> bool:
     return True
 
 
+_HOW = {
+    KILLED: "killed without a chance to write: SIGKILL (the out-of-memory killer, or a launcher's or scheduler's kill; "
+            "see dmesg and the launcher's log)",
+    KILLED_OR_RUNNING: "its crash file is left empty: killed by SIGKILL (the out-of-memory killer, or a launcher's or "
+                       "scheduler's kill), or still running on its host (not to be checked from here)",
+}
+
+
 def _silent_lines(folder: Path, silent: dict[int, str], after: bool) -> list[str]:
-    """The ranks that ended without a word, and what that says about the others' exceptions."""
+    """The ranks that ended without a word. A killed one comes first (the others' exceptions can be what its death
+    caused); a stopped one was most often stopped by the launcher after another rank failed."""
     if not silent:
         return []
     lines = [] if after else [f"report: {folder} (ranks that ended without an exception or a crash stack)"]
     for rank in sorted(silent):
-        how = ("killed without a chance to write: SIGKILL (the out-of-memory killer, or a launcher's or scheduler's "
-               "kill; see dmesg and the launcher's log)" if silent[rank] == "killed" else
-               "stopped by a signal (SIGTERM from the launcher or the scheduler) or os._exit; its last words are in "
-               f"rank{rank}.log")
+        how = _HOW.get(silent[rank], "stopped by a signal (SIGTERM: a launcher stops the other ranks once one "
+                                     "fails; or the scheduler) or os._exit; its last words are in "
+                                     f"rank{rank}.log")
         lines.append(f"rank {rank} never reached train end and left no exception, crash stack or hang dump: {how}")
-    lines.append(f"=> look at {'rank' if len(silent) == 1 else 'ranks'} {', '.join(map(str, sorted(silent)))} "
-                 "first: the exceptions of the others, if any, can be what followed (a rank that dies fails its "
-                 "peers' collectives: \"Connection reset by peer\", \"Connection closed\")")
+    killed = sorted(r for r, how in silent.items() if how != STOPPED)
+    if killed:
+        lines.append(f"=> look at {'rank' if len(killed) == 1 else 'ranks'} {', '.join(map(str, killed))} first: the "
+                     "exceptions of the others, if any, can be what followed (a rank that dies fails its peers' "
+                     "collectives: \"Connection reset by peer\", \"Connection closed\")")
     return lines
 
 

@@ -213,13 +213,16 @@ def test_a_forked_worker_does_not_write_into_the_rank_s_crash_file(tmp_path: Pat
     assert proc.stdout.split() == ["0", "rank1_crash.txt", "True"], proc.stderr[-2000:]
 
 
-def test_a_rank_killed_without_a_word_is_named_before_the_exception_its_death_caused(tmp_path: Path) -> None:
-    # A trial: rank 1 killed by SIGKILL (or stopped by SIGTERM); rank 0's collective then failed ("Connection reset by
-    # peer"), and hang-report named rank 0's exception "first" and rank 1 nowhere.
+def test_a_rank_killed_without_a_word_is_named_before_the_exception_its_death_caused(tmp_path: Path, monkeypatch
+                                                                                     ) -> None:
+    # A trial: rank 1 killed by SIGKILL; rank 0's collective then failed ("Connection reset by peer"), and hang-report
+    # named rank 0's exception "first" and rank 1 nowhere.
     import json
-    import socket
 
-    def part(rank: int, status: str, pid: int = 999_999_999, host: str = "node0") -> None:
+    from hf_distprof.core.files import get_hostname
+    from hf_distprof.runs import hang_report as module
+
+    def part(rank: int, status: str, pid: int = 999_999_999, host: str = get_hostname()) -> None:
         (tmp_path / f"manifest_rank{rank}_{host}.json").write_text(json.dumps(
             {"format": "hf_distprof.manifest.part", "version": 1, "rank": rank, "world_size": 2, "host": host,
              "pid": pid, "status": status}))
@@ -244,17 +247,53 @@ def test_a_rank_killed_without_a_word_is_named_before_the_exception_its_death_ca
         "=> look at rank 1 first: the exceptions of the others, if any, can be what followed (a rank that dies fails "
         "its peers' collectives: \"Connection reset by peer\", \"Connection closed\")",
     ]
-    (tmp_path / "rank1_crash.txt").unlink()  # SIGTERM's default action: the empty crash file tidied first
-    assert hang_report(tmp_path).silent == {1: "stopped"}
-    assert "stopped by a signal (SIGTERM from the launcher or the scheduler) or os._exit; its last words are in " \
-           "rank1.log" in hang_report(tmp_path).text
-    part(1, "running", os.getpid(), socket.gethostname())  # still running here: not called dead
-    (tmp_path / "manifest_rank1_node0.json").unlink()
+    # The manifest writes the short host name: a host with a dotted name is this host all the same (a review: every
+    # rank read as dead there), and a rank still running on it is not called dead.
+    import socket
+
+    monkeypatch.setattr(socket, "gethostname", lambda: "vm.cluster.local")
+    part(1, "running", os.getpid(), host="vm")
+    assert module.get_hostname() == "vm" and hang_report(tmp_path).silent == {}
+    (tmp_path / "manifest_rank1_vm.json").unlink()
+    monkeypatch.undo()
+    part(1, "running", os.getpid())
     assert hang_report(tmp_path).silent == {}
+    # On another host its process cannot be checked: killed, or still running.
+    (tmp_path / f"manifest_rank1_{get_hostname()}.json").unlink()
+    part(1, "running", host="elsewhere")
+    assert hang_report(tmp_path).silent == {1: "killed or running"}
+    assert "or still running on its host (not to be checked from here)" in hang_report(tmp_path).text
+    # Without a manifest part (a run without the profiler writes none), the empty crash file is the evidence.
+    (tmp_path / "manifest_rank1_elsewhere.json").unlink()
+    assert hang_report(tmp_path).silent == {1: "killed or running"}
+    # SIGTERM's default action tidies the crash file first: stopped, most often by the launcher after another rank
+    # failed (a review: such ranks were named first, "look at ranks 0, 1, 3 first", where rank 2 raised).
+    part(1, "running")
+    (tmp_path / "rank1_crash.txt").unlink()
+    report = hang_report(tmp_path)
+    assert report.silent == {1: "stopped"}
+    assert "stopped by a signal (SIGTERM: a launcher stops the other ranks once one fails; or the scheduler) or " \
+           "os._exit; its last words are in rank1.log" in report.text
+    assert not any(line.startswith("=>") for line in report.lines)
     part(1, "finished")
-    assert hang_report(tmp_path).silent == {} and not any("=> look at" in x for x in hang_report(tmp_path).lines)
+    assert hang_report(tmp_path).silent == {}
     # Without any rank that ended otherwise, no rank is called dead (a run still going): no report.
     (tmp_path / "rank0_exception.txt").unlink()
     part(1, "running")
     with pytest.raises(FileNotFoundError):
         hang_report(tmp_path)
+
+
+def test_ranks_the_launcher_stopped_after_one_raised_leave_that_one_named_first(tmp_path: Path) -> None:
+    import json
+
+    for rank in range(4):
+        (tmp_path / f"manifest_rank{rank}_n.json").write_text(json.dumps(
+            {"rank": rank, "world_size": 4, "host": "n", "pid": 999_999_999, "status": "running"}))
+    (tmp_path / "rank2_exception.txt").write_text(
+        "hf_distprof: rank 2 on host n ended by an uncaught exception at 2026-11-29T15:50:01.250000 (unix "
+        "1795000000.250000)\nTraceback (most recent call last):\n  File \"/home/me/train.py\", line 7, in collate\n"
+        "    raise RuntimeError('boom')\nRuntimeError: boom\n")
+    report = hang_report(tmp_path)
+    assert report.silent == {0: "stopped", 1: "stopped", 3: "stopped"}
+    assert not any("look at" in line for line in report.lines)
