@@ -158,11 +158,11 @@ def test_a_wait_for_several_late_peers_is_split_among_those_not_arrived_yet() ->
     # rank 7, whose arriving on time would have saved 0.5 ms.
     from hf_distprof.analysis.across.comm import split_wait
 
-    got = dict(split_wait(0.0, 7.6, [(7.1, 2), (7.1, 6), (7.6, 7)]))
+    got = dict(split_wait(0.0, 7.6, [7.1, 7.1, 7.6], [2, 6, 7]))
     assert got == pytest.approx({2: 7.1 / 3, 6: 7.1 / 3, 7: 7.1 / 3 + 0.5})
     assert sum(got.values()) == pytest.approx(7.6)
     # One late peer: all of it. A piece of the wait after a peer arrived: not that peer's.
-    assert split_wait(1.0, 3.0, [(3.0, 4)]) == [(4, 2.0)]
-    assert dict(split_wait(2.0, 4.0, [(1.5, 1), (3.0, 2), (4.0, 3)])) == pytest.approx({2: 0.5, 3: 1.5})
+    assert split_wait(1.0, 3.0, [3.0], [4]) == [(4, 2.0)]
+    assert dict(split_wait(2.0, 4.0, [1.5, 3.0, 4.0], [1, 2, 3])) == pytest.approx({2: 0.5, 3: 1.5})
     # A piece that ends before the last arrival (the rank's own exposed part ends there): the missing peers share it.
-    assert dict(split_wait(0.0, 2.0, [(1.0, 1), (5.0, 2)])) == pytest.approx({1: 0.5, 2: 1.5})
+    assert dict(split_wait(0.0, 2.0, [1.0, 5.0], [1, 2])) == pytest.approx({1: 0.5, 2: 1.5})

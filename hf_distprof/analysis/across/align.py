@@ -136,6 +136,17 @@ def last_to_arrive(arrivals: dict[int, float]) -> int:
     return max(arrivals, key=lambda rank: (arrivals[rank], rank))
 
 
+def arrival_order(alignment: Alignment) -> dict[CollectiveKey, tuple[list[float], list[int]]]:
+    """Each matched collective's arrivals in order, as (times on the first rank's clock, ranks), earliest first: whom a
+    rank waited for there are those after it (:func:`hf_distprof.analysis.across.comm.rank_waits`). One list per
+    collective, shared by its ranks."""
+    out = {}
+    for key, arrivals in alignment.arrivals.items():
+        order = sorted((t, r) for r, t in arrivals.items())
+        out[key] = ([t for t, _ in order], [r for _, r in order])
+    return out
+
+
 def set_waits(ranks: list[RankResult], alignment: Alignment) -> None:
     """Set each matched collective's ``peers_in_us``, ``waited_for`` and ``late_peer_wait_us``: the one
     account of waiting for a late peer, which the per-kind tables, the findings and the bandwidth table read.
@@ -151,7 +162,6 @@ def set_waits(ranks: list[RankResult], alignment: Alignment) -> None:
     for r in ranks:
         for c in r.collectives:
             c.peers_in_us, c.waited_for, c.late_peer_wait_us, c.done_in_us = None, None, None, None
-            c.late_arrivals = []
     for key, same in alignment.matched.items():
         arrivals = alignment.arrivals[key]
         last = last_to_arrive(arrivals)
@@ -161,6 +171,3 @@ def set_waits(ranks: list[RankResult], alignment: Alignment) -> None:
             c.done_in_us = done + alignment.offsets[rank] if done is not None else None
             c.waited_for = last if last != rank and arrivals[last] > arrivals[rank] else None
             c.late_peer_wait_us = min(max(arrivals[last] - arrivals[rank], 0.0), c.duration_us)
-            if c.waited_for is not None:
-                c.late_arrivals = sorted((t + alignment.offsets[rank], p) for p, t in arrivals.items()
-                                         if t > arrivals[rank])

@@ -8,6 +8,9 @@ so the tables are built here, once, after that.
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_right
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from statistics import median
 
@@ -16,6 +19,7 @@ from hf_distprof.analysis.rank.kernels import MAIN_KINDS, OTHER_KIND, kind_bucke
 from hf_distprof.analysis.results.across import LatePeer
 from hf_distprof.analysis.results.rank import (
     Collective,
+    CollectiveKey,
     CommKindStat,
     ModuleCommStat,
     PeerWait,
@@ -145,20 +149,23 @@ def by_kind(steps: list[StepResult], collectives: list[Collective], gpu: bool, w
     return out, series
 
 
-def split_wait(start: float, end: float, late: list[tuple[float, int]]) -> list[tuple[int, float]]:
-    """A wait from ``start`` to ``end`` for the peers ``late`` (``(arrival, rank)``, earliest first), split among them:
-    each moment goes in equal parts to the peers not arrived yet (the Shapley value of the wait, the last arrival's
-    time: a peer that arrives just before the last one is waited for nearly as long). A rank 0.5 ms after two others
-    that were 7 ms late holds its peers back by its 0.5 ms and a third of the 7 ms, not by all of it."""
+def split_wait(start: float, end: float, times: Sequence[float], ranks: Sequence[int]) -> list[tuple[int, float]]:
+    """A wait from ``start`` to ``end`` for the late peers ``ranks``, arriving at ``times`` (sorted, on the same clock),
+    split among them: each moment goes in equal parts to the peers not arrived yet (the Shapley value of the wait, the
+    last arrival's time: a peer that arrives just before the last one is waited for nearly as long). A rank 0.5 ms after
+    two others that were 7 ms late holds its peers back by its 0.5 ms and a third of the 7 ms, not by all of it."""
+    m = len(times)
+    if m == 1 or times[0] >= end:  # one peer, or none arrived before the piece ends: they share it alike
+        return [(ranks[0], end - start)] if m == 1 else [(r, (end - start) / m) for r in ranks]
     out: dict[int, float] = {}
-    share, prev, m = 0.0, start, len(late)
-    for k, (arrival, peer) in enumerate(late):
-        hi = min(end, arrival)
+    share, prev = 0.0, start
+    for k in range(m):
+        hi = min(end, times[k])
         if hi > prev:
             share += (hi - prev) / (m - k)  # each peer not arrived yet, from the k-th on, waited for alike
             prev = hi
         if share > 0.0:
-            out[peer] = out.get(peer, 0.0) + share
+            out[ranks[k]] = out.get(ranks[k], 0.0) + share
     return list(out.items())
 
 
@@ -175,9 +182,14 @@ class RankWaits:
     """The same per peer, longest wait first (ties: the lower rank), with microseconds per step."""
 
 
-def rank_waits(rank: RankResult, waits: list[Pieces] | None = None) -> RankWaits:
+def rank_waits(rank: RankResult, waits: list[Pieces] | None = None,
+               order: Mapping[CollectiveKey, tuple[list[float], list[int]]] | None = None,
+               offset_us: float = 0.0) -> RankWaits:
     """Who ``rank`` waits for at its collectives, and how long, per step and per peer: the one account of the wait per
-    late peer (each exposed moment once, :func:`wait_share`), on the per-kind table's base."""
+    late peer (each exposed moment once, :func:`wait_share`), on the per-kind table's base. ``order``: each
+    collective's arrivals in order (:func:`~hf_distprof.analysis.across.align.arrival_order`, on the first rank's clock,
+    ``offset_us`` behind this rank's): a wait is split among the peers that arrived after this rank; without it (or
+    for a collective it lacks) the wait is the last arrival's."""
     gpu = rank.device == "gpu"
     index = {s.step: i for i, s in enumerate(rank.steps)}
     bases = [step_basis(s, gpu) for s in rank.steps]
@@ -188,14 +200,25 @@ def rank_waits(rank: RankResult, waits: list[Pieces] | None = None) -> RankWaits
     if waits is None:
         waits = [wait_share(c) for c in rank.collectives]
     for c, pieces in zip(rank.collectives, waits):
+        if not pieces:
+            continue
+        late: tuple[Sequence[float], Sequence[int]] | None = None  # the peers after it, once per collective
+        if c.waited_for is not None:
+            arrived = order.get((c.step, c.kind, c.index)) if order is not None else None
+            if arrived is None:
+                late = ([math.inf], [c.waited_for])
+            else:
+                times, ranks = arrived
+                after = bisect_right(times, times[ranks.index(rank.rank)])
+                late = (times[after:], ranks[after:])
+        bucket = kind_bucket(c.kind)
         for s, e, step in pieces:
             if step in per_step:
                 per_step[step] += e - s
             j = index.get(step)
-            if j is None or c.waited_for is None or bases[j] <= 0:
+            if j is None or late is None or bases[j] <= 0:
                 continue
-            bucket = kind_bucket(c.kind)
-            for peer, wait in split_wait(s, e, c.late_arrivals or [(e, c.waited_for)]):
+            for peer, wait in split_wait(s - offset_us, e - offset_us, *late):
                 kinds = pct.setdefault(peer, {})
                 kinds[bucket] = kinds.get(bucket, 0.0) + 100.0 * wait / bases[j] / n
                 us[peer] = us.get(peer, 0.0) + wait / n

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hf_distprof.analysis.across import bandwidth, comm, evidence
-from hf_distprof.analysis.across.align import align, set_waits
+from hf_distprof.analysis.across.align import align, arrival_order, set_waits
 from hf_distprof.analysis.across.reference import compare_to_reference, totals
 from hf_distprof.analysis.across.skew import skew
 from hf_distprof.analysis.results.across import Across, ReferencePoint, RunEvidence, Skew
@@ -44,9 +44,10 @@ def compare(ranks: list[RankResult], run: RunInput, reference: Sequence[Referenc
     common = sorted(set.intersection(*({s.step for s in r.steps} for r in ranks))) if ranks else []
     exposed: dict[int, dict[str, list[float]]] = {}
     waits: dict[int, comm.RankWaits] = {}
+    order = arrival_order(alignment)
     for r in ranks:
         pieces = [comm.wait_share(c) for c in r.collectives]  # each collective's wait for a late peer, once
-        waits[r.rank] = comm.rank_waits(r, pieces)
+        waits[r.rank] = comm.rank_waits(r, pieces, order, alignment.offsets.get(r.rank, 0.0))
         r.comm_by_kind, exposed[r.rank] = comm.by_kind(r.steps, r.collectives, r.device == "gpu", pieces,
                                                        waits[r.rank].late_peers)
         r.peer_waits = waits[r.rank].peer_waits

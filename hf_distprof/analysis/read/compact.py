@@ -62,6 +62,10 @@ class CompactError(ValueError):
     """A compact file that cannot be used; the message says why."""
 
 
+class OlderCompactError(CompactError):
+    """A compact file an older hf_distprof wrote (an earlier format version): replaced when the trace is read."""
+
+
 class _Spans(msgspec.Struct, array_like=True):
     start: list[Number]
     end: list[Number]
@@ -265,12 +269,14 @@ def decode(
         except (msgspec.DecodeError, RecursionError):
             head = None
         if head is not None and (head.format != FORMAT or head.version != VERSION):
-            raise CompactError(
+            older = head.format == FORMAT and isinstance(head.version, int) and head.version < VERSION
+            raise (OlderCompactError if older else CompactError)(
                 f"format {head.format!r} version {head.version!r}, not {FORMAT!r} version {VERSION}"
             ) from None
         raise CompactError(f"corrupt ({exc})") from None
     if f.format != FORMAT or f.version != VERSION:
-        raise CompactError(f"format {f.format!r} version {f.version!r}, not {FORMAT!r} version {VERSION}")
+        raise (OlderCompactError if f.format == FORMAT and f.version < VERSION else CompactError)(
+            f"format {f.format!r} version {f.version!r}, not {FORMAT!r} version {VERSION}")
     if identity is not None and (f.trace_size, f.trace_digest) != identity:
         raise CompactError("made from another trace, or from this one before it changed")
     try:
@@ -376,22 +382,32 @@ def load_compact(trace: str | os.PathLike[str], shapes: bool | None = None) -> P
 
     None without a compact file (silently; also for a hidden trace, a temporary file being written), and for
     one that cannot be used: stale (the trace changed since), foreign, corrupt, unreadable or of another format
-    version, which is said in one log line naming the file.
+    version, which is said in one log line naming the file (an older hf_distprof's: at INFO, as
+    :func:`load_trace` replaces it).
 
     Args:
         trace: The trace file.
         shapes: As for :func:`~hf_distprof.analysis.read.events.parse_trace`.
     """
+    return _load_compact(trace, shapes)[0]
+
+
+def _load_compact(trace: str | os.PathLike[str], shapes: bool | None) -> tuple[ParsedTrace | None, bool]:
+    """:func:`load_compact`, and whether the file there is an older hf_distprof's."""
     trace = Path(trace)
     compact = compact_path(trace)
     if trace.name.startswith(".") or not compact.is_file():
-        return None
+        return None, False
     try:
-        return decode(compact.read_bytes(), trace, shapes, trace_identity(trace))
+        return decode(compact.read_bytes(), trace, shapes, trace_identity(trace)), False
+    except OlderCompactError as exc:
+        logger.info(f"hf_distprof: compact file {compact} is an older hf_distprof's ({exc}): reading the trace's "
+                    "JSON, and writing it anew")
+        return None, True
     except (OSError, CompactError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         logger.warning(f"hf_distprof: not using compact file {compact}: {reason}; reading the trace's JSON instead")
-        return None
+        return None, False
 
 
 def load_trace(
@@ -404,21 +420,25 @@ def load_trace(
         shapes: As for :func:`~hf_distprof.analysis.read.events.parse_trace`.
         read: Use the compact file when there is a usable one.
         write: Without a usable compact file (or with ``read=False``), write one from the JSON; a failed write
-            is one log line and the analysis goes on.
+            is one log line and the analysis goes on. An older hf_distprof's compact file is replaced without it
+            (quietly when that cannot be done: a read-only folder), so that an upgrade does not read the JSON for
+            ever after.
 
     Raises:
         TraceReadError: The trace cannot be parsed.
     """
+    older = False
     if read:
-        parsed = load_compact(trace, shapes)
+        parsed, older = _load_compact(trace, shapes)
         if parsed is not None:
             return parsed
-    if not write:
+    if not write and not older:
         return parse_trace(trace, shapes=shapes)
     parsed = parse_trace(trace, shapes=True)
     try:
         write_compact(trace, parsed)
     except (OSError, OverflowError, TypeError, ValueError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else repr(exc)
-        logger.warning(f"hf_distprof: could not write compact file {compact_path(trace)}: {reason}")
+        (logger.warning if write else logger.info)(
+            f"hf_distprof: could not write compact file {compact_path(trace)}: {reason}")
     return restrict_sizes(parsed, shapes)

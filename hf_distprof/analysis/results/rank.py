@@ -165,10 +165,6 @@ class Collective:
     clipped to its duration; None when it was not matched on every rank. Its exposed part is
     :func:`hf_distprof.analysis.across.comm.wait_share`. Set with ``peers_in_us`` by
     :func:`hf_distprof.analysis.across.align.set_waits`."""
-    late_arrivals: list[tuple[float, int]] = field(default_factory=list)
-    """The peers that reached it after this rank, as ``(arrival on this rank's clock, rank)``, earliest first: whom the
-    wait before :attr:`peers_in_us` is for (:func:`hf_distprof.analysis.across.comm.rank_waits` splits it among them).
-    Set with ``peers_in_us``."""
     done_in_us: float | None = None
     """When it completed, on this rank's clock: the first end among the ranks (nobody ends before the last has
     contributed), not before the last arrival. Its exposed time after that is its lag, not the collective
