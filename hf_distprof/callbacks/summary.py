@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -127,7 +128,7 @@ def _older_than_traces(report: Path, run_dir: Path) -> bool:
         return True
 
 
-def where_to_look(run_dirs: list[Path], tensorboard_dirs: list[Path], profiling: bool) -> str:
+def where_to_look(run_dirs: list[Path], tensorboard_dirs: list[Path], profiling: bool, since: float = 0.0) -> str:
     """The end-of-run block: what each run folder holds and the exact commands that open it.
 
     Args:
@@ -135,6 +136,7 @@ def where_to_look(run_dirs: list[Path], tensorboard_dirs: list[Path], profiling:
         tensorboard_dirs: Folders holding TensorBoard events of this run (ours and the Trainer's); each is listed
             once, however it is written (:func:`distinct_folders`), and the ``tensorboard`` line opens them all.
         profiling: Whether traces were asked for (``--enable-profiling``).
+        since: When this training started (``time.time()``): hang dumps older than it are another attempt's.
     """
     lines = ["", "=" * 78, BANNER]
     for run_dir in run_dirs:
@@ -144,7 +146,7 @@ def where_to_look(run_dirs: list[Path], tensorboard_dirs: list[Path], profiling:
         summaries = [name for name in _SUMMARIES if (run_dir / name).exists()]
         if summaries:
             lines.append(f"    summaries: {', '.join(summaries)}; per-rank files: {', '.join(_per_rank(run_dir))}")
-        hung = _hang_dumps(run_dir)
+        hung = _hang_dumps(run_dir, since)
         if hung:
             lines.append(f"    hang dumps: {', '.join(p.name for p in hung)} (a step stalled past --hang-timeout; "
                          "training went on)")
@@ -172,16 +174,18 @@ def where_to_look(run_dirs: list[Path], tensorboard_dirs: list[Path], profiling:
                 lines.append(f"  open {written}   # the report, with plots (already written)")
             else:
                 lines.append(f"  hf-distprof analyze {first} --report {first / 'report'}   # Markdown/HTML with plots")
-        if _hang_dumps(first):
+        if _hang_dumps(first, since):
             lines.append(f"  hf-distprof hang-report {first}               # where the stalled step was stuck")
     lines.append("=" * 78)
     return "\n".join(lines)
 
 
-def _hang_dumps(run_dir: Path) -> list[Path]:
-    """The watchdog's dumps in ``run_dir`` (a backstop never written, empty, is none)."""
+def _hang_dumps(run_dir: Path, since: float = 0.0) -> list[Path]:
+    """The watchdog's dumps in ``run_dir`` written since ``since`` (a backstop never written, empty, is none; an
+    earlier attempt's, in a folder a restarted job reuses, is not this run's)."""
     try:
-        return sorted(p for p in run_dir.glob("hang_rank*.txt") if p.stat().st_size > 0)
+        return sorted(p for p in run_dir.glob("hang_rank*.txt")
+                      if p.stat().st_size > 0 and p.stat().st_mtime >= since)
     except OSError:
         return []
 
@@ -196,6 +200,7 @@ class RunSummaryCallback(TrainerCallback):
     def __init__(self, args: ProfilingArguments) -> None:
         self.args = args
         self.printed: str | None = None
+        self._began = 0.0  # this training's start (time.time()): older hang dumps are another attempt's
 
     def on_init_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
         order.put_ours_first(self)  # before the trackers' callbacks, so our figures reach them (see order)
@@ -205,6 +210,7 @@ class RunSummaryCallback(TrainerCallback):
     ) -> None:
         order.put_ours_first(self)  # callbacks added after the Trainer was built (hf-distprof run adds ours so)
         dist.training_ended(False)
+        self._began = time.time()
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -224,5 +230,5 @@ class RunSummaryCallback(TrainerCallback):
             key = trainer_tb.expanduser().resolve()
             if not any(f.resolve() == key or key in f.resolve().parents for f in folders):
                 folders.append(trainer_tb)
-        self.printed = where_to_look(run_dirs, folders, self.args.enable_profiling)
+        self.printed = where_to_look(run_dirs, folders, self.args.enable_profiling, self._began)
         print(self.printed, flush=True)

@@ -340,8 +340,8 @@ def judge_slow_rank(
             else ""
         return SlowRankVerdict(
             QUIET, **base, gate="stand_out",
-            reason=f"{late}, but its arrival does not stand out from the spread across the {len(ranks)} ranks "
-            f"(3 scaled median absolute deviations): several ranks are late together, not one straggler{few}")
+            reason=f"{late}, but it does not stand out from the spread across the {len(ranks)} ranks (3 scaled "
+            f"median absolute deviations): several ranks are behind together, not one straggler{few}")
 
     if n < need:
         quiet = together(_standing_out({r: per_step[r][:n] for r in ranks}))

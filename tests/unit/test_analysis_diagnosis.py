@@ -521,3 +521,21 @@ def test_a_slow_rank_first_at_the_window_s_collectives_is_not_said_to_reach_them
     verdicts = SimpleNamespace(raised=lambda: [("imbalance", verdict, STEP_TIMER)], cause=None)
     (chain,) = explain([about], across, verdicts, gpu=False)  # type: ignore[arg-type]
     assert chain.kind == "slow_rank" and chain.facts.lateness_us is None
+
+
+def test_the_peers_wait_is_said_up_to_the_longest_when_they_differ(monkeypatch):
+    # A trial's 4-rank run: "its peers wait 45.2% of their step" was the longest waiting peer's (45.0, 45.2, 45.1): the
+    # share is the longest's, said "up to" when the others differ; alike, as is.
+    from hf_distprof.analysis.judge import chain
+
+    real = chain.peer_waits
+
+    def spread(*args, **kwargs):
+        got = real(*args, **kwargs)
+        if got is not None:
+            got.others = [o - 1.0 for o in got.others]
+        return got
+
+    monkeypatch.setattr(chain, "peer_waits", spread)
+    (found,) = findings("gpu_float_ts")
+    assert "than on its peers, who wait up to 22.2% of their steps' GPU spans for it" in found.evidence

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import types
 from pathlib import Path
 
@@ -57,6 +59,9 @@ def test_a_stall_the_watchdog_dumped_is_named_with_the_command_that_reads_it(tmp
     lines = where_to_look([run], [], profiling=False).splitlines()
     assert "    hang dumps: hang_rank1_h.txt (a step stalled past --hang-timeout; training went on)" in lines
     assert lines[-2] == f"  hf-distprof hang-report {run}               # where the stalled step was stuck"
+    # An earlier attempt's, in a folder a restarted job reuses: not this run's.
+    assert not [line for line in where_to_look([run], [], profiling=False, since=time.time() + 60).splitlines()
+                if "hang" in line]
     (run / "hang_rank1_h.txt").unlink()
     assert not [line for line in where_to_look([run], [], profiling=False).splitlines() if "hang" in line]
 

@@ -259,8 +259,8 @@ def test_three_ranks_late_together_do_not_stand_out():
     assert (v.status, v.gate, v.rank, v.slowest_in, v.p_value) == ("quiet", "stand_out", 2, 6, (1 / 3) ** 6)
     assert v.effect_pct == 100.0 * 15.0 / 105.0
     assert v.reason == (
-        "rank 2's its work exceeds its peers' by a median 14.3%, but its arrival does not stand out from the spread "
-        "across the 3 ranks (3 scaled median absolute deviations): several ranks are late together, not one straggler"
+        "rank 2's its work exceeds its peers' by a median 14.3%, but it does not stand out from the spread across the "
+        "3 ranks (3 scaled median absolute deviations): several ranks are behind together, not one straggler"
     )
 
 
@@ -271,7 +271,7 @@ def test_ranks_late_together_in_too_few_steps_are_no_straggler_not_undecided():
     late = {0: [5.5], 1: [0.0], 2: [7.1], 3: [2.0], 4: [2.8], 5: [3.0], 6: [7.1], 7: [7.6]}
     v = judge_slow_rank(late, 10.0, scale=[16.0])
     assert (v.status, v.gate, v.rank, v.steps, v.min_steps) == ("quiet", "stand_out", 7, 1, 2)
-    assert v.reason.endswith("several ranks are late together, not one straggler (in 1 step, too few to tell more: "
+    assert v.reason.endswith("several ranks are behind together, not one straggler (in 1 step, too few to tell more: "
                              "at least 2 are needed)")
     alone = {**{r: [1.0] for r in range(7)}, 7: [7.6]}
     assert judge_slow_rank(alone, 10.0, scale=[16.0]).status == "undecided"

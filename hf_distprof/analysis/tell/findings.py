@@ -389,6 +389,7 @@ def _chain(j: Judgement) -> Prose:
     if f.lateness_us is not None:
         late = (f", so it reaches each step's collectives {f.lateness_us / 1e3:.2f} ms "
                 f"({f.lateness_pct:.1f}% of its {f.step_us / 1e3:.2f} ms step) after the earliest rank")
+    up_to = "up to " if any(f"{o:.1f}" != f"{f.waits.pct:.1f}" for o in f.waits.others) else ""  # (the longest's)
     (first, verdict), *more = f.verdicts
     reasons = f"{first} verdict: {verdict.reason}" + "".join(f"; {other} verdict raised too: {v.claim}"
                                                              for other, v in more)
@@ -396,8 +397,8 @@ def _chain(j: Judgement) -> Prose:
             if f.data_pct is not None else "")
     if f.cause is not None:
         return _caused(f.rank, f.cause, f.gpu, phase_advice(f.phase.phase, f.gpu, f.loader),
-                       f"its peers wait {f.waits.pct:.1f}% of their {_steps(f.waits)} for it at the collectives in the "
-                       "traced steps",
+                       f"its peers wait {up_to}{f.waits.pct:.1f}% of their {_steps(f.waits)} for it at the "
+                       "collectives in the traced steps",
                        f"; its {name} exceeds its peers' by {f.phase.excess_us / 1e3:.2f} ms per step "
                        f"({_source(f.phase.from_timer, f.source_steps)}){late}, and the others wait for it there (from "
                        f"their arrival at the same collective to its, clocks aligned): {waits_sentence(f.waits)}"
@@ -406,7 +407,8 @@ def _chain(j: Judgement) -> Prose:
     return Prose(
         title=f"Rank {f.rank} holds the others back: its {name}",
         why=(f"{name} takes {f.phase.excess_us / 1e3:.1f} ms more per step than on its peers, who wait "
-             f"{f.waits.pct:.1f}% of their {_steps(f.waits)} for it at the collectives in the traced steps"),
+             f"{up_to}{f.waits.pct:.1f}% of their {_steps(f.waits)} for it at the collectives in the traced "
+             "steps"),
         details=(f": rank {f.rank}'s {name} exceeds its peers' by {f.phase.excess_us / 1e3:.2f} ms per step "
                  f"({_source(f.phase.from_timer, f.source_steps)}){late}, and the others wait for it there (from their "
                  f"arrival at the same collective to its, clocks aligned): {waits_sentence(f.waits)}{data}. {reasons}"),

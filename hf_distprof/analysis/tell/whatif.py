@@ -71,8 +71,9 @@ def critical_path_lines(result: AnalysisResult, rows: int = PATH_ROWS) -> list[s
     along = f"rank{'s' if len(order) > 1 else ''} {' -> '.join(order)}"
     late = path[0].start_ms  # the path's first rank began the step this late (its wait before the step: no link)
     if late >= max(0.005, 0.01 * total):  # (a start 20 us apart is noise: not said)
-        out = [f"Critical path of step {model.median_step} (the median step, {late + total:.2f} ms: rank "
-               f"{path[0].rank} began it {late:.2f} ms after the earliest rank, then {total:.2f} ms along {along}):"]
+        out = [f"Critical path of step {model.median_step} (the median step, {late + total:.2f} ms from the earliest "
+               f"rank's start to the last rank's end: rank {path[0].rank} began it {late:.2f} ms after the earliest "
+               f"rank, then {total:.2f} ms along {along}):"]
     else:
         out = [f"Critical path of step {model.median_step} (the median step; {total:.2f} ms, {along}):"]
     for seg in path[:rows]:
