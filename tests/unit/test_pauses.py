@@ -73,7 +73,8 @@ def test_a_checkpoint_inside_the_window_is_left_out_of_its_step(tmp_path: Path) 
     assert after.rest_us == pytest.approx(step4[0]["ts"] + step4[0]["dur"] - pause[0]["ts"] - pause[0]["dur"], abs=0.01)
     assert after.pause_us == pytest.approx(pause[0]["dur"], abs=0.01)
     text = format_summary(result)
-    assert "\n  step 4: the pause " in text and "Left out of every figure: step 4, traced right after" in text
+    assert "\n  step 4, after a checkpoint: the pause " in text  # (the callback marks what ran in the pause)
+    assert "Left out of every figure: step 4, traced right after" in text and after.what == "checkpoint"
 
 
 @pytest.mark.parametrize("evaluate, save, evaluations, at_epoch_end, pause_ms", [
@@ -101,6 +102,8 @@ def test_evaluations_then_a_checkpoint_are_one_pause(tmp_path: Path, evaluate, s
     (after,) = rank.steps_after_pause
     assert (after.step, after.rest_us < 250e3) == (4, True)
     assert after.pause_us == pytest.approx(pause["dur"], abs=0.01)
+    # What ran in it, as the callback marked it (each once, in order).
+    assert after.what == " and ".join([*(["evaluation"] if evaluate else []), *(["checkpoint"] if save else [])])
 
 
 def _train_and_read(tmp_path: Path, eval_samples: int, training: dict[str, Any], profiler: dict[str, Any]
@@ -146,7 +149,7 @@ def test_a_trainer_s_evaluation_in_the_window_ends_its_range_before_the_next_fet
     (summary,) = (tmp_path / "P" / "r").glob("*_summary.txt")
     text = summary.read_text()
     lines = text.splitlines()
-    assert lines[1].startswith("(an evaluation or a checkpoint between steps, ") and "ProfilerStep" not in text
+    assert lines[1].startswith("(an evaluation between steps, ") and "ProfilerStep" not in text
     # Its forwards are not among the window's: 3 steps of a 2-layer model (its evaluation made 32 more forwards).
     ln_calls = next(int(line.split()[-1]) for line in lines if line.strip().startswith("aten::native_layer_norm "))
     assert ln_calls == 12

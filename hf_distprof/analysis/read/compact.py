@@ -123,7 +123,7 @@ class _File(msgspec.Struct):
     launch_ids: list[Key]
     launch_ts: list[Number]
     sizes: _Sizes
-    after_pause: tuple[list[int], list[Number], list[Number], list[bool]]  # the steps left out (read.pauses)
+    after_pause: tuple[list[int], list[Number], list[Number], list[bool], list[str]]  # read.pauses' StepAfterPause
     memory: Union[_Memory, None] = None  # noqa: UP007
 
 
@@ -240,7 +240,8 @@ def encode(trace: ParsedTrace, identity: tuple[int, str], shapes_by_default: boo
         ),
         memory=memory,
         after_pause=([p.step for p in trace.steps_after_pause], [p.pause_us for p in trace.steps_after_pause],
-                     [p.rest_us for p in trace.steps_after_pause], [p.kept for p in trace.steps_after_pause]),
+                     [p.rest_us for p in trace.steps_after_pause], [p.kept for p in trace.steps_after_pause],
+                     [p.what for p in trace.steps_after_pause]),
     )
     out.strings = list(strings.index)
     return _ENCODER.encode(out)

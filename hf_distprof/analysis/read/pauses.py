@@ -26,6 +26,10 @@ PAUSE_NAME = "hf_distprof/between_steps"
 analysis code)."""
 
 
+MARK = f"{PAUSE_NAME}: "
+"""The start of the empty ranges the callback puts inside a pause: ``<PAUSE_NAME>: evaluation``, ``: checkpoint``."""
+
+
 def _pauses(main_ops: list[Span], cut: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
     """The pause ranges among the main thread's spans and the ``cut`` ranges, sorted."""
     return sorted([(s, e) for s, e, name in main_ops if name == PAUSE_NAME] + list(cut))
@@ -40,8 +44,13 @@ def after_pauses(steps: list[Any], main_ops: list[Span], cut: list[tuple[float, 
     inside = [[(s, min(e, st.end)) for s, e in pauses if st.start <= s < st.end] for st in steps]
     kept = [st for st, held in zip(steps, inside) if not held]
     gone = [(st, held) for st, held in zip(steps, inside) if held]
-    left = [StepAfterPause(st.number, sum(e - s for s, e in held), st.end - max(e for _, e in held), kept=not kept)
-            for st, held in gone]
+    marks = [(s, name[len(MARK):]) for s, _, name in main_ops if name.startswith(MARK)] if gone else []
+
+    def what(st: Any) -> str:  # what the callback marked inside the step's pause, in order, each once
+        return " and ".join(dict.fromkeys(m for s, m in marks if st.start <= s < st.end))
+
+    left = [StepAfterPause(st.number, sum(e - s for s, e in held), st.end - max(e for _, e in held), kept=not kept,
+                           what=what(st)) for st, held in gone]
     if not kept:
         return steps, left, cut
     return kept, left, cut + [(st.start, st.end) for st, _ in gone]

@@ -106,6 +106,9 @@ class StepAfterPause:
     kept: bool = False
     """Kept in :attr:`RankResult.steps` all the same (from where the pause ended): every step of its window held a
     pause, and a window of no step says nothing."""
+    what: str = ""
+    """What ran in the pause, as the profiler callback marked it: ``evaluation``, ``checkpoint``, ``evaluation and
+    checkpoint``; empty in traces without the marks (recorded before hf_distprof wrote them)."""
 
 
 @dataclass

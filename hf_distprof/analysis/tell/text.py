@@ -186,7 +186,9 @@ def _after_pause(result: AnalysisResult) -> list[str]:
         p_rank, p = max(held, key=lambda x: (x[1].pause_us, -x[0]))
         r_rank, r = max(held, key=lambda x: (x[1].rest_us, -x[0]))
         of = f", the longest of {len(held)} ranks" if len(held) > 1 else ""
-        out.append(f"  step {step}: the pause {_ms(p.pause_us)} ms on rank {p_rank}{of}; the step after it "
+        what = next((x.what for _, x in held if x.what), "")
+        after = f", after {'an' if what[:1] in 'aeiou' else 'a'} {what}" if what else ""
+        out.append(f"  step {step}{after}: the pause {_ms(p.pause_us)} ms on rank {p_rank}{of}; the step after it "
                    f"{_ms(r.rest_us)} ms on rank {r_rank}")
     return out
 

@@ -35,7 +35,9 @@ logger = dist.get_logger(__name__)
 SUMMARY_ROWS = 25
 PAUSE_NAME = "hf_distprof/between_steps"
 """The range around an evaluation or a checkpoint between two traced steps (the analysis's
-``hf_distprof.analysis.read.pauses.PAUSE_NAME``, the same name: the training ranks import no analysis code)."""
+``hf_distprof.analysis.read.pauses.PAUSE_NAME``, the same name: the training ranks import no analysis code). Inside
+it, an empty range ``<PAUSE_NAME>: evaluation`` or ``: checkpoint`` marks each that ended (which the range's name, set
+before the Trainer decides to save after an evaluation, cannot say)."""
 # How the windows opened on demand or on anomaly (hf_distprof.callbacks.profiler.capture) drive the profiler.
 _PHASE_ACTIONS = {WARMUP: ProfilerAction.WARMUP, RECORD: ProfilerAction.RECORD,
                   RECORD_AND_SAVE: ProfilerAction.RECORD_AND_SAVE}
@@ -311,11 +313,19 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         self._step_boundary()
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+        self._mark_pause("checkpoint")
         self._end_pause()
         self._step_boundary(pause=True)
 
     def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+        self._mark_pause("evaluation")
         self._step_boundary(pause=True)  # (the range goes on: another evaluation or a checkpoint may follow)
+
+    def _mark_pause(self, what: str) -> None:
+        """An empty range inside the open pause naming what just ended in it (an evaluation, a checkpoint)."""
+        if self._pause is not None:
+            with torch.autograd.profiler.record_function(f"{PAUSE_NAME}: {what}"):
+                pass
 
     def _step_ends_before_export(self, step: int) -> None:
         """The step timer ends this step before the trace is written, so that the export (0.4-2 s) is neither this
@@ -520,10 +530,10 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
             f"host {dist.get_hostname()}, optimizer steps {first}-{last}\n"
         )
         try:
-            averages, paused_ms = _outside_pauses(prof)
+            averages, paused_ms, what = _outside_pauses(prof)
             if paused_ms:
-                header += (f"(an evaluation or a checkpoint between steps, {paused_ms:.1f} ms in all, left out: it is "
-                           "no step's work)\n")
+                header += (f"({what or 'an evaluation or a checkpoint'} between steps, {paused_ms:.1f} ms in all, left "
+                           "out: it is no step's work)\n")
             # hf_distprof's own ranges (the step timer's phases, its collectives) are spans, not operators: their self
             # time is mostly the waits between ops (a trial's table opened with "hf_distprof/backward 34.69%").
             # (With a pause left out, the steps' own ranges still span it: their totals would read above 100%.)
@@ -541,14 +551,16 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         return "".join(parts) + "\n"
 
 
-def _outside_pauses(prof: profile) -> tuple[Any, float]:
+def _outside_pauses(prof: profile) -> tuple[Any, float, str]:
     """The window's operator averages without what ran inside our between-steps range (an evaluation, a checkpoint:
-    a trial's table of "optimizer steps 8-10" held 412 calls of addmm where its steps made 12), and that range's
-    length in all (ms; 0 without one)."""
+    a trial's table of "optimizer steps 8-10" held 412 calls of addmm where its steps made 12), that range's
+    length in all (ms; 0 without one), and what ran in it ("an evaluation and a checkpoint"; "" when unmarked)."""
     events = prof.events()
     pauses = [(e.time_range.start, e.time_range.end) for e in events if e.name == PAUSE_NAME]
     if not pauses:
-        return prof.key_averages(), 0.0
+        return prof.key_averages(), 0.0, ""
+    marked = list(dict.fromkeys(e.name[len(PAUSE_NAME) + 2:] for e in events if e.name.startswith(f"{PAUSE_NAME}: ")))
+    what = " and ".join(("an " if m[0] in "aeiou" else "a ") + m for m in marked)
     from torch.autograd.profiler_util import EventList
 
     kept = EventList([e for e in events if not any(a <= e.time_range.start <= b for a, b in pauses)],
@@ -556,4 +568,4 @@ def _outside_pauses(prof: profile) -> tuple[Any, float]:
                      profile_memory=getattr(events, "_profile_memory", False),
                      with_flops=getattr(events, "_with_flops", False))
     kept._tree_built = True  # (each kept event keeps its place in the window's tree: its self time stays its own)
-    return kept.key_averages(), sum(b - a for a, b in pauses) / 1e3
+    return kept.key_averages(), sum(b - a for a, b in pauses) / 1e3, what
