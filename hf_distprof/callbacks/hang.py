@@ -184,8 +184,9 @@ class HangWatchdogCallback(TrainerCallback):  # type: ignore[misc]
             logger.error(f"no optimizer step for {waited:.0f} s; could not write {target}: {err!r}")
             return None
         self.dumps.append(target)
+        seconds = f"{waited:.0f}" if waited >= 10 else f"{waited:.2g}"  # (a sub-second timeout read "for 0 s")
         logger.error(
-            f"no optimizer step has ended for {waited:.0f} s (last: step {self._last_step}; --hang-timeout "
+            f"no optimizer step has ended for {seconds} s (last: step {self._last_step}; --hang-timeout "
             f"{self.timeout:g}): every thread's stack is in {target}; `hf-distprof hang-report {folder}` "
             "compares the ranks"
         )
