@@ -165,8 +165,8 @@ def where_to_look(run_dirs: list[Path], tensorboard_dirs: list[Path], profiling:
         if not traced:
             # analyze reads traces: without one it would stop with an error (its reason is in the folder's manifest)
             why = "" if profiling else " (--enable-profiling takes them)"
-            lines.append(f"  no trace in {first}: nothing for hf-distprof analyze{why}; the step timer's table is "
-                         "above")
+            table = "; the step timer's table is above" if (first / TIMING_SUMMARY_NAME).exists() else ""
+            lines.append(f"  no trace in {first}: nothing for hf-distprof analyze{why}{table}")
         else:
             lines.append(f"  hf-distprof analyze {first}               # where the step time goes")
             written = first / "report" / "report.html"  # written for the trackers (report_to) at train end

@@ -86,6 +86,10 @@ def test_a_report_already_written_for_the_trackers_is_named_not_written_again(tm
 
 
 def test_without_traces_or_tensorboard_only_what_exists_is_named(tmp_path):
+    # Memory logging alone printed no step-timer table: "the step timer's table is above" was said of nothing (a trial).
+    lines = where_to_look([tmp_path], [], profiling=False).splitlines()
+    assert f"  no trace in {tmp_path}: nothing for hf-distprof analyze (--enable-profiling takes them)" in lines
+    (tmp_path / "timing_summary.json").write_text("{}")  # the step timer's summary: its table was printed
     lines = where_to_look([tmp_path], [], profiling=False).splitlines()
     assert f"  run folder: {tmp_path}  (0 trace(s))" in lines
     assert not [line for line in lines if "tensorboard" in line or "perfetto" in line]
