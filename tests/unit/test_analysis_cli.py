@@ -830,3 +830,28 @@ def test_a_trace_a_complete_manifest_does_not_list_is_another_run_s(tmp_path: Pa
         "rank 1: steps 8-10); left out"))]
     # The run's own traces, all listed: nothing left out.
     assert analyze_paths([first], AnalysisOptions(workers=1)).errors == []
+
+
+def test_one_rank_s_trace_alone_measures_no_late_peer_wait(tmp_path: Path) -> None:
+    # A trial's --profile-ranks 1 run with a quiet verdict: the per-kind table showed "late-peer ms 0.00" on every
+    # row, a figure no trace measured (the peer's was never recorded); with a raised verdict it said n/a. Now n/a both.
+    from hf_distprof.analysis.tell.text import format_summary
+
+    run = tmp_path / "run"
+    shutil.copytree(DATA / "golden" / "cpu_clean_memory", run)
+    both = analyze_paths([run], AnalysisOptions(workers=1))
+    assert both.unmeasured_waits == [] and both.cross_rank is not None
+    # As --profile-ranks 0 writes it: rank 1 took no window (its trace is no lost file), and the verdict is quiet.
+    manifest = orjson.loads((run / "manifest.json").read_bytes())
+    manifest["profile_ranks"] = "0"
+    manifest["windows"][0]["ranks"] = [0]
+    manifest["files"] = [f for f in manifest["files"] if f["rank"] == 0]
+    (run / "manifest.json").write_bytes(orjson.dumps(manifest))
+    (run / "rank1_vm_step8-10.pt.trace.json.gz").unlink()
+    (run / "rank1_vm_step8-10.pt.trace.json.gz.compact.msgpack").unlink(missing_ok=True)
+    one = analyze_paths([run], AnalysisOptions(workers=1))
+    assert one.errors == [] and one.unread_ranks == []
+    assert [r.rank for r in one.ranks] == [0] and one.unmeasured_waits == [1]
+    text = format_summary(one)
+    assert "late-peer wait: n/a: no trace of rank 1 read" in text
+    assert all(row["wait_us"] is None for row in one.to_dict()["ranks"][0]["comm_by_kind"])

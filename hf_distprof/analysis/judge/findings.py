@@ -163,6 +163,8 @@ def judge(ranks: list[RankResult], across: Across, replay: WhatIf | None, summar
         slowest=slowest_rank(findings, verdicts, across.pace, across.evidence is not None,
                              answer.model.slowest_rank if answer is not None else None),
         unread=missing,
+        # (One rank's trace alone measures no wait for a peer, whatever the verdict: no figure, not a 0.00 (trial S).)
         unmeasured=sorted({*missing, *(coverage.untraced if coverage is not None else []),
-                           *([coverage.slow] if coverage is not None and coverage.slow is not None else [])}),
+                           *([coverage.slow] if coverage is not None and coverage.slow is not None else []),
+                           *([r for r in world or [] if r not in read] if len(read) == 1 else [])}),
     )
