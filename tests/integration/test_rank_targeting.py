@@ -44,9 +44,9 @@ def test_auto_traces_the_slowed_rank_and_the_median_rank_only(tmp_path):
                                                                                                  [2, 3, 4])
     other = window["median"]
     assert other in {0, 1, 3} and window["ranks"] == sorted([SLOW_RANK, other])
-    assert window["pre_sync_s"][str(SLOW_RANK)] > 0.1
+    assert window["own_work_s"][str(SLOW_RANK)] > 0.1
     traces = sorted(p.name for p in run_dir.glob("*.pt.trace.json.gz"))
     assert traces == sorted(f"rank{r}_{HOST}_step8-9.pt.trace.json.gz" for r in (SLOW_RANK, other)), traces
     log = (run_dir / "rank0.log").read_text()
     assert f"--profile-ranks auto: the window from step 7 is traced on ranks {min(SLOW_RANK, other)}, " \
-           f"{max(SLOW_RANK, other)}; why: rank {SLOW_RANK} is the slowest (median pre-sync " in log
+           f"{max(SLOW_RANK, other)}; why: rank {SLOW_RANK} is the slowest (median pre-sync work " in log

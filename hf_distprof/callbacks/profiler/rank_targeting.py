@@ -1,8 +1,9 @@
 """``--profile-ranks auto``: which ranks trace a window, the slowest rank and the median rank.
 
-The evidence is each rank's pre-sync time per step (data loading + forward + the compute part of backward,
-:attr:`hf_distprof.timing.recorder.StepTiming.pre_sync_s`): under DDP every rank's whole step lasts as long as
-the slowest rank's, so that sum is what tells the ranks apart. The ranks send their new step times with the note
+The evidence is each rank's pre-sync work per step (data loading + forward + the compute part of backward, less its
+wait for a CPU: :attr:`hf_distprof.timing.recorder.StepTiming.own_work_s`, what the slow-rank verdict judges): under
+DDP every rank's whole step lasts as long as the slowest rank's, so that sum is what tells the ranks apart. (On the
+pre-sync time with the wait, a rank of a busy host was traced as "the slowest" that the verdict did not name.) The ranks send their new step times with the note
 they gather on each agreement step (:mod:`hf_distprof.callbacks.profiler.triggers`); every rank builds the same
 :class:`RankView` from the same gathered notes, so every rank picks the same ranks for a window, with no
 collective of its own.
@@ -42,7 +43,7 @@ class RankChoice:
         median: The median rank among the others; None without evidence or with fewer than 3 ranks.
         reason: One sentence: why these ranks.
         steps: The steps judged (untraced ones every rank timed).
-        pre_sync_s: Per rank, its median pre-sync seconds over ``steps``.
+        own_work_s: Per rank, its median pre-sync work (less its wait for a CPU) over ``steps``, in seconds.
         verdict: The slow-rank verdict's status over ``steps`` (``raised``, ``quiet``, ``undecided``); None
             without evidence.
     """
@@ -54,13 +55,13 @@ class RankChoice:
     median: int | None
     reason: str
     steps: list[int] = field(default_factory=list)
-    pre_sync_s: dict[int, float] = field(default_factory=dict)
+    own_work_s: dict[int, float] = field(default_factory=dict)
     verdict: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The record as JSON-ready types (rank keys as strings, as JSON has them)."""
         out = asdict(self)
-        out["pre_sync_s"] = {str(r): v for r, v in self.pre_sync_s.items()}
+        out["own_work_s"] = {str(r): v for r, v in self.own_work_s.items()}
         return out
 
 
@@ -77,7 +78,7 @@ class RankView:
         self.updated_at: int | None = None
 
     def add(self, step: int, rows: Mapping[int, Sequence[tuple[int, float]]]) -> None:
-        """Take what each rank sent on agreement step ``step``: ``rank -> [(step, pre_sync_s), ...]``."""
+        """Take what each rank sent on agreement step ``step``: ``rank -> [(step, own_work_s), ...]``."""
         for rank, pairs in rows.items():
             times = self.times.setdefault(rank, {})
             times.update((int(s), float(v)) for s, v in pairs)
@@ -128,7 +129,7 @@ def choose_ranks(view: RankView, world_size: int, window_first: int, threshold_p
     typical = others[(len(others) - 1) // 2] if others else None
     span = f"steps {steps[0]}-{steps[-1]}" if len(steps) > 1 else f"step {steps[0]}"
     # (The excess is the verdict's: step by step, not the ratio of the medians beside it.)
-    evidence = (f"rank {slowest} is the slowest (median pre-sync {mids[slowest]:.4f} s; step by step a median "
+    evidence = (f"rank {slowest} is the slowest (median pre-sync work {mids[slowest]:.4f} s; step by step a median "
                 f"{verdict.effect_pct:+.1f}% over the others'; slow-rank verdict: {verdict.status})")
     if world_size < MIN_RANKS:
         ranks, reason = everyone, f"{world_size} rank{'s' if world_size != 1 else ''}: every rank traces; {evidence}"

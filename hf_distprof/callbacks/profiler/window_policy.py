@@ -87,9 +87,10 @@ class WindowPolicy:
     # ---- evidence, between and on agreement steps --------------------------------------------------
 
     def add_timing(self, timing: Any) -> None:
-        """A step timer listener: keep the step's pre-sync time unless the profiler ran over that step."""
+        """A step timer listener: keep the step's pre-sync work (less its wait for a CPU, as the slow-rank verdict
+        judges it) unless the profiler ran over that step."""
         if self.scheduled(timing.step) == ProfilerAction.NONE:
-            self._rows.append((int(timing.step), float(timing.pre_sync_s)))
+            self._rows.append((int(timing.step), float(timing.own_work_s)))
 
     def note_fields(self) -> dict[str, Any]:
         """What this rank adds to its note on an agreement step (the step times not sent yet)."""
