@@ -3,10 +3,10 @@
 The evidence is each rank's pre-sync work per step (data loading + forward + the compute part of backward, less its
 wait for a CPU: :attr:`hf_distprof.timing.recorder.StepTiming.own_work_s`, what the slow-rank verdict judges): under
 DDP every rank's whole step lasts as long as the slowest rank's, so that sum is what tells the ranks apart. (On the
-pre-sync time with the wait, a rank of a busy host was traced as "the slowest" that the verdict did not name.) The ranks send their new step times with the note
-they gather on each agreement step (:mod:`hf_distprof.callbacks.profiler.triggers`); every rank builds the same
-:class:`RankView` from the same gathered notes, so every rank picks the same ranks for a window, with no
-collective of its own.
+pre-sync time with the wait, a rank of a busy host was traced as "the slowest" that the verdict did not name.) The
+ranks send their new step times with the note they gather on each agreement step
+(:mod:`hf_distprof.callbacks.profiler.triggers`); every rank builds the same :class:`RankView` from the same gathered
+notes, so every rank picks the same ranks for a window, with no collective of its own.
 
 Who is slowest is :func:`hf_distprof.core.verdicts.judge_slow_rank`'s candidate (the rank with the largest median
 excess over the others), whether or not its evidence is strong enough for a warning: the window is there to
