@@ -108,6 +108,24 @@ def test_the_policy_cuts_the_recorded_steps_and_saves_at_the_last_allowed(tmp_pa
         got.append(policy.filter(step, scheduled(step)))
     n, w, r, s = (ProfilerAction.NONE, ProfilerAction.WARMUP, ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
     assert got == [n, r, s, n, w, r, s, n, n]
+    # Step 8 was the window's: the budget kept every rank's profiler from it, so it is not traced (a trial's step timer
+    # left such steps out of its verdicts and counted them in the profiler's slowdown).
+    assert [step for step in range(1, 10) if policy.cut(step)] == [8]
+    from hf_distprof.callbacks.profiler import schedule
+
+    schedule.register(policy)
+    try:
+        traced = schedule.traced_steps(ProfilingArguments(enable_profiling=True, profiler_wait_steps=4,
+                                                          profiler_warmup_steps=1, profiler_active_steps=3))
+        assert [step for step in range(1, 10) if traced(step)] == [5, 6, 7]  # (its schedule: 5-8)
+    finally:
+        schedule.unregister(policy)
+    # Skipped windows (no step fits): all of them, a warm-up too.
+    skipped = WindowPolicy(args, tmp_path, scheduled, offset=0)
+    skipped.agree(4, [Note(0, trace_bytes_per_step=1e9)])
+    for step in range(1, 10):
+        skipped.window_start(step)
+    assert [step for step in range(1, 10) if skipped.cut(step)] == [2, 3, 5, 6, 7, 8]
 
 
 def profiler_steps(trace: Path) -> list[int]:
@@ -146,3 +164,25 @@ def test_max_trace_mb_shortens_the_second_window_by_the_first_ones_size(tmp_path
     assert any(f"step 9: --max-trace-mb 0.01: the largest first trace (rank 0's) holds {per_step / 1e6:.3f} MB "
                f"per recorded step: the windows that start after this step record {allowed} of 4 active steps" in m
                for m in messages), messages
+
+
+def test_the_steps_a_shortened_window_left_out_are_not_traced_in_the_step_timer_s_rows(tmp_path):
+    # A trial: windows shortened to 1 of 4 steps, and the step timer marked all 4 "traced" (left out of its verdicts,
+    # counted in the profiler's slowdown), and "after_pause" three steps after the export.
+    from hf_distprof import build_callbacks
+
+    args = ProfilingArguments(enable_profiling=True, profiler_output_dir=str(tmp_path / "P"), profiler_run_name="r",
+                              profiler_record_shapes=False, profiler_wait_steps=3, profiler_warmup_steps=0,
+                              profiler_active_steps=4, profiler_repeat=2, max_trace_mb=0.01)
+    callbacks = build_callbacks(args)
+    for cb in callbacks:
+        if isinstance(cb, ProfilerCallback):
+            cb.agree_every = 1
+    fake_trainer.run([LogEveryTwo(), *callbacks], 15, tmp_path)
+    run_dir = tmp_path / "P" / "r"
+    (second,) = [p for p in run_dir.glob("*_step11-*.pt.trace.json.gz")]
+    last = int(second.name.split("_step11-")[1].split(".")[0])
+    assert 11 <= last < 14
+    rows = [json.loads(line) for line in (run_dir / "timing_rank0.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["traced"]] == [4, 5, 6, 7, *range(11, last + 1)]
+    assert [r["step"] for r in rows if r["after_pause"]] == [8, last + 1]

@@ -154,6 +154,9 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
             self._triggers.close()
             traced.unregister(self._triggers.plan)
             self._triggers = None
+        if self._policy is not None:
+            traced.unregister(self._policy)  # (a train() that ended without on_train_end)
+            self._policy = None
         # Every rank takes part in agreeing on the run folder and in the parallelism report, profiled or not
         # (a broadcast and a gather).
         self.run_dir = paths.resolve_run_dir(self.args.profiler_output_dir, self.args.profiler_run_name, state)
@@ -164,6 +167,7 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
             return  # nowhere to write (already warned): no profiler, training goes on
         if self.args.profile_ranks == "auto" or self.args.max_trace_mb is not None:
             self._policy = WindowPolicy(self.args, self.run_dir, self._scheduled, state.global_step, self.step_timer)
+            traced.register(self._policy)  # the steps --max-trace-mb keeps from the profiler are not traced
         if self.args.profile_on_demand or self.args.profile_on_anomaly or self._policy is not None:
             # On every rank, profiled or not: a request or a slow step on any rank opens the window everywhere.
             self._triggers = CaptureTriggers(self.args, self.run_dir, state.global_step, state.max_steps,
@@ -363,6 +367,8 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
             self._triggers.close()
             traced.unregister(self._triggers.plan)
             self._triggers = None
+        if self._policy is not None:
+            traced.unregister(self._policy)
         if self._manifest is not None:
             self._manifest.finish(self._failed_exports, state.global_step)  # a gather: rank 0 writes manifest.json
             self._manifest = None

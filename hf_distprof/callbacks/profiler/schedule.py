@@ -77,6 +77,18 @@ def _extra_phases() -> Callable[[int], str | None]:
     return phase
 
 
+def _cut_steps() -> Callable[[int], bool]:
+    """Whether a registered plan kept the profiler from a step its schedule gave it (``cut(step)``: ``--max-trace-mb``
+    shortened or skipped that window, on every rank alike), also over the plans unregistered after this call."""
+    made = _unregistered
+
+    def cut(step: int) -> bool:
+        plans = [*_plans, *(plan for plan, when in _retired if when > made)]
+        return any(getattr(plan, "cut", None) is not None and plan.cut(step) for plan in plans)  # type: ignore[attr-defined]
+
+    return cut
+
+
 def first_active_step(args: ProfilingArguments) -> int:
     """The 1-based optimizer step at which the first active (recorded) step happens."""
     return args.profiler_skip_first + args.profiler_wait_steps + args.profiler_warmup_steps + 1
@@ -187,8 +199,10 @@ def traced_steps(args: ProfilingArguments, offset: int = 0, max_steps: int | Non
                  world_size: int | None = None) -> Callable[[int], bool]:
     """Which optimizer steps the profiler runs over, as a predicate: the regular schedule's warmup and active steps
     (:func:`scheduled_steps`; none when training ends before its first active step, ``max_steps`` given) and every
-    extra window's, on demand or on anomaly, as decided so far; none at all when ``--profile-ranks`` names no rank of
-    the ``world_size`` (no rank traces: a trial's run was said to be slowed 2x by a profiler that never ran).
+    extra window's, on demand or on anomaly, as decided so far, less the steps ``--max-trace-mb`` kept from the profiler
+    (a shortened or skipped window: a trial's steps after its one recorded step were left out of the verdicts as
+    traced); none at all when ``--profile-ranks`` names no rank of the ``world_size`` (no rank traces: a trial's run
+    was said to be slowed 2x by a profiler that never ran).
 
     The step timer leaves these steps out of its verdicts and compares their time with the others' (the profiler's
     own slowdown); the memory logger leaves them out of its CPU growth check.
@@ -196,11 +210,11 @@ def traced_steps(args: ProfilingArguments, offset: int = 0, max_steps: int | Non
     ranks = args.profile_rank_set if world_size is not None and isinstance(args.profile_ranks, str) else None
     if world_size is not None and ranks is not None and not any(r < world_size for r in ranks):
         return lambda step: False
-    extra = _extra_phases()
+    extra, cut = _extra_phases(), _cut_steps()
     if max_steps is not None and records_nothing(args, offset, max_steps):
-        return lambda step: extra(step) is not None
+        return lambda step: extra(step) is not None and not cut(step)
     regular = scheduled_steps(args, offset)
-    return lambda step: regular(step) or extra(step) is not None
+    return lambda step: (regular(step) or extra(step) is not None) and not cut(step)
 
 
 def after_window(traced: Callable[[int], bool], step: int) -> bool:
@@ -218,5 +232,5 @@ def recorded_steps(args: ProfilingArguments, offset: int = 0) -> Callable[[int],
     views and an Nsight capture cover the same steps.
     """
     regular = scheduled_recorded_steps(args, offset)
-    extra = _extra_phases()
-    return lambda step: regular(step) or extra(step) in _RECORDING
+    extra, cut = _extra_phases(), _cut_steps()
+    return lambda step: (regular(step) or extra(step) in _RECORDING) and not cut(step)

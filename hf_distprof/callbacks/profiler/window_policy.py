@@ -67,6 +67,7 @@ class WindowPolicy:
         self._rows: deque[tuple[int, float]] = deque(maxlen=ROWS_KEPT)
         self._bytes_per_step: float | None = None  # this rank's, from its first trace
         self._window: _Window | None = None
+        self._cuts: list[tuple[int, int]] = []  # (first, last): steps --max-trace-mb kept from the profiler
         self._flush: Callable[[], Any] = lambda: None
         if self.auto:
             if step_timer is None:
@@ -146,7 +147,21 @@ class WindowPolicy:
         if allowed is not None and allowed < self.args.profiler_active_steps:
             what = "skipped" if allowed == 0 else f"records {allowed} of {self.args.profiler_active_steps} active steps"
             logger.info(f"--max-trace-mb: the window from step {step} {what}")
+            last = first_recorded
+            while self.scheduled(last) == ProfilerAction.RECORD and last - first_recorded < 1_000_000:
+                last += 1  # (to its RECORD_AND_SAVE step: the window's last)
+            # The steps no rank's profiler runs over now (the budget is the same on every rank): not traced.
+            self._cuts.append((step if allowed == 0 else first_recorded + allowed, last))
         self._window = _Window(step, first_recorded, traced_here and allowed != 0, allowed)
+
+    def phase(self, step: int) -> str | None:
+        """No window of its own (the schedule's registry reads :meth:`cut` of this policy)."""
+        return None
+
+    def cut(self, step: int) -> bool:
+        """Whether ``--max-trace-mb`` kept the profiler from ``step`` (a shortened window's later steps, a skipped
+        window's all): :func:`~hf_distprof.callbacks.profiler.schedule.traced_steps` counts it untraced."""
+        return any(first <= step <= last for first, last in self._cuts)
 
     def filter(self, step: int, action: ProfilerAction) -> ProfilerAction:
         """The profiler's action at ``step`` after this rank's decisions for the current window."""
