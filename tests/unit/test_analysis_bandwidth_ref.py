@@ -129,3 +129,27 @@ def test_one_rank_s_trace_is_compared_whole_and_says_so(tmp_path: Path, capsys) 
     # Rank 0's 12 all_reduces move 3,164,184 bytes: 6.33 ms at 0.5 GB/s, whatever their time was.
     assert " ms in collectives (waits included: one rank) would take 6.33 ms at the reference speed: " in line
     assert "late peer" not in line
+
+
+def test_the_total_says_faster_than_the_reference_and_marks_a_reference_far_from_the_row_s_size() -> None:
+    # A trial: "38.41 ms of transfers would take 55.94 ms at the reference speed: 12.44 ms lost to a slow network"
+    # (the lost time is the slower rows' only), its 5.5 MiB row set against the benchmark's 1 MiB point unmarked.
+    from hf_distprof.analysis import AnalysisOptions, analyze_paths
+    from hf_distprof.analysis.across.reference import totals
+    from hf_distprof.analysis.tell.text import reference_lines
+
+    slow = compare_row(_stat(mean_bytes=300 * K, transfer_us=3_000.0), POINTS[1])  # 0.06 GB/s against 0.5
+    fast = compare_row(_stat(bucket="4-16 MiB", mean_bytes=5.5 * M, transfer_us=2_000.0, transfer_busbw_gbps=6.0),
+                       POINTS[2])  # 6 GB/s against the 1 MiB point's 2
+    assert slow is not None and fast is not None and slow.slow_network_us > 0 and fast.slow_network_us == 0
+    result = analyze_paths(sorted((DATA / "clean").glob("rank-*.json.gz")), AnalysisOptions(workers=1))
+    result.bandwidth_reference, result.bandwidth_reference_file = [slow, fast], "ref.csv"
+    result.reference_totals = totals([slow, fast])
+    assert result.reference_totals.at_ref_us > result.reference_totals.time_us
+    lines = reference_lines(result)
+    assert lines[-2].endswith(
+        f"at the reference speed: faster than the reference in all, though the rows slower than it lose "
+        f"{slow.slow_network_us / 1e3:.2f} ms.")
+    assert "  1.00 MiB*" in lines[4] and "*" not in lines[3].split("256 KiB-1 MiB", 1)[1].split()[0]
+    assert lines[-1].startswith("* the reference's nearest size is more than 2x off the row's mean size (5.50 MiB "
+                                "against 1.00 MiB): bandwidth depends on size")

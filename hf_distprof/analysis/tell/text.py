@@ -300,6 +300,10 @@ def _bandwidth_table(result: AnalysisResult) -> list[str]:
     return out
 
 
+REF_SIZE_FAR = 2.0
+"""A reference taken at a size more than this many times off a row's mean size is marked: bandwidth depends on size."""
+
+
 def reference_lines(result: AnalysisResult) -> list[str]:
     """The bandwidth rows against ``--bandwidth-ref``'s CSV and the per-rank totals; empty without one."""
     source = result.bandwidth_reference_file
@@ -318,21 +322,32 @@ def reference_lines(result: AnalysisResult) -> list[str]:
         head,
         "-" * len(head),
     ]
+    far = []  # rows whose nearest reference size is more than REF_SIZE_FAR times off their mean size
     for r in result.bandwidth_reference:
         late = "-" if r.late_peer_us is None else _ms(r.late_peer_us)
+        off = r.mean_bytes > 0 and max(r.mean_bytes / r.ref_bytes, r.ref_bytes / r.mean_bytes) > REF_SIZE_FAR
+        far += [r] if off else []
+        ref = format_bytes(r.ref_bytes) + ("*" if off else "")
         out.append(
-            f"{r.kind:<15} {r.group_size or '-':>3} {r.bucket:<16} {format_bytes(r.ref_bytes):>10} "
-            f"{format_gbps(r.ref_busbw_gbps):>9} {format_gbps(r.busbw_gbps):>7} {_ms(r.time_us):>9} "
-            f"{_ms(r.at_ref_us):>9} {_ms(r.slow_network_us):>11} {late:>12}"
+            f"{r.kind:<15} {r.group_size or '-':>3} {r.bucket:<16} {ref:>10} {format_gbps(r.ref_busbw_gbps):>9} "
+            f"{format_gbps(r.busbw_gbps):>7} {_ms(r.time_us):>9} {_ms(r.at_ref_us):>9} {_ms(r.slow_network_us):>11} "
+            f"{late:>12}"
         )
     total = result.reference_totals
     assert total is not None  # set with the rows
     waited = f"{_ms(total.late_peer_us)} ms waiting for a late peer; " if total.waits_separated else ""
     spent = "of transfers" if total.waits_separated else "in collectives (waits included: one rank)"
-    out.append(
-        f"Per rank: {waited}{_ms(total.time_us)} ms {spent} would take {_ms(total.at_ref_us)} ms at the reference "
-        f"speed: {_ms(total.slow_network_us)} ms lost to a slow network."
-    )
+    # The lost time is the rows slower than the reference, added up: said as that when the others were faster (a
+    # trial read "38.41 ms ... would take 55.94 ms at the reference speed: 12.44 ms lost to a slow network").
+    lost = (f"{_ms(total.slow_network_us)} ms lost to a slow network" if total.at_ref_us <= total.time_us else
+            f"faster than the reference in all, though the rows slower than it lose {_ms(total.slow_network_us)} ms"
+            if total.slow_network_us > 0 else "no time lost to the network")
+    out.append(f"Per rank: {waited}{_ms(total.time_us)} ms {spent} would take {_ms(total.at_ref_us)} ms at the "
+               f"reference speed: {lost}.")
+    if far:
+        out.append(f"* the reference's nearest size is more than {REF_SIZE_FAR:g}x off the row's mean size "
+                   f"({', '.join(f'{format_bytes(r.mean_bytes)} against {format_bytes(r.ref_bytes)}' for r in far)}): "
+                   "bandwidth depends on size; measure the trace's sizes (hf-distprof bench-collectives --sizes ...)")
     return out
 
 
