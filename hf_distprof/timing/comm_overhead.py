@@ -307,7 +307,7 @@ def measure_before_training(
             "median "
             f"of ranks): compute {combined['compute_s']:.4f}s, with sync {combined['with_sync_s']:.4f}s, "
             f"communication {combined['comm_s']:.4f}s = {combined['overhead_pct']:.1f}% "
-            f"of forward+backward{unresolved_note(combined)}",
+            f"of a synced forward+backward (one micro-batch's){unresolved_note(combined)}",
             flush=True,
         )
     return combined

@@ -457,7 +457,7 @@ def format_table(report: CrossRankReport, comm: dict[str, Any] | None = None, ti
         lines.append(
             f"comm overhead ({comm['passes']} passes per mode): compute {comm['compute_s']:.4f}s, "
             f"with sync {comm['with_sync_s']:.4f}s, communication {comm['comm_s']:.4f}s = "
-            f"{comm['overhead_pct']:.1f}% of the step's forward+backward{unresolved_note(comm)}"
+            f"{comm['overhead_pct']:.1f}% of a synced forward+backward (one micro-batch's){unresolved_note(comm)}"
         )
     if report.warnings:
         lines.append(f"{len(report.warnings)} warning(s) follow in the log.")

@@ -76,8 +76,8 @@ def test_the_end_of_training_table_line_by_line():
         "(threshold 10%), slowest rank 1 (load)",
         "peak memory imbalance: 200.0% (threshold 20%)",
         "throughput (all ranks): 16.0 samples/s, 2048 tokens/s; MFU 2.0%",
-        "comm overhead (3 passes per mode): compute 0.3000s, with sync 0.4000s, communication 0.1000s = 25.0% of the "
-        "step's forward+backward",
+        "comm overhead (3 passes per mode): compute 0.3000s, with sync 0.4000s, communication 0.1000s = 25.0% of a "
+        "synced forward+backward (one micro-batch's)",
         "1 warning(s) follow in the log.",
     ]
 
