@@ -88,7 +88,29 @@ def test_a_first_window_over_the_limit_is_kept_and_said():
     assert budget.first_window_message(500_000, 4) == ""
     assert budget.first_window_message(600_000, 4) == (
         "--max-trace-mb 0.5: the first window's trace is 0.600 MB for 4 steps, over the limit; it is kept whole (it "
-        "is the measurement), later windows are shortened")
+        "is the measurement), and the windows that start after the ranks agree on it are shortened (a window already "
+        "begun is not)")  # (a trial's next window, begun before the agreement, came out whole, twice the limit)
+
+
+def test_the_first_window_over_the_limit_is_said_on_the_console_once(tmp_path, caplog):
+    # A trial's 3-rank auto run: the warning came from [RANK 1] and [RANK 2], twice on the console. The lowest rank
+    # that traces the window warns; the others put it in their logs.
+    def scheduled(step: int) -> ProfilerAction:
+        return {2: ProfilerAction.RECORD_AND_SAVE}.get(step, ProfilerAction.NONE)
+
+    args = ProfilingArguments(enable_profiling=True, profile_ranks="1,2", profiler_active_steps=1, max_trace_mb=0.01)
+    trace = tmp_path / "t.json.gz"
+    trace.write_bytes(b"x" * 20_000)
+    levels = {}
+    for rank in (1, 2):
+        policy = WindowPolicy(args, tmp_path, scheduled, offset=0)
+        policy.rank, policy.world_size = rank, 3
+        with caplog.at_level(logging.INFO, logger="hf_distprof.callbacks.profiler.window_policy"):
+            caplog.clear()
+            policy.exported(trace, 1)
+        (record,) = [r for r in caplog.records if "over the limit" in r.getMessage()]
+        levels[rank] = record.levelno
+    assert levels == {1: logging.WARNING, 2: logging.INFO}
 
 
 def test_the_policy_cuts_the_recorded_steps_and_saves_at_the_last_allowed(tmp_path):

@@ -100,4 +100,5 @@ class TraceBudget:
         if size_bytes <= self.limit_bytes:
             return ""
         return (f"--max-trace-mb {self.limit_mb:g}: the first window's trace is {size_bytes / MB:.3f} MB for {steps} "
-                "steps, over the limit; it is kept whole (it is the measurement), later windows are shortened")
+                "steps, over the limit; it is kept whole (it is the measurement), and the windows that start after the "
+                "ranks agree on it are shortened (a window already begun is not)")

@@ -123,8 +123,8 @@ class WindowPolicy:
         self._bytes_per_step = size / steps
         if self.budget is not None:
             message = self.budget.first_window_message(size, steps)
-            if message:
-                logger.warning(message)
+            if message:  # (on the console once: each rank's own figure is in its log)
+                (logger.warning if self.rank == min(self._tracers(), default=self.rank) else logger.info)(message)
 
     # ---- the profiler's side ------------------------------------------------------------------------
 
@@ -178,6 +178,13 @@ class WindowPolicy:
         return ProfilerAction.NONE if position >= window.allowed else action
 
     # ---- internals ----------------------------------------------------------------------------------
+
+    def _tracers(self) -> list[int]:
+        """The ranks that trace the current window (the lowest one's console speaks for them)."""
+        if self.auto and self.choices:
+            return list(self.choices[-1].ranks)
+        ranks = self.args.profile_rank_set
+        return sorted(r for r in ranks if r < self.world_size) if ranks is not None else list(range(self.world_size))
 
     def _record(self, choice: RankChoice) -> None:
         self.choices.append(choice)
