@@ -147,9 +147,9 @@ def profiler_slowdown(
     mid = median(ref) if ref else None
     ratio = noise = note = confidence = warning = kind = None
     if len(ref) < min_outside:
+        warm = "the one before it is" if len(before) == 1 else f"the {len(before)} before it are"
         note = (f"not enough untraced steps to compare the profiler's window with: {len(after)} after its start "
-                f"(the {len(before)} before it are the run's warm-up), at least {min_outside} are needed (run more "
-                "steps after the window)")
+                f"({warm} the run's warm-up), at least {min_outside} are needed (run more steps after the window)")
     elif mid is not None and mid > 0:
         ratio = med / mid
         noise = slowdown_noise_pct(ins, ref, mid, before)
