@@ -82,9 +82,14 @@ def _cut_steps() -> Callable[[int], bool]:
     shortened or skipped that window, on every rank alike), also over the plans unregistered after this call."""
     made = _unregistered
 
-    def cut(step: int) -> bool:
-        plans = [*_plans, *(plan for plan, when in _retired if when > made)]
-        return any(getattr(plan, "cut", None) is not None and plan.cut(step) for plan in plans)  # type: ignore[attr-defined]
+    def cut(step: int) -> bool:  # (asked once a step: no list built)
+        for plan in _plans:
+            if getattr(plan, "cut", None) is not None and plan.cut(step):  # type: ignore[attr-defined]
+                return True
+        for plan, when in _retired:
+            if when > made and getattr(plan, "cut", None) is not None and plan.cut(step):  # type: ignore[attr-defined]
+                return True
+        return False
 
     return cut
 
