@@ -3,7 +3,9 @@ in the run folder when the process gets a fatal signal (SIGSEGV, SIGABRT, SIGFPE
 removed at a clean exit when nothing was written. An uncaught Python exception that ends the rank (the commonest
 crash, whose traceback otherwise reaches only the launcher's console) leaves ``rank{R}_exception.txt``: its time and
 traceback, written from ``sys.excepthook`` before the hook that was there prints it as usual.
-``hf-distprof hang-report RUN_FOLDER`` reads these files beside the
+A rank that a termination signal's default action ends (SIGTERM: a scheduler, a user, the launcher once another rank
+failed) leaves ``rank{R}_stopped.txt``: the signal, its time and every thread's stack then, so that a stop can be
+ordered against its peers' exceptions. ``hf-distprof hang-report RUN_FOLDER`` reads these files beside the
 hang dumps and says which rank died, of what, where (:mod:`hf_distprof.runs.hang_report`).
 
 Armed on every rank of a run with any hf_distprof flag, as soon as its run folder exists
@@ -16,7 +18,9 @@ from __future__ import annotations
 import atexit
 import faulthandler
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -25,7 +29,8 @@ from typing import IO, Any
 
 from hf_distprof import dist
 from hf_distprof.core import signals
-from hf_distprof.core.names import CRASH_NAME, EXCEPTION_NAME
+from hf_distprof.core.names import CRASH_NAME, EXCEPTION_NAME, STOPPED_NAME
+from hf_distprof.core.stacks import format_stacks
 
 logger = dist.get_logger(__name__)
 
@@ -33,6 +38,7 @@ _FILE: IO[str] | None = None
 _PATH: Path | None = None
 _PID = 0
 """The process that armed the crash file."""
+_RANK = 0
 _EXCEPTION: Path | None = None
 """Where an uncaught exception's traceback goes (this rank's file in the latest run folder)."""
 _EXCEPTION_RANK = 0
@@ -49,7 +55,7 @@ def record_crashes(run_dir: Path, rank: int) -> Path | None:
         The file, or None when the script enabled ``faulthandler`` itself or the file cannot be opened (one line in
         the log).
     """
-    global _FILE, _PATH, _PID
+    global _FILE, _PATH, _PID, _RANK
     _record_exceptions(run_dir / EXCEPTION_NAME.format(rank=rank), rank)
     path = run_dir / CRASH_NAME.format(rank=rank)
     if _PATH == path:
@@ -63,11 +69,31 @@ def record_crashes(run_dir: Path, rank: int) -> Path | None:
         logger.warning(f"cannot write {path}: {err!r}; a crash of this rank would leave no stack")
         return None
     faulthandler.enable(file=handle, all_threads=True)
-    _FILE, _PATH, _PID = handle, path, os.getpid()
-    # So does a rank stopped by SIGTERM through our handlers: stopped, not crashed (registered in this process: a
-    # forked child, a multiprocessing worker stopped so, leaves the rank's file alone).
-    signals.at_default_death(finish)
+    _FILE, _PATH, _PID, _RANK = handle, path, os.getpid(), rank
+    # So does a rank stopped by SIGTERM through our handlers: stopped, not crashed, and when, in its stop file
+    # (registered in this process: a forked child, a multiprocessing worker stopped so, leaves the rank's files alone).
+    signals.at_default_death(_stopped)
     return path
+
+
+def _stopped() -> None:
+    """Before a signal's default action ends the rank: ``rank{R}_stopped.txt`` (the signal, its time, every thread's
+    stack), then the empty crash file goes (:func:`finish`)."""
+    signum = signals.stopping_signal()
+    if signum is not None and _PATH is not None and _PID == os.getpid():
+        now = time.time()
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1e6):06d}"
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = f"signal {signum}"
+        try:
+            _PATH.with_name(STOPPED_NAME.format(rank=_RANK)).write_text(
+                f"hf_distprof: rank {_RANK} on host {dist.get_hostname()} stopped by {name} at {stamp} (unix "
+                f"{now:.6f})\n\n{format_stacks(_interrupted())}", encoding="utf-8")
+        except OSError:  # the folder is gone or read-only: the stop goes unrecorded
+            pass
+    finish()
 
 
 def _record_exceptions(path: Path, rank: int) -> None:
@@ -93,6 +119,23 @@ def _on_uncaught(kind: type[BaseException], value: BaseException, tb: TracebackT
         except Exception:  # noqa: BLE001, S110 - the traceback is printed below in any case
             pass
     (_PREVIOUS_HOOK or sys.__excepthook__)(kind, value, tb)
+
+
+def _interrupted() -> dict[int, Any]:
+    """Every thread's frame, the thread running the signal's handler (the main thread, most often) at the code the
+    signal interrupted: the handler's own frames (here, :mod:`hf_distprof.core.signals`, a callback's ``_on_signal``)
+    left out."""
+    frames = sys._current_frames()
+    me = threading.get_ident()
+    frame = frames.get(me)
+    ours = {__file__, signals.__file__}
+    while frame is not None and (frame.f_code.co_filename in ours or frame.f_code.co_name == "_on_signal"):
+        frame = frame.f_back
+    if frame is None:
+        frames.pop(me, None)
+    else:
+        frames[me] = frame
+    return frames
 
 
 def finish() -> None:

@@ -18,10 +18,8 @@ from __future__ import annotations
 import atexit
 import faulthandler
 import os
-import sys
 import threading
 import time
-import traceback
 from pathlib import Path
 from typing import IO, Any
 
@@ -30,6 +28,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from hf_distprof import dist, paths
 from hf_distprof.config import ProfilingArguments
 from hf_distprof.core import signals
+from hf_distprof.core.stacks import format_stacks
 
 logger = dist.get_logger(__name__)
 
@@ -41,20 +40,6 @@ TIDY_S = 10.0
 """Seconds ``--hang-abort`` waits for the last rows to be written before it ends the rank anyway."""
 BACKSTOP_FACTOR = 2.0
 """The GIL-free backstop dumps when the watchdog thread itself has not run for this many timeouts."""
-
-
-def format_stacks(frames: dict[int, Any] | None = None) -> str:
-    """Every thread's Python stack, innermost frame last, under a ``Thread <name> (ident N[, main])`` line."""
-    frames = sys._current_frames() if frames is None else frames
-    names = {t.ident: t.name for t in threading.enumerate()}
-    main = threading.main_thread().ident
-    parts = []
-    # The main thread first: that is where training runs.
-    for ident in sorted(frames, key=lambda i: (i != main, i)):
-        flag = ", main" if ident == main else ""
-        stack = "".join(traceback.format_stack(frames[ident]))
-        parts.append(f"Thread {names.get(ident, '?')} (ident {ident}{flag}):\n{stack}")
-    return "\n".join(parts)
 
 
 def dump_flight_recorder(target: Path) -> bool:

@@ -25,7 +25,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             "ranks are inside a collective, which is not, and where that one is stuck; and read rank<R>_crash.txt "
             "(every rank of a run with an hf_distprof flag writes its stacks there when it dies of a fatal signal) "
             "and say which rank died, of what signal, where; and read rank<R>_exception.txt (the traceback of an "
-            "uncaught exception that ended a rank) and say which rank raised first, what, where."
+            "uncaught exception that ended a rank) and rank<R>_stopped.txt (when a signal, SIGTERM, stopped a rank, "
+            "and where) and say which rank raised or was stopped first, what, where."
         ),
     )
     parser.add_argument("run_folder", help="the run folder holding the dumps")
@@ -36,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
     """Print the report.
 
     Returns:
-        0 with a report, 2 when the folder holds no dump, crash file or exception file, or one cannot be read.
+        0 with a report, 2 when the folder holds no dump, crash file, exception file or stop file, or one
+            cannot be read.
     """
     from hf_distprof.runs.hang_report import hang_report
 

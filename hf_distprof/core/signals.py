@@ -61,7 +61,7 @@ def deferred(signals: tuple[signal.Signals, ...] = TERMINATION_SIGNALS) -> Itera
             # Delivered now to the handler in place after the block: the default one ends the process, which is
             # no crash: the empty crash file goes first (no atexit handler runs on a signal's default action).
             if signal.getsignal(signum) == signal.SIG_DFL:
-                before_default_death()
+                before_default_death(signum)
             signal.raise_signal(signum)
 
 
@@ -124,7 +124,7 @@ def _flush_then_die(signum: int, frame: FrameType | None) -> None:
     """SIGTERM's default action, after what :func:`at_default_death` registered (the step timer's last rows, the
     memory logger's lines, the empty crash file's removal)."""
     _RAN.set()
-    before_default_death()
+    before_default_death(signum)
     signal.signal(signum, signal.SIG_DFL)
     signal.raise_signal(signum)
 
@@ -192,7 +192,8 @@ def _watch(read: int) -> None:
             if not _RAN.wait(GRACE_S) and signal.getsignal(signal.SIGTERM) is _flush_then_die \
                     and where is not None and _main_position() == where:
                 # Its rows written from here, within TIDY_S (a main thread stuck in a write holds its file's lock).
-                tidy = threading.Thread(target=before_default_death, name="hf_distprof-sigterm-tidy", daemon=True)
+                tidy = threading.Thread(target=before_default_death, args=(signal.SIGTERM,),
+                                        name="hf_distprof-sigterm-tidy", daemon=True)
                 tidy.start()
                 tidy.join(TIDY_S)
                 _die(signal.SIGTERM)
@@ -251,11 +252,27 @@ TIDY_S = 10.0
 the hang watchdog's abort): each write is idempotent, so one after the other, never both at once."""
 
 
-def before_default_death() -> None:
+_STOPPING: list[int] = []
+"""The signal whose default action is about to end the process (:func:`stopping_signal`)."""
+
+
+def stopping_signal() -> int | None:
+    """While :func:`before_default_death` runs what was registered: the signal about to end the process (SIGTERM,
+    SIGINT), or None where no signal does (``--hang-abort``'s exit)."""
+    return _STOPPING[-1] if _STOPPING else None
+
+
+def before_default_death(signum: int | None = None) -> None:
     """Run what :func:`at_default_death` registered in this process; a failure there never keeps the signal from its
-    effect. One caller at a time: another thread already writing is waited for, at most :data:`TIDY_S`."""
+    effect. One caller at a time: another thread already writing is waited for, at most :data:`TIDY_S`.
+
+    Args:
+        signum: The signal whose default action ends the process next (:func:`stopping_signal` while this runs);
+            None when the process ends otherwise (``--hang-abort``'s exit).
+    """
     if not _WRITING.acquire(timeout=TIDY_S):
         return
+    _STOPPING[:] = [] if signum is None else [int(signum)]
     try:
         for fn in _mine(_BEFORE_DEATH):
             try:
@@ -263,6 +280,7 @@ def before_default_death() -> None:
             except Exception:  # noqa: BLE001, S110 - the process is about to end of its signal either way
                 pass
     finally:
+        _STOPPING.clear()
         _WRITING.release()
 
 

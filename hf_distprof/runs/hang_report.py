@@ -10,10 +10,8 @@ the traceback of an uncaught exception that ended a rank). No torch import.
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import pickle
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +19,7 @@ from typing import Any
 
 from hf_distprof.core.files import get_hostname, short_host
 from hf_distprof.core.names import CRASH_NAME, MANIFEST_PART_NAME
+from hf_distprof.runs.flight_recorder import Recorder, parse_recorder, recorder_lines
 
 _THREAD = re.compile(r"^Thread (?P<name>.*) \(ident (?P<ident>\d+)(?P<main>, main)?\):$")
 _FRAME = re.compile(r'^  File "(?P<file>.*)", line (?P<line>\d+), in (?P<func>.*)$')
@@ -35,10 +34,12 @@ _FATAL = re.compile(r"^Fatal Python error: (?P<what>.+?)\s*$")
 _RAISED = re.compile(r"^rank(?P<rank>\d+)_exception\.txt$")
 _RAISED_HEAD = re.compile(r"^hf_distprof: rank (?P<rank>\d+) on host (?P<host>\S+) ended by an uncaught exception at "
                          r"(?P<stamp>\S+) \(unix (?P<unix>[0-9.]+)\)$")
+_STOPPED = re.compile(r"^rank(?P<rank>\d+)_stopped\.txt$")
+_STOPPED_HEAD = re.compile(r"^hf_distprof: rank (?P<rank>\d+) on host (?P<host>\S+) stopped by (?P<signal>\S+) at "
+                           r"(?P<stamp>\S+) \(unix (?P<unix>[0-9.]+)\)$")
 SIGNALS = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Floating point exception": "SIGFPE",
            "Bus error": "SIGBUS", "Illegal instruction": "SIGILL"}
 """faulthandler's words for each fatal signal it handles."""
-_RECORDER = re.compile(r"^flight_recorder_rank(?P<rank>\d+)_(?P<host>.+)\.pkl$")
 
 # Frames that mean "inside a collective, or waiting for one": c10d calls, and autograd's backward, where
 # DDP's reducer waits for its gradient all-reduce (and FSDP for its reduce-scatter).
@@ -98,17 +99,6 @@ class RankDump:
 
 
 @dataclass
-class Recorder:
-    """The last collective of one rank in its NCCL flight recorder."""
-
-    rank: int
-    seq: int | None
-    name: str | None
-    state: str | None
-    sizes: Any = None
-
-
-@dataclass
 class Crash:
     """One rank's crash file: what killed it and every thread's stack then (the thread that got the signal first)."""
 
@@ -137,6 +127,19 @@ class Raised:
 
 
 @dataclass
+class Stopped:
+    """One rank's stop file: the signal whose default action ended it, when, and every thread's stack then."""
+
+    rank: int
+    path: Path
+    signal: str
+    """``SIGTERM``, ``SIGINT``."""
+    stamp: str
+    unix: float
+    dump: RankDump
+
+
+@dataclass
 class HangReport:
     folder: Path
     dumps: dict[int, RankDump]
@@ -148,6 +151,8 @@ class HangReport:
     raised: dict[int, Raised] = field(default_factory=dict)
     silent: dict[int, str] = field(default_factory=dict)
     """Ranks that ended without a word (:func:`silent_ranks`): rank -> ``killed`` or ``stopped``."""
+    stopped: dict[int, Stopped] = field(default_factory=dict)
+    """Ranks stopped by a signal that left a stop file (when, by which signal, where each thread was)."""
 
     @property
     def text(self) -> str:
@@ -180,6 +185,13 @@ def parse_dump(path: Path) -> RankDump:
         return dump
     if not lines or lines[0] != "hf_distprof hang dump":
         raise ValueError(f"{path}: not a hang dump written by hf_distprof (first line {lines[:1]})")
+    _parse_threads(lines, dump)
+    return dump
+
+
+def _parse_threads(lines: list[str], dump: RankDump) -> None:
+    """The header's ``key: value`` lines after the first line, then the ``Thread <name> (ident N[, main]):`` sections
+    (:func:`hf_distprof.core.stacks.format_stacks`) into ``dump``."""
     current: list[Frame] | None = None
     for i, line in enumerate(lines[1:], start=1):
         if current is None and ": " in line and not line.startswith("Thread "):
@@ -197,7 +209,6 @@ def parse_dump(path: Path) -> RankDump:
         if frame is not None and current is not None:
             code = lines[i + 1].strip() if i + 1 < len(lines) and lines[i + 1].startswith("    ") else ""
             current.append(Frame(frame["file"], int(frame["line"]), frame["func"], code))
-    return dump
 
 
 def parse_crash(path: Path) -> Crash | None:
@@ -244,6 +255,24 @@ def parse_exception(path: Path) -> Raised | None:
     return Raised(int(match["rank"]), path, exception, head["stamp"], float(head["unix"]), dump)
 
 
+def parse_stopped(path: Path) -> Stopped | None:
+    """One ``rank{R}_stopped.txt``; None when it is empty.
+
+    Raises:
+        ValueError: The file is not such a file (the message names it).
+    """
+    match, text = _read(path, _STOPPED, "a stop file (expected rank<R>_stopped.txt)")
+    if not text.strip():
+        return None
+    lines = text.splitlines()
+    head = _STOPPED_HEAD.match(lines[0])
+    if head is None:
+        raise ValueError(f"{path}: no 'hf_distprof: rank R ... stopped by SIGNAL at ...' first line")
+    dump = RankDump(int(match["rank"]), head["host"], path)
+    _parse_threads(lines, dump)
+    return Stopped(int(match["rank"]), path, head["signal"], head["stamp"], float(head["unix"]), dump)
+
+
 def _parse_faulthandler(lines: list[str], dump: RankDump, current_first: bool = False) -> None:
     """faulthandler lists frames most recent first; stored innermost last like the others."""
     current: list[Frame] | None = None
@@ -260,58 +289,6 @@ def _parse_faulthandler(lines: list[str], dump: RankDump, current_first: bool = 
         frame = _FH_FRAME.match(line)
         if frame is not None and current is not None:
             current.insert(0, Frame(frame["file"], int(frame["line"]), frame["func"]))
-
-
-class _PlainUnpickler(pickle.Unpickler):
-    """Loads only plain data (dicts, lists, strings, numbers): a flight-recorder dump holds nothing else."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"refusing to load {module}.{name}: only plain data is expected")
-
-
-def parse_recorder(path: Path) -> Recorder:
-    """The last collective of one rank's flight-recorder dump (plain-data pickle only).
-
-    A field of another type than the recorder writes (a dump from another tool, or edited) is read as absent.
-
-    Raises:
-        ValueError: Not a readable flight-recorder dump (the message names the file).
-    """
-    match = _RECORDER.match(path.name)
-    if match is None:
-        raise ValueError(f"{path}: not a flight-recorder dump (expected flight_recorder_rank<R>_<host>.pkl)")
-    try:
-        data = _PlainUnpickler(io.BytesIO(path.read_bytes())).load()
-    except (OSError, pickle.UnpicklingError, EOFError, ValueError) as err:
-        raise ValueError(f"{path}: not a readable flight-recorder dump: {err}") from None
-    except (AttributeError, IndexError, KeyError, OverflowError, TypeError) as err:  # malformed opcodes
-        raise ValueError(f"{path}: not a readable flight-recorder dump: {err!r}") from None
-    entries = data.get("entries") if isinstance(data, dict) else None
-    if not isinstance(entries, list):
-        raise ValueError(f"{path}: no 'entries' list in the flight-recorder dump")
-    numbered = [e for e in entries if isinstance(e, dict) and not e.get("is_p2p") and _seq(e) is not None]
-    if not numbered:
-        return Recorder(int(match["rank"]), None, None, None)
-    last = max(numbered, key=lambda e: _seq(e) or 0)
-    name, state = last.get("profiling_name"), last.get("state")
-    return Recorder(
-        int(match["rank"]), _seq(last), name if isinstance(name, str) else None,
-        state if isinstance(state, str) else None, _shapes(last.get("input_sizes")),
-    )
-
-
-def _seq(entry: dict[str, Any]) -> int | None:
-    seq = entry.get("collective_seq_id")
-    return seq if isinstance(seq, int) and not isinstance(seq, bool) else None
-
-
-def _shapes(sizes: Any) -> list[list[int]] | None:
-    """Input sizes as the recorder writes them (a list of shapes, each a list of ints), else None."""
-    if not isinstance(sizes, list) or not all(isinstance(s, list) for s in sizes):
-        return None
-    if not all(isinstance(d, int) and not isinstance(d, bool) for s in sizes for d in s):
-        return None
-    return sizes
 
 
 def _empty_backstop(path: Path) -> bool:
@@ -351,19 +328,23 @@ def hang_report(folder: Path) -> HangReport:
             dumps[dump.rank] = dump  # the watchdog's own dump wins over the backstop's
     crashes = {c.rank: c for c in read("rank*_crash.txt", parse_crash) if c is not None}
     raised = {r.rank: r for r in read("rank*_exception.txt", parse_exception) if r is not None}
-    if unread and not dumps and not crashes and not raised:
+    stopped = {s.rank: s for s in read("rank*_stopped.txt", parse_stopped) if s is not None}
+    ended = bool(dumps or crashes or raised or stopped)
+    if unread and not ended:
         raise ValueError(unread[0])
     # (Only beside a rank that ended otherwise: a run still going has every part "running" and its crash files armed.)
-    silent = silent_ranks(folder, set(dumps) | set(crashes) | set(raised)) if dumps or crashes or raised else {}
-    if not dumps and not crashes and not raised:
+    silent = silent_ranks(folder, set(dumps) | set(crashes) | set(raised) | set(stopped)) if ended else {}
+    if not ended:
         raise FileNotFoundError(f"{folder}: no hang_rank*_*.txt (was --hang-timeout on, and did a step stall?), no "
-                                "rank*_crash.txt with a stack (no rank died of a fatal signal) and no "
-                                "rank*_exception.txt (no rank ended by an uncaught exception)")
+                                "rank*_crash.txt with a stack (no rank died of a fatal signal), no "
+                                "rank*_exception.txt (no rank ended by an uncaught exception) and no rank*_stopped.txt "
+                                "(no rank stopped by a signal)")
+    unknown = bool(crashes) or _any_killed(silent)  # a rank died at a time nobody knows: no first is named
     if not dumps:
         lines = (_crash_lines(folder, crashes) if crashes else []) + (
-            _raised_lines(folder, raised, bool(crashes) or _any_killed(silent)) if raised else [])
+            _raised_lines(folder, raised, stopped, unknown) if raised or stopped else [])
         return HangReport(folder, {}, {}, None, [], lines + _silent_lines(folder, silent, bool(lines))
-                          + _unread_lines(unread), crashes, raised, silent)
+                          + _unread_lines(unread), crashes, raised, silent, stopped)
     recorders = {r.rank: r for r in read("flight_recorder_rank*.pkl", parse_recorder)}
     sizes = {int(d.header["world_size"]) for d in dumps.values() if d.header.get("world_size", "").isdigit()}
     world = max(sizes) if sizes else None
@@ -393,13 +374,13 @@ def hang_report(folder: Path) -> HangReport:
         dead = f": {missing}" if missing else ""
         lines.append("=> every rank dumped is inside a collective: look for a rank that called a different "
                      f"collective (or the same with other sizes), or one that died{dead}")
-    lines += _recorder_lines(recorders)
+    lines += recorder_lines(recorders)
     if crashes:
         lines += _crash_lines(folder, crashes)[1:]
-    if raised:
-        lines += _raised_lines(folder, raised, bool(crashes) or _any_killed(silent))[1:]
+    if raised or stopped:
+        lines += _raised_lines(folder, raised, stopped, unknown, header=False)
     lines += _silent_lines(folder, silent, True) + _unread_lines(unread)
-    return HangReport(folder, dumps, recorders, world, culprits, lines, crashes, raised, silent)
+    return HangReport(folder, dumps, recorders, world, culprits, lines, crashes, raised, silent, stopped)
 
 
 def _any_killed(silent: dict[int, str]) -> bool:
@@ -413,26 +394,59 @@ def _unread_lines(unread: list[str]) -> list[str]:
         if unread else []
 
 
-def _raised_lines(folder: Path, raised: dict[int, Raised], crashed: bool = False) -> list[str]:
-    """Which rank raised, what, where, in the order they did: the first is the cause, the others mostly its effect
-    (a peer that died fails their collectives). Named first only when the order holds: the ranks on one host (one
-    clock; hosts' clocks can differ by more than the gaps), and no rank that died of a signal (its time unknown)."""
-    lines = [f"exception report: {folder} ({len(raised)} rank(s) ended by an uncaught exception)"]
-    ordered = sorted(raised.values(), key=lambda r: (r.unix, r.rank))
-    for i, r in enumerate(ordered):
-        when = ("first, " if len(ordered) > 1 else "") if i == 0 else \
-            f"{r.unix - ordered[0].unix:.2f} s after rank {ordered[0].rank}, "
-        where = f" at {r.dump.user_frame}" if r.dump.main_stack else ""
-        lines.append(f"rank {r.rank} raised {r.exception}{where} ({when}{r.stamp}); its traceback: {r.path.name}")
-    if len(ordered) > 1 and not crashed:
-        if len({r.dump.host for r in ordered}) == 1:
-            lines.append(f"=> rank {ordered[0].rank} raised first: the others' exceptions followed it (a rank that "
-                         "dies fails its peers' collectives)")
+def _raised_lines(folder: Path, raised: dict[int, Raised], stopped: dict[int, Stopped], crashed: bool = False,
+                  header: bool = True) -> list[str]:
+    """Which rank raised, what, where, and which rank a signal stopped, when, in the order they did: the first is the
+    cause, the others mostly its effect (a rank that ends fails its peers' collectives; a launcher stops the other
+    ranks once one fails). Named first only when the order holds: the ranks on one host (one clock; hosts' clocks can
+    differ by more than the gaps), and no rank that died of a signal (its time unknown). With ``header``, a line naming
+    the report first (none where the hang report is above)."""
+    lines = [f"exception report: {folder} ({len(raised)} rank(s) ended by an uncaught exception)"] \
+        if raised and header else []
+    if stopped and header:
+        lines.append(f"stop report: {folder} ({len(stopped)} rank(s) stopped by a signal)")
+    events = sorted([*raised.values(), *stopped.values()], key=lambda e: (e.unix, e.rank))
+    first = events[0]
+
+    def when(e: Raised | Stopped) -> str:
+        if len(events) == 1:
+            return e.stamp
+        if e is first:
+            return f"first, {e.stamp}"
+        return f"{e.unix - first.unix:.2f} s after rank {first.rank} {_did(first)}, {e.stamp}"
+
+    for e in events:
+        where = f" at {e.dump.user_frame}" if e.dump.main_stack else ""
+        if isinstance(e, Raised):
+            lines.append(f"rank {e.rank} raised {e.exception}{where} ({when(e)}); its traceback: {e.path.name}")
         else:
-            lines.append(f"=> rank {ordered[0].rank} raised first by its host's clock; the ranks are on "
-                         f"{len({r.dump.host for r in ordered})} hosts, whose clocks can differ by more than these "
-                         "gaps: read the exceptions, the first cause is the one that is not a failed collective")
+            lines.append(f"rank {e.rank} was stopped by {e.signal}{where} ({when(e)}); every thread's stack then: "
+                         f"{e.path.name}")
+    if len(events) < 2 or crashed:
+        return lines
+    hosts = {e.dump.host for e in events}
+    if not raised:
+        span = events[-1].unix - first.unix
+        lines.append(f"=> no rank raised: {len(events)} ranks were stopped by a signal within {span:.2f} s"
+                     + ("" if len(hosts) == 1 else f" (by {len(hosts)} hosts' clocks)")
+                     + f", rank {first.rank} first: the whole job stopped (a scheduler, a user), or rank {first.rank} "
+                     "stopped alone and then the launcher stopping the rest")
+    elif len(hosts) > 1:
+        lines.append(f"=> rank {first.rank} {_did(first)} first by its host's clock; the ranks are on {len(hosts)} "
+                     "hosts, whose clocks can differ by more than these gaps: read the exceptions, the first cause is "
+                     "the one that is not a failed collective")
+    elif isinstance(first, Stopped):
+        lines.append(f"=> rank {first.rank} was stopped by {first.signal} first: the others' exceptions followed the "
+                     "stop (a rank that ends fails its peers' collectives); who sent the signal (a user, the "
+                     "scheduler, a launcher) is in their logs")
+    else:
+        lines.append(f"=> rank {first.rank} raised first: the others' exceptions followed it (a rank that dies fails "
+                     "its peers' collectives)" + (" and the launcher stopped the rest" if stopped else ""))
     return lines
+
+
+def _did(e: Raised | Stopped) -> str:
+    return "raised" if isinstance(e, Raised) else "was stopped"
 
 
 KILLED, KILLED_OR_RUNNING, STOPPED = "killed", "killed or running", "stopped"
@@ -534,24 +548,4 @@ def _crash_lines(folder: Path, crashes: dict[int, Crash]) -> list[str]:
         lines.append(f"rank {rank} died of {c.fatal} ({c.signal}) {where}; every thread's stack: {c.path.name}")
         if stack and stack[-1] is not c.dump.user_frame:
             lines.append(f"  innermost frame: {stack[-1]}")
-    return lines
-
-
-def _recorder_lines(recorders: dict[int, Recorder]) -> list[str]:
-    if not recorders:
-        return []
-    lines = ["flight recorder (last collective per rank):"]
-    for rank in sorted(recorders):
-        r = recorders[rank]
-        lines.append(f"  rank {rank}: #{r.seq} {r.name} ({r.state}), input sizes {r.sizes}")
-    seqs = {r.seq for r in recorders.values() if r.seq is not None}
-    if len(seqs) > 1:
-        top = max(seqs)
-        behind = sorted(rank for rank, r in recorders.items() if r.seq is not None and r.seq < top)
-        lines.append(f"  => rank(s) {behind} never reached collective #{top}: the others wait for them there")
-    else:
-        at_top = [r for r in recorders.values() if r.seq is not None]
-        if len({(r.name, str(r.sizes)) for r in at_top}) > 1:
-            lines.append("  => mismatched collectives at the same sequence number: "
-                         + "; ".join(f"rank {r.rank}: {r.name} {r.sizes}" for r in at_top))
     return lines

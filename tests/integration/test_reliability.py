@@ -21,6 +21,7 @@ import pytest
 
 from hf_distprof import dist
 from hf_distprof.analysis.read.manifest import load_manifest, missing_files
+from hf_distprof.runs.hang_report import hang_report
 
 from .. import reliability
 from ..conftest import REPO_ROOT
@@ -122,6 +123,27 @@ def test_sigterm_to_torchrun_mid_window_flushes_both_ranks_without_a_false_alarm
         assert alarm not in proc.stderr + proc.stdout
         assert alarm not in "".join((run_dir / f"rank{r}.log").read_text() for r in (0, 1))
     assert failure_warnings(proc, run_dir) == []  # from no callback: a stop is not a failure
+    # Each rank left when and where the signal found it; no rank raised.
+    report = hang_report(run_dir)
+    assert sorted(report.stopped) == [0, 1] and {s.signal for s in report.stopped.values()} == {"SIGTERM"}
+    assert report.lines[-1].startswith("=> no rank raised: 2 ranks were stopped by a signal within ")
+
+
+def test_a_rank_stopped_alone_is_named_before_what_followed_on_its_peer(tmp_path):
+    # A user's `kill` of rank 1 (SIGTERM) when step 5 ends, no window open: rank 0's next collective fails ("Connection
+    # closed by peer"), or torchrun, seeing rank 1 end, stops it first. Either way rank 1's stop came first.
+    proc = torchrun(tmp_path, "--max-steps", "40", "--profiler-wait-steps", "30",
+                    env={"TINY_FAULT": "1:5:term", "TINY_STEP_S": "0.05"})
+    run_dir = tmp_path / "P" / "run"
+    assert proc.returncode != 0
+    report = hang_report(run_dir)
+    assert report.stopped[1].signal == "SIGTERM" and report.silent == {}, report.text
+    stop = next(line for line in report.lines if line.startswith("rank 1 was stopped by SIGTERM"))
+    assert f"at {TINY}:" in stop and " in on_step_end: " in stop and "(first, " in stop, report.text
+    verdict = [line for line in report.lines if line.startswith("=>")]
+    assert verdict[0].startswith(("=> rank 1 was stopped by SIGTERM first: the others' exceptions followed the stop",
+                                  "=> no rank raised: 2 ranks were stopped by a signal within ")), report.text
+    assert "rank 1 first" in verdict[0] or "rank 1 was stopped by SIGTERM first" in verdict[0]
 
 
 def test_sigterm_during_an_export_waits_for_the_trace_on_both_ranks(tmp_path):
@@ -170,8 +192,6 @@ def test_a_dead_or_crashed_rank_costs_no_file_already_written(tmp_path, how):
         assert whole(run_dir / trace(1, 7, 7))
         assert (run_dir / "rank1_exception.txt").read_text().endswith(
             "RuntimeError: simulated crash after step 7\n")
-        from hf_distprof.runs.hang_report import hang_report
-
         assert hang_report(run_dir).lines[1].startswith("rank 1 raised RuntimeError: simulated crash after step 7 at ")
     # The survivor flushed its cut second window too.
     survivor = sorted(p.name for p in run_dir.glob("rank0_*.pt.trace.json.gz"))

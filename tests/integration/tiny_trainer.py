@@ -3,9 +3,10 @@
 Flags: hf_distprof's and the Trainer's (``--max-steps``, ``--save-steps``, ``--resume-from-checkpoint`` ...).
 Faults, from the environment (test-only):
 
-- ``TINY_FAULT="<rank>:<step>:<kill|raise|term-launcher>"``: when that optimizer step ends, the rank SIGKILLs
-  itself, raises, or sends SIGTERM to its launcher (torchrun, which forwards it to every rank, as a scheduler's
-  stop does); ``<step>`` = ``export`` sends the SIGTERM from inside the rank's first trace export instead.
+- ``TINY_FAULT="<rank>:<step>:<kill|raise|term|term-launcher>"``: when that optimizer step ends, the rank
+  SIGKILLs itself, raises, sends itself SIGTERM (a user's ``kill`` of one rank), or sends SIGTERM to its launcher
+  (torchrun, which forwards it to every rank, as a scheduler's stop does); ``<step>`` = ``export`` sends the SIGTERM
+  from inside the rank's first trace export instead.
 - ``TINY_STEP_S``: seconds each step sleeps (so a run lasts long enough to be interrupted).
 - ``TINY_STALL="<rank|all>:<step|*>:<seconds>[,...]"``: at the start of that optimizer step (``*``: of every step)
   the rank sleeps that long, inside the step (a slow step for ``--profile-on-anomaly``).
@@ -67,8 +68,9 @@ class FaultCallback(TrainerCallback):  # type: ignore[misc]
         time.sleep(self.step_s)
         if state.global_step != self.step:
             return
-        if self.how == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
+        if self.how in ("kill", "term"):
+            os.kill(os.getpid(), signal.SIGKILL if self.how == "kill" else signal.SIGTERM)
+            time.sleep(30)  # (SIGTERM: its handler runs between this sleep's bytecodes, then the default action)
         elif self.how == "term-launcher":
             os.kill(os.getppid(), signal.SIGTERM)
         else:

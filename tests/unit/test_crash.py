@@ -5,6 +5,7 @@ parsed (the thread that got the signal, a native thread, an empty file, a file t
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from hf_distprof import crash
-from hf_distprof.runs.hang_report import hang_report, parse_crash, parse_exception
+from hf_distprof.runs.hang_report import hang_report, parse_crash, parse_exception, parse_stopped
 
 SEGV = """Fatal Python error: Segmentation fault
 
@@ -174,7 +175,8 @@ def test_an_uncaught_exception_leaves_its_traceback_and_the_report_names_the_ran
     assert lines[1].startswith(f"rank 1 raised RuntimeError: boom in step 5 at {script}:7 in collate: raise "
                                "RuntimeError(\"boom in step 5\") (first, ")
     assert lines[2].startswith("rank 0 raised RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by "
-                               "peer at /home/me/train.py:30 in <module>: trainer.train() (0.25 s after rank 1, ")
+                               "peer at /home/me/train.py:30 in <module>: trainer.train() (0.25 s after rank 1 "
+                               "raised, ")
     assert lines[3] == ("=> rank 1 raised first: the others' exceptions followed it (a rank that dies fails its "
                         "peers' collectives)")
     # On two hosts the order is each host's clock: said so.
@@ -297,3 +299,109 @@ def test_ranks_the_launcher_stopped_after_one_raised_leave_that_one_named_first(
     report = hang_report(tmp_path)
     assert report.silent == {0: "stopped", 1: "stopped", 3: "stopped"}
     assert not any("look at" in line for line in report.lines)
+
+
+STOPS = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    from pathlib import Path
+    from hf_distprof import crash
+    from hf_distprof.core import signals
+
+    crash.record_crashes(Path(sys.argv[1]), 1)
+    signals.at_default_death(lambda: None, guard=True)  # a callback's rows to write (the step timer's): the stand-in
+
+    def train_step():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)
+
+    train_step()
+    """
+)
+
+
+def test_a_rank_stopped_by_sigterm_leaves_when_and_where_and_is_named_before_the_exceptions_that_followed(
+        tmp_path: Path) -> None:
+    # Left alone last session: a rank stopped by a user's SIGTERM, whose peer then raised "Connection closed", was
+    # listed as "stopped" and the peer's exception named first; nothing recorded when a rank was stopped.
+    script = tmp_path / "train.py"
+    script.write_text(STOPS)
+    env = {**os.environ, "PYTHONPATH": str(Path(crash.__file__).parents[1])}
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, env=env,
+                          timeout=60)
+    assert proc.returncode == -15, proc.stderr[-2000:]  # SIGTERM's default action, as without hf_distprof
+    assert not (tmp_path / "rank1_crash.txt").exists()  # stopped, not crashed
+    stopped = parse_stopped(tmp_path / "rank1_stopped.txt")
+    assert stopped is not None and (stopped.rank, stopped.signal) == (1, "SIGTERM")
+    # Where the signal found the rank, not the handler that wrote the file.
+    assert (stopped.dump.user_frame.file, stopped.dump.user_frame.func) == (str(script), "train_step")
+    assert all("hf_distprof/crash.py" not in f.file and "core/signals.py" not in f.file
+               for f in stopped.dump.main_stack)
+    host = stopped.dump.host
+
+    def rank0_raised(after: float) -> None:
+        (tmp_path / "rank0_exception.txt").write_text(
+            f"hf_distprof: rank 0 on host {host} ended by an uncaught exception at 2026-11-30T02:00:00.000000 (unix "
+            f"{stopped.unix + after:.6f})\nTraceback (most recent call last):\n  File \"/home/me/train.py\", line 30, "
+            "in <module>\n    trainer.train()\nRuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by "
+            "peer\n")
+
+    rank0_raised(0.25)
+    report = hang_report(tmp_path)
+    assert sorted(report.stopped) == [1] and report.silent == {}
+    assert report.lines[:2] == [f"exception report: {tmp_path} (1 rank(s) ended by an uncaught exception)",
+                                f"stop report: {tmp_path} (1 rank(s) stopped by a signal)"]
+    assert report.lines[2] == (f"rank 1 was stopped by SIGTERM at {script}:11 in train_step: os.kill(os.getpid(), "
+                               f"signal.SIGTERM) (first, {stopped.stamp}); every thread's stack then: "
+                               "rank1_stopped.txt")
+    assert report.lines[3].startswith("rank 0 raised RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection "
+                                      "closed by peer at /home/me/train.py:30 in <module>: trainer.train() (0.25 s "
+                                      "after rank 1 was stopped, ")
+    assert report.lines[4] == ("=> rank 1 was stopped by SIGTERM first: the others' exceptions followed the stop (a "
+                               "rank that ends fails its peers' collectives); who sent the signal (a user, the "
+                               "scheduler, a launcher) is in their logs")
+    # The launcher's stop after a rank raised: the exception stays first.
+    rank0_raised(-0.8)
+    lines = hang_report(tmp_path).lines
+    assert lines[2].startswith("rank 0 raised RuntimeError") and "(first, " in lines[2]
+    assert "(0.80 s after rank 0 raised, " in lines[3]
+    assert lines[4] == ("=> rank 0 raised first: the others' exceptions followed it (a rank that dies fails its peers' "
+                        "collectives) and the launcher stopped the rest")
+    # Every rank stopped within a moment, none raised: the job was stopped.
+    (tmp_path / "rank0_exception.txt").unlink()
+    text = (tmp_path / "rank1_stopped.txt").read_text()
+    (tmp_path / "rank0_stopped.txt").write_text(text.replace("rank 1 on", "rank 0 on", 1).replace(
+        f"(unix {stopped.unix:.6f})", f"(unix {stopped.unix + 0.05:.6f})", 1))
+    lines = hang_report(tmp_path).lines
+    assert lines[0] == f"stop report: {tmp_path} (2 rank(s) stopped by a signal)"
+    assert lines[-1] == ("=> no rank raised: 2 ranks were stopped by a signal within 0.05 s, rank 1 first: the whole "
+                         "job stopped (a scheduler, a user), or rank 1 stopped alone and then the launcher stopping "
+                         "the rest")
+
+
+def test_only_a_signal_leaves_a_stop_file(tmp_path: Path, handler) -> None:  # type: ignore[no-untyped-def]
+    from hf_distprof.core import signals
+
+    crash.record_crashes(tmp_path, 2)
+    seen = []
+
+    def note() -> None:
+        seen.append(signals.stopping_signal())
+
+    signals.at_default_death(note)
+    try:
+        signals.before_default_death()  # --hang-abort's exit: its hang dump says why
+        assert seen == [None] and not (tmp_path / "rank2_stopped.txt").exists()
+        assert not (tmp_path / "rank2_crash.txt").exists()  # tidied all the same
+        crash.record_crashes(tmp_path, 2)
+        signals.before_default_death(signal.SIGINT)
+        assert seen == [None, signal.SIGINT] and signals.stopping_signal() is None
+        assert (tmp_path / "rank2_stopped.txt").read_text().startswith("hf_distprof: rank 2 on host ")
+        assert " stopped by SIGINT at " in (tmp_path / "rank2_stopped.txt").read_text()
+    finally:
+        signals.forget_at_default_death(note)
+        signals.forget_at_default_death(crash._stopped)
+        crash.finish()
+    with pytest.raises(ValueError, match="rank3_stopped.txt: no 'hf_distprof: rank R ... stopped by SIGNAL at"):
+        (tmp_path / "rank3_stopped.txt").write_text("hello\n")
+        parse_stopped(tmp_path / "rank3_stopped.txt")

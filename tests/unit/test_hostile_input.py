@@ -288,6 +288,6 @@ def test_no_module_loads_a_pickle_or_torch_file_except_the_plain_data_unpickler(
     sources = {p: p.read_text(encoding="utf-8") for p in (REPO_ROOT / "hf_distprof").rglob("*.py")}
     loaders = ("pickle.load(", "pickle.loads(", "torch.load(", "Unpickler(", "yaml.load(", "yaml.unsafe_load(")
     users = sorted(str(p.relative_to(REPO_ROOT)) for p, text in sources.items() if any(s in text for s in loaders))
-    assert users == ["hf_distprof/runs/hang_report.py"]
-    text = sources[REPO_ROOT / "hf_distprof" / "runs" / "hang_report.py"]
+    assert users == ["hf_distprof/runs/flight_recorder.py"]
+    text = sources[REPO_ROOT / "hf_distprof" / "runs" / "flight_recorder.py"]
     assert "pickle.load(" not in text and "pickle.loads(" not in text and "_PlainUnpickler(" in text

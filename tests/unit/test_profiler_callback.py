@@ -303,11 +303,13 @@ def test_sigterm_or_exception_mid_window_flushes_the_trace(tmp_path, how):
     else:
         assert proc.returncode == 1 and "boom in step 5" in proc.stderr
     run_dir = tmp_path / "out" / "run"
-    # The compact summary too: the signal's handler waits for its thread. The exception leaves its traceback.
-    assert files(run_dir) == [PARALLELISM, *(["rank0_exception.txt"] if how == "exception" else []),
-                              f"rank0_{HOST}_step3-4.pt.trace.json.gz",
-                              f"rank0_{HOST}_step3-4.pt.trace.json.gz.compact.msgpack",
-                              f"rank0_{HOST}_step3-4_summary.txt"]
+    # The compact summary too: the signal's handler waits for its thread. The exception leaves its traceback, the
+    # signal when and where it stopped the rank.
+    assert files(run_dir) == sorted([PARALLELISM, *(["rank0_exception.txt"] if how == "exception" else []),
+                                     *(["rank0_stopped.txt"] if how == "sigterm" else []),
+                                     f"rank0_{HOST}_step3-4.pt.trace.json.gz",
+                                     f"rank0_{HOST}_step3-4.pt.trace.json.gz.compact.msgpack",
+                                     f"rank0_{HOST}_step3-4_summary.txt"])
     assert profiler_steps(run_dir / f"rank0_{HOST}_step3-4.pt.trace.json.gz")[:2] == ["ProfilerStep#3",
                                                                                       "ProfilerStep#4"]
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from hf_distprof import dist
+from hf_distprof.runs.hang_report import parse_stopped
 
 from .. import reliability
 from ..conftest import REPO_ROOT
@@ -168,7 +169,12 @@ def test_a_signal_at_any_moment_leaves_whole_traces_and_the_signals_status(outco
     assert survived, output[-3000:]
     assert "survived the signal" not in output
     # The run manifest: this rank's part only (rank 0 combines the parts at train end, which never came).
-    assert names == sorted(["parallelism.json", "rank0.log", f"manifest_rank0_{HOST}.json", *expected])
+    # SIGTERM's default action ends the rank: when and where, in its stop file (SIGINT raises KeyboardInterrupt).
+    stop = ["rank0_stopped.txt"] if signame == "SIGTERM" else []
+    assert names == sorted(["parallelism.json", "rank0.log", f"manifest_rank0_{HOST}.json", *expected, *stop])
+    if stop:
+        stopped = parse_stopped(run_dir / stop[0])
+        assert stopped is not None and stopped.signal == "SIGTERM" and stopped.dump.main_stack
     assert temp_left == []
     for false_alarm in ("could not write", "already saved", "stopping the profiler failed", "Traceback"):
         assert false_alarm not in output

@@ -450,7 +450,7 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         else:
             # Default disposition: end with the signal's status, as if we had never been here. Stopped, not crashed:
             # the empty crash file goes (no atexit handler runs on the default action).
-            signals.before_default_death()
+            signals.before_default_death(signum)
             signal.signal(signum, signal.SIG_DFL)
             signal.raise_signal(signum)
 
