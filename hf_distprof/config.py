@@ -185,7 +185,8 @@ class ProfilingArguments:
             "For one optimizer step (the first after the first memory window), attribute memory to modules "
             "with torch's MemTracker (FSDP2: FSDPMemTracker): parameters, gradients, optimizer state, "
             "activations per module and the step's peak by category (temporaries; FSDP: all-gather buffers); "
-            "writes rank{R}_memory_modules.txt and .json. Slows that one step several times."
+            "writes rank{R}_memory_modules.txt and .json. Slows that one step several times (marked profiler_busy "
+            "in timing_rank{R}.jsonl: left out of the verdicts)."
         ),
     )
     memory_tracker_depth: PositiveInt = field(

@@ -32,10 +32,12 @@ def build_callbacks(args: ProfilingArguments) -> list[TrainerCallback]:
         from hf_distprof.callbacks.memory.logger import MemoryLoggerCallback
 
         callbacks.append(MemoryLoggerCallback(args))
+    views = None
     if args.memory_views_enabled:
         from hf_distprof.callbacks.memory.views import MemoryViewsCallback
 
-        callbacks.append(MemoryViewsCallback(args))
+        views = MemoryViewsCallback(args)
+        callbacks.append(views)
     if args.enable_step_timing:
         from hf_distprof.callbacks.step_timer import StepTimerCallback
 
@@ -43,6 +45,8 @@ def build_callbacks(args: ProfilingArguments) -> list[TrainerCallback]:
         callbacks.append(step_timer)
         if profiler is not None:
             profiler.step_timer = step_timer  # --profile-ranks auto chooses ranks by their step times
+        if views is not None:
+            step_timer.memory_busy = views.tracking  # --memory-tracker's step, slowed several times: not judged
     if args.hang_timeout > 0:
         from hf_distprof.callbacks.hang import HangWatchdogCallback
 

@@ -111,6 +111,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         # Whether the profiler is still busy with a written trace (its compact summary, on a thread that takes the
         # GIL); set by ProfilerCallback. Steps it overlaps are the profiler's, like the traced ones: left out.
         self.profiler_busy: Callable[[], bool] | None = None
+        self.memory_busy: Callable[[], bool] | None = None  # --memory-tracker's step (set by build_callbacks)
         self.before_fetch: Callable[[], None] | None = None  # before the loader's next(): the profiler ends a pause
         self._busy_at_begin = False
         self._busy_steps: set[int] = set()
@@ -227,7 +228,7 @@ class StepTimerCallback(TrainerCallback):  # type: ignore[misc]
         if self._recorder is not None:
             self._labels.exit()
             self._recorder.step_begin()
-            self._busy_at_begin = self.profiler_busy is not None and bool(self.profiler_busy())
+            self._busy_at_begin = any(bool(b()) for b in (self.profiler_busy, self.memory_busy) if b is not None)
 
     def on_substep_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
         if self._recorder is not None:

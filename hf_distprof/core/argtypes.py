@@ -33,13 +33,13 @@ else:
         """An ``int`` that is >= 0; its constructor is the argparse ``type`` of counting flags."""
 
         def __new__(cls, value: Any) -> NonNegativeInt:
-            return super().__new__(cls, _in_range(_parse_int(value), value, low=0))
+            return super().__new__(cls, _valid(int, value, low=0))
 
     class PositiveInt(int):
         """An ``int`` that is >= 1."""
 
         def __new__(cls, value: Any) -> PositiveInt:
-            return super().__new__(cls, _in_range(_parse_int(value), value, low=1))
+            return super().__new__(cls, _valid(int, value, low=1))
 
     class RankList(str):
         """``all``, ``auto``, or a comma-separated list of distinct ranks >= 0 such as ``0,3``."""
@@ -70,24 +70,36 @@ else:
         """A finite ``float`` that is >= 0 (thresholds in percent)."""
 
         def __new__(cls, value: Any) -> NonNegativeFloat:
-            return super().__new__(cls, _in_range(_parse_float(value), value, low=0))
+            return super().__new__(cls, _valid(float, value, low=0))
 
     class PositiveFloat(float):
         """A finite ``float`` that is > 0."""
 
         def __new__(cls, value: Any) -> PositiveFloat:
-            return super().__new__(cls, _in_range(_parse_float(value), value, low=0, above=True))
+            return super().__new__(cls, _valid(float, value, low=0, above=True))
 
     class AboveOneFloat(float):
         """A finite ``float`` that is > 1 (a factor over a normal value)."""
 
         def __new__(cls, value: Any) -> AboveOneFloat:
-            return super().__new__(cls, _in_range(_parse_float(value), value, low=1, above=True))
+            return super().__new__(cls, _valid(float, value, low=1, above=True))
 
 
 # The validated classes: a dataclass field of one of these types is checked when the dataclass is built.
 VALIDATED: tuple[type, ...] = (NonNegativeInt, PositiveInt, RankList, RunName, NonNegativeFloat, PositiveFloat,
                                AboveOneFloat)
+
+
+def _valid(kind: type, value: Any, low: float, above: bool = False) -> Any:
+    """``value`` parsed as ``kind`` and checked against the range; a value that is no number (or no finite one) is
+    told the range too: ``must be an integer >= 0, got 'x'``, ``must be a finite number > 0, got 'nan'``."""
+    try:
+        parsed = _parse_int(value) if kind is int else _parse_float(value)
+    except argparse.ArgumentTypeError as exc:
+        finite = "finite" in str(exc)
+        raise argparse.ArgumentTypeError(f"{_range_text(kind, low, None, above, finite=finite)}, got {value!r}") \
+            from None
+    return _in_range(parsed, value, low=low, above=above)
 
 
 def _parse_int(value: Any) -> int:
@@ -113,9 +125,11 @@ def _parse_float(value: Any) -> float:
     return number
 
 
-def _range_text(kind: type, low: float | None, high: float | None, above: bool, why: str = "") -> str:
-    """``must be an integer >= 1``, ``must be a number > 0``, ``must be an integer from 0 to 10000``."""
-    what = "an integer" if issubclass(kind, int) else "a number"
+def _range_text(kind: type, low: float | None, high: float | None, above: bool, why: str = "",
+                finite: bool = False) -> str:
+    """``must be an integer >= 1``, ``must be a number > 0``, ``must be an integer from 0 to 10000`` (``must be a
+    finite number > 0`` with ``finite``)."""
+    what = "an integer" if issubclass(kind, int) else ("a finite number" if finite else "a number")
     if low is not None and high is not None:
         bound = f" from {low:g} to {high:g}"
     elif low is not None:

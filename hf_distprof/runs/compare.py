@@ -84,6 +84,11 @@ TRACE_METRICS: tuple[Metric, ...] = (
 OWN_WORK: tuple[tuple[str, str | None], ...] = (
     ("data_load_s", "data_s"), ("forward_s", None), ("backward_compute_s", "backward_s"), ("optimizer_s", None),
 )
+PEER_METRICS = ("wait_s", "sync_s", "comm_pct", "imbalance_pct")
+"""Figures about the other ranks (waiting for them, syncing with them, how far the slowest is ahead): in a run of one
+process they are no such thing (its "wait" is the rest of the step, the Trainer's own), so they are not compared."""
+ONE_PROCESS = "one process"
+"""The status of a :data:`PEER_METRICS` row where a run had one process: shown, never judged."""
 LOCALIZED_SHARE = 0.5
 """A change is localized on a rank when the other ranks' change of that phase is below this share of it."""
 
@@ -228,6 +233,7 @@ def compare_runs(a: RunData, b: RunData, min_effect_pct: float = MIN_EFFECT_PCT)
         notes.append(f"run A has ranks {a.ranks}, run B {b.ranks}: per-rank rows are for ranks {ranks} only")
     step_a = _median_step(a)
     rows: list[Row] = []
+    alone = [name for name, run in (("A", a), ("B", b)) if _one_process(run)]
 
     def add(metric: Metric, rank: int | None, xs: list[float], ys: list[float]) -> None:
         if not xs and not ys:
@@ -236,6 +242,10 @@ def compare_runs(a: RunData, b: RunData, min_effect_pct: float = MIN_EFFECT_PCT)
             xs, ys, points=metric.unit == "%", step_s=step_a if metric.unit == "s" and metric.key != "step_s" else None,
             min_effect_pct=min_effect_pct,
         )
+        if alone and metric.key in PEER_METRICS:
+            runs = " and ".join(f"run {n}" for n in alone)
+            diff = dataclasses.replace(diff, status=ONE_PROCESS, reason=f"{runs} had one process: no other rank to "
+                                       "wait for or sync with (its figure is the rest of the step)")
         rows.append(Row(metric.key, metric.label, metric.phase, metric.unit, rank, diff))
 
     series_a, series_b = run_series(a), run_series(b)
@@ -272,6 +282,12 @@ def compare_runs(a: RunData, b: RunData, min_effect_pct: float = MIN_EFFECT_PCT)
                       headline(rows, ranks, min_effect_pct), notes, min_effect_pct)
 
 
+def _one_process(run: RunData) -> bool:
+    """Whether the run had one process (no peers): one rank's records, and its summary, if any, says a world of 1."""
+    world = (run.summary or {}).get("world_size")
+    return len(run.ranks) == 1 and (not isinstance(world, int) or world == 1)
+
+
 def _own_work_rows(rows: list[Row], ranks: list[int]) -> list[Row]:
     """Per rank, the own-work phases that were measured (the fallback key where the first is missing)."""
     by_key = {(r.metric, r.rank): r for r in rows}
@@ -287,6 +303,13 @@ def _alike_on_every_rank(rows: list[Row], row: Row, ranks: list[int]) -> bool:
     same = [r for r in rows if r.metric == row.metric and r.rank is not None and r.diff.significant
             and r.diff.delta is not None and (r.diff.delta > 0) == ((row.diff.delta or 0.0) > 0)]
     return len(ranks) > 1 and {r.rank for r in same} >= set(ranks)
+
+
+def _num(value: float | None, unit: str, sign: str = "") -> str:
+    """A figure as the table shows it: seconds to 0.1 ms, the rest to 4 significant digits."""
+    if value is None:
+        return "n/a"
+    return f"{value:{sign}.4f}" if unit == "s" else f"{value:{sign}.4g}"
 
 
 def _fmt_delta(row: Row) -> str:
@@ -360,12 +383,14 @@ def headline(rows: list[Row], ranks: list[int], min_effect_pct: float = MIN_EFFE
             top = next((r for r in others if r.metric == top.metric and r.rank is None), top)
             who = "every rank alike"
             return Headline("other", None, top.phase, top.metric,
-                            f"{who}: {top.label} {top.diff.median_a:.4g} -> {top.diff.median_b:.4g} {top.unit} "
-                            f"({top.diff.delta:+.4g}{'' if top.rank is None else f' on rank {top.rank}'}); "
-                            "no rank's own work changed beyond the noise")
+                            f"{who}: {top.label} {_num(top.diff.median_a, top.unit)} -> "
+                            f"{_num(top.diff.median_b, top.unit)} {top.unit} ({_num(top.diff.delta, top.unit, '+')}"
+                            f"{'' if top.rank is None else f' on rank {top.rank}'}); no rank's own work changed beyond "
+                            "the noise")
         return Headline("other", top.rank, top.phase, top.metric,
-                        f"{who}, {top.label}: {top.diff.median_a:.4g} -> {top.diff.median_b:.4g} {top.unit} "
-                        f"({top.diff.delta:+.4g}); no rank's own work changed beyond the noise")
+                        f"{who}, {top.label}: {_num(top.diff.median_a, top.unit)} -> "
+                        f"{_num(top.diff.median_b, top.unit)} {top.unit} ({_num(top.diff.delta, top.unit, '+')}); no "
+                        "rank's own work changed beyond the noise")
     step = next((r for r in rows if r.metric == "step_s" and r.rank is None), None)
     if step is None:  # no step compared (all warm-up or profiled): not "within the noise"
         return Headline("too_few_steps", None, None, None, "nothing can be judged: no step of the step timer compared "

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from hf_distprof.core import names
-from hf_distprof.runs.compare import Comparison, Row
+from hf_distprof.runs.compare import ONE_PROCESS, Comparison, Row
 from hf_distprof.core.difference import MIN_EFFECT_POINTS, ONE_VALUE, PROFILED
 from hf_distprof.core.stats import ALPHA
 from hf_distprof.core.verdicts import MATERIAL_PCT
@@ -25,7 +25,8 @@ PLOT_PHASES: tuple[tuple[str, str], ...] = (
     ("wait_s", "wait"),
     ("step_s", "step"),
 )
-_STATUS = {"significant": "YES", "not significant": "no", "too few steps": "few steps", "one value": "-"}
+_STATUS = {"significant": "YES", "not significant": "no", "too few steps": "few steps", "one value": "-",
+           ONE_PROCESS: "-"}
 
 
 def _value(value: float | None, unit: str) -> str:
@@ -179,7 +180,7 @@ def write_compare_report(comparison: Comparison, out_dir: str | os.PathLike[str]
 
 def _count(c: Comparison) -> str:
     """"2 significant difference(s) of 53 compared (13 more shown, not judged)": the rows judged, not every row shown
-    (a peak, the profiled steps' figures are shown with their delta and never judged)."""
-    shown = sum(1 for r in c.rows if r.diff.status in (ONE_VALUE, PROFILED))
+    (a peak, the profiled steps' figures, a one-process run's waits are shown with their delta and never judged)."""
+    shown = sum(1 for r in c.rows if r.diff.status in (ONE_VALUE, PROFILED, ONE_PROCESS))
     more = f" ({shown} more shown, not judged)" if shown else ""
     return f"{len(c.significant)} significant difference(s) of {len(c.rows) - shown} compared{more}"

@@ -400,10 +400,13 @@ def format_table(report: CrossRankReport, comm: dict[str, Any] | None = None, ti
     Returns:
         Multi-line text.
     """
-    cols = ("data", "load", "forward", "backward", "(compute)", "optim", "step", "pre-sync", "wait")
+    alone = len(report.ranks) == 1  # one process: its "wait" is the rest of the step, no rank to wait for
+    cols = ("data", "load", "forward", "backward", "(compute)", "optim", "step", "pre-sync",
+            "rest" if alone else "wait")
     keys = PHASE_KEYS
     lines = [title] if title else []
-    lines.append("seconds per optimizer step (means); pre-sync = load + forward + backward compute")
+    lines.append("seconds per optimizer step (means); pre-sync = load + forward + backward compute"
+                 + ("; rest = step - pre-sync - optim" if alone else ""))
     lines.append("rank " + "".join(c.rjust(10) for c in cols) + "  samples/s   tokens/s   peak mem")
     for r in report.ranks:
         row = f"{r.rank:<5}" + "".join(_cell(getattr(r, k), 10) for k in keys)

@@ -30,11 +30,11 @@ from . import training_script
 
 # type -> (invalid values, words the error must hold)
 INVALID: dict[object, tuple[tuple[str, ...], str]] = {
-    NonNegativeInt: (("-1", "1.5", "many", ""), "must be an integer"),
-    PositiveInt: (("0", "-3", "2.5", "x"), "must be an integer"),
-    NonNegativeFloat: (("-0.5", "nan", "inf", "abc"), "must be a"),
-    PositiveFloat: (("0", "-1", "nan", "fast"), "must be a"),
-    AboveOneFloat: (("1", "0.5", "-inf", "x"), "must be a"),
+    NonNegativeInt: (("-1", "1.5", "many", ""), "must be an integer >= 0"),
+    PositiveInt: (("0", "-3", "2.5", "x"), "must be an integer >= 1"),
+    NonNegativeFloat: (("-0.5", "nan", "inf", "abc"), "number >= 0"),  # ("a finite number" for nan and inf)
+    PositiveFloat: (("0", "-1", "nan", "fast"), "number > 0"),
+    AboveOneFloat: (("1", "0.5", "-inf", "x"), "number > 1"),
     RankList: (("x", "-1", "0,,1", "1;2"), "must be 'all', 'auto' or a comma-separated list"),
     # (A path made the run folder somewhere else, or none: profiling silently lost.)
     RunName: (("a/b", "../escape", "/tmp/abs", ".."), "must be a folder name without '/'"),

@@ -300,3 +300,21 @@ def test_a_real_out_of_memory_error_dumps_a_snapshot_and_still_raises(tmp_path):
     assert "segments" in snapshot
     assert (cb.run_dir / f"rank0_{host}_step3-4_memory_snapshot.pickle").exists()
     cb.close(5)
+
+
+def test_the_tracker_s_step_is_marked_for_the_step_timer_and_left_out_of_its_verdicts(tmp_path):
+    # Trial T: --memory-tracker's step took 44 ms against ~10 ms and was an ordinary step in timing_rank0.jsonl
+    # (traced false, profiler_busy false): in the step timer's means and verdicts, and in compare's samples.
+    from hf_distprof.callbacks.step_timer import StepTimerCallback
+
+    args = _args(tmp_path, memory_tracker=True, enable_step_timing=True, profiler_wait_steps=1,
+                 profiler_warmup_steps=0, profiler_active_steps=1, track_activation_memory=True)
+    callbacks = [cb for cb in build_callbacks(args) if isinstance(cb, (MemoryViewsCallback, StepTimerCallback))]
+    views, timer = callbacks
+    assert timer.memory_busy == views.tracking
+    fake_trainer.run(callbacks, 5, tmp_path)
+    modules = json.loads((views.run_dir / "rank0_memory_modules.json").read_text())
+    rows = [json.loads(line) for line in (timer.run_dir / "timing_rank0.jsonl").read_text().splitlines()]
+    assert modules["step"] == 3  # the first step after the window (step 2)
+    assert [r["step"] for r in rows if r["profiler_busy"]] == [3]
+    assert not views.tracking()

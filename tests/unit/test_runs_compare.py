@@ -275,12 +275,12 @@ def test_a_slower_sync_on_every_rank_is_named_outside_the_ranks_own_work(tmp_pat
     # It moved on every rank alike: no rank is named.
     assert (c.headline.kind, c.headline.rank, c.headline.phase, c.headline.metric) == ("other", None, "sync",
                                                                                         "sync_s")
-    assert c.headline.text == ("every rank alike: gradient sync (backward - compute) 0.05 -> 0.15 s (+0.1 on rank 0); "
+    assert c.headline.text == ("every rank alike: gradient sync (backward - compute) 0.0500 -> 0.1500 s (+0.1000 on rank 0); "
                                "no rank's own work changed beyond the noise")
     # On one rank only, that rank is named.
     one = compare_runs(load_run(clean_run(tmp_path / "c")), load_run(clean_run(tmp_path / "d", bwd_rank1=0.1)))
     assert (one.headline.kind, one.headline.rank, one.headline.metric) == ("other", 1, "sync_s")
-    assert one.headline.text.startswith("rank 1, gradient sync (backward - compute): 0.05 -> 0.15 s (+0.1)")
+    assert one.headline.text.startswith("rank 1, gradient sync (backward - compute): 0.0500 -> 0.1500 s (+0.1000)")
 
 
 def test_throughput_up_on_every_rank_with_no_own_work_changed_names_no_rank(tmp_path):
@@ -431,3 +431,27 @@ def test_a_warmup_past_the_run_s_end_is_an_error_not_no_difference(tmp_path, cap
     empty = compare_runs(load_run(a, warmup_steps=8), load_run(b, warmup_steps=8))
     assert (empty.steps_a, empty.headline.kind) == (0, "too_few_steps")
     assert empty.headline.text.startswith("nothing can be judged: no step of the step timer compared")
+
+
+def test_a_one_process_run_s_waits_and_sync_are_shown_never_judged_nor_called_waiting_for_peers(tmp_path, capsys):
+    # Trial T: `compare nproc1 nproc2` said run A (one process) spent 0.0009 s "waiting for other ranks" and in a
+    # "gradient sync", both "YES" significant: with one process those are the rest of the step, not peers.
+    one = clean_run(tmp_path / "a", ranks=1)
+    two = clean_run(tmp_path / "b", ranks=2, bwd=0.03, data=0.02)  # a real sync, and a longer data wait
+    c = compare_runs(load_run(one), load_run(two))
+    rows = rows_by(c)
+    why = "run A had one process: no other rank to wait for or sync with (its figure is the rest of the step)"
+    for key in (("wait_s", 0), ("sync_s", 0), ("comm_pct", None)):
+        assert (rows[key].diff.status, rows[key].diff.reason) == ("one process", why), key
+    assert rows[("sync_s", 0)].diff.median_b == pytest.approx(0.08)  # shown, with its delta
+    assert not any(r.metric in ("wait_s", "sync_s", "comm_pct", "imbalance_pct") for r in c.significant)
+    assert c.headline.text == ("the run, throughput (all ranks): 12.9 -> 23.81 samples/s (+10.91); no rank's own work "
+                               "changed beyond the noise")
+    assert main(["compare", str(one), str(two)]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("waiting for other ranks (s)"))
+    assert " - " in line and line.endswith(why) and "YES" not in line
+    assert "more shown, not judged" in out
+    # Two runs of one process each: the same.
+    c = compare_runs(load_run(one), load_run(clean_run(tmp_path / "c", ranks=1, fwd=0.1)))
+    assert rows_by(c)[("wait_s", 0)].diff.reason.startswith("run A and run B had one process: ")

@@ -67,8 +67,8 @@ def test_values_parse(parse):
     ("flag", "value", "message"),
     [
         ("--imbalance-threshold-pct", "-1", "must be a number >= 0"),
-        ("--memory-imbalance-threshold-pct", "lots", "must be a number"),
-        ("--imbalance-threshold-pct", "nan", "must be a finite number"),
+        ("--memory-imbalance-threshold-pct", "lots", "must be a number >= 0, got 'lots'"),
+        ("--imbalance-threshold-pct", "nan", "must be a finite number >= 0, got 'nan'"),
         ("--measure-comm-overhead", "-3", "must be an integer >= 0"),
         ("--peak-tflops", "0", "must be a number > 0"),
         ("--enable-step-timing", "sometimes", "true/false"),

@@ -99,7 +99,9 @@ def test_one_rank_table_marks_no_slowest_and_says_what_is_unknown():
     from .test_step_timer_report import ddp_rank
 
     report = cross_rank_report([ddp_rank(0, 0.01, mem=None)])
-    assert format_table(report).splitlines() == HEADER + [
+    # One process: its last column is the rest of the step, not a wait for other ranks (trial T).
+    header = [HEADER[0] + "; rest = step - pre-sync - optim", HEADER[1].replace("      wait", "      rest")]
+    assert format_table(report).splitlines() == header + [
         "0        0.3000    0.0100    0.1000    0.5500    0.2000    0.0500    1.0000    0.3100    0.6400        8.0"
         "       1024        n/a",
         "step time: 1.0000 s (one rank: no imbalance or slow rank to judge)",

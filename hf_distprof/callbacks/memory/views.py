@@ -117,6 +117,11 @@ class MemoryViewsCallback(TrainerCallback):  # type: ignore[misc]
         if model is not None:
             self._guard("hooks", lambda: self._install_forward_hooks(model))
 
+    def tracking(self) -> bool:
+        """Whether ``--memory-tracker`` runs in this step (started at its ``on_step_begin``, which runs before the step
+        timer's): a step it slows several times, which the step timer marks and leaves out of its verdicts."""
+        return self._tracker is not None
+
     def on_optimizer_step(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
