@@ -275,8 +275,8 @@ def test_a_slower_sync_on_every_rank_is_named_outside_the_ranks_own_work(tmp_pat
     # It moved on every rank alike: no rank is named.
     assert (c.headline.kind, c.headline.rank, c.headline.phase, c.headline.metric) == ("other", None, "sync",
                                                                                         "sync_s")
-    assert c.headline.text == ("every rank alike: gradient sync (backward - compute) 0.0500 -> 0.1500 s (+0.1000 on rank 0); "
-                               "no rank's own work changed beyond the noise")
+    assert c.headline.text == ("every rank alike: gradient sync (backward - compute) 0.0500 -> 0.1500 s (+0.1000 on "
+                               "rank 0); no rank's own work changed beyond the noise")
     # On one rank only, that rank is named.
     one = compare_runs(load_run(clean_run(tmp_path / "c")), load_run(clean_run(tmp_path / "d", bwd_rank1=0.1)))
     assert (one.headline.kind, one.headline.rank, one.headline.metric) == ("other", 1, "sync_s")

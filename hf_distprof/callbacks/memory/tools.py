@@ -281,7 +281,8 @@ def format_module_table(rows: list[dict[str, Any]], peak: dict[str, int], title:
         f"{'peak fw':>10}{'peak bw':>10}"
     )
     lines = [title, f"{unit}; params/grads/optim: this module's own (this rank's shard); activ.: what its forward "
-             "saved; peak fw/bw: the whole process at this module's forward/backward peak", header]
+             "made that is alive when it returns (saved for backward and its outputs, such as logits); peak fw/bw: the "
+             "whole process at this module's forward/backward peak", header]
     for r in rows:
         path = r["name"].split(".", 1)[1] if r["depth"] > 1 else r["name"]
         name = ("  " * min(r["depth"] - 1, 1) + path)[:47]
