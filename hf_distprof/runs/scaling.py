@@ -153,7 +153,7 @@ def _opt(value: float | None, fmt: str) -> str:
     return "n/a" if value is None else format(value, fmt)
 
 
-COLUMNS = ("nproc", "steps", "step time s", "samples/s", "tokens/s", "speedup", "efficiency %", "comm %")
+COLUMNS = ("nproc", "steps", "median step s", "samples/s", "tokens/s", "speedup", "efficiency %", "comm %")
 
 
 def table_rows(result: ScalingResult) -> list[list[str]]:
@@ -170,7 +170,9 @@ def format_scaling(result: ScalingResult) -> str:
     cells = table_rows(result)
     widths = [max(len(x) for x in col) for col in zip(COLUMNS, *cells)]
     batch = "per-rank batch fixed" if result.mode == "weak" else "global batch fixed"
-    lines = [f"{result.mode} scaling ({batch}); speedup and efficiency against {result.base_nproc} process(es)"]
+    lines = [f"{result.mode} scaling ({batch}); speedup and efficiency against {result.base_nproc} process(es); "
+             "samples/s and tokens/s over the counted steps' summed time (long steps weigh in: compare's are the "
+             "median step's)"]
     lines += ["  ".join(x.rjust(w) for x, w in zip(row, widths)) for row in [list(COLUMNS), *cells]]
     lines += [f"note: {n}" for n in result.notes]
     return "\n".join(lines)

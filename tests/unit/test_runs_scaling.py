@@ -60,8 +60,8 @@ def test_weak_scaling_speedup_and_efficiency_against_the_smallest_count(tmp_path
     assert [p.speedup for p in result.points] == pytest.approx([1.0, 1.6, 2.0])
     assert [p.efficiency_pct for p in result.points] == pytest.approx([100.0, 80.0, 50.0])
     assert format_scaling(result).splitlines()[1:3] == [
-        "nproc  steps  step time s  samples/s  tokens/s  speedup  efficiency %  comm %",
-        "    1      5       0.1000      80.00    8000.0    1.000         100.0    50.0",
+        "nproc  steps  median step s  samples/s  tokens/s  speedup  efficiency %  comm %",
+        "    1      5         0.1000      80.00    8000.0    1.000         100.0    50.0",
     ]
     csv_lines = scaling_csv(result).splitlines()
     assert csv_lines[0] == ("mode,nproc,steps,step_s,samples_per_s,tokens_per_s,speedup,efficiency_pct,comm_pct,"
@@ -98,7 +98,7 @@ def test_scaling_cli_runs_the_template_per_count_and_writes_csv_json_png(tmp_pat
     text = capsys.readouterr().out
     assert "weak scaling (per-rank batch fixed); speedup and efficiency against 1 process(es)" in text
     # 1 process: 4 samples / 0.1 s = 40/s; 2: 8 / 0.125 s = 64/s -> speedup 1.6, efficiency 80%.
-    assert "    2      5       0.1250      64.00    8192.0    1.600          80.0" in text
+    assert "    2      5         0.1250      64.00    8192.0    1.600          80.0" in text
     assert scaled_step_s(2) == 0.125
     assert sorted(p.name for p in out.iterdir()) == sorted(
         ["nproc1", "nproc2", names.SCALING_CSV, names.SCALING_JSON, names.SCALING_PNG])
