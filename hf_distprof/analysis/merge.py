@@ -154,13 +154,19 @@ def _check_align(align: str) -> None:
 
 
 def _rank_events(path: str, rank: int, shift: float, n_ranks: int) -> Any:
-    """Yield the rank's events rewritten: pid = rank, threads renumbered, timestamps shifted."""
+    """Yield the rank's events rewritten: pid = rank, threads renumbered, timestamps shifted.
+
+    Threads of all the rank's original processes (the CPU process, one per GPU) share one process now, so they are
+    renumbered and named after their origin, once each: the trace's own name for the thread (``CPU thread 1234
+    (python3)``; its first, when it has several), else one made from its ids (``GPU 0 stream 7``), given after the
+    last event (a viewer takes a thread's name from whichever record it keeps: two names were a coin flip)."""
     yield [
         {"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}},
         {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}},
     ]
     tids: dict[tuple[Any, Any], int] = {}
     labels: dict[Any, str] = {}
+    named: set[int] = set()
     for chunk in iter_trace_events(path, {}):
         out = []
         for ev in chunk:
@@ -173,30 +179,40 @@ def _rank_events(path: str, rank: int, shift: float, n_ranks: int) -> Any:
                 if name in _PROCESS_META:
                     continue
             key = (ev.get("pid"), ev.get("tid"))
-            tid = tids.get(key)
-            if tid is None:
-                # Threads of all the rank's original processes (CPU process, one per GPU) share one
-                # process now, so they are renumbered and named after their origin.
-                tid = tids[key] = len(tids) + 1
-                origin = labels.get(key[0]) or f"pid {key[0]}"
-                out.append(
-                    {
-                        "ph": "M",
-                        "name": "thread_name",
-                        "pid": rank,
-                        "tid": tid,
-                        "args": {"name": f"{origin} tid {key[1]}"},
-                    }
-                )
+            tid = tids.setdefault(key, len(tids) + 1)
             ev = dict(ev)
             ev["pid"] = rank
             ev["tid"] = tid
             if name == "thread_name" and ev.get("ph") == "M":
-                origin = labels.get(key[0]) or f"pid {key[0]}"
-                ev["args"] = {"name": f"{origin} {(ev.get('args') or {}).get('name', '')}".strip()}
+                if tid in named:
+                    continue
+                named.add(tid)
+                ev["args"] = {"name": f"{_origin(key[0], labels)} {(ev.get('args') or {}).get('name', '')}".strip()}
             if isinstance(ev.get("ts"), (int, float)):
                 ev["ts"] = ev["ts"] + shift
             if "id" in ev and isinstance(ev["id"], int):
                 ev["id"] = ev["id"] * n_ranks + rank  # flow ids must not collide between ranks
             out.append(ev)
         yield out
+    yield [{"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": _thread(key, labels)}}
+           for key, tid in tids.items() if tid not in named]
+
+
+def _origin(pid: Any, labels: dict[Any, str]) -> str:
+    """The original process a thread came from: its label (``CPU``, ``GPU 0``), a named pseudo-process of Kineto's
+    (``Spans``, ``Traces``) as it is, else its id."""
+    if pid in labels and labels[pid]:
+        return labels[pid]
+    return pid if isinstance(pid, str) and pid else f"pid {pid}"
+
+
+def _thread(key: tuple[Any, Any], labels: dict[Any, str]) -> str:
+    """A thread's made name: ``GPU 0 stream 7``, ``CPU tid 1234``, ``Spans PyTorch Profiler``; events without a
+    process or a thread (a global instant), ``(no thread)``."""
+    pid, tid = key
+    if pid in (None, "") and tid in (None, ""):  # (Kineto's global instants: "Record Window End")
+        return "(no thread)"
+    origin = _origin(pid, labels)
+    if isinstance(tid, str) and tid:
+        return f"{origin} {tid}"
+    return f"{origin} tid {tid}"

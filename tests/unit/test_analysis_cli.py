@@ -855,3 +855,22 @@ def test_one_rank_s_trace_alone_measures_no_late_peer_wait(tmp_path: Path) -> No
     text = format_summary(one)
     assert "late-peer wait: n/a: no trace of rank 1 read" in text
     assert all(row["wait_us"] is None for row in one.to_dict()["ranks"][0]["comm_by_kind"])
+
+
+@pytest.mark.parametrize("folder", ["slow_rank1", "fsdp2"])
+def test_merge_names_each_thread_once_after_its_origin(tmp_path: Path, folder: str) -> None:
+    # Trial T: one thread carried three thread_name records ("CPU tid 32164", "CPU thread 32164 (python3)", ...), and
+    # Kineto's global instants a track named "pid  tid ".
+    out = tmp_path / "merged.json.gz"
+    merge_traces([DATA / folder], out, options=AnalysisOptions(workers=1))
+    merged = orjson.loads(gzip.decompress(out.read_bytes()))["traceEvents"]
+    names: dict[tuple[int, int], list[str]] = {}
+    for e in merged:
+        if e.get("ph") == "M" and e.get("name") == "thread_name":
+            names.setdefault((e["pid"], e["tid"]), []).append(e["args"]["name"])
+    used = {(e["pid"], e["tid"]) for e in merged if e.get("ph") != "M"}
+    assert used <= set(names) and all(len(n) == 1 for n in names.values()), names
+    rank0 = sorted(n[0] for (pid, _), n in names.items() if pid == 0)
+    assert "(no thread)" in rank0 and "Spans PyTorch Profiler" in rank0
+    assert not any(n.startswith("pid ") for n in rank0), rank0
+    assert any(n.startswith("CPU thread ") and n.endswith(" (python)") for n in rank0), rank0
