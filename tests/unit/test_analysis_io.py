@@ -176,3 +176,20 @@ def test_options_validate_their_fields() -> None:
         AnalysisOptions(comm_bound_pct=-1)
     with pytest.raises(ValueError, match="low_util_pct"):
         AnalysisOptions(low_util_pct=150)
+
+
+def test_a_rank_whose_trace_cannot_be_read_leaves_no_clean_no_finding_line(tmp_path: Path) -> None:
+    # Trial T: one of two traces truncated; the text said "No finding: nothing crosses its threshold ..." above a box
+    # saying "not enough evidence for a verdict across ranks".
+    from hf_distprof.analysis.tell.text import format_summary as format_text
+    from hf_distprof.analysis.tell.tracker import markdown
+
+    shutil.copy(CLEAN / "rank-0.json.gz", tmp_path / "rank-0.json.gz")
+    good = (CLEAN / "rank-1.json.gz").read_bytes()
+    (tmp_path / "rank-1.json.gz").write_bytes(good[: len(good) // 2])
+    result = analyze_paths([tmp_path], OPTS)
+    assert [r.rank for r in result.ranks] == [0] and result.undecided and not result.findings
+    line = "No finding among what could be decided; the rest had not enough evidence: no verdict on the whole run."
+    for text in (format_text(result), markdown(result)):
+        assert line in text and "No finding: nothing crosses" not in text
+    assert "| Verdict: not enough evidence for a verdict across ranks" in markdown(result)  # the box above it

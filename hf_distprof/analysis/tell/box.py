@@ -18,6 +18,16 @@ from hf_distprof.core.text import SHOWN_PCT, format_ranks, step_base, who
 from hf_distprof.core.verdicts import QUIET_WHY
 
 NO_FINDING = "nothing crosses its threshold in most steps, beyond the run's own noise"
+
+
+def no_finding(result: AnalysisResult) -> str:
+    """The line the text, the report and a tracker's panel give when nothing was found, in the box's terms: with a
+    question left undecided it is no clean verdict (the box says "not enough evidence"), and with ranks unread it is
+    about the ranks read."""
+    if result.undecided:
+        return "No finding among what could be decided; the rest had not enough evidence: no verdict on the whole run."
+    among = f" in the ranks read ({format_ranks(result.unread_ranks)}: no trace read)" if result.unread_ranks else ""
+    return f"No finding{among}: {NO_FINDING}."
 """What a run without a finding is told (the box, the text, the report, the trackers): a threshold crossed on the mean
 but not in enough steps, or within the noise, is no finding."""
 

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from hf_distprof.analysis.results.result import AnalysisResult
-from hf_distprof.analysis.tell.box import NO_FINDING, format_box
+from hf_distprof.analysis.tell.box import format_box, no_finding
 from hf_distprof.analysis.tell.document import (
     Blank,
     Block,
@@ -247,7 +247,7 @@ def _document(result: AnalysisResult, images: list[str]) -> list[Block]:
         Blank(),
     ]
     if not result.findings:
-        blocks.append(para(f"No finding: {NO_FINDING}."))
+        blocks.append(para(no_finding(result)))
     for i, f in enumerate(result.findings, 1):
         sure = f", confidence {f.confidence:.2f}" if f.confidence is not None else ""
         blocks.append(Numbered(i, [("b", f.title), ("", who(f.ranks, f.title) + sure)],

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hf_distprof.analysis.results.across import BandwidthStat, RankSkew
 from hf_distprof.analysis.results.rank import CommKindStat, DeviceMemory, RankResult, StepAfterPause
 from hf_distprof.analysis.results.result import AnalysisResult
-from hf_distprof.analysis.tell.box import NO_FINDING
+from hf_distprof.analysis.tell.box import no_finding
 from hf_distprof.analysis.tell.run import format_run
 from hf_distprof.analysis.tell.whatif import what_if_lines
 from hf_distprof.core.text import SHOWN_PCT, format_bytes, format_ranks, rank_spans, step_base, who
@@ -50,7 +50,7 @@ def _findings_lines(result: AnalysisResult) -> list[str]:
            else f"load imbalance n/a ({len(result.ranks)} rank(s))")
     ]
     if not result.findings:
-        lines.append(f"No finding: {NO_FINDING}.")
+        lines.append(no_finding(result))
     for i, f in enumerate(result.findings, 1):
         sure = f" [confidence {f.confidence:.2f}]" if f.confidence is not None else ""
         lines.append(f"{i}. {f.title}{who(f.ranks, f.title)}{sure}")

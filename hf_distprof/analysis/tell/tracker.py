@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hf_distprof.analysis.results.result import AnalysisResult
-from hf_distprof.analysis.tell.box import NO_FINDING, _fields, format_box
+from hf_distprof.analysis.tell.box import _fields, format_box, no_finding
 from hf_distprof.core.names import (
     ANALYSIS_NAME,
     MANIFEST_NAME,
@@ -94,7 +94,7 @@ def markdown(result: AnalysisResult, run_dir: Path | None = None) -> str:
         parts += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
         parts += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
     else:
-        parts.append(f"No finding: {NO_FINDING}.")
+        parts.append(no_finding(result))
     return "\n".join(parts) + "\n"
 
 
