@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from statistics import median
 from typing import Any
 
@@ -228,6 +229,8 @@ def compare_runs(a: RunData, b: RunData, min_effect_pct: float = MIN_EFFECT_PCT)
         Every figure side by side with its delta and significance, and the headline.
     """
     notes: list[str] = []
+    if Path(a.path).resolve() == Path(b.path).resolve():
+        notes.append(f"run A and run B are the same folder ({a.path}): a run against itself differs in nothing")
     ranks = sorted(set(a.ranks) & set(b.ranks))
     if a.ranks != b.ranks:
         notes.append(f"run A has ranks {a.ranks}, run B {b.ranks}: per-rank rows are for ranks {ranks} only")

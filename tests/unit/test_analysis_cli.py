@@ -373,7 +373,7 @@ def test_the_traces_of_two_runs_are_refused_naming_them(tmp_path: Path, capsys: 
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == (f"hf-distprof analyze: error: {tmp_path / 'P'} holds the traces of 2 runs ({tmp_path}/P/"
-                            f"own, {tmp_path}/P/viarun: rank 0 in each); analyze one run folder at a time (hf-distprof"
+                            f"own, {tmp_path}/P/viarun: rank 0 in each); give one run folder at a time (hf-distprof"
                             " compare sets runs side by side)\n")
     assert main(["analyze", str(tmp_path / "P" / "own"), "--workers", "1", "--findings"]) == 0
     capsys.readouterr()

@@ -92,3 +92,16 @@ def test_profile_ranks_that_name_no_rank_of_the_run_are_said(tmp_path: Path):
     (tmp_path / "b").mkdir()  # a rank it has: the schedule's word, as before
     named = run_folder(tmp_path / "b", last_step=20, profile_ranks="0,5")
     assert why_no_trace(named).startswith("the profiler took no window although training reached step 20")
+
+
+def test_a_run_without_the_profiler_says_so_and_where_its_records_are_read(tmp_path: Path,
+                                                                            capsys: pytest.CaptureFixture[str]):
+    # Trial T: `analyze` of a --enable-step-timing run said only "no profiler trace".
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "timing_rank0.jsonl").write_text(json.dumps({"step": 1, "step_s": 0.1}) + "\n")
+    assert main(["analyze", str(folder)]) == 2
+    assert capsys.readouterr().err == (
+        f"hf-distprof analyze: error: {folder}: no profiler trace (*.pt.trace.json[.gz]) in this run folder: the run "
+        "was not profiled (no --enable-profiling): its step timer's records are read by hf-distprof compare; add "
+        "--enable-profiling to trace a window\n")

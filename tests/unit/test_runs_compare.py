@@ -455,3 +455,10 @@ def test_a_one_process_run_s_waits_and_sync_are_shown_never_judged_nor_called_wa
     # Two runs of one process each: the same.
     c = compare_runs(load_run(one), load_run(clean_run(tmp_path / "c", ranks=1, fwd=0.1)))
     assert rows_by(c)[("wait_s", 0)].diff.reason.startswith("run A and run B had one process: ")
+
+
+def test_a_run_compared_with_itself_is_said_so(tmp_path):
+    run = load_run(clean_run(tmp_path / "a"))
+    c = compare_runs(run, run)
+    assert c.notes == [f"run A and run B are the same folder ({run.path}): a run against itself differs in nothing"]
+    assert c.significant == []

@@ -15,6 +15,7 @@ from hf_distprof.analysis.read.timing_summary import read_timing_summary
 from hf_distprof.analysis.read.trace_io import NoTraceError, discover_trace_files
 from hf_distprof.analysis.results.rank import FileError
 from hf_distprof.analysis.results.run import RunInput
+from hf_distprof.core import names
 
 
 _OUR_TRACE = re.compile(r"^rank(\d+)_.+_step\d+-\d+\.pt\.trace\.json(?:\.gz)?$")
@@ -44,7 +45,13 @@ def one_run(files: list[str], given: list[str]) -> None:
     runs = sorted({str(folder) for rank in shared for folder in folders[rank]})
     raise SeveralRunsError(
         f"{', '.join(given)} hold{'s' if len(given) == 1 else ''} the traces of {len(runs)} runs ({', '.join(runs)}: "
-        f"rank {shared[0]} in each); analyze one run folder at a time (hf-distprof compare sets runs side by side)")
+        f"rank {shared[0]} in each); give one run folder at a time (hf-distprof compare sets runs side by side)")
+
+
+def _manifest_in(folder: Path) -> bool:
+    """Whether the profiler wrote its run manifest (or a rank's part of it) into ``folder``."""
+    return (folder / names.MANIFEST_NAME).is_file() or next(
+        folder.glob(names.MANIFEST_PART_NAME.format(rank="*", host="*")), None) is not None
 
 
 def read_run(paths: Iterable[str | os.PathLike[str]]) -> RunInput:
@@ -68,6 +75,10 @@ def read_run(paths: Iterable[str | os.PathLike[str]]) -> RunInput:
         files = [str(p) for p in discover_trace_files(given)]
     except NoTraceError as exc:
         why = why_no_trace(exc.folder) if exc.run_folder else None
+        if why is None and exc.run_folder and not _manifest_in(exc.folder):
+            # The step timer's (or the memory logger's) files alone: a run without the profiler (trial T).
+            why = ("the run was not profiled (no --enable-profiling): its step timer's records are read by "
+                   "hf-distprof compare; add --enable-profiling to trace a window")
         if why is None:
             raise
         raise FileNotFoundError(f"{exc}: {why}") from None  # the run's manifest says why no window was taken
