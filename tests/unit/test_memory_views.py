@@ -170,6 +170,18 @@ def test_a_shard_that_views_a_larger_tensor_is_pointed_out():
     assert "parameter storages hold 3.91 KiB for 1.95 KiB of parameters" in text
 
 
+def test_a_step_peak_above_every_module_s_peak_is_pointed_out():
+    # Trial T (FSDP2): "peak of the step: 157.63 MiB" under a root whose peak fw/bw were 125.65 and 98.16 MiB, and no
+    # word of where the rest was.
+    mib = 2**20
+    rows = [{"name": "M", "depth": 1, "params": 0, "grads": 0, "optimizer_state": 0, "params_storage": 0,
+             "activations": 0, "peak_forward": {"Total": 125 * mib}, "peak_backward": {"Total": 98 * mib}}]
+    text = memory_tools.format_module_table(rows, {"Total": 157 * mib, "Temp": 64 * mib}, "t")
+    assert ("note: the step's peak lies outside every module's forward and backward (at most 125.00 MiB there)"
+            in text.replace("\n", " "))
+    assert "outside every module" not in memory_tools.format_module_table(rows, {"Total": 130 * mib}, "t")
+
+
 def test_memory_snapshot_on_cpu_says_once_that_it_needs_a_gpu(tmp_path, caplog):
     cb = MemoryViewsCallback(_args(tmp_path, memory_snapshot=True, track_activation_memory=True))
     with caplog.at_level(logging.WARNING):

@@ -293,6 +293,14 @@ def format_module_table(rows: list[dict[str, Any]], peak: dict[str, int], title:
         parts = ", ".join(f"{k} {v / scale:.2f}" for k, v in peak.items() if k != "Total" and v)
         lines.append(f"peak of the step: {peak.get('Total', 0) / scale:.2f} {unit} ({parts})")
     root = rows[0] if rows else None
+    inside = max((r[k].get("Total", 0) for r in rows for k in ("peak_forward", "peak_backward")), default=0)
+    if peak and root is not None and peak.get("Total", 0) > 1.05 * inside:
+        # (Trial T, FSDP2: the step's peak 157.63 MiB, every module's at most 125.65.)
+        lines.append(
+            f"note: the step's peak lies outside every module's forward and backward (at most {inside / scale:.2f} "
+            f"{unit} there): between them or after the last backward (a gradient reduce-scatter or all-reduce, the "
+            "optimizer step; the loss on the logits): its breakdown above says of what"
+        )
     if root is not None and root.get("params_storage", 0) > 1.2 * root["params"]:
         lines.append(
             f"note: this rank's parameter storages hold {root['params_storage'] / scale:.2f} {unit} for "
