@@ -182,6 +182,21 @@ def test_a_step_peak_above_every_module_s_peak_is_pointed_out():
     assert "outside every module" not in memory_tools.format_module_table(rows, {"Total": 130 * mib}, "t")
 
 
+def test_tied_weights_are_pointed_out_where_the_rows_add_up_to_more_than_the_model():
+    embed = torch.nn.Embedding(16, 8)
+    head = torch.nn.Linear(8, 16, bias=False)
+    head.weight = embed.weight  # tied, as GPT-2's lm_head and wte
+    model = torch.nn.Sequential(embed, head)
+    rows = [{"name": name, "depth": 1 if module is model else 2, **memory_tools.own_state_bytes(module, None),
+             "activations": 0, "peak_forward": {}, "peak_backward": {}}
+            for name, module in (("Sequential", model), ("Sequential.0", embed), ("Sequential.1", head))]
+    assert [r["params"] for r in rows] == [512, 512, 512]
+    text = memory_tools.format_module_table(rows, {}, "t")
+    assert "note: the rows below the model add up to more parameters than it holds: they share some" in text
+    rows[2]["params"] = 0
+    assert "share some" not in memory_tools.format_module_table(rows, {}, "t")
+
+
 def test_memory_snapshot_on_cpu_says_once_that_it_needs_a_gpu(tmp_path, caplog):
     cb = MemoryViewsCallback(_args(tmp_path, memory_snapshot=True, track_activation_memory=True))
     with caplog.at_level(logging.WARNING):

@@ -293,6 +293,11 @@ def format_module_table(rows: list[dict[str, Any]], peak: dict[str, int], title:
         parts = ", ".join(f"{k} {v / scale:.2f}" for k, v in peak.items() if k != "Total" and v)
         lines.append(f"peak of the step: {peak.get('Total', 0) / scale:.2f} {unit} ({parts})")
     root = rows[0] if rows else None
+    children = [r for r in rows[1:] if r["depth"] == 2]
+    if root is not None and children and sum(r["params"] for r in children) > root["params"]:
+        # (Trial T: GPT-2's lm_head shares the embedding's weight: transformer 0.12 + lm_head 0.06 > the model's 0.12.)
+        lines.append("note: the rows below the model add up to more parameters than it holds: they share some (tied "
+                     "weights, such as an output layer's and the embedding's); a shared tensor counts in each row")
     inside = max((r[k].get("Total", 0) for r in rows for k in ("peak_forward", "peak_backward")), default=0)
     if peak and root is not None and peak.get("Total", 0) > 1.05 * inside:
         # (Trial T, FSDP2: the step's peak 157.63 MiB, every module's at most 125.65.)
