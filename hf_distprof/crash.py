@@ -38,7 +38,6 @@ _FILE: IO[str] | None = None
 _PATH: Path | None = None
 _PID = 0
 """The process that armed the crash file."""
-_RANK = 0
 _EXCEPTION: Path | None = None
 """Where an uncaught exception's traceback goes (this rank's file in the latest run folder)."""
 _EXCEPTION_RANK = 0
@@ -55,7 +54,7 @@ def record_crashes(run_dir: Path, rank: int) -> Path | None:
         The file, or None when the script enabled ``faulthandler`` itself or the file cannot be opened (one line in
         the log).
     """
-    global _FILE, _PATH, _PID, _RANK
+    global _FILE, _PATH, _PID
     _record_exceptions(run_dir / EXCEPTION_NAME.format(rank=rank), rank)
     path = run_dir / CRASH_NAME.format(rank=rank)
     if _PATH == path:
@@ -69,37 +68,39 @@ def record_crashes(run_dir: Path, rank: int) -> Path | None:
         logger.warning(f"cannot write {path}: {err!r}; a crash of this rank would leave no stack")
         return None
     faulthandler.enable(file=handle, all_threads=True)
-    _FILE, _PATH, _PID, _RANK = handle, path, os.getpid(), rank
-    # So does a rank stopped by SIGTERM through our handlers: stopped, not crashed, and when, in its stop file
-    # (registered in this process: a forked child, a multiprocessing worker stopped so, leaves the rank's files alone).
-    signals.at_default_death(_stopped)
+    _FILE, _PATH, _PID = handle, path, os.getpid()
     return path
 
 
 def _stopped() -> None:
-    """Before a signal's default action ends the rank: ``rank{R}_stopped.txt`` (the signal, its time, every thread's
-    stack), then the empty crash file goes (:func:`finish`)."""
-    signum = signals.stopping_signal()
-    if signum is not None and _PATH is not None and _PID == os.getpid():
-        now = time.time()
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1e6):06d}"
-        try:
-            name = signal.Signals(signum).name
-        except ValueError:
-            name = f"signal {signum}"
-        try:
-            _PATH.with_name(STOPPED_NAME.format(rank=_RANK)).write_text(
-                f"hf_distprof: rank {_RANK} on host {dist.get_hostname()} stopped by {name} at {stamp} (unix "
+    """Before a signal's default action ends the rank: ``rank{R}_stopped.txt`` beside its exception file (the signal,
+    its time, every thread's stack; also where the script's own faulthandler left no crash file), then the empty crash
+    file goes (:func:`finish`), whatever failed before."""
+    try:
+        signum = signals.stopping_signal()
+        if signum is not None and _EXCEPTION is not None and _EXCEPTION_PID == os.getpid():
+            now = time.time()
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1e6):06d}"
+            try:
+                name = signal.Signals(signum).name
+            except ValueError:
+                name = f"signal-{signum}"
+            _EXCEPTION.with_name(STOPPED_NAME.format(rank=_EXCEPTION_RANK)).write_text(
+                f"hf_distprof: rank {_EXCEPTION_RANK} on host {dist.get_hostname()} stopped by {name} at {stamp} (unix "
                 f"{now:.6f})\n\n{format_stacks(_interrupted())}", encoding="utf-8")
-        except OSError:  # the folder is gone or read-only: the stop goes unrecorded
-            pass
-    finish()
+    except Exception:  # noqa: BLE001, S110 - the folder is gone or read-only: the stop goes unrecorded, the rank ends
+        pass
+    finally:
+        finish()
 
 
 def _record_exceptions(path: Path, rank: int) -> None:
     """Have an uncaught exception's traceback written into ``path`` (a later run folder takes it over)."""
     global _EXCEPTION, _EXCEPTION_RANK, _EXCEPTION_PID, _PREVIOUS_HOOK
     _EXCEPTION, _EXCEPTION_RANK, _EXCEPTION_PID = path, rank, os.getpid()
+    # A rank stopped by SIGTERM through our handlers: stopped, not crashed, and when, in its stop file beside this one
+    # (registered in this process: a forked child, a multiprocessing worker stopped so, leaves the rank's files alone).
+    signals.at_default_death(_stopped)
     if sys.excepthook is not _on_uncaught:
         _PREVIOUS_HOOK = sys.excepthook
         sys.excepthook = _on_uncaught

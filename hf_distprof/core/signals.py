@@ -60,9 +60,11 @@ def deferred(signals: tuple[signal.Signals, ...] = TERMINATION_SIGNALS) -> Itera
         for signum in pending:
             # Delivered now to the handler in place after the block: the default one ends the process, which is
             # no crash: the empty crash file goes first (no atexit handler runs on a signal's default action).
-            if signal.getsignal(signum) == signal.SIG_DFL:
-                before_default_death(signum)
-            signal.raise_signal(signum)
+            try:
+                if signal.getsignal(signum) == signal.SIG_DFL:
+                    before_default_death(signum)
+            finally:  # (a Ctrl-C inside those writes must not keep the signal from its effect)
+                signal.raise_signal(signum)
 
 
 _BEFORE_DEATH: list[Callable[[], None]] = []
@@ -124,9 +126,11 @@ def _flush_then_die(signum: int, frame: FrameType | None) -> None:
     """SIGTERM's default action, after what :func:`at_default_death` registered (the step timer's last rows, the
     memory logger's lines, the empty crash file's removal)."""
     _RAN.set()
-    before_default_death(signum)
-    signal.signal(signum, signal.SIG_DFL)
-    signal.raise_signal(signum)
+    try:
+        before_default_death(signum)
+    finally:  # (a Ctrl-C inside those writes must not keep the signal from its effect)
+        signal.signal(signum, signal.SIG_DFL)
+        signal.raise_signal(signum)
 
 
 # A Python signal handler runs on the main thread, between bytecodes: a main thread blocked in native code (a collective

@@ -45,8 +45,11 @@ SIGNALS = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Floating poin
 # DDP's reducer waits for its gradient all-reduce (and FSDP for its reduce-scatter).
 COLLECTIVE_FILES = ("torch/distributed/", "torch/nn/parallel/distributed.py")
 COLLECTIVE_FUNCS = ("_engine_run_backward", "run_backward")
-# Library code: the innermost frame outside these is "user code".
-LIBRARY_PARTS = ("site-packages/", "dist-packages/", "/lib/python3", "<frozen ")
+# Library code: the innermost frame outside these is "user code" (hf_distprof's own frames too: an editable install's
+# are outside site-packages, and a stop that found a rank in our export named our line).
+SITE_PARTS = ("site-packages/", "dist-packages/")
+STDLIB_PARTS = ("/lib/python3", "<frozen ")
+LIBRARY_PARTS = (*SITE_PARTS, *STDLIB_PARTS, "/hf_distprof/")
 
 
 @dataclass
@@ -81,11 +84,16 @@ class RankDump:
 
     @property
     def in_collective(self) -> Frame | None:
-        """The innermost frame showing the main thread inside (or waiting for) a collective; None if none."""
+        """The main thread's innermost frame, when it shows it inside (or waiting for) a collective; None if not.
+
+        Only the innermost frame outside the standard library decides (a wait in ``threading`` under a c10d call is
+        the call's): DDP's forward wrapper is on the stack for the whole forward, so a rank stuck in its model's
+        compute under it is not in a collective (trial U: it read as one, and the report looked for a mismatch)."""
         for frame in reversed(self.main_stack):
             path = frame.file.replace("\\", "/")
-            if any(part in path for part in COLLECTIVE_FILES) or frame.func in COLLECTIVE_FUNCS:
-                return frame
+            if any(part in path for part in STDLIB_PARTS) and not any(part in path for part in SITE_PARTS):
+                continue
+            return frame if any(part in path for part in COLLECTIVE_FILES) or frame.func in COLLECTIVE_FUNCS else None
         return None
 
     @property
@@ -93,7 +101,8 @@ class RankDump:
         """The main thread's innermost frame of user code (not a library, not the standard library)."""
         for frame in reversed(self.main_stack):
             path = frame.file.replace("\\", "/")
-            if not any(part in path for part in LIBRARY_PARTS):
+            # (The demo's training code, hf_distprof.recipe, is the user's side of the line, installed or not.)
+            if "/hf_distprof/recipe/" in path or not any(part in path for part in LIBRARY_PARTS):
                 return frame
         return self.main_stack[-1] if self.main_stack else None
 
@@ -378,7 +387,7 @@ def hang_report(folder: Path) -> HangReport:
     if crashes:
         lines += _crash_lines(folder, crashes)[1:]
     if raised or stopped:
-        lines += _raised_lines(folder, raised, stopped, unknown, header=False)
+        lines += _raised_lines(folder, raised, stopped, unknown, header=False, hung=True)
     lines += _silent_lines(folder, silent, True) + _unread_lines(unread)
     return HangReport(folder, dumps, recorders, world, culprits, lines, crashes, raised, silent, stopped)
 
@@ -395,25 +404,28 @@ def _unread_lines(unread: list[str]) -> list[str]:
 
 
 def _raised_lines(folder: Path, raised: dict[int, Raised], stopped: dict[int, Stopped], crashed: bool = False,
-                  header: bool = True) -> list[str]:
+                  header: bool = True, hung: bool = False) -> list[str]:
     """Which rank raised, what, where, and which rank a signal stopped, when, in the order they did: the first is the
     cause, the others mostly its effect (a rank that ends fails its peers' collectives; a launcher stops the other
-    ranks once one fails). Named first only when the order holds: the ranks on one host (one clock; hosts' clocks can
-    differ by more than the gaps), and no rank that died of a signal (its time unknown). With ``header``, a line naming
-    the report first (none where the hang report is above)."""
+    ranks once one fails). Put in order only when the order holds: no rank that died of a signal (``crashed``: its
+    time unknown, so each line gives its time alone), and a first named only on one host (one clock; hosts' clocks
+    can differ by more than the gaps). With ``header``, a line naming the report first (none where the hang report is
+    above); with ``hung`` (hang dumps above), stops alone get no verdict of their own: they followed the hang."""
     lines = [f"exception report: {folder} ({len(raised)} rank(s) ended by an uncaught exception)"] \
         if raised and header else []
     if stopped and header:
         lines.append(f"stop report: {folder} ({len(stopped)} rank(s) stopped by a signal)")
     events = sorted([*raised.values(), *stopped.values()], key=lambda e: (e.unix, e.rank))
     first = events[0]
+    hosts = {e.dump.host for e in events}
 
     def when(e: Raised | Stopped) -> str:
-        if len(events) == 1:
+        if len(events) == 1 or crashed:
             return e.stamp
+        clock = "" if len(hosts) == 1 else " by its host's clock"
         if e is first:
-            return f"first, {e.stamp}"
-        return f"{e.unix - first.unix:.2f} s after rank {first.rank} {_did(first)}, {e.stamp}"
+            return f"first{clock}, {e.stamp}"
+        return f"{e.unix - first.unix:.2f} s after rank {first.rank} {_did(first)}{clock}, {e.stamp}"
 
     for e in events:
         where = f" at {e.dump.user_frame}" if e.dump.main_stack else ""
@@ -422,15 +434,15 @@ def _raised_lines(folder: Path, raised: dict[int, Raised], stopped: dict[int, St
         else:
             lines.append(f"rank {e.rank} was stopped by {e.signal}{where} ({when(e)}); every thread's stack then: "
                          f"{e.path.name}")
-    if len(events) < 2 or crashed:
+    if len(events) < 2 or crashed or (hung and not raised):
         return lines
-    hosts = {e.dump.host for e in events}
     if not raised:
         span = events[-1].unix - first.unix
         lines.append(f"=> no rank raised: {len(events)} ranks were stopped by a signal within {span:.2f} s"
-                     + ("" if len(hosts) == 1 else f" (by {len(hosts)} hosts' clocks)")
-                     + f", rank {first.rank} first: the whole job stopped (a scheduler, a user), or rank {first.rank} "
-                     "stopped alone and then the launcher stopping the rest")
+                     + (f", rank {first.rank} first: the whole job stopped (a scheduler, a user), or rank {first.rank} "
+                        "stopped alone and then the launcher stopping the rest" if len(hosts) == 1 else
+                        f" by {len(hosts)} hosts' clocks, which can differ by more: the whole job stopped (a "
+                        "scheduler, a user), or one rank stopped alone and then the launcher stopping the rest"))
     elif len(hosts) > 1:
         lines.append(f"=> rank {first.rank} {_did(first)} first by its host's clock; the ranks are on {len(hosts)} "
                      "hosts, whose clocks can differ by more than these gaps: read the exceptions, the first cause is "

@@ -405,3 +405,17 @@ def test_only_a_signal_leaves_a_stop_file(tmp_path: Path, handler) -> None:  # t
     with pytest.raises(ValueError, match="rank3_stopped.txt: no 'hf_distprof: rank R ... stopped by SIGNAL at"):
         (tmp_path / "rank3_stopped.txt").write_text("hello\n")
         parse_stopped(tmp_path / "rank3_stopped.txt")
+
+
+def test_a_script_s_own_faulthandler_still_leaves_the_stop_file(tmp_path: Path) -> None:
+    # The review: with PYTHONFAULTHANDLER=1 (some clusters set it) hf_distprof writes no crash file, and the stop
+    # file was tied to it: the rank then read as a silent "stopped".
+    script = tmp_path / "train.py"
+    script.write_text(STOPS)
+    env = {**os.environ, "PYTHONPATH": str(Path(crash.__file__).parents[1]), "PYTHONFAULTHANDLER": "1"}
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, env=env,
+                          timeout=60)
+    assert proc.returncode == -15, proc.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".txt") == ["rank1_stopped.txt"]
+    stopped = parse_stopped(tmp_path / "rank1_stopped.txt")
+    assert stopped is not None and stopped.dump.user_frame.func == "train_step"

@@ -398,3 +398,105 @@ os.kill(os.getpid(), signal.SIGTERM)
     assert done.returncode == (1 if end == "raise" else -15), done.stderr
     assert "armed" not in done.stderr
     assert not list((tmp_path / "out" / "run").glob("*.faulthandler.txt"))
+
+
+def _stop_file(folder: Path, rank: int, unix: float, host: str = "h") -> None:
+    (folder / f"rank{rank}_stopped.txt").write_text(
+        f"hf_distprof: rank {rank} on host {host} stopped by SIGTERM at 2026-11-30T02:00:0{rank}.000000 (unix "
+        f"{unix:.6f})\n\nThread MainThread (ident 1, main):\n  File \"/work/train.py\", line 61, in <module>\n"
+        "    trainer.train()\n")
+
+
+def test_stops_after_a_hang_or_beside_a_killed_rank_or_on_two_hosts_name_no_first_of_their_own(tmp_path):
+    # The review: hang dumps then a cancel (every rank's stop file) gave two '=>' verdicts that disagreed; a SIGKILLed
+    # rank beside stop files left a survivor labelled "first" above "=> look at rank 2 first"; and stops on two hosts
+    # named a first rank by two clocks.
+    hung = tmp_path / "hung"
+    _write(hung, 0, WAITING)
+    _write(hung, 1, STUCK)
+    _stop_file(hung, 0, 1795000000.0)
+    _stop_file(hung, 1, 1795000000.2)
+    lines = hang_report(hung).lines
+    assert [line for line in lines if line.startswith("=>")] == [
+        "=> the others wait for rank 1 at /work/python_scripts/train.py:207 in __call__: threading.Event().wait()"]
+    assert "rank 1 was stopped by SIGTERM at /work/train.py:61 in <module>: trainer.train() (0.20 s after rank 0 was " \
+           "stopped, 2026-11-30T02:00:01.000000); every thread's stack then: rank1_stopped.txt" in lines
+
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    _stop_file(killed, 0, 1795000000.0)
+    _stop_file(killed, 1, 1795000000.2)
+    (killed / "rank2_crash.txt").write_text("")  # SIGKILL: armed, never written
+    lines = hang_report(killed).lines
+    assert not any("first" in line for line in lines if not line.startswith("=>")), lines
+    assert lines[-1].startswith("=> look at rank 2 first")
+    assert "rank 0 was stopped by SIGTERM at /work/train.py:61 in <module>: trainer.train() " \
+           "(2026-11-30T02:00:00.000000); every thread's stack then: rank0_stopped.txt" in lines
+
+    hosts = tmp_path / "hosts"
+    hosts.mkdir()
+    _stop_file(hosts, 0, 1795000000.0, host="a")
+    _stop_file(hosts, 1, 1795000000.5, host="b")
+    lines = hang_report(hosts).lines
+    assert "(first by its host's clock, " in lines[1] and "(0.50 s after rank 0 was stopped by its host's clock, " \
+        in lines[2]
+    assert lines[-1] == ("=> no rank raised: 2 ranks were stopped by a signal within 0.50 s by 2 hosts' clocks, which "
+                         "can differ by more: the whole job stopped (a scheduler, a user), or one rank stopped alone "
+                         "and then the launcher stopping the rest")
+
+
+FORWARD = '''hf_distprof hang dump
+rank: 1
+world_size: 2
+host: h
+pid: 11
+last_step: 15
+seconds_since_last_step: 20.1
+timeout_s: 20
+time: now
+
+Thread MainThread (ident 1, main):
+  File "/work/train.py", line 61, in <module>
+    trainer.train()
+  File "/venv/lib/python3.11/site-packages/torch/nn/parallel/distributed.py", line 1715, in _run_ddp_forward
+    return self.module(*inputs, **kwargs)
+  File "/venv/lib/python3.11/site-packages/transformers/activations.py", line 66, in forward
+    return 0.5 * input * (1.0 + torch.tanh(input))
+'''
+
+MODEL_LINES = '''  File "/venv/lib/python3.11/site-packages/transformers/activations.py", line 66, in forward
+    return 0.5 * input * (1.0 + torch.tanh(input))
+'''
+C10D_LINES = """  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2501, in bcast
+    work.wait()
+  File "/usr/lib/python3.11/threading.py", line 320, in wait
+    waiter.acquire()
+"""
+BROADCAST = FORWARD.replace("rank: 1", "rank: 0").replace(MODEL_LINES, C10D_LINES)
+
+
+def test_a_rank_stuck_in_its_model_under_ddp_s_forward_is_not_in_a_collective(tmp_path):
+    # Trial U: a rank stopped (SIGSTOP) in its forward read "in a collective ... at distributed.py:1715 in
+    # _run_ddp_forward" and the report said "every rank dumped is inside a collective".
+    _write(tmp_path, 0, BROADCAST)
+    _write(tmp_path, 1, FORWARD)
+    report = hang_report(tmp_path)
+    assert report.culprits == [1]
+    assert report.lines[1].startswith("rank 0 (h, last step 15): in a collective or waiting for one at "
+                                      "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py:2501")
+    assert report.lines[2:] == [
+        "rank 1 (h, last step 15): NOT in a collective; stuck at /work/train.py:61 in <module>: trainer.train()",
+        "=> the others wait for rank 1 at /work/train.py:61 in <module>: trainer.train()"]
+
+
+def test_hf_distprof_s_own_frames_are_not_the_user_s_line_but_the_demo_recipe_is():
+    from hf_distprof.runs.hang_report import Frame, RankDump
+
+    dump = RankDump(0, "h", Path("x"), threads={"MainThread": [
+        Frame("/work/train.py", 61, "<module>", "trainer.train()"),
+        Frame("/work/repo/hf_distprof/callbacks/profiler/callback.py", 386, "close", "with signals.deferred():")]},
+        main="MainThread")
+    assert str(dump.user_frame) == "/work/train.py:61 in <module>: trainer.train()"
+    dump.threads["MainThread"].append(Frame("/venv/lib/python3.11/site-packages/hf_distprof/recipe/train_mlm.py", 9,
+                                            "run"))
+    assert dump.user_frame.func == "run"
