@@ -79,7 +79,8 @@ def _stopped() -> None:
     try:
         signum = signals.stopping_signal()
         if signum is not None and _EXCEPTION is not None and _EXCEPTION_PID == os.getpid():
-            now = time.time()
+            arrived = signals.arrival(signum)  # when and where the signal found the rank, before what it waited for
+            now = arrived[0] if arrived is not None else time.time()
             stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1e6):06d}"
             try:
                 name = signal.Signals(signum).name
@@ -87,7 +88,8 @@ def _stopped() -> None:
                 name = f"signal-{signum}"
             _EXCEPTION.with_name(STOPPED_NAME.format(rank=_EXCEPTION_RANK)).write_text(
                 f"hf_distprof: rank {_EXCEPTION_RANK} on host {dist.get_hostname()} stopped by {name} at {stamp} (unix "
-                f"{now:.6f})\n\n{format_stacks(_interrupted())}", encoding="utf-8")
+                f"{now:.6f})\n\n{format_stacks(_interrupted(arrived[1] if arrived is not None else None))}",
+                encoding="utf-8")
     except Exception:  # noqa: BLE001, S110 - the folder is gone or read-only: the stop goes unrecorded, the rank ends
         pass
     finally:
@@ -122,11 +124,14 @@ def _on_uncaught(kind: type[BaseException], value: BaseException, tb: TracebackT
     (_PREVIOUS_HOOK or sys.__excepthook__)(kind, value, tb)
 
 
-def _interrupted() -> dict[int, Any]:
-    """Every thread's frame, the thread running the signal's handler (the main thread, most often) at the code the
-    signal interrupted: the handler's own frames (here, :mod:`hf_distprof.core.signals`, a callback's ``_on_signal``)
-    left out."""
+def _interrupted(where: Any = None) -> dict[int, Any]:
+    """Every thread's frame, the main thread's at the code the signal interrupted: ``where``, the stack of the frame its
+    handler was given when it arrived; else the handler's own frames (here, :mod:`hf_distprof.core.signals`, a
+    callback's ``_on_signal``) left out of the thread that runs it."""
     frames = sys._current_frames()
+    if where is not None:
+        frames[threading.main_thread().ident or -1] = where
+        return frames
     me = threading.get_ident()
     frame = frames.get(me)
     ours = {__file__, signals.__file__}

@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
@@ -42,6 +43,7 @@ def deferred(signals: tuple[signal.Signals, ...] = TERMINATION_SIGNALS) -> Itera
         return
 
     def hold(signum: int, frame: FrameType | None) -> None:
+        note_arrival(signum, frame)
         if signum not in pending:
             pending.append(signum)
 
@@ -125,6 +127,7 @@ _RAN = threading.Event()
 def _flush_then_die(signum: int, frame: FrameType | None) -> None:
     """SIGTERM's default action, after what :func:`at_default_death` registered (the step timer's last rows, the
     memory logger's lines, the empty crash file's removal)."""
+    note_arrival(signum, frame)
     _RAN.set()
     try:
         before_default_death(signum)
@@ -190,6 +193,7 @@ def _watch(read: int) -> None:
         while data := os.read(read, 512):
             if int(signal.SIGTERM) not in data or signal.getsignal(signal.SIGTERM) is not _flush_then_die:
                 continue
+            note_arrival(signal.SIGTERM, None)  # (the main thread's handler, if it runs, keeps this time)
             where = _main_position()
             # Acted on only when the main thread ran no Python meanwhile (it would have run the stand-in, or a handler
             # of the script's that took the signal and put ours back): it is stuck in native code.
@@ -254,6 +258,31 @@ _WRITING = threading.Lock()
 TIDY_S = 10.0
 """How long a second caller waits for the first one's last writes (the watch thread and the main thread's handler,
 the hang watchdog's abort): each write is idempotent, so one after the other, never both at once."""
+
+
+_ARRIVAL: list[tuple[int, float, traceback.StackSummary | None]] = []
+ARRIVAL_FRESH_S = 120.0
+"""An arrival older than this is another signal's, one a handler took without ending the process."""
+
+
+def note_arrival(signum: int, frame: FrameType | None) -> None:
+    """When a termination signal arrived, and the stack of the frame it interrupted (taken now: the frame runs on; None:
+    not known), for the stop file: the first arrival of ``signum`` until it takes effect (a held signal is raised again
+    at its block's end, and the writes before it take time: the stop's record must say when and where the signal found
+    the rank)."""
+    now = time.time()
+    if _ARRIVAL and _ARRIVAL[0][0] == int(signum) and now - _ARRIVAL[0][1] < ARRIVAL_FRESH_S:
+        if _ARRIVAL[0][2] is None and frame is not None:
+            _ARRIVAL[0] = (_ARRIVAL[0][0], _ARRIVAL[0][1], traceback.extract_stack(frame))
+        return
+    _ARRIVAL[:] = [(int(signum), now, traceback.extract_stack(frame) if frame is not None else None)]
+
+
+def arrival(signum: int) -> tuple[float, traceback.StackSummary | None] | None:
+    """When ``signum`` arrived (unix time) and the stack it interrupted, as :func:`note_arrival` kept them."""
+    if _ARRIVAL and _ARRIVAL[0][0] == int(signum) and time.time() - _ARRIVAL[0][1] < ARRIVAL_FRESH_S:
+        return _ARRIVAL[0][1], _ARRIVAL[0][2]
+    return None
 
 
 _STOPPING: list[int] = []

@@ -18,6 +18,8 @@ def format_stacks(frames: dict[int, Any] | None = None) -> str:
     # The main thread first: that is where training runs.
     for ident in sorted(frames, key=lambda i: (i != main, i)):
         flag = ", main" if ident == main else ""
-        stack = "".join(traceback.format_stack(frames[ident]))
+        where = frames[ident]  # a live frame, or a stack taken earlier (a signal's arrival)
+        stack = "".join(traceback.format_list(where) if isinstance(where, traceback.StackSummary)
+                        else traceback.format_stack(where))
         parts.append(f"Thread {names.get(ident, '?')} (ident {ident}{flag}):\n{stack}")
     return "\n".join(parts)

@@ -419,3 +419,39 @@ def test_a_script_s_own_faulthandler_still_leaves_the_stop_file(tmp_path: Path) 
     assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".txt") == ["rank1_stopped.txt"]
     stopped = parse_stopped(tmp_path / "rank1_stopped.txt")
     assert stopped is not None and stopped.dump.user_frame.func == "train_step"
+
+
+HELD = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    from pathlib import Path
+    from hf_distprof import crash
+    from hf_distprof.core import signals
+
+    crash.record_crashes(Path(sys.argv[1]), 1)
+    signals.at_default_death(lambda: None, guard=True)
+
+    def export():
+        with signals.deferred():  # a trace's export: the signal waits for it
+            os.kill(os.getpid(), signal.SIGTERM)
+            print(time.time(), flush=True)
+            time.sleep(1.0)
+
+    export()
+    """
+)
+
+
+def test_the_stop_file_says_when_the_signal_arrived_and_where_not_when_it_took_effect(tmp_path: Path) -> None:
+    # Trial U: with a profiler window open, the stop file's time was the export's end (0.7 s after the kill) and its
+    # place hf_distprof's close(): the signal is held while the trace is written.
+    script = tmp_path / "train.py"
+    script.write_text(HELD)
+    env = {**os.environ, "PYTHONPATH": str(Path(crash.__file__).parents[1])}
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, env=env,
+                          timeout=60)
+    assert proc.returncode == -15, proc.stderr[-2000:]
+    sent = float(proc.stdout.split()[0])
+    stopped = parse_stopped(tmp_path / "rank1_stopped.txt")
+    assert stopped is not None and sent - 0.5 < stopped.unix <= sent  # when it arrived, not a second later
+    assert (stopped.dump.user_frame.func, stopped.dump.user_frame.line) == ("export", 12)

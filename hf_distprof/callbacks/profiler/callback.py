@@ -437,6 +437,7 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         signals.rearm()  # the step timer's and memory logger's rows still wait for SIGTERM's default action
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        signals.note_arrival(signum, frame)  # the stop file's time and place: before the window's export
         previous = self._previous_handlers.get(signum, signal.SIG_DFL)
         if os.getpid() != self._pid:  # a forked child (a DataLoader worker): the rank's profiler is not its own
             signal.signal(signum, previous if callable(previous) or previous == signal.SIG_IGN else signal.SIG_DFL)
