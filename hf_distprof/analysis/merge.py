@@ -130,15 +130,15 @@ def write_merged(result: AnalysisResult, output: str | os.PathLike[str], align: 
             fh.write(b'{"displayTimeUnit": "ms", "traceEvents": [')
             first = True
             for r in ranks:
-                for path in r.path.split(", "):  # a rank combined from several windows lists each file
-                    for chunk in _rank_events(path, r.rank, shifts[r.rank], len(ranks)):
-                        if not chunk:
-                            continue
-                        if not first:
-                            fh.write(b",")
-                        fh.write(orjson.dumps(chunk)[1:-1])
-                        first = False
-                        n_events += len(chunk)
+                # A rank combined from several windows lists each file: one process, its threads numbered once.
+                for chunk in _rank_events(r.path.split(", "), r.rank, shifts[r.rank], len(ranks)):
+                    if not chunk:
+                        continue
+                    if not first:
+                        fh.write(b",")
+                    fh.write(orjson.dumps(chunk)[1:-1])
+                    first = False
+                    n_events += len(chunk)
             fh.write(b"]}")
     except OSError as exc:
         # Only the output can fail here (an unreadable input trace raises TraceReadError, a ValueError);
@@ -153,12 +153,12 @@ def _check_align(align: str) -> None:
         raise ValueError(f"align must be one of {', '.join(ALIGN_MODES)}, got {align!r}")
 
 
-def _rank_events(path: str, rank: int, shift: float, n_ranks: int) -> Any:
-    """Yield the rank's events rewritten: pid = rank, threads renumbered, timestamps shifted.
+def _rank_events(paths: list[str], rank: int, shift: float, n_ranks: int) -> Any:
+    """Yield the rank's events (from each of its traces) rewritten: pid = rank, threads renumbered, timestamps shifted.
 
     Threads of all the rank's original processes (the CPU process, one per GPU) share one process now, so they are
     renumbered and named after their origin, once each: the trace's own name for the thread (``CPU thread 1234
-    (python3)``; its first, when it has several), else one made from its ids (``GPU 0 stream 7``), given after the
+    (python3)``; its first, when it has several), else one made from its ids (``GPU 0 tid 7``), given after the
     last event (a viewer takes a thread's name from whichever record it keeps: two names were a coin flip)."""
     yield [
         {"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}},
@@ -167,7 +167,7 @@ def _rank_events(path: str, rank: int, shift: float, n_ranks: int) -> Any:
     tids: dict[tuple[Any, Any], int] = {}
     labels: dict[Any, str] = {}
     named: set[int] = set()
-    for chunk in iter_trace_events(path, {}):
+    for chunk in (c for path in paths for c in iter_trace_events(path, {})):
         out = []
         for ev in chunk:
             if not isinstance(ev, dict):

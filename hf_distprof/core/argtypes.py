@@ -147,7 +147,9 @@ def _in_range(value: Any, given: Any, low: float | None = None, high: float | No
         argparse.ArgumentTypeError: Out of the range, or not finite (NaN compares false with everything, and
             infinity overflows timers).
     """
-    out = not math.isfinite(value) or (low is not None and (value < low or (above and value == low)))
+    # (An int is always finite, and one beyond a float's range would overflow math.isfinite.)
+    out = (isinstance(value, float) and not math.isfinite(value)) or (
+        low is not None and (value < low or (above and value == low)))
     if out or (high is not None and value > high):
         raise argparse.ArgumentTypeError(f"{_range_text(type(value), low, high, above, why)}, got {given!r}")
     return value

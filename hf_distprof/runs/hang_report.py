@@ -4,8 +4,9 @@ died, of what, where.
 Reads ``hang_rank{R}_{host}.txt`` (written by ``--hang-timeout``), the GIL-free backstop dumps
 (``hang_rank{R}_{host}.faulthandler.txt``) for ranks without one, NCCL flight-recorder dumps
 (``flight_recorder_rank{R}_{host}.pkl``) where present, the crash files (``rank{R}_crash.txt``: every thread's
-stack when a rank died of a fatal signal, :mod:`hf_distprof.crash`), and the exception files (``rank{R}_exception.txt``:
-the traceback of an uncaught exception that ended a rank). No torch import.
+stack when a rank died of a fatal signal, :mod:`hf_distprof.crash`), the exception files (``rank{R}_exception.txt``:
+the traceback of an uncaught exception that ended a rank) and the stop files (``rank{R}_stopped.txt``: when a signal
+stopped a rank, and where it found it). No torch import.
 """
 
 from __future__ import annotations

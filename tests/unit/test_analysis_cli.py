@@ -874,3 +874,29 @@ def test_merge_names_each_thread_once_after_its_origin(tmp_path: Path, folder: s
     assert "(no thread)" in rank0 and "Spans PyTorch Profiler" in rank0
     assert not any(n.startswith("pid ") for n in rank0), rank0
     assert any(n.startswith("CPU thread ") and n.endswith(" (python)") for n in rank0), rank0
+
+
+def test_merge_numbers_a_rank_s_threads_once_over_its_windows(tmp_path: Path) -> None:
+    # The review: each window's file numbered its threads afresh, so tid 1 was the CPU thread in one window and a GPU
+    # stream in the next, one track under two names.
+    doc = orjson.loads(gzip.decompress((DATA / "clean" / "rank-0.json.gz").read_bytes()))
+    for name, (steps, shift) in {"rank0_a.json.gz": (0, 0), "rank0_b.json.gz": (100, 10**9)}.items():
+        events = []
+        for e in doc["traceEvents"]:
+            e = dict(e)
+            if str(e.get("name", "")).startswith("ProfilerStep#"):
+                e["name"] = f"ProfilerStep#{int(e['name'].split('#')[1]) + steps}"
+            if isinstance(e.get("ts"), (int, float)):
+                e["ts"] += shift
+            events.append(e)
+        (tmp_path / name).write_bytes(gzip.compress(orjson.dumps({**doc, "traceEvents": events})))
+    out = tmp_path / "merged.json.gz"
+    merge_traces([tmp_path / "rank0_a.json.gz", tmp_path / "rank0_b.json.gz"], out,
+                 options=AnalysisOptions(workers=1))
+    merged = orjson.loads(gzip.decompress(out.read_bytes()))["traceEvents"]
+    names: dict[int, list[str]] = {}
+    for e in merged:
+        if e.get("ph") == "M" and e.get("name") == "thread_name":
+            names.setdefault(e["tid"], []).append(e["args"]["name"])
+    assert all(len(n) == 1 for n in names.values()), names
+    assert len(names) == len({(e.get("tid")) for e in merged if e.get("ph") != "M"})  # every track named, once

@@ -102,6 +102,6 @@ def test_a_run_without_the_profiler_says_so_and_where_its_records_are_read(tmp_p
     (folder / "timing_rank0.jsonl").write_text(json.dumps({"step": 1, "step_s": 0.1}) + "\n")
     assert main(["analyze", str(folder)]) == 2
     assert capsys.readouterr().err == (
-        f"hf-distprof analyze: error: {folder}: no profiler trace (*.pt.trace.json[.gz]) in this run folder: the run "
-        "was not profiled (no --enable-profiling): its step timer's records are read by hf-distprof compare; add "
-        "--enable-profiling to trace a window\n")
+        f"hf-distprof analyze: error: {folder}: no profiler trace (*.pt.trace.json[.gz]) in this run folder: it has no "
+        "run manifest either: the run was not profiled (no --enable-profiling), or it ended before the profiler "
+        "started; its step timer's records are read by hf-distprof compare\n")

@@ -77,8 +77,8 @@ def read_run(paths: Iterable[str | os.PathLike[str]]) -> RunInput:
         why = why_no_trace(exc.folder) if exc.run_folder else None
         if why is None and exc.run_folder and not _manifest_in(exc.folder):
             # The step timer's (or the memory logger's) files alone: a run without the profiler (trial T).
-            why = ("the run was not profiled (no --enable-profiling): its step timer's records are read by "
-                   "hf-distprof compare; add --enable-profiling to trace a window")
+            why = ("it has no run manifest either: the run was not profiled (no --enable-profiling), or it ended "
+                   "before the profiler started; its step timer's records are read by hf-distprof compare")
         if why is None:
             raise
         raise FileNotFoundError(f"{exc}: {why}") from None  # the run's manifest says why no window was taken

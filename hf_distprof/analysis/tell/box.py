@@ -18,6 +18,8 @@ from hf_distprof.core.text import SHOWN_PCT, format_ranks, step_base, who
 from hf_distprof.core.verdicts import QUIET_WHY
 
 NO_FINDING = "nothing crosses its threshold in most steps, beyond the run's own noise"
+"""What a run without a finding is told (the box, the text, the report, the trackers): a threshold crossed on the mean
+but not in enough steps, or within the noise, is no finding."""
 
 
 def no_finding(result: AnalysisResult) -> str:
@@ -28,8 +30,6 @@ def no_finding(result: AnalysisResult) -> str:
         return "No finding among what could be decided; the rest had not enough evidence: no verdict on the whole run."
     among = f" in the ranks read ({format_ranks(result.unread_ranks)}: no trace read)" if result.unread_ranks else ""
     return f"No finding{among}: {NO_FINDING}."
-"""What a run without a finding is told (the box, the text, the report, the trackers): a threshold crossed on the mean
-but not in enough steps, or within the noise, is no finding."""
 
 WIDTH = 100
 """Characters per line, borders included."""
