@@ -900,3 +900,20 @@ def test_merge_numbers_a_rank_s_threads_once_over_its_windows(tmp_path: Path) ->
             names.setdefault(e["tid"], []).append(e["args"]["name"])
     assert all(len(n) == 1 for n in names.values()), names
     assert len(names) == len({(e.get("tid")) for e in merged if e.get("ph") != "M"})  # every track named, once
+
+
+def test_the_box_says_which_ranks_ended_early_where_a_file_of_theirs_says_so(tmp_path: Path) -> None:
+    # Trial U: rank 1 raised after the window (traces of both ranks read); the box said "no finding ... nothing to fix"
+    # and only the manifest's "incomplete" line hinted that the run had failed.
+    from hf_distprof.analysis import format_box
+
+    run = tmp_path / "raised"
+    shutil.copytree(DATA / "golden" / "cpu_clean_memory", run)
+    assert "Ended:" not in format_box(analyze_paths([run], AnalysisOptions(workers=1)))
+    (run / "rank1_exception.txt").write_text("hf_distprof: rank 1 on host vm ended by an uncaught exception ...\n")
+    (run / "rank0_stopped.txt").write_text("hf_distprof: rank 0 on host vm stopped by SIGTERM ...\n")
+    result = analyze_paths([run], AnalysisOptions(workers=1))
+    assert (result.run.raised_ranks, result.run.stopped_ranks) == ([1], [0])
+    box = " ".join(line.strip("| ") for line in format_box(result).splitlines())
+    assert "Ended: rank 1 raised an exception; rank 0 was stopped by a signal: hf-distprof hang-report RUN_FOLDER " \
+           "says how, where and in what order" in " ".join(box.split())

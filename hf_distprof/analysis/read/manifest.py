@@ -30,6 +30,7 @@ from hf_distprof.core.names import (  # noqa: F401 (ANOMALY, ON_DEMAND: the othe
     MANIFEST_PART_NAME,
     ON_DEMAND,
     PROFILE_RANKS_NAME,
+    STOPPED_NAME,
 )
 from hf_distprof.core.stats import finite
 from hf_distprof.core.text import format_ranks
@@ -278,6 +279,7 @@ def summarize(manifest: Mapping[str, Any], folder: Path, others: Sequence[Path] 
             profile_ranks=_optional_str(manifest.get("profile_ranks")),
             crashed_ranks=_crashed(folder, others),
             raised_ranks=_crashed(folder, others, EXCEPTION_NAME),
+            stopped_ranks=_crashed(folder, others, STOPPED_NAME),
             job=_job(manifest.get("job")),
         )
     except (AttributeError, IndexError, KeyError, TypeError, ValueError) as err:

@@ -53,6 +53,8 @@ class RunSummary:
     """Ranks whose crash file (``rank{R}_crash.txt``: a fatal signal's stack) is in the folder, not empty."""
     raised_ranks: list[int] = field(default_factory=list)
     """Ranks whose exception file (``rank{R}_exception.txt``: an uncaught exception ended them) is in the folder."""
+    stopped_ranks: list[int] = field(default_factory=list)
+    """Ranks whose stop file (``rank{R}_stopped.txt``: a signal's default action ended them) is in the folder."""
     job: dict[str, Any] | None = None
     """Rank 0's launcher, ids and restart counts (:func:`hf_distprof.core.job.job_record`); None in older manifests."""
 

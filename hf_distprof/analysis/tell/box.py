@@ -44,7 +44,22 @@ def _why(f: Finding) -> str:
 def _fields(result: AnalysisResult) -> list[tuple[str, str]]:
     if not result.ranks:
         return [("Verdict", "no trace could be analysed"), ("Why", "; ".join(e.reason for e in result.errors[:2]))]
-    return _answer(result) + _skipped(result)
+    return _answer(result) + _ended(result) + _skipped(result)
+
+
+def _ended(result: AnalysisResult) -> list[tuple[str, str]]:
+    """The ranks that ended before the run did, where a file of theirs says so (a crash stack, an exception, a stop):
+    the answer above is of the steps traced before (trial U: "no finding ... nothing to fix" on a run whose rank 1 had
+    raised, with no word of it but the manifest's "incomplete")."""
+    run = result.run
+    if run is None or not (run.crashed_ranks or run.raised_ranks or run.stopped_ranks):
+        return []
+    told = set(run.crashed_ranks) | set(run.raised_ranks) | set(run.stopped_ranks)
+    parts = [f"{format_ranks(ranks)} {what}" for ranks, what in (
+        (run.crashed_ranks, "died of a fatal signal"), (run.raised_ranks, "raised an exception"),
+        (sorted(set(run.stopped_ranks) - set(run.crashed_ranks) - set(run.raised_ranks)), "was stopped by a signal"),
+        (sorted(set(run.unfinished_ranks) - told), "never reached train end")) if ranks]
+    return [("Ended", f"{'; '.join(parts)}: hf-distprof hang-report RUN_FOLDER says how, where and in what order")]
 
 
 def _skipped(result: AnalysisResult) -> list[tuple[str, str]]:

@@ -25,7 +25,8 @@ def unread_words(missing: list[int], coverage: Coverage | None,
         dos.append("hf-distprof hang-report RUN_FOLDER says where it died; fix that, then profile again")
     if unfinished:
         whys.append(f"{format_ranks(unfinished)} never reached train end (it died or was stopped) and left no trace")
-        dos.append(f"see {format_ranks(unfinished)}'s log in the run folder (rank<R>.log) for how it ended")
+        dos.append("hf-distprof hang-report RUN_FOLDER says how it ended (killed, stopped), and rank<R>.log its last "
+                   "words")
     missing = [r for r in missing if r not in crashed and r not in unfinished]
     if missing:
         unread = format_ranks(missing)
