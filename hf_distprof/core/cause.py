@@ -372,4 +372,14 @@ def cause_action(a: Attribution, on_gpu: bool, phase_advice_text: str) -> str:
         return ("check its host: another process on its cores, a lower CPU frequency, a slower node, or a busy "
                 "thread of the rank's own process holding the GIL (py-spy dump --pid shows it); move the rank or "
                 "drain the node; its data and its amount of work are not the cause")
+    if a.cause == Cause.COMPUTE and a.unit == "tokens" and a.work_ratio is not None and a.speed_ratio is not None:
+        # The same tokens, a little slower each (under the threshold that names its machine): longer padded batches,
+        # or its machine (a trial's clean run on a shared host was told "check for uneven sequence lengths" alone).
+        where = ("its GPU: clocks and throttle reasons (nvidia-smi -q -d PERFORMANCE,CLOCK), or other processes on it"
+                 if on_gpu else "its host: another process on its cores, a lower CPU frequency, or a busy thread of "
+                 "the rank's own process (py-spy dump --pid)")
+        return (f"it has about its peers' tokens ({a.work_ratio:.2f}x) at {a.speed_ratio:.2f}x their time per token: "
+                "if its batches are padded longer (the same tokens in longer sequences), pad to a fixed length or use "
+                f"--group_by_length; if not, {where}; on a shared host, run again before acting (a host's lean comes "
+                "and goes)")
     return phase_advice_text

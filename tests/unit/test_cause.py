@@ -277,3 +277,16 @@ def test_the_data_advice_asks_for_what_the_run_s_dataloader_does_not_set(tmp_pat
                for a in actions), actions
     assert ("Load data ahead of the step: raise --dataloader_num_workers above its 2, raise "
             "--dataloader_prefetch_factor above its 4") in actions
+
+
+def test_compute_a_little_slower_for_the_same_tokens_asks_about_padding_then_the_host():
+    # Trial U: a clean run on a shared host named rank 0's compute ("13 ms more per step ... with 1.00x the tokens")
+    # and told it only to check for uneven sequence lengths, which the same token count makes unlikely.
+    got = attribute_rows(rows({0: (0.0, 0.001, 0.010, 0.107, 256.0, 8.0), 1: CLEAN}), 0, 10.0)
+    assert got is not None and got.cause == Cause.COMPUTE
+    assert got.work_ratio == 1.0 and got.speed_ratio == pytest.approx(1.07, abs=0.01)
+    action = cause_action(got, False, "its forward compute is slower: check for uneven sequence lengths")
+    assert action.startswith(f"it has about its peers' tokens (1.00x) at {got.speed_ratio:.2f}x their time per token: "
+                             "if its batches are padded longer (the same tokens in longer sequences), pad to a fixed "
+                             "length or use --group_by_length; if not, its host: another process on its cores")
+    assert "nvidia-smi" in cause_action(got, True, "-")
