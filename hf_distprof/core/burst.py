@@ -6,7 +6,8 @@ stall in steps 19-23 was half of its peer's run, and no output named it). A burs
 one rank's own work exceeded its peers' median by more than the imbalance threshold of the run's median step, in one
 stretch (at most one judged step between two of them), at least :data:`MIN_STEPS` of them, adding up to at least
 :data:`MATERIAL_PCT` of the run's judged step time without the largest one. One stall is a host's hiccup, and a small
-excess over many steps is the verdict's to judge, not a burst.
+excess over many steps is the verdict's to judge, not a burst; but one stall that alone cost the run
+:data:`SINGLE_PCT` of its time is said, as a wait its peers paid once (not as the rank's pattern).
 
 Stalls, apart: the same rank stalling again and again (a slow file every N batches), each stall longer than
 :data:`STALL_FACTOR` times that threshold (half the median step at the default 10%: no hiccup of a shared host), at
@@ -40,6 +41,10 @@ STALL_FACTOR = 5.0
 SPREAD_K = 3.0
 """Beside a slow rank, a step stands out when its excess beyond the rank's usual is more than this many scaled MADs of
 the rank's excess (its own step-to-step spread)."""
+SINGLE_PCT = 25.0
+"""One stall alone is said when it costs the run at least this % of its judged step time (a step some ten times the
+median in a run of 30): no hiccup of a shared host, a wait its peers paid (trial U: one rank's 35 s stall, 76% of
+the run, was said nowhere, and the table named its peer slowest)."""
 RARE_SHARE = 0.25
 """Beside a slow rank, a rank whose steps stand out in more than this share of the steps has no burst or stalls: that is
 how it is slow (two levels, a drift), the verdict's to say."""
@@ -69,6 +74,8 @@ class Burst:
     """The run's judged steps (what ``steps`` are among)."""
     gate: str = ""
     """Without a slow rank: which test kept the verdict over the run quiet (:attr:`SlowRankVerdict.gate`), if known."""
+    single: bool = False
+    """One stall alone (:data:`SINGLE_PCT`): said as a wait its peers paid, not as a pattern of the rank's."""
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -85,7 +92,7 @@ class Burst:
         said = [f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs]
         if len(said) > 10:  # the first and the last few of many
             said = [*said[:6], "...", *said[-2:]]
-        return "steps " + ", ".join(said)
+        return ("step " if len(self.steps) == 1 else "steps ") + ", ".join(said)
 
     @property
     def phase_name(self) -> str:
@@ -96,6 +103,8 @@ class Burst:
     def what(self) -> str:
         """"in a burst", "in stalls", or, over more than a quarter of the run's steps (a slowness that comes and goes,
         every other step, say), "in 26 of 53 judged steps", as said."""
+        if self.single:
+            return "in one stall"
         if self.stalls:
             return "in stalls"
         if self.judged and len(self.steps) > RARE_SHARE * self.judged:
@@ -115,6 +124,8 @@ class Burst:
     @property
     def against(self) -> str:
         """How it stands beside the slow-rank verdict, as said."""
+        if self.single:
+            return "once: one stall says nothing of its usual speed; --profile-on-anomaly traces the steps after one"
         if self.beside is None:
             if self.gate == "undecided":
                 return "not the slow rank of the run: the verdict over the run has too few steps to decide"
@@ -164,15 +175,22 @@ def find_burst(work: dict[int, list[float]], steps: list[int], step_time: list[f
     if not stretches or run_s <= 0:
         return None
     rank, group = max(stretches, key=lambda rg: (sum(e for _, e in rg[1]), -rg[0]))
-    stalls = False
+    stalls = single = False
     if not _material(group, MIN_STEPS, run_s):
         # Else the same rank's long stalls, wherever they are: one rank's, at least twice any other's (ranks that all
         # stall alike have a shared cause, not one rank's).
         big = {r: [(i, e) for i, e in hot[r] if e > STALL_FACTOR * floor] for r in ranks}
         totals = {r: sum(e for _, e in big[r]) for r in ranks}
         able = [r for r in ranks if _material(big[r], 2, run_s) and len(_stretches(big[r])) >= 2]
-        if not able:
-            return None
+        single = False
+        if not able:  # one stall alone, if it cost the run that much, and no other rank stalled as long
+            if not any(big.values()):
+                return None
+            rank, (i, e) = max(((r, ie) for r in ranks for ie in big[r]), key=lambda rie: (rie[1][1], -rie[0]))
+            if 100.0 * e / run_s < SINGLE_PCT or len(big[rank]) > 1 or any(
+                    x >= e / 2 for r in ranks if r != rank for _, x in big[r]):
+                return None  # (two back to back are a burst's to judge, too short for one)
+            able, big[rank], totals[rank], single = [rank], [(i, e)], e, True
         rank = max(able, key=lambda r: (totals[r], -r))
         if any(2 * totals[r] > totals[rank] for r in ranks if r != rank):
             return None
@@ -188,7 +206,7 @@ def find_burst(work: dict[int, list[float]], steps: list[int], step_time: list[f
         usable = {p: v for p, v in phases.items() if all(r in v for r in ranks)}
         phase = max(usable, key=lambda p: excess_of(usable[p]), default=None)
     return Burst(rank, [steps[i] for i in at], total, 100.0 * total / run_s, run_s, phase, stalls, slow_rank,
-                 usual[rank], len(steps), gate if slow_rank is None else "")
+                 usual[rank], len(steps), gate if slow_rank is None else "", single)
 
 
 def usual_excess(work: dict[int, list[float]], rank: int) -> float:
