@@ -527,7 +527,8 @@ _HOW = {
     KILLED: "killed without a chance to write: SIGKILL (the out-of-memory killer, or a launcher's or scheduler's kill; "
             "see dmesg and the launcher's log)",
     KILLED_OR_RUNNING: "its crash file is left empty: killed by SIGKILL (the out-of-memory killer, or a launcher's or "
-                       "scheduler's kill), or still running on its host (not to be checked from here)",
+                       "scheduler's kill), or still running (its process cannot be checked: on another host, or no "
+                       "manifest part gives its pid, as in a run without the profiler)",
 }
 
 
