@@ -148,8 +148,10 @@ def profiler_slowdown(
     ratio = noise = note = confidence = warning = kind = None
     if len(ref) < min_outside:
         warm = "the one before it is" if len(before) == 1 else f"the {len(before)} before it are"
+        # (Not "the run's warm-up": the verdicts judge those steps; only this comparison leaves them out. Trial U.)
         note = (f"not enough untraced steps to compare the profiler's window with: {len(after)} after its start "
-                f"({warm} the run's warm-up), at least {min_outside} are needed (run more steps after the window)")
+                f"({warm} left out of this comparison: a run's first steps are its slowest), at least {min_outside} "
+                "are needed (run more steps after the window)")
     elif mid is not None and mid > 0:
         ratio = med / mid
         noise = slowdown_noise_pct(ins, ref, mid, before)

@@ -105,8 +105,8 @@ def test_profiler_slowdown_with_too_few_untraced_steps_says_so_instead_of_a_rati
         median_step_s_inside=5.0, median_step_s_before=1.0, median_step_s_after=1.0,
         ratio=None, threshold_ratio=1.25, options={}, warning=None, confidence=None, median_step_s_reference=1.0,
         noise_pct=None, note=("not enough untraced steps to compare the profiler's window with: 2 after its start (the "
-                              "4 before it are the run's warm-up), at least 6 are needed (run more steps after the "
-                              "window)"),
+                              "4 before it are left out of this comparison: a run's first steps are its slowest), at "
+                              "least 6 are needed (run more steps after the window)"),
     )
     # With min_outside=2 the same steps are enough.
     two = profiler_slowdown(steps, {6, 7}, {}, min_outside=2)
