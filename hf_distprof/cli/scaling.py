@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
             points.append(point_from_run(load_run(run_dir), nproc))
         except (RunFolderError, ValueError) as exc:
             print(f"hf-distprof scaling: error: {exc}", file=sys.stderr)
-            return 1
+            return 2 if args.reuse else 1  # --reuse: a folder given that holds no run, as a missing path elsewhere
     result = scaling_result(points, args.mode)
     print(format_scaling(result))
     try:

@@ -111,6 +111,9 @@ def test_scaling_cli_runs_the_template_per_count_and_writes_csv_json_png(tmp_pat
     assert "holds an earlier run; pass --overwrite" in capsys.readouterr().err
     assert main(["scaling", "--nprocs", "1,2", "--output-dir", str(out), "--reuse"]) == 0
     assert "80.0" in capsys.readouterr().out
+    # --reuse of a folder that holds no such run: a path given wrong, exit 2 as elsewhere (trial T: it was 1).
+    assert main(["scaling", "--nprocs", "1,4", "--output-dir", str(out), "--reuse"]) == 2
+    assert capsys.readouterr().err.endswith(f"{out / 'nproc4'}: no such folder\n")
     # Reading the runs and replacing them, or reading them and running a command, are contradictions: said at once.
     for extra, words in ((["--overwrite"], "argument --overwrite: not allowed with argument --reuse"),
                          (["--", *FAKE], "--reuse runs nothing: it reads the runs already in --output-dir, so a "
