@@ -141,8 +141,8 @@ class TraceAnalysisCallback(TrainerCallback):  # type: ignore[misc]
 
         assert self.run_dir is not None
         written = self.report  # for the trackers (report_to), when they were sent to
-        full = (f"open {written} (written), or hf-distprof analyze {self.run_dir}" if written is not None
-                else f"hf-distprof analyze {self.run_dir} --report {self.run_dir / 'report'}")
+        full = (f"{written} (written: open it in a browser), or hf-distprof analyze {self.run_dir}"
+                if written is not None else f"hf-distprof analyze {self.run_dir} --report {self.run_dir / 'report'}")
         print(
             f"\nhf_distprof trace analysis of {self.run_dir} ({len(traces)} trace(s))\n"
             f"{format_findings(self.result)}\n"
@@ -174,4 +174,9 @@ class TraceAnalysisCallback(TrainerCallback):  # type: ignore[misc]
                                          tensorboard_dir=board)
         went = [name for name, status in self.sent.items() if status == "sent"]
         if went:
-            print(f"hf_distprof: the analysis went to {', '.join(went)} ({time.monotonic() - began:.1f} s)", flush=True)
+            # The verdict on the console too (trial V: a finding the console never hinted at; the box is in the
+            # trackers, and `analyze --findings` prints it).
+            from hf_distprof.analysis.tell.box import verdict
+
+            print(f"hf_distprof: the analysis went to {', '.join(went)} ({time.monotonic() - began:.1f} s); verdict: "
+                  f"{verdict(self.result)} (hf-distprof analyze {self.run_dir} --findings)", flush=True)

@@ -160,7 +160,7 @@ def where_to_look(run_dirs: list[Path], tensorboard_dirs: list[Path], profiling:
         first = run_dirs[0]
         traced = any(first.glob(f"*{TRACE_SUFFIX}"))
         if profiling and traced:
-            lines.append(f"  open https://ui.perfetto.dev and drag in a trace from {first}")
+            lines.append(f"  Perfetto: in a browser, https://ui.perfetto.dev, drag in a trace from {first}")
             lines.append(f"  pip install torch-tb-profiler && tensorboard --logdir {first.parent}")
         if not traced:
             # analyze reads traces: without one it would stop with an error (its reason is in the folder's manifest)
@@ -171,7 +171,7 @@ def where_to_look(run_dirs: list[Path], tensorboard_dirs: list[Path], profiling:
             lines.append(f"  hf-distprof analyze {first}               # where the step time goes")
             written = first / "report" / "report.html"  # written for the trackers (report_to) at train end
             if written.is_file() and not _older_than_traces(written, first):
-                lines.append(f"  open {written}   # the report, with plots (already written)")
+                lines.append(f"  report: {written}   # open it in a browser: the report, with plots (already written)")
             else:
                 lines.append(f"  hf-distprof analyze {first} --report {first / 'report'}   # Markdown/HTML with plots")
         if _hang_dumps(first, since):

@@ -285,14 +285,18 @@ def cross_rank_report(
                if cause is None or cause.rank != slow.rank else
                f"Rank {slow.rank}: {cause_why(cause)}. Rank {slow.rank}: {cause_action(cause, on_gpu, advice)}.")
         # (a peer's few long steps can lift its mean above the slow rank's: then the means are no evidence, said so)
-        mean = (f"averages {slow.pre_sync_s:.4f}s per step vs {typical:.4f}s on a typical peer" if slow.pre_sync_s >
-                typical else f"is longer step by step, though its mean is not ({slow.pre_sync_s:.4f}s vs "
+        # (The verdict's figure is the median step's; the means' ratio, the table's, is said beside it: trial V read
+        # "123.1%" next to means 89.2% apart.)
+        mean = (f"averages {slow.pre_sync_s:.4f}s per step vs {typical:.4f}s on a typical peer "
+                f"({100.0 * (slow.pre_sync_s / typical - 1.0):.1f}% in the means)"
+                if slow.pre_sync_s > typical and typical > 0 else
+                f"is longer step by step, though its mean is not ({slow.pre_sync_s:.4f}s vs "
                 f"{typical:.4f}s on a typical peer: another rank's few long steps weigh on the means)")
         warnings.append(
-            f"Imbalance before the gradient sync {verdict.effect_pct:.1f}% > {time_threshold_pct:g}%: rank "
-            f"{slow.rank} is the slowest. Its time to the sync (data + forward + backward compute, its wait for a CPU "
-            f"included) {mean}; step by step, that wait left out, the other ranks wait for it in the collectives "
-            f"({verdict.reason}; confidence {verdict.confidence:.3f}). {why}")
+            f"Imbalance before the gradient sync {verdict.effect_pct:.1f}% > {time_threshold_pct:g}% (the median "
+            f"step's): rank {slow.rank} is the slowest. Its time to the sync (data + forward + backward compute, its "
+            f"wait for a CPU included) {mean}; step by step, that wait left out, the other ranks wait for it in the "
+            f"collectives ({verdict.reason}; confidence {verdict.confidence:.3f}). {why}")
     if mem_imbalance is not None and mem_imbalance > memory_threshold_pct:
         warnings.append(memory_warning(ranks, mem_imbalance, memory_threshold_pct))
     return CrossRankReport(

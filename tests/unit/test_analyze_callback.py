@@ -103,6 +103,12 @@ def test_without_the_flag_the_trackers_get_the_answer_and_the_console_stays_quie
     out = capsys.readouterr().out
     assert "hf_distprof trace analysis of" not in out  # the findings print with --profiler-analyze only
     assert "hf_distprof: the analysis went to tensorboard" in out
+    # Its verdict, on the console too (trial V: a finding the console never hinted at).
+    from hf_distprof.analysis.tell.box import verdict
+
+    (line,) = [x for x in out.splitlines() if "the analysis went to" in x]
+    assert line.endswith(f"s); verdict: {verdict(analysis.result)} (hf-distprof analyze {analysis.run_dir} "
+                         "--findings)") and verdict(analysis.result)
     assert (analysis.run_dir / "analysis.json").exists() and (analysis.run_dir / "report" / "report.html").exists()
     acc = EventAccumulator(str(tmp_path / "tb"), size_guidance={"tensors": 0})
     acc.Reload()
@@ -111,7 +117,7 @@ def test_without_the_flag_the_trackers_get_the_answer_and_the_console_stays_quie
 
 def test_with_a_tracker_the_printed_analysis_points_at_the_report_already_written(tmp_path, monkeypatch, capsys):
     # A trial: "Full per-step tables and plots: hf-distprof analyze RUN --report RUN/report" above the closing block's
-    # "open RUN/report/report.html   # the report, with plots (already written)".
+    # "report: RUN/report/report.html   # open it in a browser: the report, with plots (already written)".
     monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
     _reporting(monkeypatch, tmp_path, ["tensorboard"])
     callbacks = build_callbacks(args_for(tmp_path))
@@ -119,8 +125,8 @@ def test_with_a_tracker_the_printed_analysis_points_at_the_report_already_writte
     tensorboard.close_writers()
     run = callbacks[-2].run_dir
     out = capsys.readouterr().out
-    assert (f"Full per-step tables and plots: open {run / 'report' / 'report.html'} (written), or hf-distprof analyze "
-            f"{run}\n") in out
+    assert (f"Full per-step tables and plots: {run / 'report' / 'report.html'} (written: open it in a browser), or "
+            f"hf-distprof analyze {run}\n") in out
 
 
 def test_nothing_to_report_to_means_no_analysis_and_no_barrier(tmp_path, monkeypatch):

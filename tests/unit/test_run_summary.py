@@ -40,7 +40,7 @@ def test_the_block_names_each_trace_summary_and_the_commands(tmp_path):
         "",
         "View them:",
         f"  tensorboard --logdir {tmp_path / 'out' / 'runs'}          # scalars",
-        f"  open https://ui.perfetto.dev and drag in a trace from {run}",
+        f"  Perfetto: in a browser, https://ui.perfetto.dev, drag in a trace from {run}",
         f"  pip install torch-tb-profiler && tensorboard --logdir {run.parent}",
         f"  hf-distprof analyze {run}               # where the step time goes",
         f"  hf-distprof analyze {run} --report {run / 'report'}   # Markdown/HTML with plots",
@@ -76,7 +76,8 @@ def test_a_report_already_written_for_the_trackers_is_named_not_written_again(tm
     (tmp_path / "report").mkdir()
     (tmp_path / "report" / "report.html").write_text("<html>")
     lines = where_to_look([tmp_path], [], profiling=True).splitlines()
-    assert f"  open {tmp_path / 'report' / 'report.html'}   # the report, with plots (already written)" in lines
+    assert (f"  report: {tmp_path / 'report' / 'report.html'}   # open it in a browser: the report, with plots "
+            "(already written)") in lines
     assert not [line for line in lines if "--report" in line]
     # An earlier run's report in a reused run folder (--profiler-run-name): older than this run's traces, not named.
     os.utime(trace, None)

@@ -392,7 +392,8 @@ def test_a_slow_rank_is_warned_about_live_once_the_verdict_held_twice(tmp_path, 
     with caplog.at_level(logging.WARNING):
         _live(tmp_path, [(0.3, 0.45)] * 5)  # raised at windows 2, 3, 4, 5: said once, at window 3
     (warning,) = [r.getMessage() for r in caplog.records if "Imbalance before" in r.getMessage()]
-    assert warning.startswith("[RANK 0] step 13: Imbalance before the gradient sync 50.0% > 10%: rank 1 is the slowest")
+    assert warning.startswith("[RANK 0] step 13: Imbalance before the gradient sync 50.0% > 10% (the median step's): "
+                              "rank 1 is the slowest")
 
 
 def test_a_live_warning_the_whole_run_does_not_bear_out_is_withdrawn_at_the_end(tmp_path, caplog):
@@ -517,7 +518,7 @@ def test_the_live_verdict_is_judged_again_once_the_steps_grew_by_5_percent(tmp_p
                                                          (448, "raised"), (472, "raised")]
     (warning,) = [r.getMessage() for r in caplog.records if "Imbalance before" in r.getMessage()]
     assert warning.startswith(
-        "[RANK 0] step 473: Imbalance before the gradient sync 50.0% > 10%: rank 1 is the slowest")
+        "[RANK 0] step 473: Imbalance before the gradient sync 50.0% > 10% (the median step's): rank 1 is the slowest")
     assert cb._live is not None and cb._live[1] == 1164
     # Past the steps the series keeps, the wait is 5% of those (10 of 200 here), not of every step seen (58).
     from transformers import TrainerState

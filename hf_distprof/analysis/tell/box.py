@@ -41,6 +41,11 @@ def _why(f: Finding) -> str:
     return f.why + (f" (confidence {f.confidence:.2f})" if f.confidence is not None else "")
 
 
+def verdict(result: AnalysisResult) -> str:
+    """The box's ``Verdict`` line alone (what a one-line message at train end says, where the box goes elsewhere)."""
+    return next((text for name, text in _fields(result) if name == "Verdict"), "")
+
+
 def _fields(result: AnalysisResult) -> list[tuple[str, str]]:
     if not result.ranks:
         return [("Verdict", "no trace could be analysed"), ("Why", "; ".join(e.reason for e in result.errors[:2]))]
