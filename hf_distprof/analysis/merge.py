@@ -207,7 +207,7 @@ def _origin(pid: Any, labels: dict[Any, str]) -> str:
 
 
 def _thread(key: tuple[Any, Any], labels: dict[Any, str]) -> str:
-    """A thread's made name: ``GPU 0 stream 7``, ``CPU tid 1234``, ``Spans PyTorch Profiler``; events without a
+    """A thread's made name: ``GPU 0 tid 7``, ``CPU tid 1234``, ``Spans PyTorch Profiler``; events without a
     process or a thread (a global instant), ``(no thread)``."""
     pid, tid = key
     if pid in (None, "") and tid in (None, ""):  # (Kineto's global instants: "Record Window End")

@@ -99,7 +99,12 @@ def _valid(kind: type, value: Any, low: float, above: bool = False) -> Any:
         finite = "finite" in str(exc)
         raise argparse.ArgumentTypeError(f"{_range_text(kind, low, None, above, finite=finite)}, got {value!r}") \
             from None
+    if kind is int and parsed > MAX_INT:  # (C code takes these: a buffer's entries, an environment variable)
+        raise argparse.ArgumentTypeError(f"{_range_text(kind, low, None, above)} and below 2**63, got {value!r}")
     return _in_range(parsed, value, low=low, above=above)
+
+
+MAX_INT = 2**63 - 1
 
 
 def _parse_int(value: Any) -> int:

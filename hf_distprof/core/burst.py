@@ -187,9 +187,11 @@ def find_burst(work: dict[int, list[float]], steps: list[int], step_time: list[f
             if not any(big.values()):
                 return None
             rank, (i, e) = max(((r, ie) for r in ranks for ie in big[r]), key=lambda rie: (rie[1][1], -rie[0]))
-            if 100.0 * e / run_s < SINGLE_PCT or len(big[rank]) > 1 or any(
+            # (Another long step beside it is a burst's to judge, too short for one; a stall of another rank half as
+            # long, a shared cause. A small stall elsewhere in the run leaves it one stall.)
+            if 100.0 * e / run_s < SINGLE_PCT or any(0 < abs(j - i) <= 2 for j, _ in big[rank]) or any(
                     x >= e / 2 for r in ranks if r != rank for _, x in big[r]):
-                return None  # (two back to back are a burst's to judge, too short for one)
+                return None
             able, big[rank], totals[rank], single = [rank], [(i, e)], e, True
         rank = max(able, key=lambda r: (totals[r], -r))
         if any(2 * totals[r] > totals[rank] for r in ranks if r != rank):

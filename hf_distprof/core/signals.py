@@ -43,9 +43,9 @@ def deferred(signals: tuple[signal.Signals, ...] = TERMINATION_SIGNALS) -> Itera
         return
 
     def hold(signum: int, frame: FrameType | None) -> None:
-        note_arrival(signum, frame)
         if signum not in pending:
             pending.append(signum)
+        note_arrival(signum, frame)
 
     hold.holds_for = previous_handlers  # type: ignore[attr-defined]  # see held_for
 
@@ -59,14 +59,16 @@ def deferred(signals: tuple[signal.Signals, ...] = TERMINATION_SIGNALS) -> Itera
             # A handler installed inside the block (a callback putting back the one it replaced) stays.
             if signal.getsignal(s) is hold:
                 signal.signal(s, handler)
-        for signum in pending:
+        # SIGTERM first: a Ctrl-C held beside it would raise KeyboardInterrupt and drop it.
+        for signum in sorted(pending, key=lambda s: s != signal.SIGTERM):
             # Delivered now to the handler in place after the block: the default one ends the process, which is
             # no crash: the empty crash file goes first (no atexit handler runs on a signal's default action).
             try:
                 if signal.getsignal(signum) == signal.SIG_DFL:
                     before_default_death(signum)
             finally:  # (a Ctrl-C inside those writes must not keep the signal from its effect)
-                signal.raise_signal(signum)
+                signal.raise_signal(signum)  # (its Python handler runs before this returns)
+            forget_arrival(signum)  # still here: a handler took it without ending the process
 
 
 _BEFORE_DEATH: list[Callable[[], None]] = []
@@ -127,9 +129,9 @@ _RAN = threading.Event()
 def _flush_then_die(signum: int, frame: FrameType | None) -> None:
     """SIGTERM's default action, after what :func:`at_default_death` registered (the step timer's last rows, the
     memory logger's lines, the empty crash file's removal)."""
-    note_arrival(signum, frame)
     _RAN.set()
     try:
+        note_arrival(signum, frame)
         before_default_death(signum)
     finally:  # (a Ctrl-C inside those writes must not keep the signal from its effect)
         signal.signal(signum, signal.SIG_DFL)
@@ -260,7 +262,7 @@ TIDY_S = 10.0
 the hang watchdog's abort): each write is idempotent, so one after the other, never both at once."""
 
 
-_ARRIVAL: list[tuple[int, float, traceback.StackSummary | None]] = []
+_ARRIVAL: dict[int, tuple[float, traceback.StackSummary | None]] = {}
 ARRIVAL_FRESH_S = 120.0
 """An arrival older than this is another signal's, one a handler took without ending the process."""
 
@@ -271,18 +273,31 @@ def note_arrival(signum: int, frame: FrameType | None) -> None:
     at its block's end, and the writes before it take time: the stop's record must say when and where the signal found
     the rank)."""
     now = time.time()
-    if _ARRIVAL and _ARRIVAL[0][0] == int(signum) and now - _ARRIVAL[0][1] < ARRIVAL_FRESH_S:
-        if _ARRIVAL[0][2] is None and frame is not None:
-            _ARRIVAL[0] = (_ARRIVAL[0][0], _ARRIVAL[0][1], traceback.extract_stack(frame))
+    kept = _ARRIVAL.get(int(signum))
+    if kept is not None and now - kept[0] < ARRIVAL_FRESH_S:
+        if kept[1] is None and frame is not None:
+            _ARRIVAL[int(signum)] = (kept[0], _stack(frame))
         return
-    _ARRIVAL[:] = [(int(signum), now, traceback.extract_stack(frame) if frame is not None else None)]
+    _ARRIVAL[int(signum)] = (now, _stack(frame) if frame is not None else None)
+
+
+def _stack(frame: FrameType) -> traceback.StackSummary:
+    """The frame's stack, outermost first, its source lines read only when it is formatted (no file is read in a
+    signal's handler)."""
+    stack = traceback.StackSummary.extract(traceback.walk_stack(frame), lookup_lines=False)
+    stack.reverse()
+    return stack
 
 
 def arrival(signum: int) -> tuple[float, traceback.StackSummary | None] | None:
     """When ``signum`` arrived (unix time) and the stack it interrupted, as :func:`note_arrival` kept them."""
-    if _ARRIVAL and _ARRIVAL[0][0] == int(signum) and time.time() - _ARRIVAL[0][1] < ARRIVAL_FRESH_S:
-        return _ARRIVAL[0][1], _ARRIVAL[0][2]
-    return None
+    kept = _ARRIVAL.get(int(signum))
+    return kept if kept is not None and time.time() - kept[0] < ARRIVAL_FRESH_S else None
+
+
+def forget_arrival(signum: int) -> None:
+    """A handler took ``signum`` without ending the process: its arrival is no later stop's."""
+    _ARRIVAL.pop(int(signum), None)
 
 
 _STOPPING: list[int] = []

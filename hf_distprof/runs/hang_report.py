@@ -50,7 +50,14 @@ COLLECTIVE_FUNCS = ("_engine_run_backward", "run_backward")
 # are outside site-packages, and a stop that found a rank in our export named our line).
 SITE_PARTS = ("site-packages/", "dist-packages/")
 STDLIB_PARTS = ("/lib/python3", "<frozen ")
-LIBRARY_PARTS = (*SITE_PARTS, *STDLIB_PARTS, "/hf_distprof/")
+LIBRARY_PARTS = (*SITE_PARTS, *STDLIB_PARTS)
+# Frames that only pass a call on (torch's op dispatch, decorators): a functional collective's wait_tensor has torch's
+# _ops.py innermost, below torch/distributed/_functional_collectives.py (the review).
+DISPATCH_PARTS = ("torch/_ops.py", "torch/utils/_contextlib.py", "torch/_compile.py", "torch/_dynamo/eval_frame.py")
+# hf_distprof's own code (an editable install's is outside site-packages): the package's folder followed by one of its
+# entries, not a checkout that happens to be named hf_distprof (its scripts are the user's), nor the demo's recipe/.
+_OURS = re.compile(r"/hf_distprof/(?!recipe/)(?:analysis|callbacks|cli|collectives|core|doctor|runs|timing|trackers|"
+                   r"autorun|[a-z_]+\.py$)")
 
 
 @dataclass
@@ -92,7 +99,8 @@ class RankDump:
         compute under it is not in a collective (trial U: it read as one, and the report looked for a mismatch)."""
         for frame in reversed(self.main_stack):
             path = frame.file.replace("\\", "/")
-            if any(part in path for part in STDLIB_PARTS) and not any(part in path for part in SITE_PARTS):
+            if (any(part in path for part in STDLIB_PARTS) and not any(part in path for part in SITE_PARTS)) or any(
+                    part in path for part in DISPATCH_PARTS):
                 continue
             return frame if any(part in path for part in COLLECTIVE_FILES) or frame.func in COLLECTIVE_FUNCS else None
         return None
@@ -103,7 +111,8 @@ class RankDump:
         for frame in reversed(self.main_stack):
             path = frame.file.replace("\\", "/")
             # (The demo's training code, hf_distprof.recipe, is the user's side of the line, installed or not.)
-            if "/hf_distprof/recipe/" in path or not any(part in path for part in LIBRARY_PARTS):
+            library = any(part in path for part in LIBRARY_PARTS) or _OURS.search(path) is not None
+            if "/hf_distprof/recipe/" in path or not library:
                 return frame
         return self.main_stack[-1] if self.main_stack else None
 

@@ -91,6 +91,9 @@ def test_the_same_rank_s_long_stalls_are_said_apart_from_a_burst_and_hiccups_are
     assert one.message.startswith("Rank 1 held the others back in one stall: step 14, its own work 2.0")
     assert one.message.endswith("the others waited for it there (once: one stall says nothing of its usual speed; "
                                 "--profile-on-anomaly traces the steps after one)")
+    work, times = series({14: 2.0, 30: 0.2})  # a small stall elsewhere leaves it one stall (the review)
+    one = find_burst(work, steps, times, 10.0)
+    assert one is not None and (one.steps, one.single) == ([14], True)
     work, times = series({14: 0.3})  # 0.3 s, 8% of the run: a hiccup
     assert find_burst(work, steps, times, 10.0) is None
     # Many small ones spread over the run (each under half the median step): no stalls.

@@ -180,3 +180,11 @@ def test_an_empty_output_folder_is_refused_with_status_2(value, capsys):
     assert ended.value.code == 2 and "error: --profiler-output-dir: an empty folder path; give a folder" in err, err
     with pytest.raises(ValueError, match="an empty folder path"):
         ProfilingArguments(profiler_output_dir=value)
+
+
+def test_an_integer_beyond_what_c_code_takes_is_a_flag_error():
+    # The review: a 400-digit --memory-snapshot-max-entries was accepted and would overflow at train start.
+    parser = HfArgumentParser(ProfilingArguments)
+    with pytest.raises(SystemExit) as info:
+        parser.parse_args_into_dataclasses(["--memory-snapshot-max-entries", "1" + "0" * 400])
+    assert info.value.code == 2

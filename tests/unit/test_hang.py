@@ -500,3 +500,25 @@ def test_hf_distprof_s_own_frames_are_not_the_user_s_line_but_the_demo_recipe_is
     dump.threads["MainThread"].append(Frame("/venv/lib/python3.11/site-packages/hf_distprof/recipe/train_mlm.py", 9,
                                             "run"))
     assert dump.user_frame.func == "run"
+
+
+def test_a_functional_collective_s_wait_is_in_a_collective_and_a_checkout_named_hf_distprof_is_the_user_s():
+    # The review: a funcol wait's innermost frame is torch/_ops.py (the op's dispatch), below
+    # _functional_collectives.py: it read "NOT in a collective"; and a checkout in a folder named hf_distprof had its
+    # own scripts taken for hf_distprof's code.
+    from hf_distprof.runs.hang_report import Frame, RankDump
+
+    site = "/venv/lib/python3.11/site-packages/torch"
+    funcol = RankDump(0, "h", Path("x"), threads={"MainThread": [
+        Frame("/work/tp.py", 18, "<module>", "y.wait()"),
+        Frame(f"{site}/distributed/_functional_collectives.py", 144, "wait_tensor", "return torch.ops...(tensor)"),
+        Frame(f"{site}/_ops.py", 1243, "__call__", "return self._op(*args, **kwargs)")]}, main="MainThread")
+    assert funcol.in_collective is not None and funcol.in_collective.func == "wait_tensor"
+    checkout = RankDump(0, "h", Path("x"), threads={"MainThread": [
+        Frame("/home/u/hf_distprof/python_scripts/train_modernBERT.py", 15, "<module>", "run()"),
+        Frame(f"{site}/nn/functional.py", 10, "pad")]}, main="MainThread")
+    assert checkout.user_frame.func == "<module>"
+    ours = RankDump(0, "h", Path("x"), threads={"MainThread": [
+        Frame("/home/u/hf_distprof/python_scripts/train_modernBERT.py", 15, "<module>", "run()"),
+        Frame("/home/u/hf_distprof/hf_distprof/timing/instrument.py", 227, "grad_ready")]}, main="MainThread")
+    assert ours.user_frame.func == "<module>"

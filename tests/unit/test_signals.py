@@ -168,3 +168,23 @@ def test_a_new_run_folder_clears_stale_temp_files_of_earlier_runs(tmp_path):
     run_dir = paths.resolve_run_dir(tmp_path, "next", owner=object())
     assert run_dir == tmp_path / "next"
     assert not leftover.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["earlier", "next"]
+
+
+def test_a_signal_s_arrival_is_kept_per_signal_and_forgotten_once_a_handler_took_it():
+    # The review: one record for every signal (a SIGINT held after a SIGTERM overwrote it), and a SIGTERM a script's
+    # handler took lent its time and stack to a later one's stop file.
+    import signal as sig
+    import sys
+
+    from hf_distprof.core import signals
+
+    frame = sys._getframe()
+    signals.note_arrival(sig.SIGTERM, frame)
+    first = signals.arrival(sig.SIGTERM)
+    signals.note_arrival(sig.SIGINT, None)
+    signals.note_arrival(sig.SIGTERM, None)  # the same SIGTERM raised again after its block: its first arrival kept
+    assert signals.arrival(sig.SIGTERM) == first and first is not None
+    assert first[1][-1].name == "test_a_signal_s_arrival_is_kept_per_signal_and_forgotten_once_a_handler_took_it"
+    signals.forget_arrival(sig.SIGTERM)
+    signals.forget_arrival(sig.SIGINT)
+    assert signals.arrival(sig.SIGTERM) is None and signals.arrival(sig.SIGINT) is None

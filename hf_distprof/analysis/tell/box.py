@@ -62,7 +62,9 @@ def _ended(result: AnalysisResult) -> list[tuple[str, str]]:
     told = set(run.crashed_ranks) | set(run.raised_ranks) | set(run.stopped_ranks)
     parts = [f"{format_ranks(ranks)} {what}" for ranks, what in (
         (run.crashed_ranks, "died of a fatal signal"), (run.raised_ranks, "raised an exception"),
-        (sorted(set(run.stopped_ranks) - set(run.crashed_ranks) - set(run.raised_ranks)), "was stopped by a signal"),
+        (sorted(set(run.stopped_ranks) - set(run.crashed_ranks) - set(run.raised_ranks)),
+         "were stopped by a signal" if len(set(run.stopped_ranks) - set(run.crashed_ranks) - set(run.raised_ranks)) > 1
+         else "was stopped by a signal"),
         (sorted(set(run.unfinished_ranks) - told), "never reached train end")) if ranks]
     return [("Ended", f"{'; '.join(parts)}: hf-distprof hang-report RUN_FOLDER says how, where and in what order")]
 

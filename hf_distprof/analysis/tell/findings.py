@@ -541,7 +541,8 @@ def _burst(j: Judgement) -> Prose:
              f"{b.run_s:.2f} s of judged steps; the others waited for it there"),
         details=f"{'; most of it in its ' + b.phase_name if b.phase else ''} (the step timer's records; {b.against})",
         action=f"Look at what rank {b.rank} did in {b.span}: its {phase.get(b.phase or '', 'step')}",
-        more=("; --profile-on-anomaly opens a window a few steps after a stall: it records the next one if that comes "
+        more=("." if b.single else  # (its "once" says what --profile-on-anomaly does after one)
+              "; --profile-on-anomaly opens a window a few steps after a stall: it records the next one if that comes "
               "while it records, not the one that opened it." if b.stalls else
               "; --profile-on-anomaly traces such a burst while it lasts."),
     )

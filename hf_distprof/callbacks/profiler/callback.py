@@ -447,7 +447,10 @@ class ProfilerCallback(TrainerCallback):  # type: ignore[misc]
         self.close()
         self._said_cut_short(signum, [p for p in self.written[before:] if p.name.endswith(paths.TRACE_SUFFIX)])
         if callable(previous):
-            previous(signum, frame)  # SIGINT's default raises KeyboardInterrupt: training unwinds as usual
+            try:
+                previous(signum, frame)  # SIGINT's default raises KeyboardInterrupt: training unwinds as usual
+            finally:
+                signals.forget_arrival(signum)  # taken without ending the process: no later stop's arrival
         else:
             # Default disposition: end with the signal's status, as if we had never been here. Stopped, not crashed:
             # the empty crash file goes (no atexit handler runs on the default action).
