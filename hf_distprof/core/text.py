@@ -95,3 +95,7 @@ def apart(value: float, bound: float, digits: int = 2) -> str:
             return text
     return text
 
+
+def calls(per_step: float) -> str:
+    """"11 calls", or "10.7 calls per step" on average (trial V: "in 10.6667 calls")."""
+    return f"{per_step:g} calls" if float(per_step).is_integer() else f"{per_step:.1f} calls per step"

@@ -22,7 +22,7 @@ from hf_distprof.analysis.tell.unread import unread_words
 from hf_distprof.core.advice import PHASE_NAMES, load_ahead, phase_advice
 from hf_distprof.core.cause import Attribution, cause_action, cause_title, cause_why
 from hf_distprof.core.overhead import left_out_words
-from hf_distprof.core.text import SHOWN_PCT, apart, format_bytes, step_base
+from hf_distprof.core.text import SHOWN_PCT, apart, calls, format_bytes, step_base
 
 
 @dataclass
@@ -211,11 +211,6 @@ def _waiting(j: Judgement) -> Prose:
     )
 
 
-def _calls(per_step: float) -> str:
-    """"11 calls", or "10.7 calls per step" on average (trial V: "in 10.6667 calls")."""
-    return f"{per_step:g} calls" if float(per_step).is_integer() else f"{per_step:.1f} calls per step"
-
-
 def _fsdp(j: Judgement) -> Prose:
     f: FsdpFacts = j.facts
     row = f.row
@@ -225,7 +220,7 @@ def _fsdp(j: Judgement) -> Prose:
         why = (f"on rank {f.rank} the training waits {row.exposed_us / 1e3:.2f} ms per step for all-gathers, "
                f"{row.exposed_pct_median:.1f}% of the step ({median_over}): {row.forward_exposed_us / 1e3:.2f} ms in "
                f"forward, {row.backward_exposed_us / 1e3:.2f} ms in backward, of {row.time_us / 1e3:.2f} ms of "
-               f"all-gather in {_calls(row.count_per_step)} ({row.overlap_pct or 0.0:.1f}% hidden)")
+               f"all-gather in {calls(row.count_per_step)} ({row.overlap_pct or 0.0:.1f}% hidden)")
         if f.backward:
             action = ("Most of it is in backward, re-gathering the parameters that forward freed: keep them instead "
                       "(--fsdp-reshard-after-forward false; fully_shard(reshard_after_forward=False); FSDP1 "
