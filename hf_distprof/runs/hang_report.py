@@ -56,8 +56,8 @@ LIBRARY_PARTS = (*SITE_PARTS, *STDLIB_PARTS)
 DISPATCH_PARTS = ("torch/_ops.py", "torch/utils/_contextlib.py", "torch/_compile.py", "torch/_dynamo/eval_frame.py")
 # hf_distprof's own code (an editable install's is outside site-packages): the package's folder followed by one of its
 # entries, not a checkout that happens to be named hf_distprof (its scripts are the user's), nor the demo's recipe/.
-_OURS = re.compile(r"/hf_distprof/(?!recipe/)(?:analysis|callbacks|cli|collectives|core|doctor|runs|timing|trackers|"
-                   r"autorun|[a-z_]+\.py$)")
+_OURS = re.compile(r"/hf_distprof/(?:(?:analysis|autorun|callbacks|cli|collectives|core|doctor|runs|timing|trackers)/|"
+                   r"(?:__init__|config|crash|dist|logs|paths|tensorboard)\.py$)")
 
 
 @dataclass

@@ -522,3 +522,17 @@ def test_a_functional_collective_s_wait_is_in_a_collective_and_a_checkout_named_
         Frame("/home/u/hf_distprof/python_scripts/train_modernBERT.py", 15, "<module>", "run()"),
         Frame("/home/u/hf_distprof/hf_distprof/timing/instrument.py", 227, "grad_ready")]}, main="MainThread")
     assert ours.user_frame.func == "<module>"
+
+
+def test_every_part_of_the_package_but_the_recipe_is_hf_distprof_s_own_code():
+    # So that a module added at the package's top does not read as the user's line in a stop or hang report.
+    import hf_distprof
+    from hf_distprof.runs.hang_report import _OURS
+
+    root = Path(hf_distprof.__file__).parent
+    for entry in root.iterdir():
+        if entry.name in ("recipe", "__pycache__", "_version.py") or entry.suffix not in ("", ".py"):
+            continue
+        sample = f"/x/hf_distprof/{entry.name}" + ("/m.py" if entry.is_dir() else "")
+        assert _OURS.search(sample), entry.name
+    assert not _OURS.search("/x/hf_distprof/recipe/train_mlm.py")
