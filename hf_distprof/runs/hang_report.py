@@ -254,13 +254,11 @@ def parse_exception(path: Path) -> Raised | None:
     Raises:
         ValueError: The file is not such a file (the message names it).
     """
-    match, text = _read(path, _RAISED, "an exception file (expected rank<R>_exception.txt)")
-    if not text.strip():
+    read = _headed(path, _RAISED, "an exception file (expected rank<R>_exception.txt)", _RAISED_HEAD,
+                   "'hf_distprof: rank R ... ended by an uncaught exception'")
+    if read is None:
         return None
-    lines = text.splitlines()
-    head = _RAISED_HEAD.match(lines[0])
-    if head is None:
-        raise ValueError(f"{path}: no 'hf_distprof: rank R ... ended by an uncaught exception' first line")
+    match, lines, head = read
     starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last):")]
     frames: list[Frame] = []
     for line in lines[starts[-1] + 1 if starts else 1:]:  # the last exception's traceback (a chain ends with it)
@@ -274,19 +272,34 @@ def parse_exception(path: Path) -> Raised | None:
     return Raised(int(match["rank"]), path, exception, head["stamp"], float(head["unix"]), dump)
 
 
+def _headed(path: Path, name: re.Pattern[str], what: str, head: re.Pattern[str], words: str
+            ) -> tuple[re.Match[str], list[str], re.Match[str]] | None:
+    """An exception or stop file's name match, its lines and its first line's match; None when it is empty.
+
+    Raises:
+        ValueError: The file is not ``what``, or its first line is not ``words`` (the message names it).
+    """
+    match, text = _read(path, name, what)
+    if not text.strip():
+        return None
+    lines = text.splitlines()
+    first = head.match(lines[0])
+    if first is None:
+        raise ValueError(f"{path}: no {words} first line")
+    return match, lines, first
+
+
 def parse_stopped(path: Path) -> Stopped | None:
     """One ``rank{R}_stopped.txt``; None when it is empty.
 
     Raises:
         ValueError: The file is not such a file (the message names it).
     """
-    match, text = _read(path, _STOPPED, "a stop file (expected rank<R>_stopped.txt)")
-    if not text.strip():
+    read = _headed(path, _STOPPED, "a stop file (expected rank<R>_stopped.txt)", _STOPPED_HEAD,
+                   "'hf_distprof: rank R ... stopped by SIGNAL at ...'")
+    if read is None:
         return None
-    lines = text.splitlines()
-    head = _STOPPED_HEAD.match(lines[0])
-    if head is None:
-        raise ValueError(f"{path}: no 'hf_distprof: rank R ... stopped by SIGNAL at ...' first line")
+    match, lines, head = read
     dump = RankDump(int(match["rank"]), head["host"], path)
     _parse_threads(lines, dump)
     return Stopped(int(match["rank"]), path, head["signal"], head["stamp"], float(head["unix"]), dump)
