@@ -7,6 +7,7 @@ name the same rank with the same status; the box, the findings and the what-if t
 from __future__ import annotations
 
 import json
+from statistics import median
 from typing import Any
 
 import pytest
@@ -70,8 +71,17 @@ def test_live_and_offline_say_the_same_and_every_part_agrees(runs: dict[str, Any
     if name == "slow5":
         # The experiment is what it says: rank 1's data loading is the longer by about the sleep. Which rank the
         # verdict leans to under its threshold is the run's noise (beside a busy core rank 0 once led by 3.7%, the
-        # sleep ~7% of the own work it is judged on); a rank it names is rank 1.
-        per_rank = json.loads((folder / "timing_summary.json").read_text())["per_rank"]
-        data = {r["rank"]: r["data_load_s"] for r in per_rank}
+        # sleep ~7% of the own work it is judged on). The medians over the steps: one step of rank 0 preempted in its
+        # loader by the busy core moved the means' difference to half the sleep.
+        data = {r: median(row["data_load_s"] for row in map(json.loads, (folder / f"timing_rank{r}.jsonl").open())
+                          if not row["warmup"]) for r in (0, 1)}
         assert data[1] - data[0] > 0.5 * runs["sleep_s"], (data, runs["sleep_s"])
-        assert live["status"] != "raised" or live["rank"] == 1, live["reason"]
+        # A rank it names is rank 1, or a rank whose machine made it slower, for the cause that says so. Beside a busy
+        # core the other process can sit with one rank for a whole run of 1 s, which slows that rank's compute on the
+        # same tokens (a shared core's cache, its hyperthread sibling) with little of it counted as a wait for a CPU:
+        # CI once named rank 0, 14.5% over rank 1 in 14 of 17 steps. That is true, and said as its machine's doing.
+        if live["status"] == "raised" and live["rank"] != 1:
+            cause = json.loads((folder / "timing_summary.json").read_text())["slow_rank_cause"]
+            slow = [f for f in result.findings if f.kind == "slow_rank"]
+            assert cause["cause"] in {"cpu_wait", "slower_machine"} and not cause["more_work_too"], (live, cause)
+            assert [f.cause for f in slow] == [cause["cause"]], (cause, slow)
