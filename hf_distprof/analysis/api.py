@@ -123,15 +123,18 @@ def _analyze(ranks: list[RankResult], run: RunInput, options: AnalysisOptions,
              reference: Sequence[ReferencePoint] | None, reference_file: str | None) -> AnalysisResult:
     from hf_distprof.analysis.across.compare import compare
     from hf_distprof.analysis.judge.findings import judge
+    from hf_distprof.analysis.judge.verdicts import judge_ranks
+    from hf_distprof.analysis.judge.whatif import replay_pace
     from hf_distprof.analysis.results.result import AnalysisResult
     from hf_distprof.analysis.tell.findings import write_all
     from hf_distprof.analysis.whatif.model import what_if
 
     across = compare(ranks, run, reference)
-    replay = what_if(ranks, across.alignment, list(reference) if reference else None, across.evidence, across.pace) \
-        if ranks else None
+    verdicts = judge_ranks(across, run.summary, options, [r.rank for r in ranks])
+    replay = what_if(ranks, across.alignment, list(reference) if reference else None, across.evidence,
+                     replay_pace(verdicts, across.pace)) if ranks else None
     judged = judge(ranks, across, replay, run.summary, options, _expected_ranks(run, ranks), _world(run, ranks),
-                   run.run.windows if run.run is not None else (), _ended(run))
+                   run.run.windows if run.run is not None else (), _ended(run), verdicts)
     findings, undecided, notes, slowdown_line = write_all(judged)
     return AnalysisResult(
         ranks=ranks,

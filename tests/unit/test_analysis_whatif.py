@@ -492,3 +492,44 @@ def test_the_critical_path_starts_at_the_step_s_start_even_when_the_step_before_
     end = max(s.start_ms + s.ms for s in result.critical_path)
     assert sum(s.ms for s in result.critical_path) == pytest.approx(end)  # the links add up to the step's span
 
+
+
+def _verdict(status: str, rank: int, steps: int, min_steps: int = 6) -> Any:
+    from hf_distprof.core.verdicts import SlowRankVerdict
+
+    return SlowRankVerdict(status, rank, 20.0, 10.0, 5.0, steps, steps, 2, 0.001, min_steps, "")
+
+
+def test_the_rank_a_weighed_verdict_raised_is_the_one_replayed_and_its_replay_counts() -> None:
+    """A test_whatif run beside a busy core: 4 judged untraced steps named rank 0 by 11.9% (not enough to decide);
+    the 20 traced steps had rank 1 loading 81 ms of a 150 ms step, and the verdict weighed with the run raised rank 1.
+    The what-if replayed rank 0 ("no: slower") under findings naming rank 1, and over those 4 steps rank 1's pace
+    saved 0.0%."""
+    from hf_distprof.analysis.judge.whatif import judge_scenarios, replay_pace
+    from hf_distprof.analysis.results.across import RankVerdicts
+    from hf_distprof.analysis.results.whatif import WhatIf, WhatIfModel, WhatIfScenario
+
+    few = _verdict("undecided", 0, 4)
+    weighed = RankVerdicts(imbalance=_verdict("raised", 1, 20), straggler=_verdict("raised", 1, 20), run=few,
+                           run_real=False)
+    assert replay_pace(weighed, (0, 1)) == (1, None)
+    # The run's own verdict decided: the verdicts follow it, and so does the replay (the live table's rank).
+    decided = RankVerdicts(imbalance=_verdict("quiet", 0, 17), run=_verdict("quiet", 0, 17), run_real=False)
+    assert replay_pace(decided, (0, 1)) == (0, 1)
+    assert replay_pace(RankVerdicts(imbalance=_verdict("quiet", 1, 20), run=few), (0, 1)) == (0, 1)
+
+    def judged(verdicts: RankVerdicts, slowest: int) -> WhatIfScenario:
+        pace = WhatIfScenario(scenario="slow_rank", title=f"rank {slowest} at its peers' median pace", ranks=[slowest],
+                              step_ms_now=150.0, step_ms_predicted=67.8, saving_ms=82.2, saving_pct=54.8,
+                              hours_per_1000_steps=0.0, error_ms=0.0, noise_ms=None, run_saving_pct=0.0)
+        model = WhatIfModel(steps=[7, 8], median_step=7, step_ms_measured=150.0, step_ms_replayed=150.0, error_ms=0.0,
+                            noise_ms=8.0, sync_points=2, slowest_rank=slowest, fastest_rank=None, run_noise_ms=0.8,
+                            run_steps=4)
+        answer = judge_scenarios(WhatIf([pace], [], model), verdicts, True)
+        return answer.scenarios[0]
+
+    counted = judged(weighed, 1)
+    assert (counted.beyond_noise, counted.run_saving_pct, counted.counted_pct) == (True, None, 54.8)
+    # The run's own candidate, its excess not real over the run: held to the run's figure as before.
+    held = judged(RankVerdicts(imbalance=_verdict("quiet", 0, 20), run=few, run_real=False), 0)
+    assert (held.beyond_noise, held.not_counted, held.run_saving_pct) == (False, "noise", 0.0)

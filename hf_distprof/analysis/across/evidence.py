@@ -164,19 +164,19 @@ def run_evidence(timer: TimerFigures) -> RunEvidence | None:
     # What a pace scenario saves per step: the interquartile mean of the steps' excess, as the cause says it (a
     # median lands on either level of a slowness in every other step: a trial's what-if counted 1.3% of the run
     # beside "its peers wait 14.8 ms per step for it").
-    gap = (1e3 * typical([own[slowest][s] - own[fastest][s] for s in steps])
-           if slowest in medians and fastest is not None and fastest != slowest else None)
-    excess = None
-    if slowest in medians:
-        peers = [r for r in medians if r != slowest]
-        excess = 1e3 * typical([own[slowest][s] - median(own[p][s] for p in peers) for s in steps]) if peers else None
+    gap = {r: 1e3 * typical([own[r][s] - own[fastest][s] for s in steps]) for r in medians
+           if fastest is not None and r != fastest}
+    excess = {r: 1e3 * typical([own[r][s] - median(own[p][s] for p in medians if p != r) for s in steps])
+              for r in medians} if len(medians) > 1 else {}
+    if slowest is not None and slowest not in excess and found is not None:
+        excess[slowest] = 1e3 * found.effect_abs
     return RunEvidence(
         steps=len(steps),
         noise_ms=1e3 * scaled_mad(judged) if len(judged) > 1 else 0.0,
         slowest_rank=slowest,
         fastest_rank=fastest if fastest != slowest else None,
-        slow_rank_excess_ms=excess if excess is not None else (1e3 * found.effect_abs if found is not None else None),
-        fastest_gap_ms=gap,
+        excess_ms=excess,
+        gap_ms=gap,
         step_ms=1e3 * median(judged) if judged else None,
     )
 

@@ -97,7 +97,8 @@ def in_order(findings: list[Judgement]) -> list[Judgement]:
 
 def judge(ranks: list[RankResult], across: Across, replay: WhatIf | None, summary: TimingSummary,
           options: AnalysisOptions, expected: list[int] | None = None, world: list[int] | None = None,
-          windows: Sequence[WindowInfo] = (), ended: Mapping[int, str] | None = None) -> Judged:
+          windows: Sequence[WindowInfo] = (), ended: Mapping[int, str] | None = None,
+          verdicts: RankVerdicts | None = None) -> Judged:
     """Every decision of the run.
 
     Args:
@@ -114,6 +115,8 @@ def judge(ranks: list[RankResult], across: Across, replay: WhatIf | None, summar
             traced: ranks that took no window withhold the same, unless the step timer's verdict over the run says
             the waits for them do not matter (:func:`hf_distprof.analysis.judge.coverage.unmeasured`).
         ended: Ranks that ended before the run did (``crashed``, ``unfinished``): why a missing trace is missing.
+        verdicts: The slow-rank verdicts (:func:`hf_distprof.analysis.judge.verdicts.judge_ranks`), when already
+            reached (the what-if replays the rank they name: :func:`hf_distprof.analysis.judge.whatif.replay_pace`).
 
     Returns:
         The verdicts, the findings in :func:`in_order`'s order, the questions left undecided (with the findings
@@ -121,7 +124,7 @@ def judge(ranks: list[RankResult], across: Across, replay: WhatIf | None, summar
     """
     read = {r.rank for r in ranks}
     missing = [r for r in expected or [] if r not in read] if read else []
-    verdicts = judge_ranks(across, summary, options, sorted(read))
+    verdicts = verdicts if verdicts is not None else judge_ranks(across, summary, options, sorted(read))
     coverage = unmeasured(world, read, missing, verdicts.run, windows)
     # Without every rank's trace the replay across ranks is not the run's: the ranks read wait for the others inside
     # their collectives, which it would take for transfers.

@@ -10,6 +10,7 @@ from hf_distprof.analysis.results.facts import FixFirstFacts
 from hf_distprof.analysis.results.findings import REPLAY, Judgement
 from hf_distprof.analysis.results.whatif import WhatIf, WhatIfModel, WhatIfScenario
 from hf_distprof.analysis.whatif.model import RANK_SCENARIOS
+from hf_distprof.core.run_verdict import decided
 
 WHAT_TO_FIX_FIRST = "what_to_fix_first"
 """The kind of the what-if finding."""
@@ -35,13 +36,32 @@ def noise_of(scenario: WhatIfScenario, model: WhatIfModel) -> float | None:
     return min(model.noise_ms, scenario.predicted_noise_ms)
 
 
+def replay_pace(verdicts: RankVerdicts, pace: tuple[int | None, int | None]) -> tuple[int | None, int | None]:
+    """The slowest and fastest rank the what-if replays at a peer's pace: the rank a raised slow-rank verdict names
+    (the imbalance verdict's, else the straggler's), else ``pace`` (``Across.pace``: the run's candidate, else the
+    latest at the traced steps' collectives).
+
+    Where the step timer decided over the run, the verdicts follow it, so the rank is the run's candidate as the live
+    table marks it. Where its judged steps were too few to decide, the window's verdict weighed with them may name
+    another rank: the replay is then of that rank, not of the few steps' candidate (a run of 4 judged steps named rank
+    0 by 11.9% while the traced steps had rank 1 loading for 81 ms of 150: the table replayed rank 0 ("no: slower")
+    under findings naming rank 1). The fastest stays the run's unless it is that rank.
+    """
+    named = next((v.rank for v in (verdicts.imbalance, verdicts.straggler) if v is not None and v.raised), None)
+    if named is None or named == pace[0]:
+        return pace
+    return named, pace[1] if pace[1] != named else None
+
+
 def judge_scenarios(answer: WhatIf, verdicts: RankVerdicts, run_evidence: bool) -> WhatIf:
     """Whether each saving counts, and the scenarios in order.
 
     A saving counts (``beyond_noise``) when the part of it that counts (:attr:`WhatIfScenario.counted_pct`: the
     replay's, or what the pace saves over the run when that is less) is larger than the model's error and the noise;
     on a rank's pace only when the slow-rank verdict calls that rank's excess real: over the run (the step timer's
-    records, whatever its size), or, without them, the traced window's verdict raised for the rank replayed.
+    records, whatever its size), or, without them, the traced window's verdict raised for the rank replayed; where the
+    run's judged steps were too few to decide and the window's verdict weighed with them raised the rank replayed,
+    that verdict's word, and the replay's saving (not those few steps') is what counts.
 
     Args:
         answer: The replay.
@@ -49,7 +69,14 @@ def judge_scenarios(answer: WhatIf, verdicts: RankVerdicts, run_evidence: bool) 
         run_evidence: Whether the step timer's records of the run are there (then ``verdicts.run_real`` decides).
     """
     model = answer.model
-    if run_evidence:
+    # A rank that a verdict weighed with the run's too few judged steps raised (:func:`replay_pace`): its excess is
+    # real, and those steps do not say what its pace saves over the run (a trial's 4 said 0.0% of rank 1, which the
+    # verdict called "slow across the run" from its 20 traced steps with them): the replay's saving stands.
+    weighed = not decided(verdicts.run) and any(
+        v is not None and v.raised and v.rank == model.slowest_rank for v in (verdicts.imbalance, verdicts.straggler))
+    if weighed:
+        real = True
+    elif run_evidence:
         real = bool(verdicts.run_real)
     else:
         # Either window verdict raised for the rank replayed makes its excess real (a quiet straggler verdict beside a
@@ -58,6 +85,8 @@ def judge_scenarios(answer: WhatIf, verdicts: RankVerdicts, run_evidence: bool) 
         real = not windows or any(v.raised and v.rank == model.slowest_rank for v in windows)
     judged = []
     for s in answer.scenarios:
+        if weighed and s.scenario in RANK_SCENARIOS:
+            s = replace(s, run_saving_pct=None)
         noise = noise_of(s, model)
         if s.counted_ms < 0:
             why: str | None = "slower"

@@ -85,12 +85,12 @@ class RunEvidence:
     :func:`hf_distprof.core.verdicts.candidate`)."""
     fastest_rank: int | None
     """The rank with the least own work per step (median over the steps)."""
-    slow_rank_excess_ms: float | None = None
-    """The candidate's excess over its peers' own work, ms per step (interquartile mean over the steps): at most what
-    its peers wait for it, so the most that bringing it to their pace saves (None without a candidate)."""
-    fastest_gap_ms: float | None = None
-    """The candidate's own work less the fastest rank's, ms per step (interquartile mean over the steps; with 2 ranks
-    ``slow_rank_excess_ms``): the most that every rank at the fastest's pace saves (None without both)."""
+    excess_ms: dict[int, float] = field(default_factory=dict)
+    """Per rank, its own work over its peers' (their median), ms per step (interquartile mean over the steps): at most
+    what its peers wait for it, so the most that bringing it to their pace saves."""
+    gap_ms: dict[int, float] = field(default_factory=dict)
+    """Per rank but the fastest, its own work less the fastest rank's, ms per step (interquartile mean over the
+    steps): the most that every rank at the fastest's pace saves while that rank is the slowest."""
     step_ms: float | None = None
     """The median step time over the judged steps, ms."""
 

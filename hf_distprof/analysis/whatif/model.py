@@ -45,17 +45,17 @@ RANK_SCENARIOS = ("slow_rank", "fastest_pace")
 (the judge's word)."""
 
 
-def run_saving_pct(scenario: str, evidence: RunEvidence | None) -> float | None:
-    """What a rank-pace scenario saves over the run, in % of the run's median step; None for other scenarios or
-    without the step timer's records.
+def run_saving_pct(scenario: str, evidence: RunEvidence | None, slowest: int | None) -> float | None:
+    """What a rank-pace scenario saves over the run, in % of the run's median step; None for other scenarios, without
+    the step timer's records, or when they do not have the rank replayed (``slowest``).
 
     Bringing the slowest rank to its peers' pace saves its own-work excess over them per step (what they wait for
     it), every rank at the fastest's pace the slowest's own work over the fastest's: measured over the run's judged
     steps, not the few traced ones, which the profiler slows and reshapes (a replay of 3 traced steps promised 30%
     where the run's 24 judged steps showed that rank 9.9% over its peer, 5% of the step)."""
-    if evidence is None or scenario not in RANK_SCENARIOS or not evidence.step_ms:
+    if evidence is None or scenario not in RANK_SCENARIOS or not evidence.step_ms or slowest is None:
         return None
-    gap = evidence.slow_rank_excess_ms if scenario == "slow_rank" else evidence.fastest_gap_ms
+    gap = (evidence.excess_ms if scenario == "slow_rank" else evidence.gap_ms).get(slowest)
     return None if gap is None else max(0.0, 100.0 * gap / evidence.step_ms)
 
 
@@ -103,7 +103,7 @@ def what_if(
             saving_ms=saving / 1e3, saving_pct=100.0 * saving / now if now > 0 else 0.0,
             hours_per_1000_steps=saving * 1000 / MS_PER_HOUR / 1e3, error_ms=error / 1e3,
             noise_ms=None, predicted_noise_ms=own / 1e3 if own is not None else None, saving_pct_per_step=per_step,
-            run_saving_pct=run_saving_pct(name, evidence)))
+            run_saving_pct=run_saving_pct(name, evidence, g.ranks[slowest] if slowest is not None else None)))
     order = sorted(g.steps, key=lambda s: sum(replayed[s]) / len(replayed[s]))
     mid = order[(len(order) - 1) // 2]
     per_step_syncs = Counter(k[0] for k in g.transfer)
