@@ -493,7 +493,6 @@ def test_the_critical_path_starts_at_the_step_s_start_even_when_the_step_before_
     assert sum(s.ms for s in result.critical_path) == pytest.approx(end)  # the links add up to the step's span
 
 
-
 def _verdict(status: str, rank: int, steps: int, min_steps: int = 6) -> Any:
     from hf_distprof.core.verdicts import SlowRankVerdict
 
@@ -506,7 +505,7 @@ def test_the_rank_a_weighed_verdict_raised_is_the_one_replayed_and_its_replay_co
     The what-if replayed rank 0 ("no: slower") under findings naming rank 1, and over those 4 steps rank 1's pace
     saved 0.0%."""
     from hf_distprof.analysis.judge.whatif import judge_scenarios, replay_pace
-    from hf_distprof.analysis.results.across import RankVerdicts
+    from hf_distprof.analysis.results.across import RankVerdicts, RunEvidence
     from hf_distprof.analysis.results.whatif import WhatIf, WhatIfModel, WhatIfScenario
 
     few = _verdict("undecided", 0, 4)
@@ -517,19 +516,40 @@ def test_the_rank_a_weighed_verdict_raised_is_the_one_replayed_and_its_replay_co
     decided = RankVerdicts(imbalance=_verdict("quiet", 0, 17), run=_verdict("quiet", 0, 17), run_real=False)
     assert replay_pace(decided, (0, 1)) == (0, 1)
     assert replay_pace(RankVerdicts(imbalance=_verdict("quiet", 1, 20), run=few), (0, 1)) == (0, 1)
+    # With 3 ranks the straggler verdict and the imbalance verdict may name two: the replay takes the one the box's
+    # slow-rank finding names (the straggler's first, as RankVerdicts.raised orders them).
+    two = RankVerdicts(straggler=_verdict("raised", 2, 20), imbalance=_verdict("raised", 1, 20), run=few)
+    assert replay_pace(two, (0, 1)) == (2, 1)
 
-    def judged(verdicts: RankVerdicts, slowest: int) -> WhatIfScenario:
+    def judged(verdicts: RankVerdicts, slowest: int, own_candidate: int = 0) -> WhatIfScenario:
         pace = WhatIfScenario(scenario="slow_rank", title=f"rank {slowest} at its peers' median pace", ranks=[slowest],
                               step_ms_now=150.0, step_ms_predicted=67.8, saving_ms=82.2, saving_pct=54.8,
                               hours_per_1000_steps=0.0, error_ms=0.0, noise_ms=None, run_saving_pct=0.0)
         model = WhatIfModel(steps=[7, 8], median_step=7, step_ms_measured=150.0, step_ms_replayed=150.0, error_ms=0.0,
                             noise_ms=8.0, sync_points=2, slowest_rank=slowest, fastest_rank=None, run_noise_ms=0.8,
                             run_steps=4)
-        answer = judge_scenarios(WhatIf([pace], [], model), verdicts, True)
+        evidence = RunEvidence(steps=4, noise_ms=0.8, slowest_rank=own_candidate, fastest_rank=1 - own_candidate,
+                               excess_ms={0: 0.0, 1: 0.0}, step_ms=150.0)
+        answer = judge_scenarios(WhatIf([pace], [], model), verdicts, evidence)
         return answer.scenarios[0]
 
     counted = judged(weighed, 1)
     assert (counted.beyond_noise, counted.run_saving_pct, counted.counted_pct) == (True, None, 54.8)
+    from hf_distprof.analysis.tell.whatif import _header
+
+    model = WhatIfModel(steps=[7, 8], median_step=7, step_ms_measured=150.0, step_ms_replayed=150.0, error_ms=0.0,
+                        noise_ms=8.0, sync_points=2, slowest_rank=1, fastest_rank=None, run_noise_ms=0.8, run_steps=4)
+    assert "; rank 1's pace has no run%: the verdict named it" in _header(model, [counted])
     # The run's own candidate, its excess not real over the run: held to the run's figure as before.
     held = judged(RankVerdicts(imbalance=_verdict("quiet", 0, 20), run=few, run_real=False), 0)
     assert (held.beyond_noise, held.not_counted, held.run_saving_pct) == (False, "noise", 0.0)
+    # The run decided and raised rank 1 on its arrival at the sync (its wait for a CPU with it), while its own work
+    # names rank 0: rank 1 is replayed, its excess is real, and rank 0's own-work figure does not hold it.
+    arrival = _verdict("raised", 1, 17)
+    on_arrival = RankVerdicts(imbalance=arrival, straggler=arrival, run=arrival, run_real=False)
+    assert replay_pace(on_arrival, (0, 1)) == (1, None)
+    assert judged(on_arrival, 1, own_candidate=0).beyond_noise is True
+    # Decided and raised on own work: the run's figure holds the pace, as it always did.
+    own = _verdict("raised", 1, 17)
+    held_to_run = judged(RankVerdicts(imbalance=own, run=own, run_real=True), 1, own_candidate=1)
+    assert (held_to_run.run_saving_pct, held_to_run.not_counted) == (0.0, "noise")

@@ -128,7 +128,7 @@ def judge(ranks: list[RankResult], across: Across, replay: WhatIf | None, summar
     coverage = unmeasured(world, read, missing, verdicts.run, windows)
     # Without every rank's trace the replay across ranks is not the run's: the ranks read wait for the others inside
     # their collectives, which it would take for transfers.
-    answer = judge_scenarios(replay, verdicts, across.evidence is not None) \
+    answer = judge_scenarios(replay, verdicts, across.evidence) \
         if replay is not None and not missing and coverage is None else None
     slowdown = slowdown_of(summary, across.timer, across.traced, options, not any(r.device == "gpu" for r in ranks))
     findings = diagnose(ranks, across, verdicts, options) + slowdown_findings(slowdown) + \

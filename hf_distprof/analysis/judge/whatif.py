@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hf_distprof.analysis.results.across import RankVerdicts
+from hf_distprof.analysis.results.across import RankVerdicts, RunEvidence
 from hf_distprof.analysis.results.facts import FixFirstFacts
 from hf_distprof.analysis.results.findings import REPLAY, Judgement
 from hf_distprof.analysis.results.whatif import WhatIf, WhatIfModel, WhatIfScenario
@@ -37,55 +37,56 @@ def noise_of(scenario: WhatIfScenario, model: WhatIfModel) -> float | None:
 
 
 def replay_pace(verdicts: RankVerdicts, pace: tuple[int | None, int | None]) -> tuple[int | None, int | None]:
-    """The slowest and fastest rank the what-if replays at a peer's pace: the rank a raised slow-rank verdict names
-    (the imbalance verdict's, else the straggler's), else ``pace`` (``Across.pace``: the run's candidate, else the
-    latest at the traced steps' collectives).
+    """The slowest and fastest rank the what-if replays at a peer's pace: the rank the first raised slow-rank verdict
+    names (the straggler's, then the imbalance's: the order of the box's slow-rank finding), else ``pace``
+    (``Across.pace``: the run's candidate, else the latest at the traced steps' collectives).
 
-    Where the step timer decided over the run, the verdicts follow it, so the rank is the run's candidate as the live
-    table marks it. Where its judged steps were too few to decide, the window's verdict weighed with them may name
-    another rank: the replay is then of that rank, not of the few steps' candidate (a run of 4 judged steps named rank
-    0 by 11.9% while the traced steps had rank 1 loading for 81 ms of 150: the table replayed rank 0 ("no: slower")
-    under findings naming rank 1). The fastest stays the run's unless it is that rank.
+    Where the step timer decided over the run, the verdicts follow it: its candidate on own work, as the live table
+    marks it, or the rank it raised on its arrival at the sync (its wait for a CPU included). Where its judged steps
+    were too few to decide, the window's verdict weighed with them may name another rank: the replay is then of that
+    rank, not of the few steps' candidate (a run of 4 judged steps named rank 0 by 11.9% while the traced steps had
+    rank 1 loading for 81 ms of 150: the table replayed rank 0 ("no: slower") under findings naming rank 1). The
+    fastest stays the run's unless it is that rank.
     """
-    named = next((v.rank for v in (verdicts.imbalance, verdicts.straggler) if v is not None and v.raised), None)
+    named = next((v.rank for _, v, _ in verdicts.raised()), None)
     if named is None or named == pace[0]:
         return pace
     return named, pace[1] if pace[1] != named else None
 
 
-def judge_scenarios(answer: WhatIf, verdicts: RankVerdicts, run_evidence: bool) -> WhatIf:
+def judge_scenarios(answer: WhatIf, verdicts: RankVerdicts, evidence: RunEvidence | None) -> WhatIf:
     """Whether each saving counts, and the scenarios in order.
 
     A saving counts (``beyond_noise``) when the part of it that counts (:attr:`WhatIfScenario.counted_pct`: the
     replay's, or what the pace saves over the run when that is less) is larger than the model's error and the noise;
-    on a rank's pace only when the slow-rank verdict calls that rank's excess real: over the run (the step timer's
-    records, whatever its size), or, without them, the traced window's verdict raised for the rank replayed; where the
-    run's judged steps were too few to decide and the window's verdict weighed with them raised the rank replayed,
-    that verdict's word, and the replay's saving (not those few steps') is what counts.
+    on a rank's pace only when the slow-rank verdict calls that rank's excess real: a raised verdict naming it, else
+    over the run (the step timer's records, whatever its size), or, without them, the traced window's verdict raised
+    for the rank replayed. The run's figure holds a rank's pace only where it measures what the verdict named: the
+    run's own-work candidate, over steps enough for the run's own verdict; else (a rank the window's verdict weighed
+    with too few steps raised, or one raised on its arrival with its wait for a CPU) the replay's saving stands.
 
     Args:
         answer: The replay.
         verdicts: The slow-rank verdicts.
-        run_evidence: Whether the step timer's records of the run are there (then ``verdicts.run_real`` decides).
+        evidence: The step timer's account of the run's judged steps (None without its records).
     """
     model = answer.model
-    # A rank that a verdict weighed with the run's too few judged steps raised (:func:`replay_pace`): its excess is
-    # real, and those steps do not say what its pace saves over the run (a trial's 4 said 0.0% of rank 1, which the
-    # verdict called "slow across the run" from its 20 traced steps with them): the replay's saving stands.
-    weighed = not decided(verdicts.run) and any(
-        v is not None and v.raised and v.rank == model.slowest_rank for v in (verdicts.imbalance, verdicts.straggler))
-    if weighed:
+    named = any(v.rank == model.slowest_rank for _, v, _ in verdicts.raised())
+    # (A trial's 4 judged steps said rank 1's pace saved 0.0% of the run, which the verdict called "slow across the
+    # run" from its 20 traced steps with them.)
+    unheld = named and (not decided(verdicts.run) or evidence is None or evidence.slowest_rank != model.slowest_rank)
+    if named:
         real = True
-    elif run_evidence:
+    elif evidence is not None:
         real = bool(verdicts.run_real)
     else:
         # Either window verdict raised for the rank replayed makes its excess real (a quiet straggler verdict beside a
         # raised imbalance one says the rank is not late at the collectives, not that it is not slower).
         windows = [v for v in (verdicts.straggler, verdicts.imbalance) if v is not None]
-        real = not windows or any(v.raised and v.rank == model.slowest_rank for v in windows)
+        real = not windows
     judged = []
     for s in answer.scenarios:
-        if weighed and s.scenario in RANK_SCENARIOS:
+        if unheld and s.scenario == "slow_rank":
             s = replace(s, run_saving_pct=None)
         noise = noise_of(s, model)
         if s.counted_ms < 0:

@@ -88,9 +88,9 @@ class RunEvidence:
     excess_ms: dict[int, float] = field(default_factory=dict)
     """Per rank, its own work over its peers' (their median), ms per step (interquartile mean over the steps): at most
     what its peers wait for it, so the most that bringing it to their pace saves."""
-    gap_ms: dict[int, float] = field(default_factory=dict)
-    """Per rank but the fastest, its own work less the fastest rank's, ms per step (interquartile mean over the
-    steps): the most that every rank at the fastest's pace saves while that rank is the slowest."""
+    fastest_gap_ms: float | None = None
+    """The candidate's own work less the fastest rank's, ms per step (interquartile mean over the steps; with 2 ranks
+    its excess): the most that every rank at the fastest's pace saves (None without both)."""
     step_ms: float | None = None
     """The median step time over the judged steps, ms."""
 

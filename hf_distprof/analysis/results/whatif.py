@@ -53,7 +53,9 @@ class WhatIfScenario:
     run_saving_pct: float | None = None
     """What this rank's pace saves over the run (``slow_rank``, ``fastest_pace`` with the step timer's records): the
     slowest rank's own-work excess per step over its peers (over the fastest rank for ``fastest_pace``), median over
-    the run's judged steps, in % of their median step; None for other scenarios or without the records. The replay
+    the run's judged steps, in % of their median step; None for other scenarios, without the records, or where they
+    do not measure what the verdict named (a rank it raised from the traced window weighed with too few judged steps,
+    or on its arrival with its wait for a CPU: :func:`hf_distprof.analysis.judge.whatif.judge_scenarios`). The replay
     describes the traced steps, which the profiler slows and reshapes; the verdicts weigh the run: a saving counts
     (``beyond_noise``, "what to fix first", the box) on the smaller of the two (:attr:`counted_pct`)."""
 

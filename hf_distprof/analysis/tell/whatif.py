@@ -18,12 +18,17 @@ def _noise(model: WhatIfModel) -> str:
     return "unknown (one step)" if model.noise_ms is None else f"{model.noise_ms:.2f} ms"
 
 
-def _header(model: WhatIfModel) -> str:
+def _header(model: WhatIfModel, scenarios: list[WhatIfScenario]) -> str:
     if model.run_noise_ms is not None:
+        # A rank's pace without the run's figure: the verdict named it from what those steps do not measure.
+        unheld = next((s for s in scenarios if s.scenario == "slow_rank" and s.run_saving_pct is None), None)
         counts = (f"a saving counts when it is larger than the error and the run's step-to-step noise "
                   f"({model.run_noise_ms:.2f} ms over its {model.run_steps} judged steps, the step timer's records), "
                   "and on a rank's pace only when the slow-rank verdict calls that rank's excess real over the run, "
-                  "and then as much as that pace saves over the run (run%) when that is less")
+                  "and then as much as that pace saves over the run (run%) when that is less" + (
+                      f"; rank {unheld.ranks[0]}'s pace has no run%: the verdict named it from its traced steps, or "
+                      "its wait for a CPU, which those steps' own work does not measure" if unheld is not None and
+                      unheld.ranks else ""))
     else:
         counts = ("a saving counts when it is larger than the error and the noise (the smaller of the measured steps' "
                   "and the predicted steps'), and on a rank's pace only when the traced window's slow-rank verdict "
@@ -52,7 +57,7 @@ def what_if_lines(result: AnalysisResult) -> list[str]:
     width = max([58, *(len(s.title) for s in result.what_if)])  # the titles whole, the columns aligned
     head = (f"{'what if':<{width}} {'step ms':>8} {'+-err ms':>8} {'noise ms':>8} {'change ms':>10} {'saving%':>8} "
             f"{'run%':>6} {'h/1k steps':>10} {'counts':>12}")
-    out = ["", f"What if ({_header(model)}):", head, "-" * len(head)]
+    out = ["", f"What if ({_header(model, result.what_if)}):", head, "-" * len(head)]
     for s in result.what_if:
         title, step, error, noise, change, pct, run, hours, beyond = _row(s)
         out.append(f"{title:<{width}} {step:>8} {error:>8} {noise:>8} {change:>10} {pct:>8} {run:>6} {hours:>10} "
@@ -97,7 +102,8 @@ def what_if_blocks(result: AnalysisResult, with_figure: bool) -> list[Block]:
     if model is None:
         return []
     out: list[Block] = [Blank(), Heading(2, "What if"), Blank(),
-                        para(f"The {_header(model)}. Each scenario replays the same steps with one change."), Blank(),
+                        para(f"The {_header(model, result.what_if)}. Each scenario replays the same steps with one "
+                             "change."), Blank(),
                         Table(["what if", "step ms", "+- error ms", "noise ms", "change ms", "saving %",
                                "saving over the run %", "hours per 1,000 steps", "counts"],
                               [list(_row(s)) for s in result.what_if])]

@@ -47,7 +47,7 @@ RANK_SCENARIOS = ("slow_rank", "fastest_pace")
 
 def run_saving_pct(scenario: str, evidence: RunEvidence | None, slowest: int | None) -> float | None:
     """What a rank-pace scenario saves over the run, in % of the run's median step; None for other scenarios, without
-    the step timer's records, or when they do not have the rank replayed (``slowest``).
+    the step timer's records, or when they do not have the rank replayed at its peers' pace (``slowest``).
 
     Bringing the slowest rank to its peers' pace saves its own-work excess over them per step (what they wait for
     it), every rank at the fastest's pace the slowest's own work over the fastest's: measured over the run's judged
@@ -55,7 +55,7 @@ def run_saving_pct(scenario: str, evidence: RunEvidence | None, slowest: int | N
     where the run's 24 judged steps showed that rank 9.9% over its peer, 5% of the step)."""
     if evidence is None or scenario not in RANK_SCENARIOS or not evidence.step_ms or slowest is None:
         return None
-    gap = (evidence.excess_ms if scenario == "slow_rank" else evidence.gap_ms).get(slowest)
+    gap = evidence.excess_ms.get(slowest) if scenario == "slow_rank" else evidence.fastest_gap_ms
     return None if gap is None else max(0.0, 100.0 * gap / evidence.step_ms)
 
 
