@@ -123,6 +123,7 @@ def _analyze(ranks: list[RankResult], run: RunInput, options: AnalysisOptions,
              reference: Sequence[ReferencePoint] | None, reference_file: str | None) -> AnalysisResult:
     from hf_distprof.analysis.across.compare import compare
     from hf_distprof.analysis.judge.findings import judge
+    from hf_distprof.analysis.judge.burst import burst_findings
     from hf_distprof.analysis.judge.verdicts import judge_ranks
     from hf_distprof.analysis.judge.whatif import replay_pace
     from hf_distprof.analysis.results.result import AnalysisResult
@@ -131,10 +132,11 @@ def _analyze(ranks: list[RankResult], run: RunInput, options: AnalysisOptions,
 
     across = compare(ranks, run, reference)
     verdicts = judge_ranks(across, run.summary, options, [r.rank for r in ranks])
+    bursts = burst_findings(across, verdicts, options)
     replay = what_if(ranks, across.alignment, list(reference) if reference else None, across.evidence,
-                     replay_pace(verdicts, across.pace)) if ranks else None
+                     replay_pace(verdicts, across.pace, bursts)) if ranks else None
     judged = judge(ranks, across, replay, run.summary, options, _expected_ranks(run, ranks), _world(run, ranks),
-                   run.run.windows if run.run is not None else (), _ended(run), verdicts)
+                   run.run.windows if run.run is not None else (), _ended(run), verdicts, bursts)
     findings, undecided, notes, slowdown_line = write_all(judged)
     return AnalysisResult(
         ranks=ranks,

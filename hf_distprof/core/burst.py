@@ -128,7 +128,7 @@ class Burst:
             return "once: one stall says nothing of its usual speed; --profile-on-anomaly traces the steps after one"
         if self.beside is None:
             if self.gate == "undecided":
-                return "not the slow rank of the run: the verdict over the run has too few steps to decide"
+                return "the verdict over the run has too few steps to decide whether it is the run's slow rank"
             if self.gate and self.gate != "persistence":  # (a trial: "slowest in too few steps" beside 35 of 53)
                 return (f"not the slow rank of the run: the verdict over the run, which judges the median step, is "
                         f"quiet, {QUIET_WHY.get(self.gate, self.gate)}")

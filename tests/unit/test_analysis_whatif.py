@@ -553,3 +553,26 @@ def test_the_rank_a_weighed_verdict_raised_is_the_one_replayed_and_its_replay_co
     own = _verdict("raised", 1, 17)
     held_to_run = judged(RankVerdicts(imbalance=own, run=own, run_real=True), 1, own_candidate=1)
     assert (held_to_run.run_saving_pct, held_to_run.not_counted) == (0.0, "noise")
+
+
+def test_a_burst_s_rank_is_the_slowest_and_the_one_replayed() -> None:
+    """A trial: rank 1 stalled 0.3 s once (step 24 of 40), the run's verdict quiet with rank 0 its candidate by 5.6%.
+    The step timer's table marked rank 1 (the burst's), `analyze` said "Rank 1 held the others back in one stall" but
+    gave `slowest_rank` 0 and replayed rank 0. Now both name rank 1; its pace is not called real by rank 0's figure."""
+    from hf_distprof.analysis.judge.findings import slowest_rank
+    from hf_distprof.analysis.judge.whatif import replay_pace
+    from hf_distprof.analysis.results.across import RankVerdicts
+    from hf_distprof.analysis.results.facts import BurstFacts
+    from hf_distprof.analysis.results.findings import STEP_TIMER, Judgement
+    from hf_distprof.core.burst import find_burst
+
+    work = {0: [0.02] * 30, 1: [0.02] * 30}
+    work[1][20] = 0.32
+    burst = find_burst(work, list(range(5, 35)), [0.03] * 30, 10.0, None, None, "threshold")
+    assert burst is not None and burst.single and burst.rank == 1 and burst.beside is None
+    found = Judgement(kind="burst", severity=burst.pct, ranks=[1], facts=BurstFacts(burst), basis=STEP_TIMER)
+    quiet = _verdict("quiet", 0, 30)
+    verdicts = RankVerdicts(imbalance=quiet, straggler=quiet, run=quiet, run_real=True)
+    assert replay_pace(verdicts, (0, 1), [found]) == (1, None)
+    assert replay_pace(verdicts, (0, 1), []) == (0, 1)
+    assert slowest_rank([found], verdicts, (0, 1), True, 1) == (1, "finding:burst")

@@ -52,7 +52,8 @@ def slowest_rank(findings: list[Judgement], verdicts: RankVerdicts, pace: tuple[
                  from_run: bool, replayed: int | None) -> tuple[int | None, str | None]:
     """The rank the answer calls slowest, and what names it (``cross_rank.slowest_by``).
 
-    The rank the first slow-rank finding names (``finding:<its kind>``); else the rank the what-if replays at its
+    The rank the first slow-rank finding names (``finding:<its kind>``), else a burst's beside no slow rank
+    (``finding:burst``, the rank the step timer's table marks); else the rank the what-if replays at its
     peers' pace: ``pace`` (the most own work over the run's judged steps with the step timer's records, ``from_run``;
     else the latest at the traced steps' collectives), or where that names none the replay's own pick (``replayed``:
     the most local work per traced step); else the imbalance verdict's candidate. Without a finding it is named by the
@@ -67,6 +68,8 @@ def slowest_rank(findings: list[Judgement], verdicts: RankVerdicts, pace: tuple[
         replayed: The slowest rank the what-if replayed (None without a replay).
     """
     named = next((f for f in findings if f.kind in SLOW_RANK_FINDINGS and f.ranks), None)
+    # (A burst beside no slow rank: the rank its peers waited for, as the step timer's table marks it.)
+    named = named or next((f for f in findings if f.kind == "burst" and f.facts.burst.beside is None), None)
     if named is not None:
         return named.ranks[0], f"finding:{named.kind}"
     rank, source = pace[0], "run" if from_run else "lateness"
@@ -98,7 +101,7 @@ def in_order(findings: list[Judgement]) -> list[Judgement]:
 def judge(ranks: list[RankResult], across: Across, replay: WhatIf | None, summary: TimingSummary,
           options: AnalysisOptions, expected: list[int] | None = None, world: list[int] | None = None,
           windows: Sequence[WindowInfo] = (), ended: Mapping[int, str] | None = None,
-          verdicts: RankVerdicts | None = None) -> Judged:
+          verdicts: RankVerdicts | None = None, bursts: list[Judgement] | None = None) -> Judged:
     """Every decision of the run.
 
     Args:
@@ -116,7 +119,8 @@ def judge(ranks: list[RankResult], across: Across, replay: WhatIf | None, summar
             the waits for them do not matter (:func:`hf_distprof.analysis.judge.coverage.unmeasured`).
         ended: Ranks that ended before the run did (``crashed``, ``unfinished``): why a missing trace is missing.
         verdicts: The slow-rank verdicts (:func:`hf_distprof.analysis.judge.verdicts.judge_ranks`), when already
-            reached (the what-if replays the rank they name: :func:`hf_distprof.analysis.judge.whatif.replay_pace`).
+            reached (the what-if replays the rank they name: :func:`hf_distprof.analysis.judge.whatif.replay_pace`),
+            and ``bursts`` the burst finding (:func:`hf_distprof.analysis.judge.burst.burst_findings`) likewise.
 
     Returns:
         The verdicts, the findings in :func:`in_order`'s order, the questions left undecided (with the findings
@@ -132,7 +136,7 @@ def judge(ranks: list[RankResult], across: Across, replay: WhatIf | None, summar
         if replay is not None and not missing and coverage is None else None
     slowdown = slowdown_of(summary, across.timer, across.traced, options, not any(r.device == "gpu" for r in ranks))
     findings = diagnose(ranks, across, verdicts, options) + slowdown_findings(slowdown) + \
-        burst_findings(across, verdicts, options)
+        (bursts if bursts is not None else burst_findings(across, verdicts, options))
     # A window whose verdicts were weighed with the timer's already answers for the whole run.
     weighed = verdicts.imbalance_basis != TRACE or verdicts.straggler_basis != TRACE
     findings, withheld = withhold_in_a_distorted_window(findings, slowdown, None if weighed else verdicts.run_json)

@@ -3,6 +3,7 @@ first" when one fix would save more than the threshold and the noise."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from hf_distprof.analysis.results.across import RankVerdicts, RunEvidence
@@ -36,10 +37,12 @@ def noise_of(scenario: WhatIfScenario, model: WhatIfModel) -> float | None:
     return min(model.noise_ms, scenario.predicted_noise_ms)
 
 
-def replay_pace(verdicts: RankVerdicts, pace: tuple[int | None, int | None]) -> tuple[int | None, int | None]:
+def replay_pace(verdicts: RankVerdicts, pace: tuple[int | None, int | None],
+                bursts: Sequence[Judgement] = ()) -> tuple[int | None, int | None]:
     """The slowest and fastest rank the what-if replays at a peer's pace: the rank the first raised slow-rank verdict
-    names (the straggler's, then the imbalance's: the order of the box's slow-rank finding), else ``pace``
-    (``Across.pace``: the run's candidate, else the latest at the traced steps' collectives).
+    names (the straggler's, then the imbalance's: the order of the box's slow-rank finding), else a burst's beside no
+    slow rank (``bursts``: the rank its peers waited for, which the box and the step timer's table name), else
+    ``pace`` (``Across.pace``: the run's candidate, else the latest at the traced steps' collectives).
 
     Where the step timer decided over the run, the verdicts follow it: its candidate on own work, as the live table
     marks it, or the rank it raised on its arrival at the sync (its wait for a CPU included). Where its judged steps
@@ -49,6 +52,8 @@ def replay_pace(verdicts: RankVerdicts, pace: tuple[int | None, int | None]) -> 
     fastest stays the run's unless it is that rank.
     """
     named = next((v.rank for _, v, _ in verdicts.raised()), None)
+    if named is None:
+        named = next((f.ranks[0] for f in bursts if f.kind == "burst" and f.facts.burst.beside is None), None)
     if named is None or named == pace[0]:
         return pace
     return named, pace[1] if pace[1] != named else None
@@ -78,7 +83,8 @@ def judge_scenarios(answer: WhatIf, verdicts: RankVerdicts, evidence: RunEvidenc
     if named:
         real = True
     elif evidence is not None:
-        real = bool(verdicts.run_real)
+        # (The run's figure is its candidate's: a burst's rank replayed beside it is not called real by it.)
+        real = bool(verdicts.run_real) and evidence.slowest_rank == model.slowest_rank
     else:
         # Either window verdict raised for the rank replayed makes its excess real (a quiet straggler verdict beside a
         # raised imbalance one says the rank is not late at the collectives, not that it is not slower).
