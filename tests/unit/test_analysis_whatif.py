@@ -576,3 +576,16 @@ def test_a_burst_s_rank_is_the_slowest_and_the_one_replayed() -> None:
     assert replay_pace(verdicts, (0, 1), [found]) == (1, None)
     assert replay_pace(verdicts, (0, 1), []) == (0, 1)
     assert slowest_rank([found], verdicts, (0, 1), True, 1) == (1, "finding:burst")
+    # Its pace is not called real by the run's figure, which is rank 0's (the run's candidate).
+    from hf_distprof.analysis.judge.whatif import judge_scenarios
+    from hf_distprof.analysis.results.across import RunEvidence
+    from hf_distprof.analysis.results.whatif import WhatIf, WhatIfModel, WhatIfScenario
+
+    pace = WhatIfScenario(scenario="slow_rank", title="rank 1 at its peers' median pace", ranks=[1], step_ms_now=30.0,
+                          step_ms_predicted=25.0, saving_ms=5.0, saving_pct=16.7, hours_per_1000_steps=0.0,
+                          error_ms=0.0, noise_ms=None, run_saving_pct=None)
+    model = WhatIfModel(steps=[8, 9, 10], median_step=9, step_ms_measured=30.0, step_ms_replayed=30.0, error_ms=0.0,
+                        noise_ms=1.0, sync_points=2, slowest_rank=1, fastest_rank=None, run_noise_ms=1.0, run_steps=30)
+    evidence = RunEvidence(steps=30, noise_ms=1.0, slowest_rank=0, fastest_rank=1, excess_ms={0: 1.0}, step_ms=30.0)
+    judged = judge_scenarios(WhatIf([pace], [], model), verdicts, evidence)
+    assert (judged.scenarios[0].not_counted, judged.model.rank_saving_real) == ("verdict", False)
